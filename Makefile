@@ -1,0 +1,37 @@
+# PXN — see README.md.
+SHELL := /bin/bash
+GO ?= go
+TOOLS := hack/tools.sh
+BIN := bin
+GOTEST_FLAGS ?= -race -timeout 30m
+
+.PHONY: all build test tools generate lint bench fuzz clean
+
+all: build
+
+build:
+	CGO_ENABLED=1 $(GO) build ./...
+	@mkdir -p $(BIN)
+	CGO_ENABLED=1 $(GO) build -o $(BIN)/ ./cmd/...
+
+tools:
+	@$(TOOLS)
+
+generate: tools
+	@hack/generate.sh
+
+lint: tools
+	@hack/lint.sh
+
+# The project's test command: lint, then every test with the race detector.
+# PXN_REQUIRE_TOOLS makes a test that needs a tool fail instead of skip.
+test: lint
+	PXN_REQUIRE_TOOLS=1 PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools} \
+	KUBEBUILDER_ASSETS=$$($(TOOLS) assets) \
+	$(GO) test $(GOTEST_FLAGS) ./...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+clean:
+	rm -rf $(BIN)

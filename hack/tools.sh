@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Builds the project's tools from the Go module proxy into a cache folder keyed
+# by tool and version, and reuses what is already there.
+#
+#   hack/tools.sh [TOOL...]      build (default: every tool) and print nothing else
+#   hack/tools.sh path TOOL      print the path of a built tool
+#   hack/tools.sh assets         print the envtest assets folder (etcd + kube-apiserver)
+#
+# PXN_TOOLS_DIR overrides the cache folder (default: .tools in the repository).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cache=${PXN_TOOLS_DIR:-$root/.tools}
+
+HELM_VERSION=v3.22.0
+CONTROLLER_GEN_VERSION=v0.23.0
+STATICCHECK_VERSION=v0.8.2
+ETCD_VERSION=v3.7.3
+KUBE_VERSION=v1.37.2
+KUBE_STAGING_VERSION=v0.37.2
+
+# Staging modules that k8s.io/kubernetes refers to by v0.0.0 and that its
+# module zip does not carry.
+KUBE_STAGING=(api apiextensions-apiserver apimachinery apiserver cli-runtime
+  client-go cloud-provider cluster-bootstrap code-generator component-base
+  component-helpers controller-manager cri-api cri-client cri-streaming
+  csi-translation-lib dynamic-resource-allocation endpointslice externaljwt kms
+  kube-aggregator kube-controller-manager kube-proxy kube-scheduler kubectl
+  kubelet metrics mount-utils pod-security-admission streaming)
+
+ALL_TOOLS=(helm controller-gen staticcheck etcd kube-apiserver kubectl)
+KUBE_BINARIES=(kube-apiserver kubectl kubelet kube-scheduler kube-controller-manager)
+
+version_of() {
+  case $1 in
+    helm) echo "$HELM_VERSION" ;;
+    controller-gen) echo "$CONTROLLER_GEN_VERSION" ;;
+    staticcheck) echo "$STATICCHECK_VERSION" ;;
+    etcd) echo "$ETCD_VERSION" ;;
+    kube-apiserver|kubectl|kubelet|kube-scheduler|kube-controller-manager) echo "$KUBE_VERSION" ;;
+    *) echo "unknown tool: $1" >&2; return 2 ;;
+  esac
+}
+
+bin_dir() { echo "$cache/$1-$(version_of "$1")"; }
+tool_path() { echo "$(bin_dir "$1")/$1"; }
+
+log() { echo "tools: $*" >&2; }
+
+go_install() { # tool package@version
+  local dir; dir=$(bin_dir "$1")
+  mkdir -p "$dir"
+  GOBIN=$dir CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" "$2"
+}
+
+build_etcd() {
+  local src=$cache/src/etcd-$ETCD_VERSION dir; dir=$(bin_dir etcd)
+  mkdir -p "$src" "$dir"
+  if [ ! -f "$src/go.mod" ]; then
+    (cd "$src" && go mod init pxn.local/tools/etcd >/dev/null 2>&1 &&
+      go get -tool "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null)
+  fi
+  (cd "$src" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$dir/etcd.tmp" go.etcd.io/etcd/server/v3)
+  mv "$dir/etcd.tmp" "$dir/etcd"
+}
+
+kube_module() {
+  local src=$cache/src/kubernetes-$KUBE_VERSION
+  mkdir -p "$src"
+  if [ ! -f "$src/.ready" ]; then
+    {
+      echo "module pxn.local/tools/kubernetes"
+      echo
+      echo "go 1.26.0"
+      echo
+      echo "require k8s.io/kubernetes $KUBE_VERSION"
+      echo
+      for m in "${KUBE_STAGING[@]}"; do
+        echo "replace k8s.io/$m => k8s.io/$m $KUBE_STAGING_VERSION"
+      done
+    } >"$src/go.mod"
+    cat >"$src/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubectl/pkg/cmd"
+)
+GO
+    (cd "$src" && go mod tidy -e >/dev/null 2>&1 || true)
+    (cd "$src" && go mod download >/dev/null)
+    touch "$src/.ready"
+  fi
+  echo "$src"
+}
+
+build_kube() { # binary
+  local src dir pkg cgo=0
+  src=$(kube_module)
+  dir=$(bin_dir "$1")
+  mkdir -p "$dir"
+  case $1 in
+    kubectl) pkg=k8s.io/kubernetes/cmd/kubectl ;;
+    *) pkg=k8s.io/kubernetes/cmd/$1 ;;
+  esac
+  local minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
+  local ldflags="-s -w"
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $p.gitVersion=$KUBE_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+    ldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  (cd "$src" && CGO_ENABLED=$cgo go build -trimpath -ldflags "$ldflags" -o "$dir/$1.tmp" "$pkg")
+  mv "$dir/$1.tmp" "$dir/$1"
+}
+
+build() {
+  local t=$1
+  if [ -x "$(tool_path "$t")" ]; then return 0; fi
+  local start=$SECONDS
+  log "building $t $(version_of "$t") (cached under $cache)"
+  case $t in
+    helm) go_install helm "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" ;;
+    controller-gen) go_install controller-gen "sigs.k8s.io/controller-tools/cmd/controller-gen@$CONTROLLER_GEN_VERSION" ;;
+    staticcheck) go_install staticcheck "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION" ;;
+    etcd) build_etcd ;;
+    kube-apiserver|kubectl|kubelet|kube-scheduler|kube-controller-manager) build_kube "$t" ;;
+    *) log "unknown tool: $t"; return 2 ;;
+  esac
+  log "built $t in $((SECONDS - start)) s"
+}
+
+assets() {
+  local dir=$cache/envtest-$ETCD_VERSION-$KUBE_VERSION
+  mkdir -p "$dir"
+  ln -sf "$(tool_path etcd)" "$dir/etcd"
+  ln -sf "$(tool_path kube-apiserver)" "$dir/kube-apiserver"
+  ln -sf "$(tool_path kubectl)" "$dir/kubectl"
+  echo "$dir"
+}
+
+case ${1:-} in
+  path) shift; tool_path "$1" ;;
+  assets) assets ;;
+  version) shift; version_of "$1" ;;
+  "") for t in "${ALL_TOOLS[@]}"; do build "$t"; done ;;
+  *) for t in "$@"; do build "$t"; done ;;
+esac

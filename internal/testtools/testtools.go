@@ -1,0 +1,68 @@
+// Package testtools finds the tools that tests need (etcd, kube-apiserver,
+// kubectl, helm, controller-gen), built by hack/tools.sh into its cache.
+package testtools
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// RepoRoot is the module's root folder.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// Path returns the path of a built tool, or an error naming the tool and how
+// to build it.
+func Path(name string) (string, error) {
+	script := filepath.Join(RepoRoot(), "hack", "tools.sh")
+	out, err := exec.Command("bash", script, "path", name).Output()
+	if err != nil {
+		return "", fmt.Errorf("locate tool %q: %w", name, err)
+	}
+	p := strings.TrimSpace(string(out))
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("tool %q not built at %s (run make tools): %w", name, p, err)
+	}
+	return p, nil
+}
+
+// Require returns the path of a tool. When the tool is missing the test is
+// skipped with the reason, or fails when PXN_REQUIRE_TOOLS=1 (make test and
+// CI set it, so a missing tool never passes silently there).
+func Require(t testing.TB, name string) string {
+	t.Helper()
+	p, err := Path(name)
+	if err != nil {
+		if os.Getenv("PXN_REQUIRE_TOOLS") == "1" {
+			t.Fatalf("%v", err)
+		}
+		t.Skipf("skipping: %v", err)
+	}
+	return p
+}
+
+// EnvtestAssets returns a folder holding etcd, kube-apiserver and kubectl for
+// envtest, from KUBEBUILDER_ASSETS or the tools cache.
+func EnvtestAssets(t testing.TB) string {
+	t.Helper()
+	if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
+		if _, err := os.Stat(filepath.Join(dir, "kube-apiserver")); err == nil {
+			return dir
+		}
+	}
+	for _, n := range []string{"etcd", "kube-apiserver", "kubectl"} {
+		Require(t, n)
+	}
+	out, err := exec.Command("bash", filepath.Join(RepoRoot(), "hack", "tools.sh"), "assets").Output()
+	if err != nil {
+		t.Fatalf("envtest assets: %v", err)
+	}
+	return strings.TrimSpace(string(out))
+}

@@ -1,0 +1,213 @@
+// Package staging holds the engine's fixed numbers, the shared-memory ABI
+// between ranks, the piece planner, the engine configuration and the registry
+// through which ranks of one job find each other.
+package staging
+
+import "unsafe"
+
+// The engine's numbers. They are compile-time constants by design: a rank
+// whose numbers differ from a peer's refuses that peer (see the registry).
+const (
+	// ABIVersion changes whenever a shared-memory layout below changes.
+	ABIVersion = 1
+
+	// LaneCount is the number of inbound lanes of a relay: one per other
+	// local rank, none for itself.
+	LaneCount = 7
+	// SlotsPerLane is K, the ring depth of a lane. It is not a power of two:
+	// the slot of a sequence number is always computed with %, never a mask.
+	SlotsPerLane = 18
+	// SlotSize is S, the largest Piece.
+	SlotSize = 8 << 20
+	// LaneBytes is the staging memory of one lane.
+	LaneBytes = SlotsPerLane * SlotSize
+	// ArenaSize is derived only; nothing configures it.
+	ArenaSize = LaneCount * LaneBytes
+
+	// MaxPlans is the most plan entries one Piece carries.
+	MaxPlans = 4096
+	// MaxSession is the longest target session name in bytes.
+	MaxSession = 256
+
+	// CacheLine is the alignment of every shared structure and of every word
+	// that one side polls while the other writes.
+	CacheLine = 64
+
+	// RegistryMagic opens every control file ("PXNREG01" little endian).
+	RegistryMagic = 0x31304745524e5850
+)
+
+// Rank states stored in Header.State.
+const (
+	StateInit    = 1
+	StateReady   = 2
+	StateClosing = 3
+)
+
+// Arena kinds stored in Header.ArenaKind.
+const (
+	ArenaHost = 1
+	ArenaCUDA = 2
+)
+
+// Completion statuses written by a relay.
+const (
+	CompletionOK           = 0
+	CompletionInvalidDesc  = -1
+	CompletionSecondHop    = -2
+	CompletionUnresolved   = -3
+	CompletionRelayClosing = -4
+)
+
+// PlanEntry is one piece of a Piece: Len bytes of the slot, in order, go to
+// Dst in the target's address space.
+type PlanEntry struct {
+	Dst uint64
+	Len uint64
+}
+
+// Desc describes the Piece staged in one slot. The sender writes every field
+// first and release-stores CommitSeq last; the relay reads CommitSeq with
+// acquire and trusts nothing else until it matches the seq it expects.
+type Desc struct {
+	CommitSeq  uint64
+	Epoch      uint64
+	PieceLen   uint64
+	PlanCount  uint32
+	SessionLen uint32
+	_          [32]byte
+	Session    [MaxSession]byte
+	Plans      [MaxPlans]PlanEntry
+}
+
+// Completion is the relay's answer for one slot: Status first, then Seq
+// release-stored.
+type Completion struct {
+	Seq    uint64
+	Status int32
+	_      [52]byte
+}
+
+// ReadyWord is a slot's doorbell. The sender's copy engine (or the sender's
+// pump) stores the Piece's seq into it after the copy into the slot; each word
+// has its own cache line so that two doorbells in flight never share one.
+type ReadyWord struct {
+	Seq uint64
+	_   [56]byte
+}
+
+// LaneOwner names the sender that holds a lane. It is written only under the
+// registry lock, at claim and release.
+type LaneOwner struct {
+	Pid         uint64
+	StartTime   uint64
+	SenderEpoch uint64
+	// LaneEpoch is the ring's epoch: it changes when the lane is claimed
+	// anew and when a sequence number would wrap. Desc.Epoch must match it.
+	LaneEpoch uint64
+	ClaimedAt uint64
+	_         [24]byte
+}
+
+// SenderProgress is written only by the lane's sender and read by inspect.
+type SenderProgress struct {
+	NextSeq      uint64
+	PublishedSeq uint64
+	ReapedSeq    uint64
+	_            [40]byte
+}
+
+// RelayProgress is written only by the relay.
+type RelayProgress struct {
+	CompletedSeq uint64
+	_            [56]byte
+}
+
+// Lane is one inbound lane of a relay's control file.
+type Lane struct {
+	Owner       LaneOwner
+	Sender      SenderProgress
+	Relay       RelayProgress
+	Ready       [SlotsPerLane]ReadyWord
+	Completions [SlotsPerLane]Completion
+	Descs       [SlotsPerLane]Desc
+}
+
+// Header opens a rank's control file. Everything but Heartbeat and State is
+// written before the rank is published READY and never changes afterwards.
+type Header struct {
+	Magic        uint64
+	ABIVersion   uint32
+	HeaderSize   uint32
+	State        uint32
+	UID          uint32
+	Pid          uint64
+	StartTime    uint64
+	BootEpoch    uint64
+	LaneCount    uint32
+	SlotsPerLane uint32
+	SlotSize     uint64
+	ArenaSize    uint64
+	ArenaKind    uint32
+	RailLen      uint32
+	Rail         [48]byte
+	HCALen       uint32
+	_            uint32
+	HCA          [56]byte
+	IPCHandle    [64]byte
+	Heartbeat    uint64
+	_            [56]byte
+}
+
+// ControlBlock is the whole control file of one rank.
+type ControlBlock struct {
+	Header Header
+	Lanes  [LaneCount]Lane
+}
+
+// ControlSize is the size of a control file.
+const ControlSize = unsafe.Sizeof(ControlBlock{})
+
+// SlotOf returns the slot of sequence number seq (seq ≥ 1). K is not a power
+// of two, so this is a modulo, never a mask.
+func SlotOf(seq uint64) int { return int((seq - 1) % SlotsPerLane) }
+
+// LaneOffset is the byte offset of lane's staging memory in an arena.
+func LaneOffset(lane int) uint64 { return uint64(lane) * LaneBytes }
+
+// SlotOffset is the byte offset of a slot's staging memory in an arena.
+func SlotOffset(lane, slot int) uint64 { return LaneOffset(lane) + uint64(slot)*SlotSize }
+
+// Compile-time layout checks: a failing line here is a negative array length.
+// The C header include/pxn_abi.h mirrors every size and offset, and a test
+// compiles it against these values.
+var (
+	_ [unsafe.Sizeof(PlanEntry{}) - 16]struct{}
+	_ [16 - unsafe.Sizeof(PlanEntry{})]struct{}
+	_ [unsafe.Sizeof(Completion{}) - CacheLine]struct{}
+	_ [CacheLine - unsafe.Sizeof(Completion{})]struct{}
+	_ [unsafe.Sizeof(ReadyWord{}) - CacheLine]struct{}
+	_ [CacheLine - unsafe.Sizeof(ReadyWord{})]struct{}
+	_ [unsafe.Sizeof(LaneOwner{}) - CacheLine]struct{}
+	_ [CacheLine - unsafe.Sizeof(LaneOwner{})]struct{}
+	_ [unsafe.Sizeof(SenderProgress{}) - CacheLine]struct{}
+	_ [CacheLine - unsafe.Sizeof(SenderProgress{})]struct{}
+	_ [unsafe.Sizeof(RelayProgress{}) - CacheLine]struct{}
+	_ [CacheLine - unsafe.Sizeof(RelayProgress{})]struct{}
+	_ [unsafe.Offsetof(Desc{}.Session) - 64]struct{}
+	_ [64 - unsafe.Offsetof(Desc{}.Session)]struct{}
+	_ [-(unsafe.Sizeof(Desc{}) % CacheLine)]struct{}
+	_ [unsafe.Sizeof(Desc{}) - (64 + MaxSession + 16*MaxPlans)]struct{}
+	_ [unsafe.Sizeof(Header{}) - 320]struct{}
+	_ [320 - unsafe.Sizeof(Header{})]struct{}
+	_ [unsafe.Offsetof(Header{}.Heartbeat) - 256]struct{}
+	_ [256 - unsafe.Offsetof(Header{}.Heartbeat)]struct{}
+	_ [-(unsafe.Offsetof(Header{}.IPCHandle) % CacheLine)]struct{}
+	_ [-(unsafe.Sizeof(Lane{}) % CacheLine)]struct{}
+	_ [-(unsafe.Offsetof(ControlBlock{}.Lanes) % CacheLine)]struct{}
+	_ [-(unsafe.Offsetof(Lane{}.Ready) % CacheLine)]struct{}
+	_ [-(unsafe.Offsetof(Lane{}.Completions) % CacheLine)]struct{}
+	_ [-(unsafe.Offsetof(Lane{}.Descs) % CacheLine)]struct{}
+	_ [ArenaSize - 1008<<20]struct{}
+	_ [1008<<20 - ArenaSize]struct{}
+)
