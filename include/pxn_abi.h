@@ -1,0 +1,234 @@
+#ifndef PXN_ABI_H
+#define PXN_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+#define PXN_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#else
+#define PXN_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
+
+#define PXN_ABI_VERSION 1
+
+#define PXN_LANE_COUNT 7
+#define PXN_SLOTS_PER_LANE 18
+#define PXN_SLOT_SIZE (UINT64_C(8) << 20)
+#define PXN_LANE_BYTES (PXN_SLOTS_PER_LANE * PXN_SLOT_SIZE)
+#define PXN_ARENA_SIZE (PXN_LANE_COUNT * PXN_LANE_BYTES)
+
+#define PXN_MAX_PLANS 4096
+#define PXN_MAX_SESSION 256
+#define PXN_CACHE_LINE 64
+
+#define PXN_REGISTRY_MAGIC UINT64_C(0x31304745524e5850)
+
+#define PXN_STATE_INIT 1
+#define PXN_STATE_READY 2
+#define PXN_STATE_CLOSING 3
+
+#define PXN_ARENA_HOST 1
+#define PXN_ARENA_CUDA 2
+
+#define PXN_COMPLETION_OK 0
+#define PXN_COMPLETION_INVALID_DESC (-1)
+#define PXN_COMPLETION_SECOND_HOP (-2)
+#define PXN_COMPLETION_UNRESOLVED (-3)
+#define PXN_COMPLETION_RELAY_CLOSING (-4)
+
+#define PXN_SLOT_OF(seq) ((uint64_t)(((uint64_t)(seq) - 1u) % PXN_SLOTS_PER_LANE))
+
+typedef struct pxn_plan_entry {
+	uint64_t dst;
+	uint64_t len;
+} pxn_plan_entry;
+
+/*
+ * Written by the lane's sender while it owns the slot: every field first,
+ * commit_seq last with a release store. The relay acquire-loads commit_seq and
+ * trusts nothing else until it equals the seq it waits for; it then copies the
+ * fields once into private memory and validates only the copy.
+ */
+typedef struct pxn_desc {
+	uint64_t commit_seq;
+	uint64_t epoch;
+	uint64_t piece_len;
+	uint32_t plan_count;
+	uint32_t session_len;
+	uint8_t pad0[32];
+	uint8_t session[PXN_MAX_SESSION];
+	pxn_plan_entry plans[PXN_MAX_PLANS];
+} pxn_desc;
+
+/*
+ * Written by the relay: status first, then a release store of seq. The sender
+ * acquire-loads seq and reads status only once seq matches.
+ */
+typedef struct pxn_completion {
+	uint64_t seq;
+	int32_t status;
+	uint8_t pad0[52];
+} pxn_completion;
+
+/*
+ * A slot's doorbell, written by the sender's GPU (cuStreamWriteValue64) or by
+ * its pump with a release store, after the copy into the slot has completed.
+ * The relay acquire-loads it. One cache line per word.
+ */
+typedef struct pxn_ready_word {
+	uint64_t seq;
+	uint8_t pad0[56];
+} pxn_ready_word;
+
+/* Written only under the registry lock, at lane claim and release. */
+typedef struct pxn_lane_owner {
+	uint64_t pid;
+	uint64_t start_time;
+	uint64_t sender_epoch;
+	uint64_t lane_epoch;
+	uint64_t claimed_at;
+	uint8_t pad0[24];
+} pxn_lane_owner;
+
+/* Written only by the lane's sender; read by inspect. */
+typedef struct pxn_sender_progress {
+	uint64_t next_seq;
+	uint64_t published_seq;
+	uint64_t reaped_seq;
+	uint8_t pad0[40];
+} pxn_sender_progress;
+
+/*
+ * Written only by the relay, with a release store; completed_seq advances
+ * contiguously.
+ */
+typedef struct pxn_relay_progress {
+	uint64_t completed_seq;
+	uint8_t pad0[56];
+} pxn_relay_progress;
+
+typedef struct pxn_lane {
+	pxn_lane_owner owner;
+	pxn_sender_progress sender;
+	pxn_relay_progress relay;
+	pxn_ready_word ready[PXN_SLOTS_PER_LANE];
+	pxn_completion completions[PXN_SLOTS_PER_LANE];
+	pxn_desc descs[PXN_SLOTS_PER_LANE];
+} pxn_lane;
+
+/*
+ * Written by the owning rank before it is published READY and never changed
+ * afterwards, except state and heartbeat (release stores by the owner).
+ */
+typedef struct pxn_header {
+	uint64_t magic;
+	uint32_t abi_version;
+	uint32_t header_size;
+	uint32_t state;
+	uint32_t uid;
+	uint64_t pid;
+	uint64_t start_time;
+	uint64_t boot_epoch;
+	uint32_t lane_count;
+	uint32_t slots_per_lane;
+	uint64_t slot_size;
+	uint64_t arena_size;
+	uint32_t arena_kind;
+	uint32_t rail_len;
+	uint8_t rail[48];
+	uint32_t hca_len;
+	uint32_t pad0;
+	uint8_t hca[56];
+	uint8_t ipc_handle[64];
+	uint64_t heartbeat;
+	uint8_t pad1[56];
+} pxn_header;
+
+typedef struct pxn_control_block {
+	pxn_header header;
+	pxn_lane lanes[PXN_LANE_COUNT];
+} pxn_control_block;
+
+PXN_STATIC_ASSERT(offsetof(pxn_plan_entry, dst) == 0, "pxn_plan_entry.dst");
+PXN_STATIC_ASSERT(offsetof(pxn_plan_entry, len) == 8, "pxn_plan_entry.len");
+PXN_STATIC_ASSERT(sizeof(pxn_plan_entry) == 16, "sizeof pxn_plan_entry");
+
+PXN_STATIC_ASSERT(offsetof(pxn_desc, commit_seq) == 0, "pxn_desc.commit_seq");
+PXN_STATIC_ASSERT(offsetof(pxn_desc, epoch) == 8, "pxn_desc.epoch");
+PXN_STATIC_ASSERT(offsetof(pxn_desc, piece_len) == 16, "pxn_desc.piece_len");
+PXN_STATIC_ASSERT(offsetof(pxn_desc, plan_count) == 24, "pxn_desc.plan_count");
+PXN_STATIC_ASSERT(offsetof(pxn_desc, session_len) == 28, "pxn_desc.session_len");
+PXN_STATIC_ASSERT(offsetof(pxn_desc, pad0) == 32, "pxn_desc.pad0");
+PXN_STATIC_ASSERT(offsetof(pxn_desc, session) == 64, "pxn_desc.session");
+PXN_STATIC_ASSERT(offsetof(pxn_desc, plans) == 320, "pxn_desc.plans");
+PXN_STATIC_ASSERT(sizeof(pxn_desc) == 65856, "sizeof pxn_desc");
+
+PXN_STATIC_ASSERT(offsetof(pxn_completion, seq) == 0, "pxn_completion.seq");
+PXN_STATIC_ASSERT(offsetof(pxn_completion, status) == 8, "pxn_completion.status");
+PXN_STATIC_ASSERT(offsetof(pxn_completion, pad0) == 12, "pxn_completion.pad0");
+PXN_STATIC_ASSERT(sizeof(pxn_completion) == 64, "sizeof pxn_completion");
+
+PXN_STATIC_ASSERT(offsetof(pxn_ready_word, seq) == 0, "pxn_ready_word.seq");
+PXN_STATIC_ASSERT(offsetof(pxn_ready_word, pad0) == 8, "pxn_ready_word.pad0");
+PXN_STATIC_ASSERT(sizeof(pxn_ready_word) == 64, "sizeof pxn_ready_word");
+
+PXN_STATIC_ASSERT(offsetof(pxn_lane_owner, pid) == 0, "pxn_lane_owner.pid");
+PXN_STATIC_ASSERT(offsetof(pxn_lane_owner, start_time) == 8, "pxn_lane_owner.start_time");
+PXN_STATIC_ASSERT(offsetof(pxn_lane_owner, sender_epoch) == 16, "pxn_lane_owner.sender_epoch");
+PXN_STATIC_ASSERT(offsetof(pxn_lane_owner, lane_epoch) == 24, "pxn_lane_owner.lane_epoch");
+PXN_STATIC_ASSERT(offsetof(pxn_lane_owner, claimed_at) == 32, "pxn_lane_owner.claimed_at");
+PXN_STATIC_ASSERT(offsetof(pxn_lane_owner, pad0) == 40, "pxn_lane_owner.pad0");
+PXN_STATIC_ASSERT(sizeof(pxn_lane_owner) == 64, "sizeof pxn_lane_owner");
+
+PXN_STATIC_ASSERT(offsetof(pxn_sender_progress, next_seq) == 0, "pxn_sender_progress.next_seq");
+PXN_STATIC_ASSERT(offsetof(pxn_sender_progress, published_seq) == 8, "pxn_sender_progress.published_seq");
+PXN_STATIC_ASSERT(offsetof(pxn_sender_progress, reaped_seq) == 16, "pxn_sender_progress.reaped_seq");
+PXN_STATIC_ASSERT(offsetof(pxn_sender_progress, pad0) == 24, "pxn_sender_progress.pad0");
+PXN_STATIC_ASSERT(sizeof(pxn_sender_progress) == 64, "sizeof pxn_sender_progress");
+
+PXN_STATIC_ASSERT(offsetof(pxn_relay_progress, completed_seq) == 0, "pxn_relay_progress.completed_seq");
+PXN_STATIC_ASSERT(offsetof(pxn_relay_progress, pad0) == 8, "pxn_relay_progress.pad0");
+PXN_STATIC_ASSERT(sizeof(pxn_relay_progress) == 64, "sizeof pxn_relay_progress");
+
+PXN_STATIC_ASSERT(offsetof(pxn_lane, owner) == 0, "pxn_lane.owner");
+PXN_STATIC_ASSERT(offsetof(pxn_lane, sender) == 64, "pxn_lane.sender");
+PXN_STATIC_ASSERT(offsetof(pxn_lane, relay) == 128, "pxn_lane.relay");
+PXN_STATIC_ASSERT(offsetof(pxn_lane, ready) == 192, "pxn_lane.ready");
+PXN_STATIC_ASSERT(offsetof(pxn_lane, completions) == 1344, "pxn_lane.completions");
+PXN_STATIC_ASSERT(offsetof(pxn_lane, descs) == 2496, "pxn_lane.descs");
+PXN_STATIC_ASSERT(sizeof(pxn_lane) == 1187904, "sizeof pxn_lane");
+
+PXN_STATIC_ASSERT(offsetof(pxn_header, magic) == 0, "pxn_header.magic");
+PXN_STATIC_ASSERT(offsetof(pxn_header, abi_version) == 8, "pxn_header.abi_version");
+PXN_STATIC_ASSERT(offsetof(pxn_header, header_size) == 12, "pxn_header.header_size");
+PXN_STATIC_ASSERT(offsetof(pxn_header, state) == 16, "pxn_header.state");
+PXN_STATIC_ASSERT(offsetof(pxn_header, uid) == 20, "pxn_header.uid");
+PXN_STATIC_ASSERT(offsetof(pxn_header, pid) == 24, "pxn_header.pid");
+PXN_STATIC_ASSERT(offsetof(pxn_header, start_time) == 32, "pxn_header.start_time");
+PXN_STATIC_ASSERT(offsetof(pxn_header, boot_epoch) == 40, "pxn_header.boot_epoch");
+PXN_STATIC_ASSERT(offsetof(pxn_header, lane_count) == 48, "pxn_header.lane_count");
+PXN_STATIC_ASSERT(offsetof(pxn_header, slots_per_lane) == 52, "pxn_header.slots_per_lane");
+PXN_STATIC_ASSERT(offsetof(pxn_header, slot_size) == 56, "pxn_header.slot_size");
+PXN_STATIC_ASSERT(offsetof(pxn_header, arena_size) == 64, "pxn_header.arena_size");
+PXN_STATIC_ASSERT(offsetof(pxn_header, arena_kind) == 72, "pxn_header.arena_kind");
+PXN_STATIC_ASSERT(offsetof(pxn_header, rail_len) == 76, "pxn_header.rail_len");
+PXN_STATIC_ASSERT(offsetof(pxn_header, rail) == 80, "pxn_header.rail");
+PXN_STATIC_ASSERT(offsetof(pxn_header, hca_len) == 128, "pxn_header.hca_len");
+PXN_STATIC_ASSERT(offsetof(pxn_header, pad0) == 132, "pxn_header.pad0");
+PXN_STATIC_ASSERT(offsetof(pxn_header, hca) == 136, "pxn_header.hca");
+PXN_STATIC_ASSERT(offsetof(pxn_header, ipc_handle) == 192, "pxn_header.ipc_handle");
+PXN_STATIC_ASSERT(offsetof(pxn_header, heartbeat) == 256, "pxn_header.heartbeat");
+PXN_STATIC_ASSERT(offsetof(pxn_header, pad1) == 264, "pxn_header.pad1");
+PXN_STATIC_ASSERT(sizeof(pxn_header) == 320, "sizeof pxn_header");
+
+PXN_STATIC_ASSERT(offsetof(pxn_control_block, header) == 0, "pxn_control_block.header");
+PXN_STATIC_ASSERT(offsetof(pxn_control_block, lanes) == 320, "pxn_control_block.lanes");
+PXN_STATIC_ASSERT(sizeof(pxn_control_block) == 8315648, "sizeof pxn_control_block");
+
+PXN_STATIC_ASSERT(PXN_ARENA_SIZE == (UINT64_C(1008) << 20), "arena size");
+PXN_STATIC_ASSERT(PXN_SLOT_OF(1) == 0, "seq 1 is slot 0");
+PXN_STATIC_ASSERT(PXN_SLOT_OF(19) == 0, "seq 19 reuses slot 0");
+PXN_STATIC_ASSERT(PXN_SLOT_OF(18) == 17, "seq 18 is the last slot");
+
+#endif

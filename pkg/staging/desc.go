@@ -1,0 +1,249 @@
+package staging
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync/atomic"
+)
+
+// Sentinel errors of Desc validation, one per rule. A *DescError unwraps to
+// exactly one of them.
+var (
+	ErrDescSeq       = errors.New("desc commit seq")
+	ErrDescEpoch     = errors.New("desc epoch")
+	ErrDescPieceLen  = errors.New("desc piece length")
+	ErrDescPlanCount = errors.New("desc plan count")
+	ErrDescSession   = errors.New("desc session length")
+	ErrDescPlanLen   = errors.New("desc plan length")
+	ErrDescOverflow  = errors.New("desc plan address overflow")
+	ErrDescPlanSum   = errors.New("desc plan sum")
+)
+
+// DescErrorKind names the Desc rule that failed.
+type DescErrorKind uint8
+
+// The Desc rules, in the order ValidateDesc checks them.
+const (
+	DescSeq DescErrorKind = iota + 1
+	DescEpoch
+	DescPieceLen
+	DescPlanCount
+	DescSession
+	DescPlanLen
+	DescOverflow
+	DescPlanSum
+)
+
+var descSentinels = [...]error{
+	DescSeq:       ErrDescSeq,
+	DescEpoch:     ErrDescEpoch,
+	DescPieceLen:  ErrDescPieceLen,
+	DescPlanCount: ErrDescPlanCount,
+	DescSession:   ErrDescSession,
+	DescPlanLen:   ErrDescPlanLen,
+	DescOverflow:  ErrDescOverflow,
+	DescPlanSum:   ErrDescPlanSum,
+}
+
+// DescError reports a Desc that breaks one rule, with the offending value.
+type DescError struct {
+	Kind DescErrorKind
+	// Field is the Desc field at fault: "commit_seq", "epoch", "piece_len",
+	// "plan_count", "session_len", "plans.len", "plans.dst" or "plans".
+	Field string
+	// Plan is the index of the offending plan entry, or -1.
+	Plan int
+	// Value is the offending value.
+	Value uint64
+	// Want is the expected value or the limit Value broke; its meaning per
+	// Kind is spelled out by Error.
+	Want uint64
+}
+
+func (e *DescError) Error() string {
+	switch e.Kind {
+	case DescSeq:
+		if e.Value == 0 {
+			return fmt.Sprintf("invalid desc: commit_seq 0 is never published (want %d)", e.Want)
+		}
+		return fmt.Sprintf("invalid desc: commit_seq %d, want %d", e.Value, e.Want)
+	case DescEpoch:
+		if e.Value == 0 {
+			return "invalid desc: epoch 0 is reserved for an unclaimed lane"
+		}
+		return fmt.Sprintf("invalid desc: epoch %#x, want %#x", e.Value, e.Want)
+	case DescPieceLen, DescPlanCount, DescSession:
+		return fmt.Sprintf("invalid desc: %s %d out of range 1..%d", e.Field, e.Value, e.Want)
+	case DescPlanLen:
+		return fmt.Sprintf("invalid desc: plans[%d].len 0: a plan entry carries at least one byte", e.Plan)
+	case DescOverflow:
+		return fmt.Sprintf("invalid desc: plans[%d].dst %#x: dst+len does not fit in 64 bits (largest dst for this len %#x)", e.Plan, e.Value, e.Want)
+	case DescPlanSum:
+		if e.Plan >= 0 {
+			return fmt.Sprintf("invalid desc: plans[%d].len %d exceeds the %d bytes of the piece left", e.Plan, e.Value, e.Want)
+		}
+		return fmt.Sprintf("invalid desc: plan lengths sum to %d, want piece_len %d", e.Value, e.Want)
+	}
+	return fmt.Sprintf("invalid desc: %s %d (kind %d)", e.Field, e.Value, e.Kind)
+}
+
+// Unwrap returns the sentinel of e's Kind, so errors.Is(err, ErrDescEpoch)
+// and the like work.
+func (e *DescError) Unwrap() error {
+	if int(e.Kind) < len(descSentinels) {
+		return descSentinels[e.Kind]
+	}
+	return nil
+}
+
+// DescExpect is what the relay knows independently of the Desc it is about
+// to consume: the lane's epoch and the seq it waits for.
+type DescExpect struct {
+	Epoch uint64
+	Seq   uint64
+}
+
+// DescHeader is a one-time copy of a Desc's fixed fields.
+type DescHeader struct {
+	CommitSeq  uint64
+	Epoch      uint64
+	PieceLen   uint64
+	PlanCount  uint32
+	SessionLen uint32
+}
+
+// LoadDescHeader reads each fixed field of d exactly once. CommitSeq is loaded
+// first, with acquire, so that the other fields are at least as new as the
+// commit; the caller validates and uses only the returned copy, because a
+// peer may rewrite d at any time.
+func LoadDescHeader(d *Desc) DescHeader {
+	var h DescHeader
+	h.CommitSeq = atomic.LoadUint64(&d.CommitSeq)
+	h.Epoch = atomic.LoadUint64(&d.Epoch)
+	h.PieceLen = atomic.LoadUint64(&d.PieceLen)
+	h.PlanCount = atomic.LoadUint32(&d.PlanCount)
+	h.SessionLen = atomic.LoadUint32(&d.SessionLen)
+	return h
+}
+
+// LoadCommitSeq acquire-loads d's commit seq.
+func LoadCommitSeq(d *Desc) uint64 { return atomic.LoadUint64(&d.CommitSeq) }
+
+// PublishDesc release-stores seq into d's commit seq. Every other field of d
+// must have been written before; none may be written after until the slot
+// is reaped.
+func PublishDesc(d *Desc, seq uint64) { atomic.StoreUint64(&d.CommitSeq, seq) }
+
+// ValidDesc is a relay-owned copy of a Desc that passed ValidateDesc. It is
+// large (the plans of a full Piece): keep one and reuse it.
+type ValidDesc struct {
+	hdr     DescHeader
+	session [MaxSession]byte
+	plans   [MaxPlans]PlanEntry
+}
+
+// Seq is the validated commit seq.
+func (v *ValidDesc) Seq() uint64 { return v.hdr.CommitSeq }
+
+// Epoch is the validated lane epoch.
+func (v *ValidDesc) Epoch() uint64 { return v.hdr.Epoch }
+
+// PieceLen is the number of staged bytes, the sum of Plans' lengths.
+func (v *ValidDesc) PieceLen() uint64 { return v.hdr.PieceLen }
+
+// Session is the target session name. It aliases v.
+func (v *ValidDesc) Session() []byte { return v.session[:v.hdr.SessionLen] }
+
+// Plans are the validated plan entries, in slot order. They alias v.
+func (v *ValidDesc) Plans() []PlanEntry { return v.plans[:v.hdr.PlanCount] }
+
+// ValidateDesc copies d, which lives in shared memory and may change under
+// it, into out and checks the copy against want. On success out holds the
+// Desc; on failure out is empty and the error is a *DescError.
+func ValidateDesc(d *Desc, want DescExpect, out *ValidDesc) error {
+	out.hdr = DescHeader{}
+	h := LoadDescHeader(d)
+	if err := checkSeqEpoch(h, want); err != nil {
+		return err
+	}
+	if err := checkShape(h.PieceLen, uint64(h.PlanCount), uint64(h.SessionLen)); err != nil {
+		return err
+	}
+	copy(out.session[:h.SessionLen], d.Session[:h.SessionLen])
+	plans := out.plans[:h.PlanCount]
+	copy(plans, d.Plans[:h.PlanCount])
+	if err := checkPlans(plans, h.PieceLen); err != nil {
+		return err
+	}
+	out.hdr = h
+	return nil
+}
+
+// Fill writes a Desc for one Piece: everything but CommitSeq, which
+// PublishDesc stores once the Desc is complete. It checks the same rules as
+// ValidateDesc and leaves d untouched when one fails.
+func (d *Desc) Fill(epoch uint64, session string, plans []PlanEntry, pieceLen uint64) error {
+	if epoch == 0 {
+		return &DescError{Kind: DescEpoch, Field: "epoch", Plan: -1}
+	}
+	if err := checkShape(pieceLen, uint64(len(plans)), uint64(len(session))); err != nil {
+		return err
+	}
+	if err := checkPlans(plans, pieceLen); err != nil {
+		return err
+	}
+	d.Epoch = epoch
+	d.PieceLen = pieceLen
+	d.PlanCount = uint32(len(plans))
+	d.SessionLen = uint32(len(session))
+	n := copy(d.Session[:], session)
+	clear(d.Session[n:])
+	copy(d.Plans[:], plans)
+	return nil
+}
+
+func checkSeqEpoch(h DescHeader, want DescExpect) error {
+	if h.CommitSeq == 0 || h.CommitSeq > MaxLaneSeq || h.CommitSeq != want.Seq {
+		return &DescError{Kind: DescSeq, Field: "commit_seq", Plan: -1, Value: h.CommitSeq, Want: want.Seq}
+	}
+	if h.Epoch == 0 || h.Epoch != want.Epoch {
+		return &DescError{Kind: DescEpoch, Field: "epoch", Plan: -1, Value: h.Epoch, Want: want.Epoch}
+	}
+	return nil
+}
+
+func checkShape(pieceLen, planCount, sessionLen uint64) error {
+	switch {
+	case pieceLen == 0 || pieceLen > SlotSize:
+		return &DescError{Kind: DescPieceLen, Field: "piece_len", Plan: -1, Value: pieceLen, Want: SlotSize}
+	case planCount == 0 || planCount > MaxPlans:
+		return &DescError{Kind: DescPlanCount, Field: "plan_count", Plan: -1, Value: planCount, Want: MaxPlans}
+	case sessionLen == 0 || sessionLen > MaxSession:
+		return &DescError{Kind: DescSession, Field: "session_len", Plan: -1, Value: sessionLen, Want: MaxSession}
+	}
+	return nil
+}
+
+// checkPlans requires every entry to be non-empty, to end at or below 2^64-1,
+// and the lengths to add up to pieceLen exactly. The running remainder never
+// underflows and no sum is formed that could wrap.
+func checkPlans(plans []PlanEntry, pieceLen uint64) error {
+	left := pieceLen
+	for i, p := range plans {
+		if p.Len == 0 {
+			return &DescError{Kind: DescPlanLen, Field: "plans.len", Plan: i}
+		}
+		if p.Dst > math.MaxUint64-p.Len {
+			return &DescError{Kind: DescOverflow, Field: "plans.dst", Plan: i, Value: p.Dst, Want: math.MaxUint64 - p.Len}
+		}
+		if p.Len > left {
+			return &DescError{Kind: DescPlanSum, Field: "plans.len", Plan: i, Value: p.Len, Want: left}
+		}
+		left -= p.Len
+	}
+	if left != 0 {
+		return &DescError{Kind: DescPlanSum, Field: "plans", Plan: -1, Value: pieceLen - left, Want: pieceLen}
+	}
+	return nil
+}
