@@ -1,0 +1,191 @@
+package staging
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// MaxRequestBytes is the most bytes one Plan call accepts. Every slice of a
+// request is created before its first Piece is enqueued, so the planner's
+// memory grows with the request; this bound keeps a corrupt length from
+// turning into an unbounded allocation. 1 TiB is 131072 Pieces.
+const MaxRequestBytes = 1 << 40
+
+// Planner errors, wrapped with the offending block and values.
+var (
+	ErrAddressOverflow = errors.New("address range passes the end of the 64-bit address space")
+	ErrTaskRange       = errors.New("task index out of range")
+	ErrRequestTooLarge = fmt.Errorf("request exceeds %d bytes", uint64(MaxRequestBytes))
+)
+
+// Block is one write to the target session: Len bytes at Src go to Dst in the
+// target's address space. Task is the index of the task that owns it.
+type Block struct {
+	Src  uint64
+	Dst  uint64
+	Len  uint64
+	Task int
+}
+
+// Slice is the part of a Block that one Piece carries: Len bytes from Src,
+// staged at Offset in the slot, bound for Dst. The Piece's completion
+// completes the Slice, which counts toward Task.
+type Slice struct {
+	Task   int
+	Src    uint64
+	Dst    uint64
+	Len    uint64
+	Offset uint64
+}
+
+// CopyEntry is one first-hop copy: Len bytes from Src to Offset in the slot.
+type CopyEntry struct {
+	Src    uint64
+	Offset uint64
+	Len    uint64
+}
+
+// Piece is the content of one slot. Its slices, plan entries and copy entries
+// are the index range [Start, End) of Plan.Slices, Plan.Entries and
+// Plan.Copies, in slot order.
+type Piece struct {
+	Start int
+	End   int
+	Len   uint64
+}
+
+// TaskTotals is what one task contributes to a Plan. Blocks counts every
+// block of the task, zero-length ones included; a task with Blocks > 0 and
+// Slices == 0 has nothing to stage and completes at once with 0 bytes.
+type TaskTotals struct {
+	Blocks int
+	Slices int
+	Bytes  uint64
+}
+
+// Plan is a request cut into Pieces. Its slices are reused by the next Plan
+// call that fills it: nothing read from a Plan may be kept past that call.
+type Plan struct {
+	Pieces  []Piece
+	Slices  []Slice
+	Entries []PlanEntry
+	Copies  []CopyEntry
+	// Tasks is indexed by task and has exactly as many elements as the
+	// task count passed to Plan.
+	Tasks []TaskTotals
+	Bytes uint64
+}
+
+// PieceSlices returns the logical slices of Piece i.
+func (p *Plan) PieceSlices(i int) []Slice {
+	pc := p.Pieces[i]
+	return p.Slices[pc.Start:pc.End:pc.End]
+}
+
+// PieceEntries returns the plan entries of Piece i, ready for Desc.Plans.
+func (p *Plan) PieceEntries(i int) []PlanEntry {
+	pc := p.Pieces[i]
+	return p.Entries[pc.Start:pc.End:pc.End]
+}
+
+// PieceCopies returns the first-hop copies of Piece i.
+func (p *Plan) PieceCopies(i int) []CopyEntry {
+	pc := p.Pieces[i]
+	return p.Copies[pc.Start:pc.End:pc.End]
+}
+
+// Reset empties p and keeps its memory.
+func (p *Plan) Reset() {
+	p.Pieces = p.Pieces[:0]
+	p.Slices = p.Slices[:0]
+	p.Entries = p.Entries[:0]
+	p.Copies = p.Copies[:0]
+	p.Tasks = p.Tasks[:0]
+	p.Bytes = 0
+}
+
+// Planner cuts requests into Pieces of at most SlotSize bytes and MaxPlans
+// plan entries. The zero value is ready to use and holds no memory.
+type Planner struct {
+	// pieceBytes and maxPlans, when set, replace SlotSize and MaxPlans so
+	// that tests reach every cut rule with a few bytes.
+	pieceBytes uint64
+	maxPlans   int
+}
+
+// Plan fills out with the Pieces of blocks, whose Task fields lie in
+// [0, tasks). Blocks are staged in order and never merged, so every non-empty
+// block yields one slice per Piece it touches and the slices map back to
+// their tasks exactly. A zero-length block yields no slice and no plan entry;
+// it only counts in Tasks[task].Blocks. On error out is empty.
+//
+// Plan allocates only when out's slices must grow beyond any earlier request.
+func (pl *Planner) Plan(blocks []Block, tasks int, out *Plan) error {
+	out.Reset()
+	if tasks < 0 {
+		return fmt.Errorf("task count %d: %w", tasks, ErrTaskRange)
+	}
+	limitBytes, limitPlans := uint64(SlotSize), MaxPlans
+	if pl.pieceBytes != 0 {
+		limitBytes, limitPlans = pl.pieceBytes, pl.maxPlans
+	}
+	if cap(out.Tasks) < tasks {
+		out.Tasks = make([]TaskTotals, tasks)
+	} else {
+		out.Tasks = out.Tasks[:tasks]
+		clear(out.Tasks)
+	}
+
+	pieces, slices, entries, copies := out.Pieces, out.Slices, out.Entries, out.Copies
+	var planned uint64
+	piece := Piece{}
+	for i := range blocks {
+		b := &blocks[i]
+		if err := checkBlock(i, b, tasks, planned); err != nil {
+			out.Pieces, out.Slices, out.Entries, out.Copies = pieces, slices, entries, copies
+			out.Reset()
+			return err
+		}
+		task := &out.Tasks[b.Task]
+		task.Blocks++
+		planned += b.Len
+		src, dst, left := b.Src, b.Dst, b.Len
+		for left > 0 {
+			n := min(left, limitBytes-piece.Len)
+			slices = append(slices, Slice{Task: b.Task, Src: src, Dst: dst, Len: n, Offset: piece.Len})
+			entries = append(entries, PlanEntry{Dst: dst, Len: n})
+			copies = append(copies, CopyEntry{Src: src, Offset: piece.Len, Len: n})
+			task.Slices++
+			task.Bytes += n
+			piece.End++
+			piece.Len += n
+			src += n
+			dst += n
+			left -= n
+			if piece.Len == limitBytes || piece.End-piece.Start == limitPlans {
+				pieces = append(pieces, piece)
+				piece = Piece{Start: piece.End, End: piece.End}
+			}
+		}
+	}
+	if piece.End > piece.Start {
+		pieces = append(pieces, piece)
+	}
+	out.Pieces, out.Slices, out.Entries, out.Copies, out.Bytes = pieces, slices, entries, copies, planned
+	return nil
+}
+
+func checkBlock(i int, b *Block, tasks int, planned uint64) error {
+	switch {
+	case b.Task < 0 || b.Task >= tasks:
+		return fmt.Errorf("block %d: task %d not in [0, %d): %w", i, b.Task, tasks, ErrTaskRange)
+	case b.Src > math.MaxUint64-b.Len:
+		return fmt.Errorf("block %d: src %#x + len %#x: %w", i, b.Src, b.Len, ErrAddressOverflow)
+	case b.Dst > math.MaxUint64-b.Len:
+		return fmt.Errorf("block %d: dst %#x + len %#x: %w", i, b.Dst, b.Len, ErrAddressOverflow)
+	case b.Len > MaxRequestBytes-planned:
+		return fmt.Errorf("block %d: len %#x after %#x planned bytes: %w", i, b.Len, planned, ErrRequestTooLarge)
+	}
+	return nil
+}
