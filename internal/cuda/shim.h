@@ -1,0 +1,234 @@
+/*
+ * The CUDA driver API as this package uses it, declared by hand: no CUDA
+ * header or library is needed at build time. Every entry point is resolved
+ * at run time (shim.c) and called through a trampoline that returns
+ * PXN_CU_NOT_AVAILABLE when the driver lacks the symbol.
+ */
+#ifndef PXN_CUDA_SHIM_H
+#define PXN_CUDA_SHIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUcontext;
+typedef void *CUstream;
+typedef void *CUevent;
+typedef void *CUmodule;
+typedef void *CUfunction;
+
+/* Handles cross the cgo boundary as integers, never as Go pointers. */
+typedef uintptr_t pxn_handle;
+
+typedef struct {
+	char reserved[64];
+} CUipcMemHandle;
+
+typedef struct {
+	int type;
+	int id;
+} CUmemLocation;
+
+typedef struct {
+	int srcAccessOrder;
+	CUmemLocation srcLocHint;
+	CUmemLocation dstLocHint;
+	unsigned int flags;
+} CUmemcpyAttributes;
+
+/* Returned by a trampoline whose entry point the driver did not provide. */
+#define PXN_CU_NOT_AVAILABLE (-1)
+
+#define PXN_CU_SRC_ACCESS_ORDER_STREAM 1
+/* CU_STREAM_LEGACY: the legacy default stream, whatever the caller's build. */
+#define PXN_CU_STREAM_LEGACY ((pxn_handle)0x1)
+
+/* Indices into pxn_cu_table.fn; the order matches pxn_cu_symbols in shim.c. */
+enum {
+	PXN_cuGetErrorName,
+	PXN_cuGetErrorString,
+	PXN_cuDeviceGetCount,
+	PXN_cuDeviceGet,
+	PXN_cuDeviceGetAttribute,
+	PXN_cuDeviceGetName,
+	PXN_cuDeviceGetPCIBusId,
+	PXN_cuDeviceCanAccessPeer,
+	PXN_cuDevicePrimaryCtxRetain,
+	PXN_cuDevicePrimaryCtxRelease,
+	PXN_cuCtxSetCurrent,
+	PXN_cuCtxGetCurrent,
+	PXN_cuCtxEnablePeerAccess,
+	PXN_cuMemAlloc,
+	PXN_cuMemFree,
+	PXN_cuMemHostRegister,
+	PXN_cuMemHostUnregister,
+	PXN_cuMemHostGetDevicePointer,
+	PXN_cuMemcpyHtoD,
+	PXN_cuMemcpyDtoH,
+	PXN_cuMemsetD32Async,
+	PXN_cuMemcpyAsync,
+	PXN_cuMemcpyDtoDAsync,
+	PXN_cuMemcpyPeerAsync,
+	PXN_cuMemcpyBatchAsync_v13000,
+	PXN_cuMemcpyBatchAsync_v12080,
+	PXN_cuStreamCreate,
+	PXN_cuStreamDestroy,
+	PXN_cuStreamWaitEvent,
+	PXN_cuStreamSynchronize,
+	PXN_cuStreamWriteValue64,
+	PXN_cuEventCreate,
+	PXN_cuEventRecord,
+	PXN_cuEventQuery,
+	PXN_cuEventSynchronize,
+	PXN_cuEventDestroy,
+	PXN_cuIpcGetMemHandle,
+	PXN_cuIpcOpenMemHandle,
+	PXN_cuIpcCloseMemHandle,
+	PXN_cuPointerGetAttribute,
+	PXN_cuModuleLoadData,
+	PXN_cuModuleGetFunction,
+	PXN_cuModuleUnload,
+	PXN_cuLaunchKernel,
+	PXN_CU_NSYM
+};
+
+typedef struct {
+	void *lib;
+	int driver_version;
+	int proc_v2;
+	void *fn[PXN_CU_NSYM];
+} pxn_cu_table;
+
+/* Symbol metadata, for the Go side's Symbols and docs/cuda.md. */
+const char *pxn_cu_symbol_name(int i);
+int pxn_cu_symbol_version(int i);
+int pxn_cu_symbol_min_driver(int i);
+
+/*
+ * Opens the library and fills t. Returns 0 on success; otherwise a negative
+ * step code (see load.go) and, where one applies, the CUresult in *res and
+ * dlerror's text in err (errlen bytes).
+ */
+int pxn_cu_load(pxn_cu_table *t, const char *libname, CUresult *res, char *err, size_t errlen);
+void pxn_cu_unload(pxn_cu_table *t);
+
+CUresult pxn_cuGetErrorName(pxn_cu_table *t, CUresult r, const char **s);
+CUresult pxn_cuGetErrorString(pxn_cu_table *t, CUresult r, const char **s);
+CUresult pxn_cuDeviceGetCount(pxn_cu_table *t, int *n);
+CUresult pxn_cuDeviceGet(pxn_cu_table *t, CUdevice *d, int ordinal);
+CUresult pxn_cuDeviceGetAttribute(pxn_cu_table *t, int *v, int attr, CUdevice d);
+CUresult pxn_cuDeviceGetName(pxn_cu_table *t, char *name, int len, CUdevice d);
+CUresult pxn_cuDeviceGetPCIBusId(pxn_cu_table *t, char *id, int len, CUdevice d);
+CUresult pxn_cuDeviceCanAccessPeer(pxn_cu_table *t, int *can, CUdevice d, CUdevice peer);
+CUresult pxn_cuDevicePrimaryCtxRetain(pxn_cu_table *t, pxn_handle *c, CUdevice d);
+CUresult pxn_cuDevicePrimaryCtxRelease(pxn_cu_table *t, CUdevice d);
+CUresult pxn_cuCtxSetCurrent(pxn_cu_table *t, pxn_handle c);
+CUresult pxn_cuCtxGetCurrent(pxn_cu_table *t, pxn_handle *c);
+CUresult pxn_cuCtxEnablePeerAccess(pxn_cu_table *t, pxn_handle peer, unsigned int flags);
+CUresult pxn_cuMemAlloc(pxn_cu_table *t, CUdeviceptr *p, size_t n);
+CUresult pxn_cuMemFree(pxn_cu_table *t, CUdeviceptr p);
+CUresult pxn_cuMemHostRegister(pxn_cu_table *t, uintptr_t p, size_t n, unsigned int flags);
+CUresult pxn_cuMemHostUnregister(pxn_cu_table *t, uintptr_t p);
+CUresult pxn_cuMemHostGetDevicePointer(pxn_cu_table *t, CUdeviceptr *d, uintptr_t p, unsigned int flags);
+CUresult pxn_cuMemcpyHtoD(pxn_cu_table *t, CUdeviceptr dst, const void *src, size_t n);
+CUresult pxn_cuMemcpyDtoH(pxn_cu_table *t, void *dst, CUdeviceptr src, size_t n);
+CUresult pxn_cuMemsetD32Async(pxn_cu_table *t, CUdeviceptr dst, unsigned int v, size_t n, pxn_handle s);
+CUresult pxn_cuMemcpyAsync(pxn_cu_table *t, CUdeviceptr dst, CUdeviceptr src, size_t n, pxn_handle s);
+CUresult pxn_cuMemcpyDtoDAsync(pxn_cu_table *t, CUdeviceptr dst, CUdeviceptr src, size_t n, pxn_handle s);
+CUresult pxn_cuMemcpyPeerAsync(pxn_cu_table *t, CUdeviceptr dst, pxn_handle dctx, CUdeviceptr src, pxn_handle sctx, size_t n, pxn_handle s);
+CUresult pxn_cuMemcpyBatchAsync_v13000(pxn_cu_table *t, CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+	CUmemcpyAttributes *attrs, size_t *attrIdxs, size_t numAttrs, pxn_handle s);
+CUresult pxn_cuMemcpyBatchAsync_v12080(pxn_cu_table *t, CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+	CUmemcpyAttributes *attrs, size_t *attrIdxs, size_t numAttrs, size_t *failIdx, pxn_handle s);
+CUresult pxn_cuStreamCreate(pxn_cu_table *t, pxn_handle *s, unsigned int flags);
+CUresult pxn_cuStreamDestroy(pxn_cu_table *t, pxn_handle s);
+CUresult pxn_cuStreamWaitEvent(pxn_cu_table *t, pxn_handle s, pxn_handle e, unsigned int flags);
+CUresult pxn_cuStreamSynchronize(pxn_cu_table *t, pxn_handle s);
+CUresult pxn_cuStreamWriteValue64(pxn_cu_table *t, pxn_handle s, CUdeviceptr addr, uint64_t v, unsigned int flags);
+CUresult pxn_cuEventCreate(pxn_cu_table *t, pxn_handle *e, unsigned int flags);
+CUresult pxn_cuEventRecord(pxn_cu_table *t, pxn_handle e, pxn_handle s);
+CUresult pxn_cuEventQuery(pxn_cu_table *t, pxn_handle e);
+CUresult pxn_cuEventSynchronize(pxn_cu_table *t, pxn_handle e);
+CUresult pxn_cuEventDestroy(pxn_cu_table *t, pxn_handle e);
+CUresult pxn_cuIpcGetMemHandle(pxn_cu_table *t, CUipcMemHandle *h, CUdeviceptr p);
+CUresult pxn_cuIpcOpenMemHandle(pxn_cu_table *t, CUdeviceptr *p, const CUipcMemHandle *h, unsigned int flags);
+CUresult pxn_cuIpcCloseMemHandle(pxn_cu_table *t, CUdeviceptr p);
+CUresult pxn_cuPointerGetAttribute(pxn_cu_table *t, void *data, int attr, CUdeviceptr p);
+CUresult pxn_cuModuleLoadData(pxn_cu_table *t, pxn_handle *m, const void *image);
+CUresult pxn_cuModuleGetFunction(pxn_cu_table *t, pxn_handle *f, pxn_handle m, const char *name);
+CUresult pxn_cuModuleUnload(pxn_cu_table *t, pxn_handle m);
+CUresult pxn_cuLaunchKernel(pxn_cu_table *t, pxn_handle f, unsigned int gx, unsigned int gy, unsigned int gz,
+	unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, pxn_handle s,
+	const uint64_t *args, int nargs);
+
+/* Composite calls: one cgo crossing for what a hot path does in a row. */
+
+/* Makes ctx current on the calling thread unless it already is. */
+CUresult pxn_ensure_ctx(pxn_cu_table *t, pxn_handle ctx);
+
+/* Records e on s with ctx current (s 0 means the legacy default stream). */
+CUresult pxn_record_event(pxn_cu_table *t, pxn_handle ctx, pxn_handle e, pxn_handle s);
+
+/* Queries e with ctx current. */
+CUresult pxn_query_event(pxn_cu_table *t, pxn_handle ctx, pxn_handle e);
+
+/* One contiguous copy of the first hop; the layout of relay.CopyEntry. */
+typedef struct {
+	uint64_t src;
+	uint64_t dst;
+	uint64_t len;
+} pxn_copy_entry;
+
+enum {
+	PXN_COPY_PER_ENTRY = 0,
+	PXN_COPY_BATCH_V13000 = 1,
+	PXN_COPY_BATCH_V12080 = 2
+};
+
+/* Stages of pxn_enqueue_piece, reported when a step fails. */
+enum {
+	PXN_STAGE_CONTEXT = 1,
+	PXN_STAGE_WAIT = 2,
+	PXN_STAGE_COPY = 3,
+	PXN_STAGE_DOORBELL = 4,
+	PXN_STAGE_RECORD = 5
+};
+
+typedef struct {
+	size_t cap;
+	CUdeviceptr *dsts;
+	CUdeviceptr *srcs;
+	size_t *sizes;
+} pxn_copy_scratch;
+
+pxn_copy_scratch *pxn_scratch_new(size_t cap);
+void pxn_scratch_free(pxn_copy_scratch *s);
+
+/* Lives in C memory: one per lane stream, reused for every Piece. */
+typedef struct {
+	pxn_handle ctx;
+	pxn_handle stream;
+	pxn_handle wait;
+	int mode;
+	pxn_copy_scratch *scratch;
+	CUdeviceptr doorbell;
+	uint64_t seq;
+	pxn_handle done;
+	/* Out: the stage that failed and, for the 12.8 batch form, failIdx. */
+	int stage;
+	size_t fail_idx;
+} pxn_piece_op;
+
+/*
+ * Enqueues on op->stream: a wait for op->wait (if any), the n copies, then
+ * the doorbell (if op->doorbell) and a record of op->done (if any). Stops at
+ * the first failing step.
+ */
+CUresult pxn_enqueue_piece(pxn_cu_table *t, pxn_piece_op *op, const pxn_copy_entry *entries, size_t n);
+
+/* Classifies [p, p+n): 2 when it lies in one device allocation, 1 for host. */
+int pxn_classify(pxn_cu_table *t, pxn_handle ctx, CUdeviceptr p, uint64_t n);
+
+#endif
