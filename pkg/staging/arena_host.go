@@ -1,0 +1,153 @@
+package staging
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// HostArenas provides arenas in host memory, for machines without CUDA: an
+// arena is a 0600 file in the registry directory, sized with ftruncate (on
+// tmpfs it stays sparse until written) and mapped MAP_SHARED by its owner
+// and by its peers at the same offsets. Its handle is its file name.
+type HostArenas struct{}
+
+var _ ArenaProvider = HostArenas{}
+
+// Kind returns ArenaHost.
+func (HostArenas) Kind() uint32 { return ArenaHost }
+
+// Allocate creates and maps the arena file name in dir.
+func (HostArenas) Allocate(dir *os.File, name string) (Arena, error) {
+	if k, _ := parseEntryName(name); k != entryArena {
+		return nil, fmt.Errorf("host arena: %q is not an arena name", name)
+	}
+	dirfd := int(dir.Fd())
+	fd, err := createPrivate(dirfd, dir.Name(), name)
+	if err != nil {
+		return nil, fmt.Errorf("host arena: %w", err)
+	}
+	a, err := newHostArena(dirfd, dir.Name(), name, fd)
+	unix.Close(fd)
+	if err != nil {
+		unix.Unlinkat(dirfd, name, 0)
+		return nil, fmt.Errorf("host arena: %w", err)
+	}
+	return a, nil
+}
+
+func newHostArena(dirfd int, dirPath, name string, fd int) (*hostArena, error) {
+	path := filepath.Join(dirPath, name)
+	if err := unix.Ftruncate(fd, ArenaSize); err != nil {
+		return nil, &os.PathError{Op: "ftruncate", Path: path, Err: err}
+	}
+	mem, err := unix.Mmap(fd, 0, ArenaSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, &os.PathError{Op: "mmap", Path: path, Err: err}
+	}
+	// The arena unlinks its file when it closes, whoever closed the
+	// registry directory by then: it keeps a descriptor of its own.
+	own, err := unix.FcntlInt(uintptr(dirfd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		unix.Munmap(mem)
+		return nil, &os.PathError{Op: "dup", Path: dirPath, Err: err}
+	}
+	return &hostArena{dirfd: own, path: path, name: name, mem: mem}, nil
+}
+
+// Open maps the peer arena whose file name is in handle.
+func (HostArenas) Open(dir *os.File, handle [ArenaHandleSize]byte) (PeerArena, error) {
+	name, err := hostHandleName(handle)
+	if err != nil {
+		return nil, err
+	}
+	mem, err := mapPrivate(int(dir.Fd()), dir.Name(), name, os.Geteuid(), ArenaSize, true)
+	if err != nil {
+		return nil, fmt.Errorf("host arena: %w", err)
+	}
+	return &hostPeerArena{mem: mem}, nil
+}
+
+// hostHandleName accepts only a NUL-padded canonical arena name: a handle
+// from shared memory never names anything outside the registry directory.
+func hostHandleName(h [ArenaHandleSize]byte) (string, error) {
+	n := bytes.IndexByte(h[:], 0)
+	if n < 0 {
+		n = len(h)
+	}
+	name := string(h[:n])
+	if bytes.IndexFunc(h[n:], func(r rune) bool { return r != 0 }) >= 0 {
+		return "", fmt.Errorf("%w: host arena handle has bytes after its name", ErrCorruptEntry)
+	}
+	if k, _ := parseEntryName(name); k != entryArena {
+		return "", fmt.Errorf("%w: host arena handle %q is not an arena name", ErrCorruptEntry, name)
+	}
+	return name, nil
+}
+
+type hostArena struct {
+	dirfd int
+	path  string
+	name  string
+	mem   []byte
+
+	mu     sync.Mutex
+	closed bool
+}
+
+func (a *hostArena) Kind() uint32  { return ArenaHost }
+func (a *hostArena) Base() uintptr { return uintptr(unsafe.Pointer(&a.mem[0])) }
+func (a *hostArena) Size() uint64  { return uint64(len(a.mem)) }
+
+func (a *hostArena) Export() ([ArenaHandleSize]byte, error) {
+	var h [ArenaHandleSize]byte
+	if len(a.name) > len(h) {
+		return h, fmt.Errorf("host arena: name %q is longer than a handle", a.name)
+	}
+	copy(h[:], a.name)
+	return h, nil
+}
+
+// Close unmaps the arena and unlinks its file. Peers that still map it keep
+// their pages: a tmpfs file lives until its last mapping goes.
+func (a *hostArena) Close() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil
+	}
+	a.closed = true
+	var errs []error
+	if err := unix.Munmap(a.mem); err != nil {
+		errs = append(errs, &os.PathError{Op: "munmap", Path: a.path, Err: err})
+	}
+	if err := unix.Unlinkat(a.dirfd, a.name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		errs = append(errs, &os.PathError{Op: "unlink", Path: a.path, Err: err})
+	}
+	unix.Close(a.dirfd)
+	return errors.Join(errs...)
+}
+
+type hostPeerArena struct {
+	mu  sync.Mutex
+	mem []byte
+}
+
+func (p *hostPeerArena) Base() uintptr { return uintptr(unsafe.Pointer(&p.mem[0])) }
+
+func (p *hostPeerArena) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.mem == nil {
+		return nil
+	}
+	err := unix.Munmap(p.mem)
+	p.mem = nil
+	return err
+}

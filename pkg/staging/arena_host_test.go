@@ -1,0 +1,116 @@
+package staging
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func openTestDir(t *testing.T) *os.File {
+	t.Helper()
+	dir := filepath.Join(regTestRoot(t), "arenas")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func TestArenaHostAllocateIsSparseAndShared(t *testing.T) {
+	dir := openTestDir(t)
+	name := arenaFileName(Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 2})
+	a, err := HostArenas{}.Allocate(dir, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir.Name(), name)
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Size != ArenaSize || st.Mode&0o7777 != 0o600 {
+		t.Errorf("arena file: %d bytes mode %04o, want %d bytes mode 0600", st.Size, st.Mode&0o7777, ArenaSize)
+	}
+	if used := st.Blocks * 512; used > 1<<20 {
+		t.Errorf("a fresh arena occupies %d bytes; allocation must not touch its pages", used)
+	}
+	if a.Kind() != ArenaHost || a.Size() != ArenaSize || a.Base() == 0 {
+		t.Errorf("arena kind %d size %d base %#x", a.Kind(), a.Size(), a.Base())
+	}
+	h, err := a.Export()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := HostArenas{}.Open(dir, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, peer := a.(*hostArena).mem, p.(*hostPeerArena).mem
+	off := SlotOffset(LaneCount-1, SlotsPerLane-1) + SlotSize - 1
+	own[off] = 0xa5
+	if peer[off] != 0xa5 || p.Base() == a.Base() {
+		t.Errorf("peer mapping at %#x reads %#x at the arena's last byte, want 0xa5 through its own mapping", p.Base(), peer[off])
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if fileExists(path) || mapsMention(t, name) {
+		t.Errorf("arena file or mapping left after Close")
+	}
+	if err := a.Close(); err != nil {
+		t.Errorf("second Close = %v", err)
+	}
+}
+
+func TestArenaHostOpenRefusesBadHandles(t *testing.T) {
+	dir := openTestDir(t)
+	id := Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 3}
+	short := arenaFileName(id)
+	writeFile0600(t, filepath.Join(dir.Name(), short), make([]byte, 4096))
+	link := arenaFileName(Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 4})
+	if err := os.Symlink(short, filepath.Join(dir.Name(), link)); err != nil {
+		t.Fatal(err)
+	}
+	handle := func(s string) (h [ArenaHandleSize]byte) {
+		copy(h[:], s)
+		return h
+	}
+	trailing := handle(short)
+	trailing[len(trailing)-1] = 'x'
+	tests := []struct {
+		name   string
+		handle [ArenaHandleSize]byte
+		want   string
+	}{
+		{"zeros", [ArenaHandleSize]byte{}, "not an arena name"},
+		{"path", handle("../../etc/passwd"), "not an arena name"},
+		{"arena in another directory", handle("arena-1-2-0000000000000003/../x"), "not an arena name"},
+		{"bytes after the name", trailing, "bytes after its name"},
+		{"missing file", handle(arenaFileName(Identity{Pid: 1, StartTime: 1, Epoch: 1})), "no such file"},
+		{"file shorter than an arena", handle(short), "is 4096 bytes"},
+		{"symlink", handle(link), "is a symlink"},
+	}
+	for _, tt := range tests {
+		p, err := HostArenas{}.Open(dir, tt.handle)
+		if p != nil || err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: Open = %v, %v; want an error saying %q", tt.name, p, err, tt.want)
+		}
+	}
+	if _, err := (HostArenas{}).Allocate(dir, "../escape"); err == nil {
+		t.Errorf("Allocate accepted a path")
+	}
+	if _, err := (HostArenas{}).Allocate(dir, short); !errors.Is(err, unix.EEXIST) {
+		t.Errorf("Allocate over an existing file = %v, want EEXIST", err)
+	}
+}

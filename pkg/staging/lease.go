@@ -1,0 +1,389 @@
+package staging
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+)
+
+// PeerLink is this rank's lease on a peer (the relay): one claimed inbound
+// lane of the peer, and this process's mappings of the peer's control file
+// and arena. The mappings live exactly as long as the claim, and while the
+// claim stands the relay keeps its arena allocated.
+type PeerLink struct {
+	rank      *Rank
+	peer      PeerInfo
+	lane      int
+	laneEpoch atomic.Uint64
+	ctlMem    []byte
+	ctl       *ControlBlock
+	arena     PeerArena
+	arenaBase uintptr
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// Attach claims a lane on peer and maps its control file and arena. The
+// peer is re-read and re-validated under the registry lock, the same lock
+// under which a closing relay revokes READY: a relay that began closing is
+// never attached to. A lane whose owner is stale is reclaimed. The link is
+// closed by PeerLink.Close or by the rank's Close.
+func (r *Rank) Attach(ctx context.Context, peer PeerInfo) (*PeerLink, error) {
+	if err := r.usable(); err != nil {
+		return nil, err
+	}
+	if peer.Refused != nil {
+		return nil, peer.Refused
+	}
+	name := rankFileName(peer.Identity)
+	if peer.Identity == r.id {
+		return nil, fmt.Errorf("pxn: attach to %s: a rank has no lane on itself", name)
+	}
+	l := &PeerLink{rank: r, peer: peer}
+	var handle [ArenaHandleSize]byte
+	err := r.d.withLock(ctx, func() error {
+		mem, err := mapPrivate(r.d.fd(), r.d.path, name, r.d.uid, int(ControlSize), true)
+		if errors.Is(err, fs.ErrNotExist) {
+			return ErrPeerGone
+		}
+		if err != nil {
+			return err
+		}
+		ctl := (*ControlBlock)(unsafe.Pointer(&mem[0]))
+		handle, err = r.checkRelay(ctl, peer.Identity)
+		var epoch uint64
+		if err == nil {
+			l.lane, epoch, err = r.claimLane(ctl, name)
+		}
+		if err != nil {
+			unix.Munmap(mem)
+			return err
+		}
+		l.ctlMem, l.ctl = mem, ctl
+		l.laneEpoch.Store(epoch)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pxn: attach to %s: %w", name, err)
+	}
+	// The claim is the lease: the relay keeps its arena while it stands, so
+	// the arena can be mapped outside the lock.
+	pa, err := r.opts.Arenas.Open(r.d.dir, handle)
+	if err != nil {
+		err = fmt.Errorf("pxn: attach to %s: map arena: %w", name, err)
+		return nil, errors.Join(err, l.releaseBounded(), unix.Munmap(l.ctlMem))
+	}
+	l.arena, l.arenaBase = pa, pa.Base()
+	r.mu.Lock()
+	closed := r.closed
+	if !closed {
+		r.links[l] = struct{}{}
+	}
+	r.mu.Unlock()
+	if closed {
+		return nil, errors.Join(ErrRankClosed, l.Close())
+	}
+	return l, nil
+}
+
+// checkRelay validates a copy of the mapped header of the peer we expect
+// and returns its arena handle.
+func (r *Rank) checkRelay(ctl *ControlBlock, want Identity) ([ArenaHandleSize]byte, error) {
+	h := ctl.Header
+	if err := checkHeader(&h); err != nil {
+		return h.IPCHandle, err
+	}
+	now := MonoNanos()
+	switch got := headerIdentity(&h); {
+	case got != want:
+		return h.IPCHandle, fmt.Errorf("%w: registered as %v", ErrPeerGone, got)
+	case int(h.UID) != r.d.uid:
+		return h.IPCHandle, fmt.Errorf("%w: header uid %d in a registry of uid %d", ErrCorruptEntry, h.UID, r.d.uid)
+	case h.ArenaKind != r.opts.Arenas.Kind():
+		return h.IPCHandle, &MismatchError{Field: "arena kind", Theirs: uint64(h.ArenaKind), Ours: uint64(r.opts.Arenas.Kind())}
+	}
+	if s := atomic.LoadUint32(&ctl.Header.State); s != StateReady {
+		return h.IPCHandle, fmt.Errorf("%w: state %s", ErrPeerGone, stateName(s))
+	}
+	if hb := atomic.LoadUint64(&ctl.Header.Heartbeat); heartbeatStale(hb, now, r.opts.HeartbeatTimeout) {
+		return h.IPCHandle, fmt.Errorf("%w: heartbeat older than %v", ErrPeerGone, r.opts.HeartbeatTimeout)
+	}
+	return h.IPCHandle, nil
+}
+
+// claimLane takes the first free lane of ctl, or the first whose owner is
+// stale. The caller holds the registry lock.
+func (r *Rank) claimLane(ctl *ControlBlock, name string) (int, uint64, error) {
+	now := MonoNanos()
+	free, reclaimed := -1, ""
+	for i := range ctl.Lanes {
+		owner, held := loadOwner(&ctl.Lanes[i].Owner)
+		switch {
+		case !held:
+			if free < 0 {
+				free = i
+			}
+		case owner == r.id:
+			return -1, 0, fmt.Errorf("this rank already holds lane %d", i)
+		case free < 0:
+			if why := r.ownerStale(owner, now); why != "" {
+				free, reclaimed = i, why
+			}
+		}
+	}
+	if free < 0 {
+		return -1, 0, ErrNoFreeLane
+	}
+	lane := &ctl.Lanes[free]
+	epoch, err := newLaneEpoch(&lane.Owner)
+	if err != nil {
+		return -1, 0, err
+	}
+	if reclaimed != "" {
+		klog.InfoS("pxn reclaimed lane of a stale sender", "peer", name, "lane", free, "reason", reclaimed)
+	}
+	claimLaneWords(lane, r.id, epoch, now)
+	return free, epoch, nil
+}
+
+// newLaneEpoch draws a lane epoch other than the lane's current one.
+func newLaneEpoch(o *LaneOwner) (uint64, error) {
+	for {
+		epoch, err := randomEpoch()
+		if err != nil || epoch != atomic.LoadUint64(&o.LaneEpoch) {
+			return epoch, err
+		}
+	}
+}
+
+// claimLaneWords hands lane to owner under a new lane epoch. Owner.Pid is
+// the lane's publication word: it is cleared first and stored last, so a
+// relay that loads a non-zero Pid and then the rest sees a whole owner and
+// progress words already reset (next 1, everything else 0).
+func claimLaneWords(lane *Lane, owner Identity, laneEpoch uint64, now int64) {
+	atomic.StoreUint64(&lane.Owner.Pid, 0)
+	atomic.StoreUint64(&lane.Sender.NextSeq, 1)
+	atomic.StoreUint64(&lane.Sender.PublishedSeq, 0)
+	atomic.StoreUint64(&lane.Sender.ReapedSeq, 0)
+	atomic.StoreUint64(&lane.Relay.CompletedSeq, 0)
+	for s := range lane.Ready {
+		atomic.StoreUint64(&lane.Ready[s].Seq, 0)
+	}
+	for s := range lane.Completions {
+		atomic.StoreUint64(&lane.Completions[s].Seq, 0)
+		atomic.StoreInt32(&lane.Completions[s].Status, 0)
+	}
+	for s := range lane.Descs {
+		atomic.StoreUint64(&lane.Descs[s].CommitSeq, 0)
+	}
+	atomic.StoreUint64(&lane.Owner.StartTime, owner.StartTime)
+	atomic.StoreUint64(&lane.Owner.SenderEpoch, owner.Epoch)
+	atomic.StoreUint64(&lane.Owner.LaneEpoch, laneEpoch)
+	atomic.StoreUint64(&lane.Owner.ClaimedAt, uint64(now))
+	atomic.StoreUint64(&lane.Owner.Pid, uint64(owner.Pid))
+}
+
+// loadOwner reads a lane's owner; held is false for a free lane. A pid out
+// of range (garbage) loads as -1, which no process has.
+func loadOwner(o *LaneOwner) (owner Identity, held bool) {
+	pid := atomic.LoadUint64(&o.Pid)
+	if pid == 0 {
+		return Identity{}, false
+	}
+	owner = Identity{Pid: -1, StartTime: atomic.LoadUint64(&o.StartTime), Epoch: atomic.LoadUint64(&o.SenderEpoch)}
+	if pid <= maxPid {
+		owner.Pid = int(pid)
+	}
+	return owner, true
+}
+
+// ownerStale says why a lane owner no longer holds its lease, or "" while
+// it does (or that cannot be proven): its process exited or its pid was
+// reused, its registration is gone, or its heartbeat is older than the
+// timeout.
+func (r *Rank) ownerStale(owner Identity, now int64) string {
+	if why := goneReason(owner.Pid, owner.StartTime); why != "" {
+		return why
+	}
+	h, err := readHeaderFile(r.d.fd(), r.d.path, rankFileName(owner), r.d.uid)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Sprintf("sender %v is no longer registered", owner)
+	case err != nil:
+		return ""
+	case heartbeatStale(h.Heartbeat, now, r.opts.HeartbeatTimeout):
+		return fmt.Sprintf("sender %v: heartbeat %v old", owner, time.Duration(now-int64(h.Heartbeat)).Round(time.Millisecond))
+	}
+	return ""
+}
+
+// Leases lists the inbound lanes of this rank whose owner holds a live
+// lease. The arena is not freed while the list is not empty.
+func (r *Rank) Leases() []int {
+	var held []int
+	now := MonoNanos()
+	for i := range r.ctl.Lanes {
+		owner, ok := loadOwner(&r.ctl.Lanes[i].Owner)
+		if ok && r.ownerStale(owner, now) == "" {
+			held = append(held, i)
+		}
+	}
+	return held
+}
+
+// ownsLane reports whether the lane still belongs to this link: same owner,
+// same lane epoch.
+func (l *PeerLink) ownsLane() bool {
+	o := &l.ctl.Lanes[l.lane].Owner
+	owner, held := loadOwner(o)
+	return held && owner == l.rank.id && atomic.LoadUint64(&o.LaneEpoch) == l.laneEpoch.Load()
+}
+
+// release frees the lane if this link still owns it.
+func (l *PeerLink) release(ctx context.Context) error {
+	r := l.rank
+	return r.d.withLock(ctx, func() error {
+		if !l.ownsLane() {
+			return nil
+		}
+		o := &l.ctl.Lanes[l.lane].Owner
+		atomic.StoreUint64(&o.Pid, 0)
+		atomic.StoreUint64(&o.StartTime, 0)
+		atomic.StoreUint64(&o.SenderEpoch, 0)
+		atomic.StoreUint64(&o.ClaimedAt, 0)
+		return nil
+	})
+}
+
+// releaseBounded is release with its own bound on the lock wait, for paths
+// that must release whatever their caller's context says.
+func (l *PeerLink) releaseBounded() error {
+	ctx, cancel := context.WithTimeout(context.Background(), l.rank.opts.DrainTimeout)
+	defer cancel()
+	if err := l.release(ctx); err != nil {
+		return fmt.Errorf("pxn: release lane %d of %s: %w", l.lane, l.peer.Name, err)
+	}
+	return nil
+}
+
+// Close unmaps the peer's arena, releases the lane and unmaps the peer's
+// control file, in that order. If the arena cannot be unmapped the lane
+// stays claimed, so the relay keeps its memory until this process is stale.
+// Lane, ArenaBase and StagingBase are invalid afterwards.
+func (l *PeerLink) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
+	}
+	l.closed = true
+	r := l.rank
+	r.mu.Lock()
+	delete(r.links, l)
+	r.mu.Unlock()
+	var errs []error
+	if err := l.arena.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("pxn: unmap arena of %s: %w; lane %d stays claimed", l.peer.Name, err, l.lane))
+	} else if err := l.releaseBounded(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := unix.Munmap(l.ctlMem); err != nil {
+		errs = append(errs, fmt.Errorf("pxn: unmap control file of %s: %w", l.peer.Name, err))
+	}
+	l.ctl, l.ctlMem = nil, nil
+	return errors.Join(errs...)
+}
+
+// Peer is the peer as it was listed.
+func (l *PeerLink) Peer() PeerInfo { return l.peer }
+
+// LaneIndex is the claimed lane of the peer.
+func (l *PeerLink) LaneIndex() int { return l.lane }
+
+// LaneEpoch is the lane's epoch under this claim; every Desc carries it.
+func (l *PeerLink) LaneEpoch() uint64 { return l.laneEpoch.Load() }
+
+// Rollover gives the lane a new epoch, under the registry lock, when its
+// seqs ran out (LaneSeq.NeedsRollover). The sender drains the lane first and
+// restarts at seq 1 under the returned epoch; the relay notices the new
+// epoch on its own. Call it from the goroutine that uses the lane.
+func (l *PeerLink) Rollover(ctx context.Context) (uint64, error) {
+	var epoch uint64
+	err := l.rank.d.withLock(ctx, func() error {
+		if !l.ownsLane() {
+			return fmt.Errorf("%w: lane %d of %s was reclaimed", ErrPeerGone, l.lane, l.peer.Name)
+		}
+		o := &l.ctl.Lanes[l.lane].Owner
+		var err error
+		if epoch, err = newLaneEpoch(o); err != nil {
+			return err
+		}
+		atomic.StoreUint64(&o.LaneEpoch, epoch)
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("pxn: roll lane %d of %s over: %w", l.lane, l.peer.Name, err)
+	}
+	l.laneEpoch.Store(epoch)
+	return epoch, nil
+}
+
+// Lane is the claimed lane inside the peer's control block, in shared
+// memory: the sender writes its ready words, Descs and progress there.
+func (l *PeerLink) Lane() *Lane { return &l.ctl.Lanes[l.lane] }
+
+// ArenaBase is the peer's arena as mapped in this process.
+func (l *PeerLink) ArenaBase() uintptr { return l.arenaBase }
+
+// StagingBase is the claimed lane's staging memory in the peer's arena:
+// slot s starts at StagingBase() + s*SlotSize.
+func (l *PeerLink) StagingBase() uintptr { return l.arenaBase + uintptr(LaneOffset(l.lane)) }
+
+// Live returns nil while the peer is READY with a fresh heartbeat at now
+// (a MonoNanos reading) and the lane is still this link's; otherwise an
+// ErrPeerGone saying which. It allocates nothing on success.
+func (l *PeerLink) Live(now int64) error {
+	h := &l.ctl.Header
+	if s := atomic.LoadUint32(&h.State); s != StateReady {
+		return fmt.Errorf("%w: %s is %s", ErrPeerGone, l.peer.Name, stateName(s))
+	}
+	if hb := atomic.LoadUint64(&h.Heartbeat); heartbeatStale(hb, now, l.rank.opts.HeartbeatTimeout) {
+		return fmt.Errorf("%w: %s heartbeat older than %v", ErrPeerGone, l.peer.Name, l.rank.opts.HeartbeatTimeout)
+	}
+	if !l.ownsLane() {
+		return fmt.Errorf("%w: lane %d of %s was reclaimed", ErrPeerGone, l.lane, l.peer.Name)
+	}
+	return nil
+}
+
+// ErrPeerStale is wrapped by Health when the relay's heartbeat is late but
+// nothing shows it gone: published tickets may still complete.
+var ErrPeerStale = errors.New("peer heartbeat is late")
+
+// Health is Live, except that a relay whose only fault is a late heartbeat
+// (its process still runs, its header is READY and the lane still ours)
+// returns an error wrapping ErrPeerStale instead of ErrPeerGone. A sender
+// stops giving such a relay new tickets and keeps waiting for published
+// ones. It takes no lock; it reads /proc only when the heartbeat is late.
+func (l *PeerLink) Health(now int64) error {
+	err := l.Live(now)
+	if err == nil {
+		return nil
+	}
+	if atomic.LoadUint32(&l.ctl.Header.State) != StateReady || !l.ownsLane() {
+		return err
+	}
+	if r := goneReason(l.peer.Pid, l.peer.StartTime); r != "" {
+		return fmt.Errorf("%w: %s: %s", ErrPeerGone, l.peer.Name, r)
+	}
+	return fmt.Errorf("%w: %s heartbeat older than %v", ErrPeerStale, l.peer.Name, l.rank.opts.HeartbeatTimeout)
+}

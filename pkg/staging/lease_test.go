@@ -1,0 +1,405 @@
+package staging
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func attachByName(t *testing.T, r *Rank, name string) *PeerLink {
+	t.Helper()
+	l, err := r.Attach(context.Background(), peerByName(t, r, name))
+	if err != nil {
+		t.Fatalf("Attach %s: %v", name, err)
+	}
+	return l
+}
+
+func peerByName(t *testing.T, r *Rank, name string) PeerInfo {
+	t.Helper()
+	ps, err := r.Peers(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		if p.Name == name {
+			return p
+		}
+	}
+	t.Fatalf("%s not among the peers %+v", name, ps)
+	return PeerInfo{}
+}
+
+func TestLeaseAttachClaimsLaneAndMapsArena(t *testing.T) {
+	ctx := context.Background()
+	root := regTestRoot(t)
+	relay := mustRegister(t, regOptions(root, "g", "rail0"))
+	sender := mustRegister(t, regOptions(root, "g", "rail1"))
+	l := attachByName(t, sender, relay.Name())
+
+	lane := &relay.Control().Lanes[0]
+	if l.LaneIndex() != 0 || l.LaneEpoch() == 0 || l.Lane() == nil {
+		t.Fatalf("lane %d epoch %#x, want lane 0 with an epoch", l.LaneIndex(), l.LaneEpoch())
+	}
+	owner, held := loadOwner(&lane.Owner)
+	if !held || owner != sender.Identity() || atomic.LoadUint64(&lane.Owner.LaneEpoch) != l.LaneEpoch() {
+		t.Errorf("relay sees owner %v (held %v) epoch %#x, want %v epoch %#x", owner, held, lane.Owner.LaneEpoch, sender.Identity(), l.LaneEpoch())
+	}
+	if next := atomic.LoadUint64(&l.Lane().Sender.NextSeq); next != 1 {
+		t.Errorf("next seq of a fresh lane = %d, want 1", next)
+	}
+	// The sender's view of the lane and the relay's are the same memory.
+	atomic.StoreUint64(&l.Lane().Sender.PublishedSeq, 5)
+	if got := atomic.LoadUint64(&lane.Sender.PublishedSeq); got != 5 {
+		t.Errorf("relay reads published seq %d, sender wrote 5", got)
+	}
+	// So are the two views of the arena, at the lane's offsets.
+	if l.StagingBase() != l.ArenaBase()+uintptr(LaneOffset(0)) {
+		t.Errorf("staging base %#x, want arena base %#x + lane offset", l.StagingBase(), l.ArenaBase())
+	}
+	peerMem := l.arena.(*hostPeerArena).mem
+	ownMem := relay.Arena().(*hostArena).mem
+	peerMem[SlotOffset(0, 1)+7] = 0x5a
+	if got := ownMem[SlotOffset(0, 1)+7]; got != 0x5a {
+		t.Errorf("relay reads %#x from slot 1, sender wrote 0x5a", got)
+	}
+	if err := l.Live(MonoNanos()); err != nil {
+		t.Errorf("Live = %v", err)
+	}
+	if held := relay.Leases(); !slices.Equal(held, []int{0}) {
+		t.Errorf("relay leases %v, want [0]", held)
+	}
+
+	if _, err := sender.Attach(ctx, peerByName(t, sender, relay.Name())); err == nil || !strings.Contains(err.Error(), "already holds lane 0") {
+		t.Errorf("second Attach = %v, want already holds lane 0", err)
+	}
+	self := PeerInfo{Name: sender.Name(), Identity: sender.Identity()}
+	if _, err := sender.Attach(ctx, self); err == nil || !strings.Contains(err.Error(), "itself") {
+		t.Errorf("Attach to self = %v, want refused", err)
+	}
+	sender2 := mustRegister(t, regOptions(root, "g", "rail2"))
+	l2 := attachByName(t, sender2, relay.Name())
+	if l2.LaneIndex() != 1 {
+		t.Errorf("second sender got lane %d, want 1", l2.LaneIndex())
+	}
+
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, held := loadOwner(&lane.Owner); held {
+		t.Errorf("lane 0 still owned after Close")
+	}
+	if held := relay.Leases(); !slices.Equal(held, []int{1}) {
+		t.Errorf("relay leases %v, want [1]", held)
+	}
+	again := attachByName(t, sender, relay.Name())
+	if again.LaneIndex() != 0 || again.LaneEpoch() == l.LaneEpoch() {
+		t.Errorf("re-attach got lane %d epoch %#x, want lane 0 under a new epoch (old %#x)", again.LaneIndex(), again.LaneEpoch(), l.LaneEpoch())
+	}
+}
+
+func TestLeaseRelayCloseWaitsForSender(t *testing.T) {
+	for _, end := range []string{"sender detaches", "sender is killed"} {
+		t.Run(end, func(t *testing.T) {
+			ctx := context.Background()
+			root := regTestRoot(t)
+			dir := groupDir(root, "g")
+			relay, err := Register(ctx, regOptions(root, "g", "rail0"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			arena := arenaFileName(relay.Identity())
+			waits := make(chan []int, 1)
+			relay.leasePoll = time.Millisecond
+			relay.onLeaseWait = func(held []int) {
+				select {
+				case waits <- held:
+				default:
+				}
+			}
+			sender := startRegChild(t, childOpts{root: root, group: "g", rail: "rail1"})
+			sender.expect("ready")
+			sender.send("attach " + relay.Name())
+			if got := strings.Fields(sender.expect("attached")); got[1] != "0" {
+				t.Fatalf("sender attached %v, want lane 0", got)
+			}
+
+			closed := make(chan error, 1)
+			go func() { closed <- relay.Close(ctx) }()
+			for i := 0; i < 2; i++ {
+				select {
+				case held := <-waits:
+					if !slices.Equal(held, []int{0}) {
+						t.Fatalf("Close waits for lanes %v, want [0]", held)
+					}
+				case err := <-closed:
+					t.Fatalf("Close returned %v while the sender held a lease", err)
+				case <-time.After(childWait):
+					t.Fatal("Close never waited for the lease")
+				}
+			}
+			if fileExists(filepath.Join(dir, relay.Name())) {
+				t.Errorf("READY not revoked while closing: %s still there", relay.Name())
+			}
+			if !fileExists(filepath.Join(dir, arena)) || !mapsMention(t, arena) {
+				t.Errorf("arena freed while a lease is held")
+			}
+			late := startRegChild(t, childOpts{root: root, group: "g", rail: "rail2"})
+			late.expect("ready")
+			late.send("attach " + relay.Name())
+			if got := late.expect("attach-error"); !strings.Contains(got, ErrPeerGone.Error()) {
+				t.Errorf("attach to a closing relay: %q, want %q", got, ErrPeerGone)
+			}
+			select {
+			case err := <-closed:
+				t.Fatalf("Close returned %v while the sender held a lease", err)
+			default:
+			}
+
+			if end == "sender detaches" {
+				sender.send("detach " + relay.Name())
+				sender.expect("detached")
+			} else {
+				sender.kill()
+			}
+			select {
+			case err := <-closed:
+				if err != nil {
+					t.Fatalf("Close = %v", err)
+				}
+			case <-time.After(childWait):
+				t.Fatal("Close did not return after the lease ended")
+			}
+			if fileExists(filepath.Join(dir, arena)) || mapsMention(t, arena) {
+				t.Errorf("arena %s not freed after the lease ended", arena)
+			}
+		})
+	}
+}
+
+func TestLeaseRelayCloseGivesUpAtDeadline(t *testing.T) {
+	root := regTestRoot(t)
+	relay, err := Register(context.Background(), regOptions(root, "g", "rail0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	arena := arenaFileName(relay.Identity())
+	sender := startRegChild(t, childOpts{root: root, group: "g", rail: "rail1"})
+	sender.expect("ready")
+	sender.send("attach " + relay.Name())
+	sender.expect("attached")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	err = relay.Close(ctx)
+	if !errors.Is(err, ErrLeaseHeld) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Close = %v, want ErrLeaseHeld at the deadline", err)
+	}
+	if !fileExists(filepath.Join(groupDir(root, "g"), arena)) || !mapsMention(t, arena) {
+		t.Errorf("arena freed although the sender still holds its lease")
+	}
+	sender.send("detach " + relay.Name())
+	sender.expect("detached")
+	sender.finish()
+}
+
+func TestLeaseSenderNoticesClosingRelay(t *testing.T) {
+	root := regTestRoot(t)
+	relay, err := Register(context.Background(), regOptions(root, "g", "rail0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.leasePoll = time.Millisecond
+	sender := mustRegister(t, regOptions(root, "g", "rail1"))
+	l := attachByName(t, sender, relay.Name())
+	closed := make(chan error, 1)
+	go func() { closed <- relay.Close(context.Background()) }()
+	pollUntil(t, "the sender to see the relay closing", func() bool { return l.Live(MonoNanos()) != nil })
+	if err := l.Live(MonoNanos()); !errors.Is(err, ErrPeerGone) || !strings.Contains(err.Error(), "CLOSING") {
+		t.Errorf("Live = %v, want the relay CLOSING", err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-closed; err != nil {
+		t.Fatalf("relay Close = %v", err)
+	}
+}
+
+func TestLeaseStaleOwnerIsReclaimed(t *testing.T) {
+	root := regTestRoot(t)
+	relay := mustRegister(t, regOptions(root, "g", "rail0"))
+	first := startRegChild(t, childOpts{root: root, group: "g", rail: "rail1"})
+	first.expect("ready")
+	first.send("attach " + relay.Name())
+	f := strings.Fields(first.expect("attached"))
+	oldEpoch, _ := strconv.ParseUint(f[2], 10, 64)
+	first.kill()
+
+	// What the dead sender left in its lane.
+	lane := &relay.Control().Lanes[0]
+	atomic.StoreUint64(&lane.Sender.NextSeq, 77)
+	atomic.StoreUint64(&lane.Sender.PublishedSeq, 70)
+	atomic.StoreUint64(&lane.Sender.ReapedSeq, 60)
+	atomic.StoreUint64(&lane.Relay.CompletedSeq, 65)
+	atomic.StoreUint64(&lane.Ready[3].Seq, 58)
+	atomic.StoreUint64(&lane.Completions[2].Seq, 57)
+	atomic.StoreUint64(&lane.Descs[1].CommitSeq, 56)
+
+	second := startRegChild(t, childOpts{root: root, group: "g", rail: "rail2"})
+	second.expect("ready")
+	second.send("attach " + relay.Name())
+	f = strings.Fields(second.expect("attached"))
+	newEpoch, _ := strconv.ParseUint(f[2], 10, 64)
+	if f[1] != "0" || newEpoch == oldEpoch {
+		t.Fatalf("second sender got lane %s epoch %#x, want lane 0 reclaimed under a new epoch (old %#x)", f[1], newEpoch, oldEpoch)
+	}
+	if owner, _ := loadOwner(&lane.Owner); owner.Pid != second.pid() {
+		t.Errorf("lane 0 owned by pid %d, want %d", owner.Pid, second.pid())
+	}
+	for name, got := range map[string]uint64{
+		"next":       atomic.LoadUint64(&lane.Sender.NextSeq),
+		"published":  atomic.LoadUint64(&lane.Sender.PublishedSeq),
+		"reaped":     atomic.LoadUint64(&lane.Sender.ReapedSeq),
+		"completed":  atomic.LoadUint64(&lane.Relay.CompletedSeq),
+		"ready[3]":   atomic.LoadUint64(&lane.Ready[3].Seq),
+		"complet[2]": atomic.LoadUint64(&lane.Completions[2].Seq),
+		"desc[1]":    atomic.LoadUint64(&lane.Descs[1].CommitSeq),
+	} {
+		want := uint64(0)
+		if name == "next" {
+			want = 1
+		}
+		if got != want {
+			t.Errorf("reclaimed lane: %s = %d, want %d", name, got, want)
+		}
+	}
+}
+
+func TestLeaseNoFreeLaneAndReusedPidOwner(t *testing.T) {
+	ctx := context.Background()
+	root := regTestRoot(t)
+	relay := mustRegister(t, regOptions(root, "g", "rail0"))
+	sender := mustRegister(t, regOptions(root, "g", "rail1"))
+	holder := mustRegister(t, regOptions(root, "g", "rail2"))
+	for i := range relay.Control().Lanes {
+		claimLaneWords(&relay.Control().Lanes[i], holder.Identity(), uint64(i+1), MonoNanos())
+	}
+	peer := peerByName(t, sender, relay.Name())
+	if _, err := sender.Attach(ctx, peer); !errors.Is(err, ErrNoFreeLane) {
+		t.Fatalf("Attach with every lane held = %v, want ErrNoFreeLane", err)
+	}
+	atomic.StoreUint64(&relay.Control().Lanes[4].Owner.StartTime, holder.Identity().StartTime+1)
+	l, err := sender.Attach(ctx, peer)
+	if err != nil || l.LaneIndex() != 4 {
+		t.Fatalf("Attach = lane %v, %v; want lane 4, whose owner's pid was reused", l, err)
+	}
+}
+
+func TestLeaseOwnerWithOldHeartbeatHoldsNoLease(t *testing.T) {
+	root := regTestRoot(t)
+	relay := mustRegister(t, regOptions(root, "g", "rail0"))
+	sender := mustRegister(t, regOptions(root, "g", "rail1"))
+	attachByName(t, sender, relay.Name())
+	if held := relay.Leases(); !slices.Equal(held, []int{0}) {
+		t.Fatalf("leases %v, want [0]", held)
+	}
+	atomic.StoreUint64(&sender.Header().Heartbeat, uint64(MonoNanos()-int64(2*testHeartbeatTimeout)))
+	if held := relay.Leases(); len(held) != 0 {
+		t.Errorf("leases %v, want none: the owner's heartbeat is older than the timeout", held)
+	}
+}
+
+func TestLeaseAttachToRestartedPeerFails(t *testing.T) {
+	root := regTestRoot(t)
+	relay, err := Register(context.Background(), regOptions(root, "g", "rail0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sender := mustRegister(t, regOptions(root, "g", "rail1"))
+	old := peerByName(t, sender, relay.Name())
+	if err := relay.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mustRegister(t, regOptions(root, "g", "rail0"))
+	if _, err := sender.Attach(context.Background(), old); !errors.Is(err, ErrPeerGone) {
+		t.Errorf("Attach to a relay that restarted = %v, want ErrPeerGone", err)
+	}
+}
+
+func TestLeaseRolloverAndReclaimedLane(t *testing.T) {
+	ctx := context.Background()
+	root := regTestRoot(t)
+	relay := mustRegister(t, regOptions(root, "g", "rail0"))
+	sender := mustRegister(t, regOptions(root, "g", "rail1"))
+	l := attachByName(t, sender, relay.Name())
+	old := l.LaneEpoch()
+	epoch, err := l.Rollover(ctx)
+	if err != nil || epoch == 0 || epoch == old || l.LaneEpoch() != epoch {
+		t.Fatalf("Rollover = %#x, %v (link epoch %#x); want a new epoch other than %#x", epoch, err, l.LaneEpoch(), old)
+	}
+	if got := atomic.LoadUint64(&relay.Control().Lanes[0].Owner.LaneEpoch); got != epoch {
+		t.Errorf("relay sees lane epoch %#x, want %#x", got, epoch)
+	}
+	if err := l.Live(MonoNanos()); err != nil {
+		t.Errorf("Live after Rollover = %v", err)
+	}
+	// Someone else took the lane (as after this process was judged stale).
+	claimLaneWords(&relay.Control().Lanes[0], relay.Identity(), 77, MonoNanos())
+	if err := l.Live(MonoNanos()); !errors.Is(err, ErrPeerGone) || !strings.Contains(err.Error(), "reclaimed") {
+		t.Errorf("Live = %v, want the lane reclaimed", err)
+	}
+	if _, err := l.Rollover(ctx); !errors.Is(err, ErrPeerGone) {
+		t.Errorf("Rollover of a reclaimed lane = %v, want ErrPeerGone", err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if owner, _ := loadOwner(&relay.Control().Lanes[0].Owner); owner != relay.Identity() {
+		t.Errorf("Close released a lane it no longer owned: owner %v", owner)
+	}
+}
+
+func BenchmarkLeaseLive(b *testing.B) {
+	root, err := os.MkdirTemp("/dev/shm", "pxn-registry-bench-")
+	if err != nil {
+		root = b.TempDir()
+	} else {
+		defer os.RemoveAll(root)
+	}
+	ctx := context.Background()
+	relay, err := Register(ctx, regOptions(root, "g", "rail0"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer relay.Close(ctx)
+	sender, err := Register(ctx, regOptions(root, "g", "rail1"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sender.Close(ctx)
+	ps, err := sender.Peers(ctx)
+	if err != nil || len(ps) != 1 {
+		b.Fatal(ps, err)
+	}
+	l, err := sender.Attach(ctx, ps[0])
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		now := MonoNanos()
+		sender.Heartbeat(now)
+		if err := l.Live(now); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,630 @@
+package staging
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+)
+
+const (
+	// heartbeatPeriod is how often Heartbeat stamps the control file.
+	heartbeatPeriod = 100 * time.Millisecond
+	// registryHeartbeatTimeout and registryDrainTimeout are the defaults of
+	// Options.HeartbeatTimeout and Options.DrainTimeout.
+	registryHeartbeatTimeout = 3000 * time.Millisecond
+	registryDrainTimeout     = 10 * time.Second
+	// leasePoll is how often Close looks at its inbound lanes while it
+	// waits for their leases to end.
+	leasePoll = 10 * time.Millisecond
+)
+
+var (
+	// ErrTooManyPeers: the group holds more valid ranks than a relay has
+	// lanes. PXN is off for the process that sees it; it sends direct.
+	ErrTooManyPeers = errors.New("more valid peers than a relay has lanes")
+	// ErrNoFreeLane: every lane of the peer is held by a live sender.
+	ErrNoFreeLane = errors.New("no free lane on the peer")
+	// ErrPeerGone: the peer revoked READY, restarted or disappeared.
+	ErrPeerGone = errors.New("peer is closing or gone")
+	// ErrLeaseHeld: Close gave up waiting for live senders to release
+	// their lanes; the arena stays allocated until the process exits.
+	ErrLeaseHeld = errors.New("inbound lanes are still leased")
+	// ErrRankClosed: the Rank was closed.
+	ErrRankClosed = errors.New("rank is closed")
+)
+
+// InitStep is one step of Register, in order. Close undoes them in reverse.
+type InitStep int
+
+// The steps of Register.
+const (
+	// StepOpenRegistry opens (or creates) the group directory and its lock,
+	// checks ownership and modes, and removes stale entries.
+	StepOpenRegistry InitStep = iota + 1
+	StepAllocateArena
+	// StepRegisterMemory hands the arena to Options.Memory.
+	StepRegisterMemory
+	// StepCreateControl creates and maps the control file under its
+	// temporary name and fills the header.
+	StepCreateControl
+	// StepExportHandle puts the arena's export handle into the header.
+	StepExportHandle
+	// StepPublish marks the rank READY and renames the control file to its
+	// published name.
+	StepPublish
+)
+
+func (s InitStep) String() string {
+	switch s {
+	case StepOpenRegistry:
+		return "open registry"
+	case StepAllocateArena:
+		return "allocate arena"
+	case StepRegisterMemory:
+		return "register arena memory"
+	case StepCreateControl:
+		return "create control file"
+	case StepExportHandle:
+		return "export arena handle"
+	case StepPublish:
+		return "publish READY"
+	}
+	return fmt.Sprintf("step(%d)", int(s))
+}
+
+// InitError is the failure of one step of Register. Everything done before
+// it has been undone, except an arena that had to be quarantined.
+type InitError struct {
+	Step InitStep
+	Err  error
+}
+
+func (e *InitError) Error() string { return "pxn registry: " + e.Step.String() + ": " + e.Err.Error() }
+func (e *InitError) Unwrap() error { return e.Err }
+
+// Options configures Register.
+type Options struct {
+	// Root holds the group directories (MC_PXN_REGISTRY_ROOT).
+	Root string
+	// Group names the job (MC_PXN_GROUP_ID).
+	Group string
+	// UID must be the process's effective uid: the directory is named after
+	// it, and everything in it must be owned by it.
+	UID int
+	// Rail is this rank's canonical rail, 1..48 bytes; HCA its NIC, up to
+	// 56 bytes.
+	Rail string
+	HCA  string
+	// HeartbeatTimeout makes a peer (and a lane owner) stale when its
+	// heartbeat is older; default 3 s, at least 200 ms.
+	HeartbeatTimeout time.Duration
+	// DrainTimeout bounds how long Close waits for senders to release the
+	// lanes they hold on this rank; default 10 s.
+	DrainTimeout time.Duration
+	// Arenas allocates this rank's arena and maps peers'; default
+	// HostArenas.
+	Arenas ArenaProvider
+	// Memory, when set, registers the arena with the NIC after allocation.
+	Memory MemoryRegistrar
+	// InjectFault, when set, runs before each step of Register; an error
+	// fails that step. For tests.
+	InjectFault func(InitStep) error
+}
+
+func (o *Options) fill() error {
+	switch {
+	case o.Root == "":
+		return errors.New("registry root is empty")
+	case o.UID != os.Geteuid():
+		return fmt.Errorf("uid %d is not the effective uid %d", o.UID, os.Geteuid())
+	case o.Rail == "" || len(o.Rail) > len(Header{}.Rail) || strings.IndexByte(o.Rail, 0) >= 0:
+		return fmt.Errorf("rail %q: want 1..%d bytes, no NUL", o.Rail, len(Header{}.Rail))
+	case len(o.HCA) > len(Header{}.HCA) || strings.IndexByte(o.HCA, 0) >= 0:
+		return fmt.Errorf("HCA %q: want at most %d bytes, no NUL", o.HCA, len(Header{}.HCA))
+	case o.HeartbeatTimeout < 0 || o.HeartbeatTimeout > 0 && o.HeartbeatTimeout < 2*heartbeatPeriod:
+		return fmt.Errorf("heartbeat timeout %v: want at least %v", o.HeartbeatTimeout, 2*heartbeatPeriod)
+	case o.DrainTimeout < 0:
+		return fmt.Errorf("drain timeout %v is negative", o.DrainTimeout)
+	}
+	if err := checkGroupName(o.Group); err != nil {
+		return err
+	}
+	if o.HeartbeatTimeout == 0 {
+		o.HeartbeatTimeout = registryHeartbeatTimeout
+	}
+	if o.DrainTimeout == 0 {
+		o.DrainTimeout = registryDrainTimeout
+	}
+	if o.Arenas == nil {
+		o.Arenas = HostArenas{}
+	}
+	return nil
+}
+
+// Rank is this process's registration in its group: the registry
+// directory, the staging arena and the control file that peers map.
+type Rank struct {
+	id    Identity
+	opts  Options
+	d     *registryDir
+	arena Arena
+	// ctl points into the shared mapping ctlMem; the header's State and
+	// Heartbeat and every lane word are read by other processes.
+	ctlMem []byte
+	ctl    *ControlBlock
+	// undo holds the teardown of each completed init step, in order.
+	// Register and Close run it backwards from one goroutine.
+	undo        []func() error
+	quarantined bool
+	lastBeat    atomic.Int64
+
+	mu      sync.Mutex
+	closed  bool
+	off     error
+	links   map[*PeerLink]struct{}
+	refused map[string]bool
+
+	// leasePoll and onLeaseWait let tests watch Close wait for leases.
+	leasePoll   time.Duration
+	onLeaseWait func(held []int)
+}
+
+// Register joins the group: it runs the steps of InitStep in order and
+// returns a rank published READY. On failure every step done is undone in
+// reverse order and no file of this rank remains, except a quarantined
+// arena (see MemoryRegistrar). The arena provider, directory and memory
+// registrar must outlive the Rank.
+func Register(ctx context.Context, opts Options) (*Rank, error) {
+	if err := opts.fill(); err != nil {
+		return nil, fmt.Errorf("pxn registry: %w", err)
+	}
+	id, err := newIdentity()
+	if err != nil {
+		return nil, fmt.Errorf("pxn registry: %w", err)
+	}
+	r := &Rank{
+		id:        id,
+		opts:      opts,
+		links:     make(map[*PeerLink]struct{}),
+		refused:   make(map[string]bool),
+		leasePoll: leasePoll,
+	}
+	if err := r.init(ctx); err != nil {
+		if uerr := r.unwind(); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("pxn registry: roll back: %w", uerr))
+		}
+		return nil, err
+	}
+	klog.InfoS("pxn rank published", "registry", r.d.path, "rank", r.Name(), "rail", opts.Rail, "hca", opts.HCA)
+	return r, nil
+}
+
+func (r *Rank) init(ctx context.Context) error {
+	for _, s := range [...]struct {
+		step InitStep
+		run  func() error
+	}{
+		{StepOpenRegistry, func() error { return r.openRegistry(ctx) }},
+		{StepAllocateArena, r.allocateArena},
+		{StepRegisterMemory, r.registerMemory},
+		{StepCreateControl, r.createControl},
+		{StepExportHandle, r.exportHandle},
+		{StepPublish, func() error { return r.publish(ctx) }},
+	} {
+		if r.opts.InjectFault != nil {
+			if err := r.opts.InjectFault(s.step); err != nil {
+				return &InitError{Step: s.step, Err: err}
+			}
+		}
+		if err := s.run(); err != nil {
+			return &InitError{Step: s.step, Err: err}
+		}
+	}
+	return nil
+}
+
+func (r *Rank) pushUndo(f func() error) { r.undo = append(r.undo, f) }
+
+// unwind runs the teardown of every completed step, newest first.
+func (r *Rank) unwind() error {
+	var errs []error
+	for i := len(r.undo) - 1; i >= 0; i-- {
+		if err := r.undo[i](); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	r.undo = nil
+	return errors.Join(errs...)
+}
+
+func (r *Rank) openRegistry(ctx context.Context) error {
+	d, err := openRegistryDir(r.opts.Root, r.opts.UID, r.opts.Group)
+	if err != nil {
+		return err
+	}
+	r.d = d
+	r.pushUndo(d.close)
+	return d.withLock(ctx, func() error {
+		removed, err := d.cleanStale(r.id, r.opts.HeartbeatTimeout)
+		if len(removed) > 0 {
+			klog.InfoS("pxn removed stale registry entries", "registry", d.path, "entries", removed)
+		}
+		return err
+	})
+}
+
+func (r *Rank) allocateArena() error {
+	a, err := r.opts.Arenas.Allocate(r.d.dir, arenaFileName(r.id))
+	if err != nil {
+		return err
+	}
+	if a.Size() < ArenaSize || a.Kind() != r.opts.Arenas.Kind() {
+		err := fmt.Errorf("arena of kind %d and %d bytes, want kind %d and %d bytes", a.Kind(), a.Size(), r.opts.Arenas.Kind(), uint64(ArenaSize))
+		return errors.Join(err, a.Close())
+	}
+	r.arena = a
+	r.pushUndo(func() error {
+		if r.quarantined {
+			return nil
+		}
+		return a.Close()
+	})
+	return nil
+}
+
+// quarantine keeps the arena allocated (and its file, for a host arena)
+// until the process exits: a NIC may still hold part of it.
+func (r *Rank) quarantine(why error) {
+	r.quarantined = true
+	klog.ErrorS(why, "pxn arena quarantined until the process exits", "registry", r.d.path, "base", r.arena.Base())
+}
+
+func (r *Rank) registerMemory() error {
+	m := r.opts.Memory
+	if m == nil {
+		return nil
+	}
+	base, size := r.arena.Base(), r.arena.Size()
+	if err := m.Register(base, size); err != nil {
+		r.quarantine(err)
+		return fmt.Errorf("%w (arena quarantined)", err)
+	}
+	r.pushUndo(func() error {
+		if err := m.Deregister(base, size); err != nil {
+			r.quarantine(err)
+			return fmt.Errorf("deregister arena: %w (arena quarantined)", err)
+		}
+		return nil
+	})
+	return nil
+}
+
+func (r *Rank) createControl() error {
+	name := tmpFileName(r.id)
+	fd, err := createPrivate(r.d.fd(), r.d.path, name)
+	if err != nil {
+		return err
+	}
+	mem, err := sizeAndMap(fd, int(ControlSize))
+	unix.Close(fd)
+	if err != nil {
+		unix.Unlinkat(r.d.fd(), name, 0)
+		return fmt.Errorf("control file %s: %w", name, err)
+	}
+	r.ctlMem = mem
+	r.ctl = (*ControlBlock)(unsafe.Pointer(&mem[0]))
+	r.ctl.Header = newHeader(r.id, r.opts.UID, r.opts.Rail, r.opts.HCA, r.arena.Kind())
+	r.pushUndo(func() error {
+		err := unix.Munmap(mem)
+		r.ctl, r.ctlMem = nil, nil
+		// Published, the file was renamed; revoked, it was unlinked.
+		if uerr := unix.Unlinkat(r.d.fd(), name, 0); uerr != nil && !errors.Is(uerr, unix.ENOENT) {
+			err = errors.Join(err, uerr)
+		}
+		return err
+	})
+	return nil
+}
+
+func sizeAndMap(fd, size int) ([]byte, error) {
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		return nil, fmt.Errorf("ftruncate: %w", err)
+	}
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("mmap: %w", err)
+	}
+	return mem, nil
+}
+
+func (r *Rank) exportHandle() error {
+	h, err := r.arena.Export()
+	if err != nil {
+		return err
+	}
+	r.ctl.Header.IPCHandle = h
+	return nil
+}
+
+// publish makes the rank visible: READY is stored while the file still has
+// its temporary name, and the rename is the only step peers can observe.
+func (r *Rank) publish(ctx context.Context) error {
+	return r.d.withLock(ctx, func() error {
+		r.beat(MonoNanos())
+		atomic.StoreUint32(&r.ctl.Header.State, StateReady)
+		tmp, name := tmpFileName(r.id), r.Name()
+		if err := unix.Renameat2(r.d.fd(), tmp, r.d.fd(), name, unix.RENAME_NOREPLACE); err != nil {
+			atomic.StoreUint32(&r.ctl.Header.State, StateInit)
+			return &os.LinkError{Op: "renameat2", Old: tmp, New: name, Err: err}
+		}
+		return nil
+	})
+}
+
+// Identity is this registration's identity.
+func (r *Rank) Identity() Identity { return r.id }
+
+// Name is the published name of this rank's control file.
+func (r *Rank) Name() string { return rankFileName(r.id) }
+
+// Dir is the path of the group's registry directory.
+func (r *Rank) Dir() string { return r.d.path }
+
+// Control is this rank's control block, shared with every peer that
+// attached: the relay side reads its inbound lanes here. It is unmapped by
+// Close.
+func (r *Rank) Control() *ControlBlock { return r.ctl }
+
+// Header is this rank's header inside Control.
+func (r *Rank) Header() *Header { return &r.ctl.Header }
+
+// Arena is this rank's staging arena, freed by Close.
+func (r *Rank) Arena() Arena { return r.arena }
+
+// Heartbeat stamps the header with now, a MonoNanos reading, unless the last
+// stamp is younger than 100 ms; it reports whether it wrote. The pump calls
+// it every round, never concurrently with or after Close.
+func (r *Rank) Heartbeat(now int64) bool {
+	if now-r.lastBeat.Load() < int64(heartbeatPeriod) {
+		return false
+	}
+	r.beat(now)
+	return true
+}
+
+func (r *Rank) beat(now int64) {
+	r.lastBeat.Store(now)
+	atomic.StoreUint64(&r.ctl.Header.Heartbeat, uint64(now))
+}
+
+// Off returns why PXN is off for this process (an unsafe registry, more
+// valid peers than lanes), or nil while it is on.
+func (r *Rank) Off() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.off
+}
+
+// turnOff records the first reason PXN goes off, says so once, and returns
+// that first reason.
+func (r *Rank) turnOff(err error) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.off == nil {
+		r.off = err
+		klog.ErrorS(err, "PXN off for this process, sending direct", "registry", r.d.path, "rank", r.Name())
+	}
+	return r.off
+}
+
+func (r *Rank) usable() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return ErrRankClosed
+	}
+	return r.off
+}
+
+// PeerInfo is a validated copy of another rank's header.
+type PeerInfo struct {
+	// Name is the peer's control file in the registry directory.
+	Name string
+	Identity
+	Rail      string
+	HCA       string
+	State     uint32
+	ArenaKind uint32
+	// HeartbeatAge is how old the peer's heartbeat was when read.
+	HeartbeatAge time.Duration
+	// Refused is non-nil for a peer that must not be used, and says why:
+	// a *MismatchError for other engine numbers, ErrCorruptEntry for
+	// garbage. Traffic to its rail goes direct.
+	Refused error
+}
+
+// Peers lists the other published ranks of the group. Stale ones (exited,
+// pid reused, heartbeat older than the timeout) are left out and removed.
+// More than LaneCount usable peers, or an unsafe registry, turn PXN off for
+// the process: Peers then returns that error, now and later.
+func (r *Rank) Peers(ctx context.Context) ([]PeerInfo, error) {
+	if err := r.usable(); err != nil {
+		return nil, err
+	}
+	entries, err := r.d.scan()
+	if err != nil {
+		return nil, r.turnOff(err)
+	}
+	now := MonoNanos()
+	var peers []PeerInfo
+	sawStale := false
+	for _, e := range entries {
+		if e.kind != entryRank || e.id == r.id {
+			continue
+		}
+		p, stale := r.readPeer(e, now)
+		switch {
+		case stale:
+			sawStale = true
+		case p.Refused != nil || p.State == StateReady:
+			peers = append(peers, p)
+		}
+	}
+	if sawStale {
+		err := r.d.withLock(ctx, func() error {
+			_, err := r.d.cleanStale(r.id, r.opts.HeartbeatTimeout)
+			return err
+		})
+		var unsafeErr *UnsafeError
+		if errors.As(err, &unsafeErr) {
+			return nil, r.turnOff(err)
+		}
+		if err != nil {
+			klog.V(2).InfoS("pxn stale cleanup deferred", "registry", r.d.path, "err", err)
+		}
+	}
+	usable := 0
+	for _, p := range peers {
+		if p.Refused == nil {
+			usable++
+		} else {
+			r.sayRefused(p)
+		}
+	}
+	if usable > LaneCount {
+		return nil, r.turnOff(fmt.Errorf("%w: %d valid peers in %s, at most %d", ErrTooManyPeers, usable, r.d.path, LaneCount))
+	}
+	return peers, nil
+}
+
+func (r *Rank) sayRefused(p PeerInfo) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.refused[p.Name] {
+		r.refused[p.Name] = true
+		klog.ErrorS(p.Refused, "pxn refusing peer; its rail goes direct", "registry", r.d.path, "peer", p.Name)
+	}
+}
+
+// readPeer reads the entry e; stale reports a peer to drop and clean.
+func (r *Rank) readPeer(e dirEntry, now int64) (p PeerInfo, stale bool) {
+	p = PeerInfo{Name: e.name, Identity: e.id}
+	if goneReason(e.id.Pid, e.id.StartTime) != "" {
+		return p, true
+	}
+	h, err := readHeaderFile(r.d.fd(), r.d.path, e.name, r.d.uid)
+	switch {
+	case err != nil:
+	case headerIdentity(&h) != e.id:
+		err = fmt.Errorf("%w: header names %v", ErrCorruptEntry, headerIdentity(&h))
+	case int(h.UID) != r.d.uid:
+		err = fmt.Errorf("%w: header uid %d in a registry of uid %d", ErrCorruptEntry, h.UID, r.d.uid)
+	case h.ArenaKind != r.opts.Arenas.Kind():
+		err = &MismatchError{Field: "arena kind", Theirs: uint64(h.ArenaKind), Ours: uint64(r.opts.Arenas.Kind())}
+	}
+	if err != nil {
+		p.Refused = fmt.Errorf("peer %s: %w", e.name, err)
+		return p, false
+	}
+	hb := h.Heartbeat
+	if heartbeatStale(hb, now, r.opts.HeartbeatTimeout) {
+		return p, true
+	}
+	p.Rail, p.HCA = headerRail(&h), headerHCA(&h)
+	p.State, p.ArenaKind = h.State, h.ArenaKind
+	p.HeartbeatAge = max(time.Duration(now-int64(hb)), 0)
+	return p, false
+}
+
+// Close leaves the group, undoing Register in reverse: it closes the
+// rank's own PeerLinks, revokes READY (state CLOSING, published name
+// unlinked, under the lock, so no sender attaches afterwards), waits for
+// every live sender to release its lane, then unmaps and removes the
+// control file, deregisters and frees the arena and closes the directory.
+// The wait ends with ctx or after Options.DrainTimeout; a lane still held
+// then keeps the arena and the control mapping alive until the process
+// exits, and Close returns ErrLeaseHeld. The pump must be stopped first.
+func (r *Rank) Close(ctx context.Context) error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	links := make([]*PeerLink, 0, len(r.links))
+	for l := range r.links {
+		links = append(links, l)
+	}
+	r.mu.Unlock()
+
+	var errs []error
+	for _, l := range links {
+		if err := l.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.opts.DrainTimeout)
+	defer cancel()
+	if err := r.revoke(ctx); err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	if err := r.waitLeases(ctx); err != nil {
+		r.quarantine(err)
+		return errors.Join(append(errs, err)...)
+	}
+	if err := r.unwind(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// revoke withdraws READY. CLOSING is stored first so attached senders stop
+// at once; the unlink happens under the lock that Attach holds while it
+// checks READY and claims a lane, so a claim is either seen by waitLeases
+// or never made.
+func (r *Rank) revoke(ctx context.Context) error {
+	atomic.StoreUint32(&r.ctl.Header.State, StateClosing)
+	return r.d.withLock(ctx, func() error {
+		err := unix.Unlinkat(r.d.fd(), r.Name(), 0)
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			return &os.PathError{Op: "unlink", Path: r.Name(), Err: err}
+		}
+		return nil
+	})
+}
+
+// waitLeases polls the inbound lanes until none has a live owner. It keeps
+// beating meanwhile: the rank is alive, only closing.
+func (r *Rank) waitLeases(ctx context.Context) error {
+	var timer *time.Timer
+	for {
+		held := r.Leases()
+		if len(held) == 0 {
+			return nil
+		}
+		if r.onLeaseWait != nil {
+			r.onLeaseWait(held)
+		}
+		r.Heartbeat(MonoNanos())
+		if timer == nil {
+			timer = time.NewTimer(r.leasePoll)
+			defer timer.Stop()
+		} else {
+			timer.Reset(r.leasePoll)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pxn registry: close %s: %w: lanes %v: %w", r.Name(), ErrLeaseHeld, held, ctx.Err())
+		case <-timer.C:
+		}
+	}
+}

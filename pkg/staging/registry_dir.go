@@ -1,0 +1,491 @@
+package staging
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// GroupDirPrefix opens the name of every registry directory:
+// <root>/mooncake-pxn-<euid>-<group>.
+const GroupDirPrefix = "mooncake-pxn-"
+
+// Names inside a registry directory. <id> is <pid>-<start time>-<epoch as 16
+// hex digits>, so the name alone says whose an entry is and whether its
+// process still runs.
+const (
+	// lockFileName is the flock target; it is never deleted.
+	lockFileName = ".lock"
+	// rankPrefix opens rank-<id>, a published (READY) control file.
+	rankPrefix = "rank-"
+	// tmpPrefix and tmpSuffix enclose .rank-<id>.tmp, a control file
+	// being initialized.
+	tmpPrefix = ".rank-"
+	tmpSuffix = ".tmp"
+	// arenaPrefix opens arena-<id>, a host arena.
+	arenaPrefix = "arena-"
+)
+
+const (
+	dirPerm   = 0o700
+	filePerm  = 0o600
+	openFlags = unix.O_CLOEXEC | unix.O_NOFOLLOW | unix.O_NONBLOCK
+	lockPoll  = time.Millisecond
+)
+
+type entryKind int
+
+const (
+	entryOther entryKind = iota
+	entryLock
+	entryRank
+	entryTmp
+	entryArena
+)
+
+func (k entryKind) String() string {
+	switch k {
+	case entryLock:
+		return "lock"
+	case entryRank:
+		return "rank"
+	case entryTmp:
+		return "initializing rank"
+	case entryArena:
+		return "arena"
+	}
+	return "unknown"
+}
+
+func idSuffix(id Identity) string {
+	return strconv.Itoa(id.Pid) + "-" + strconv.FormatUint(id.StartTime, 10) + "-" + fmt.Sprintf("%016x", id.Epoch)
+}
+
+func rankFileName(id Identity) string  { return rankPrefix + idSuffix(id) }
+func tmpFileName(id Identity) string   { return tmpPrefix + idSuffix(id) + tmpSuffix }
+func arenaFileName(id Identity) string { return arenaPrefix + idSuffix(id) }
+
+// parseEntryName classifies a directory entry by its name. Only canonical
+// names count: one identity has exactly one name of each kind.
+func parseEntryName(name string) (entryKind, Identity) {
+	var kind entryKind
+	var s string
+	switch {
+	case name == lockFileName:
+		return entryLock, Identity{}
+	case strings.HasPrefix(name, tmpPrefix) && strings.HasSuffix(name, tmpSuffix) && len(name) > len(tmpPrefix)+len(tmpSuffix):
+		kind, s = entryTmp, name[len(tmpPrefix):len(name)-len(tmpSuffix)]
+	case strings.HasPrefix(name, rankPrefix):
+		kind, s = entryRank, name[len(rankPrefix):]
+	case strings.HasPrefix(name, arenaPrefix):
+		kind, s = entryArena, name[len(arenaPrefix):]
+	default:
+		return entryOther, Identity{}
+	}
+	id, ok := parseIDSuffix(s)
+	if !ok {
+		return entryOther, Identity{}
+	}
+	return kind, id
+}
+
+func parseIDSuffix(s string) (Identity, bool) {
+	parts := strings.Split(s, "-")
+	if len(parts) != 3 || len(parts[2]) != 16 {
+		return Identity{}, false
+	}
+	pid, err := strconv.Atoi(parts[0])
+	if err != nil || pid <= 0 || pid > maxPid {
+		return Identity{}, false
+	}
+	start, err := strconv.ParseUint(parts[1], 10, 64)
+	if err != nil {
+		return Identity{}, false
+	}
+	epoch, err := strconv.ParseUint(parts[2], 16, 64)
+	if err != nil || epoch == 0 {
+		return Identity{}, false
+	}
+	id := Identity{Pid: pid, StartTime: start, Epoch: epoch}
+	if idSuffix(id) != s {
+		return Identity{}, false
+	}
+	return id, true
+}
+
+// checkGroupName accepts 1..64 bytes of [A-Za-z0-9_.-], not "." or "..": a
+// name that is one path element and nothing else.
+func checkGroupName(g string) error {
+	if g == "" || len(g) > 64 || g == "." || g == ".." {
+		return fmt.Errorf("group %q: want 1..64 of [A-Za-z0-9_.-], other than \".\" and \"..\"", g)
+	}
+	for i := 0; i < len(g); i++ {
+		c := g[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == '-') {
+			return fmt.Errorf("group %q: byte %q at %d is not in [A-Za-z0-9_.-]", g, c, i)
+		}
+	}
+	return nil
+}
+
+// UnsafeError reports a registry directory or file that PXN refuses to use:
+// a symlink, something of another uid, or something others may read or
+// write. The process keeps PXN off and sends direct.
+type UnsafeError struct {
+	Path    string
+	Problem string
+}
+
+func (e *UnsafeError) Error() string {
+	return "pxn registry: " + e.Path + " " + e.Problem + "; PXN off, sending direct"
+}
+
+// checkPrivate accepts only an object of type wantType (S_IFDIR or S_IFREG)
+// that uid owns and nobody else may access. wantType 0 accepts any type but
+// a symlink.
+func checkPrivate(path string, st *unix.Stat_t, uid int, wantType uint32) error {
+	t := st.Mode & unix.S_IFMT
+	perm := uint32(filePerm)
+	if t == unix.S_IFDIR {
+		perm = dirPerm
+	}
+	switch {
+	case t == unix.S_IFLNK:
+		return &UnsafeError{Path: path, Problem: "is a symlink"}
+	case wantType != 0 && t != wantType:
+		return &UnsafeError{Path: path, Problem: fmt.Sprintf("is not a %s (file type %#o)", typeName(wantType), t)}
+	case int(st.Uid) != uid:
+		return &UnsafeError{Path: path, Problem: fmt.Sprintf("is owned by uid %d, not %d", st.Uid, uid)}
+	case st.Mode&0o077 != 0:
+		return &UnsafeError{Path: path, Problem: fmt.Sprintf("has mode %04o, wider than %04o", st.Mode&0o7777, perm)}
+	}
+	return nil
+}
+
+func typeName(t uint32) string {
+	if t == unix.S_IFDIR {
+		return "directory"
+	}
+	return "regular file"
+}
+
+// explainOpenError turns the error of an O_NOFOLLOW open into an
+// UnsafeError when name is a symlink or of the wrong type.
+func explainOpenError(dirfd int, path, name string, wantType uint32, err error) error {
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.EISDIR) || errors.Is(err, unix.ENXIO) {
+		var st unix.Stat_t
+		if unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+			if uerr := checkPrivate(path, &st, int(st.Uid), wantType); uerr != nil {
+				return uerr
+			}
+		}
+	}
+	return &os.PathError{Op: "open", Path: path, Err: err}
+}
+
+// openPrivate opens name in dirfd without following a symlink and checks
+// the open file, not the name, so nothing can be swapped in between.
+func openPrivate(dirfd int, dirPath, name string, flags int, uid int) (int, unix.Stat_t, error) {
+	path := filepath.Join(dirPath, name)
+	fd, err := unix.Openat(dirfd, name, flags|openFlags, filePerm)
+	if err != nil {
+		return -1, unix.Stat_t{}, explainOpenError(dirfd, path, name, unix.S_IFREG, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, st, &os.PathError{Op: "fstat", Path: path, Err: err}
+	}
+	if err := checkPrivate(path, &st, uid, unix.S_IFREG); err != nil {
+		unix.Close(fd)
+		return -1, st, err
+	}
+	return fd, st, nil
+}
+
+// createPrivate creates name exclusively with mode 0600 whatever the umask.
+func createPrivate(dirfd int, dirPath, name string) (int, error) {
+	path := filepath.Join(dirPath, name)
+	fd, err := unix.Openat(dirfd, name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|openFlags, filePerm)
+	if err != nil {
+		return -1, &os.PathError{Op: "create", Path: path, Err: err}
+	}
+	if err := unix.Fchmod(fd, filePerm); err != nil {
+		unix.Close(fd)
+		unix.Unlinkat(dirfd, name, 0)
+		return -1, &os.PathError{Op: "chmod", Path: path, Err: err}
+	}
+	return fd, nil
+}
+
+// mapPrivate maps the first size bytes of name MAP_SHARED. The file's size
+// is checked on the open descriptor first: touching a mapping past the end
+// of a file raises SIGBUS.
+func mapPrivate(dirfd int, dirPath, name string, uid int, size int, writable bool) ([]byte, error) {
+	flags, prot := unix.O_RDONLY, unix.PROT_READ
+	if writable {
+		flags, prot = unix.O_RDWR, unix.PROT_READ|unix.PROT_WRITE
+	}
+	fd, st, err := openPrivate(dirfd, dirPath, name, flags, uid)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	if st.Size < int64(size) {
+		return nil, fmt.Errorf("%w: %s is %d bytes, want at least %d", ErrCorruptEntry, filepath.Join(dirPath, name), st.Size, size)
+	}
+	mem, err := unix.Mmap(fd, 0, size, prot, unix.MAP_SHARED)
+	if err != nil {
+		return nil, &os.PathError{Op: "mmap", Path: filepath.Join(dirPath, name), Err: err}
+	}
+	return mem, nil
+}
+
+// readHeaderFile copies the header of a control file out and validates it.
+// It reads with pread, never through a mapping, so a short file is an error
+// rather than a SIGBUS.
+func readHeaderFile(dirfd int, dirPath, name string, uid int) (Header, error) {
+	fd, st, err := openPrivate(dirfd, dirPath, name, unix.O_RDONLY, uid)
+	if err != nil {
+		return Header{}, err
+	}
+	defer unix.Close(fd)
+	if st.Size < int64(ControlSize) {
+		return Header{}, fmt.Errorf("%w: %s is %d bytes, want %d", ErrCorruptEntry, name, st.Size, ControlSize)
+	}
+	var buf [unsafe.Sizeof(Header{})]byte
+	if err := preadFull(fd, buf[:], 0); err != nil {
+		return Header{}, fmt.Errorf("%w: %s: %v", ErrCorruptEntry, name, err)
+	}
+	return decodeHeader(buf[:])
+}
+
+func preadFull(fd int, b []byte, off int64) error {
+	for len(b) > 0 {
+		n, err := unix.Pread(fd, b, off)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return errors.New("short read")
+		}
+		b, off = b[n:], off+int64(n)
+	}
+	return nil
+}
+
+// registryDir is an open registry directory and its lock file. Every name
+// is resolved relative to the directory descriptor.
+type registryDir struct {
+	path string
+	uid  int
+	dir  *os.File
+	lock *os.File
+	// mu serializes flock holders of this process: flock excludes open file
+	// descriptions, not goroutines sharing one.
+	mu sync.Mutex
+}
+
+func (d *registryDir) fd() int { return int(d.dir.Fd()) }
+
+// openRegistryDir creates (0700) or opens <root>/mooncake-pxn-<uid>-<group>
+// and its .lock (0600), refusing anything unsafe. The root itself may be a
+// symlink or a mount; nothing below it may.
+func openRegistryDir(root string, uid int, group string) (*registryDir, error) {
+	name := GroupDirPrefix + strconv.Itoa(uid) + "-" + group
+	path := filepath.Join(root, name)
+	rootfd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: root, Err: err}
+	}
+	defer unix.Close(rootfd)
+	created := true
+	if err := unix.Mkdirat(rootfd, name, dirPerm); errors.Is(err, unix.EEXIST) {
+		created = false
+	} else if err != nil {
+		return nil, &os.PathError{Op: "mkdir", Path: path, Err: err}
+	}
+	fd, err := unix.Openat(rootfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, explainOpenError(rootfd, path, name, unix.S_IFDIR, err)
+	}
+	d := &registryDir{path: path, uid: uid, dir: os.NewFile(uintptr(fd), path)}
+	if err := d.init(created); err != nil {
+		d.close()
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *registryDir) init(created bool) error {
+	if created {
+		if err := unix.Fchmod(d.fd(), dirPerm); err != nil {
+			return &os.PathError{Op: "chmod", Path: d.path, Err: err}
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(d.fd(), &st); err != nil {
+		return &os.PathError{Op: "fstat", Path: d.path, Err: err}
+	}
+	if err := checkPrivate(d.path, &st, d.uid, unix.S_IFDIR); err != nil {
+		return err
+	}
+	fd, err := createPrivate(d.fd(), d.path, lockFileName)
+	if errors.Is(err, unix.EEXIST) {
+		fd, _, err = openPrivate(d.fd(), d.path, lockFileName, unix.O_RDWR, d.uid)
+	}
+	if err != nil {
+		return err
+	}
+	d.lock = os.NewFile(uintptr(fd), filepath.Join(d.path, lockFileName))
+	return nil
+}
+
+func (d *registryDir) close() error {
+	var errs []error
+	if d.lock != nil {
+		errs = append(errs, d.lock.Close())
+	}
+	errs = append(errs, d.dir.Close())
+	return errors.Join(errs...)
+}
+
+// withLock runs fn holding the directory's flock. It waits for the lock
+// until ctx ends; holders keep it only for a scan, a claim or a rename.
+func (d *registryDir) withLock(ctx context.Context, fn func() error) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	fd := int(d.lock.Fd())
+	var timer *time.Timer
+	for {
+		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
+			return &os.PathError{Op: "flock", Path: d.lock.Name(), Err: err}
+		}
+		if timer == nil {
+			timer = time.NewTimer(lockPoll)
+			defer timer.Stop()
+		} else {
+			timer.Reset(lockPoll)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pxn registry: lock %s: %w", d.lock.Name(), ctx.Err())
+		case <-timer.C:
+		}
+	}
+	defer unix.Flock(fd, unix.LOCK_UN)
+	return fn()
+}
+
+type dirEntry struct {
+	name string
+	kind entryKind
+	id   Identity
+}
+
+// scan lists the directory. Every entry must be private to the registry's
+// uid and no symlink: anything else means someone else can write into the
+// registry, and the whole registry is refused.
+func (d *registryDir) scan() ([]dirEntry, error) {
+	names, err := readDirNames(d.fd(), d.path)
+	if err != nil {
+		return nil, err
+	}
+	entries := make([]dirEntry, 0, len(names))
+	for _, n := range names {
+		var st unix.Stat_t
+		if err := unix.Fstatat(d.fd(), n, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			return nil, &os.PathError{Op: "stat", Path: filepath.Join(d.path, n), Err: err}
+		}
+		if err := checkPrivate(filepath.Join(d.path, n), &st, d.uid, 0); err != nil {
+			return nil, err
+		}
+		kind, id := parseEntryName(n)
+		entries = append(entries, dirEntry{name: n, kind: kind, id: id})
+	}
+	return entries, nil
+}
+
+func readDirNames(dirfd int, path string) ([]string, error) {
+	fd, err := unix.Openat(dirfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	return f.Readdirnames(-1)
+}
+
+// heartbeatStale reports whether a stamp taken with MonoNanos is older than
+// timeout at now. A rank that never beat is stale.
+func heartbeatStale(stamp uint64, now int64, timeout time.Duration) bool {
+	return stamp == 0 || now-int64(stamp) > int64(timeout)
+}
+
+// staleReason says why the registration id is stale, or "" if it is not or
+// that cannot be proven. A rank's heartbeat counts only once it is published.
+func (d *registryDir) staleReason(id Identity, now int64, timeout time.Duration) string {
+	if r := goneReason(id.Pid, id.StartTime); r != "" {
+		return r
+	}
+	h, err := readHeaderFile(d.fd(), d.path, rankFileName(id), d.uid)
+	if err != nil || headerIdentity(&h) != id {
+		return ""
+	}
+	if heartbeatStale(h.Heartbeat, now, timeout) {
+		return fmt.Sprintf("heartbeat %v old", time.Duration(now-int64(h.Heartbeat)).Round(time.Millisecond))
+	}
+	return ""
+}
+
+// cleanStale unlinks every file of every stale registration but self's.
+// The caller holds the lock. Files of a live process that is still
+// initializing are left alone; its arena may be quarantined.
+func (d *registryDir) cleanStale(self Identity, timeout time.Duration) ([]string, error) {
+	entries, err := d.scan()
+	if err != nil {
+		return nil, err
+	}
+	now := MonoNanos()
+	stale := make(map[Identity]bool)
+	for _, e := range entries {
+		if e.kind == entryOther || e.kind == entryLock || e.id == self {
+			continue
+		}
+		if _, seen := stale[e.id]; !seen {
+			stale[e.id] = d.staleReason(e.id, now, timeout) != ""
+		}
+	}
+	var removed []string
+	var errs []error
+	for _, e := range entries {
+		if !stale[e.id] || e.kind == entryOther || e.kind == entryLock {
+			continue
+		}
+		if err := unix.Unlinkat(d.fd(), e.name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, &os.PathError{Op: "unlink", Path: filepath.Join(d.path, e.name), Err: err})
+			continue
+		}
+		removed = append(removed, e.name)
+	}
+	return removed, errors.Join(errs...)
+}

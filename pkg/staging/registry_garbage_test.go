@@ -1,0 +1,280 @@
+package staging
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"unsafe"
+)
+
+func TestRegistryRefusesUnsafeDirectoriesAndFiles(t *testing.T) {
+	const other = 65534
+	rankName := rankFileName(Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 1})
+	mkdir := func(t *testing.T, dir string, mode os.FileMode) {
+		t.Helper()
+		if err := os.Mkdir(dir, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(dir, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	private := func(t *testing.T, dir string) {
+		mkdir(t, dir, 0o700)
+		writeFile0600(t, filepath.Join(dir, lockFileName), nil)
+	}
+	tests := []struct {
+		name      string
+		needsRoot bool
+		setup     func(t *testing.T, root, dir string)
+		want      string
+	}{
+		{name: "directory mode 0755", want: "has mode 0755",
+			setup: func(t *testing.T, root, dir string) { mkdir(t, dir, 0o755) }},
+		{name: "directory mode 0710", want: "has mode 0710",
+			setup: func(t *testing.T, root, dir string) { mkdir(t, dir, 0o710) }},
+		{name: "lock file mode 0644", want: "has mode 0644",
+			setup: func(t *testing.T, root, dir string) {
+				mkdir(t, dir, 0o700)
+				writeFile0600(t, filepath.Join(dir, lockFileName), nil)
+				os.Chmod(filepath.Join(dir, lockFileName), 0o644)
+			}},
+		{name: "control file mode 0644", want: "has mode 0644",
+			setup: func(t *testing.T, root, dir string) {
+				private(t, dir)
+				writeFile0600(t, filepath.Join(dir, rankName), nil)
+				os.Chmod(filepath.Join(dir, rankName), 0o644)
+			}},
+		{name: "directory is a symlink", want: "is a symlink",
+			setup: func(t *testing.T, root, dir string) {
+				mkdir(t, filepath.Join(root, "elsewhere"), 0o700)
+				if err := os.Symlink("elsewhere", dir); err != nil {
+					t.Fatal(err)
+				}
+			}},
+		{name: "lock file is a symlink", want: "is a symlink",
+			setup: func(t *testing.T, root, dir string) {
+				mkdir(t, dir, 0o700)
+				writeFile0600(t, filepath.Join(root, "target"), nil)
+				if err := os.Symlink(filepath.Join(root, "target"), filepath.Join(dir, lockFileName)); err != nil {
+					t.Fatal(err)
+				}
+			}},
+		{name: "control file is a symlink", want: "is a symlink",
+			setup: func(t *testing.T, root, dir string) {
+				private(t, dir)
+				writeFile0600(t, filepath.Join(root, "target"), nil)
+				if err := os.Symlink(filepath.Join(root, "target"), filepath.Join(dir, rankName)); err != nil {
+					t.Fatal(err)
+				}
+			}},
+		{name: "lock file is a directory", want: "is not a regular file",
+			setup: func(t *testing.T, root, dir string) {
+				mkdir(t, dir, 0o700)
+				mkdir(t, filepath.Join(dir, lockFileName), 0o700)
+			}},
+		{name: "directory is a file", want: "is not a directory",
+			setup: func(t *testing.T, root, dir string) { writeFile0600(t, dir, nil) }},
+		{name: "directory of another uid", needsRoot: true, want: fmt.Sprintf("owned by uid %d, not 0", other),
+			setup: func(t *testing.T, root, dir string) {
+				mkdir(t, dir, 0o700)
+				if err := os.Chown(dir, other, other); err != nil {
+					t.Fatal(err)
+				}
+			}},
+		{name: "lock file of another uid", needsRoot: true, want: fmt.Sprintf("owned by uid %d, not 0", other),
+			setup: func(t *testing.T, root, dir string) {
+				private(t, dir)
+				if err := os.Chown(filepath.Join(dir, lockFileName), other, other); err != nil {
+					t.Fatal(err)
+				}
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.needsRoot && os.Geteuid() != 0 {
+				t.Skip("needs root to chown")
+			}
+			root := regTestRoot(t)
+			dir := groupDir(root, "g")
+			tt.setup(t, root, dir)
+			before := listDir(t, dir)
+			aside := listDir(t, filepath.Join(root, "elsewhere"))
+			r, err := Register(context.Background(), regOptions(root, "g", "rail0"))
+			var ue *UnsafeError
+			if r != nil || !errors.As(err, &ue) || !strings.Contains(ue.Problem, tt.want) || !strings.Contains(err.Error(), "PXN off") {
+				t.Fatalf("Register = %v, %v; want an UnsafeError saying %q", r, err, tt.want)
+			}
+			if after := listDir(t, dir); !slices.Equal(after, before) {
+				t.Errorf("a refused registry changed from %v to %v", before, after)
+			}
+			if after := listDir(t, filepath.Join(root, "elsewhere")); !slices.Equal(after, aside) {
+				t.Errorf("something was written through the symlink: %v", after)
+			}
+		})
+	}
+}
+
+func TestRegistryUnsafeEntryTurnsPXNOff(t *testing.T) {
+	root := regTestRoot(t)
+	r := mustRegister(t, regOptions(root, "g", "rail0"))
+	relay := mustRegister(t, regOptions(root, "g", "rail1"))
+	peer := peerByName(t, r, relay.Name())
+	stray := filepath.Join(r.Dir(), "stray")
+	writeFile0600(t, stray, nil)
+	os.Chmod(stray, 0o666)
+	_, err := r.Peers(context.Background())
+	var ue *UnsafeError
+	if !errors.As(err, &ue) || ue.Path != stray {
+		t.Fatalf("Peers = %v, want an UnsafeError about %s", err, stray)
+	}
+	if !errors.As(r.Off(), &ue) {
+		t.Errorf("Off = %v, want the UnsafeError", r.Off())
+	}
+	if _, err := r.Attach(context.Background(), peer); !errors.As(err, &ue) {
+		t.Errorf("Attach after PXN went off = %v, want the UnsafeError", err)
+	}
+	os.Remove(stray)
+	if _, err := r.Peers(context.Background()); !errors.As(err, &ue) {
+		t.Errorf("Peers = %v; PXN stays off once off", err)
+	}
+}
+
+func TestRegistryGarbageControlFilesAreRefused(t *testing.T) {
+	ctx := context.Background()
+	root := regTestRoot(t)
+	r := mustRegister(t, regOptions(root, "g", "rail0"))
+	dir := r.Dir()
+	me, start := os.Getpid(), selfStart(t)
+	valid := func(id Identity) []byte {
+		h := newHeader(id, os.Geteuid(), "rail-x", "hca-x", ArenaHost)
+		h.State, h.Heartbeat = StateReady, uint64(MonoNanos())
+		b := make([]byte, ControlSize)
+		copy(b, unsafe.Slice((*byte)(unsafe.Pointer(&h)), headerSize))
+		return b
+	}
+	mutated := func(f func(h *Header)) func(id Identity) []byte {
+		return func(id Identity) []byte {
+			b := valid(id)
+			f((*Header)(unsafe.Pointer(&b[0])))
+			return b
+		}
+	}
+	tests := []struct {
+		name  string
+		bytes func(id Identity) []byte
+		want  string
+	}{
+		{"empty", func(Identity) []byte { return nil }, "is 0 bytes"},
+		{"truncated header", func(id Identity) []byte { return valid(id)[:100] }, "is 100 bytes"},
+		{"one byte short", func(id Identity) []byte { return valid(id)[:ControlSize-1] }, fmt.Sprintf("is %d bytes", ControlSize-1)},
+		{"zeros", func(Identity) []byte { return make([]byte, ControlSize) }, "magic 0x0 differs from ours 0x31304745524e5850"},
+		{"ABI version", mutated(func(h *Header) { h.ABIVersion = 2 }), "ABI version 2 differs from ours 1"},
+		{"header size", mutated(func(h *Header) { h.HeaderSize = 256 }), "header size 256 differs from ours 320"},
+		{"lane count", mutated(func(h *Header) { h.LaneCount = 8 }), "lane count 8 differs from ours 7"},
+		{"slots per lane", mutated(func(h *Header) { h.SlotsPerLane = 16 }), "slots per lane 16 differs from ours 18"},
+		{"slot size", mutated(func(h *Header) { h.SlotSize = 4 << 20 }), "slot size 4194304 differs from ours 8388608"},
+		{"arena size", mutated(func(h *Header) { h.ArenaSize = 1 << 30 }), "arena size 1073741824 differs from ours 1056964608"},
+		{"state", mutated(func(h *Header) { h.State = 9 }), "state 9"},
+		{"pid 0", mutated(func(h *Header) { h.Pid = 0 }), "pid 0"},
+		{"huge pid", mutated(func(h *Header) { h.Pid = 1 << 40 }), "pid 1099511627776"},
+		{"epoch 0", mutated(func(h *Header) { h.BootEpoch = 0 }), "epoch 0"},
+		{"header names another rank", mutated(func(h *Header) { h.BootEpoch = 1 }), "header names"},
+		{"rail length", mutated(func(h *Header) { h.RailLen = 200 }), "rail length 200"},
+		{"HCA length", mutated(func(h *Header) { h.HCALen = 57 }), "HCA length 57"},
+		{"NUL in rail", mutated(func(h *Header) { h.Rail[2] = 0 }), "NUL byte"},
+		{"arena kind", mutated(func(h *Header) { h.ArenaKind = 7 }), "arena kind 7"},
+		{"CUDA arena to a host rank", mutated(func(h *Header) { h.ArenaKind = ArenaCUDA }), "arena kind 2 differs from ours 1"},
+		{"uid", mutated(func(h *Header) { h.UID++ }), "header uid"},
+	}
+	ids := make(map[string]Identity)
+	for i, tt := range tests {
+		id := Identity{Pid: me, StartTime: start, Epoch: 0x3000 + uint64(i)}
+		ids[tt.name] = id
+		writeFile0600(t, filepath.Join(dir, rankFileName(id)), tt.bytes(id))
+	}
+	writeFile0600(t, filepath.Join(dir, "rank-not-a-rank"), []byte("junk"))
+	writeFile0600(t, filepath.Join(dir, "notes"), []byte("junk"))
+
+	ps, err := r.Peers(ctx)
+	if err != nil {
+		t.Fatalf("Peers = %v; garbage must not turn PXN off", err)
+	}
+	byName := make(map[string]PeerInfo)
+	for _, p := range ps {
+		byName[p.Name] = p
+	}
+	if len(ps) != len(tests) {
+		t.Errorf("Peers listed %d entries, want the %d garbage ones, refused", len(ps), len(tests))
+	}
+	for _, tt := range tests {
+		id := ids[tt.name]
+		p, ok := byName[rankFileName(id)]
+		if !ok || p.Refused == nil || !strings.Contains(p.Refused.Error(), tt.want) {
+			t.Errorf("%s: listed %v, refused %v; want refused with %q", tt.name, ok, p.Refused, tt.want)
+		}
+		if _, err := r.Attach(ctx, p); err == nil {
+			t.Errorf("%s: Attach succeeded", tt.name)
+		}
+		// Attach re-reads the file itself: even told the peer is fine, it
+		// refuses without touching memory past the end of the file.
+		if _, err := r.Attach(ctx, PeerInfo{Name: p.Name, Identity: id}); err == nil || !strings.Contains(err.Error(), tt.want) && tt.name != "header names another rank" && tt.name != "uid" {
+			t.Errorf("%s: Attach by identity = %v, want refused with %q", tt.name, err, tt.want)
+		}
+	}
+	if r.Off() != nil {
+		t.Errorf("Off = %v; garbage must not turn PXN off", r.Off())
+	}
+}
+
+func validHeaderBytes() []byte {
+	h := newHeader(Identity{Pid: 77, StartTime: 5, Epoch: 9}, 0, "r", "h", ArenaHost)
+	return append([]byte(nil), unsafe.Slice((*byte)(unsafe.Pointer(&h)), headerSize)...)
+}
+
+func FuzzDecodeHeader(f *testing.F) {
+	f.Add(validHeaderBytes())
+	f.Add(make([]byte, headerSize))
+	f.Add([]byte("PXNREG01"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := decodeHeader(b)
+		if err != nil {
+			return
+		}
+		if h.Magic != RegistryMagic || h.LaneCount != LaneCount || h.Pid == 0 || h.Pid > maxPid || h.BootEpoch == 0 {
+			t.Fatalf("accepted header %+v", h)
+		}
+		if int(h.RailLen) > len(h.Rail) || int(h.HCALen) > len(h.HCA) || h.RailLen == 0 {
+			t.Fatalf("accepted name lengths %d, %d", h.RailLen, h.HCALen)
+		}
+		_ = headerRail(&h) + headerHCA(&h)
+	})
+}
+
+func FuzzParseEntryName(f *testing.F) {
+	for _, s := range []string{"rank-1-2-0000000000000003", ".rank-1-2-0000000000000003.tmp", "arena-1-2-0000000000000003", ".lock", "x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		kind, id := parseEntryName(name)
+		var back string
+		switch kind {
+		case entryRank:
+			back = rankFileName(id)
+		case entryTmp:
+			back = tmpFileName(id)
+		case entryArena:
+			back = arenaFileName(id)
+		default:
+			return
+		}
+		if back != name {
+			t.Fatalf("%q parsed as %v, which names %q", name, id, back)
+		}
+	})
+}

@@ -1,0 +1,121 @@
+package staging
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"unsafe"
+)
+
+// ErrCorruptEntry marks a registry entry whose bytes make no sense: short,
+// out of range, or contradicting its own name. The entry is skipped.
+var ErrCorruptEntry = errors.New("corrupt registry entry")
+
+// MismatchError reports a peer built with other engine numbers (or no
+// registry file at all): PXN refuses that peer and traffic to it goes direct.
+type MismatchError struct {
+	Field        string
+	Theirs, Ours uint64
+}
+
+func (e *MismatchError) Error() string {
+	if e.Field == "magic" {
+		return fmt.Sprintf("magic %#x differs from ours %#x", e.Theirs, e.Ours)
+	}
+	return fmt.Sprintf("%s %d differs from ours %d", e.Field, e.Theirs, e.Ours)
+}
+
+const headerSize = unsafe.Sizeof(Header{})
+
+// newHeader fills everything a rank publishes and never changes afterwards.
+func newHeader(id Identity, uid int, rail, hca string, arenaKind uint32) Header {
+	h := Header{
+		Magic:        RegistryMagic,
+		ABIVersion:   ABIVersion,
+		HeaderSize:   uint32(headerSize),
+		State:        StateInit,
+		UID:          uint32(uid),
+		Pid:          uint64(id.Pid),
+		StartTime:    id.StartTime,
+		BootEpoch:    id.Epoch,
+		LaneCount:    LaneCount,
+		SlotsPerLane: SlotsPerLane,
+		SlotSize:     SlotSize,
+		ArenaSize:    ArenaSize,
+		ArenaKind:    arenaKind,
+		RailLen:      uint32(len(rail)),
+		HCALen:       uint32(len(hca)),
+	}
+	copy(h.Rail[:], rail)
+	copy(h.HCA[:], hca)
+	return h
+}
+
+// decodeHeader copies a header out of untrusted bytes and validates it.
+func decodeHeader(b []byte) (Header, error) {
+	var h Header
+	if len(b) < int(headerSize) {
+		return h, fmt.Errorf("%w: header is %d bytes, want %d", ErrCorruptEntry, len(b), headerSize)
+	}
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(&h)), headerSize), b)
+	return h, checkHeader(&h)
+}
+
+// checkHeader validates a header copy. The engine numbers must equal ours
+// (a *MismatchError names the first that differs); every other field must
+// be in range.
+func checkHeader(h *Header) error {
+	for _, f := range [...]struct {
+		name         string
+		theirs, ours uint64
+	}{
+		{"magic", h.Magic, RegistryMagic},
+		{"ABI version", uint64(h.ABIVersion), ABIVersion},
+		{"header size", uint64(h.HeaderSize), uint64(headerSize)},
+		{"lane count", uint64(h.LaneCount), LaneCount},
+		{"slots per lane", uint64(h.SlotsPerLane), SlotsPerLane},
+		{"slot size", h.SlotSize, SlotSize},
+		{"arena size", h.ArenaSize, ArenaSize},
+	} {
+		if f.theirs != f.ours {
+			return &MismatchError{Field: f.name, Theirs: f.theirs, Ours: f.ours}
+		}
+	}
+	switch {
+	case h.State < StateInit || h.State > StateClosing:
+		return fmt.Errorf("%w: state %d", ErrCorruptEntry, h.State)
+	case h.Pid == 0 || h.Pid > maxPid:
+		return fmt.Errorf("%w: pid %d", ErrCorruptEntry, h.Pid)
+	case h.BootEpoch == 0:
+		return fmt.Errorf("%w: epoch 0", ErrCorruptEntry)
+	case h.ArenaKind != ArenaHost && h.ArenaKind != ArenaCUDA:
+		return fmt.Errorf("%w: arena kind %d", ErrCorruptEntry, h.ArenaKind)
+	case h.RailLen == 0 || h.RailLen > uint32(len(h.Rail)):
+		return fmt.Errorf("%w: rail length %d, want 1..%d", ErrCorruptEntry, h.RailLen, len(h.Rail))
+	case h.HCALen > uint32(len(h.HCA)):
+		return fmt.Errorf("%w: HCA length %d, want 0..%d", ErrCorruptEntry, h.HCALen, len(h.HCA))
+	case bytes.IndexByte(h.Rail[:h.RailLen], 0) >= 0 || bytes.IndexByte(h.HCA[:h.HCALen], 0) >= 0:
+		return fmt.Errorf("%w: NUL byte in rail or HCA name", ErrCorruptEntry)
+	}
+	return nil
+}
+
+// headerIdentity is the identity a validated header claims.
+func headerIdentity(h *Header) Identity {
+	return Identity{Pid: int(h.Pid), StartTime: h.StartTime, Epoch: h.BootEpoch}
+}
+
+func headerRail(h *Header) string { return string(h.Rail[:h.RailLen]) }
+func headerHCA(h *Header) string  { return string(h.HCA[:h.HCALen]) }
+
+func stateName(s uint32) string {
+	switch s {
+	case StateInit:
+		return "INIT"
+	case StateReady:
+		return "READY"
+	case StateClosing:
+		return "CLOSING"
+	}
+	return fmt.Sprintf("state(%d)", s)
+}

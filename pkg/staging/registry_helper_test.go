@@ -1,0 +1,398 @@
+package staging
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The test binary doubles as a rank process: with registryHelperEnv set,
+// TestMain runs a helper role instead of the tests.
+const (
+	registryHelperEnv = "PXN_REGISTRY_TEST_HELPER"
+	// Settings of the "rank" role.
+	helperRootEnv    = "PXN_REGISTRY_TEST_ROOT"
+	helperGroupEnv   = "PXN_REGISTRY_TEST_GROUP"
+	helperRailEnv    = "PXN_REGISTRY_TEST_RAIL"
+	helperFailEnv    = "PXN_REGISTRY_TEST_FAIL_STEP" // InitStep number to fail
+	helperHangEnv    = "PXN_REGISTRY_TEST_HANG_STEP" // InitStep number to block at
+	helperMemFailEnv = "PXN_REGISTRY_TEST_MEM_FAIL"  // "1": the NIC registration fails
+
+	// childWait bounds every wait for a helper process.
+	childWait = 60 * time.Second
+)
+
+func TestMain(m *testing.M) {
+	if role := os.Getenv(registryHelperEnv); role != "" {
+		os.Exit(runRegistryHelper(role))
+	}
+	os.Exit(m.Run())
+}
+
+func runRegistryHelper(role string) int {
+	switch role {
+	case "rank":
+		return helperRank()
+	case "exit":
+		return 0
+	}
+	fmt.Fprintf(os.Stderr, "unknown helper role %q\n", role)
+	return 2
+}
+
+type failingRegistrar struct{}
+
+func (failingRegistrar) Register(base uintptr, size uint64) error {
+	return errors.New("NIC registration failed after part of the arena")
+}
+func (failingRegistrar) Deregister(base uintptr, size uint64) error { return nil }
+
+// helperRank registers, says "ready <name>", then obeys one command per
+// line of stdin and answers with one line each:
+//
+//	peers            -> "peers <usable> <name>..." or "peers-error <err>"
+//	attach <name>    -> "attached <name> <lane> <lane epoch>" or "attach-error <err>"
+//	detach <name>    -> "detached <name>"
+//	close            -> "closed" or "close-error <err>"
+//
+// End of stdin closes the rank and exits.
+func helperRank() int {
+	ctx := context.Background()
+	in := bufio.NewScanner(os.Stdin)
+	opts := regOptions(os.Getenv(helperRootEnv), os.Getenv(helperGroupEnv), os.Getenv(helperRailEnv))
+	failStep, _ := strconv.Atoi(os.Getenv(helperFailEnv))
+	hangStep, _ := strconv.Atoi(os.Getenv(helperHangEnv))
+	opts.InjectFault = func(s InitStep) error {
+		switch int(s) {
+		case failStep:
+			return errors.New("injected")
+		case hangStep:
+			fmt.Println("hanging")
+			for in.Scan() {
+			}
+			return errors.New("released")
+		}
+		return nil
+	}
+	if os.Getenv(helperMemFailEnv) == "1" {
+		opts.Memory = failingRegistrar{}
+	}
+	r, err := Register(ctx, opts)
+	if err != nil {
+		fmt.Println("register-error", oneLine(err))
+		return 3
+	}
+	fmt.Println("ready", r.Name())
+
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				r.Heartbeat(MonoNanos())
+			}
+		}
+	}()
+	stopBeats := sync.OnceFunc(func() { close(stop); <-stopped })
+	defer stopBeats()
+
+	links := make(map[string]*PeerLink)
+	for in.Scan() {
+		f := strings.Fields(in.Text())
+		if len(f) == 0 {
+			continue
+		}
+		switch f[0] {
+		case "peers":
+			ps, err := r.Peers(ctx)
+			if err != nil {
+				fmt.Println("peers-error", oneLine(err))
+				continue
+			}
+			var names []string
+			for _, p := range ps {
+				if p.Refused == nil {
+					names = append(names, p.Name)
+				}
+			}
+			sort.Strings(names)
+			fmt.Println("peers", len(names), strings.Join(names, " "))
+		case "attach":
+			l, err := helperAttach(ctx, r, f[1])
+			if err != nil {
+				fmt.Println("attach-error", oneLine(err))
+				continue
+			}
+			links[f[1]] = l
+			fmt.Println("attached", f[1], l.LaneIndex(), l.LaneEpoch())
+		case "detach":
+			if err := links[f[1]].Close(); err != nil {
+				fmt.Println("detach-error", oneLine(err))
+				continue
+			}
+			fmt.Println("detached", f[1])
+		case "close":
+			stopBeats()
+			if err := r.Close(ctx); err != nil {
+				fmt.Println("close-error", oneLine(err))
+				continue
+			}
+			fmt.Println("closed")
+		default:
+			fmt.Println("unknown-command", f[0])
+		}
+	}
+	stopBeats()
+	if err := r.Close(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "close:", err)
+		return 4
+	}
+	return 0
+}
+
+func helperAttach(ctx context.Context, r *Rank, name string) (*PeerLink, error) {
+	// Attach takes the PeerInfo from Peers; a closing peer is no longer
+	// listed, so a name that is not there is attached by identity, which
+	// Attach re-validates under the lock.
+	ps, err := r.Peers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range ps {
+		if p.Name == name {
+			return r.Attach(ctx, p)
+		}
+	}
+	kind, id := parseEntryName(name)
+	if kind != entryRank {
+		return nil, fmt.Errorf("%q is not a rank name", name)
+	}
+	return r.Attach(ctx, PeerInfo{Name: name, Identity: id})
+}
+
+func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", " | ") }
+
+// regChild is a helper process seen from the test.
+type regChild struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	lines  chan string
+	stderr bytes.Buffer
+	done   chan struct{}
+	err    error // of Wait, valid after done
+}
+
+type childOpts struct {
+	root, group, rail string
+	env               []string
+	exe               string
+	cred              *syscall.Credential
+}
+
+func startRegChild(t *testing.T, o childOpts) *regChild {
+	t.Helper()
+	exe := o.exe
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if o.rail == "" {
+		o.rail = "rail0"
+	}
+	c := &regChild{t: t, lines: make(chan string, 64), done: make(chan struct{})}
+	c.cmd = exec.Command(exe)
+	c.cmd.Dir = "/"
+	c.cmd.Env = append(os.Environ(),
+		registryHelperEnv+"=rank",
+		helperRootEnv+"="+o.root,
+		helperGroupEnv+"="+o.group,
+		helperRailEnv+"="+o.rail)
+	c.cmd.Env = append(c.cmd.Env, o.env...)
+	c.cmd.Stderr = &c.stderr
+	if o.cred != nil {
+		c.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: o.cred}
+	}
+	var err error
+	if c.stdin, err = c.cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := c.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		s := bufio.NewScanner(stdout)
+		for s.Scan() {
+			c.lines <- s.Text()
+		}
+		close(c.lines)
+		c.err = c.cmd.Wait()
+		close(c.done)
+	}()
+	t.Cleanup(func() {
+		c.stdin.Close()
+		select {
+		case <-c.done:
+		case <-time.After(childWait):
+			c.cmd.Process.Kill()
+			<-c.done
+		}
+	})
+	return c
+}
+
+func (c *regChild) pid() int { return c.cmd.Process.Pid }
+
+func (c *regChild) send(line string) {
+	c.t.Helper()
+	if _, err := io.WriteString(c.stdin, line+"\n"); err != nil {
+		c.t.Fatalf("child %d: send %q: %v", c.pid(), line, err)
+	}
+}
+
+// expect returns the rest of the child's next line, which must start with
+// word.
+func (c *regChild) expect(word string) string {
+	c.t.Helper()
+	select {
+	case line, ok := <-c.lines:
+		if !ok {
+			<-c.done
+			c.t.Fatalf("child %d exited (%v) while we waited for %q; stderr:\n%s", c.pid(), c.err, word, c.stderr.String())
+		}
+		got, rest, _ := strings.Cut(line, " ")
+		if got != word {
+			c.t.Fatalf("child %d said %q, want %q ...", c.pid(), line, word)
+		}
+		return rest
+	case <-time.After(childWait):
+		c.t.Fatalf("child %d said nothing for %v while we waited for %q", c.pid(), childWait, word)
+	}
+	return ""
+}
+
+// finish closes the child's stdin and waits for a clean exit; it returns
+// the child's stderr.
+func (c *regChild) finish() string {
+	c.t.Helper()
+	c.stdin.Close()
+	select {
+	case <-c.done:
+	case <-time.After(childWait):
+		c.t.Fatalf("child %d did not exit", c.pid())
+	}
+	if c.err != nil {
+		c.t.Fatalf("child %d: %v; stderr:\n%s", c.pid(), c.err, c.stderr.String())
+	}
+	return c.stderr.String()
+}
+
+// kill ends the child with SIGKILL and reaps it.
+func (c *regChild) kill() {
+	c.t.Helper()
+	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		c.t.Fatal(err)
+	}
+	select {
+	case <-c.done:
+	case <-time.After(childWait):
+		c.t.Fatalf("child %d survived SIGKILL", c.pid())
+	}
+}
+
+// regTestRoot is a registry root of the test's own under /dev/shm (a
+// temporary directory where there is no /dev/shm), removed at the end.
+func regTestRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/dev/shm", "pxn-registry-test-")
+	if err != nil {
+		t.Logf("no /dev/shm (%v): using a temporary directory", err)
+		return t.TempDir()
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// testHeartbeatTimeout keeps ranks that do not beat (those a test runs in
+// its own process have no pump) fresh on a loaded machine; tests of
+// staleness write heartbeats older than it.
+const testHeartbeatTimeout = 30 * time.Second
+
+func regOptions(root, group, rail string) Options {
+	return Options{Root: root, Group: group, UID: os.Geteuid(), Rail: rail, HCA: "hca-" + rail, HeartbeatTimeout: testHeartbeatTimeout}
+}
+
+func mustRegister(t *testing.T, o Options) *Rank {
+	t.Helper()
+	r, err := Register(context.Background(), o)
+	if err != nil {
+		t.Fatalf("Register: %v", err)
+	}
+	t.Cleanup(func() { r.Close(context.Background()) })
+	return r
+}
+
+func groupDir(root, group string) string {
+	return filepath.Join(root, GroupDirPrefix+strconv.Itoa(os.Geteuid())+"-"+group)
+}
+
+// listDir returns the sorted names in dir, or nil when dir does not exist
+// or is no directory.
+func listDir(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := make([]string, 0, len(ents))
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	sort.Strings(names)
+	return names
+}
+
+func fileExists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
+}
+
+// pollUntil polls cond every millisecond until it holds or the deadline
+// passes.
+func pollUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(childWait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
