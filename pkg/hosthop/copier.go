@@ -1,0 +1,386 @@
+package hosthop
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/pxn-project/pxn/pkg/relay"
+	"github.com/pxn-project/pxn/pkg/staging"
+)
+
+var (
+	// ErrLaneFull is returned by HostCopier.Copy when a lane already holds
+	// LaneQueueDepth copies that have not rung their doorbell.
+	ErrLaneFull = errors.New("hosthop: lane copy queue full")
+	// ErrUnknownEvent is returned for an event that the copier did not
+	// record or that has been released.
+	ErrUnknownEvent = errors.New("hosthop: unknown event")
+)
+
+// LaneQueueDepth is the most copies one lane holds: twice the ring depth, so
+// an engine that respects credit never sees ErrLaneFull.
+const LaneQueueDepth = 2 * staging.SlotsPerLane
+
+// HostCopierOptions configures a HostCopier.
+type HostCopierOptions struct {
+	// HoldReady keeps every source-ready event incomplete until ReleaseReady
+	// or ReleaseAllReady completes it, so that a test can prove that nothing
+	// reads a source before its ready event.
+	HoldReady bool
+}
+
+// HostCopierStats are a HostCopier's counters.
+type HostCopierStats struct {
+	// Copies is the number of Copy calls whose doorbell has been rung.
+	Copies uint64
+	// Bytes is the number of bytes those copies moved.
+	Bytes uint64
+	// Abandoned counts copies dropped by Close because their ready event
+	// was still held.
+	Abandoned uint64
+	// LiveEvents is the number of recorded events not yet released.
+	LiveEvents int
+	// HeldEvents is the number of events that wait for ReleaseReady.
+	HeldEvents int
+	// Lanes is the number of lane workers started.
+	Lanes int
+}
+
+// HostCopier is a relay.Copier over host memory. Each lane is a worker
+// goroutine, started on the lane's first Copy, that behaves like a CUDA
+// stream: copies run one after another in submission order, each after its
+// ready event, and each ends with the doorbell store. Memory registered with
+// RegisterDevice classifies as relay.Device; all other memory is relay.Host.
+type HostCopier struct {
+	holdReady bool
+
+	devMu sync.RWMutex
+	dev   spans
+
+	evMu   sync.Mutex
+	lastEv relay.Event
+	events map[relay.Event]chan struct{}
+	held   map[relay.Event]chan struct{}
+
+	laneMu   sync.Mutex
+	closed   bool
+	closing  chan struct{}
+	lanes    [staging.LaneCount]*hostLane
+	failNext [staging.LaneCount]error
+	workers  sync.WaitGroup
+
+	copies    atomic.Uint64
+	bytes     atomic.Uint64
+	abandoned atomic.Uint64
+}
+
+type hostLane struct {
+	jobs chan copyJob
+	// free holds one entry buffer per job the lane may hold; an empty free
+	// list is a full lane.
+	free chan []relay.CopyEntry
+}
+
+type copyJob struct {
+	ready    <-chan struct{}
+	entries  []relay.CopyEntry
+	doorbell *uint64
+	seq      uint64
+}
+
+// completed is the done channel of every event that is complete at birth.
+var completed = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+var _ relay.Copier = (*HostCopier)(nil)
+
+// NewHostCopier returns a copier. It starts no goroutine until the first Copy.
+func NewHostCopier(opts HostCopierOptions) *HostCopier {
+	return &HostCopier{
+		holdReady: opts.HoldReady,
+		events:    make(map[relay.Event]chan struct{}),
+		held:      make(map[relay.Event]chan struct{}),
+		closing:   make(chan struct{}),
+	}
+}
+
+// RegisterDevice marks [addr, addr+n) as simulated device memory.
+func (c *HostCopier) RegisterDevice(addr uintptr, n uint64) error {
+	if !validRange(uint64(addr), n) {
+		return fmt.Errorf("hosthop: invalid device range %#x+%d", addr, n)
+	}
+	c.devMu.Lock()
+	defer c.devMu.Unlock()
+	if c.dev.overlaps(uint64(addr), n) {
+		return fmt.Errorf("hosthop: device range %#x+%d overlaps a registered range", addr, n)
+	}
+	c.dev = c.dev.insert(span{start: uint64(addr), size: n})
+	return nil
+}
+
+// Classify reports relay.Device when [addr, addr+n) lies entirely in one
+// registered device range, and relay.Host otherwise.
+func (c *HostCopier) Classify(addr uintptr, n uint64) relay.Kind {
+	c.devMu.RLock()
+	i := c.dev.find(uint64(addr), n)
+	c.devMu.RUnlock()
+	if i < 0 {
+		return relay.Host
+	}
+	return relay.Device
+}
+
+// RecordReady returns a new source-ready event. It is complete at once unless
+// the copier holds ready events. The stream is not interpreted.
+func (c *HostCopier) RecordReady(stream uintptr) (relay.Event, error) {
+	c.evMu.Lock()
+	defer c.evMu.Unlock()
+	c.lastEv++
+	ev := c.lastEv
+	if c.holdReady {
+		ch := make(chan struct{})
+		c.events[ev] = ch
+		c.held[ev] = ch
+	} else {
+		c.events[ev] = completed
+	}
+	return ev, nil
+}
+
+// Query reports whether ev has completed. Event 0 is always complete.
+func (c *HostCopier) Query(ev relay.Event) (bool, error) {
+	if ev == 0 {
+		return true, nil
+	}
+	c.evMu.Lock()
+	ch, ok := c.events[ev]
+	c.evMu.Unlock()
+	if !ok {
+		return false, fmt.Errorf("%w: %d", ErrUnknownEvent, ev)
+	}
+	select {
+	case <-ch:
+		return true, nil
+	default:
+		return false, nil
+	}
+}
+
+// Release forgets ev. A Copy already enqueued behind ev still waits for it,
+// and a held event stays releasable with ReleaseReady.
+func (c *HostCopier) Release(ev relay.Event) {
+	c.evMu.Lock()
+	delete(c.events, ev)
+	c.evMu.Unlock()
+}
+
+// ReleaseReady completes a held source-ready event.
+func (c *HostCopier) ReleaseReady(ev relay.Event) error {
+	c.evMu.Lock()
+	ch, ok := c.held[ev]
+	delete(c.held, ev)
+	c.evMu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: %d is not held", ErrUnknownEvent, ev)
+	}
+	close(ch)
+	return nil
+}
+
+// ReleaseAllReady completes every held event and returns how many there were.
+func (c *HostCopier) ReleaseAllReady() int {
+	c.evMu.Lock()
+	held := c.held
+	c.held = make(map[relay.Event]chan struct{})
+	c.evMu.Unlock()
+	for _, ch := range held {
+		close(ch)
+	}
+	return len(held)
+}
+
+// HeldReady returns the held events in the order they were recorded.
+func (c *HostCopier) HeldReady() []relay.Event {
+	c.evMu.Lock()
+	out := make([]relay.Event, 0, len(c.held))
+	for ev := range c.held {
+		out = append(out, ev)
+	}
+	c.evMu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// FailNextCopy makes the next Copy on lane return err without enqueueing
+// anything.
+func (c *HostCopier) FailNextCopy(lane int, err error) error {
+	if lane < 0 || lane >= staging.LaneCount {
+		return fmt.Errorf("hosthop: lane %d out of range [0, %d)", lane, staging.LaneCount)
+	}
+	if err == nil {
+		return errors.New("hosthop: FailNextCopy needs a non-nil error")
+	}
+	c.laneMu.Lock()
+	c.failNext[lane] = err
+	c.laneMu.Unlock()
+	return nil
+}
+
+// Copy enqueues, on lane, a wait for ready, the copies of entries in order,
+// and the store of seq at doorbell. It never blocks. The entries are copied
+// before Copy returns; the memory they name must stay mapped until the
+// doorbell shows seq.
+func (c *HostCopier) Copy(lane int, ready relay.Event, entries []relay.CopyEntry, doorbell *uint64, seq uint64) error {
+	if lane < 0 || lane >= staging.LaneCount {
+		return fmt.Errorf("hosthop: lane %d out of range [0, %d)", lane, staging.LaneCount)
+	}
+	if doorbell == nil {
+		return fmt.Errorf("hosthop: lane %d seq %d: nil doorbell", lane, seq)
+	}
+	if a := uintptr(unsafe.Pointer(doorbell)); a%8 != 0 {
+		return fmt.Errorf("hosthop: lane %d seq %d: doorbell %#x is not 8-byte aligned", lane, seq, a)
+	}
+	for i, e := range entries {
+		if e.Len == 0 {
+			continue
+		}
+		if e.Src == 0 || e.Dst == 0 || !validRange(uint64(e.Src), e.Len) || !validRange(uint64(e.Dst), e.Len) {
+			return fmt.Errorf("hosthop: lane %d seq %d: entry %d (src %#x dst %#x len %d) is not addressable", lane, seq, i, e.Src, e.Dst, e.Len)
+		}
+	}
+	var wait <-chan struct{}
+	if ready != 0 {
+		c.evMu.Lock()
+		ch, ok := c.events[ready]
+		c.evMu.Unlock()
+		if !ok {
+			return fmt.Errorf("hosthop: lane %d seq %d: %w: %d", lane, seq, ErrUnknownEvent, ready)
+		}
+		if ch != completed {
+			wait = ch
+		}
+	}
+
+	c.laneMu.Lock()
+	defer c.laneMu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	if err := c.failNext[lane]; err != nil {
+		c.failNext[lane] = nil
+		return err
+	}
+	l := c.lanes[lane]
+	if l == nil {
+		l = &hostLane{
+			jobs: make(chan copyJob, LaneQueueDepth),
+			free: make(chan []relay.CopyEntry, LaneQueueDepth),
+		}
+		for range LaneQueueDepth {
+			l.free <- nil
+		}
+		c.lanes[lane] = l
+		c.workers.Add(1)
+		go c.runLane(l)
+	}
+	var buf []relay.CopyEntry
+	select {
+	case buf = <-l.free:
+	default:
+		return fmt.Errorf("%w: lane %d seq %d: %d copies outstanding", ErrLaneFull, lane, seq, LaneQueueDepth)
+	}
+	l.jobs <- copyJob{ready: wait, entries: append(buf[:0], entries...), doorbell: doorbell, seq: seq}
+	return nil
+}
+
+func (c *HostCopier) runLane(l *hostLane) {
+	defer c.workers.Done()
+	abandon := false
+	for job := range l.jobs {
+		if !abandon && job.ready != nil {
+			select {
+			case <-job.ready:
+			case <-c.closing:
+				select {
+				case <-job.ready:
+				default:
+					abandon = true
+				}
+			}
+		}
+		if abandon {
+			// A stream never runs past a wait that cannot end.
+			c.abandoned.Add(1)
+			l.free <- job.entries
+			continue
+		}
+		var n uint64
+		for _, e := range job.entries {
+			copy(bytesAt(e.Dst, e.Len), bytesAt(e.Src, e.Len))
+			n += e.Len
+		}
+		// The lane has room again before the doorbell rings, so whoever
+		// sees the doorbell may enqueue at once.
+		l.free <- job.entries
+		c.copies.Add(1)
+		c.bytes.Add(n)
+		// The atomic store orders the copies before the doorbell for a
+		// reader that loads seq atomically.
+		atomic.StoreUint64(job.doorbell, job.seq)
+	}
+}
+
+// Stats returns the copier's counters.
+func (c *HostCopier) Stats() HostCopierStats {
+	c.evMu.Lock()
+	live, held := len(c.events), len(c.held)
+	c.evMu.Unlock()
+	c.laneMu.Lock()
+	lanes := 0
+	for _, l := range c.lanes {
+		if l != nil {
+			lanes++
+		}
+	}
+	c.laneMu.Unlock()
+	return HostCopierStats{
+		Copies:     c.copies.Load(),
+		Bytes:      c.bytes.Load(),
+		Abandoned:  c.abandoned.Load(),
+		LiveEvents: live,
+		HeldEvents: held,
+		Lanes:      lanes,
+	}
+}
+
+// Close runs every enqueued copy whose ready event completes, stops the lane
+// workers and waits for them. Copies still waiting on a held ready event are
+// dropped without reading their source or ringing their doorbell, and Close
+// reports them.
+func (c *HostCopier) Close() error {
+	c.laneMu.Lock()
+	if c.closed {
+		c.laneMu.Unlock()
+		return nil
+	}
+	c.closed = true
+	close(c.closing)
+	for _, l := range c.lanes {
+		if l != nil {
+			close(l.jobs)
+		}
+	}
+	c.laneMu.Unlock()
+	c.workers.Wait()
+	if n := c.abandoned.Load(); n > 0 {
+		return fmt.Errorf("hosthop: close dropped %d copies whose ready event was never released", n)
+	}
+	return nil
+}

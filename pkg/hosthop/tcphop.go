@@ -1,0 +1,435 @@
+package hosthop
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/pxn-project/pxn/pkg/relay"
+)
+
+var (
+	// ErrTargetLost is wrapped by the completion of every op that was
+	// accepted for a target connection that then failed (dial, write, read
+	// or protocol error) before the op's ack arrived.
+	ErrTargetLost = errors.New("hosthop: connection to target lost")
+	// ErrWriteRefused is wrapped by the completion of an op that its target
+	// acked with a failure status.
+	ErrWriteRefused = errors.New("hosthop: target refused write")
+)
+
+// DefaultTCPQueueDepth is the per-address queue depth of a TCPHop whose
+// options leave it zero.
+const DefaultTCPQueueDepth = 64
+
+// DefaultDialTimeout bounds a TCPHop dial when its options leave it zero.
+const DefaultDialTimeout = 5 * time.Second
+
+// TCPHopOptions configures a TCPHop.
+type TCPHopOptions struct {
+	// Targets maps a session name to its target server's TCP address.
+	Targets map[string]string
+	// QueueDepth bounds, per target address, the ops accepted and not yet
+	// completed; beyond it Submit returns relay.ErrHopBusy. Zero means
+	// DefaultTCPQueueDepth.
+	QueueDepth int
+	// DialTimeout bounds a dial. Zero means DefaultDialTimeout.
+	DialTimeout time.Duration
+	// WriteTimeout bounds the write of one frame. Zero means
+	// DefaultWriteTimeout.
+	WriteTimeout time.Duration
+}
+
+// TCPHopStats are a TCPHop's counters.
+type TCPHopStats struct {
+	// Dials counts connections established.
+	Dials uint64
+	// Submitted counts ops accepted by Submit.
+	Submitted uint64
+	// Succeeded and Failed count completions.
+	Succeeded uint64
+	Failed    uint64
+	// Busy counts Submit calls answered with relay.ErrHopBusy.
+	Busy uint64
+}
+
+// TCPHop is a relay.Hop that sends each write to its target's TargetServer
+// over TCP. There is one connection per target address, dialed by the
+// connection's sender goroutine when the first op for the address arrives; a
+// reader goroutine per connection turns acks into completions. A connection
+// that fails fails every op it holds and is dropped; the next Submit for its
+// address starts a new one.
+type TCPHop struct {
+	depth        int
+	dialTimeout  time.Duration
+	writeTimeout time.Duration
+	ctx          context.Context
+	cancel       context.CancelFunc
+	wg           sync.WaitGroup
+
+	mu     sync.Mutex
+	closed bool
+	book   map[string]string
+	conns  map[string]*tcpConn
+	need   map[string]int
+	done   []relay.HopCompletion
+	stats  TCPHopStats
+}
+
+var _ relay.Hop = (*TCPHop)(nil)
+
+// NewTCPHop returns a hop. It dials nothing and starts no goroutine until the
+// first Submit.
+func NewTCPHop(opts TCPHopOptions) *TCPHop {
+	h := &TCPHop{
+		depth:        opts.QueueDepth,
+		dialTimeout:  opts.DialTimeout,
+		writeTimeout: opts.WriteTimeout,
+		book:         make(map[string]string, len(opts.Targets)),
+		conns:        make(map[string]*tcpConn),
+		need:         make(map[string]int),
+	}
+	if h.depth <= 0 {
+		h.depth = DefaultTCPQueueDepth
+	}
+	if h.dialTimeout <= 0 {
+		h.dialTimeout = DefaultDialTimeout
+	}
+	if h.writeTimeout <= 0 {
+		h.writeTimeout = DefaultWriteTimeout
+	}
+	for session, addr := range opts.Targets {
+		h.book[session] = addr
+	}
+	h.ctx, h.cancel = context.WithCancel(context.Background())
+	return h
+}
+
+// AddTarget maps session to the target server at addr, replacing an earlier
+// mapping. Ops already accepted keep their address.
+func (h *TCPHop) AddTarget(session, addr string) error {
+	if session == "" || addr == "" {
+		return fmt.Errorf("hosthop: TCP target needs a session and an address (session %q, addr %q)", session, addr)
+	}
+	h.mu.Lock()
+	h.book[session] = addr
+	h.mu.Unlock()
+	return nil
+}
+
+// Submit accepts every op of ops or, when some address has no room for its
+// share of them, none and returns relay.ErrHopBusy. An op that cannot be sent
+// at all (unknown session, no source, too long) is accepted and completes
+// with an error.
+func (h *TCPHop) Submit(ops []relay.WriteOp) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return ErrClosed
+	}
+	clear(h.need)
+	for _, op := range ops {
+		if addr, ok := h.book[op.Target]; ok && sendable(op) == nil {
+			h.need[addr]++
+		}
+	}
+	for addr, n := range h.need {
+		pending := 0
+		if c := h.conns[addr]; c != nil {
+			pending = c.pending
+		}
+		if n > h.depth {
+			return fmt.Errorf("hosthop: batch holds %d ops for %s, more than the queue depth %d", n, addr, h.depth)
+		}
+		if pending+n > h.depth {
+			h.stats.Busy++
+			return relay.ErrHopBusy
+		}
+	}
+	h.stats.Submitted += uint64(len(ops))
+	for _, op := range ops {
+		addr, ok := h.book[op.Target]
+		if !ok {
+			h.completeLocked(nil, op, fmt.Errorf("hosthop: TCP write token %d: %w: %q has no address", op.Token, ErrUnknownSession, op.Target))
+			continue
+		}
+		if err := sendable(op); err != nil {
+			h.completeLocked(nil, op, fmt.Errorf("hosthop: TCP write token %d to %q at %s: %w", op.Token, op.Target, addr, err))
+			continue
+		}
+		c := h.conns[addr]
+		if c == nil {
+			c = newTCPConn(h, addr)
+			h.conns[addr] = c
+			h.wg.Add(1)
+			go c.run()
+		}
+		c.pending++
+		// pending never exceeds depth, the queue's capacity: no blocking.
+		c.queue <- op
+	}
+	return nil
+}
+
+func sendable(op relay.WriteOp) error {
+	if op.Len > maxPayload {
+		return fmt.Errorf("length %d exceeds the frame limit of %d", op.Len, maxPayload)
+	}
+	if op.Len > 0 && (op.Src == 0 || !validRange(uint64(op.Src), op.Len)) {
+		return fmt.Errorf("source %#x len %d is not addressable", op.Src, op.Len)
+	}
+	return nil
+}
+
+// Poll moves up to len(out) completions into out.
+func (h *TCPHop) Poll(out []relay.HopCompletion) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return pollInto(out, &h.done)
+}
+
+// Stats returns the hop's counters.
+func (h *TCPHop) Stats() TCPHopStats {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.stats
+}
+
+func (h *TCPHop) complete(c *tcpConn, op relay.WriteOp, err error) {
+	h.mu.Lock()
+	h.completeLocked(c, op, err)
+	h.mu.Unlock()
+}
+
+func (h *TCPHop) completeLocked(c *tcpConn, op relay.WriteOp, err error) {
+	if c != nil {
+		c.pending--
+	}
+	if err != nil {
+		h.stats.Failed++
+	} else {
+		h.stats.Succeeded++
+	}
+	h.done = append(h.done, relay.HopCompletion{Token: op.Token, Err: err})
+}
+
+// Close fails every op not yet acked with ErrClosed (their completions stay
+// pollable), closes the connections and waits for the hop's goroutines.
+func (h *TCPHop) Close() error {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil
+	}
+	h.closed = true
+	conns := make([]*tcpConn, 0, len(h.conns))
+	for _, c := range h.conns {
+		conns = append(conns, c)
+	}
+	h.mu.Unlock()
+	h.cancel()
+	for _, c := range conns {
+		c.fail(ErrClosed)
+	}
+	h.wg.Wait()
+	return nil
+}
+
+// tcpConn is one connection to a target address and its two goroutines.
+type tcpConn struct {
+	hop   *TCPHop
+	addr  string
+	queue chan relay.WriteOp
+	// pending counts ops accepted for this connection and not completed;
+	// guarded by hop.mu.
+	pending int
+	// dead is closed by fail after the connection has left hop.conns, so
+	// no op reaches queue once it is closed.
+	dead chan struct{}
+
+	mu       sync.Mutex
+	failed   bool
+	cause    error
+	nc       net.Conn
+	nextID   uint64
+	inflight map[uint64]relay.WriteOp
+
+	// Owned by the sender goroutine.
+	hdr  [frameHeaderSize]byte
+	iov  [2][]byte
+	bufs net.Buffers
+}
+
+func newTCPConn(h *TCPHop, addr string) *tcpConn {
+	return &tcpConn{
+		hop:      h,
+		addr:     addr,
+		queue:    make(chan relay.WriteOp, h.depth),
+		dead:     make(chan struct{}),
+		inflight: make(map[uint64]relay.WriteOp),
+	}
+}
+
+// run dials and then sends the queued ops in order until the connection
+// fails, then fails whatever is still queued.
+func (c *tcpConn) run() {
+	defer c.hop.wg.Done()
+	defer c.drain()
+	d := net.Dialer{Timeout: c.hop.dialTimeout}
+	nc, err := d.DialContext(c.hop.ctx, "tcp", c.addr)
+	if err != nil {
+		c.fail(fmt.Errorf("dial: %w", err))
+		return
+	}
+	c.mu.Lock()
+	if c.failed {
+		c.mu.Unlock()
+		_ = nc.Close()
+		return
+	}
+	c.nc = nc
+	c.mu.Unlock()
+	c.hop.mu.Lock()
+	c.hop.stats.Dials++
+	c.hop.mu.Unlock()
+	c.hop.wg.Add(1)
+	go c.readAcks(nc)
+	for {
+		select {
+		case op := <-c.queue:
+			c.send(nc, op)
+		case <-c.dead:
+			return
+		}
+	}
+}
+
+func (c *tcpConn) send(nc net.Conn, op relay.WriteOp) {
+	c.mu.Lock()
+	if c.failed {
+		cause := c.cause
+		c.mu.Unlock()
+		c.hop.complete(c, op, c.lost(op, cause))
+		return
+	}
+	c.nextID++
+	id := c.nextID
+	c.inflight[id] = op
+	c.mu.Unlock()
+
+	frameHeader{kind: kindWrite, id: id, arg: op.Dst, length: op.Len}.encode(&c.hdr)
+	c.iov = [2][]byte{c.hdr[:], bytesAt(op.Src, op.Len)}
+	c.bufs = c.iov[:]
+	if err := nc.SetWriteDeadline(time.Now().Add(c.hop.writeTimeout)); err != nil {
+		c.fail(fmt.Errorf("set write deadline: %w", err))
+		return
+	}
+	if _, err := c.bufs.WriteTo(nc); err != nil {
+		c.fail(fmt.Errorf("write: %w", err))
+	}
+	c.iov = [2][]byte{}
+}
+
+func (c *tcpConn) readAcks(nc net.Conn) {
+	defer c.hop.wg.Done()
+	var hdr [frameHeaderSize]byte
+	msg := make([]byte, maxAckMessage)
+	for {
+		if _, err := io.ReadFull(nc, hdr[:]); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = errors.New("closed by target")
+			}
+			c.fail(fmt.Errorf("read ack: %w", err))
+			return
+		}
+		h, err := decodeFrameHeader(hdr[:])
+		if err == nil && h.kind != kindAck {
+			err = fmt.Errorf("unexpected frame kind %d from a target", h.kind)
+		}
+		if err != nil {
+			c.fail(fmt.Errorf("protocol: %w", err))
+			return
+		}
+		m := msg[:h.length]
+		if _, err := io.ReadFull(nc, m); err != nil {
+			c.fail(fmt.Errorf("read ack message: %w", err))
+			return
+		}
+		c.mu.Lock()
+		op, ok := c.inflight[h.id]
+		delete(c.inflight, h.id)
+		failed := c.failed
+		c.mu.Unlock()
+		if !ok {
+			if !failed {
+				c.fail(fmt.Errorf("protocol: ack for unknown request %d", h.id))
+			}
+			return
+		}
+		var opErr error
+		if st := h.status(); st != statusOK {
+			opErr = fmt.Errorf("%w: token %d to %q at %s dst %#x len %d: status %d: %s",
+				ErrWriteRefused, op.Token, op.Target, c.addr, op.Dst, op.Len, st, m)
+		}
+		c.hop.complete(c, op, opErr)
+	}
+}
+
+func (c *tcpConn) lost(op relay.WriteOp, cause error) error {
+	return fmt.Errorf("%w: token %d to %q at %s: %w", ErrTargetLost, op.Token, op.Target, c.addr, cause)
+}
+
+// fail ends the connection once: it leaves the hop's table (so the next
+// Submit for the address starts a new connection), closes the socket and fails
+// every op sent and not acked. The sender goroutine then fails the queue.
+func (c *tcpConn) fail(cause error) {
+	c.mu.Lock()
+	if c.failed {
+		c.mu.Unlock()
+		return
+	}
+	c.failed = true
+	c.cause = cause
+	nc := c.nc
+	inflight := c.inflight
+	c.inflight = nil
+	c.mu.Unlock()
+
+	c.hop.mu.Lock()
+	if c.hop.conns[c.addr] == c {
+		delete(c.hop.conns, c.addr)
+	}
+	c.hop.mu.Unlock()
+	close(c.dead)
+	if nc != nil {
+		_ = nc.Close()
+	}
+	ids := make([]uint64, 0, len(inflight))
+	for id := range inflight {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	for _, id := range ids {
+		op := inflight[id]
+		c.hop.complete(c, op, c.lost(op, cause))
+	}
+}
+
+// drain fails every op still queued. It runs on the sender goroutine after
+// fail, when nothing can be added to the queue any more.
+func (c *tcpConn) drain() {
+	<-c.dead
+	for {
+		select {
+		case op := <-c.queue:
+			c.hop.complete(c, op, c.lost(op, c.cause))
+		default:
+			return
+		}
+	}
+}

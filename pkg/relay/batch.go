@@ -1,0 +1,146 @@
+package relay
+
+import (
+	"fmt"
+	"sync/atomic"
+)
+
+// Op is the direction of a request.
+type Op uint8
+
+const (
+	// Write moves Len bytes from local Src to Dst in Target.
+	Write Op = iota
+	// Read moves Len bytes from Dst in Target to local Src.
+	Read
+)
+
+func (o Op) String() string {
+	if o == Read {
+		return "read"
+	}
+	return "write"
+}
+
+// Request is one transfer of a batch.
+type Request struct {
+	Op     Op
+	Src    uintptr
+	Len    uint64
+	Target string
+	Dst    uint64
+	// Stream is the caller's stream on which Src becomes ready; 0 is the
+	// calling thread's default stream. The source-ready event is recorded on
+	// it at Submit.
+	Stream uintptr
+}
+
+// State is a task's state.
+type State int32
+
+const (
+	Pending State = iota
+	Completed
+	Failed
+)
+
+func (s State) String() string {
+	switch s {
+	case Completed:
+		return "completed"
+	case Failed:
+		return "failed"
+	}
+	return "pending"
+}
+
+// TaskStatus is what Status reports of one task.
+type TaskStatus struct {
+	State       State
+	Transferred uint64
+	// Err is the first failure of a failed task.
+	Err error
+}
+
+// Route says how a task travels.
+type Route uint8
+
+const (
+	RouteDirect Route = iota
+	RoutePXN
+)
+
+// task counts the logical slices of one request. Every slice is created, and
+// remaining set, before the first Piece of the batch is enqueued, so a task
+// never looks complete while slices of it are still to come.
+type task struct {
+	remaining   atomic.Int64
+	transferred atomic.Uint64
+	failed      atomic.Bool
+	route       Route
+	err         atomic.Pointer[error]
+}
+
+func (t *task) finishSlice(n uint64, err error) {
+	if err != nil {
+		t.err.CompareAndSwap(nil, &err)
+		t.failed.Store(true)
+	} else {
+		t.transferred.Add(n)
+	}
+	t.remaining.Add(-1)
+}
+
+// Batch is a submitted set of requests. Its status is read from local
+// counters only.
+type Batch struct {
+	tasks []task
+	freed atomic.Bool
+}
+
+// Len is the number of tasks in the batch.
+func (b *Batch) Len() int { return len(b.tasks) }
+
+// Status returns the status of task i.
+func (b *Batch) Status(i int) (TaskStatus, error) {
+	if i < 0 || i >= len(b.tasks) {
+		return TaskStatus{}, fmt.Errorf("task %d out of range [0,%d)", i, len(b.tasks))
+	}
+	t := &b.tasks[i]
+	if t.remaining.Load() > 0 {
+		return TaskStatus{State: Pending, Transferred: t.transferred.Load()}, nil
+	}
+	if t.failed.Load() {
+		var err error
+		if p := t.err.Load(); p != nil {
+			err = *p
+		}
+		return TaskStatus{State: Failed, Transferred: t.transferred.Load(), Err: err}, nil
+	}
+	return TaskStatus{State: Completed, Transferred: t.transferred.Load()}, nil
+}
+
+// Route reports how task i was sent.
+func (b *Batch) Route(i int) Route { return b.tasks[i].route }
+
+// Done reports whether every task of the batch has reached a final state.
+func (b *Batch) Done() bool {
+	for i := range b.tasks {
+		if b.tasks[i].remaining.Load() > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// slice is one logical slice: the part of a task carried by one Piece (or one
+// direct write).
+type slice struct {
+	batch *Batch
+	task  int32
+	src   uintptr
+	dst   uint64
+	len   uint64
+}
+
+func (s *slice) finish(err error) { s.batch.tasks[s.task].finishSlice(s.len, err) }

@@ -1,0 +1,63 @@
+package relay
+
+import "sync/atomic"
+
+// Counters are the engine's running totals, ready for metrics.
+type Counters struct {
+	relayedBytes   atomic.Uint64
+	relayedPieces  atomic.Uint64
+	fallbackBytes  atomic.Uint64
+	fallbackPieces atomic.Uint64
+	directBytes    atomic.Uint64
+	creditWaits    atomic.Uint64
+	secondHopFails atomic.Uint64
+	forwardedBytes atomic.Uint64
+	forwardedPiece atomic.Uint64
+	invalidDescs   atomic.Uint64
+	failedPieces   atomic.Uint64
+	laneQuarantine atomic.Uint64
+}
+
+// CounterSnapshot is a copy of the counters at one moment.
+type CounterSnapshot struct {
+	// RelayedBytes and RelayedPieces were staged in a relay and completed
+	// by it (sender side).
+	RelayedBytes  uint64 `json:"relayed_bytes"`
+	RelayedPieces uint64 `json:"relayed_pieces"`
+	// FallbackBytes and FallbackPieces were meant for a relay but went
+	// direct before their doorbell.
+	FallbackBytes  uint64 `json:"fallback_bytes"`
+	FallbackPieces uint64 `json:"fallback_pieces"`
+	// DirectBytes went direct at classification.
+	DirectBytes uint64 `json:"direct_bytes"`
+	// CreditWaits counts pump rounds in which a lane had work but no credit.
+	CreditWaits uint64 `json:"credit_waits"`
+	// SecondHopFailures counts relayed Pieces whose second hop failed.
+	SecondHopFailures uint64 `json:"second_hop_failures"`
+	// ForwardedBytes and ForwardedPieces were forwarded by this rank as a
+	// relay.
+	ForwardedBytes  uint64 `json:"forwarded_bytes"`
+	ForwardedPieces uint64 `json:"forwarded_pieces"`
+	InvalidDescs    uint64 `json:"invalid_descs"`
+	// FailedPieces were published and then failed (relay failure, second
+	// hop, invalid Desc).
+	FailedPieces    uint64 `json:"failed_pieces"`
+	LaneQuarantines uint64 `json:"lane_quarantines"`
+}
+
+func (c *Counters) snapshot() CounterSnapshot {
+	return CounterSnapshot{
+		RelayedBytes:      c.relayedBytes.Load(),
+		RelayedPieces:     c.relayedPieces.Load(),
+		FallbackBytes:     c.fallbackBytes.Load(),
+		FallbackPieces:    c.fallbackPieces.Load(),
+		DirectBytes:       c.directBytes.Load(),
+		CreditWaits:       c.creditWaits.Load(),
+		SecondHopFailures: c.secondHopFails.Load(),
+		ForwardedBytes:    c.forwardedBytes.Load(),
+		ForwardedPieces:   c.forwardedPiece.Load(),
+		InvalidDescs:      c.invalidDescs.Load(),
+		FailedPieces:      c.failedPieces.Load(),
+		LaneQuarantines:   c.laneQuarantine.Load(),
+	}
+}

@@ -1,0 +1,120 @@
+// Package relay is the engine's data path: classification of requests, the
+// sender pipeline that stages cross-rail pieces in a relay's ring, the relay
+// pipeline that forwards them on its own rail, and the pump that drives both.
+package relay
+
+import "errors"
+
+// Kind says where a memory range lives.
+type Kind int
+
+const (
+	// Host is ordinary host memory: always sent direct.
+	Host Kind = iota
+	// Device is accelerator memory (or, on the host path, memory registered
+	// as simulated device memory): cross-rail writes from it go through PXN.
+	Device
+)
+
+// Event is a first-hop ordering token: a source-ready event recorded on the
+// caller's stream, or a copy-complete event on a lane stream. Zero is "no
+// event" (already ready).
+type Event uint64
+
+// CopyEntry is one contiguous copy of the first hop: Len bytes from Src (local
+// address) to Dst (an address in a peer's mapped arena).
+type CopyEntry struct {
+	Src uintptr
+	Dst uintptr
+	Len uint64
+}
+
+// Copier moves Pieces over the first hop (NVLink on GPUs, memcpy on the host
+// path). All methods are called from the pump except Classify and
+// RecordReady, which run on the caller's thread and must not block.
+type Copier interface {
+	// Classify reports whether addr..addr+n is device or host memory.
+	Classify(addr uintptr, n uint64) Kind
+	// RecordReady records a source-ready event on the caller's stream
+	// (0 = the default stream of the calling thread).
+	RecordReady(stream uintptr) (Event, error)
+	// Query reports whether an event has completed, without blocking.
+	Query(ev Event) (bool, error)
+	// Release returns an event to the copier.
+	Release(ev Event)
+	// Copy enqueues, on lane's stream, a wait for ready, the copies, and
+	// then the doorbell: a 64-bit store of seq at doorbell (an address in a
+	// peer's shared control block). It returns without waiting. An error
+	// means nothing was enqueued after the point of failure and the doorbell
+	// was not submitted.
+	Copy(lane int, ready Event, entries []CopyEntry, doorbell *uint64, seq uint64) error
+	// Close waits for enqueued work and frees the copier's resources.
+	Close() error
+}
+
+// WriteOp is one transfer of the direct path or of a relay's second hop: Len
+// bytes from local Src to Dst in Target, or, when Read is set, from Dst in
+// Target to local Src. Token is opaque to the hop and comes back in its
+// completion. A hop that cannot read fails read ops through Poll.
+type WriteOp struct {
+	Src    uintptr
+	Len    uint64
+	Target string
+	Dst    uint64
+	Token  uint64
+	Read   bool
+}
+
+// HopCompletion reports the end of one WriteOp.
+type HopCompletion struct {
+	Token uint64
+	Err   error
+}
+
+// Hop is the host's RDMA transport (or a stand-in): the direct path and the
+// relay's second hop. Submit and Poll never block; the hop keeps its own
+// queueing and back-pressure (Submit returns ErrHopBusy when full).
+type Hop interface {
+	Submit(ops []WriteOp) error
+	Poll(out []HopCompletion) int
+}
+
+// ErrHopBusy is returned by Hop.Submit when the hop cannot take more work now;
+// the caller retries later.
+var ErrHopBusy = errors.New("second hop busy")
+
+// Range is a registered memory range of a target session.
+type Range struct {
+	Addr uint64
+	Len  uint64
+}
+
+// Target describes a target session as a directory knows it: the raw HCA
+// names of the NICs that serve the buffer and the registered ranges.
+type Target struct {
+	HCAs   []string
+	Ranges []Range
+}
+
+// Directory resolves a target session (Mooncake's segment name) to what the
+// engine needs to route a write to it.
+type Directory interface {
+	Resolve(session string, dst uint64) (Target, error)
+}
+
+// Optional capabilities of a Copier, found by type assertion.
+type (
+	// ThreadBinder prepares the pump's locked OS thread (a GPU copier makes
+	// its CUDA context current there). Called once before the first round.
+	ThreadBinder interface{ BindThread() error }
+	// HostRegistrar makes a peer's control block writable by the copier's
+	// doorbells. Called when a lane is attached; unregister is called only
+	// once no doorbell into the range can be pending.
+	HostRegistrar interface {
+		RegisterHost(ptr uintptr, n uint64) (unregister func() error, err error)
+	}
+	// CopyPoller completes copier work on the pump (CPU doorbells rung
+	// after a copy's event). Called every round; an error means enqueued
+	// copies will never ring their doorbells.
+	CopyPoller interface{ Poll() (int, error) }
+)

@@ -1,0 +1,368 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"k8s.io/klog/v2"
+
+	"github.com/pxn-project/pxn/pkg/staging"
+)
+
+// Deps are what an engine is built from.
+type Deps struct {
+	// Hop carries direct traffic and the relay's second hop. Required.
+	Hop Hop
+	// Directory resolves target sessions. Required when PXN is enabled.
+	Directory Directory
+	// Copier moves the first hop. Required when PXN is enabled.
+	Copier Copier
+	// Registry is this rank's registration; nil turns PXN off.
+	Registry Registry
+	// LocalHCA is the raw name of the one HCA this process uses.
+	LocalHCA string
+	// Logger receives the engine's few log lines; defaults to klog.
+	Logger klog.Logger
+}
+
+// Engine routes a host's transfers: cross-rail device writes through a relay
+// on the target's rail, everything else straight to the hop.
+type Engine struct {
+	cfg       staging.Config
+	hop       Hop
+	dir       Directory
+	copier    Copier
+	reg       Registry
+	localRail string
+	log       klog.Logger
+
+	// pxn is true while cross-rail writes may take the PXN path.
+	pxn      atomic.Bool
+	routes   atomic.Pointer[routeTable]
+	tokens   tokenTable
+	counters Counters
+
+	backlogMu sync.Mutex
+	backlog   []WriteOp
+
+	// pollMu serializes Hop.Poll and the progress made from its results
+	// when no pump runs.
+	pollMu sync.Mutex
+
+	pump *pump
+	// submitMu makes Close wait for Submits in progress: after Close sets
+	// closing, no Piece is enqueued behind the pump's back.
+	submitMu sync.RWMutex
+	closing  atomic.Bool
+	closed   atomic.Bool
+}
+
+// routeTable maps a canonical rail to the outbound lane of the one relay on
+// it. The pump replaces it; Submit reads it.
+type routeTable struct {
+	byRail map[string]*outLane
+}
+
+// Open builds an engine. With cfg.Enable false, or without a registry, it is
+// a pass-through to the hop: no pump, no shared memory, no extra goroutine.
+func Open(cfg staging.Config, deps Deps) (*Engine, error) {
+	if deps.Hop == nil {
+		return nil, errors.New("relay: a hop is required")
+	}
+	log := deps.Logger
+	if log.GetSink() == nil {
+		log = klog.Background()
+	}
+	e := &Engine{
+		cfg:    cfg,
+		hop:    deps.Hop,
+		dir:    deps.Directory,
+		copier: deps.Copier,
+		reg:    deps.Registry,
+		log:    log,
+	}
+	e.tokens.init()
+	e.routes.Store(&routeTable{})
+	if !cfg.Enable || deps.Registry == nil {
+		return e, nil
+	}
+	if deps.Directory == nil || deps.Copier == nil {
+		return nil, errors.New("relay: PXN needs a directory and a copier")
+	}
+	if deps.LocalHCA == "" {
+		return nil, errors.New("relay: PXN needs the local HCA name")
+	}
+	e.localRail = staging.CanonicalRail(cfg.RailMap, deps.LocalHCA)
+	e.pump = newPump(e)
+	e.pxn.Store(true)
+	e.pump.start()
+	return e, nil
+}
+
+// Counters returns a snapshot of the engine's counters.
+func (e *Engine) Counters() CounterSnapshot { return e.counters.snapshot() }
+
+// PXNActive reports whether cross-rail writes may currently take the PXN path.
+func (e *Engine) PXNActive() bool { return e.pxn.Load() }
+
+// LocalRail is the canonical rail of this process's HCA ("" without PXN).
+func (e *Engine) LocalRail() string { return e.localRail }
+
+// ErrClosed is returned by calls on a closed engine.
+var ErrClosed = errors.New("relay: engine closed")
+
+// Submit starts every request of reqs and returns their batch. It only
+// classifies, copies request metadata, creates the completion counters and
+// enqueues; it never waits for credit or for a copy.
+func (e *Engine) Submit(reqs []Request) (*Batch, error) {
+	e.submitMu.RLock()
+	defer e.submitMu.RUnlock()
+	if e.closing.Load() {
+		return nil, ErrClosed
+	}
+	b := &Batch{tasks: make([]task, len(reqs))}
+	var direct []int
+	groups := map[groupKey]*group{}
+	var order []*group
+	routes := e.routes.Load()
+	for i := range reqs {
+		r := &reqs[i]
+		if r.Len == 0 {
+			continue
+		}
+		ol := e.classify(r, routes)
+		if ol == nil {
+			direct = append(direct, i)
+			continue
+		}
+		k := groupKey{lane: ol, session: r.Target, stream: r.Stream}
+		g := groups[k]
+		if g == nil {
+			g = &group{key: k}
+			groups[k] = g
+			order = append(order, g)
+		}
+		g.reqs = append(g.reqs, i)
+	}
+
+	// Plan every PXN group and count every slice before anything is
+	// enqueued or submitted.
+	var pieces [][]*piece
+	for _, g := range order {
+		ps, err := e.planGroup(b, reqs, g)
+		if err != nil {
+			// A request the planner refuses is sent direct instead.
+			direct = append(direct, g.reqs...)
+			continue
+		}
+		pieces = append(pieces, ps)
+	}
+	for _, i := range direct {
+		b.tasks[i].route = RouteDirect
+		b.tasks[i].remaining.Store(1)
+	}
+
+	e.submitDirect(b, reqs, direct)
+	for gi, ps := range pieces {
+		g := order[gi]
+		ready, err := e.copier.RecordReady(g.key.stream)
+		if err != nil {
+			// Without a source-ready event the data cannot be staged safely:
+			// the group goes direct, and the direct path waits for nothing
+			// but the caller's own ordering.
+			e.log.Error(err, "source-ready event failed; sending direct", "target", g.key.session)
+			for _, p := range ps {
+				p.ready = &readyRef{}
+				p.ready.refs.Store(1)
+				e.pump.fallback(p)
+			}
+			continue
+		}
+		ref := &readyRef{ev: ready}
+		ref.refs.Store(int32(len(ps)))
+		for _, p := range ps {
+			p.ready = ref
+		}
+		g.key.lane.enqueue(ps)
+	}
+	if len(pieces) > 0 {
+		e.pump.wake()
+	}
+	return b, nil
+}
+
+type groupKey struct {
+	lane    *outLane
+	session string
+	stream  uintptr
+}
+
+type group struct {
+	key  groupKey
+	reqs []int
+}
+
+// classify returns the outbound lane a request goes through, or nil for the
+// direct path.
+func (e *Engine) classify(r *Request, routes *routeTable) *outLane {
+	if !e.pxn.Load() || r.Op != Write || len(routes.byRail) == 0 {
+		return nil
+	}
+	if e.copier.Classify(r.Src, r.Len) != Device {
+		return nil
+	}
+	t, err := e.dir.Resolve(r.Target, r.Dst)
+	if err != nil || len(t.HCAs) != 1 {
+		return nil
+	}
+	rail := staging.CanonicalRail(e.cfg.RailMap, t.HCAs[0])
+	if rail == e.localRail {
+		return nil
+	}
+	ol := routes.byRail[rail]
+	if ol == nil || !ol.accepting() {
+		return nil
+	}
+	return ol
+}
+
+// submitDirect hands direct tasks to the hop; what the hop cannot take now
+// waits in the backlog, retried by the pump or by Progress.
+func (e *Engine) submitDirect(b *Batch, reqs []Request, idx []int) {
+	if len(idx) == 0 {
+		return
+	}
+	ops := make([]WriteOp, 0, len(idx))
+	for _, i := range idx {
+		r := &reqs[i]
+		s := &slice{batch: b, task: int32(i), src: r.Src, dst: r.Dst, len: r.Len}
+		ops = append(ops, WriteOp{
+			Src: r.Src, Len: r.Len, Target: r.Target, Dst: r.Dst,
+			Read: r.Op == Read, Token: e.tokens.add(tokenEntry{kind: tokDirect, slice: s}),
+		})
+		e.counters.directBytes.Add(r.Len)
+	}
+	e.backlogMu.Lock()
+	if len(e.backlog) == 0 {
+		err := e.hop.Submit(ops)
+		if err == nil {
+			e.backlogMu.Unlock()
+			return
+		}
+		if !errors.Is(err, ErrHopBusy) {
+			e.backlogMu.Unlock()
+			e.failOps(ops, fmt.Errorf("direct submit: %w", err))
+			return
+		}
+	}
+	e.backlog = append(e.backlog, ops...)
+	e.backlogMu.Unlock()
+	if e.pump != nil {
+		e.pump.wake()
+	}
+}
+
+// retryBacklog resubmits direct writes the hop refused as busy.
+func (e *Engine) retryBacklog() bool {
+	e.backlogMu.Lock()
+	defer e.backlogMu.Unlock()
+	if len(e.backlog) == 0 {
+		return false
+	}
+	err := e.hop.Submit(e.backlog)
+	switch {
+	case err == nil:
+		e.backlog = e.backlog[:0]
+		return true
+	case errors.Is(err, ErrHopBusy):
+		return false
+	default:
+		ops := append([]WriteOp(nil), e.backlog...)
+		e.backlog = e.backlog[:0]
+		go e.failOps(ops, fmt.Errorf("direct submit: %w", err))
+		return true
+	}
+}
+
+func (e *Engine) failOps(ops []WriteOp, err error) {
+	for _, op := range ops {
+		if ent, ok := e.tokens.take(op.Token); ok {
+			e.finishToken(ent, err)
+		}
+	}
+}
+
+// Progress polls the hop and retries busy direct writes. The pump does this
+// on its own when PXN runs; without a pump the host calls Progress (Status
+// callers of the C ABI do it for them).
+func (e *Engine) Progress() {
+	if e.pump != nil {
+		return
+	}
+	e.pollMu.Lock()
+	defer e.pollMu.Unlock()
+	e.retryBacklog()
+	var buf [64]HopCompletion
+	for {
+		n := e.hop.Poll(buf[:])
+		for _, c := range buf[:n] {
+			if ent, ok := e.tokens.take(c.Token); ok {
+				e.finishToken(ent, c.Err)
+			}
+		}
+		if n < len(buf) {
+			return
+		}
+	}
+}
+
+// Close stops the engine: no new submits, a bounded drain of what is in
+// flight, then the pump stops and the registration is withdrawn. Every task
+// ends in a final state: what could not drain fails.
+func (e *Engine) Close(ctx context.Context) error {
+	e.submitMu.Lock()
+	first := e.closing.CompareAndSwap(false, true)
+	e.submitMu.Unlock()
+	if !first {
+		return nil
+	}
+	var err error
+	if e.pump != nil {
+		err = e.pump.stop(ctx)
+	}
+	// The copier drains before any relay memory is unmapped: a retired
+	// lane may still have copies or doorbells queued into it.
+	if e.copier != nil {
+		if cerr := e.copier.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}
+	if e.pump != nil {
+		e.pump.releaseZombies()
+	}
+	if e.reg != nil {
+		if rerr := e.reg.Close(ctx); rerr != nil && err == nil {
+			err = rerr
+		}
+	}
+	e.closed.Store(true)
+	return err
+}
+
+// HasRelay reports whether cross-rail writes to rail currently have a relay.
+func (e *Engine) HasRelay(rail string) bool {
+	ol := e.routes.Load().byRail[rail]
+	return ol != nil && ol.accepting()
+}
+
+// PumpThreadID is the OS thread id of the pump (0 without one), so that
+// benchmarks and operators can read its CPU time from /proc.
+func (e *Engine) PumpThreadID() int {
+	if e.pump == nil {
+		return 0
+	}
+	return int(e.pump.tid.Load())
+}

@@ -1,0 +1,394 @@
+package relay_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/pxn-project/pxn/pkg/hosthop"
+	"github.com/pxn-project/pxn/pkg/relay"
+	"github.com/pxn-project/pxn/pkg/staging"
+)
+
+const (
+	mib       = 1 << 20
+	tgtBase   = 0x7f0000000000
+	sessRail0 = "target-rail0"
+	sessRail1 = "target-rail1"
+)
+
+var railMap = map[string]string{
+	"mlx5_0": "rail0", "mlx5_1": "rail1",
+	"rmlx5_0": "rail0", "rmlx5_1": "rail1",
+}
+
+// pair is two engines on two rails of one group, each with its own hop, and
+// two target sessions (one per rail) whose buffers both hops write into.
+type pair struct {
+	g        *memGroup
+	a, b     *relay.Engine
+	hopA     *hosthop.Loopback
+	hopB     *hosthop.Loopback
+	copA     *hosthop.HostCopier
+	tgt      map[string][]byte
+	rankA    *memRank
+	rankB    *memRank
+	srcBytes []byte
+}
+
+type pairOpts struct {
+	tgtSize   int
+	srcSize   int
+	cfg       func(*staging.Config)
+	holdReady bool
+}
+
+func enabledConfig() staging.Config {
+	cfg := staging.DefaultConfig()
+	cfg.Enable = true
+	cfg.GroupID = "test"
+	cfg.RailMap = railMap
+	return cfg
+}
+
+func newPair(t *testing.T, o pairOpts) *pair { return newPairTB(t, o) }
+
+func newPairTB(t testing.TB, o pairOpts) *pair {
+	t.Helper()
+	p := &pair{g: newMemGroup(t), tgt: map[string][]byte{}}
+	p.hopA = hosthop.NewLoopback(hosthop.LoopbackOptions{})
+	p.hopB = hosthop.NewLoopback(hosthop.LoopbackOptions{})
+	for sess, hca := range map[string]string{sessRail0: "rmlx5_0", sessRail1: "rmlx5_1"} {
+		buf := mapAnon(t, o.tgtSize)
+		p.tgt[sess] = buf
+		for _, h := range []*hosthop.Loopback{p.hopA, p.hopB} {
+			if err := h.AddTarget(sess, hca, buf, tgtBase); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	cfg := enabledConfig()
+	if o.cfg != nil {
+		o.cfg(&cfg)
+	}
+	p.srcBytes = mapAnon(t, o.srcSize)
+	fillPattern(p.srcBytes, 1)
+	p.copA = hosthop.NewHostCopier(hosthop.HostCopierOptions{HoldReady: o.holdReady})
+	if err := p.copA.RegisterDevice(p.src(0), uint64(len(p.srcBytes))); err != nil {
+		t.Fatal(err)
+	}
+	p.rankA = p.g.add("rail0", "mlx5_0")
+	p.rankB = p.g.add("rail1", "mlx5_1")
+	var err error
+	p.a, err = relay.Open(cfg, relay.Deps{Hop: p.hopA, Directory: p.hopA, Copier: p.copA, Registry: p.rankA, LocalHCA: "mlx5_0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.b, err = relay.Open(cfg, relay.Deps{Hop: p.hopB, Directory: p.hopB, Copier: hosthop.NewHostCopier(hosthop.HostCopierOptions{}), Registry: p.rankB, LocalHCA: "mlx5_1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = p.a.Close(ctx)
+		_ = p.b.Close(ctx)
+	})
+	waitFor(t, "route to rail1", func() bool { return p.a.HasRelay("rail1") })
+	return p
+}
+
+func (p *pair) src(off int) uintptr { return uintptr(unsafe.Pointer(&p.srcBytes[0])) + uintptr(off) }
+
+// fillPattern writes a pattern that differs at every offset of a Piece and
+// between Pieces, so a byte staged in the wrong slot or at the wrong offset is
+// caught.
+func fillPattern(b []byte, seed uint64) {
+	x := seed*0x9e3779b97f4a7c15 + 1
+	for i := 0; i+8 <= len(b); i += 8 {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		*(*uint64)(unsafe.Pointer(&b[i])) = x
+	}
+	for i := len(b) &^ 7; i < len(b); i++ {
+		b[i] = byte(i)
+	}
+}
+
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func waitBatch(t *testing.T, b *relay.Batch) {
+	t.Helper()
+	waitFor(t, "batch completion", b.Done)
+}
+
+func statusOf(t *testing.T, b *relay.Batch, i int) relay.TaskStatus {
+	t.Helper()
+	st, err := b.Status(i)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func TestSameRailGoesDirect(t *testing.T) {
+	p := newPair(t, pairOpts{tgtSize: 16 * mib, srcSize: 16 * mib})
+	before := p.a.Counters()
+	b, err := p.a.Submit([]relay.Request{{Op: relay.Write, Src: p.src(0), Len: 10 << 10, Target: sessRail0, Dst: tgtBase}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitBatch(t, b)
+	if st := statusOf(t, b, 0); st.State != relay.Completed || st.Transferred != 10<<10 {
+		t.Fatalf("status %+v, want completed with %d bytes", st, 10<<10)
+	}
+	if b.Route(0) != relay.RouteDirect {
+		t.Fatalf("same-rail write routed %v, want direct", b.Route(0))
+	}
+	after := p.a.Counters()
+	if after.RelayedBytes != before.RelayedBytes || after.DirectBytes-before.DirectBytes != 10<<10 {
+		t.Fatalf("counters before %+v after %+v", before, after)
+	}
+	if !bytes.Equal(p.tgt[sessRail0][:10<<10], p.srcBytes[:10<<10]) {
+		t.Fatal("destination bytes differ from the source")
+	}
+}
+
+func TestCrossRailThroughRelay(t *testing.T) {
+	sizes := []int{10 << 10, 8*mib - 1, 8 * mib, 8*mib + 1, 40*mib + 3}
+	p := newPair(t, pairOpts{tgtSize: 64 * mib, srcSize: 64 * mib})
+	for _, n := range sizes {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			clear(p.tgt[sessRail1])
+			beforeA, beforeB := p.a.Counters(), p.b.Counters()
+			b, err := p.a.Submit([]relay.Request{{Op: relay.Write, Src: p.src(0), Len: uint64(n), Target: sessRail1, Dst: tgtBase}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitBatch(t, b)
+			if st := statusOf(t, b, 0); st.State != relay.Completed || st.Transferred != uint64(n) {
+				t.Fatalf("status %+v", st)
+			}
+			if b.Route(0) != relay.RoutePXN {
+				t.Fatalf("route %v, want PXN", b.Route(0))
+			}
+			if !bytes.Equal(p.tgt[sessRail1][:n], p.srcBytes[:n]) {
+				t.Fatal("destination bytes differ from the source")
+			}
+			a, bb := p.a.Counters(), p.b.Counters()
+			wantPieces := uint64((n + staging.SlotSize - 1) / staging.SlotSize)
+			if a.RelayedBytes-beforeA.RelayedBytes != uint64(n) || a.RelayedPieces-beforeA.RelayedPieces != wantPieces {
+				t.Fatalf("sender relayed %d bytes in %d pieces, want %d in %d", a.RelayedBytes-beforeA.RelayedBytes, a.RelayedPieces-beforeA.RelayedPieces, n, wantPieces)
+			}
+			if a.FallbackBytes != 0 {
+				t.Fatalf("healthy run fell back: %+v", a)
+			}
+			if bb.ForwardedBytes-beforeB.ForwardedBytes != uint64(n) {
+				t.Fatalf("relay forwarded %d bytes, want %d", bb.ForwardedBytes-beforeB.ForwardedBytes, n)
+			}
+		})
+	}
+}
+
+func TestRingFillsAtEighteenAndNineteenthReusesSlotZero(t *testing.T) {
+	const pieces = staging.SlotsPerLane + 1
+	p := newPair(t, pairOpts{tgtSize: pieces * staging.SlotSize, srcSize: pieces * staging.SlotSize,
+		cfg: func(c *staging.Config) { c.CreditTimeout = time.Hour }})
+	p.hopB.SetHold(true)
+	b, err := p.a.Submit([]relay.Request{{Op: relay.Write, Src: p.src(0), Len: pieces * staging.SlotSize, Target: sessRail1, Dst: tgtBase}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lane := &p.rankB.Control().Lanes[0]
+	waitFor(t, "18 pieces published", func() bool { return atomic.LoadUint64(&lane.Sender.PublishedSeq) == staging.SlotsPerLane })
+	waitFor(t, "relay holding its inflight depth", func() bool { return len(p.hopB.Held()) == 4 })
+	waitFor(t, "a credit wait", func() bool { return p.a.Counters().CreditWaits > 0 })
+	if got := atomic.LoadUint64(&lane.Sender.PublishedSeq); got != staging.SlotsPerLane {
+		t.Fatalf("published seq %d with a full ring, want %d", got, staging.SlotsPerLane)
+	}
+	if got := atomic.LoadUint64(&lane.Ready[0].Seq); got != 1 {
+		t.Fatalf("slot 0 ready word %d before reuse, want 1", got)
+	}
+	if b.Done() {
+		t.Fatal("batch done while the relay holds its second hop")
+	}
+	p.hopB.SetHold(false)
+	p.hopB.CompleteAll()
+	waitBatch(t, b)
+	if st := statusOf(t, b, 0); st.State != relay.Completed {
+		t.Fatalf("status %+v", st)
+	}
+	if got := atomic.LoadUint64(&lane.Ready[0].Seq); got != staging.SlotsPerLane+1 {
+		t.Fatalf("slot 0 ready word %d, want seq 19 to reuse it", got)
+	}
+	if c := p.a.Counters(); c.FallbackPieces != 0 || c.RelayedPieces != pieces {
+		t.Fatalf("counters %+v, want %d relayed and no fallback", c, pieces)
+	}
+	if got := atomic.LoadUint64(&lane.Sender.ReapedSeq); got != pieces {
+		t.Fatalf("reaped seq %d, want %d", got, pieces)
+	}
+	if !bytes.Equal(p.tgt[sessRail1], p.srcBytes) {
+		t.Fatal("destination bytes differ from the source")
+	}
+}
+
+func TestMixedBatchPerTaskStatus(t *testing.T) {
+	p := newPair(t, pairOpts{tgtSize: 32 * mib, srcSize: 32 * mib})
+	p.hopB.FailRange(sessRail1, relay.Range{Addr: tgtBase + 16*mib, Len: mib}, errors.New("injected NIC error"))
+	reqs := []relay.Request{
+		{Op: relay.Write, Src: p.src(0), Len: 3 * mib, Target: sessRail0, Dst: tgtBase},
+		// A full slot: the failing task below starts the next Piece, since a
+		// relay completes (and fails) whole Pieces.
+		{Op: relay.Write, Src: p.src(3 * mib), Len: 8 * mib, Target: sessRail1, Dst: tgtBase},
+		{Op: relay.Write, Src: p.src(16 * mib), Len: mib, Target: sessRail1, Dst: tgtBase + 16*mib},
+		{Op: relay.Write, Src: p.src(0), Len: 0, Target: sessRail1, Dst: tgtBase},
+	}
+	b, err := p.a.Submit(reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitBatch(t, b)
+	want := []struct {
+		state relay.State
+		route relay.Route
+	}{{relay.Completed, relay.RouteDirect}, {relay.Completed, relay.RoutePXN}, {relay.Failed, relay.RoutePXN}, {relay.Completed, relay.RouteDirect}}
+	for i, w := range want {
+		st := statusOf(t, b, i)
+		if st.State != w.state || b.Route(i) != w.route {
+			t.Errorf("task %d: state %v route %v (err %v), want %v via %v", i, st.State, b.Route(i), st.Err, w.state, w.route)
+		}
+	}
+	if st := statusOf(t, b, 2); st.Err == nil || !strings.Contains(st.Err.Error(), "second hop") {
+		t.Errorf("failed task error %v, want the second-hop reason", st.Err)
+	}
+	if !bytes.Equal(p.tgt[sessRail0][:3*mib], p.srcBytes[:3*mib]) || !bytes.Equal(p.tgt[sessRail1][:8*mib], p.srcBytes[3*mib:11*mib]) {
+		t.Fatal("destination bytes differ from the source")
+	}
+}
+
+func TestCreditTimeoutSendsDirect(t *testing.T) {
+	const n = (staging.SlotsPerLane + 2) * staging.SlotSize
+	p := newPair(t, pairOpts{tgtSize: n, srcSize: n, cfg: func(c *staging.Config) { c.CreditTimeout = 50 * time.Millisecond }})
+	p.hopB.SetBusy(true)
+	b, err := p.a.Submit([]relay.Request{{Op: relay.Write, Src: p.src(0), Len: n, Target: sessRail1, Dst: tgtBase}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "fallback after the credit timeout", func() bool { return p.a.Counters().FallbackPieces >= 2 })
+	p.hopB.SetBusy(false)
+	waitBatch(t, b)
+	if st := statusOf(t, b, 0); st.State != relay.Completed || st.Transferred != n {
+		t.Fatalf("status %+v", st)
+	}
+	c := p.a.Counters()
+	if c.FallbackPieces != 2 || c.RelayedPieces != staging.SlotsPerLane {
+		t.Fatalf("fallback %d relayed %d pieces, want 2 and %d", c.FallbackPieces, c.RelayedPieces, staging.SlotsPerLane)
+	}
+	if !bytes.Equal(p.tgt[sessRail1], p.srcBytes) {
+		t.Fatal("destination bytes differ from the source")
+	}
+}
+
+func TestRelayGoneFailsPublishedOnceAndQueuedGoDirect(t *testing.T) {
+	const n = (staging.SlotsPerLane + 4) * staging.SlotSize
+	p := newPair(t, pairOpts{tgtSize: n, srcSize: n})
+	p.hopB.SetHold(true)
+	b, err := p.a.Submit([]relay.Request{{Op: relay.Write, Src: p.src(0), Len: n, Target: sessRail1, Dst: tgtBase}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lane := &p.rankB.Control().Lanes[0]
+	waitFor(t, "a full ring", func() bool { return atomic.LoadUint64(&lane.Sender.PublishedSeq) == staging.SlotsPerLane })
+	p.rankB.gone.Store(true)
+	waitBatch(t, b)
+	st := statusOf(t, b, 0)
+	if st.State != relay.Failed || !strings.Contains(st.Err.Error(), "relay gone") {
+		t.Fatalf("status %+v, want failed because the relay is gone", st)
+	}
+	c := p.a.Counters()
+	if c.FailedPieces != staging.SlotsPerLane || c.FallbackPieces != 4 {
+		t.Fatalf("failed %d fallback %d pieces, want %d and 4", c.FailedPieces, c.FallbackPieces, staging.SlotsPerLane)
+	}
+	if st.Transferred != 4*staging.SlotSize {
+		t.Fatalf("transferred %d, want the 4 fallback pieces (%d)", st.Transferred, 4*staging.SlotSize)
+	}
+}
+
+func TestFallbackWaitsForSourceReady(t *testing.T) {
+	// With source-ready events held, copies never finish, so the ring fills
+	// with published Pieces and the rest stay queued. When the relay goes,
+	// the published ones fail and the queued ones go direct, but only once
+	// their source is ready.
+	const n = (staging.SlotsPerLane + 2) * staging.SlotSize
+	p := newPair(t, pairOpts{tgtSize: n, srcSize: n, holdReady: true})
+	b, err := p.a.Submit([]relay.Request{
+		{Op: relay.Write, Src: p.src(0), Len: staging.SlotsPerLane * staging.SlotSize, Target: sessRail1, Dst: tgtBase},
+		{Op: relay.Write, Src: p.src(staging.SlotsPerLane * staging.SlotSize), Len: 2 * staging.SlotSize, Target: sessRail1, Dst: tgtBase + staging.SlotsPerLane*staging.SlotSize},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lane := &p.rankB.Control().Lanes[0]
+	waitFor(t, "a full ring", func() bool { return atomic.LoadUint64(&lane.Sender.PublishedSeq) == staging.SlotsPerLane })
+	p.rankB.gone.Store(true)
+	waitFor(t, "published pieces failed", func() bool { st, _ := b.Status(0); return st.State == relay.Failed })
+	if p.a.Counters().FallbackPieces != 0 || b.Done() {
+		t.Fatal("the fallback ran before its source-ready event")
+	}
+	if n := p.copA.ReleaseAllReady(); n == 0 {
+		t.Fatal("no source-ready event was held")
+	}
+	waitBatch(t, b)
+	if st := statusOf(t, b, 1); st.State != relay.Completed || p.a.Counters().FallbackPieces != 2 {
+		t.Fatalf("status %+v counters %+v", st, p.a.Counters())
+	}
+	tail := staging.SlotsPerLane * staging.SlotSize
+	if !bytes.Equal(p.tgt[sessRail1][tail:], p.srcBytes[tail:]) {
+		t.Fatal("destination bytes differ from the source")
+	}
+}
+
+func TestDisabledEngineStartsNothing(t *testing.T) {
+	hop := hosthop.NewLoopback(hosthop.LoopbackOptions{})
+	buf := make([]byte, mib)
+	if err := hop.AddTarget(sessRail1, "rmlx5_1", buf, tgtBase); err != nil {
+		t.Fatal(err)
+	}
+	before := runtime.NumGoroutine()
+	e, err := relay.Open(staging.DefaultConfig(), relay.Deps{Hop: hop, Directory: hop})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := runtime.NumGoroutine(); got != before {
+		t.Fatalf("disabled engine started %d goroutines", got-before)
+	}
+	src := bytes.Repeat([]byte{0xab}, 4096)
+	b, err := e.Submit([]relay.Request{{Op: relay.Write, Src: uintptr(unsafe.Pointer(&src[0])), Len: 4096, Target: sessRail1, Dst: tgtBase}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "direct completion", func() bool { e.Progress(); return b.Done() })
+	if !bytes.Equal(buf[:4096], src) || e.PXNActive() {
+		t.Fatal("disabled engine did not carry the write direct")
+	}
+	if err := e.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,153 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/pxn-project/pxn/pkg/relay"
+	"github.com/pxn-project/pxn/pkg/staging"
+)
+
+// memGroup is an in-process stand-in for a registry group: each rank's
+// control block and arena are anonymous shared mappings, laid out exactly as
+// the real registry lays them out, so two engines in one test process run
+// the real sender and relay pipelines against each other. Multi-process
+// behaviour is tested with the real registry elsewhere.
+type memGroup struct {
+	t     testing.TB
+	mu    sync.Mutex
+	ranks []*memRank
+	next  int
+}
+
+type memRank struct {
+	g      *memGroup
+	pid    int
+	epoch  uint64
+	rail   string
+	hca    string
+	ctlMem []byte
+	arena  []byte
+	gone   atomic.Bool
+	stale  atomic.Bool
+	claims [staging.LaneCount]atomic.Int32
+}
+
+func newMemGroup(t testing.TB) *memGroup { return &memGroup{t: t} }
+
+func mapAnon(t testing.TB, n int) []byte {
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatalf("mmap %d bytes: %v", n, err)
+	}
+	t.Cleanup(func() { _ = unix.Munmap(b) })
+	return b
+}
+
+func (g *memGroup) add(rail, hca string) *memRank {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.next++
+	r := &memRank{g: g, pid: 1000 + g.next, epoch: uint64(0x1000 + g.next), rail: rail, hca: hca}
+	r.ctlMem = mapAnon(g.t, int(staging.ControlSize))
+	r.arena = mapAnon(g.t, staging.ArenaSize)
+	for i := range r.claims {
+		r.claims[i].Store(-1)
+	}
+	g.ranks = append(g.ranks, r)
+	return r
+}
+
+func (r *memRank) Control() *staging.ControlBlock {
+	return (*staging.ControlBlock)(unsafe.Pointer(&r.ctlMem[0]))
+}
+
+func (r *memRank) ArenaBase() uintptr { return uintptr(unsafe.Pointer(&r.arena[0])) }
+
+func (r *memRank) Heartbeat(time.Time) {}
+
+func (r *memRank) Peers() ([]relay.Peer, error) {
+	r.g.mu.Lock()
+	defer r.g.mu.Unlock()
+	var out []relay.Peer
+	for _, o := range r.g.ranks {
+		if o == r {
+			continue
+		}
+		if o.gone.Load() || o.stale.Load() {
+			continue
+		}
+		out = append(out, relay.Peer{Pid: o.pid, Epoch: o.epoch, Rail: o.rail, HCA: o.hca})
+	}
+	if len(out) > staging.LaneCount {
+		return nil, relay.ErrTooManyPeers
+	}
+	return out, nil
+}
+
+var laneEpochs atomic.Uint64
+
+func (r *memRank) Attach(p relay.Peer) (relay.Link, error) {
+	r.g.mu.Lock()
+	defer r.g.mu.Unlock()
+	var relayRank *memRank
+	for _, o := range r.g.ranks {
+		if o.pid == p.Pid && o.epoch == p.Epoch {
+			relayRank = o
+		}
+	}
+	if relayRank == nil || relayRank.gone.Load() {
+		return nil, errors.New("relay not found")
+	}
+	for i := range relayRank.claims {
+		if relayRank.claims[i].CompareAndSwap(-1, int32(r.pid)) {
+			lane := &relayRank.Control().Lanes[i]
+			for s := range lane.Ready {
+				atomic.StoreUint64(&lane.Ready[s].Seq, 0)
+				atomic.StoreUint64(&lane.Completions[s].Seq, 0)
+			}
+			lane.Owner.Pid = uint64(r.pid)
+			lane.Owner.SenderEpoch = r.epoch
+			atomic.StoreUint64(&lane.Owner.LaneEpoch, laneEpochs.Add(1))
+			return &memLink{relay: relayRank, index: i, lane: lane}, nil
+		}
+	}
+	return nil, errors.New("no free lane")
+}
+
+func (r *memRank) Close(context.Context) error { return nil }
+
+type memLink struct {
+	relay *memRank
+	index int
+	lane  *staging.Lane
+}
+
+func (l *memLink) Lane() *staging.Lane { return l.lane }
+func (l *memLink) LaneIndex() int      { return l.index }
+func (l *memLink) LaneEpoch() uint64   { return atomic.LoadUint64(&l.lane.Owner.LaneEpoch) }
+func (l *memLink) Staging() uintptr {
+	return l.relay.ArenaBase() + uintptr(staging.LaneOffset(l.index))
+}
+func (l *memLink) Health(time.Time) relay.Health {
+	switch {
+	case l.relay.gone.Load():
+		return relay.Gone
+	case l.relay.stale.Load():
+		return relay.Stale
+	}
+	return relay.Live
+}
+
+func (l *memLink) Close() error {
+	atomic.StoreUint64(&l.lane.Owner.LaneEpoch, 0)
+	l.relay.claims[l.index].Store(-1)
+	return nil
+}

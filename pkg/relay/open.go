@@ -1,0 +1,80 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"k8s.io/klog/v2"
+
+	"github.com/pxn-project/pxn/pkg/staging"
+)
+
+// HostDeps are what a host process supplies to OpenFromEnv: its transport,
+// its directory, its first-hop copier and the one HCA it uses.
+type HostDeps struct {
+	Hop       Hop
+	Directory Directory
+	Copier    Copier
+	LocalHCA  string
+	// Arenas allocates the staging arena; nil means host memory.
+	Arenas staging.ArenaProvider
+	Logger klog.Logger
+}
+
+// OpenFromEnv reads the MC_PXN_* variables through lookup (nil: the
+// process environment) and opens an engine. Whatever goes wrong on the PXN
+// side (bad values, an unsafe registry, no HCA) is logged once and leaves an
+// engine that sends everything direct: a host process never fails to start
+// because of PXN. Only a missing hop is an error.
+func OpenFromEnv(ctx context.Context, lookup func(string) (string, bool), deps HostDeps) (*Engine, error) {
+	log := deps.Logger
+	if log.GetSink() == nil {
+		log = klog.Background()
+	}
+	cfg := staging.Load(lookup, func(err error) {
+		log.Info("PXN configuration refused; sending direct", "err", err.Error())
+	})
+	base := Deps{Hop: deps.Hop, Directory: deps.Directory, Copier: deps.Copier, LocalHCA: deps.LocalHCA, Logger: log}
+	if !cfg.Enable {
+		return Open(cfg, base)
+	}
+	reg, err := register(ctx, cfg, deps)
+	if err != nil {
+		log.Info("PXN registry unavailable; sending direct", "err", err.Error())
+		cfg.Enable = false
+		return Open(cfg, base)
+	}
+	base.Registry = reg
+	e, err := Open(cfg, base)
+	if err != nil {
+		_ = reg.Close(ctx)
+		log.Info("PXN engine refused its dependencies; sending direct", "err", err.Error())
+		cfg.Enable = false
+		base.Registry = nil
+		return Open(cfg, base)
+	}
+	return e, nil
+}
+
+func register(ctx context.Context, cfg staging.Config, deps HostDeps) (*StagingRegistry, error) {
+	if deps.LocalHCA == "" {
+		return nil, fmt.Errorf("no local HCA name")
+	}
+	if deps.Copier == nil || deps.Directory == nil {
+		return nil, fmt.Errorf("PXN needs a copier and a directory")
+	}
+	rank, err := staging.Register(ctx, staging.Options{
+		Root:             cfg.RegistryRoot,
+		Group:            cfg.GroupID,
+		UID:              os.Geteuid(),
+		Rail:             staging.CanonicalRail(cfg.RailMap, deps.LocalHCA),
+		HCA:              deps.LocalHCA,
+		HeartbeatTimeout: cfg.HeartbeatTimeout,
+		Arenas:           deps.Arenas,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return NewStagingRegistry(rank), nil
+}

@@ -1,0 +1,480 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/pxn-project/pxn/pkg/staging"
+)
+
+const (
+	heartbeatInterval = 100 * time.Millisecond
+	idleWait          = 50 * time.Microsecond
+	// idleDeep is how long the pump sleeps once it has had nothing to do
+	// for idleDeepAfter: no queued Piece, no ticket in flight either way.
+	idleDeep      = 1 * time.Millisecond
+	idleDeepAfter = 20 * time.Millisecond
+)
+
+// pump is the engine's one thread: it drives the sender and the relay side.
+type pump struct {
+	e      *Engine
+	wakeCh chan struct{}
+	stopCh chan struct{}
+	doneCh chan struct{}
+
+	// Pump-only state.
+	out           []*outLane
+	in            [staging.LaneCount]inLane
+	relayInflight int
+	fallbacks     []*piece
+	fbMu          chanMutex
+	lastBeat      time.Time
+	lastActive    time.Time
+	polled        [64]HopCompletion
+	peersOff      bool
+	vd            staging.ValidDesc
+	drainBy       atomic.Int64
+	stopErr       error
+	tid           atomic.Int64
+	noSend        bool
+	// zombies are retired lanes that may still have copies or doorbells
+	// in flight into the relay's memory: their mapping and host
+	// registration are released only after the copier has drained.
+	zombies []*outLane
+	poller  CopyPoller
+}
+
+// chanMutex guards fallbacks that callers add (ready-event failures) while
+// the pump drains them.
+type chanMutex chan struct{}
+
+func (m chanMutex) lock()   { m <- struct{}{} }
+func (m chanMutex) unlock() { <-m }
+
+func newPump(e *Engine) *pump {
+	poller, _ := e.copier.(CopyPoller)
+	return &pump{
+		poller: poller,
+		e:      e,
+		wakeCh: make(chan struct{}, 1),
+		stopCh: make(chan struct{}),
+		doneCh: make(chan struct{}),
+		fbMu:   make(chanMutex, 1),
+	}
+}
+
+func (p *pump) start() { go p.run() }
+
+func (p *pump) wake() {
+	select {
+	case p.wakeCh <- struct{}{}:
+	default:
+	}
+}
+
+func (p *pump) fallback(pc *piece) {
+	p.fbMu.lock()
+	p.fallbacks = append(p.fallbacks, pc)
+	p.fbMu.unlock()
+}
+
+func (p *pump) run() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	p.tid.Store(int64(unix.Gettid()))
+	if b, ok := p.e.copier.(ThreadBinder); ok {
+		if err := b.BindThread(); err != nil {
+			p.e.log.Error(err, "pump cannot use the copier; PXN off for sending, relaying goes on")
+			p.e.pxn.Store(false)
+			p.noSend = true
+		}
+	}
+	defer close(p.doneCh)
+	timer := time.NewTimer(idleWait)
+	defer timer.Stop()
+	p.lastActive = time.Now()
+	for {
+		now := time.Now()
+		if by := p.drainBy.Load(); by != 0 {
+			if (!p.busy() && p.e.tokens.len() == 0) || now.UnixNano() > by {
+				p.finishStop()
+				return
+			}
+		}
+		if p.round(now) {
+			p.lastActive = now
+			continue
+		}
+		wait := idleWait
+		if now.Sub(p.lastActive) > idleDeepAfter && !p.busy() && p.drainBy.Load() == 0 {
+			wait = idleDeep
+		}
+		timer.Reset(wait)
+		select {
+		case <-p.wakeCh:
+			p.lastActive = time.Now()
+			if !timer.Stop() {
+				<-timer.C
+			}
+		case <-timer.C:
+		}
+	}
+}
+
+// busy reports whether anything is in flight or queued on either side.
+func (p *pump) busy() bool {
+	if p.relayInflight > 0 || len(p.fallbacks) > 0 {
+		return true
+	}
+	for _, ol := range p.out {
+		if ol.published > ol.reaped || ol.queued() {
+			return true
+		}
+	}
+	return false
+}
+
+// round is one pass of the fixed order: heartbeat, outbound reaps, inbound
+// reaps, inbound tickets, outbound tickets, fallbacks.
+func (p *pump) round(now time.Time) bool {
+	e := p.e
+	progressed := false
+	if now.Sub(p.lastBeat) >= heartbeatInterval {
+		p.lastBeat = now
+		e.reg.Heartbeat(now)
+		p.refreshPeers()
+	}
+	if p.poller != nil {
+		if n, err := p.poller.Poll(); err != nil {
+			p.copierFailed(err)
+			progressed = true
+		} else if n > 0 {
+			progressed = true
+		}
+	}
+	for _, ol := range p.out {
+		if e.reap(ol) {
+			progressed = true
+		}
+	}
+	if p.pollHop() {
+		progressed = true
+	}
+	if e.retryBacklog() {
+		progressed = true
+	}
+	for i := 0; i < staging.LaneCount; i++ {
+		if e.consume(i) {
+			progressed = true
+		}
+	}
+	for _, ol := range p.out {
+		if e.publish(ol, now) {
+			progressed = true
+		}
+	}
+	if p.runFallbacks() {
+		progressed = true
+	}
+	return progressed
+}
+
+func (p *pump) pollHop() bool {
+	e := p.e
+	progressed := false
+	for {
+		n := e.hop.Poll(p.polled[:])
+		for _, c := range p.polled[:n] {
+			if ent, ok := e.tokens.take(c.Token); ok {
+				e.finishToken(ent, c.Err)
+			}
+		}
+		if n > 0 {
+			progressed = true
+		}
+		if n < len(p.polled) {
+			return progressed
+		}
+	}
+}
+
+// runFallbacks sends direct the Pieces that never reached a doorbell, each
+// exactly once and only after its source-ready event.
+func (p *pump) runFallbacks() bool {
+	p.fbMu.lock()
+	fbs := p.fallbacks
+	p.fallbacks = nil
+	p.fbMu.unlock()
+	if len(fbs) == 0 {
+		return false
+	}
+	e := p.e
+	progressed := false
+	var keep []*piece
+	for _, pc := range fbs {
+		if pc.ready.ev != 0 {
+			done, err := e.copier.Query(pc.ready.ev)
+			if err != nil {
+				e.counters.failedPieces.Add(1)
+				pc.finish(fmt.Errorf("source-ready event: %w", err))
+				e.releaseReady(pc)
+				progressed = true
+				continue
+			}
+			if !done {
+				keep = append(keep, pc)
+				continue
+			}
+		}
+		ops := make([]WriteOp, len(pc.slices))
+		for k := range pc.slices {
+			s := &pc.slices[k]
+			ops[k] = WriteOp{Src: s.src, Len: s.len, Target: pc.session, Dst: s.dst,
+				Token: e.tokens.add(tokenEntry{kind: tokFallback, slice: s})}
+		}
+		err := e.hop.Submit(ops)
+		if err != nil {
+			for k := range ops {
+				e.tokens.take(ops[k].Token)
+			}
+			if errors.Is(err, ErrHopBusy) {
+				keep = append(keep, pc)
+				continue
+			}
+			e.counters.failedPieces.Add(1)
+			pc.finish(fmt.Errorf("direct fallback: %w", err))
+			e.releaseReady(pc)
+			progressed = true
+			continue
+		}
+		e.counters.fallbackBytes.Add(pc.bytes)
+		e.counters.fallbackPieces.Add(1)
+		e.releaseReady(pc)
+		progressed = true
+	}
+	if len(keep) > 0 {
+		p.fbMu.lock()
+		p.fallbacks = append(keep, p.fallbacks...)
+		p.fbMu.unlock()
+	}
+	return progressed
+}
+
+// refreshPeers reconciles outbound lanes with the registry: new relays get a
+// lane, stale ones stop taking tickets, gone ones fail what they had.
+func (p *pump) refreshPeers() {
+	e := p.e
+	peers, err := e.reg.Peers()
+	if err != nil {
+		if errors.Is(err, ErrTooManyPeers) {
+			if !p.peersOff {
+				p.peersOff = true
+				e.log.Info("more than 7 peers in the group; PXN off, sending direct", "err", err.Error())
+			}
+			e.pxn.Store(false)
+			for _, ol := range p.out {
+				p.retire(ol, errRelayGone)
+			}
+			p.out = nil
+			e.routes.Store(&routeTable{})
+			return
+		}
+		e.log.Error(err, "registry scan failed")
+		return
+	}
+	if p.peersOff || p.noSend {
+		return
+	}
+	changed := false
+	now := time.Now()
+	live := p.out[:0]
+	for _, ol := range p.out {
+		h := ol.link.Health(now)
+		if h == Gone {
+			p.retire(ol, errRelayGone)
+			changed = true
+			continue
+		}
+		if stale := h == Stale; stale != ol.stale.Load() {
+			ol.stale.Store(stale)
+			changed = true
+		}
+		if ol.broken && ol.reaped == ol.published {
+			p.retire(ol, nil)
+			changed = true
+			continue
+		}
+		if ol.next > staging.MaxLaneSeq && ol.reaped == ol.published {
+			// Sequence space spent and drained: a new claim gives the lane
+			// a new epoch and restarts at seq 1.
+			p.retire(ol, nil)
+			changed = true
+			continue
+		}
+		live = append(live, ol)
+	}
+	p.out = live
+	for _, pr := range peers {
+		if pr.Rail == e.localRail || pr.Rail == "" {
+			continue
+		}
+		if p.hasLane(pr) {
+			continue
+		}
+		link, err := e.reg.Attach(pr)
+		if err != nil {
+			e.log.V(1).Info("cannot attach to relay", "pid", pr.Pid, "rail", pr.Rail, "err", err.Error())
+			continue
+		}
+		ol := newOutLane(pr, link)
+		if hr, ok := e.copier.(HostRegistrar); ok {
+			unreg, err := hr.RegisterHost(uintptr(unsafe.Pointer(link.Lane())), uint64(unsafe.Sizeof(staging.Lane{})))
+			if err != nil {
+				e.log.Error(err, "cannot register a relay's lane for doorbells", "pid", pr.Pid, "rail", pr.Rail)
+				_ = link.Close()
+				continue
+			}
+			ol.unreg = unreg
+		}
+		p.out = append(p.out, ol)
+		changed = true
+	}
+	if changed {
+		p.publishRoutes()
+	}
+}
+
+// retire ends a lane: published Pieces fail with err (nil: the lane was
+// drained), queued ones go direct. The claim and mappings are released now
+// when nothing can still be copied into the relay's memory, or after the
+// copier has drained otherwise.
+func (p *pump) retire(ol *outLane, err error) {
+	ol.gone.Store(true)
+	inFlight := ol.published > ol.reaped
+	if err != nil {
+		p.e.failPublished(ol, err)
+	}
+	for _, pc := range ol.drain() {
+		p.fallback(pc)
+	}
+	if inFlight {
+		p.zombies = append(p.zombies, ol)
+		return
+	}
+	p.release(ol)
+}
+
+func (p *pump) release(ol *outLane) {
+	if ol.unreg != nil {
+		if err := ol.unreg(); err != nil {
+			p.e.log.Error(err, "unregistering a relay's lane", "relayPid", ol.peer.Pid)
+		}
+		ol.unreg = nil
+	}
+	if err := ol.link.Close(); err != nil {
+		p.e.log.Error(err, "releasing lane", "relayPid", ol.peer.Pid)
+	}
+}
+
+// copierFailed handles a copier that can no longer ring doorbells: every
+// lane stops taking tickets and fails what it published.
+func (p *pump) copierFailed(err error) {
+	p.e.log.Error(err, "copier failed; outbound lanes quarantined")
+	for _, ol := range p.out {
+		p.e.counters.laneQuarantine.Add(1)
+		ol.broken = true
+		p.e.failPublished(ol, fmt.Errorf("first hop failed: %w", err))
+		for _, pc := range ol.drain() {
+			p.fallback(pc)
+		}
+	}
+}
+
+// releaseZombies runs after the copier has drained.
+func (p *pump) releaseZombies() {
+	for _, ol := range p.zombies {
+		p.release(ol)
+	}
+	p.zombies = nil
+}
+
+func (p *pump) hasLane(pr Peer) bool {
+	for _, ol := range p.out {
+		if ol.peer.Pid == pr.Pid && ol.peer.Epoch == pr.Epoch {
+			return true
+		}
+	}
+	return false
+}
+
+// publishRoutes rebuilds the rail → lane table. A rail with more than one
+// relay is not unique and routes direct.
+func (p *pump) publishRoutes() {
+	count := map[string]int{}
+	for _, ol := range p.out {
+		count[ol.peer.Rail]++
+	}
+	rt := &routeTable{byRail: map[string]*outLane{}}
+	for _, ol := range p.out {
+		if count[ol.peer.Rail] == 1 {
+			rt.byRail[ol.peer.Rail] = ol
+		}
+	}
+	p.e.routes.Store(rt)
+}
+
+// stop ends the pump: no new Pieces are taken, what is in flight drains
+// until ctx's deadline (5 s without one), and whatever is left fails.
+func (p *pump) stop(ctx context.Context) error {
+	e := p.e
+	e.pxn.Store(false)
+	e.routes.Store(&routeTable{})
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(5 * time.Second)
+	}
+	p.drainBy.Store(deadline.UnixNano())
+	p.wake()
+	<-p.doneCh
+	return p.stopErr
+}
+
+// finishStop runs on the pump thread once the drain ends.
+func (p *pump) finishStop() {
+	e := p.e
+	if p.busy() || e.tokens.len() > 0 {
+		p.stopErr = errors.New("relay: shutdown drain timed out; unfinished work failed")
+	}
+	errShutdown := errors.New("engine closed before the transfer completed")
+	for _, ol := range p.out {
+		p.retire(ol, errShutdown)
+	}
+	p.out = nil
+	p.fbMu.lock()
+	fbs := p.fallbacks
+	p.fallbacks = nil
+	p.fbMu.unlock()
+	for _, pc := range fbs {
+		e.counters.failedPieces.Add(1)
+		pc.finish(errShutdown)
+		e.releaseReady(pc)
+	}
+	e.tokens.mu.Lock()
+	left := e.tokens.m
+	e.tokens.m = map[uint64]tokenEntry{}
+	e.tokens.mu.Unlock()
+	for _, ent := range left {
+		switch ent.kind {
+		case tokDirect, tokFallback:
+			ent.slice.finish(errShutdown)
+		}
+	}
+}

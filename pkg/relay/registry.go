@@ -1,0 +1,65 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/pxn-project/pxn/pkg/staging"
+)
+
+// Peer is another usable rank of the group as the registry reports it.
+type Peer struct {
+	Pid   int
+	Epoch uint64
+	Rail  string
+	HCA   string
+}
+
+// Health is what a sender knows of the relay behind one of its lanes.
+type Health int
+
+const (
+	// Live: new tickets may go to the relay.
+	Live Health = iota
+	// Stale: the relay's heartbeat is older than the timeout. No new
+	// tickets go to it; published ones still complete.
+	Stale
+	// Gone: the relay exited, restarted (new epoch), is closing, or the
+	// lane was taken from us. Published tickets fail.
+	Gone
+)
+
+// Link is a sender's claim of one inbound lane on a relay, with the relay's
+// control block and arena mapped. Everything it points to stays valid until
+// Close.
+type Link interface {
+	Lane() *staging.Lane
+	LaneIndex() int
+	LaneEpoch() uint64
+	// Staging is the local address of the lane's first slot in the relay's
+	// arena as mapped by this process.
+	Staging() uintptr
+	// Health reads the relay's liveness from its control block.
+	Health(now time.Time) Health
+	Close() error
+}
+
+// Registry is what the engine needs of its rank in the shared-memory
+// registry: its own control block (the relay side), the peers, and lane
+// claims on them (the sender side). It is used by the pump only, except Close.
+type Registry interface {
+	Control() *staging.ControlBlock
+	// ArenaBase is the local address of this rank's own staging arena.
+	ArenaBase() uintptr
+	Heartbeat(now time.Time)
+	// Peers lists the other ranks of the group. It fails with an error
+	// wrapping ErrTooManyPeers when more than LaneCount are valid.
+	Peers() ([]Peer, error)
+	Attach(p Peer) (Link, error)
+	Close(ctx context.Context) error
+}
+
+// ErrTooManyPeers means the group holds more valid ranks than a relay has
+// lanes: PXN turns off for this process and everything goes direct.
+var ErrTooManyPeers = errors.New("more valid peers than inbound lanes")
