@@ -1,0 +1,646 @@
+package gpu
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+
+	"github.com/pxn-project/pxn/internal/cuda"
+	"github.com/pxn-project/pxn/pkg/relay"
+	"github.com/pxn-project/pxn/pkg/staging"
+)
+
+var (
+	// ErrClosed is returned by Copy after Close.
+	ErrClosed = errors.New("gpu: copier closed")
+	// ErrLaneFull is returned by Copy on the CPU-doorbell path when a lane
+	// stream already holds PendingDepth doorbells that Poll has not rung.
+	ErrLaneFull = errors.New("gpu: lane doorbell queue full")
+)
+
+// StreamsPerLane is the number of streams each lane alternates its Pieces
+// over: a doorbell's memory barrier serializes one stream, so two keep the
+// copy engines busy (see docs/cuda.md).
+const StreamsPerLane = 2
+
+// PendingDepth is the most CPU doorbells one lane stream holds: twice the
+// ring depth, so an engine that respects credit never sees ErrLaneFull.
+const PendingDepth = 2 * staging.SlotsPerLane
+
+// initialReadyEvents is the size of the source-ready event pool at start.
+const initialReadyEvents = 256
+
+// DoorbellMode chooses how a Piece's doorbell is rung.
+type DoorbellMode int
+
+const (
+	// DoorbellAuto probes cuStreamWriteValue64 at start and uses it when a
+	// test write lands, the CPU path otherwise.
+	DoorbellAuto DoorbellMode = iota
+	// DoorbellGPU requires the GPU path: cuStreamWriteValue64 on the lane
+	// stream, after the copies, into the host-mapped ready word.
+	DoorbellGPU
+	// DoorbellCPU records an event after the copies; Poll stores the seq
+	// once the event has completed.
+	DoorbellCPU
+)
+
+// CopyPolicy chooses how a Piece's entries are submitted.
+type CopyPolicy int
+
+const (
+	// CopyAuto uses the driver's batch copy (the 13.0 form on 13.x drivers,
+	// the 12.8 form on 12.8–12.x) when a start-up copy through it works, and
+	// one cuMemcpyAsync per entry otherwise.
+	CopyAuto CopyPolicy = iota
+	// CopyPerEntry forces one cuMemcpyAsync per entry.
+	CopyPerEntry
+	// CopyBatch13 forces the 8-argument cuMemcpyBatchAsync of CUDA 13.0.
+	CopyBatch13
+	// CopyBatch12 forces the 9-argument cuMemcpyBatchAsync of CUDA 12.8.
+	CopyBatch12
+)
+
+// CopierOptions configures a Copier. The zero value probes everything.
+type CopierOptions struct {
+	Doorbell DoorbellMode
+	Copy     CopyPolicy
+	// Logger receives the copier's one start-up line; klog by default.
+	Logger klog.Logger
+}
+
+// Copier is a relay.Copier over CUDA copy engines. Each lane has two
+// non-blocking streams in the GPU's primary context, and its Pieces
+// alternate between them. Everything a Piece needs (streams, batch arrays,
+// doorbell events) is allocated in NewCopier; Copy and Poll allocate
+// nothing.
+//
+// The engine must:
+//   - call BindThread once on the pump's locked OS thread before the first
+//     Copy (every call also makes the context current if it is not);
+//   - call RegisterHost for each peer control-block mapping before Copy
+//     rings a doorbell in it, and its unregister function only after the
+//     lane's last doorbell has landed;
+//   - call Poll every pump round: on the CPU-doorbell path it is what rings
+//     the doorbells (on the GPU path it returns at once).
+type Copier struct {
+	g        *GPU
+	log      klog.Logger
+	mode     cuda.CopyMode
+	gpuBell  bool
+	bellWhy  string
+	memOpsV1 int
+
+	ready readyPool
+	hosts hostMap
+	lanes [staging.LaneCount]lane
+
+	pending atomic.Int64
+	copies  atomic.Uint64
+	bytes   atomic.Uint64
+
+	closeMu sync.Mutex
+	closed  atomic.Bool
+}
+
+type lane struct {
+	mu      sync.Mutex
+	next    int
+	streams [StreamsPerLane]laneStream
+}
+
+type laneStream struct {
+	s     cuda.Stream
+	op    *cuda.CopyOp
+	piece cuda.Piece
+
+	// The CPU-doorbell ring: events[i] completes when bells[i] may ring.
+	events [PendingDepth]cuda.Event
+	bells  [PendingDepth]bell
+	head   int
+	n      int
+}
+
+type bell struct {
+	word *uint64
+	seq  uint64
+}
+
+var _ relay.Copier = (*Copier)(nil)
+
+// relay.CopyEntry and cuda.CopyEntry share a layout, so Copy passes the
+// engine's entries to the driver without copying them.
+var (
+	_ [unsafe.Sizeof(relay.CopyEntry{}) - unsafe.Sizeof(cuda.CopyEntry{})]struct{}
+	_ [unsafe.Sizeof(cuda.CopyEntry{}) - unsafe.Sizeof(relay.CopyEntry{})]struct{}
+	_ [unsafe.Offsetof(relay.CopyEntry{}.Dst) - unsafe.Offsetof(cuda.CopyEntry{}.Dst)]struct{}
+	_ [unsafe.Offsetof(cuda.CopyEntry{}.Dst) - unsafe.Offsetof(relay.CopyEntry{}.Dst)]struct{}
+	_ [unsafe.Offsetof(relay.CopyEntry{}.Len) - unsafe.Offsetof(cuda.CopyEntry{}.Len)]struct{}
+	_ [unsafe.Offsetof(cuda.CopyEntry{}.Len) - unsafe.Offsetof(relay.CopyEntry{}.Len)]struct{}
+)
+
+// NewCopier creates the lanes' streams and pools on g, chooses the copy
+// form and the doorbell path (probing both unless forced), and logs the
+// choice once.
+func NewCopier(g *GPU, opts CopierOptions) (*Copier, error) {
+	c := &Copier{g: g, log: opts.Logger}
+	if c.log.GetSink() == nil {
+		c.log = klog.Background()
+	}
+	c.ready.g = g
+	d := g.d
+	err := g.Do(func() error {
+		for i := range c.lanes {
+			for si := range c.lanes[i].streams {
+				st := &c.lanes[i].streams[si]
+				var err error
+				if st.s, err = d.StreamCreate(cuda.StreamNonBlocking); err != nil {
+					return err
+				}
+				if st.op, err = d.NewCopyOp(staging.MaxPlans); err != nil {
+					return err
+				}
+			}
+		}
+		if err := c.ready.grow(initialReadyEvents); err != nil {
+			return err
+		}
+		if err := c.chooseCopy(opts.Copy); err != nil {
+			return err
+		}
+		if err := c.chooseDoorbell(opts.Doorbell); err != nil {
+			return err
+		}
+		if c.gpuBell {
+			return nil
+		}
+		for i := range c.lanes {
+			for si := range c.lanes[i].streams {
+				st := &c.lanes[i].streams[si]
+				for k := range st.events {
+					var err error
+					if st.events[k], err = d.EventCreate(cuda.EventDisableTiming); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		c.g.Do(c.destroy)
+		return nil, fmt.Errorf("gpu copier on device %d: %w", g.ordinal, err)
+	}
+	c.log.Info("pxn gpu copier ready", "device", g.ordinal, "driver", d.Version(),
+		"copy", c.mode.String(), "doorbell", c.Doorbell(), "reason", c.bellWhy,
+		"canUseStreamMemOpsV1", c.memOpsV1, "lanes", staging.LaneCount, "streamsPerLane", StreamsPerLane)
+	return c, nil
+}
+
+func (c *Copier) chooseCopy(p CopyPolicy) error {
+	d := c.g.d
+	switch p {
+	case CopyPerEntry:
+		c.mode = cuda.CopyPerEntry
+		return nil
+	case CopyBatch13, CopyBatch12:
+		c.mode = cuda.CopyBatchV13000
+		if p == CopyBatch12 {
+			c.mode = cuda.CopyBatchV12080
+		}
+		if !d.Supports(c.mode) {
+			return fmt.Errorf("driver %d lacks %v", d.Version(), c.mode)
+		}
+		return c.probeCopy()
+	}
+	c.mode = d.BestCopyMode()
+	if c.mode == cuda.CopyPerEntry {
+		return nil
+	}
+	if err := c.probeCopy(); err != nil {
+		c.log.Info("pxn gpu copier: batch copy failed its start-up check; copying per entry", "mode", c.mode.String(), "err", err)
+		c.mode = cuda.CopyPerEntry
+	}
+	return nil
+}
+
+// probeCopy runs one two-entry Piece through the chosen form and checks the
+// bytes. Start-up only: it synchronizes.
+func (c *Copier) probeCopy() error {
+	d := c.g.d
+	const n = 4096
+	buf, err := d.MemAlloc(n)
+	if err != nil {
+		return err
+	}
+	defer d.MemFree(buf)
+	st := &c.lanes[0].streams[0]
+	if err := d.MemsetD32Async(buf, 0x5a5a5a5a, n/8, st.s); err != nil {
+		return err
+	}
+	if err := d.MemsetD32Async(buf+n/2, 0, n/8, st.s); err != nil {
+		return err
+	}
+	ents := []cuda.CopyEntry{
+		{Src: uint64(buf), Dst: uint64(buf) + n/2, Len: n / 4},
+		{Src: uint64(buf) + n/4, Dst: uint64(buf) + n/2 + n/4, Len: n / 4},
+	}
+	if err := st.op.Enqueue(&cuda.Piece{Stream: st.s, Mode: c.mode, Entries: ents}); err != nil {
+		return err
+	}
+	if err := d.StreamSynchronize(st.s); err != nil {
+		return err
+	}
+	got := make([]byte, n/2)
+	if err := d.MemcpyDtoH(got, buf+n/2); err != nil {
+		return err
+	}
+	for i, b := range got {
+		if b != 0x5a {
+			return fmt.Errorf("%v: byte %d is %#x after the check copy", c.mode, i, b)
+		}
+	}
+	return nil
+}
+
+func (c *Copier) chooseDoorbell(m DoorbellMode) error {
+	d := c.g.d
+	c.memOpsV1, _ = d.DeviceAttribute(cuda.AttrCanUseStreamMemOpsV1, c.g.dev)
+	if m == DoorbellCPU {
+		c.bellWhy = "forced by option"
+		return nil
+	}
+	err := c.probeDoorbell()
+	if err == nil {
+		c.gpuBell = true
+		c.bellWhy = "a probe write landed"
+		return nil
+	}
+	if m == DoorbellGPU {
+		return fmt.Errorf("GPU doorbell required: %w", err)
+	}
+	c.bellWhy = err.Error()
+	return nil
+}
+
+// probeDoorbell writes a word into registered host memory with
+// cuStreamWriteValue64 and checks that it lands. The attribute
+// CAN_USE_STREAM_MEM_OPS_V1 is not asked: it reads 0 on H200 while the v2
+// call works.
+func (c *Copier) probeDoorbell() error {
+	d := c.g.d
+	if !d.HasStreamWriteValue64() {
+		return fmt.Errorf("cuStreamWriteValue64: %w", cuda.ErrNotAvailable)
+	}
+	page := unix.Getpagesize()
+	mem, err := unix.Mmap(-1, 0, page, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("mmap a probe page: %w", err)
+	}
+	defer unix.Munmap(mem)
+	base := uintptr(unsafe.Pointer(&mem[0]))
+	if err := d.MemHostRegister(base, uint64(page), cuda.HostRegisterDeviceMap|cuda.HostRegisterPortable); err != nil {
+		return err
+	}
+	defer d.MemHostUnregister(base)
+	dp, err := d.MemHostGetDevicePointer(base)
+	if err != nil {
+		return err
+	}
+	const magic = 0x5058_4e5f_6265_6c6c
+	st := &c.lanes[0].streams[0]
+	if err := d.StreamWriteValue64(st.s, dp+64, magic, cuda.StreamWriteValueDefault); err != nil {
+		return err
+	}
+	if err := d.StreamSynchronize(st.s); err != nil {
+		return err
+	}
+	if got := atomic.LoadUint64((*uint64)(unsafe.Pointer(&mem[64]))); got != magic {
+		return fmt.Errorf("cuStreamWriteValue64 probe: host word is %#x, want %#x", got, uint64(magic))
+	}
+	return nil
+}
+
+// Doorbell describes the doorbell path in use.
+func (c *Copier) Doorbell() string {
+	if c.gpuBell {
+		return "gpu (cuStreamWriteValue64)"
+	}
+	return "cpu (event + Poll)"
+}
+
+// GPUDoorbell reports whether doorbells are rung by the GPU.
+func (c *Copier) GPUDoorbell() bool { return c.gpuBell }
+
+// CopyMode is the copy form in use.
+func (c *Copier) CopyMode() cuda.CopyMode { return c.mode }
+
+// BindThread makes the copier's context current on the calling OS thread.
+// The pump calls it once, after runtime.LockOSThread, before its first
+// round.
+func (c *Copier) BindThread() error { return c.g.d.BindContext(c.g.ctx) }
+
+// RegisterHost registers [ptr, ptr+n) (widened to whole pages) with
+// cuMemHostRegister(DEVICEMAP|PORTABLE), so that the lane streams can ring
+// doorbells in it. The engine calls it once per peer control-block mapping
+// when it attaches a lane; unregister must wait until no doorbell into the
+// range is pending. On the CPU-doorbell path nothing is registered.
+func (c *Copier) RegisterHost(ptr uintptr, n uint64) (unregister func() error, err error) {
+	if !c.gpuBell {
+		return func() error { return nil }, nil
+	}
+	if ptr == 0 || n == 0 {
+		return nil, fmt.Errorf("gpu: register host range %#x+%d", ptr, n)
+	}
+	page := uintptr(unix.Getpagesize())
+	start := ptr &^ (page - 1)
+	end := (ptr + uintptr(n) + page - 1) &^ (page - 1)
+	size := uint64(end - start)
+	d := c.g.d
+	var dp cuda.DevicePtr
+	err = c.g.Do(func() error {
+		if err := d.MemHostRegister(start, size, cuda.HostRegisterDeviceMap|cuda.HostRegisterPortable); err != nil {
+			return err
+		}
+		var err error
+		if dp, err = d.MemHostGetDevicePointer(start); err != nil {
+			return errors.Join(err, d.MemHostUnregister(start))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gpu: register host range %#x+%d: %w", ptr, n, err)
+	}
+	if err := c.hosts.add(hostRange{host: start, size: size, dev: dp}); err != nil {
+		return nil, errors.Join(err, c.g.Do(func() error { return d.MemHostUnregister(start) }))
+	}
+	var once sync.Once
+	return func() error {
+		var err error
+		once.Do(func() {
+			if c.hosts.remove(start) {
+				err = c.g.Do(func() error { return d.MemHostUnregister(start) })
+			}
+		})
+		return err
+	}, nil
+}
+
+// Classify reports relay.Device when [addr, addr+n) lies in one device
+// allocation (cuPointerGetAttribute MEMORY_TYPE and range); host memory,
+// registered or not, is relay.Host. It runs on the caller's thread and
+// leaves that thread's context as it found it.
+func (c *Copier) Classify(addr uintptr, n uint64) relay.Kind {
+	if c.g.d.Classify(c.g.ctx, cuda.DevicePtr(addr), n) == cuda.MemoryDevice {
+		return relay.Device
+	}
+	return relay.Host
+}
+
+// RecordReady records a pooled event on the caller's stream. Stream 0 is
+// the legacy default stream (CU_STREAM_LEGACY), which waits for all prior
+// work of every blocking stream of the context, the per-thread default
+// streams included; a caller working on a non-blocking stream passes it.
+// The stream must belong to the GPU's primary context.
+func (c *Copier) RecordReady(stream uintptr) (relay.Event, error) {
+	ev, cev, err := c.ready.get()
+	if err != nil {
+		return 0, err
+	}
+	if err := c.g.d.RecordEvent(c.g.ctx, cev, cuda.Stream(stream)); err != nil {
+		c.ready.put(ev)
+		return 0, fmt.Errorf("gpu: source-ready event on stream %#x: %w", stream, err)
+	}
+	return ev, nil
+}
+
+// Query reports whether ev has completed (cuEventQuery). Event 0 is always
+// complete.
+func (c *Copier) Query(ev relay.Event) (bool, error) {
+	if ev == 0 {
+		return true, nil
+	}
+	cev, ok := c.ready.lookup(ev)
+	if !ok {
+		return false, fmt.Errorf("%w: %#x", ErrUnknownEvent, uint64(ev))
+	}
+	return c.g.d.QueryEvent(c.g.ctx, cev)
+}
+
+// Release returns ev to the pool.
+func (c *Copier) Release(ev relay.Event) { c.ready.put(ev) }
+
+// Copy enqueues, on the lane's next stream, a wait for ready, the copies
+// and the doorbell, and returns without waiting. On error, nothing after
+// the failing step was enqueued and the doorbell was not submitted.
+func (c *Copier) Copy(laneIdx int, ready relay.Event, entries []relay.CopyEntry, doorbell *uint64, seq uint64) error {
+	if laneIdx < 0 || laneIdx >= staging.LaneCount {
+		return fmt.Errorf("gpu: lane %d out of range [0, %d)", laneIdx, staging.LaneCount)
+	}
+	if doorbell == nil {
+		return fmt.Errorf("gpu: lane %d seq %d: nil doorbell", laneIdx, seq)
+	}
+	word := uintptr(unsafe.Pointer(doorbell))
+	if word%8 != 0 {
+		return fmt.Errorf("gpu: lane %d seq %d: doorbell %#x is not 8-byte aligned", laneIdx, seq, word)
+	}
+	if len(entries) > staging.MaxPlans {
+		return fmt.Errorf("gpu: lane %d seq %d: %d entries, at most %d", laneIdx, seq, len(entries), staging.MaxPlans)
+	}
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	var wait cuda.Event
+	if ready != 0 {
+		var ok bool
+		if wait, ok = c.ready.lookup(ready); !ok {
+			return fmt.Errorf("gpu: lane %d seq %d: %w: %#x", laneIdx, seq, ErrUnknownEvent, uint64(ready))
+		}
+	}
+	var bellDev cuda.DevicePtr
+	if c.gpuBell {
+		var ok bool
+		if bellDev, ok = c.hosts.device(word, 8); !ok {
+			return fmt.Errorf("gpu: lane %d seq %d: doorbell %#x is in no registered host range (RegisterHost)", laneIdx, seq, word)
+		}
+	}
+	l := &c.lanes[laneIdx]
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st := &l.streams[l.next]
+	if !c.gpuBell && st.n == PendingDepth {
+		return fmt.Errorf("%w: lane %d seq %d: %d doorbells not yet rung", ErrLaneFull, laneIdx, seq, PendingDepth)
+	}
+	var n uint64
+	for i := range entries {
+		n += entries[i].Len
+	}
+	p := &st.piece
+	p.Ctx = c.g.ctx
+	p.Stream = st.s
+	p.Wait = wait
+	p.Mode = c.mode
+	p.Entries = unsafe.Slice((*cuda.CopyEntry)(unsafe.Pointer(unsafe.SliceData(entries))), len(entries))
+	p.Doorbell = bellDev
+	p.Seq = seq
+	p.Done = 0
+	tail := (st.head + st.n) % PendingDepth
+	if !c.gpuBell {
+		p.Done = st.events[tail]
+	}
+	err := st.op.Enqueue(p)
+	p.Entries = nil
+	if err != nil {
+		return fmt.Errorf("gpu: lane %d seq %d: %w", laneIdx, seq, err)
+	}
+	if !c.gpuBell {
+		st.bells[tail] = bell{word: doorbell, seq: seq}
+		st.n++
+		c.pending.Add(1)
+	}
+	l.next = (l.next + 1) % StreamsPerLane
+	c.copies.Add(1)
+	c.bytes.Add(n)
+	return nil
+}
+
+// Poll rings the CPU doorbells whose copies have completed, each with an
+// atomic store of its seq (the relay loads it atomically), and returns how
+// many it rang. The pump calls it every round; on the GPU-doorbell path, or
+// with nothing pending, it returns at once. An error is a failed event
+// query: the lane's Pieces will never ring, and the engine should treat it
+// like a failed Copy.
+func (c *Copier) Poll() (int, error) {
+	if c.pending.Load() == 0 {
+		return 0, nil
+	}
+	rung := 0
+	for i := range c.lanes {
+		n, err := c.pollLane(i)
+		rung += n
+		if err != nil {
+			return rung, err
+		}
+	}
+	return rung, nil
+}
+
+func (c *Copier) pollLane(i int) (int, error) {
+	l := &c.lanes[i]
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	rung := 0
+	for si := range l.streams {
+		st := &l.streams[si]
+		for st.n > 0 {
+			done, err := c.g.d.QueryEvent(c.g.ctx, st.events[st.head])
+			if err != nil {
+				return rung, fmt.Errorf("gpu: lane %d doorbell seq %d: %w", i, st.bells[st.head].seq, err)
+			}
+			if !done {
+				break
+			}
+			b := st.bells[st.head]
+			atomic.StoreUint64(b.word, b.seq)
+			st.bells[st.head] = bell{}
+			st.head = (st.head + 1) % PendingDepth
+			st.n--
+			c.pending.Add(-1)
+			rung++
+		}
+	}
+	return rung, nil
+}
+
+// CopierStats are a Copier's counters.
+type CopierStats struct {
+	// Copies and Bytes count Pieces whose Copy succeeded.
+	Copies uint64
+	Bytes  uint64
+	// PendingDoorbells are CPU doorbells Poll has not rung yet.
+	PendingDoorbells int
+	// LiveReadyEvents are source-ready events not yet released.
+	LiveReadyEvents int
+	// HostRanges are registered host ranges.
+	HostRanges int
+}
+
+// Stats returns the copier's counters.
+func (c *Copier) Stats() CopierStats {
+	return CopierStats{
+		Copies:           c.copies.Load(),
+		Bytes:            c.bytes.Load(),
+		PendingDoorbells: int(c.pending.Load()),
+		LiveReadyEvents:  c.ready.live(),
+		HostRanges:       len(c.hosts.all()),
+	}
+}
+
+// Close waits for every enqueued Piece (a stream synchronize per lane
+// stream: this is the one place the copier blocks on the GPU), rings the
+// CPU doorbells that are left, and frees the streams, events and host
+// registrations. A Piece whose source-ready event never completes makes
+// Close wait for it.
+func (c *Copier) Close() error {
+	c.closeMu.Lock()
+	defer c.closeMu.Unlock()
+	if c.closed.Swap(true) {
+		return nil
+	}
+	return c.g.Do(func() error {
+		var errs []error
+		for i := range c.lanes {
+			for si := range c.lanes[i].streams {
+				if s := c.lanes[i].streams[si].s; s != 0 {
+					if err := c.g.d.StreamSynchronize(s); err != nil {
+						errs = append(errs, err)
+					}
+				}
+			}
+		}
+		if _, err := c.Poll(); err != nil {
+			errs = append(errs, err)
+		}
+		errs = append(errs, c.destroy())
+		return errors.Join(errs...)
+	})
+}
+
+// destroy frees what NewCopier made; the context is current.
+func (c *Copier) destroy() error {
+	d := c.g.d
+	var errs []error
+	for i := range c.lanes {
+		for si := range c.lanes[i].streams {
+			st := &c.lanes[i].streams[si]
+			for k, ev := range st.events {
+				if ev != 0 {
+					errs = append(errs, d.EventDestroy(ev))
+					st.events[k] = 0
+				}
+			}
+			if st.op != nil {
+				st.op.Free()
+				st.op = nil
+			}
+			if st.s != 0 {
+				errs = append(errs, d.StreamDestroy(st.s))
+				st.s = 0
+			}
+		}
+	}
+	errs = append(errs, c.ready.destroy())
+	if left := c.hosts.all(); len(left) > 0 {
+		c.log.Info("pxn gpu copier: unregistering host ranges the engine left registered", "ranges", len(left))
+		for _, r := range left {
+			c.hosts.remove(r.host)
+			errs = append(errs, d.MemHostUnregister(r.host))
+		}
+	}
+	return errors.Join(errs...)
+}
