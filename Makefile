@@ -5,7 +5,7 @@ TOOLS := hack/tools.sh
 BIN := bin
 GOTEST_FLAGS ?= -race -timeout 30m
 
-.PHONY: all build test tools generate lint bench fuzz clean
+.PHONY: all build test tools generate lint bench fuzz demo clean
 
 all: build
 
@@ -32,6 +32,14 @@ test: lint
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+fuzz:
+	@hack/fuzz.sh
+
+# The README's main command: a local demo of the whole engine on the bundled
+# 8-GPU node layout.
+demo:
+	@hack/demo.sh
 
 clean:
 	rm -rf $(BIN)

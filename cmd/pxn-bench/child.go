@@ -1,0 +1,98 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// event is one line a child prints for the parent.
+type event struct {
+	Event string `json:"event"`
+	Pid   int    `json:"pid,omitempty"`
+	Addr  string `json:"addr,omitempty"`
+	Error string `json:"error,omitempty"`
+	OK    bool   `json:"ok,omitempty"`
+	// Routed reports that every rail this rank writes to has a relay.
+	Routed bool        `json:"routed,omitempty"`
+	Result *rankResult `json:"result,omitempty"`
+	Idle   *idleResult `json:"idle,omitempty"`
+}
+
+func emit(ev event) {
+	b, _ := json.Marshal(ev)
+	fmt.Fprintln(os.Stdout, string(b))
+}
+
+// commands reads the parent's one-word commands from stdin.
+func commands() <-chan string {
+	ch := make(chan string)
+	go func() {
+		defer close(ch)
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			ch <- strings.TrimSpace(sc.Text())
+		}
+	}()
+	return ch
+}
+
+func readLayout(path string) (*layout, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var l layout
+	if err := json.Unmarshal(b, &l); err != nil {
+		return nil, fmt.Errorf("layout %s: %w", path, err)
+	}
+	return &l, nil
+}
+
+// mapBuffer returns n bytes of anonymous memory outside the Go heap (the
+// stand-in for device memory and for a remote registered region).
+func mapBuffer(n uint64) ([]byte, error) {
+	if n == 0 {
+		n = 1
+	}
+	b, err := unix.Mmap(-1, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("map %d bytes: %w", n, err)
+	}
+	return b, nil
+}
+
+// cpuTime is the user+system time of a thread (tid > 0) or of the whole
+// process (tid 0), in seconds.
+func cpuTime(tid int) (float64, error) {
+	path := "/proc/self/stat"
+	if tid > 0 {
+		path = fmt.Sprintf("/proc/self/task/%d/stat", tid)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("%s: no command field", path)
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("%s: %d fields", path, len(f))
+	}
+	var ut, st uint64
+	if _, err := fmt.Sscan(f[11], &ut); err != nil {
+		return 0, err
+	}
+	if _, err := fmt.Sscan(f[12], &st); err != nil {
+		return 0, err
+	}
+	const clkTck = 100
+	return float64(ut+st) / clkTck, nil
+}

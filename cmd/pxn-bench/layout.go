@@ -1,0 +1,130 @@
+package main
+
+import (
+	"fmt"
+	"sort"
+)
+
+const (
+	targetBase = 0x7e0000000000
+	railPrefix = "rail"
+)
+
+// transfer is what one rank writes to one target: Len bytes from its source
+// offset Src to the target's offset Dst, cut into requests of Block bytes.
+type transfer struct {
+	Rank   int    `json:"rank"`
+	Target int    `json:"target"`
+	Src    uint64 `json:"src"`
+	Dst    uint64 `json:"dst"`
+	Len    uint64 `json:"len"`
+	Block  uint64 `json:"block"`
+	Seed   uint64 `json:"seed"`
+	Remote string `json:"remote"`
+}
+
+// layout is a whole benchmark's traffic: who writes what where.
+type layout struct {
+	Ranks       int        `json:"ranks"`
+	Transfers   []transfer `json:"transfers"`
+	TargetBytes []uint64   `json:"targetBytes"`
+}
+
+func rankHCA(r int) string     { return fmt.Sprintf("mlx5_%d", r) }
+func remoteHCA(k int) string   { return fmt.Sprintf("rmlx5_%d", k) }
+func railName(k int) string    { return fmt.Sprintf("%s%d", railPrefix, k) }
+func sessionName(k int) string { return fmt.Sprintf("decode-node/%s", railName(k)) }
+func rankSeed(r int) uint64    { return uint64(r) + 1 }
+
+// railMap is MC_PXN_RAIL_MAP for n simulated rails: local and remote HCAs of
+// rail k share the canonical name railk.
+func railMap(n int) map[string]string {
+	m := map[string]string{}
+	for k := 0; k < n; k++ {
+		m[rankHCA(k)] = railName(k)
+		m[remoteHCA(k)] = railName(k)
+	}
+	return m
+}
+
+// newLayout places every rank's transfers. Each target k is a remote buffer
+// on rail k; writes into it are packed one after another.
+func newLayout(pattern string, ranks int, bytes, block uint64) (*layout, error) {
+	if ranks < 2 || ranks > 8 {
+		return nil, fmt.Errorf("--ranks %d: want 2..8 (one rank per GPU of a node)", ranks)
+	}
+	if bytes == 0 {
+		return nil, fmt.Errorf("--bytes must be > 0")
+	}
+	if block == 0 || block > bytes {
+		block = bytes
+	}
+	l := &layout{Ranks: ranks, TargetBytes: make([]uint64, ranks)}
+	add := func(r, k int, src, n uint64) {
+		l.Transfers = append(l.Transfers, transfer{Rank: r, Target: k, Src: src, Dst: l.TargetBytes[k], Len: n, Block: block, Seed: rankSeed(r), Remote: sessionName(k)})
+		l.TargetBytes[k] += n
+	}
+	switch pattern {
+	case "cross-rail":
+		for r := 0; r < ranks; r++ {
+			add(r, (r+1)%ranks, 0, bytes)
+		}
+	case "fan-in":
+		// Every other rank writes to rail 0's target: rank 0 relays for
+		// all of them on its seven inbound lanes and sends nothing itself.
+		for r := 1; r < ranks; r++ {
+			add(r, 0, 0, bytes)
+		}
+	case "same-rail":
+		for r := 0; r < ranks; r++ {
+			add(r, r, 0, bytes)
+		}
+	case "all-to-all":
+		per := bytes / uint64(ranks-1)
+		if per == 0 {
+			return nil, fmt.Errorf("--bytes %d too small for all-to-all over %d ranks", bytes, ranks)
+		}
+		for r := 0; r < ranks; r++ {
+			src := uint64(0)
+			for k := 0; k < ranks; k++ {
+				if k == r {
+					continue
+				}
+				add(r, k, src, per)
+				src += per
+			}
+		}
+	default:
+		return nil, fmt.Errorf("--pattern %q: want cross-rail, fan-in, same-rail or all-to-all", pattern)
+	}
+	sort.SliceStable(l.Transfers, func(i, j int) bool { return l.Transfers[i].Rank < l.Transfers[j].Rank })
+	return l, nil
+}
+
+func (l *layout) ofRank(r int) []transfer {
+	var out []transfer
+	for _, t := range l.Transfers {
+		if t.Rank == r {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+func (l *layout) ofTarget(k int) []transfer {
+	var out []transfer
+	for _, t := range l.Transfers {
+		if t.Target == k {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+func (l *layout) sourceBytes(r int) uint64 {
+	var n uint64
+	for _, t := range l.ofRank(r) {
+		n = max(n, t.Src+t.Len)
+	}
+	return n
+}
