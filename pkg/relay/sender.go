@@ -20,12 +20,12 @@ type readyRef struct {
 // piece is one slot's worth of a group: its plan entries, first-hop copies
 // and the logical slices its completion completes.
 type piece struct {
-	session  string
-	plan     *staging.Plan
-	index    int
-	slices   []slice
-	bytes    uint64
-	ready    *readyRef
+	session string
+	plan    *staging.Plan
+	index   int
+	slices  []slice
+	bytes   uint64
+	ready   *readyRef
 }
 
 func (p *piece) entries() []staging.PlanEntry { return p.plan.PieceEntries(p.index) }
