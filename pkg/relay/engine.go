@@ -299,7 +299,7 @@ func (e *Engine) failOps(ops []WriteOp, err error) {
 // on its own when PXN runs; without a pump the host calls Progress (Status
 // callers of the C ABI do it for them).
 func (e *Engine) Progress() {
-	if e.pump != nil {
+	if e.pump != nil && !e.pump.dead.Load() {
 		return
 	}
 	e.pollMu.Lock()

@@ -19,6 +19,9 @@ type HostDeps struct {
 	LocalHCA  string
 	// Arenas allocates the staging arena; nil means host memory.
 	Arenas staging.ArenaProvider
+	// Memory registers the arena with the host's NIC, so that the relay's
+	// second hop can read from it; nil when the hop needs no registration.
+	Memory staging.MemoryRegistrar
 	Logger klog.Logger
 }
 
@@ -72,6 +75,7 @@ func register(ctx context.Context, cfg staging.Config, deps HostDeps) (*StagingR
 		HCA:              deps.LocalHCA,
 		HeartbeatTimeout: cfg.HeartbeatTimeout,
 		Arenas:           deps.Arenas,
+		Memory:           deps.Memory,
 	})
 	if err != nil {
 		return nil, err

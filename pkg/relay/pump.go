@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"runtime/debug"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -50,6 +51,7 @@ type pump struct {
 	// registration are released only after the copier has drained.
 	zombies []*outLane
 	poller  CopyPoller
+	dead    atomic.Bool
 }
 
 // chanMutex guards fallbacks that callers add (ready-event failures) while
@@ -127,6 +129,25 @@ func (p *pump) run() {
 		case <-timer.C:
 		}
 	}
+}
+
+// recoverPanic keeps a bug in the pump from ending the host process: PXN
+// turns off, everything the pump owned fails, and direct traffic goes on
+// through Progress.
+func (p *pump) recoverPanic() {
+	r := recover()
+	if r == nil {
+		return
+	}
+	e := p.e
+	e.log.Error(fmt.Errorf("%v", r), "pump panicked; PXN off, sending direct", "stack", string(debug.Stack()))
+	e.pxn.Store(false)
+	e.routes.Store(&routeTable{})
+	p.dead.Store(true)
+	func() {
+		defer func() { _ = recover() }()
+		p.finishStop()
+	}()
 }
 
 // busy reports whether anything is in flight or queued on either side.
@@ -444,6 +465,9 @@ func (p *pump) stop(ctx context.Context) error {
 	p.drainBy.Store(deadline.UnixNano())
 	p.wake()
 	<-p.doneCh
+	if p.dead.Load() {
+		return errors.New("relay: the pump had stopped after a panic")
+	}
 	return p.stopErr
 }
 
