@@ -1,0 +1,228 @@
+package main
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pxn-project/pxn/pkg/relay"
+)
+
+// engine is what one engine handle stands for: the relay engine and what the
+// C side added around it.
+type engine struct {
+	// mu is read-held by every call on the engine and write-held by close,
+	// so close waits for calls in progress and frees nothing under them.
+	mu      sync.RWMutex
+	closed  bool
+	closing atomic.Bool
+
+	eng *relay.Engine
+	mem deviceMemory
+	// table is the directory when the host registers its targets; nil when
+	// a resolve callback is the directory.
+	table *tableDirectory
+	// release frees the C memory behind the hop and the directory; it runs
+	// once the relay engine has stopped calling them.
+	release func()
+
+	sessions interner
+
+	batchMu sync.RWMutex
+	batches map[uint64]*relay.Batch
+}
+
+func newEngine(eng *relay.Engine, mem deviceMemory, table *tableDirectory, release func()) *engine {
+	return &engine{eng: eng, mem: mem, table: table, release: release, batches: make(map[uint64]*relay.Batch)}
+}
+
+// Memory kinds as pxn_register_memory names them.
+const (
+	memHost   = 0
+	memDevice = 1
+)
+
+func (e *engine) registerMemory(addr uintptr, n uint64, kind int) error {
+	if addr == 0 || n == 0 {
+		return fail(codeInvalid, "memory range %#x+%d is empty", addr, n)
+	}
+	switch kind {
+	case memHost:
+		// Host memory is what unregistered memory already counts as.
+		return nil
+	case memDevice:
+		if err := e.mem.RegisterDevice(addr, n); err != nil {
+			return fail(codeInvalid, "register device memory: %w", err)
+		}
+		return nil
+	}
+	return fail(codeInvalid, "unknown memory kind %d; want PXN_MEM_HOST or PXN_MEM_DEVICE", kind)
+}
+
+func (e *engine) registerTarget(session, hca string, base, n uint64) error {
+	if e.table == nil {
+		return fail(codeInvalid, "this engine resolves targets through its resolve callback; pxn_register_target is not used")
+	}
+	return e.table.register(session, hca, base, n)
+}
+
+func (e *engine) unregisterTarget(session string) error {
+	if e.table == nil {
+		return fail(codeInvalid, "this engine resolves targets through its resolve callback; pxn_unregister_target is not used")
+	}
+	return e.table.unregister(session)
+}
+
+// submit starts reqs and returns the new batch's handle.
+func (e *engine) submit(reqs []relay.Request) (uint64, error) {
+	if e.closing.Load() {
+		return 0, fail(codeClosed, "engine is closing")
+	}
+	b, err := e.eng.Submit(reqs)
+	if err != nil {
+		return 0, err
+	}
+	id := handles.newID()
+	e.batchMu.Lock()
+	e.batches[id] = b
+	e.batchMu.Unlock()
+	return id, nil
+}
+
+func (e *engine) batch(id uint64) (*relay.Batch, error) {
+	e.batchMu.RLock()
+	b := e.batches[id]
+	e.batchMu.RUnlock()
+	if b == nil {
+		return nil, fail(codeInvalid, "batch handle %d is not a live batch of this engine", id)
+	}
+	return b, nil
+}
+
+// status reports task i of batch id. Without a pump, nothing else polls the
+// transport, so it polls first.
+func (e *engine) status(id uint64, i uint64) (relay.TaskStatus, error) {
+	b, err := e.batch(id)
+	if err != nil {
+		return relay.TaskStatus{}, err
+	}
+	if i >= uint64(b.Len()) {
+		return relay.TaskStatus{}, fail(codeInvalid, "task %d of a batch of %d", i, b.Len())
+	}
+	e.eng.Progress()
+	return b.Status(int(i))
+}
+
+func (e *engine) freeBatch(id uint64) error {
+	e.batchMu.Lock()
+	defer e.batchMu.Unlock()
+	b := e.batches[id]
+	if b == nil {
+		return fail(codeInvalid, "batch handle %d is not a live batch of this engine", id)
+	}
+	if !b.Done() {
+		return fail(codeBusy, "batch %d still has pending tasks", id)
+	}
+	delete(e.batches, id)
+	return nil
+}
+
+// relayWaitStep is how often waitRelay looks again.
+const relayWaitStep = time.Millisecond
+
+// waitRelay waits until rail has a live relay. It does not hold the engine:
+// it is called without handles.with, and gives up when the engine closes.
+func waitRelay(id uint64, rail string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		var found bool
+		err := handles.with(id, func(e *engine) error {
+			if e.closing.Load() {
+				return fail(codeClosed, "engine is closing")
+			}
+			if !e.eng.PXNActive() {
+				return fail(codeNotSup, "PXN is off in this process; there is no relay to wait for")
+			}
+			found = e.eng.HasRelay(rail)
+			return nil
+		})
+		if err != nil || found {
+			return err
+		}
+		if !time.Now().Before(deadline) {
+			return fail(codeTimedOut, "no live relay on rail %q after %v", rail, timeout)
+		}
+		time.Sleep(relayWaitStep)
+	}
+}
+
+// closeDrainStep is how often close looks at unfinished batches.
+const closeDrainStep = 50 * time.Microsecond
+
+// close drains for up to timeout, stops the relay engine and frees the C
+// side. The caller has removed e from the handle table.
+func (e *engine) close(timeout time.Duration) error {
+	e.closing.Store(true)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.closed = true
+	deadline := time.Now().Add(timeout)
+	for e.pending() > 0 && time.Now().Before(deadline) {
+		// Without a pump only Progress completes direct work.
+		e.eng.Progress()
+		time.Sleep(closeDrainStep)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	err := e.eng.Close(ctx)
+	cancel()
+	left := e.pending()
+	e.batches = nil
+	e.release()
+	switch {
+	case left > 0:
+		return fail(codeTimedOut, "close: %d batches still had pending tasks after %v; the engine no longer tracks them", left, timeout)
+	case err != nil:
+		return fail(codeIO, "close: %w", err)
+	}
+	return nil
+}
+
+// pending counts the batches with a task not yet final.
+func (e *engine) pending() int {
+	e.batchMu.RLock()
+	defer e.batchMu.RUnlock()
+	n := 0
+	for _, b := range e.batches {
+		if !b.Done() {
+			n++
+		}
+	}
+	return n
+}
+
+// maxInterned bounds the session names an interner keeps.
+const maxInterned = 4096
+
+// interner returns one Go string per distinct session name, so that a
+// steady stream of requests to the same targets does not allocate.
+type interner struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+func (in *interner) get(b []byte) string {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if s, ok := in.m[string(b)]; ok {
+		return s
+	}
+	s := string(b)
+	if in.m == nil {
+		in.m = make(map[string]string)
+	}
+	if len(in.m) < maxInterned {
+		in.m[s] = s
+	}
+	return s
+}

@@ -1,0 +1,408 @@
+package main
+
+/*
+#cgo CFLAGS: -I${SRCDIR} -I${SRCDIR}/../../include
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"context"
+	"math"
+	"time"
+	"unsafe"
+
+	"github.com/pxn-project/pxn/pkg/relay"
+	"github.com/pxn-project/pxn/pkg/staging"
+)
+
+// The Go mirrors of pxn.h's constants must match it: a mismatch indexes
+// these arrays out of range and fails the build.
+var (
+	_ = [1]struct{}{}[C.PXN_OK-int(codeOK)]
+	_ = [1]struct{}{}[C.PXN_EINVAL-int(codeInvalid)]
+	_ = [1]struct{}{}[C.PXN_BUSY-int(codeBusy)]
+	_ = [1]struct{}{}[C.PXN_ENOTSUP-int(codeNotSup)]
+	_ = [1]struct{}{}[C.PXN_ECLOSED-int(codeClosed)]
+	_ = [1]struct{}{}[C.PXN_EIO-int(codeIO)]
+	_ = [1]struct{}{}[C.PXN_ETIMEDOUT-int(codeTimedOut)]
+	_ = [1]struct{}{}[C.PXN_EINTERNAL-int(codeInternal)]
+	_ = [1]struct{}{}[C.PXN_TASK_WAITING-int(taskWaiting)]
+	_ = [1]struct{}{}[C.PXN_TASK_PENDING-int(taskPending)]
+	_ = [1]struct{}{}[C.PXN_TASK_INVALID-int(taskInvalid)]
+	_ = [1]struct{}{}[C.PXN_TASK_CANCELED-int(taskCanceled)]
+	_ = [1]struct{}{}[C.PXN_TASK_COMPLETED-int(taskCompleted)]
+	_ = [1]struct{}{}[C.PXN_TASK_TIMEOUT-int(taskTimeout)]
+	_ = [1]struct{}{}[C.PXN_TASK_FAILED-int(taskFailed)]
+	_ = [1]struct{}{}[C.PXN_COPIER_DEFAULT-int(copierDefault)]
+	_ = [1]struct{}{}[C.PXN_COPIER_HOST-int(copierHost)]
+	_ = [1]struct{}{}[C.PXN_COPIER_CUDA-int(copierCUDA)]
+	_ = [1]struct{}{}[C.PXN_MEM_HOST-memHost]
+	_ = [1]struct{}{}[C.PXN_MEM_DEVICE-memDevice]
+	_ = [1]struct{}{}[C.PXN_MAX_SESSION-staging.MaxSession]
+	_ = [1]struct{}{}[C.PXN_HCA_NAME_MAX-1-maxHCAName]
+)
+
+// openTimeout bounds pxn_open's wait for the registry lock.
+const openTimeout = 10 * time.Second
+
+// maxRailName bounds a rail name read from C.
+const maxRailName = 256
+
+// run calls f as an exported function's body: a panic becomes
+// PXN_EINTERNAL, and a failure's message is kept for pxn_last_error on the
+// calling thread.
+func run(f func() error) C.int {
+	code, msg := guarded(f)
+	if code != codeOK {
+		setThreadError(msg)
+	}
+	return C.int(code)
+}
+
+func setThreadError(msg string) {
+	if msg == "" {
+		C.pxnlib_set_error(nil, 0)
+		return
+	}
+	C.pxnlib_set_error((*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)))
+}
+
+// cBytes returns the bytes of the NUL-terminated C string p, looking no
+// further than limit bytes; ok is false when there is no NUL within them.
+// It reads byte by byte, so a short string at the end of a mapping is safe.
+func cBytes(p *C.char, limit int) (b []byte, ok bool) {
+	base := unsafe.Pointer(p)
+	for n := 0; n <= limit; n++ {
+		if *(*byte)(unsafe.Add(base, n)) == 0 {
+			return unsafe.Slice((*byte)(base), n), true
+		}
+	}
+	return nil, false
+}
+
+// cString is cBytes copied into a Go string; what names the argument in
+// the error.
+func cString(p *C.char, limit int, what string) (string, error) {
+	if p == nil {
+		return "", fail(codeInvalid, "%s is NULL", what)
+	}
+	b, ok := cBytes(p, limit)
+	if !ok {
+		return "", fail(codeInvalid, "%s is longer than %d bytes", what, limit)
+	}
+	return string(b), nil
+}
+
+// cAddress reads a C pointer field as an address, never as a Go pointer.
+func cAddress(p *unsafe.Pointer) uintptr { return *(*uintptr)(unsafe.Pointer(p)) }
+
+// cLookupEnv reads the environment at call time, so a host that sets
+// MC_PXN_* after loading the library is seen.
+func cLookupEnv(name string) (string, bool) {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	v := C.getenv(cname)
+	if v == nil {
+		return "", false
+	}
+	return C.GoString(v), true
+}
+
+//export pxn_open
+func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
+	return run(func() error {
+		if opts == nil || out == nil {
+			return fail(codeInvalid, "pxn_open: opts and out must not be NULL")
+		}
+		*out = 0
+		if size := uint32(opts.struct_size); size < C.sizeof_pxn_options {
+			return fail(codeInvalid, "pxn_open: options struct_size %d; want at least %d", size, C.sizeof_pxn_options)
+		}
+		o := *opts
+		if o.version != C.PXN_OPTIONS_VERSION {
+			return fail(codeNotSup, "pxn_open: options version %d; this library knows version %d", o.version, C.PXN_OPTIONS_VERSION)
+		}
+		if o.transport == nil {
+			return fail(codeInvalid, "pxn_open: options.transport is NULL")
+		}
+		if size := uint32(o.transport.struct_size); size < C.sizeof_pxn_transport {
+			return fail(codeInvalid, "pxn_open: transport struct_size %d; want at least %d", size, C.sizeof_pxn_transport)
+		}
+		t := *o.transport
+		if t.submit == nil || t.poll == nil {
+			return fail(codeInvalid, "pxn_open: the transport needs both submit and poll")
+		}
+		var hca string
+		if o.local_hca != nil {
+			var err error
+			if hca, err = cString(o.local_hca, maxHCAName, "options.local_hca"); err != nil {
+				return err
+			}
+		}
+		copier, mem, err := newCopier(uint32(o.copier))
+		if err != nil {
+			return err
+		}
+		bufs := &cBuffers{}
+		hop := &cHop{submitFn: t.submit, pollFn: t.poll, user: C.uintptr_t(cAddress(&t.user)), bufs: bufs}
+		var dir relay.Directory
+		var table *tableDirectory
+		if o.resolve != nil {
+			dir = &callbackDirectory{fn: o.resolve, user: C.uintptr_t(cAddress(&o.resolve_user)), bufs: bufs}
+		} else {
+			table = newTableDirectory()
+			dir = table
+		}
+		release := func() {
+			hop.releaseAll()
+			bufs.releaseAll()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+		defer cancel()
+		eng, err := relay.OpenFromEnv(ctx, cLookupEnv, relay.HostDeps{
+			Hop: hop, Directory: dir, Copier: copier, LocalHCA: hca,
+		})
+		if err != nil {
+			_ = copier.Close()
+			release()
+			return fail(codeIO, "pxn_open: %w", err)
+		}
+		*out = C.pxn_engine_t(handles.add(newEngine(eng, mem, table, release)))
+		return nil
+	})
+}
+
+//export pxn_close
+func pxn_close(h C.pxn_engine_t, timeoutMS C.uint32_t) C.int {
+	return run(func() error {
+		e, err := handles.remove(uint64(h))
+		if err != nil {
+			return err
+		}
+		return e.close(time.Duration(timeoutMS) * time.Millisecond)
+	})
+}
+
+//export pxn_register_memory
+func pxn_register_memory(h C.pxn_engine_t, addr unsafe.Pointer, n C.uint64_t, kind C.int) C.int {
+	a := uintptr(addr)
+	return run(func() error {
+		return handles.with(uint64(h), func(e *engine) error {
+			return e.registerMemory(a, uint64(n), int(kind))
+		})
+	})
+}
+
+//export pxn_register_target
+func pxn_register_target(h C.pxn_engine_t, session, hca *C.char, base, n C.uint64_t) C.int {
+	return run(func() error {
+		s, err := cString(session, staging.MaxSession, "session")
+		if err != nil {
+			return err
+		}
+		name, err := cString(hca, maxHCAName, "hca")
+		if err != nil {
+			return err
+		}
+		return handles.with(uint64(h), func(e *engine) error {
+			return e.registerTarget(s, name, uint64(base), uint64(n))
+		})
+	})
+}
+
+//export pxn_unregister_target
+func pxn_unregister_target(h C.pxn_engine_t, session *C.char) C.int {
+	return run(func() error {
+		s, err := cString(session, staging.MaxSession, "session")
+		if err != nil {
+			return err
+		}
+		return handles.with(uint64(h), func(e *engine) error {
+			return e.unregisterTarget(s)
+		})
+	})
+}
+
+//export pxn_submit
+func pxn_submit(h C.pxn_engine_t, reqs *C.pxn_request, count C.size_t, out *C.pxn_batch_t) C.int {
+	return run(func() error {
+		if out == nil {
+			return fail(codeInvalid, "pxn_submit: out is NULL")
+		}
+		*out = 0
+		if count > 0 && reqs == nil {
+			return fail(codeInvalid, "pxn_submit: %d requests at NULL", count)
+		}
+		if uint64(count) > math.MaxInt32 {
+			return fail(codeInvalid, "pxn_submit: %d requests in one batch", count)
+		}
+		return handles.with(uint64(h), func(e *engine) error {
+			cs := unsafe.Slice(reqs, int(count))
+			rs := make([]relay.Request, len(cs))
+			for i := range cs {
+				c := &cs[i]
+				r := &rs[i]
+				switch c.op {
+				case C.PXN_OP_WRITE:
+					r.Op = relay.Write
+				case C.PXN_OP_READ:
+					r.Op = relay.Read
+				default:
+					return fail(codeInvalid, "pxn_submit: request %d: op %d; want PXN_OP_WRITE or PXN_OP_READ", i, c.op)
+				}
+				r.Src, r.Len, r.Dst = cAddress(&c.src), uint64(c.len), uint64(c.dst)
+				r.Stream = cAddress(&c.stream)
+				if r.Len > 0 && (r.Src == 0 || uint64(r.Src)+(r.Len-1) < uint64(r.Src)) {
+					return fail(codeInvalid, "pxn_submit: request %d: local range %#x+%d", i, r.Src, r.Len)
+				}
+				if r.Len > 0 && r.Dst+(r.Len-1) < r.Dst {
+					return fail(codeInvalid, "pxn_submit: request %d: destination %#x+%d wraps", i, r.Dst, r.Len)
+				}
+				if c.target == nil {
+					return fail(codeInvalid, "pxn_submit: request %d: target is NULL", i)
+				}
+				b, ok := cBytes(c.target, staging.MaxSession)
+				if !ok || len(b) == 0 {
+					return fail(codeInvalid, "pxn_submit: request %d: target session must be 1..%d bytes", i, staging.MaxSession)
+				}
+				r.Target = e.sessions.get(b)
+			}
+			id, err := e.submit(rs)
+			if err != nil {
+				return err
+			}
+			*out = C.pxn_batch_t(id)
+			return nil
+		})
+	})
+}
+
+//export pxn_get_status
+func pxn_get_status(h C.pxn_engine_t, batch C.pxn_batch_t, index C.size_t, out *C.pxn_task_status) C.int {
+	return run(func() error {
+		if out == nil {
+			return fail(codeInvalid, "pxn_get_status: out is NULL")
+		}
+		return handles.with(uint64(h), func(e *engine) error {
+			st, err := e.status(uint64(batch), uint64(index))
+			if err != nil {
+				return err
+			}
+			out.state = C.int32_t(taskState(st))
+			out.reserved = 0
+			out.transferred = C.uint64_t(st.Transferred)
+			if st.State == relay.Failed && st.Err != nil {
+				// The call succeeded; the task's failure is still worth a
+				// message on this thread.
+				setThreadError(st.Err.Error())
+			}
+			return nil
+		})
+	})
+}
+
+//export pxn_free_batch
+func pxn_free_batch(h C.pxn_engine_t, batch C.pxn_batch_t) C.int {
+	return run(func() error {
+		return handles.with(uint64(h), func(e *engine) error {
+			return e.freeBatch(uint64(batch))
+		})
+	})
+}
+
+//export pxn_progress
+func pxn_progress(h C.pxn_engine_t) C.int {
+	return run(func() error {
+		return handles.with(uint64(h), func(e *engine) error {
+			e.eng.Progress()
+			return nil
+		})
+	})
+}
+
+// countersHeader is the size of pxn_counters' struct_size and pxn_active.
+const countersHeader = 8
+
+//export pxn_get_counters
+func pxn_get_counters(h C.pxn_engine_t, out *C.pxn_counters) C.int {
+	return run(func() error {
+		if out == nil {
+			return fail(codeInvalid, "pxn_get_counters: out is NULL")
+		}
+		size := int(out.struct_size)
+		if size < countersHeader {
+			return fail(codeInvalid, "pxn_get_counters: struct_size %d; want at least %d", size, countersHeader)
+		}
+		return handles.with(uint64(h), func(e *engine) error {
+			s := e.eng.Counters()
+			n := min(size, C.sizeof_pxn_counters)
+			c := C.pxn_counters{
+				struct_size:         C.uint32_t(n),
+				relayed_bytes:       C.uint64_t(s.RelayedBytes),
+				relayed_pieces:      C.uint64_t(s.RelayedPieces),
+				fallback_bytes:      C.uint64_t(s.FallbackBytes),
+				fallback_pieces:     C.uint64_t(s.FallbackPieces),
+				direct_bytes:        C.uint64_t(s.DirectBytes),
+				credit_waits:        C.uint64_t(s.CreditWaits),
+				second_hop_failures: C.uint64_t(s.SecondHopFailures),
+				forwarded_bytes:     C.uint64_t(s.ForwardedBytes),
+				forwarded_pieces:    C.uint64_t(s.ForwardedPieces),
+				invalid_descs:       C.uint64_t(s.InvalidDescs),
+				failed_pieces:       C.uint64_t(s.FailedPieces),
+				lane_quarantines:    C.uint64_t(s.LaneQuarantines),
+			}
+			if e.eng.PXNActive() {
+				c.pxn_active = 1
+			}
+			copy(unsafe.Slice((*byte)(unsafe.Pointer(out)), n), unsafe.Slice((*byte)(unsafe.Pointer(&c)), n))
+			return nil
+		})
+	})
+}
+
+//export pxn_is_active
+func pxn_is_active(h C.pxn_engine_t) C.int {
+	active := false
+	rc := run(func() error {
+		return handles.with(uint64(h), func(e *engine) error {
+			active = e.eng.PXNActive()
+			return nil
+		})
+	})
+	if rc == C.PXN_OK && active {
+		return 1
+	}
+	return rc
+}
+
+//export pxn_has_relay
+func pxn_has_relay(h C.pxn_engine_t, rail *C.char) C.int {
+	has := false
+	rc := run(func() error {
+		r, err := cString(rail, maxRailName, "rail")
+		if err != nil {
+			return err
+		}
+		return handles.with(uint64(h), func(e *engine) error {
+			has = e.eng.HasRelay(r)
+			return nil
+		})
+	})
+	if rc == C.PXN_OK && has {
+		return 1
+	}
+	return rc
+}
+
+//export pxn_wait_relay
+func pxn_wait_relay(h C.pxn_engine_t, rail *C.char, timeoutMS C.uint32_t) C.int {
+	return run(func() error {
+		r, err := cString(rail, maxRailName, "rail")
+		if err != nil {
+			return err
+		}
+		return waitRelay(uint64(h), r, time.Duration(timeoutMS)*time.Millisecond)
+	})
+}

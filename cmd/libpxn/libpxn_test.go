@@ -1,0 +1,555 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pxn-project/pxn/pkg/relay"
+)
+
+// The C tests build libpxn.so once, with the command docs/c-abi.md gives:
+//
+//	CGO_ENABLED=1 go build -buildmode=c-shared -o libpxn.so ./cmd/libpxn
+var (
+	libOnce sync.Once
+	libDir  string
+	libErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if libDir != "" {
+		os.RemoveAll(libDir)
+	}
+	os.Exit(code)
+}
+
+// needTool returns the path of a C compiler. Without it the test skips, or
+// fails when PXN_REQUIRE_TOOLS=1 (make test), like every tool-bound test.
+func needTool(t *testing.T, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		if os.Getenv("PXN_REQUIRE_TOOLS") == "1" {
+			t.Fatalf("%s not found in PATH, and PXN_REQUIRE_TOOLS=1: %v", name, err)
+		}
+		t.Skipf("%s not found in PATH: the C ABI tests compile C programs against libpxn.so", name)
+	}
+	return p
+}
+
+func goTool() (string, error) {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p, nil
+	}
+	if root := os.Getenv("GOROOT"); root != "" {
+		return filepath.Join(root, "bin", "go"), nil
+	}
+	return "", errors.New("no go command: neither in PATH nor under $GOROOT")
+}
+
+// library builds libpxn.so and returns the directory that holds it.
+func library(t *testing.T) string {
+	t.Helper()
+	needTool(t, "gcc")
+	libOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "libpxn-test-")
+		if err != nil {
+			libErr = err
+			return
+		}
+		libDir = dir
+		gocmd, err := goTool()
+		if err != nil {
+			libErr = err
+			return
+		}
+		cmd := exec.Command(gocmd, "build", "-buildmode=c-shared", "-o", filepath.Join(dir, "libpxn.so"), ".")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=1", "GOFLAGS="+withoutRace(os.Getenv("GOFLAGS")))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			libErr = fmt.Errorf("go build -buildmode=c-shared: %w\n%s", err, out)
+		}
+	})
+	if libErr != nil {
+		t.Fatal(libErr)
+	}
+	return libDir
+}
+
+// withoutRace drops -race from GOFLAGS: a race-enabled libpxn.so cannot
+// start inside a host program built without the thread sanitizer.
+func withoutRace(goflags string) string {
+	var keep []string
+	for _, f := range strings.Fields(goflags) {
+		if f != "-race" && f != "-race=true" {
+			keep = append(keep, f)
+		}
+	}
+	return strings.Join(keep, " ")
+}
+
+func repoPath(parts ...string) string {
+	return filepath.Join(append([]string{"..", ".."}, parts...)...)
+}
+
+// compile builds a C program from srcs against pxn.h and libpxn.so.
+func compile(t *testing.T, lib, out string, srcs ...string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), out)
+	args := []string{"-std=c11", "-O2", "-Wall", "-Wextra", "-Werror",
+		"-I", repoPath("include"), "-I", repoPath("examples", "c")}
+	args = append(args, srcs...)
+	args = append(args, "-L", lib, "-lpxn", "-Wl,-rpath,"+lib, "-lpthread", "-o", bin)
+	if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
+		t.Fatalf("gcc %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return bin
+}
+
+// childEnv is the test's environment without any MC_PXN_ variable, plus extra.
+func childEnv(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "MC_PXN_") {
+			env = append(env, kv)
+		}
+	}
+	return append(env, extra...)
+}
+
+func TestHeaderCompilesAlone(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name, compiler, file, src string
+		flags                     []string
+	}{
+		{"c11", "gcc", "only.c", "#include \"pxn.h\"\n", []string{"-std=c11", "-Wall", "-Wextra", "-Werror", "-Wpedantic"}},
+		{"c++17", "g++", "only.cc", "#include \"pxn.h\"\n", []string{"-std=c++17", "-Wall", "-Wextra", "-Werror", "-Wpedantic"}},
+		{"with pxn_abi.h", "gcc", "both.c", "#include \"pxn_abi.h\"\n#include \"pxn.h\"\n", []string{"-std=c11", "-Wall", "-Wextra", "-Werror"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cc := needTool(t, tc.compiler)
+			src := filepath.Join(dir, tc.file)
+			if err := os.WriteFile(src, []byte(tc.src), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			args := append(append([]string{}, tc.flags...), "-fsyntax-only", "-I", repoPath("include"), src)
+			if out, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
+				t.Fatalf("%s %s: %v\n%s", tc.compiler, strings.Join(args, " "), err, out)
+			}
+		})
+	}
+}
+
+// TestABIRules runs testdata/abi_check.c: handles, errors, status mapping,
+// batch freeing, per-thread messages and concurrent calls, PXN off.
+func TestABIRules(t *testing.T) {
+	lib := library(t)
+	bin := compile(t, lib, "abi_check", filepath.Join("testdata", "abi_check.c"))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin)
+	cmd.Env = childEnv("MC_PXN_ENABLE=0")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("abi_check: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	if strings.TrimSpace(stdout.String()) != "PASS" {
+		t.Fatalf("abi_check printed %q, want PASS\nstderr:\n%s", stdout.String(), stderr.String())
+	}
+}
+
+// pattern is examples/c/pxn_example.c's pattern(): the byte rank writes at
+// offset off of its region of target.
+func pattern(rank, target int, off uint64) byte {
+	v := off*0x9E3779B97F4A7C15 + uint64(rank+1)*0x100000001B3 + uint64(target+1)*0xC2B2AE3D27D4EB4F
+	return byte(v >> 56)
+}
+
+// rankRun is one rank process of pxn_example.
+type rankRun struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	lines  chan string
+	stderr *lockedBuffer
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// counterLine parses "FINAL key=value ..." into its fields.
+func counterLine(line string) (map[string]uint64, error) {
+	fields := strings.Fields(line)
+	if len(fields) == 0 || fields[0] != "FINAL" {
+		return nil, fmt.Errorf("not a FINAL line: %q", line)
+	}
+	out := make(map[string]uint64)
+	for _, f := range fields[1:] {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			return nil, fmt.Errorf("field %q of %q", f, line)
+		}
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("field %q of %q: %w", f, line, err)
+		}
+		out[k] = n
+	}
+	return out, nil
+}
+
+// scratchDir is a directory in /dev/shm when there is one, so that the
+// targets and the registry are real shared memory.
+func scratchDir(t *testing.T) string {
+	t.Helper()
+	if st, err := os.Stat("/dev/shm"); err != nil || !st.IsDir() {
+		return t.TempDir()
+	}
+	dir, err := os.MkdirTemp("/dev/shm", "pxn-libpxn-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// TestExampleRanks runs the C example as separate rank processes on the host
+// path, with the transport callbacks in C, and checks every byte that lands
+// in the targets and the counters of every rank.
+func TestExampleRanks(t *testing.T) {
+	lib := library(t)
+	bin := compile(t, lib, "pxn_example", repoPath("examples", "c", "pxn_example.c"), repoPath("examples", "c", "shm_transport.c"))
+	const ranks = 2
+	railMap := `{"mlx5_0":"rail0","mlx5_1":"rail1","rmlx5_0":"rail0","rmlx5_1":"rail1"}`
+	for _, tc := range []struct {
+		name string
+		env  []string
+		// directories is each rank's --directory.
+		directories [ranks]string
+		// busyEvery makes every nth transport submit answer PXN_BUSY.
+		busyEvery int
+		relayed   bool
+		stderrHas string
+	}{
+		{
+			name:        "pxn",
+			env:         []string{"MC_PXN_ENABLE=1", "MC_PXN_GROUP_ID=ctest", "MC_PXN_RAIL_MAP=" + railMap},
+			directories: [ranks]string{"table", "callback"},
+			relayed:     true,
+		},
+		{
+			// Every other submit, direct or second hop, is refused as
+			// busy and must be retried.
+			name:        "pxn busy transport",
+			env:         []string{"MC_PXN_ENABLE=1", "MC_PXN_GROUP_ID=ctest", "MC_PXN_RAIL_MAP=" + railMap},
+			directories: [ranks]string{"callback", "table"},
+			busyEvery:   2,
+			relayed:     true,
+		},
+		{
+			name:        "direct",
+			env:         []string{"MC_PXN_ENABLE=0", "MC_PXN_RAIL_MAP=" + railMap},
+			directories: [ranks]string{"table", "table"},
+		},
+		{
+			name:        "bad rail map",
+			env:         []string{"MC_PXN_ENABLE=1", "MC_PXN_GROUP_ID=ctest", "MC_PXN_RAIL_MAP=not json"},
+			directories: [ranks]string{"callback", "table"},
+			stderrHas:   "PXN configuration refused",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			work := scratchDir(t)
+			targets := filepath.Join(work, "targets")
+			registry := filepath.Join(work, "registry")
+			for _, d := range []string{targets, registry} {
+				if err := os.Mkdir(d, 0o700); err != nil {
+					t.Fatal(err)
+				}
+			}
+			env := childEnv(append([]string{"MC_PXN_REGISTRY_ROOT=" + registry}, tc.env...)...)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+
+			runs := make([]*rankRun, ranks)
+			for r := range runs {
+				runs[r] = startRank(ctx, t, bin, env, r, ranks, targets, tc.directories[r], tc.busyEvery)
+			}
+			defer func() {
+				for _, rr := range runs {
+					rr.stdin.Close()
+					rr.cmd.Process.Kill()
+					rr.cmd.Wait()
+				}
+			}()
+
+			// Every rank must be done before any may close: peers relay
+			// through each other until the end. The counters printed after
+			// the barrier are final, forwarded bytes included.
+			for r, rr := range runs {
+				if _, err := waitLine(ctx, rr, "DONE"); err != nil {
+					t.Fatalf("rank %d: %v\nstderr:\n%s", r, err, rr.stderr.String())
+				}
+			}
+			for _, rr := range runs {
+				if _, err := rr.stdin.Write([]byte("\n")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			done := make([]map[string]uint64, ranks)
+			for r, rr := range runs {
+				line, err := waitLine(ctx, rr, "FINAL")
+				if err != nil {
+					t.Fatalf("rank %d: %v\nstderr:\n%s", r, err, rr.stderr.String())
+				}
+				if done[r], err = counterLine(line); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := waitLine(ctx, rr, "CLOSED"); err != nil {
+					t.Fatalf("rank %d: %v\nstderr:\n%s", r, err, rr.stderr.String())
+				}
+				if err := rr.cmd.Wait(); err != nil {
+					t.Fatalf("rank %d: %v\nstderr:\n%s", r, err, rr.stderr.String())
+				}
+				if tc.stderrHas != "" && !strings.Contains(rr.stderr.String(), tc.stderrHas) {
+					t.Errorf("rank %d stderr lacks %q:\n%s", r, tc.stderrHas, rr.stderr.String())
+				}
+			}
+
+			region := done[0]["region"]
+			if region == 0 {
+				t.Fatalf("rank 0 reported an empty region: %v", done[0])
+			}
+			for r, d := range done {
+				want := map[string]uint64{
+					"region":              region,
+					"fallback_bytes":      0,
+					"failed_pieces":       0,
+					"second_hop_failures": 0,
+				}
+				if tc.relayed {
+					// One region to each other rail through its relay,
+					// one region forwarded for each peer, the own rail's
+					// write and every read direct.
+					want["pxn_active"] = 1
+					want["relayed_bytes"] = (ranks - 1) * region
+					want["forwarded_bytes"] = (ranks - 1) * region
+					want["direct_bytes"] = region + ranks*region
+				} else {
+					want["pxn_active"] = 0
+					want["relayed_bytes"] = 0
+					want["forwarded_bytes"] = 0
+					want["direct_bytes"] = 2 * ranks * region
+				}
+				if busy := d["transport_busy"]; (tc.busyEvery > 0) != (busy > 0) {
+					t.Errorf("rank %d: transport answered PXN_BUSY %d times with --busy-every %d", r, busy, tc.busyEvery)
+				}
+				for k, v := range want {
+					if got, ok := d[k]; !ok || got != v {
+						t.Errorf("rank %d: %s = %d (present %v), want %d; all: %v", r, k, got, ok, v, d)
+					}
+				}
+			}
+			checkTargets(t, targets, ranks, region)
+		})
+	}
+}
+
+func startRank(ctx context.Context, t *testing.T, bin string, env []string, rank, ranks int, targets, directory string, busyEvery int) *rankRun {
+	t.Helper()
+	args := []string{"--rank", strconv.Itoa(rank), "--ranks", strconv.Itoa(ranks), "--dir", targets, "--directory", directory}
+	if busyEvery > 0 {
+		args = append(args, "--busy-every", strconv.Itoa(busyEvery))
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = env
+	rr := &rankRun{cmd: cmd, lines: make(chan string, 16), stderr: &lockedBuffer{}}
+	cmd.Stderr = rr.stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	rr.stdin = stdin
+	go func() {
+		defer close(rr.lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			rr.lines <- sc.Text()
+		}
+	}()
+	return rr
+}
+
+// waitLine returns the rank's next stdout line that starts with prefix.
+func waitLine(ctx context.Context, rr *rankRun, prefix string) (string, error) {
+	for {
+		select {
+		case line, ok := <-rr.lines:
+			if !ok {
+				return "", errors.New("exited before printing " + prefix)
+			}
+			if strings.HasPrefix(line, prefix) {
+				return line, nil
+			}
+		case <-ctx.Done():
+			return "", fmt.Errorf("no %s line: %w", prefix, ctx.Err())
+		}
+	}
+}
+
+// checkTargets reads every target file and checks each rank's region.
+func checkTargets(t *testing.T, dir string, ranks int, region uint64) {
+	t.Helper()
+	for k := 0; k < ranks; k++ {
+		b, err := os.ReadFile(filepath.Join(dir, "tgt"+strconv.Itoa(k)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if uint64(len(b)) != uint64(ranks)*region {
+			t.Fatalf("target %d holds %d bytes, want %d", k, len(b), uint64(ranks)*region)
+		}
+		for r := 0; r < ranks; r++ {
+			base := uint64(r) * region
+			for off := uint64(0); off < region; off++ {
+				if got, want := b[base+off], pattern(r, k, off); got != want {
+					t.Fatalf("target %d, rank %d's region, offset %d: byte %#x, want %#x", k, r, off, got, want)
+				}
+			}
+		}
+	}
+}
+
+func TestGuardedTurnsPanicsIntoCodes(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		f        func() error
+		wantCode int32
+		wantMsg  string
+	}{
+		{"ok", func() error { return nil }, codeOK, ""},
+		{"coded", func() error { return fail(codeBusy, "batch %d busy", 3) }, codeBusy, "batch 3 busy"},
+		{"wrapped coded", func() error { return fmt.Errorf("outer: %w", fail(codeNotSup, "inner")) }, codeNotSup, "outer: inner"},
+		{"closed", func() error { return fmt.Errorf("submit: %w", relay.ErrClosed) }, codeClosed, "submit: relay: engine closed"},
+		{"plain", func() error { return errors.New("disk on fire") }, codeIO, "disk on fire"},
+		{"panic", func() error { panic("boom") }, codeInternal, "libpxn internal error: boom"},
+		{"panic with error", func() error { panic(fmt.Errorf("wrapped %w", io.EOF)) }, codeInternal, "libpxn internal error: wrapped EOF"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, msg := guarded(tc.f)
+			if code != tc.wantCode || msg != tc.wantMsg {
+				t.Fatalf("guarded = (%d, %q), want (%d, %q)", code, msg, tc.wantCode, tc.wantMsg)
+			}
+		})
+	}
+}
+
+func TestTaskStateMapsOntoMooncake(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		st   relay.TaskStatus
+		want int32
+	}{
+		{"pending", relay.TaskStatus{State: relay.Pending}, taskPending},
+		{"completed", relay.TaskStatus{State: relay.Completed, Transferred: 9}, taskCompleted},
+		{"transport timeout", relay.TaskStatus{State: relay.Failed, Err: &transportError{code: codeTimedOut}}, taskTimeout},
+		{"transport invalid", relay.TaskStatus{State: relay.Failed, Err: fmt.Errorf("direct submit: %w", &transportError{code: codeInvalid})}, taskInvalid},
+		{"transport failure", relay.TaskStatus{State: relay.Failed, Err: &transportError{code: codeIO, msg: "link down"}}, taskFailed},
+		{"relay failure", relay.TaskStatus{State: relay.Failed, Err: errors.New("relay gone")}, taskFailed},
+		{"failed without error", relay.TaskStatus{State: relay.Failed}, taskFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := taskState(tc.st); got != tc.want {
+				t.Fatalf("taskState(%+v) = %d, want %d", tc.st, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestTableDirectory(t *testing.T) {
+	d := newTableDirectory()
+	for _, tc := range []struct {
+		session, hca string
+		base, n      uint64
+		wantCode     int32
+	}{
+		{"seg", "rmlx5_0", 0x1000, 0x1000, codeOK},
+		{"seg", "rmlx5_1", 0x3000, 0x1000, codeOK},
+		{"seg", "rmlx5_1", 0x1fff, 2, codeInvalid},
+		{"seg", "rmlx5_1", 0x0, 0x1001, codeInvalid},
+		{"seg", "rmlx5_1", 0x2000, 0, codeInvalid},
+		{"seg", "rmlx5_1", ^uint64(0), 2, codeInvalid},
+		{"", "rmlx5_1", 0x8000, 1, codeInvalid},
+		{strings.Repeat("s", 257), "rmlx5_1", 0x8000, 1, codeInvalid},
+		{"seg", "", 0x8000, 1, codeInvalid},
+		{"seg", strings.Repeat("h", 64), 0x8000, 1, codeInvalid},
+		{"other", "rmlx5_0", 0x1000, 0x1000, codeOK},
+	} {
+		if got := codeOf(d.register(tc.session, tc.hca, tc.base, tc.n)); got != tc.wantCode {
+			t.Errorf("register(%.10q, %q, %#x, %d) = %d, want %d", tc.session, tc.hca, tc.base, tc.n, got, tc.wantCode)
+		}
+	}
+	for _, tc := range []struct {
+		session string
+		dst     uint64
+		wantHCA string
+	}{
+		{"seg", 0x1000, "rmlx5_0"},
+		{"seg", 0x1fff, "rmlx5_0"},
+		{"seg", 0x2000, ""},
+		{"seg", 0x3800, "rmlx5_1"},
+		{"seg", 0x4000, ""},
+		{"seg", 0x0fff, ""},
+		{"nope", 0x1000, ""},
+	} {
+		tgt, err := d.Resolve(tc.session, tc.dst)
+		switch {
+		case tc.wantHCA == "" && err == nil:
+			t.Errorf("Resolve(%q, %#x) = %v, want an error", tc.session, tc.dst, tgt)
+		case tc.wantHCA != "" && (err != nil || len(tgt.HCAs) != 1 || tgt.HCAs[0] != tc.wantHCA):
+			t.Errorf("Resolve(%q, %#x) = %v, %v; want HCA %q", tc.session, tc.dst, tgt, err, tc.wantHCA)
+		}
+	}
+	if err := d.unregister("seg"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Resolve("seg", 0x1000); err == nil {
+		t.Fatal("Resolve after unregister succeeded")
+	}
+	if got := codeOf(d.unregister("seg")); got != codeInvalid {
+		t.Fatalf("second unregister = %d, want %d", got, codeInvalid)
+	}
+}

@@ -1,0 +1,221 @@
+#define _POSIX_C_SOURCE 200809L
+
+#include "shm_transport.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct shm_target {
+	char session[PXN_MAX_SESSION + 1];
+	uint8_t *mem;
+	uint64_t base;
+	uint64_t len;
+} shm_target;
+
+/* An op as the transport keeps it: the engine's array is gone after submit. */
+typedef struct queued_op {
+	uint8_t *local;
+	uint64_t len;
+	int target;
+	uint64_t dst;
+	uint64_t token;
+	int read;
+} queued_op;
+
+struct shm_transport {
+	pthread_mutex_t mu;
+	queued_op *q;
+	size_t head;
+	size_t count;
+	size_t alloc;
+	size_t capacity;
+	unsigned busy_every;
+	uint64_t submits;
+	uint64_t busy;
+
+	/* Used by poll only; the engine never runs two polls at once. */
+	queued_op *batch;
+	size_t batch_alloc;
+
+	shm_target targets[SHM_TRANSPORT_MAX_TARGETS];
+	int ntargets;
+};
+
+shm_transport *shm_transport_create(size_t capacity)
+{
+	shm_transport *t = calloc(1, sizeof(*t));
+	if (t == NULL)
+		return NULL;
+	if (pthread_mutex_init(&t->mu, NULL) != 0) {
+		free(t);
+		return NULL;
+	}
+	t->capacity = capacity;
+	return t;
+}
+
+void shm_transport_destroy(shm_transport *t)
+{
+	if (t == NULL)
+		return;
+	for (int i = 0; i < t->ntargets; i++)
+		munmap(t->targets[i].mem, t->targets[i].len);
+	pthread_mutex_destroy(&t->mu);
+	free(t->q);
+	free(t->batch);
+	free(t);
+}
+
+int shm_transport_add_target(shm_transport *t, const char *session, const char *path, uint64_t base,
+			     uint64_t len)
+{
+	if (t->ntargets == SHM_TRANSPORT_MAX_TARGETS || strlen(session) > PXN_MAX_SESSION || len == 0)
+		return -1;
+	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -1;
+	struct stat st;
+	if (fstat(fd, &st) != 0 || ((uint64_t)st.st_size < len && ftruncate(fd, (off_t)len) != 0)) {
+		close(fd);
+		return -1;
+	}
+	void *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (mem == MAP_FAILED)
+		return -1;
+	shm_target *tg = &t->targets[t->ntargets++];
+	strcpy(tg->session, session);
+	tg->mem = mem;
+	tg->base = base;
+	tg->len = len;
+	return 0;
+}
+
+static int find_target(const shm_transport *t, const char *session)
+{
+	for (int i = 0; i < t->ntargets; i++)
+		if (strcmp(t->targets[i].session, session) == 0)
+			return i;
+	return -1;
+}
+
+/* Makes room for n more ops at the tail; called with mu held. */
+static int reserve(shm_transport *t, size_t n)
+{
+	if (t->head + t->count + n <= t->alloc)
+		return 0;
+	memmove(t->q, t->q + t->head, t->count * sizeof(*t->q));
+	t->head = 0;
+	if (t->count + n <= t->alloc)
+		return 0;
+	size_t alloc = t->alloc ? t->alloc : 64;
+	while (alloc < t->count + n)
+		alloc *= 2;
+	queued_op *q = realloc(t->q, alloc * sizeof(*q));
+	if (q == NULL)
+		return -1;
+	t->q = q;
+	t->alloc = alloc;
+	return 0;
+}
+
+int shm_transport_submit(void *user, const pxn_transport_op *ops, size_t count)
+{
+	shm_transport *t = user;
+	pthread_mutex_lock(&t->mu);
+	t->submits++;
+	if ((t->busy_every > 0 && t->submits % t->busy_every == 0) ||
+	    (t->count > 0 && t->count + count > t->capacity)) {
+		t->busy++;
+		pthread_mutex_unlock(&t->mu);
+		return PXN_BUSY;
+	}
+	if (reserve(t, count) != 0) {
+		pthread_mutex_unlock(&t->mu);
+		return PXN_EIO;
+	}
+	for (size_t i = 0; i < count; i++) {
+		queued_op *q = &t->q[t->head + t->count + i];
+		q->local = ops[i].src;
+		q->len = ops[i].len;
+		/* The session string is the engine's and dies with this call. */
+		q->target = find_target(t, ops[i].target);
+		q->dst = ops[i].dst;
+		q->token = ops[i].token;
+		q->read = ops[i].read != 0;
+	}
+	t->count += count;
+	pthread_mutex_unlock(&t->mu);
+	return PXN_OK;
+}
+
+static void fail(pxn_transport_completion *c, int status, const char *msg, const queued_op *op)
+{
+	c->status = status;
+	snprintf(c->message, sizeof(c->message), "%s (dst 0x%llx, %llu bytes)", msg,
+		 (unsigned long long)op->dst, (unsigned long long)op->len);
+}
+
+size_t shm_transport_poll(void *user, pxn_transport_completion *out, size_t capacity)
+{
+	shm_transport *t = user;
+	pthread_mutex_lock(&t->mu);
+	size_t n = t->count < capacity ? t->count : capacity;
+	if (n > t->batch_alloc) {
+		queued_op *b = realloc(t->batch, n * sizeof(*b));
+		if (b == NULL) {
+			pthread_mutex_unlock(&t->mu);
+			return 0;
+		}
+		t->batch = b;
+		t->batch_alloc = n;
+	}
+	memcpy(t->batch, t->q + t->head, n * sizeof(*t->batch));
+	t->head += n;
+	t->count -= n;
+	pthread_mutex_unlock(&t->mu);
+
+	/* The copies run outside the lock, so submitters never wait for them. */
+	for (size_t i = 0; i < n; i++) {
+		const queued_op *op = &t->batch[i];
+		pxn_transport_completion *c = &out[i];
+		c->token = op->token;
+		c->status = PXN_OK;
+		c->reserved = 0;
+		if (op->target < 0) {
+			fail(c, PXN_EINVAL, "unknown target session", op);
+			continue;
+		}
+		const shm_target *tg = &t->targets[op->target];
+		if (op->dst < tg->base || op->dst - tg->base > tg->len || op->len > tg->len - (op->dst - tg->base)) {
+			fail(c, PXN_EINVAL, "destination outside the target", op);
+			continue;
+		}
+		uint8_t *remote = tg->mem + (op->dst - tg->base);
+		if (op->read)
+			memcpy(op->local, remote, op->len);
+		else
+			memcpy(remote, op->local, op->len);
+	}
+	return n;
+}
+
+void shm_transport_set_busy_every(shm_transport *t, unsigned n)
+{
+	t->busy_every = n;
+}
+
+uint64_t shm_transport_busy_count(shm_transport *t)
+{
+	pthread_mutex_lock(&t->mu);
+	uint64_t n = t->busy;
+	pthread_mutex_unlock(&t->mu);
+	return n;
+}

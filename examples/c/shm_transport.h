@@ -1,0 +1,51 @@
+/*
+ * shm_transport: a small host transport for libpxn's callback table. Its
+ * "remote" targets are files in shared memory (tmpfs) mapped into this
+ * process; a target's remote addresses are [base, base+len) and a transfer
+ * to dst touches byte dst-base of the file. Submit only queues; poll moves
+ * the bytes and reports completions, as an RDMA completion queue would.
+ */
+#ifndef PXN_EXAMPLE_SHM_TRANSPORT_H
+#define PXN_EXAMPLE_SHM_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pxn.h"
+
+#define SHM_TRANSPORT_MAX_TARGETS 16
+
+typedef struct shm_transport shm_transport;
+
+/*
+ * capacity is a soft bound on queued ops: submit answers PXN_BUSY when ops
+ * are queued and count more would exceed it. An idle transport takes a
+ * submit of any size.
+ */
+shm_transport *shm_transport_create(size_t capacity);
+
+/* Unmaps every target and frees t. Nothing may call t afterwards. */
+void shm_transport_destroy(shm_transport *t);
+
+/*
+ * Maps the file at path (created and sized to len when missing) as target
+ * session. Call before the transport is handed to pxn_open: the target list
+ * is read without a lock.
+ */
+int shm_transport_add_target(shm_transport *t, const char *session, const char *path, uint64_t base,
+			     uint64_t len);
+
+/* The callbacks for pxn_transport; user is the shm_transport. */
+int shm_transport_submit(void *user, const pxn_transport_op *ops, size_t count);
+size_t shm_transport_poll(void *user, pxn_transport_completion *out, size_t capacity);
+
+/*
+ * Makes every nth submit answer PXN_BUSY whatever the queue holds, as a full
+ * send queue would; 0 turns it off. Call before pxn_open.
+ */
+void shm_transport_set_busy_every(shm_transport *t, unsigned n);
+
+/* How many submits were answered PXN_BUSY. */
+uint64_t shm_transport_busy_count(shm_transport *t);
+
+#endif
