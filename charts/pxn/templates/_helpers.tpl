@@ -1,0 +1,121 @@
+{{- define "pxn.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Object names get a component suffix of up to 14 characters, hence 40. */}}
+{{- define "pxn.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pxn.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "pxn.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: pxn
+{{- end -}}
+
+{{/* pxn.selectorLabels: (dict "root" $ "component" "agent") */}}
+{{- define "pxn.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "pxn.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "pxn.componentLabels" -}}
+{{ include "pxn.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "pxn.image" -}}
+{{- $img := .Values.image -}}
+{{- if $img.digest -}}
+{{- printf "%s@%s" $img.repository $img.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $img.repository (default .Chart.AppVersion $img.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* pxn.serviceAccountName: (dict "root" $ "component" "agent" "values" .Values.agent) */}}
+{{- define "pxn.serviceAccountName" -}}
+{{- if .values.serviceAccount.create -}}
+{{- default (printf "%s-%s" (include "pxn.fullname" .root) .component) .values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The port of a host:port address. */}}
+{{- define "pxn.port" -}}
+{{- regexFind "[0-9]+$" . -}}
+{{- end -}}
+
+{{- define "pxn.railsConfigMap" -}}
+{{- printf "%s-rails" (include "pxn.fullname" .) -}}
+{{- end -}}
+
+{{/* Where a staticTable ConfigMap key is mounted in a container. */}}
+{{- define "pxn.railsMountPath" -}}/etc/pxn/rails{{- end -}}
+
+{{/*
+pxn.railArgs: the rail discovery flags of one component,
+(dict "root" $ "values" .Values.agent "key" "agent.json").
+*/}}
+{{- define "pxn.railArgs" -}}
+{{- $v := .values -}}
+- --rail-strategy={{ $v.railStrategy }}
+{{- if eq $v.railStrategy "subnet" }}
+- --subnet-prefix-len={{ $v.subnetPrefixLen }}
+{{- end }}
+{{- if eq $v.railStrategy "static" }}
+{{- if $v.staticFile }}
+- --static-file={{ $v.staticFile }}
+{{- else }}
+- --static-file={{ include "pxn.railsMountPath" . }}/{{ .key }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Scheduling fields shared by both DaemonSets. */}}
+{{- define "pxn.podScheduling" -}}
+{{- with .Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .Values.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- define "pxn.updateStrategy" -}}
+updateStrategy:
+  type: RollingUpdate
+  rollingUpdate:
+    maxSurge: 0
+    maxUnavailable: {{ .Values.updateStrategy.maxUnavailable }}
+{{- end -}}

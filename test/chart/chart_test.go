@@ -1,0 +1,533 @@
+// Package chart_test checks the charts/pxn Helm chart: lint, rendering,
+// values schema, validation template, and acceptance of every rendered object
+// by a real kube-apiserver.
+package chart_test
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+
+	"github.com/pxn-project/pxn/internal/testtools"
+)
+
+// kubeVersion is passed to helm template: the chart needs >=1.28 and a helm
+// built from the module proxy assumes an old default.
+const kubeVersion = "v1.37.2"
+
+const namespace = "pxn-system"
+
+var (
+	chartDir   = filepath.Join(testtools.RepoRoot(), "charts", "pxn")
+	customFile = filepath.Join("testdata", "values-custom.yaml")
+)
+
+type helm struct {
+	bin string
+	env []string
+}
+
+// newHelm finds helm and keeps its cache, config and data out of $HOME.
+func newHelm(t *testing.T) *helm {
+	t.Helper()
+	bin := testtools.Require(t, "helm")
+	home := t.TempDir()
+	env := os.Environ()
+	for _, v := range []string{"HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"} {
+		env = append(env, v+"="+filepath.Join(home, strings.ToLower(strings.TrimPrefix(v, "HELM_"))))
+	}
+	return &helm{bin: bin, env: env}
+}
+
+// run returns helm's stdout, or an error carrying its stderr.
+func (h *helm) run(args ...string) (string, error) {
+	cmd := exec.Command(h.bin, args...)
+	cmd.Env = h.env
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), errors.New(strings.TrimSpace(stderr.String()) + " (" + err.Error() + ")")
+	}
+	return stdout.String(), nil
+}
+
+func (h *helm) templateArgs(args []string) []string {
+	return append([]string{"template", "pxn", chartDir, "--namespace", namespace, "--kube-version", kubeVersion}, args...)
+}
+
+// template renders the chart with extra helm arguments and returns the objects.
+func (h *helm) template(t *testing.T, args ...string) []*unstructured.Unstructured {
+	t.Helper()
+	out, err := h.run(h.templateArgs(args)...)
+	if err != nil {
+		t.Fatalf("helm template %v: %v", args, err)
+	}
+	objs, err := decodeObjects(out)
+	if err != nil {
+		t.Fatalf("helm template %v: %v", args, err)
+	}
+	return objs
+}
+
+func decodeObjects(manifests string) ([]*unstructured.Unstructured, error) {
+	r := utilyaml.NewYAMLReader(bufio.NewReader(strings.NewReader(manifests)))
+	var objs []*unstructured.Unstructured
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return objs, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		var m map[string]any
+		if err := yaml.Unmarshal(doc, &m); err != nil {
+			return nil, err
+		}
+		if len(m) == 0 {
+			continue
+		}
+		objs = append(objs, &unstructured.Unstructured{Object: m})
+	}
+}
+
+func find(objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+	for _, o := range objs {
+		if o.GetKind() == kind && o.GetName() == name {
+			return o
+		}
+	}
+	return nil
+}
+
+// typed converts a rendered object, failing on fields the Go type lacks.
+func typed[T any](t *testing.T, objs []*unstructured.Unstructured, kind, name string) *T {
+	t.Helper()
+	o := find(objs, kind, name)
+	if o == nil {
+		t.Fatalf("no %s %q rendered; have %v", kind, name, names(objs))
+	}
+	out := new(T)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(o.Object, out, true); err != nil {
+		t.Fatalf("%s %q: %v", kind, name, err)
+	}
+	return out
+}
+
+func names(objs []*unstructured.Unstructured) []string {
+	var s []string
+	for _, o := range objs {
+		s = append(s, o.GetKind()+"/"+o.GetName())
+	}
+	slices.Sort(s)
+	return s
+}
+
+func TestLint(t *testing.T) {
+	h := newHelm(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"defaults", nil},
+		{"custom", []string{"-f", customFile}},
+		{"agent only, subnet", []string{"--set", "devicePlugin.enabled=false", "--set", "agent.railStrategy=subnet"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"lint", "--strict", chartDir}, tc.args...)
+			if out, err := h.run(args...); err != nil {
+				t.Fatalf("helm %v: %v\n%s", args, err, out)
+			}
+		})
+	}
+}
+
+func TestTemplateDefaults(t *testing.T) {
+	objs := newHelm(t).template(t)
+	want := []string{
+		"ClusterRole/pxn-agent", "ClusterRole/pxn-device-plugin",
+		"ClusterRoleBinding/pxn-agent", "ClusterRoleBinding/pxn-device-plugin",
+		"DaemonSet/pxn-agent", "DaemonSet/pxn-device-plugin",
+		"ServiceAccount/pxn-agent", "ServiceAccount/pxn-device-plugin",
+	}
+	if got := names(objs); !slices.Equal(got, want) {
+		t.Errorf("rendered objects:\n got %v\nwant %v", got, want)
+	}
+	for _, o := range objs {
+		if o.GetKind() != "ClusterRole" && o.GetKind() != "ClusterRoleBinding" && o.GetNamespace() != namespace {
+			t.Errorf("%s/%s: namespace %q, want %q", o.GetKind(), o.GetName(), o.GetNamespace(), namespace)
+		}
+	}
+
+	agent := typed[appsv1.DaemonSet](t, objs, "DaemonSet", "pxn-agent")
+	checkDaemonSetCommon(t, agent, map[string]string{"nvidia.com/gpu.present": "true"})
+	c := onlyContainer(t, agent)
+	if c.Image != "ghcr.io/pxn-project/pxn:0.1.0" {
+		t.Errorf("agent image %q, want the appVersion tag", c.Image)
+	}
+	if c.ImagePullPolicy != corev1.PullIfNotPresent {
+		t.Errorf("agent pullPolicy %q", c.ImagePullPolicy)
+	}
+	wantArgs := []string{"run", "--host-root=/host", "--rail-strategy=pci-order", "--resync=60s",
+		"--poll-interval=2s", "--metrics-bind-address=:9640", "--health-probe-bind-address=:9642"}
+	if !slices.Equal(c.Args, wantArgs) {
+		t.Errorf("agent args:\n got %q\nwant %q", c.Args, wantArgs)
+	}
+	if env := envVar(c, "NODE_NAME"); env == nil || env.ValueFrom == nil || env.ValueFrom.FieldRef == nil ||
+		env.ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+		t.Errorf("agent NODE_NAME env %+v, want fieldRef spec.nodeName", env)
+	}
+	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" ||
+		c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
+		t.Errorf("agent probes: liveness %+v readiness %+v", c.LivenessProbe, c.ReadinessProbe)
+	}
+	checkPorts(t, c, map[string]int32{"metrics": 9640, "health": 9642})
+	checkHostMount(t, agent, "/sys", "/host/sys", true)
+
+	plugin := typed[appsv1.DaemonSet](t, objs, "DaemonSet", "pxn-device-plugin")
+	checkDaemonSetCommon(t, plugin, map[string]string{"nvidia.com/gpu.present": "true"})
+	c = onlyContainer(t, plugin)
+	wantArgs = []string{
+		"--resource-name=pxn.io/relay", "--devices=16",
+		"--device-plugin-dir=/var/lib/kubelet/device-plugins",
+		"--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
+		"--host-root=/host", "--rail-strategy=pci-order",
+		"--state-dir=/run/pxn", "--shm-dir=/dev/shm/pxn", "--container-registry-root=/run/pxn",
+		"--group-id=k8s", "--metrics-addr=:9641", "--gc-interval=30s", "--gc-grace=5m",
+		"--rediscover-interval=30s", "--pod-lookup-timeout=5s",
+	}
+	if !slices.Equal(c.Args, wantArgs) {
+		t.Errorf("device plugin args:\n got %q\nwant %q", c.Args, wantArgs)
+	}
+	checkPorts(t, c, map[string]int32{"metrics": 9641})
+	checkHostMount(t, plugin, "/sys", "/host/sys", true)
+	checkHostMount(t, plugin, "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/device-plugins", false)
+	checkHostMount(t, plugin, "/var/lib/kubelet/pod-resources", "/var/lib/kubelet/pod-resources", true)
+	checkHostMount(t, plugin, "/run/pxn", "/run/pxn", false)
+	checkHostMount(t, plugin, "/dev/shm/pxn", "/dev/shm/pxn", false)
+	if plugin.Spec.Template.Spec.HostPID || plugin.Spec.Template.Spec.HostNetwork {
+		t.Errorf("device plugin uses host PID or network namespace")
+	}
+
+	agentRole := typed[rbacv1.ClusterRole](t, objs, "ClusterRole", "pxn-agent")
+	checkRules(t, "agent", agentRole.Rules, map[string][]string{
+		"pxn.io/pxnrailmaps":        {"create", "get", "list", "patch", "update", "watch"},
+		"pxn.io/pxnrailmaps/status": {"get", "patch", "update"},
+		"/nodes":                    {"get", "list", "patch", "watch"},
+	})
+	pluginRole := typed[rbacv1.ClusterRole](t, objs, "ClusterRole", "pxn-device-plugin")
+	checkRules(t, "device plugin", pluginRole.Rules, map[string][]string{"/pods": {"get", "list", "watch"}})
+	for _, comp := range []string{"agent", "device-plugin"} {
+		b := typed[rbacv1.ClusterRoleBinding](t, objs, "ClusterRoleBinding", "pxn-"+comp)
+		if b.RoleRef.Name != "pxn-"+comp || len(b.Subjects) != 1 || b.Subjects[0].Name != "pxn-"+comp ||
+			b.Subjects[0].Namespace != namespace {
+			t.Errorf("binding %s: roleRef %+v subjects %+v", comp, b.RoleRef, b.Subjects)
+		}
+	}
+	if sa := agent.Spec.Template.Spec.ServiceAccountName; sa != "pxn-agent" {
+		t.Errorf("agent serviceAccountName %q", sa)
+	}
+	if sa := plugin.Spec.Template.Spec.ServiceAccountName; sa != "pxn-device-plugin" {
+		t.Errorf("device plugin serviceAccountName %q", sa)
+	}
+}
+
+func TestTemplateCustom(t *testing.T) {
+	objs := newHelm(t).template(t, "-f", customFile)
+	nodeSelector := map[string]string{"example.com/rdma-rails": "8"}
+
+	agent := typed[appsv1.DaemonSet](t, objs, "DaemonSet", "pxn-agent")
+	checkDaemonSetCommon(t, agent, nodeSelector)
+	spec := agent.Spec.Template.Spec
+	if spec.RuntimeClassName == nil || *spec.RuntimeClassName != "nvidia" {
+		t.Errorf("runtimeClassName %v", spec.RuntimeClassName)
+	}
+	if spec.Affinity == nil || spec.Affinity.NodeAffinity == nil {
+		t.Errorf("affinity not rendered")
+	}
+	if len(spec.Tolerations) != 1 || spec.Tolerations[0].Operator != corev1.TolerationOpExists || spec.Tolerations[0].Key != "" {
+		t.Errorf("tolerations %+v, want the single tolerate-all entry", spec.Tolerations)
+	}
+	if len(spec.ImagePullSecrets) != 1 || spec.ImagePullSecrets[0].Name != "registry-creds" {
+		t.Errorf("imagePullSecrets %+v", spec.ImagePullSecrets)
+	}
+	if got := agent.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable.String(); got != "10%" {
+		t.Errorf("maxUnavailable %q, want 10%%", got)
+	}
+	ann := agent.Spec.Template.Annotations
+	if ann["example.com/team"] != "inference" || ann["example.com/agent"] != "yes" || ann["checksum/rails"] == "" {
+		t.Errorf("agent pod annotations %v", ann)
+	}
+	if agent.Spec.Template.Labels["example.com/tier"] != "node" {
+		t.Errorf("agent pod labels %v", agent.Spec.Template.Labels)
+	}
+	if spec.ServiceAccountName != "rail-agent" {
+		t.Errorf("agent serviceAccountName %q", spec.ServiceAccountName)
+	}
+	c := onlyContainer(t, agent)
+	if c.Image != "registry.example.com/gpu/pxn:0.1.0-rc.1" || c.ImagePullPolicy != corev1.PullNever {
+		t.Errorf("agent image %q pullPolicy %q", c.Image, c.ImagePullPolicy)
+	}
+	wantArgs := []string{"run", "--host-root=/host", "--rail-strategy=static", "--static-file=/etc/pxn/rails/agent.json",
+		"--resync=2m30s", "--poll-interval=500ms", "--metrics-bind-address=:19640", "--health-probe-bind-address=:19642", "-v=4"}
+	if !slices.Equal(c.Args, wantArgs) {
+		t.Errorf("agent args:\n got %q\nwant %q", c.Args, wantArgs)
+	}
+	if e := envVar(c, "GODEBUG"); e == nil || e.Value != "madvdontneed=1" {
+		t.Errorf("agent extraEnv not rendered: %+v", c.Env)
+	}
+	if c.Resources.Requests.Cpu().String() != "50m" {
+		t.Errorf("agent cpu request %s", c.Resources.Requests.Cpu())
+	}
+	checkPorts(t, c, map[string]int32{"metrics": 19640, "health": 19642})
+	checkHostMount(t, agent, "/mnt/host-sys", "/host/sys", true)
+
+	plugin := typed[appsv1.DaemonSet](t, objs, "DaemonSet", "pxn-device-plugin")
+	checkDaemonSetCommon(t, plugin, nodeSelector)
+	c = onlyContainer(t, plugin)
+	wantArgs = []string{
+		"--resource-name=example.com/relay", "--devices=64",
+		"--device-plugin-dir=/var/lib/k0s/kubelet/device-plugins",
+		"--pod-resources-socket=/var/lib/k0s/kubelet/pod-resources/kubelet.sock",
+		"--host-root=/host", "--rail-strategy=static", "--static-file=/etc/pxn/rails/device-plugin.json",
+		"--state-dir=/run/pxn-test", "--shm-dir=/dev/shm/pxn-test", "--container-registry-root=/var/run/pxn-registry",
+		"--group-id=team-a", "--metrics-addr=:19641", "--gc-interval=10s", "--gc-grace=90s",
+		"--rediscover-interval=1m", "--pod-lookup-timeout=2s", "-v=2",
+	}
+	if !slices.Equal(c.Args, wantArgs) {
+		t.Errorf("device plugin args:\n got %q\nwant %q", c.Args, wantArgs)
+	}
+	checkHostMount(t, plugin, "/mnt/host-sys", "/host/sys", true)
+	checkHostMount(t, plugin, "/var/lib/k0s/kubelet/device-plugins", "/var/lib/k0s/kubelet/device-plugins", false)
+	checkHostMount(t, plugin, "/var/lib/k0s/kubelet/pod-resources", "/var/lib/k0s/kubelet/pod-resources", true)
+	checkHostMount(t, plugin, "/run/pxn-test", "/run/pxn-test", false)
+	checkHostMount(t, plugin, "/dev/shm/pxn-test", "/dev/shm/pxn-test", false)
+	if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == "/scratch" }) {
+		t.Errorf("device plugin extraVolumeMounts not rendered: %+v", c.VolumeMounts)
+	}
+
+	cm := typed[corev1.ConfigMap](t, objs, "ConfigMap", "pxn-rails")
+	for _, key := range []string{"agent.json", "device-plugin.json"} {
+		if cm.Data[key] != `{"mlx5_0":"rail0","mlx5_1":"rail1"}` {
+			t.Errorf("rails ConfigMap %s = %q", key, cm.Data[key])
+		}
+	}
+
+	for comp, port := range map[string]int32{"agent": 19640, "device-plugin": 19641} {
+		svc := typed[corev1.Service](t, objs, "Service", "pxn-"+comp+"-metrics")
+		if svc.Spec.ClusterIP != corev1.ClusterIPNone || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != port ||
+			svc.Spec.Ports[0].TargetPort.String() != "metrics" || svc.Spec.Selector["app.kubernetes.io/component"] != comp {
+			t.Errorf("metrics Service %s: %+v", comp, svc.Spec)
+		}
+	}
+	sm := find(objs, "ServiceMonitor", "pxn")
+	if sm == nil {
+		t.Fatalf("no ServiceMonitor rendered; have %v", names(objs))
+	}
+	if sm.GetAPIVersion() != "monitoring.coreos.com/v1" || sm.GetLabels()["release"] != "prometheus" {
+		t.Errorf("ServiceMonitor %s labels %v", sm.GetAPIVersion(), sm.GetLabels())
+	}
+	eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+	if len(eps) != 1 || eps[0].(map[string]any)["port"] != "metrics" || eps[0].(map[string]any)["interval"] != "15s" {
+		t.Errorf("ServiceMonitor endpoints %v", eps)
+	}
+}
+
+func TestTemplateVariants(t *testing.T) {
+	h := newHelm(t)
+	for _, tc := range []struct {
+		name       string
+		args       []string
+		agentArgs  []string // nil: no agent DaemonSet
+		pluginArgs []string // substrings of the plugin's args; nil: no plugin DaemonSet
+	}{
+		{
+			name:       "subnet strategy passes the prefix length",
+			args:       []string{"--set", "agent.railStrategy=subnet", "--set", "devicePlugin.railStrategy=subnet", "--set", "agent.subnetPrefixLen=20", "--set", "devicePlugin.subnetPrefixLen=20"},
+			agentArgs:  []string{"--rail-strategy=subnet", "--subnet-prefix-len=20"},
+			pluginArgs: []string{"--rail-strategy=subnet", "--subnet-prefix-len=20"},
+		},
+		{
+			name:      "agent only, static file, metrics and probes off",
+			args:      []string{"--set", "devicePlugin.enabled=false", "--set", "agent.railStrategy=static", "--set", "agent.staticFile=/etc/rails/table.json", "--set", "agent.metricsBindAddress=0", "--set", "agent.healthProbeBindAddress=0", "--set", "agent.kubeconfig=/etc/kube/config"},
+			agentArgs: []string{"--static-file=/etc/rails/table.json", "--metrics-bind-address=0", "--kubeconfig=/etc/kube/config"},
+		},
+		{
+			name:       "plugin only, digest, pod-resources inside the plugin dir",
+			args:       []string{"--set", "agent.enabled=false", "--set", "image.digest=sha256:" + strings.Repeat("ab", 32), "--set", "devicePlugin.podResourcesSocket=/var/lib/kubelet/device-plugins/pr.sock", "--set", "devicePlugin.metricsAddr="},
+			pluginArgs: []string{"--pod-resources-socket=/var/lib/kubelet/device-plugins/pr.sock", "--metrics-addr="},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := h.template(t, tc.args...)
+			if (find(objs, "DaemonSet", "pxn-agent") != nil) != (tc.agentArgs != nil) {
+				t.Fatalf("agent DaemonSet rendered=%v, want %v", find(objs, "DaemonSet", "pxn-agent") != nil, tc.agentArgs != nil)
+			}
+			if (find(objs, "DaemonSet", "pxn-device-plugin") != nil) != (tc.pluginArgs != nil) {
+				t.Fatalf("device plugin DaemonSet rendered=%v, want %v", find(objs, "DaemonSet", "pxn-device-plugin") != nil, tc.pluginArgs != nil)
+			}
+			if tc.agentArgs != nil {
+				ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet", "pxn-agent")
+				c := onlyContainer(t, ds)
+				for _, a := range tc.agentArgs {
+					if !slices.Contains(c.Args, a) {
+						t.Errorf("agent args %q lack %q", c.Args, a)
+					}
+				}
+				if tc.pluginArgs == nil && (find(objs, "ClusterRole", "pxn-device-plugin") != nil || find(objs, "ServiceAccount", "pxn-device-plugin") != nil) {
+					t.Errorf("RBAC of the disabled device plugin rendered: %v", names(objs))
+				}
+				if slices.Contains(tc.agentArgs, "--metrics-bind-address=0") && (len(c.Ports) != 0 || c.LivenessProbe != nil) {
+					t.Errorf("agent with endpoints off has ports %+v / probe %+v", c.Ports, c.LivenessProbe)
+				}
+			}
+			if tc.pluginArgs != nil {
+				ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet", "pxn-device-plugin")
+				c := onlyContainer(t, ds)
+				for _, a := range tc.pluginArgs {
+					if !slices.Contains(c.Args, a) {
+						t.Errorf("device plugin args %q lack %q", c.Args, a)
+					}
+				}
+				if strings.Contains(tc.name, "digest") && c.Image != "ghcr.io/pxn-project/pxn@sha256:"+strings.Repeat("ab", 32) {
+					t.Errorf("image %q, want the digest reference", c.Image)
+				}
+				mounts := map[string]int{}
+				for _, m := range c.VolumeMounts {
+					mounts[m.MountPath]++
+				}
+				for p, n := range mounts {
+					if n > 1 {
+						t.Errorf("mountPath %s used %d times", p, n)
+					}
+				}
+			}
+		})
+	}
+}
+
+func checkDaemonSetCommon(t *testing.T, ds *appsv1.DaemonSet, nodeSelector map[string]string) {
+	t.Helper()
+	s := ds.Spec.UpdateStrategy
+	if s.Type != appsv1.RollingUpdateDaemonSetStrategyType || s.RollingUpdate == nil || s.RollingUpdate.MaxSurge == nil ||
+		s.RollingUpdate.MaxSurge.IntValue() != 0 || s.RollingUpdate.MaxSurge.String() != "0" {
+		t.Errorf("%s: update strategy %+v, want RollingUpdate with maxSurge 0", ds.Name, s)
+	}
+	spec := ds.Spec.Template.Spec
+	if spec.PriorityClassName != "system-node-critical" {
+		t.Errorf("%s: priorityClassName %q", ds.Name, spec.PriorityClassName)
+	}
+	if len(spec.NodeSelector) != len(nodeSelector) {
+		t.Errorf("%s: nodeSelector %v, want %v", ds.Name, spec.NodeSelector, nodeSelector)
+	}
+	for k, v := range nodeSelector {
+		if spec.NodeSelector[k] != v {
+			t.Errorf("%s: nodeSelector %v, want %v", ds.Name, spec.NodeSelector, nodeSelector)
+		}
+	}
+	for k, v := range ds.Spec.Selector.MatchLabels {
+		if ds.Spec.Template.Labels[k] != v {
+			t.Errorf("%s: pod labels %v do not match selector %v", ds.Name, ds.Spec.Template.Labels, ds.Spec.Selector.MatchLabels)
+		}
+	}
+}
+
+func onlyContainer(t *testing.T, ds *appsv1.DaemonSet) corev1.Container {
+	t.Helper()
+	cs := ds.Spec.Template.Spec.Containers
+	if len(cs) != 1 {
+		t.Fatalf("%s: %d containers, want 1", ds.Name, len(cs))
+	}
+	return cs[0]
+}
+
+func envVar(c corev1.Container, name string) *corev1.EnvVar {
+	for i := range c.Env {
+		if c.Env[i].Name == name {
+			return &c.Env[i]
+		}
+	}
+	return nil
+}
+
+func checkPorts(t *testing.T, c corev1.Container, want map[string]int32) {
+	t.Helper()
+	got := map[string]int32{}
+	for _, p := range c.Ports {
+		got[p.Name] = p.ContainerPort
+	}
+	if len(got) != len(want) {
+		t.Errorf("%s: ports %v, want %v", c.Name, got, want)
+	}
+	for n, p := range want {
+		if got[n] != p {
+			t.Errorf("%s: port %s = %d, want %d", c.Name, n, got[n], p)
+		}
+	}
+}
+
+// checkHostMount asserts that host path hostPath is mounted at mountPath.
+func checkHostMount(t *testing.T, ds *appsv1.DaemonSet, hostPath, mountPath string, readOnly bool) {
+	t.Helper()
+	var volume string
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.HostPath != nil && v.HostPath.Path == hostPath {
+			volume = v.Name
+		}
+	}
+	if volume == "" {
+		t.Errorf("%s: no hostPath volume for %s", ds.Name, hostPath)
+		return
+	}
+	for _, m := range ds.Spec.Template.Spec.Containers[0].VolumeMounts {
+		if m.Name == volume {
+			if m.MountPath != mountPath || m.ReadOnly != readOnly {
+				t.Errorf("%s: host %s mounted at %s readOnly=%v, want %s readOnly=%v",
+					ds.Name, hostPath, m.MountPath, m.ReadOnly, mountPath, readOnly)
+			}
+			return
+		}
+	}
+	t.Errorf("%s: volume %s (host %s) is not mounted", ds.Name, volume, hostPath)
+}
+
+// checkRules compares rules keyed by "group/resource" with sorted verbs.
+func checkRules(t *testing.T, who string, rules []rbacv1.PolicyRule, want map[string][]string) {
+	t.Helper()
+	got := map[string][]string{}
+	for _, r := range rules {
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				k := g + "/" + res
+				got[k] = append(got[k], r.Verbs...)
+				slices.Sort(got[k])
+			}
+		}
+		if len(r.ResourceNames) > 0 || len(r.NonResourceURLs) > 0 {
+			t.Errorf("%s: unexpected rule %+v", who, r)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("%s rules %v, want %v", who, got, want)
+	}
+	for k, verbs := range want {
+		if !slices.Equal(got[k], verbs) {
+			t.Errorf("%s rules for %s: %v, want %v", who, k, got[k], verbs)
+		}
+	}
+}

@@ -1,0 +1,104 @@
+package chart_test
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestSchemaRejects feeds values that values.schema.json must refuse. want is
+// a part of helm's message that names the offending value.
+func TestSchemaRejects(t *testing.T) {
+	h := newHelm(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"devices 0", []string{"--set", "devicePlugin.devices=0"}, "devices"},
+		{"devices not a number", []string{"--set-string", "devicePlugin.devices=x"}, "devices"},
+		{"devices fractional", []string{"--set-json", "devicePlugin.devices=1.5"}, "devices"},
+		{"resync not a duration", []string{"--set", "agent.resync=abc"}, "resync"},
+		{"pollInterval in words", []string{"--set", "agent.pollInterval=fast"}, "pollInterval"},
+		{"gcGrace without unit", []string{"--set", "devicePlugin.gcGrace=5"}, "gcGrace"},
+		{"gcInterval negative", []string{"--set", "devicePlugin.gcInterval=-1s"}, "gcInterval"},
+		{"unknown top-level key", []string{"--set", "bogus=1"}, "bogus"},
+		{"unknown agent key", []string{"--set", "agent.resyncPeriod=1m"}, "resyncPeriod"},
+		{"pullPolicy Sometimes", []string{"--set", "image.pullPolicy=Sometimes"}, "pullPolicy"},
+		{"railStrategy foo", []string{"--set", "agent.railStrategy=foo"}, "railStrategy"},
+		{"plugin railStrategy foo", []string{"--set", "devicePlugin.railStrategy=foo"}, "railStrategy"},
+		{"subnetPrefixLen 33", []string{"--set", "agent.subnetPrefixLen=33"}, "subnetPrefixLen"},
+		{"groupID with slash", []string{"--set", "devicePlugin.groupID=a/b"}, "groupID"},
+		{"groupID dot-dot", []string{"--set", "devicePlugin.groupID=.."}, "groupID"},
+		{"resourceName without domain", []string{"--set", "devicePlugin.resourceName=relay"}, "resourceName"},
+		{"stateDir relative", []string{"--set", "devicePlugin.stateDir=run/pxn"}, "stateDir"},
+		{"hostSysPath relative", []string{"--set", "hostSysPath=sys"}, "hostSysPath"},
+		{"metrics address without port", []string{"--set", "agent.metricsBindAddress=localhost"}, "metricsBindAddress"},
+		{"maxUnavailable 0", []string{"--set", "updateStrategy.maxUnavailable=0"}, "maxUnavailable"},
+		{"nodeSelector value not a string", []string{"--set", "nodeSelector.gpu=true"}, "nodeSelector"},
+		{"staticTable rail not a string", []string{"--set", "agent.railStrategy=static", "--set", "devicePlugin.railStrategy=static", "--set", "agent.staticTable.mlx5_0=3"}, "staticTable"},
+		{"image digest malformed", []string{"--set", "image.digest=sha256:xyz"}, "digest"},
+		{"serviceMonitor interval", []string{"--set", "serviceMonitor.enabled=true", "--set", "serviceMonitor.interval=often"}, "interval"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			expectFailure(t, h, tc.args, tc.want)
+		})
+	}
+}
+
+// TestValidationRejects feeds values that pass the schema but contradict each
+// other; templates/validate.yaml must fail naming the values.
+func TestValidationRejects(t *testing.T) {
+	h := newHelm(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"both components disabled", []string{"--set", "agent.enabled=false", "--set", "devicePlugin.enabled=false"},
+			"agent.enabled and devicePlugin.enabled are both false"},
+		{"static without a table", []string{"--set", "agent.railStrategy=static", "--set", "devicePlugin.railStrategy=static"},
+			"agent.railStrategy=static needs agent.staticFile or agent.staticTable"},
+		{"plugin static without a table", []string{"--set", "agent.enabled=false", "--set", "devicePlugin.railStrategy=static"},
+			"devicePlugin.railStrategy=static needs devicePlugin.staticFile or devicePlugin.staticTable"},
+		{"static file and table", []string{"--set", "devicePlugin.enabled=false", "--set", "agent.railStrategy=static",
+			"--set", "agent.staticFile=/etc/rails.json", "--set", "agent.staticTable.mlx5_0=rail0"},
+			"agent.staticFile=/etc/rails.json and agent.staticTable are both set"},
+		{"table without static", []string{"--set", "agent.staticTable.mlx5_0=rail0"},
+			"agent.railStrategy=pci-order ignores them"},
+		{"strategies differ", []string{"--set", "agent.railStrategy=subnet"},
+			"agent.railStrategy=subnet and devicePlugin.railStrategy=pci-order differ"},
+		{"prefix lengths differ", []string{"--set", "agent.railStrategy=subnet", "--set", "devicePlugin.railStrategy=subnet",
+			"--set", "agent.subnetPrefixLen=16"}, "agent.subnetPrefixLen=16 and devicePlugin.subnetPrefixLen=24 differ"},
+		{"static tables differ", []string{"--set", "agent.railStrategy=static", "--set", "devicePlugin.railStrategy=static",
+			"--set", "agent.staticTable.mlx5_0=rail0", "--set", "devicePlugin.staticTable.mlx5_0=rail1"},
+			"agent.staticTable and devicePlugin.staticTable differ"},
+		{"registry root relative", []string{"--set", "devicePlugin.containerRegistryRoot=run/pxn"},
+			`devicePlugin.containerRegistryRoot="run/pxn" is not an absolute path`},
+		{"registry root is /", []string{"--set", "devicePlugin.containerRegistryRoot=/"},
+			"devicePlugin.containerRegistryRoot=/"},
+		{"state dir equals shm dir", []string{"--set", "devicePlugin.stateDir=/dev/shm/pxn/"},
+			"devicePlugin.stateDir and devicePlugin.shmDir are both /dev/shm/pxn/"},
+		{"shm dir is host root", []string{"--set", "devicePlugin.shmDir=/"}, "devicePlugin.shmDir=/"},
+		{"state dir is the kubelet's plugin dir", []string{"--set", "devicePlugin.stateDir=/var/lib/kubelet/device-plugins"},
+			"devicePlugin.stateDir=/var/lib/kubelet/device-plugins is the kubelet's device plugin folder"},
+		{"pod-resources socket is a folder", []string{"--set", "devicePlugin.podResourcesSocket=/var/lib/kubelet/pod-resources/"},
+			"devicePlugin.podResourcesSocket=/var/lib/kubelet/pod-resources/ names a folder"},
+		{"service monitor without metrics", []string{"--set", "serviceMonitor.enabled=true", "--set", "agent.metricsBindAddress=0",
+			"--set", "devicePlugin.metricsAddr="}, "serviceMonitor.enabled=true but no enabled component serves metrics"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			expectFailure(t, h, tc.args, tc.want)
+		})
+	}
+}
+
+func expectFailure(t *testing.T, h *helm, args []string, want string) {
+	t.Helper()
+	out, err := h.run(h.templateArgs(args)...)
+	if err == nil {
+		t.Fatalf("helm template %q succeeded, want an error naming %q; rendered %d bytes", args, want, len(out))
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("helm template %q failed without naming %q:\n%v", args, want, err)
+	}
+}
