@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 fixture=${PXN_DEMO_FIXTURE:-pkg/rail/testdata/sysfs/hgx-8gpu}
-bytes=${PXN_DEMO_BYTES:-512MiB}
+bytes=${PXN_DEMO_BYTES:-256MiB}
 block=${PXN_DEMO_BLOCK:-16KiB}
 bin=$(mktemp -d "${TMPDIR:-/tmp}/pxn-demo.XXXXXX")
 trap 'rm -rf "$bin"' EXIT
@@ -25,8 +25,9 @@ step "MC_PXN_RAIL_MAP the device plugin would hand to a pod on that node"
   || "$bin/pxn-agent" discover --host-root "$fixture" -o json
 
 step "Eight ranks writing ${bytes} each to the next rail's remote buffer in ${block} blocks"
-echo "Each rank's HCA is on its own rail; every write crosses rails, so each rank"
-echo "stages its pieces in the next rank's ring and that rank forwards them."
+echo "Rank r stands for GPU r: its NIC (mlx5_r here) is on rail r, as in the table above."
+echo "Every write goes to a remote buffer on rail r+1, so rank r stages its pieces in"
+echo "rank r+1's ring, and rank r+1 forwards them on its own rail."
 root=/dev/shm
 [ -d "$root" ] || root=${TMPDIR:-/tmp}
 (

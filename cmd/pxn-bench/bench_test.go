@@ -31,7 +31,9 @@ func TestMain(m *testing.M) {
 func runBench(t *testing.T, args ...string) []row {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "rows.json")
-	cmd := exec.Command(benchBin, append([]string{"run", "--device", "host", "--json", out}, args...)...)
+	// A healthy run must not fall back; on a starved test machine the 1 s
+	// default credit timeout can fire, so the healthy cases allow a minute.
+	cmd := exec.Command(benchBin, append([]string{"run", "--device", "host", "--credit-timeout", "60000", "--json", out}, args...)...)
 	b, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("pxn-bench %v: %v\n%s", args, err, b)

@@ -66,33 +66,28 @@ func mapBuffer(n uint64) ([]byte, error) {
 	return b, nil
 }
 
-// cpuTime is the user+system time of a thread (tid > 0) or of the whole
-// process (tid 0), in seconds.
+// cpuTime is the CPU time in seconds of one thread (tid > 0, from its
+// schedstat, in nanoseconds) or of the whole process (tid 0, getrusage).
 func cpuTime(tid int) (float64, error) {
-	path := "/proc/self/stat"
-	if tid > 0 {
-		path = fmt.Sprintf("/proc/self/task/%d/stat", tid)
+	if tid == 0 {
+		var ru unix.Rusage
+		if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+			return 0, err
+		}
+		return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9, nil
 	}
+	path := fmt.Sprintf("/proc/self/task/%d/schedstat", tid)
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0, err
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("%s: no command field", path)
+	f := strings.Fields(string(b))
+	if len(f) < 1 {
+		return 0, fmt.Errorf("%s: empty", path)
 	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return 0, fmt.Errorf("%s: %d fields", path, len(f))
+	var ns uint64
+	if _, err := fmt.Sscan(f[0], &ns); err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
 	}
-	var ut, st uint64
-	if _, err := fmt.Sscan(f[11], &ut); err != nil {
-		return 0, err
-	}
-	if _, err := fmt.Sscan(f[12], &st); err != nil {
-		return 0, err
-	}
-	const clkTck = 100
-	return float64(ut+st) / clkTck, nil
+	return float64(ns) / 1e9, nil
 }

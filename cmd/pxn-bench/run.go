@@ -43,6 +43,7 @@ type runOptions struct {
 	block   uint64
 	pattern string
 	json    string
+	credit  string
 	out     io.Writer
 }
 
@@ -56,6 +57,7 @@ func runMain(args []string) int {
 	fs.StringVar(&blockFlag, "block", "0", "request size (0: one request per transfer)")
 	fs.StringVar(&o.pattern, "pattern", "cross-rail", "cross-rail, fan-in, same-rail or all-to-all")
 	fs.StringVar(&o.json, "json", "", "also write the rows as JSON to this file")
+	fs.StringVar(&o.credit, "credit-timeout", "", "MC_PXN_CREDIT_TIMEOUT_MS for the ranks (empty: the engine default, 1000)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -125,7 +127,11 @@ func run(o runOptions) ([]row, error) {
 	}
 	rm, _ := json.Marshal(railMap(o.ranks))
 	env := func(enable string, group string) []string {
-		return []string{"MC_PXN_ENABLE=" + enable, "MC_PXN_GROUP_ID=" + group, "MC_PXN_REGISTRY_ROOT=" + registry, "MC_PXN_RAIL_MAP=" + string(rm)}
+		e := []string{"MC_PXN_ENABLE=" + enable, "MC_PXN_GROUP_ID=" + group, "MC_PXN_REGISTRY_ROOT=" + registry, "MC_PXN_RAIL_MAP=" + string(rm)}
+		if o.credit != "" {
+			e = append(e, "MC_PXN_CREDIT_TIMEOUT_MS="+o.credit)
+		}
+		return e
 	}
 	pxn, err := phase(l, targets, layoutPath, dirPath, "engine", env("1", "bench-pxn"), true)
 	if err != nil {

@@ -247,16 +247,7 @@ func (e *Engine) submitDirect(b *Batch, reqs []Request, idx []int) {
 	}
 	e.backlogMu.Lock()
 	if len(e.backlog) == 0 {
-		err := e.hop.Submit(ops)
-		if err == nil {
-			e.backlogMu.Unlock()
-			return
-		}
-		if !errors.Is(err, ErrHopBusy) {
-			e.backlogMu.Unlock()
-			e.failOps(ops, fmt.Errorf("direct submit: %w", err))
-			return
-		}
+		ops = e.drainOps(ops)
 	}
 	e.backlog = append(e.backlog, ops...)
 	e.backlogMu.Unlock()
@@ -265,26 +256,47 @@ func (e *Engine) submitDirect(b *Batch, reqs []Request, idx []int) {
 	}
 }
 
-// retryBacklog resubmits direct writes the hop refused as busy.
+// retryBacklog resubmits direct writes the hop could not take yet.
 func (e *Engine) retryBacklog() bool {
 	e.backlogMu.Lock()
 	defer e.backlogMu.Unlock()
 	if len(e.backlog) == 0 {
 		return false
 	}
-	err := e.hop.Submit(e.backlog)
-	switch {
-	case err == nil:
-		e.backlog = e.backlog[:0]
-		return true
-	case errors.Is(err, ErrHopBusy):
-		return false
-	default:
-		ops := append([]WriteOp(nil), e.backlog...)
-		e.backlog = e.backlog[:0]
-		go e.failOps(ops, fmt.Errorf("direct submit: %w", err))
-		return true
+	before := len(e.backlog)
+	rest := e.drainOps(e.backlog)
+	n := copy(e.backlog, rest)
+	clear(e.backlog[n:])
+	e.backlog = e.backlog[:n]
+	return n != before
+}
+
+// hopChunk is how many ops go to the hop in one Submit: a Piece can carry
+// 4096 entries, more than a bounded hop queue takes at once.
+const hopChunk = 32
+
+// drainOps submits ops in chunks until the hop is busy and returns those it
+// has not taken. An op the hop refuses on its own (not as busy) fails, with
+// its token, and the rest go on.
+func (e *Engine) drainOps(ops []WriteOp) []WriteOp {
+	chunk := hopChunk
+	for len(ops) > 0 {
+		c := min(chunk, len(ops))
+		err := e.hop.Submit(ops[:c])
+		switch {
+		case err == nil:
+			ops = ops[c:]
+			chunk = hopChunk
+		case errors.Is(err, ErrHopBusy):
+			return ops
+		case c > 1:
+			chunk = c / 2
+		default:
+			e.failOps(ops[:1], fmt.Errorf("submit to the hop: %w", err))
+			ops = ops[1:]
+		}
 	}
+	return ops
 }
 
 func (e *Engine) failOps(ops []WriteOp, err error) {

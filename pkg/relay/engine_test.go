@@ -46,6 +46,7 @@ type pair struct {
 type pairOpts struct {
 	tgtSize   int
 	srcSize   int
+	hopDepth  int
 	cfg       func(*staging.Config)
 	holdReady bool
 }
@@ -63,8 +64,8 @@ func newPair(t *testing.T, o pairOpts) *pair { return newPairTB(t, o) }
 func newPairTB(t testing.TB, o pairOpts) *pair {
 	t.Helper()
 	p := &pair{g: newMemGroup(t), tgt: map[string][]byte{}}
-	p.hopA = hosthop.NewLoopback(hosthop.LoopbackOptions{})
-	p.hopB = hosthop.NewLoopback(hosthop.LoopbackOptions{})
+	p.hopA = hosthop.NewLoopback(hosthop.LoopbackOptions{QueueDepth: o.hopDepth})
+	p.hopB = hosthop.NewLoopback(hosthop.LoopbackOptions{QueueDepth: o.hopDepth})
 	for sess, hca := range map[string]string{sessRail0: "rmlx5_0", sessRail1: "rmlx5_1"} {
 		buf := mapAnon(t, o.tgtSize)
 		p.tgt[sess] = buf
@@ -390,5 +391,37 @@ func TestDisabledEngineStartsNothing(t *testing.T) {
 	}
 	if err := e.Close(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A Piece of 16 KiB blocks carries 512 writes; a hop whose queue holds 8
+// must still take them all, a few at a time, on the relay, the fallback and
+// the direct path alike.
+func TestShallowHopQueueTakesWholePieces(t *testing.T) {
+	const n, block = 24 * mib, 16 << 10
+	p := newPair(t, pairOpts{tgtSize: n, srcSize: n, hopDepth: 8})
+	var reqs []relay.Request
+	for off := 0; off < n; off += block {
+		target := sessRail1
+		if off >= 16*mib {
+			target = sessRail0
+		}
+		reqs = append(reqs, relay.Request{Op: relay.Write, Src: p.src(off), Len: block, Target: target, Dst: tgtBase + uint64(off)})
+	}
+	b, err := p.a.Submit(reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitBatch(t, b)
+	for i := range reqs {
+		if st := statusOf(t, b, i); st.State != relay.Completed {
+			t.Fatalf("task %d: %+v", i, st)
+		}
+	}
+	if !bytes.Equal(p.tgt[sessRail1][:16*mib], p.srcBytes[:16*mib]) || !bytes.Equal(p.tgt[sessRail0][16*mib:], p.srcBytes[16*mib:]) {
+		t.Fatal("destination bytes differ from the source")
+	}
+	if c := p.a.Counters(); c.RelayedBytes != 16*mib || c.DirectBytes != 8*mib {
+		t.Fatalf("counters %+v", c)
 	}
 }

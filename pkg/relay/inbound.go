@@ -19,6 +19,8 @@ type inflightRec struct {
 	bytes     uint64
 	failed    bool
 	ops       []WriteOp
+	// unsent are the ops the hop has not taken yet.
+	unsent []WriteOp
 }
 
 // inLane is the relay side of one of this rank's inbound lanes. Pump only.
@@ -104,20 +106,10 @@ func (e *Engine) consume(i int) bool {
 	for k := range rec.ops {
 		rec.ops[k].Token = e.tokens.add(tokenEntry{kind: tokRelay, rec: rec})
 	}
-	if err := e.hop.Submit(rec.ops); err != nil {
-		for k := range rec.ops {
-			e.tokens.take(rec.ops[k].Token)
-		}
-		if errors.Is(err, ErrHopBusy) {
-			return false
-		}
-		il.next++
-		e.counters.secondHopFails.Add(1)
-		e.complete(i, seq, staging.CompletionSecondHop)
-		return true
-	}
 	il.next++
 	e.pump.relayInflight++
+	rec.unsent = rec.ops
+	e.pump.sendRecord(rec)
 	return true
 }
 
@@ -141,7 +133,7 @@ func (e *Engine) finishRelayWrite(rec *inflightRec, err error) {
 		e.counters.forwardedBytes.Add(rec.bytes)
 		e.counters.forwardedPiece.Add(1)
 	}
-	rec.ops = nil
+	rec.ops, rec.unsent = nil, nil
 	if e.pump.in[rec.lane].epoch != rec.epoch {
 		// The lane was claimed anew meanwhile: the old sender is gone and
 		// the new one must not see this completion.

@@ -52,6 +52,9 @@ type pump struct {
 	zombies []*outLane
 	poller  CopyPoller
 	dead    atomic.Bool
+	// unsent are relayed Pieces whose second-hop writes the hop has not all
+	// taken yet, in the order they were consumed.
+	unsent []*inflightRec
 }
 
 // chanMutex guards fallbacks that callers add (ready-event failures) while
@@ -192,6 +195,9 @@ func (p *pump) round(now time.Time) bool {
 	if e.retryBacklog() {
 		progressed = true
 	}
+	if p.resendRecords() {
+		progressed = true
+	}
 	for i := 0; i < staging.LaneCount; i++ {
 		if e.consume(i) {
 			progressed = true
@@ -227,6 +233,36 @@ func (p *pump) pollHop() bool {
 	}
 }
 
+// sendRecord gives a relayed Piece's writes to the hop, as many as it takes.
+func (p *pump) sendRecord(rec *inflightRec) {
+	if len(p.unsent) == 0 {
+		rec.unsent = p.e.drainOps(rec.unsent)
+	}
+	if len(rec.unsent) > 0 {
+		p.unsent = append(p.unsent, rec)
+	}
+}
+
+// resendRecords retries the writes the hop could not take, oldest Piece
+// first.
+func (p *pump) resendRecords() bool {
+	progressed := false
+	for len(p.unsent) > 0 {
+		rec := p.unsent[0]
+		before := len(rec.unsent)
+		rec.unsent = p.e.drainOps(rec.unsent)
+		if len(rec.unsent) != before {
+			progressed = true
+		}
+		if len(rec.unsent) > 0 {
+			break
+		}
+		p.unsent[0] = nil
+		p.unsent = p.unsent[1:]
+	}
+	return progressed
+}
+
 // runFallbacks sends direct the Pieces that never reached a doorbell, each
 // exactly once and only after its source-ready event.
 func (p *pump) runFallbacks() bool {
@@ -255,31 +291,26 @@ func (p *pump) runFallbacks() bool {
 				continue
 			}
 		}
-		ops := make([]WriteOp, len(pc.slices))
-		for k := range pc.slices {
-			s := &pc.slices[k]
-			ops[k] = WriteOp{Src: s.src, Len: s.len, Target: pc.session, Dst: s.dst,
-				Token: e.tokens.add(tokenEntry{kind: tokFallback, slice: s})}
+		if pc.fbUnsent == nil {
+			pc.fbUnsent = make([]WriteOp, len(pc.slices))
+			for k := range pc.slices {
+				sl := &pc.slices[k]
+				pc.fbUnsent[k] = WriteOp{Src: sl.src, Len: sl.len, Target: pc.session, Dst: sl.dst,
+					Token: e.tokens.add(tokenEntry{kind: tokFallback, slice: sl})}
+			}
+			e.counters.fallbackBytes.Add(pc.bytes)
+			e.counters.fallbackPieces.Add(1)
 		}
-		err := e.hop.Submit(ops)
-		if err != nil {
-			for k := range ops {
-				e.tokens.take(ops[k].Token)
-			}
-			if errors.Is(err, ErrHopBusy) {
-				keep = append(keep, pc)
-				continue
-			}
-			e.counters.failedPieces.Add(1)
-			pc.finish(fmt.Errorf("direct fallback: %w", err))
-			e.releaseReady(pc)
+		before := len(pc.fbUnsent)
+		pc.fbUnsent = e.drainOps(pc.fbUnsent)
+		if len(pc.fbUnsent) != before {
 			progressed = true
+		}
+		if len(pc.fbUnsent) > 0 {
+			keep = append(keep, pc)
 			continue
 		}
-		e.counters.fallbackBytes.Add(pc.bytes)
-		e.counters.fallbackPieces.Add(1)
 		e.releaseReady(pc)
-		progressed = true
 	}
 	if len(keep) > 0 {
 		p.fbMu.lock()
@@ -488,7 +519,13 @@ func (p *pump) finishStop() {
 	p.fbMu.unlock()
 	for _, pc := range fbs {
 		e.counters.failedPieces.Add(1)
-		pc.finish(errShutdown)
+		if pc.fbUnsent == nil {
+			pc.finish(errShutdown)
+		} else {
+			// Started: what the hop took ends through the token sweep
+			// below, the rest fails here, each slice exactly once.
+			e.failOps(pc.fbUnsent, errShutdown)
+		}
 		e.releaseReady(pc)
 	}
 	e.tokens.mu.Lock()

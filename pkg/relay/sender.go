@@ -26,6 +26,9 @@ type piece struct {
 	slices  []slice
 	bytes   uint64
 	ready   *readyRef
+	// fbUnsent are the direct writes of a Piece gone to fallback that the
+	// hop has not taken yet; nil before the fallback starts.
+	fbUnsent []WriteOp
 }
 
 func (p *piece) entries() []staging.PlanEntry { return p.plan.PieceEntries(p.index) }
