@@ -59,7 +59,7 @@ func mapBuffer(n uint64) ([]byte, error) {
 	if n == 0 {
 		n = 1
 	}
-	b, err := unix.Mmap(-1, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	b, err := unix.Mmap(-1, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
 	if err != nil {
 		return nil, fmt.Errorf("map %d bytes: %w", n, err)
 	}

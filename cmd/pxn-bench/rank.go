@@ -144,12 +144,17 @@ func waitRoutes(eng *relay.Engine, mine []transfer, r int) bool {
 	return false
 }
 
+// maxRequest keeps every request under the TCP hop's frame limit (64 MiB);
+// an RDMA transport would slice a large write itself.
+const maxRequest = 32 << 20
+
 func requests(mine []transfer, base uintptr) ([]relay.Request, uint64) {
 	var reqs []relay.Request
 	var total uint64
 	for _, t := range mine {
-		for off := uint64(0); off < t.Len; off += t.Block {
-			n := min(t.Block, t.Len-off)
+		block := min(t.Block, maxRequest)
+		for off := uint64(0); off < t.Len; off += block {
+			n := min(block, t.Len-off)
 			reqs = append(reqs, relay.Request{Op: relay.Write, Src: base + uintptr(t.Src+off), Len: n, Target: t.Remote, Dst: targetBase + t.Dst + off})
 			total += n
 		}

@@ -276,9 +276,13 @@ func summarize(o runOptions, pxn, bare *phaseResult) []row {
 	}
 	gbps := float64(bytes) / secs / 1e9
 	bGBps := float64(bBytes) / bSecs / 1e9
+	ratio := gbps / bGBps
+	if failed > 0 || bFailed > 0 || !pxn.verified || !bare.verified {
+		ratio = 0
+	}
 	main := row{
 		Scenario: fmt.Sprintf("%s %d ranks, block %s", o.pattern, o.ranks, sizeString(blockOf(o))),
-		Bytes:    bytes, Pieces: pieces, GBps: gbps, Baseline: "hop alone (direct)", BaselineGBps: bGBps, Ratio: gbps / bGBps,
+		Bytes:    bytes, Pieces: pieces, GBps: gbps, Baseline: "hop alone (direct)", BaselineGBps: bGBps, Ratio: ratio,
 		RelayedBytes: relayed, FallbackBytes: fallback, DirectBytes: direct, Failed: failed, Verified: pxn.verified,
 	}
 	if pieces > 0 {
@@ -314,15 +318,15 @@ func blockOf(o runOptions) uint64 {
 
 func printRows(w io.Writer, rows []row) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "SCENARIO\tBYTES\tPIECES\tGB/S\tµS/PIECE\tBASELINE GB/S\tRATIO\tRELAYED\tFALLBACK\tDIRECT\tVERIFIED")
+	fmt.Fprintln(tw, "SCENARIO\tBYTES\tPIECES\tGB/S\tµS/PIECE\tBASELINE GB/S\tRATIO\tRELAYED\tFALLBACK\tDIRECT\tFAILED\tVERIFIED")
 	for _, r := range rows {
 		if r.Unit != "" {
-			fmt.Fprintf(tw, "%s\t\t%s\t%.3g %s\t\t\t\t\t\t\t%v\n", r.Scenario, count(r.Pieces), r.Value, r.Unit, r.Verified)
+			fmt.Fprintf(tw, "%s\t\t%s\t%.3g %s\t\t\t\t\t\t\t\t%v\n", r.Scenario, count(r.Pieces), r.Value, r.Unit, r.Verified)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%v\n", r.Scenario, sizeString(r.Bytes), count(r.Pieces), r.GBps,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%v\n", r.Scenario, sizeString(r.Bytes), count(r.Pieces), r.GBps,
 			opt(r.USPerPiece, "%.1f"), opt(r.BaselineGBps, "%.2f"), opt(r.Ratio, "%.3f"),
-			sizeString(r.RelayedBytes), sizeString(r.FallbackBytes), sizeString(r.DirectBytes), r.Verified)
+			sizeString(r.RelayedBytes), sizeString(r.FallbackBytes), sizeString(r.DirectBytes), r.Failed, r.Verified)
 	}
 	tw.Flush()
 	for _, r := range rows {

@@ -55,6 +55,8 @@ type pump struct {
 	// unsent are relayed Pieces whose second-hop writes the hop has not all
 	// taken yet, in the order they were consumed.
 	unsent []*inflightRec
+	// seqHooked is set once testHooks.firstSeq has been applied.
+	seqHooked bool
 }
 
 // chanMutex guards fallbacks that callers add (ready-event failures) while
@@ -155,7 +157,7 @@ func (p *pump) recoverPanic() {
 
 // busy reports whether anything is in flight or queued on either side.
 func (p *pump) busy() bool {
-	if p.relayInflight > 0 || len(p.fallbacks) > 0 {
+	if p.relayInflight > 0 || len(p.fallbacks) > 0 || p.e.tokens.len() > 0 {
 		return true
 	}
 	for _, ol := range p.out {
@@ -387,6 +389,10 @@ func (p *pump) refreshPeers() {
 			continue
 		}
 		ol := newOutLane(pr, link)
+		if s := e.hooks.firstSeq; s > 1 && !p.seqHooked {
+			p.seqHooked = true
+			ol.next, ol.published, ol.reaped = s, s-1, s-1
+		}
 		if hr, ok := e.copier.(HostRegistrar); ok {
 			unreg, err := hr.RegisterHost(uintptr(unsafe.Pointer(link.Lane())), uint64(unsafe.Sizeof(staging.Lane{})))
 			if err != nil {
