@@ -1,0 +1,208 @@
+// Command pxn-device-plugin is the kubelet device plugin for PXN's relay
+// resource (pxn.io/relay): every container that requests it gets the engine's
+// environment and its job's registry directory. See docs/device-plugin.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/pxn-project/pxn/pkg/deviceplugin"
+)
+
+type options struct {
+	resourceName       string
+	devices            int
+	devicePluginDir    string
+	podResourcesSocket string
+	hostRoot           string
+	railStrategy       string
+	stateDir           string
+	shmDir             string
+	registryRoot       string
+	groupID            string
+	kubeconfig         string
+	metricsAddr        string
+	gcInterval         time.Duration
+	gcGrace            time.Duration
+	rediscoverInterval time.Duration
+	podLookupTimeout   time.Duration
+	rail               railFlags
+}
+
+func (o *options) bind(fs *flag.FlagSet) {
+	fs.StringVar(&o.resourceName, "resource-name", "pxn.io/relay", "extended resource to advertise")
+	fs.IntVar(&o.devices, "devices", 16, "number of virtual devices (shared and counted, no topology)")
+	fs.StringVar(&o.devicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "kubelet's device plugin directory, holding kubelet.sock")
+	fs.StringVar(&o.podResourcesSocket, "pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet's PodResources v1 socket")
+	fs.StringVar(&o.hostRoot, "host-root", "/", "root of the host filesystem for rail discovery (sysfs under it)")
+	fs.StringVar(&o.railStrategy, "rail-strategy", "pci-order", "canonical rail strategy: pci-order, subnet or static")
+	fs.StringVar(&o.stateDir, "state-dir", "/run/pxn", "host folder for the per-device slot links (<state-dir>/slots)")
+	fs.StringVar(&o.shmDir, "shm-dir", "/dev/shm/pxn", "host tmpfs folder for group directories (<shm-dir>/groups)")
+	fs.StringVar(&o.registryRoot, "container-registry-root", "/run/pxn", "container path of the group directory mount, and MC_PXN_REGISTRY_ROOT")
+	fs.StringVar(&o.groupID, "group-id", "k8s", "MC_PXN_GROUP_ID handed to every container")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for the API server; empty: in-cluster config when in a pod, else no API access")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9641", "address of the Prometheus /metrics endpoint; empty disables it")
+	fs.DurationVar(&o.gcInterval, "gc-interval", 30*time.Second, "how often unused slot links and group directories are collected")
+	fs.DurationVar(&o.gcGrace, "gc-grace", 2*time.Minute, "how long an unassigned slot link or unreferenced group directory is kept")
+	fs.DurationVar(&o.rediscoverInterval, "rediscover-interval", 15*time.Second, "how often rails and port states are re-read")
+	fs.DurationVar(&o.podLookupTimeout, "pod-lookup-timeout", 5*time.Second, "how long PreStartContainer waits for PodResources to show the devices")
+	o.rail.bind(fs)
+}
+
+func (o *options) validate() error {
+	for name, d := range map[string]time.Duration{"gc-interval": o.gcInterval, "gc-grace": o.gcGrace,
+		"rediscover-interval": o.rediscoverInterval, "pod-lookup-timeout": o.podLookupTimeout} {
+		if d <= 0 {
+			return fmt.Errorf("--%s=%v: must be positive", name, d)
+		}
+	}
+	return nil
+}
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	fs := flag.NewFlagSet("pxn-device-plugin", flag.ContinueOnError)
+	var o options
+	o.bind(fs)
+	klog.InitFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "pxn-device-plugin: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if err := o.validate(); err != nil {
+		fmt.Fprintf(os.Stderr, "pxn-device-plugin: %v\n", err)
+		return 2
+	}
+	defer klog.Flush()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := o.run(ctx); err != nil {
+		klog.ErrorS(err, "pxn-device-plugin failed")
+		return 1
+	}
+	return 0
+}
+
+func (o *options) run(ctx context.Context) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := deviceplugin.NewMetrics(reg)
+
+	discoverer, err := o.rail.discoverer(o.hostRoot, o.railStrategy)
+	if err != nil {
+		return err
+	}
+	monitor := deviceplugin.NewMonitor(discoverer, o.rediscoverInterval, func(st deviceplugin.NodeState) {
+		metrics.SetDeviceHealth(o.devices, st.Healthy)
+	})
+
+	store := deviceplugin.NewStore(o.stateDir, o.shmDir)
+	if err := store.Prepare(); err != nil {
+		return err
+	}
+	pods, err := deviceplugin.NewPodResourcesClient(o.podResourcesSocket)
+	if err != nil {
+		return err
+	}
+	defer pods.Close()
+	api, err := apiPods(o.kubeconfig)
+	if err != nil {
+		return err
+	}
+	relay, err := deviceplugin.NewRelay(deviceplugin.Config{
+		ResourceName:     o.resourceName,
+		DeviceCount:      o.devices,
+		GroupID:          o.groupID,
+		RegistryRoot:     o.registryRoot,
+		PodLookupTimeout: o.podLookupTimeout,
+		APITimeout:       5 * time.Second,
+	}, monitor, store, pods, api, metrics)
+	if err != nil {
+		return err
+	}
+	server := deviceplugin.NewServer(deviceplugin.ServerConfig{ResourceName: o.resourceName, PluginDir: o.devicePluginDir}, relay, metrics)
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if o.metricsAddr != "" {
+		if err := serveMetrics(ctx, &wg, o.metricsAddr, reg); err != nil {
+			return err
+		}
+	}
+	wg.Go(func() { monitor.Run(ctx) })
+	wg.Go(func() { relay.RunGarbageCollector(ctx, o.gcInterval, o.gcGrace) })
+	klog.InfoS("Starting pxn-device-plugin", "resource", o.resourceName, "devices", o.devices,
+		"socket", server.SocketPath(), "stateDir", o.stateDir, "shmDir", o.shmDir, "apiAccess", api != nil)
+	return server.Run(ctx)
+}
+
+// apiPods returns a pod reader for the API server, or nil without API access:
+// no --kubeconfig and not running in a pod.
+func apiPods(kubeconfig string) (deviceplugin.PodGetter, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig != "" {
+		if cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig); err != nil {
+			return nil, fmt.Errorf("load kubeconfig %s: %w", kubeconfig, err)
+		}
+	} else if cfg, err = rest.InClusterConfig(); err != nil {
+		klog.InfoS("No API server access; groups are keyed by pod name", "reason", err.Error())
+		return nil, nil
+	}
+	cfg.UserAgent = "pxn-device-plugin"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("API client: %w", err)
+	}
+	return deviceplugin.NewClientPodGetter(client), nil
+}
+
+func serveMetrics(ctx context.Context, wg *sync.WaitGroup, addr string, reg *prometheus.Registry) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics listener: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	wg.Go(func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			klog.ErrorS(err, "Metrics server ended", "addr", addr)
+		}
+	})
+	wg.Go(func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+	})
+	klog.InfoS("Serving metrics", "addr", ln.Addr().String())
+	return nil
+}

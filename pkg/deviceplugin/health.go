@@ -1,0 +1,125 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// Discoverer reads the node's rail layout.
+type Discoverer interface {
+	// Discover returns the rail map (compact JSON object, raw HCA name →
+	// canonical rail) and whether at least one railed HCA port is ACTIVE.
+	Discover(ctx context.Context) (railMapJSON string, healthy bool, err error)
+}
+
+// NodeState is the outcome of the latest discovery.
+type NodeState struct {
+	// Discovered is false until the first discovery has finished.
+	Discovered bool
+	// Healthy is true when the latest discovery succeeded and found an ACTIVE
+	// railed port.
+	Healthy bool
+	// RailMap is the rail map of the latest successful discovery, empty
+	// before one succeeded.
+	RailMap string
+	// Err is the latest discovery's error.
+	Err error
+}
+
+// Monitor re-discovers the node on a timer and publishes each changed state.
+type Monitor struct {
+	discoverer Discoverer
+	interval   time.Duration
+	timeout    time.Duration
+	observe    func(NodeState)
+
+	mu      sync.Mutex
+	state   NodeState
+	changed chan struct{}
+}
+
+// NewMonitor returns a Monitor that runs d every interval. observe, when not
+// nil, is called with every changed state.
+func NewMonitor(d Discoverer, interval time.Duration, observe func(NodeState)) *Monitor {
+	timeout := interval
+	if timeout < 10*time.Second {
+		timeout = 10 * time.Second
+	}
+	return &Monitor{discoverer: d, interval: interval, timeout: timeout, observe: observe, changed: make(chan struct{})}
+}
+
+// State returns the current state and a channel closed at the next change.
+func (m *Monitor) State() (NodeState, <-chan struct{}) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.state, m.changed
+}
+
+// Run discovers at once, then every interval, until ctx ends.
+func (m *Monitor) Run(ctx context.Context) {
+	t := time.NewTicker(m.interval)
+	defer t.Stop()
+	for {
+		m.discoverOnce(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (m *Monitor) discoverOnce(ctx context.Context) {
+	dctx, cancel := context.WithTimeout(ctx, m.timeout)
+	railMap, healthy, err := m.discoverer.Discover(dctx)
+	cancel()
+	if ctx.Err() != nil {
+		return
+	}
+	m.update(railMap, healthy, err)
+}
+
+func (m *Monitor) update(railMap string, healthy bool, err error) {
+	m.mu.Lock()
+	prev := m.state
+	next := NodeState{Discovered: true, Healthy: err == nil && healthy, RailMap: prev.RailMap, Err: err}
+	if err == nil {
+		next.RailMap = railMap
+	}
+	same := prev.Discovered && prev.Healthy == next.Healthy && prev.RailMap == next.RailMap &&
+		errString(prev.Err) == errString(next.Err)
+	if same {
+		m.mu.Unlock()
+		return
+	}
+	m.state = next
+	close(m.changed)
+	m.changed = make(chan struct{})
+	m.mu.Unlock()
+
+	switch {
+	case err != nil:
+		klog.ErrorS(err, "Node discovery failed; devices unhealthy")
+	case !next.Healthy:
+		klog.InfoS("No railed HCA port is ACTIVE; devices unhealthy", "railMap", next.RailMap)
+	default:
+		klog.InfoS("Node discovered; devices healthy", "railMap", next.RailMap, "recovered", prev.Discovered && !prev.Healthy)
+	}
+	if m.observe != nil {
+		m.observe(next)
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// errNotDiscovered is returned by Allocate before any discovery succeeded.
+var errNotDiscovered = errors.New("no successful rail discovery yet")

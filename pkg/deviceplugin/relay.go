@@ -1,0 +1,278 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// Environment handed to every container that gets a relay device.
+const (
+	EnvEnable       = "MC_PXN_ENABLE"
+	EnvRailMap      = "MC_PXN_RAIL_MAP"
+	EnvGroupID      = "MC_PXN_GROUP_ID"
+	EnvRegistryRoot = "MC_PXN_REGISTRY_ROOT"
+)
+
+// StateSource reports the node's discovered state; Monitor is one.
+type StateSource interface {
+	State() (NodeState, <-chan struct{})
+}
+
+// PodGetter reads a pod from the API server.
+type PodGetter interface {
+	Pod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
+}
+
+// Config describes the relay resource.
+type Config struct {
+	// ResourceName is the extended resource, e.g. pxn.io/relay.
+	ResourceName string
+	// DeviceCount is the number of virtual devices advertised.
+	DeviceCount int
+	// GroupID is MC_PXN_GROUP_ID for every container.
+	GroupID string
+	// RegistryRoot is the container path of the group directory mount and
+	// MC_PXN_REGISTRY_ROOT.
+	RegistryRoot string
+	// PodLookupTimeout bounds how long PreStartContainer waits for the
+	// kubelet's PodResources to show the devices.
+	PodLookupTimeout time.Duration
+	// APITimeout bounds one pod read from the API server.
+	APITimeout time.Duration
+}
+
+var groupIDPattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	if i := strings.IndexByte(c.ResourceName, '/'); i <= 0 || i == len(c.ResourceName)-1 {
+		return fmt.Errorf("resource name %q is not <domain>/<name>", c.ResourceName)
+	}
+	if c.DeviceCount < 1 || c.DeviceCount > 1000 {
+		return fmt.Errorf("device count %d is outside 1..1000", c.DeviceCount)
+	}
+	if !groupIDPattern.MatchString(c.GroupID) || c.GroupID == "." || c.GroupID == ".." {
+		return fmt.Errorf("group id %q is not 1..64 of [A-Za-z0-9_.-] (and not . or ..)", c.GroupID)
+	}
+	if !strings.HasPrefix(c.RegistryRoot, "/") {
+		return fmt.Errorf("container registry root %q is not an absolute path", c.RegistryRoot)
+	}
+	if c.PodLookupTimeout <= 0 || c.APITimeout <= 0 {
+		return fmt.Errorf("timeouts must be positive (pod lookup %v, API %v)", c.PodLookupTimeout, c.APITimeout)
+	}
+	return nil
+}
+
+// Relay is the pxn.io/relay resource: shared, counted virtual devices whose
+// containers get the PXN environment and their group's registry directory.
+type Relay struct {
+	cfg     Config
+	ids     []string
+	known   map[string]bool
+	state   StateSource
+	store   *Store
+	pods    PodResourcesLister
+	api     PodGetter
+	metrics *Metrics
+}
+
+// NewRelay returns the resource. api may be nil when the API server is not
+// reachable; groups are then keyed by pod name.
+func NewRelay(cfg Config, state StateSource, store *Store, pods PodResourcesLister, api PodGetter, m *Metrics) (*Relay, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	r := &Relay{cfg: cfg, state: state, store: store, pods: pods, api: api, metrics: m, known: make(map[string]bool, cfg.DeviceCount)}
+	width := len(fmt.Sprint(cfg.DeviceCount - 1))
+	if width < 2 {
+		width = 2
+	}
+	name := cfg.ResourceName[strings.IndexByte(cfg.ResourceName, '/')+1:]
+	for i := range cfg.DeviceCount {
+		id := fmt.Sprintf("pxn-%s-%0*d", name, width, i)
+		r.ids = append(r.ids, id)
+		r.known[id] = true
+	}
+	return r, nil
+}
+
+// DeviceIDs returns the advertised device IDs in order.
+func (r *Relay) DeviceIDs() []string { return append([]string(nil), r.ids...) }
+
+// Devices returns the full device list, whether discovery has finished (until
+// then nothing may be advertised), and a channel closed when it changes.
+func (r *Relay) Devices() ([]*pluginapi.Device, bool, <-chan struct{}) {
+	st, changed := r.state.State()
+	if !st.Discovered {
+		return nil, false, changed
+	}
+	health := pluginapi.Unhealthy
+	if st.Healthy {
+		health = pluginapi.Healthy
+	}
+	devs := make([]*pluginapi.Device, len(r.ids))
+	for i, id := range r.ids {
+		devs[i] = &pluginapi.Device{ID: id, Health: health}
+	}
+	return devs, true, changed
+}
+
+func (r *Relay) checkIDs(ids []string) (first string, err error) {
+	if len(ids) == 0 {
+		return "", status.Error(codes.InvalidArgument, "no device IDs in request")
+	}
+	first = ids[0]
+	for _, id := range ids {
+		if !r.known[id] {
+			return "", status.Errorf(codes.InvalidArgument, "unknown device ID %q for %s", id, r.cfg.ResourceName)
+		}
+		if id < first {
+			first = id
+		}
+	}
+	return first, nil
+}
+
+// Allocate answers from configuration and the last discovered rail map only:
+// the same devices always get the same answer. The mount source is the slot
+// link of the container's lowest device ID; PreStartContainer creates it.
+func (r *Relay) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+	st, _ := r.state.State()
+	if st.RailMap == "" {
+		return nil, status.Error(codes.Unavailable, errNotDiscovered.Error())
+	}
+	resp := &pluginapi.AllocateResponse{ContainerResponses: make([]*pluginapi.ContainerAllocateResponse, 0, len(req.GetContainerRequests()))}
+	for _, creq := range req.GetContainerRequests() {
+		first, err := r.checkIDs(creq.GetDevicesIds())
+		if err != nil {
+			return nil, err
+		}
+		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerAllocateResponse{
+			Envs: map[string]string{
+				EnvEnable:       "1",
+				EnvRailMap:      st.RailMap,
+				EnvGroupID:      r.cfg.GroupID,
+				EnvRegistryRoot: r.cfg.RegistryRoot,
+			},
+			Mounts: []*pluginapi.Mount{{
+				ContainerPath: r.cfg.RegistryRoot,
+				HostPath:      r.store.SlotPath(first),
+			}},
+		})
+	}
+	return resp, nil
+}
+
+// PreStartContainer finds the pod holding deviceIDs, computes its group key
+// and points the devices' slot links at the group directory.
+func (r *Relay) PreStartContainer(ctx context.Context, deviceIDs []string) error {
+	if _, err := r.checkIDs(deviceIDs); err != nil {
+		return err
+	}
+	ref, err := r.locate(ctx, deviceIDs)
+	if err != nil {
+		return err
+	}
+	key, source, err := r.groupKey(ctx, ref)
+	if err != nil {
+		return err
+	}
+	dir, err := r.store.Link(deviceIDs, key, time.Now())
+	if err != nil {
+		return status.Error(codes.Internal, err.Error())
+	}
+	klog.InfoS("Linked container to group", "pod", klog.KRef(ref.Namespace, ref.Pod), "container", ref.Container,
+		"devices", deviceIDs, "group", key, "groupSource", source, "dir", dir)
+	return nil
+}
+
+// locate polls PodResources until it shows deviceIDs: the kubelet may call
+// PreStartContainer before its own view is updated.
+func (r *Relay) locate(ctx context.Context, deviceIDs []string) (containerRef, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.PodLookupTimeout)
+	defer cancel()
+	wait := 5 * time.Millisecond
+	var lastErr error
+	for {
+		resp, err := r.pods.List(ctx)
+		if err == nil {
+			if ref, ok := findContainer(resp, r.cfg.ResourceName, deviceIDs); ok {
+				return ref, nil
+			}
+			lastErr = fmt.Errorf("no pod holds %s device %s", r.cfg.ResourceName, deviceIDs[0])
+		} else {
+			lastErr = fmt.Errorf("list pod resources: %w", err)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return containerRef{}, status.Errorf(codes.Unavailable, "find pod of devices %v within %v: %v", deviceIDs, r.cfg.PodLookupTimeout, lastErr)
+		case <-t.C:
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
+}
+
+// groupKey keys the group by the pod's GroupLabel, else its UID, both read
+// from the API server; without API access, by the pod's name. A configured but
+// failing API server fails the call rather than splitting a job.
+func (r *Relay) groupKey(ctx context.Context, ref containerRef) (key, source string, err error) {
+	if r.api == nil {
+		return GroupKey(ref.Namespace, SourcePodName, ref.Pod), SourcePodName, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.APITimeout)
+	defer cancel()
+	pod, err := r.api.Pod(ctx, ref.Namespace, ref.Pod)
+	if err != nil {
+		return "", "", status.Errorf(codes.Unavailable, "read pod %s/%s: %v", ref.Namespace, ref.Pod, err)
+	}
+	if g := pod.Labels[GroupLabel]; g != "" {
+		return GroupKey(ref.Namespace, SourceLabel, g), SourceLabel, nil
+	}
+	if pod.UID == "" {
+		return "", "", status.Errorf(codes.Internal, "pod %s/%s has no UID", ref.Namespace, ref.Pod)
+	}
+	return GroupKey(ref.Namespace, SourceUID, string(pod.UID)), SourceUID, nil
+}
+
+// CollectGarbage removes slot links of unassigned devices and group
+// directories unused for longer than grace. Nothing is removed when the
+// kubelet cannot be asked.
+func (r *Relay) CollectGarbage(ctx context.Context, grace time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := r.pods.List(ctx)
+	if err != nil {
+		return fmt.Errorf("list pod resources: %w", err)
+	}
+	slots, groups, err := r.store.Collect(assignedDevices(resp, r.cfg.ResourceName), time.Now(), grace)
+	r.metrics.collected(slots, groups)
+	return err
+}
+
+// RunGarbageCollector calls CollectGarbage every interval until ctx ends.
+func (r *Relay) RunGarbageCollector(ctx context.Context, interval, grace time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := r.CollectGarbage(ctx, grace); err != nil && !errors.Is(ctx.Err(), context.Canceled) {
+			klog.ErrorS(err, "Garbage collection incomplete")
+		}
+	}
+}

@@ -1,0 +1,228 @@
+package deviceplugin
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// groupDirMode lets ranks of any uid create their own 0700 registry inside a
+// group directory, but not remove each other's.
+const groupDirMode = os.ModeSticky | 0o777
+
+// Store owns the slot links (<state-dir>/slots/<device-id>) and the group
+// directories (<shm-dir>/groups/<key>) they point to. Link and Collect are
+// serialized so a link made while a collection runs is never removed by it.
+type Store struct {
+	stateDir  string
+	shmDir    string
+	slotsDir  string
+	groupsDir string
+
+	mu        sync.Mutex
+	linked    map[string]time.Time // device ID → when Link last pointed it
+	groupSeen map[string]time.Time // group key → when last referenced by a slot link
+}
+
+// NewStore returns a Store for the given host directories.
+func NewStore(stateDir, shmDir string) *Store {
+	return &Store{
+		stateDir:  filepath.Clean(stateDir),
+		shmDir:    filepath.Clean(shmDir),
+		slotsDir:  filepath.Join(stateDir, "slots"),
+		groupsDir: filepath.Join(shmDir, "groups"),
+		linked:    make(map[string]time.Time),
+		groupSeen: make(map[string]time.Time),
+	}
+}
+
+// SlotPath is the host path of a device's slot link.
+func (s *Store) SlotPath(deviceID string) string { return filepath.Join(s.slotsDir, deviceID) }
+
+// GroupPath is the host path of a group directory.
+func (s *Store) GroupPath(key string) string { return filepath.Join(s.groupsDir, key) }
+
+// Prepare creates the state and shm folders and checks that nobody but this
+// process's user can write to them: group directories are created and removed
+// below them by path.
+func (s *Store) Prepare() error {
+	for _, dir := range []string{s.stateDir, s.slotsDir, s.shmDir, s.groupsDir} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("create %s: %w", dir, err)
+		}
+		if err := checkPrivateDir(dir); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkPrivateDir(dir string) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory (mode %v)", dir, fi.Mode())
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("%s is owned by uid %d, not %d", dir, st.Uid, os.Geteuid())
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("%s is writable by others (mode %v)", dir, fi.Mode())
+	}
+	return nil
+}
+
+// Link creates the group directory of key and atomically points the slot link
+// of every device at it. It returns the group directory.
+func (s *Store) Link(deviceIDs []string, key string, now time.Time) (string, error) {
+	if !isGroupKey(key) {
+		return "", fmt.Errorf("invalid group key %q", key)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	dir := s.GroupPath(key)
+	if err := ensureGroupDir(dir); err != nil {
+		return "", err
+	}
+	s.groupSeen[key] = now
+	for _, id := range deviceIDs {
+		if err := replaceSymlink(s.slotsDir, id, dir); err != nil {
+			return "", err
+		}
+		s.linked[id] = now
+	}
+	return dir, nil
+}
+
+func ensureGroupDir(dir string) error {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("create group directory %s: %w", dir, err)
+	}
+	f, err := os.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return fmt.Errorf("open group directory %s: %w", dir, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("stat group directory %s: %w", dir, err)
+	}
+	if fi.Mode()&(os.ModeType|os.ModePerm|os.ModeSticky) == os.ModeDir|groupDirMode {
+		return nil
+	}
+	if err := f.Chmod(groupDirMode); err != nil {
+		return fmt.Errorf("chmod group directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+// replaceSymlink points dir/name at target by renaming a fresh link over it,
+// so a reader sees the old or the new target, never none.
+func replaceSymlink(dir, name, target string) error {
+	final := filepath.Join(dir, name)
+	tmp := filepath.Join(dir, fmt.Sprintf(".%s.%016x.tmp", name, rand.Uint64()))
+	if err := os.Symlink(target, tmp); err != nil {
+		return fmt.Errorf("create slot link %s: %w", tmp, err)
+	}
+	err := os.Rename(tmp, final)
+	if err != nil {
+		// A runtime that found no slot link may have created an empty
+		// directory in its place.
+		if fi, lerr := os.Lstat(final); lerr == nil && fi.IsDir() && os.Remove(final) == nil {
+			err = os.Rename(tmp, final)
+		}
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("replace slot link %s → %s: %w", final, target, err)
+	}
+	return nil
+}
+
+// Collect removes the slot links of devices not in assigned, and group
+// directories that no slot link has referenced for longer than grace. A link
+// made by Link less than grace ago is kept even when assigned lacks it, since
+// the kubelet's view may lag behind.
+func (s *Store) Collect(assigned map[string]bool, now time.Time, grace time.Duration) (slots, groups int, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	entries, err := os.ReadDir(s.slotsDir)
+	if err != nil {
+		return 0, 0, fmt.Errorf("read slots %s: %w", s.slotsDir, err)
+	}
+	var errs []error
+	referenced := make(map[string]bool)
+	for _, e := range entries {
+		name := e.Name()
+		path := filepath.Join(s.slotsDir, name)
+		if strings.HasPrefix(name, ".") {
+			if fi, err := os.Lstat(path); err == nil && now.Sub(fi.ModTime()) > grace {
+				os.Remove(path)
+			}
+			continue
+		}
+		if !assigned[name] && now.Sub(s.linked[name]) > grace {
+			if err := os.Remove(path); err != nil {
+				errs = append(errs, fmt.Errorf("remove slot %s: %w", path, err))
+			} else {
+				delete(s.linked, name)
+				slots++
+				klog.V(2).InfoS("Removed slot link of unassigned device", "device", name)
+				continue
+			}
+		}
+		if target, err := os.Readlink(path); err == nil && filepath.Dir(target) == s.groupsDir {
+			referenced[filepath.Base(target)] = true
+		}
+	}
+
+	entries, err = os.ReadDir(s.groupsDir)
+	if err != nil {
+		return slots, 0, errors.Join(append(errs, fmt.Errorf("read groups %s: %w", s.groupsDir, err))...)
+	}
+	root, err := os.OpenRoot(s.groupsDir)
+	if err != nil {
+		return slots, 0, errors.Join(append(errs, fmt.Errorf("open groups %s: %w", s.groupsDir, err))...)
+	}
+	defer root.Close()
+	present := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		key := e.Name()
+		if !isGroupKey(key) {
+			continue
+		}
+		present[key] = true
+		seen, ok := s.groupSeen[key]
+		switch {
+		case referenced[key] || !ok:
+			s.groupSeen[key] = now
+		case now.Sub(seen) > grace:
+			// Root confines the removal to groupsDir: links inside a group
+			// directory are removed, never followed.
+			if err := root.RemoveAll(key); err != nil {
+				errs = append(errs, fmt.Errorf("remove group %s: %w", s.GroupPath(key), err))
+				continue
+			}
+			delete(s.groupSeen, key)
+			groups++
+			klog.InfoS("Removed unused group directory", "group", key, "unusedFor", now.Sub(seen).Round(time.Millisecond))
+		}
+	}
+	for key := range s.groupSeen {
+		if !present[key] {
+			delete(s.groupSeen, key)
+		}
+	}
+	return slots, groups, errors.Join(errs...)
+}
