@@ -4,3 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 go generate ./...
+
+# Deepcopy methods for the API types and the CRD manifests built from them.
+controller_gen=$(bash hack/tools.sh path controller-gen)
+[ -x "$controller_gen" ] || bash hack/tools.sh controller-gen
+"$controller_gen" object paths=./api/... crd paths=./api/... output:crd:artifacts:config=config/crd

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	pxnv1alpha1 "github.com/pxn-project/pxn/api/v1alpha1"
+	"github.com/pxn-project/pxn/internal/testtools"
+	"github.com/pxn-project/pxn/pkg/agent"
+	"github.com/pxn-project/pxn/pkg/rail"
+)
+
+func TestRunFlags(t *testing.T) {
+	t.Setenv("NODE_NAME", "from-env")
+	c, err := parseRunFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	o := c.opts
+	if o.NodeName != "from-env" || o.Resync != time.Minute || o.PollInterval != 2*time.Second ||
+		o.MetricsBindAddress != ":9640" || o.HealthProbeBindAddress != ":9642" || o.AgentVersion == "" || c.kubeconfig != "" {
+		t.Errorf("defaults: %+v kubeconfig %q", o, c.kubeconfig)
+	}
+	want := rail.Options{HostRoot: "/", Strategy: rail.StrategyPCIOrder, SubnetPrefixLen: rail.DefaultSubnetPrefixLen}
+	if d, ok := o.Discoverer.(agent.RailDiscoverer); !ok || d.Options.HostRoot != want.HostRoot ||
+		d.Options.Strategy != want.Strategy || d.Options.SubnetPrefixLen != want.SubnetPrefixLen {
+		t.Errorf("discoverer %#v, want rail options %+v", o.Discoverer, want)
+	}
+
+	c, err = parseRunFlags([]string{"--node-name=n1", "--host-root=/host", "--rail-strategy=static", "--static-file=/etc/rails.json",
+		"--subnet-prefix-len=16", "--resync=5s", "--kubeconfig=/kc", "--metrics-bind-address=0",
+		"--health-probe-bind-address=127.0.0.1:1", "--agent-version=v9", "-v=0"}, io.Discard)
+	if err != nil {
+		t.Fatalf("flags: %v", err)
+	}
+	d := c.opts.Discoverer.(agent.RailDiscoverer)
+	if c.opts.NodeName != "n1" || d.Options.HostRoot != "/host" || d.Options.Strategy != "static" ||
+		d.Options.StaticFile != "/etc/rails.json" || d.Options.SubnetPrefixLen != 16 || c.opts.Resync != 5*time.Second ||
+		c.kubeconfig != "/kc" || c.opts.MetricsBindAddress != "0" || c.opts.HealthProbeBindAddress != "127.0.0.1:1" ||
+		c.opts.AgentVersion != "v9" {
+		t.Errorf("parsed %+v %+v kubeconfig %q", c.opts, d.Options, c.kubeconfig)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		env  string
+		want string
+	}{
+		{nil, "", "--node-name is empty"},
+		{[]string{"--node-name=a", "extra"}, "", `unexpected argument "extra"`},
+		{[]string{"--node-name=a", "--resync=0s"}, "", "must be positive"},
+		{[]string{"--no-such-flag"}, "x", "flag provided but not defined"},
+	} {
+		t.Setenv("NODE_NAME", tc.env)
+		var stderr bytes.Buffer
+		if code := runAgent(context.Background(), tc.args, &stderr); code != 2 || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("run %q: exit %d, stderr %q; want 2 and %q", tc.args, code, stderr.String(), tc.want)
+		}
+	}
+	var stderr bytes.Buffer
+	if code := runAgent(context.Background(), []string{"-h"}, &stderr); code != 0 || !strings.Contains(stderr.String(), "-rail-strategy") {
+		t.Errorf("-h: exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+// TestRunPublishesAndServesEndpoints runs `pxn-agent run` in-process against
+// a real API server, with the flags a DaemonSet would pass.
+func TestRunPublishesAndServesEndpoints(t *testing.T) {
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: testtools.EnvtestAssets(t),
+		CRDDirectoryPaths:     []string{filepath.Join(testtools.RepoRoot(), "config", "crd")},
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("start envtest: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := env.Stop(); err != nil {
+			t.Errorf("stop envtest: %v", err)
+		}
+	})
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, env.KubeConfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	scheme := runtime.NewScheme()
+	_ = corev1.AddToScheme(scheme)
+	_ = pxnv1alpha1.AddToScheme(scheme)
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "run-node"}}
+	if err := c.Create(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+
+	metricsAddr, healthAddr := freeAddr(t), freeAddr(t)
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	exit := make(chan int, 1)
+	go func() {
+		exit <- runAgent(runCtx, []string{
+			"--node-name=" + node.Name,
+			"--kubeconfig=" + kubeconfig,
+			"--host-root=" + filepath.Join(testtools.RepoRoot(), "pkg", "rail", "testdata", "sysfs", "hgx-8gpu"),
+			"--resync=1s",
+			"--metrics-bind-address=" + metricsAddr,
+			"--health-probe-bind-address=" + healthAddr,
+			"--agent-version=v0.0.0-test",
+		}, io.Discard)
+	}()
+
+	waitHTTP(t, "http://"+healthAddr+"/readyz", "ok")
+	waitHTTP(t, "http://"+healthAddr+"/healthz", "ok")
+	m := &pxnv1alpha1.PxnRailMap{}
+	if err := c.Get(ctx, types.NamespacedName{Name: node.Name}, m); err != nil {
+		t.Fatalf("ready, but no PxnRailMap: %v", err)
+	}
+	if m.Status.Rails != 8 || m.Status.AgentVersion != "v0.0.0-test" || len(m.OwnerReferences) != 1 || m.OwnerReferences[0].UID != node.UID {
+		t.Errorf("map: rails %d agentVersion %q owners %+v", m.Status.Rails, m.Status.AgentVersion, m.OwnerReferences)
+	}
+	for _, series := range []string{
+		"pxn_agent_discoveries_total ",
+		`pxn_agent_publishes_total{target="status"} `,
+		`pxn_agent_errors_total{op="publish"} 0`,
+		"pxn_agent_rails 8",
+		`controller_runtime_reconcile_total{controller="pxn-agent",result="success"}`,
+	} {
+		waitHTTP(t, "http://"+metricsAddr+"/metrics", series)
+	}
+
+	cancel()
+	select {
+	case code := <-exit:
+		if code != 0 {
+			t.Errorf("run exited %d after cancel, want 0", code)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not return after cancel")
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// waitHTTP polls url until it answers 200 with a body containing want.
+func waitHTTP(t *testing.T, url, want string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var last string
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(url)
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK && strings.Contains(string(body), want) {
+				return
+			}
+			last = fmt.Sprintf("%d: %.300s", resp.StatusCode, body)
+		} else {
+			last = err.Error()
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s never answered 200 with %q; last: %s", url, want, last)
+}

@@ -1,0 +1,172 @@
+// Package agent publishes a node's rail layout as its PxnRailMap, keeps the
+// map's conditions current and labels the node. It runs as a
+// controller-runtime manager: one controller with a single key (the node),
+// fed by the informer caches of PxnRailMaps and the node and by a discovery
+// loop that rediscovers on every resync and whenever the host's HCA/GPU
+// fingerprint changes.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	pxnv1alpha1 "github.com/pxn-project/pxn/api/v1alpha1"
+)
+
+// FieldManager is the server-side apply field manager of every write the agent
+// makes.
+const FieldManager = "pxn-agent"
+
+// Discovery is the result of one rail discovery on the host.
+type Discovery struct {
+	Layout pxnv1alpha1.RailLayout
+	// Ready is true when every port of every HCA on a rail is ACTIVE;
+	// NotReadyMessage says which ones are not.
+	Ready           bool
+	NotReadyMessage string
+	Warnings        []string
+}
+
+// Discoverer finds the node's rail layout. Fingerprint is called every poll
+// interval and must be cheap: a change in its value triggers a discovery.
+type Discoverer interface {
+	Discover(ctx context.Context) (*Discovery, error)
+	Fingerprint() (string, error)
+}
+
+// Options configure an agent.
+type Options struct {
+	NodeName   string
+	Discoverer Discoverer
+	// Resync is the period of unconditional rediscovery and reconciliation.
+	Resync time.Duration
+	// PollInterval is the period of the fingerprint poll.
+	PollInterval time.Duration
+	// AgentVersion is written to status.agentVersion.
+	AgentVersion string
+	// MetricsBindAddress serves /metrics; "0" disables it.
+	MetricsBindAddress string
+	// HealthProbeBindAddress serves /healthz and /readyz; "0" disables it.
+	HealthProbeBindAddress string
+	// Registerer receives the agent's metrics; nil means controller-runtime's
+	// registry, which the metrics endpoint serves.
+	Registerer prometheus.Registerer
+	// MinBackoff and MaxBackoff bound the exponential backoff after a failed
+	// reconciliation.
+	MinBackoff, MaxBackoff time.Duration
+}
+
+func (o *Options) defaults() error {
+	if o.NodeName == "" {
+		return errors.New("node name is empty (set --node-name or NODE_NAME)")
+	}
+	if o.Discoverer == nil {
+		return errors.New("no discoverer")
+	}
+	if o.Resync <= 0 {
+		o.Resync = 60 * time.Second
+	}
+	if o.PollInterval <= 0 {
+		o.PollInterval = 2 * time.Second
+	}
+	if o.MinBackoff <= 0 {
+		o.MinBackoff = 500 * time.Millisecond
+	}
+	if o.MaxBackoff < o.MinBackoff {
+		o.MaxBackoff = max(time.Minute, o.MinBackoff)
+	}
+	if o.MetricsBindAddress == "" {
+		o.MetricsBindAddress = "0"
+	}
+	if o.HealthProbeBindAddress == "" {
+		o.HealthProbeBindAddress = "0"
+	}
+	if o.Registerer == nil {
+		o.Registerer = ctrlmetrics.Registry
+	}
+	return nil
+}
+
+// Run runs the agent until ctx is done.
+func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
+	if err := opts.defaults(); err != nil {
+		return err
+	}
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := pxnv1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return err
+	}
+	logger := klog.NewKlogr().WithValues("node", opts.NodeName)
+	mgr, err := manager.New(cfg, manager.Options{
+		Scheme:                 scheme,
+		Logger:                 logger,
+		Metrics:                metricsserver.Options{BindAddress: opts.MetricsBindAddress},
+		HealthProbeBindAddress: opts.HealthProbeBindAddress,
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&corev1.Node{}: {Field: fields.OneTermEqualSelector("metadata.name", opts.NodeName)},
+		}},
+	})
+	if err != nil {
+		return fmt.Errorf("create manager: %w", err)
+	}
+
+	loop := newDiscoveryLoop(opts, m)
+	r := &reconciler{
+		node:         opts.NodeName,
+		agentVersion: opts.AgentVersion,
+		reader:       mgr.GetCache(),
+		writer:       mgr.GetClient(),
+		state:        loop,
+		metrics:      m,
+	}
+	c, err := controller.New("pxn-agent", mgr, controller.Options{
+		Reconciler:              r,
+		MaxConcurrentReconciles: 1,
+		RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](opts.MinBackoff, opts.MaxBackoff),
+		SkipNameValidation:      ptr.To(true),
+		Logger:                  logger,
+	})
+	if err != nil {
+		return fmt.Errorf("create controller: %w", err)
+	}
+	if err := watch(c, mgr.GetCache(), opts.NodeName, loop.events); err != nil {
+		return err
+	}
+	if err := mgr.Add(loop); err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("published", r.published); err != nil {
+		return err
+	}
+	klog.InfoS("starting agent", "node", klog.KRef("", opts.NodeName), "resync", opts.Resync, "version", opts.AgentVersion)
+	return mgr.Start(ctx)
+}
