@@ -55,8 +55,6 @@ type pump struct {
 	// unsent are relayed Pieces whose second-hop writes the hop has not all
 	// taken yet, in the order they were consumed.
 	unsent []*inflightRec
-	// seqHooked is set once testHooks.firstSeq has been applied.
-	seqHooked bool
 }
 
 // chanMutex guards fallbacks that callers add (ready-event failures) while
@@ -389,10 +387,6 @@ func (p *pump) refreshPeers() {
 			continue
 		}
 		ol := newOutLane(pr, link)
-		if s := e.hooks.firstSeq; s > 1 && !p.seqHooked {
-			p.seqHooked = true
-			ol.next, ol.published, ol.reaped = s, s-1, s-1
-		}
 		if hr, ok := e.copier.(HostRegistrar); ok {
 			unreg, err := hr.RegisterHost(uintptr(unsafe.Pointer(link.Lane())), uint64(unsafe.Sizeof(staging.Lane{})))
 			if err != nil {
