@@ -95,7 +95,6 @@ func (t *task) finishSlice(n uint64, err error) {
 // counters only.
 type Batch struct {
 	tasks []task
-	freed atomic.Bool
 }
 
 // Len is the number of tasks in the batch.

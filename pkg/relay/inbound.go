@@ -37,9 +37,6 @@ type inLane struct {
 // commitWaitLimit bounds how long a rung doorbell may wait for its Desc.
 const commitWaitLimit = 100 * time.Millisecond
 
-// errInvalidPiece marks a Piece refused by validation.
-var errInvalidPiece = errors.New("invalid piece")
-
 // consume takes at most one ticket from inbound lane i. It returns true when
 // it made progress.
 func (e *Engine) consume(i int) bool {

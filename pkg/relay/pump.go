@@ -103,6 +103,7 @@ func (p *pump) run() {
 		}
 	}
 	defer close(p.doneCh)
+	defer p.recoverPanic()
 	timer := time.NewTimer(idleWait)
 	defer timer.Stop()
 	p.lastActive = time.Now()
