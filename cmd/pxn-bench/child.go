@@ -21,6 +21,11 @@ type event struct {
 	Routed bool        `json:"routed,omitempty"`
 	Result *rankResult `json:"result,omitempty"`
 	Idle   *idleResult `json:"idle,omitempty"`
+	// The CUDA path's reports.
+	Open    *openResult    `json:"open,omitempty"`
+	Raw     *rawResult     `json:"raw,omitempty"`
+	Latency *latencyResult `json:"latency,omitempty"`
+	Rows    []row          `json:"rows,omitempty"`
 }
 
 func emit(ev event) {

@@ -27,6 +27,10 @@ type rankResult struct {
 	ProcessCPU float64               `json:"processCPU"`
 	Mallocs    uint64                `json:"mallocs"`
 	PXNActive  bool                  `json:"pxnActive"`
+	// StartNs and EndNs bound the timed transfer (Unix nanoseconds) where
+	// the parent times ranks that ran at once as one transfer.
+	StartNs int64 `json:"startNs,omitempty"`
+	EndNs   int64 `json:"endNs,omitempty"`
 }
 
 // idleResult is CPU use over an idle second.
@@ -144,6 +148,9 @@ func waitRoutes(eng *relay.Engine, mine []transfer, r int) bool {
 	return false
 }
 
+// spinBatch is how many requests the CUDA path submits at a time.
+const spinBatch = 16
+
 // maxRequest keeps every request under the TCP hop's frame limit (64 MiB);
 // an RDMA transport would slice a large write itself.
 const maxRequest = 32 << 20
@@ -163,32 +170,58 @@ func requests(mine []transfer, base uintptr) ([]relay.Request, uint64) {
 }
 
 func transferEngine(eng *relay.Engine, mine []transfer, base uintptr) (*rankResult, error) {
+	return transferEngineWait(eng, mine, base, false)
+}
+
+// transferEngineWait is transferEngine; spin submits the requests in
+// batches of spinBatch, so that planning the later ones overlaps the
+// transfer of the first (a pipelined caller), and polls Done without
+// sleeping (the CUDA path, where a sleep is a visible part of a short run).
+func transferEngineWait(eng *relay.Engine, mine []transfer, base uintptr, spin bool) (*rankResult, error) {
 	reqs, total := requests(mine, base)
+	batch := len(reqs)
+	if spin {
+		batch = min(batch, spinBatch)
+	}
 	before := eng.Counters()
 	var ms0, ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
 	pump0, _ := cpuTime(eng.PumpThreadID())
 	proc0, _ := cpuTime(0)
 	start := time.Now()
-	b, err := eng.Submit(reqs)
-	if err != nil {
-		return nil, err
+	var batches []*relay.Batch
+	for i := 0; i < len(reqs) || i == 0; i += max(batch, 1) {
+		b, err := eng.Submit(reqs[i:min(i+batch, len(reqs))])
+		if err != nil {
+			return nil, err
+		}
+		batches = append(batches, b)
 	}
-	for !b.Done() {
-		time.Sleep(20 * time.Microsecond)
+	for _, b := range batches {
+		for !b.Done() {
+			if spin {
+				runtime.Gosched()
+				continue
+			}
+			time.Sleep(20 * time.Microsecond)
+		}
 	}
-	secs := time.Since(start).Seconds()
+	end := time.Now()
+	secs := end.Sub(start).Seconds()
 	pump1, _ := cpuTime(eng.PumpThreadID())
 	proc1, _ := cpuTime(0)
 	runtime.ReadMemStats(&ms1)
 	res := &rankResult{Bytes: total, Requests: len(reqs), Seconds: secs, PXNActive: eng.PXNActive(),
-		PumpCPU: pump1 - pump0, ProcessCPU: proc1 - proc0, Mallocs: ms1.Mallocs - ms0.Mallocs}
-	for i := 0; i < b.Len(); i++ {
-		st, _ := b.Status(i)
-		if st.State != relay.Completed {
-			res.Failed++
-			if res.FirstError == "" && st.Err != nil {
-				res.FirstError = st.Err.Error()
+		PumpCPU: pump1 - pump0, ProcessCPU: proc1 - proc0, Mallocs: ms1.Mallocs - ms0.Mallocs,
+		StartNs: start.UnixNano(), EndNs: end.UnixNano()}
+	for _, b := range batches {
+		for i := 0; i < b.Len(); i++ {
+			st, _ := b.Status(i)
+			if st.State != relay.Completed {
+				res.Failed++
+				if res.FirstError == "" && st.Err != nil {
+					res.FirstError = st.Err.Error()
+				}
 			}
 		}
 	}
@@ -243,7 +276,9 @@ func transferBare(hop relay.Hop, mine []transfer, base uintptr) (*rankResult, er
 			time.Sleep(20 * time.Microsecond)
 		}
 	}
-	res.Seconds = time.Since(start).Seconds()
+	end := time.Now()
+	res.Seconds = end.Sub(start).Seconds()
+	res.StartNs, res.EndNs = start.UnixNano(), end.UnixNano()
 	proc1, _ := cpuTime(0)
 	res.ProcessCPU = proc1 - proc0
 	res.Counters.DirectBytes = total

@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -44,7 +43,10 @@ type runOptions struct {
 	pattern string
 	json    string
 	credit  string
-	out     io.Writer
+	cuda    cudaOptions
+	// registryRoot is the folder the ranks' registry folder is made in.
+	registryRoot string
+	out          io.Writer
 }
 
 func runMain(args []string) int {
@@ -58,6 +60,10 @@ func runMain(args []string) int {
 	fs.StringVar(&o.pattern, "pattern", "cross-rail", "cross-rail, fan-in, same-rail or all-to-all")
 	fs.StringVar(&o.json, "json", "", "also write the rows as JSON to this file")
 	fs.StringVar(&o.credit, "credit-timeout", "", "MC_PXN_CREDIT_TIMEOUT_MS for the ranks (empty: the engine default, 1000)")
+	o.cuda.flags(fs)
+	fs.StringVar(&o.registryRoot, "registry-root", os.Getenv("MC_PXN_REGISTRY_ROOT"),
+		"folder in which the ranks' registry folder (their MC_PXN_REGISTRY_ROOT) is created; the staging arenas live there, so it must be a large tmpfs. "+
+			"Default: $MC_PXN_REGISTRY_ROOT (in a pod holding pxn.io/relay, the device plugin's group folder), else /dev/shm")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -88,7 +94,7 @@ func run(o runOptions) ([]row, error) {
 	case "host":
 		fmt.Fprintf(o.out, "pxn-bench: host-memory path: %d ranks as processes, host memory stands in for GPU memory, a TCP hop on loopback stands in for RDMA\n", o.ranks)
 	case "cuda":
-		return nil, errors.New("--device cuda: the CUDA first hop is not part of this build yet; use --device host")
+		return runCUDA(o)
 	default:
 		return nil, fmt.Errorf("--device %q: want host or cuda", o.device)
 	}
@@ -101,9 +107,12 @@ func run(o runOptions) ([]row, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(work)
-	shmRoot := "/dev/shm"
-	if st, err := os.Stat(shmRoot); err != nil || !st.IsDir() {
-		shmRoot = work
+	shmRoot := o.registryRoot
+	if shmRoot == "" {
+		shmRoot = "/dev/shm"
+		if st, err := os.Stat(shmRoot); err != nil || !st.IsDir() {
+			shmRoot = work
+		}
 	}
 	registry, err := os.MkdirTemp(shmRoot, "pxn-bench-registry-")
 	if err != nil {

@@ -192,6 +192,23 @@ func (d *Driver) MemHostGetDevicePointer(p uintptr) (DevicePtr, error) {
 	return DevicePtr(dp), nil
 }
 
+// MemGetInfo is cuMemGetInfo: the current context's device's free and
+// total memory in bytes.
+func (d *Driver) MemGetInfo() (free, total uint64, err error) {
+	var f, t C.size_t
+	if err := d.check(C.pxn_cuMemGetInfo(d.t, &f, &t), "cuMemGetInfo"); err != nil {
+		return 0, 0, err
+	}
+	return uint64(f), uint64(t), nil
+}
+
+// MemcpyHtoDAsync is cuMemcpyHtoDAsync from host memory given as an
+// address, which must stay valid (and, to be asynchronous, pinned) until
+// the copy has run.
+func (d *Driver) MemcpyHtoDAsync(dst DevicePtr, src uintptr, n uint64, s Stream) error {
+	return d.check(C.pxn_cuMemcpyHtoDAsync(d.t, C.CUdeviceptr(dst), C.uintptr_t(src), C.size_t(n), C.pxn_handle(s)), "cuMemcpyHtoDAsync(%#x, %#x, %d)", uint64(dst), src, n)
+}
+
 // MemcpyHtoD is the synchronous cuMemcpyHtoD (tests and set-up only).
 func (d *Driver) MemcpyHtoD(dst DevicePtr, src []byte) error {
 	if len(src) == 0 {

@@ -619,3 +619,57 @@ func ipcChild() error {
 	}
 	return d.IPCCloseMemHandle(p)
 }
+
+// TestMemInfoAndAsyncUpload: cuMemGetInfo, and cuMemcpyHtoDAsync from
+// pinned host memory given as an address (how the gather plan travels).
+func TestMemInfoAndAsyncUpload(t *testing.T) {
+	g := openGPU(t, 0)
+	d := g.d
+	free, total, err := d.MemGetInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if free == 0 || free > total {
+		t.Fatalf("cuMemGetInfo: free %d of %d", free, total)
+	}
+	const n = 1 << 20
+	host, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(host)
+	for i := range host {
+		host[i] = byte(i * 13)
+	}
+	hp := uintptr(unsafe.Pointer(&host[0]))
+	if err := d.MemHostRegister(hp, n, HostRegisterPortable); err != nil {
+		t.Fatal(err)
+	}
+	defer d.MemHostUnregister(hp)
+	p, err := d.MemAlloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.MemFree(p)
+	s, err := d.StreamCreate(StreamNonBlocking)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.StreamDestroy(s)
+	if err := d.MemcpyHtoDAsync(p, hp, n, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.StreamSynchronize(s); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, n)
+	if err := d.MemcpyDtoH(got, p); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, host) {
+		t.Fatal("uploaded bytes differ")
+	}
+	if PlanBytes(4096) != 4096*24+4097*8 || PlanBytes(0) != 8 {
+		t.Fatalf("PlanBytes(4096) = %d", PlanBytes(4096))
+	}
+}

@@ -36,7 +36,14 @@ const (
 	// CopyBatchV12080 is the 9-argument cuMemcpyBatchAsync of CUDA 12.8,
 	// which reports the failing index.
 	CopyBatchV12080 CopyMode = C.PXN_COPY_BATCH_V12080
+	// CopyGather uploads the entries as a plan and launches a gather
+	// kernel (Piece.Gather) that copies them with the SMs.
+	CopyGather CopyMode = C.PXN_COPY_GATHER
 )
+
+// PlanBytes is the size of a gather plan of n entries: the entries, then
+// n+1 prefix sums of their lengths (see Gather).
+func PlanBytes(n int) uint64 { return uint64(C.pxn_plan_bytes(C.size_t(n))) }
 
 func (m CopyMode) String() string {
 	switch m {
@@ -46,6 +53,8 @@ func (m CopyMode) String() string {
 		return "cuMemcpyBatchAsync (13.0, 8 arguments)"
 	case CopyBatchV12080:
 		return "cuMemcpyBatchAsync (12.8, 9 arguments)"
+	case CopyGather:
+		return "SM gather kernel"
 	}
 	return fmt.Sprintf("copy mode %d", int(m))
 }
@@ -128,6 +137,29 @@ type Piece struct {
 	Seq      uint64
 	// Done, when not 0, is recorded on Stream last.
 	Done Event
+	// Gather is what Mode CopyGather needs.
+	Gather Gather
+}
+
+// Gather is one launch of a gather kernel with the signature
+// (const entry *plan, const u64 *prefix, u32 n): the Piece's non-empty
+// entries are written to PlanHost with their n+1 exclusive prefix sums of
+// lengths behind them, uploaded to PlanDev on Upload (PlanUp is recorded
+// there and waited for on the Piece's stream), and the kernel is launched
+// on Grid blocks of Block threads. PlanBusy is recorded after the launch;
+// Enqueue refuses (ErrorNotReady, nothing enqueued) while it has not
+// completed, because the upload of PlanHost may still be pending.
+type Gather struct {
+	Kernel      Function
+	Grid, Block uint32
+	// PlanHost is pinned host memory and PlanDev device memory, each of
+	// PlanBytes(PlanCap) bytes.
+	PlanHost uintptr
+	PlanDev  DevicePtr
+	PlanCap  int
+	Upload   Stream
+	PlanUp   Event
+	PlanBusy Event
 }
 
 // PieceError is a failed Enqueue: the step that failed and the driver's
@@ -163,6 +195,15 @@ func (o *CopyOp) Enqueue(p *Piece) error {
 	c.doorbell = C.CUdeviceptr(p.Doorbell)
 	c.seq = C.uint64_t(p.Seq)
 	c.done = C.pxn_handle(p.Done)
+	c.gather_fn = C.pxn_handle(p.Gather.Kernel)
+	c.grid = C.uint(p.Gather.Grid)
+	c.block = C.uint(p.Gather.Block)
+	c.plan_host = C.uintptr_t(p.Gather.PlanHost)
+	c.plan_dev = C.CUdeviceptr(p.Gather.PlanDev)
+	c.plan_cap = C.size_t(p.Gather.PlanCap)
+	c.upload = C.pxn_handle(p.Gather.Upload)
+	c.plan_up = C.pxn_handle(p.Gather.PlanUp)
+	c.plan_busy = C.pxn_handle(p.Gather.PlanBusy)
 	var ents *C.pxn_copy_entry
 	if len(p.Entries) > 0 {
 		ents = (*C.pxn_copy_entry)(unsafe.Pointer(&p.Entries[0]))
@@ -193,6 +234,10 @@ func (o *CopyOp) pieceError(r Result, p Piece) error {
 		step = fmt.Sprintf("cuStreamWriteValue64(%#x, seq %d)", uint64(p.Doorbell), p.Seq)
 	case C.PXN_STAGE_RECORD:
 		step = fmt.Sprintf("cuEventRecord(%#x)", uintptr(p.Done))
+	case C.PXN_STAGE_PLAN:
+		step = fmt.Sprintf("gather plan of %d entries (staging %#x, busy event %#x)", len(p.Entries), p.Gather.PlanHost, uintptr(p.Gather.PlanBusy))
+	case C.PXN_STAGE_LAUNCH:
+		step = fmt.Sprintf("cuLaunchKernel(gather, grid %d, block %d)", p.Gather.Grid, p.Gather.Block)
 	default:
 		step = "enqueue"
 	}

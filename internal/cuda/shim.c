@@ -72,6 +72,8 @@ static const struct {
 	[PXN_cuModuleGetFunction] = {"cuModuleGetFunction", 2000, 0},
 	[PXN_cuModuleUnload] = {"cuModuleUnload", 2000, 0},
 	[PXN_cuLaunchKernel] = {"cuLaunchKernel", 4000, 0},
+	[PXN_cuMemGetInfo] = {"cuMemGetInfo", 3020, 0},
+	[PXN_cuMemcpyHtoDAsync] = {"cuMemcpyHtoDAsync", 3020, 0},
 };
 
 const char *pxn_cu_symbol_name(int i) { return (i >= 0 && i < PXN_CU_NSYM) ? pxn_cu_symbols[i].name : NULL; }
@@ -317,6 +319,13 @@ CUresult pxn_cuModuleUnload(pxn_cu_table *t, pxn_handle m) {
 	PXN_CALL(cuModuleUnload, (CUmodule), (CUmodule)m);
 }
 
+CUresult pxn_cuMemGetInfo(pxn_cu_table *t, size_t *free_bytes, size_t *total_bytes) {
+	PXN_CALL(cuMemGetInfo, (size_t *, size_t *), free_bytes, total_bytes);
+}
+CUresult pxn_cuMemcpyHtoDAsync(pxn_cu_table *t, CUdeviceptr dst, uintptr_t src, size_t n, pxn_handle s) {
+	PXN_CALL(cuMemcpyHtoDAsync, (CUdeviceptr, const void *, size_t, CUstream), dst, (const void *)src, n, (CUstream)s);
+}
+
 #define PXN_MAX_KERNEL_ARGS 32
 
 CUresult pxn_cuLaunchKernel(pxn_cu_table *t, pxn_handle f, unsigned int gx, unsigned int gy, unsigned int gz,
@@ -473,6 +482,59 @@ static CUresult enqueue_copies(pxn_cu_table *t, pxn_piece_op *op, const pxn_copy
 	}
 }
 
+size_t pxn_plan_bytes(size_t n) { return n * sizeof(pxn_copy_entry) + (n + 1) * sizeof(uint64_t); }
+
+/*
+ * The gather path: the Piece's non-empty entries and their prefix sums are
+ * written to pinned staging and uploaded on the upload stream, which does not
+ * wait for the source (the plan is host data), so the upload of the next
+ * Piece overlaps the kernel of this one; the stream waits for the upload and
+ * one kernel launch copies the entries.
+ */
+static CUresult enqueue_gather(pxn_cu_table *t, pxn_piece_op *op, const pxn_copy_entry *entries, size_t n) {
+	pxn_copy_entry *plan = (pxn_copy_entry *)op->plan_host;
+	/* plan_host is a uintptr_t: Go hands over C-side memory as an integer. */
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (entries[i].len == 0) {
+			continue;
+		}
+		if (k == op->plan_cap) {
+			op->fail_idx = i;
+			return CUDA_ERROR_INVALID_VALUE;
+		}
+		plan[k++] = entries[i];
+	}
+	if (k == 0) {
+		return 0;
+	}
+	uint64_t *prefix = (uint64_t *)(plan + k);
+	uint64_t total = 0;
+	for (size_t i = 0; i < k; i++) {
+		prefix[i] = total;
+		total += plan[i].len;
+	}
+	prefix[k] = total;
+	CUresult r = pxn_cuMemcpyHtoDAsync(t, op->plan_dev, op->plan_host, pxn_plan_bytes(k), op->upload);
+	if (r != 0) {
+		return r;
+	}
+	if ((r = pxn_cuEventRecord(t, op->plan_up, op->upload)) != 0) {
+		return r;
+	}
+	if ((r = pxn_cuStreamWaitEvent(t, op->stream, op->plan_up, 0)) != 0) {
+		return r;
+	}
+	op->stage = PXN_STAGE_LAUNCH;
+	uint64_t args[3] = {op->plan_dev, op->plan_dev + k * sizeof(pxn_copy_entry), k};
+	r = pxn_cuLaunchKernel(t, op->gather_fn, op->grid, 1, 1, op->block, 1, 1, 0, op->stream, args, 3);
+	if (r != 0) {
+		return r;
+	}
+	op->stage = PXN_STAGE_PLAN;
+	return pxn_cuEventRecord(t, op->plan_busy, op->stream);
+}
+
 CUresult pxn_enqueue_piece(pxn_cu_table *t, pxn_piece_op *op, const pxn_copy_entry *entries, size_t n) {
 	pxn_handle prev;
 	CUresult r;
@@ -482,6 +544,18 @@ CUresult pxn_enqueue_piece(pxn_cu_table *t, pxn_piece_op *op, const pxn_copy_ent
 	if (r != 0) {
 		return r;
 	}
+	if (op->mode == PXN_COPY_GATHER) {
+		/* The staging is rewritten below: its last upload must be done. */
+		op->stage = PXN_STAGE_PLAN;
+		if (op->gather_fn == 0 || op->plan_host == 0 || op->plan_dev == 0 || op->upload == 0 || op->plan_up == 0 || op->plan_busy == 0) {
+			r = CUDA_ERROR_INVALID_VALUE;
+			goto out;
+		}
+		r = pxn_cuEventQuery(t, op->plan_busy);
+		if (r != 0) {
+			goto out;
+		}
+	}
 	if (op->wait != 0) {
 		op->stage = PXN_STAGE_WAIT;
 		r = pxn_cuStreamWaitEvent(t, op->stream, op->wait, 0);
@@ -490,7 +564,11 @@ CUresult pxn_enqueue_piece(pxn_cu_table *t, pxn_piece_op *op, const pxn_copy_ent
 		}
 	}
 	op->stage = PXN_STAGE_COPY;
-	r = enqueue_copies(t, op, entries, n);
+	if (op->mode == PXN_COPY_GATHER) {
+		r = enqueue_gather(t, op, entries, n);
+	} else {
+		r = enqueue_copies(t, op, entries, n);
+	}
 	if (r != 0) {
 		goto out;
 	}

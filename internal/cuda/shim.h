@@ -91,6 +91,8 @@ enum {
 	PXN_cuModuleGetFunction,
 	PXN_cuModuleUnload,
 	PXN_cuLaunchKernel,
+	PXN_cuMemGetInfo,
+	PXN_cuMemcpyHtoDAsync,
 	PXN_CU_NSYM
 };
 
@@ -162,6 +164,8 @@ CUresult pxn_cuModuleUnload(pxn_cu_table *t, pxn_handle m);
 CUresult pxn_cuLaunchKernel(pxn_cu_table *t, pxn_handle f, unsigned int gx, unsigned int gy, unsigned int gz,
 	unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, pxn_handle s,
 	const uint64_t *args, int nargs);
+CUresult pxn_cuMemGetInfo(pxn_cu_table *t, size_t *free_bytes, size_t *total_bytes);
+CUresult pxn_cuMemcpyHtoDAsync(pxn_cu_table *t, CUdeviceptr dst, uintptr_t src, size_t n, pxn_handle s);
 
 /* Composite calls: one cgo crossing for what a hot path does in a row. */
 
@@ -184,7 +188,9 @@ typedef struct {
 enum {
 	PXN_COPY_PER_ENTRY = 0,
 	PXN_COPY_BATCH_V13000 = 1,
-	PXN_COPY_BATCH_V12080 = 2
+	PXN_COPY_BATCH_V12080 = 2,
+	/* The SM gather kernel (pkg/gpu/kernel): plan upload, then one launch. */
+	PXN_COPY_GATHER = 3
 };
 
 /* Stages of pxn_enqueue_piece, reported when a step fails. */
@@ -193,7 +199,9 @@ enum {
 	PXN_STAGE_WAIT = 2,
 	PXN_STAGE_COPY = 3,
 	PXN_STAGE_DOORBELL = 4,
-	PXN_STAGE_RECORD = 5
+	PXN_STAGE_RECORD = 5,
+	PXN_STAGE_PLAN = 6,
+	PXN_STAGE_LAUNCH = 7
 };
 
 typedef struct {
@@ -216,10 +224,32 @@ typedef struct {
 	CUdeviceptr doorbell;
 	uint64_t seq;
 	pxn_handle done;
+	/*
+	 * PXN_COPY_GATHER only. plan_host is pinned host memory and plan_dev
+	 * device memory, each of pxn_plan_bytes(plan_cap) bytes. The plan is
+	 * uploaded on the upload stream and plan_up recorded there; the stream
+	 * waits for plan_up before the launch. plan_busy is recorded after the
+	 * launch and must have completed before plan_host is written again.
+	 */
+	pxn_handle gather_fn;
+	unsigned int grid;
+	unsigned int block;
+	uintptr_t plan_host;
+	CUdeviceptr plan_dev;
+	size_t plan_cap;
+	pxn_handle upload;
+	pxn_handle plan_up;
+	pxn_handle plan_busy;
 	/* Out: the stage that failed and, for the 12.8 batch form, failIdx. */
 	int stage;
 	size_t fail_idx;
 } pxn_piece_op;
+
+/*
+ * Bytes of a gather plan of n entries: the non-empty entries, packed, then
+ * their n+1 exclusive prefix sums of lengths (the last one is the total).
+ */
+size_t pxn_plan_bytes(size_t n);
 
 /*
  * Enqueues on op->stream: a wait for op->wait (if any), the n copies, then

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -70,13 +71,42 @@ const (
 type CopierOptions struct {
 	Doorbell DoorbellMode
 	Copy     CopyPolicy
+	// Gather chooses between copy engines and the SM gather kernel
+	// (GatherModeFromEnv reads MC_PXN_COPY_MODE). GatherAuto with a forced
+	// Copy form means the copy engines.
+	Gather GatherMode
+	// GatherPTX replaces the embedded kernel (kernel development only).
+	GatherPTX []byte
+	// GatherThreshold replaces GatherThreshold for GatherAuto.
+	GatherThreshold uint64
+	// GatherStreams is 1 (every SM Piece of a lane on one stream, up to
+	// GatherMaxBlocks blocks a launch) or 2 (SM Pieces alternate over the
+	// lane's two streams like copy-engine Pieces, at most
+	// GatherMaxBlocks/2 blocks a launch, so two launches in flight still
+	// hold at most GatherMaxBlocks SMs); zero means DefaultGatherStreams.
+	GatherStreams int
+	// GatherBlocks and GatherThreads replace the launch shape; zero keeps
+	// the default.
+	GatherBlocks, GatherThreads int
+	// PollWindow is how long the pump keeps polling without sleeping after
+	// it made progress (relay.BusyPoller); zero means DefaultPollWindow,
+	// negative none.
+	PollWindow time.Duration
 	// Logger receives the copier's one start-up line; klog by default.
 	Logger klog.Logger
 }
 
-// Copier is a relay.Copier over CUDA copy engines. Each lane has two
-// non-blocking streams in the GPU's primary context, and its Pieces
-// alternate between them. Everything a Piece needs (streams, batch arrays,
+// DefaultPollWindow is the copier's relay.BusyPoller window: the next event
+// of a transfer on GPUs (a doorbell, a completion) typically comes a few
+// microseconds after the last, while a pump that sleeps wakes about a
+// millisecond later (Go rounds sub-millisecond timer sleeps of an idle
+// process up to its netpoller's millisecond).
+const DefaultPollWindow = time.Millisecond
+
+// Copier is a relay.Copier over CUDA copy engines and, for Pieces of small
+// entries, the SM gather kernel (GatherMode). Each lane has two non-blocking
+// streams in the GPU's primary context, and its Pieces alternate between
+// them. Everything a Piece needs (streams, batch arrays,
 // doorbell events) is allocated in NewCopier; Copy and Poll allocate
 // nothing.
 //
@@ -96,13 +126,16 @@ type Copier struct {
 	bellWhy  string
 	memOpsV1 int
 
-	ready readyPool
-	hosts hostMap
-	lanes [staging.LaneCount]lane
+	ready  readyPool
+	hosts  hostMap
+	lanes  [staging.LaneCount]lane
+	gather gatherState
+	window time.Duration
 
-	pending atomic.Int64
-	copies  atomic.Uint64
-	bytes   atomic.Uint64
+	pending  atomic.Int64
+	copies   atomic.Uint64
+	bytes    atomic.Uint64
+	smPieces atomic.Uint64
 
 	closeMu sync.Mutex
 	closed  atomic.Bool
@@ -131,7 +164,13 @@ type bell struct {
 	seq  uint64
 }
 
-var _ relay.Copier = (*Copier)(nil)
+var (
+	_ relay.Copier        = (*Copier)(nil)
+	_ relay.ThreadBinder  = (*Copier)(nil)
+	_ relay.HostRegistrar = (*Copier)(nil)
+	_ relay.CopyPoller    = (*Copier)(nil)
+	_ relay.BusyPoller    = (*Copier)(nil)
+)
 
 // relay.CopyEntry and cuda.CopyEntry share a layout, so Copy passes the
 // engine's entries to the driver without copying them.
@@ -148,9 +187,12 @@ var (
 // form and the doorbell path (probing both unless forced), and logs the
 // choice once.
 func NewCopier(g *GPU, opts CopierOptions) (*Copier, error) {
-	c := &Copier{g: g, log: opts.Logger}
+	c := &Copier{g: g, log: opts.Logger, window: opts.PollWindow}
 	if c.log.GetSink() == nil {
 		c.log = klog.Background()
+	}
+	if c.window == 0 {
+		c.window = DefaultPollWindow
 	}
 	c.ready.g = g
 	d := g.d
@@ -176,6 +218,9 @@ func NewCopier(g *GPU, opts CopierOptions) (*Copier, error) {
 		if err := c.chooseDoorbell(opts.Doorbell); err != nil {
 			return err
 		}
+		if err := c.setupGather(opts); err != nil {
+			return err
+		}
 		if c.gpuBell {
 			return nil
 		}
@@ -198,7 +243,9 @@ func NewCopier(g *GPU, opts CopierOptions) (*Copier, error) {
 	}
 	c.log.Info("pxn gpu copier ready", "device", g.ordinal, "driver", d.Version(),
 		"copy", c.mode.String(), "doorbell", c.Doorbell(), "reason", c.bellWhy,
-		"canUseStreamMemOpsV1", c.memOpsV1, "lanes", staging.LaneCount, "streamsPerLane", StreamsPerLane)
+		"canUseStreamMemOpsV1", c.memOpsV1, "lanes", staging.LaneCount, "streamsPerLane", StreamsPerLane,
+		"gather", c.gather.mode.String(), "gatherThreshold", c.gather.threshold, "gatherGrid", c.gather.grid,
+		"gatherBlock", c.gather.block, "gatherStreams", c.gather.streams, "gatherReason", c.gather.why)
 	return c, nil
 }
 
@@ -340,6 +387,10 @@ func (c *Copier) GPUDoorbell() bool { return c.gpuBell }
 // CopyMode is the copy form in use.
 func (c *Copier) CopyMode() cuda.CopyMode { return c.mode }
 
+// PollWindow implements relay.BusyPoller: how long the pump polls without
+// sleeping after progress (zero: not at all).
+func (c *Copier) PollWindow() time.Duration { return max(c.window, 0) }
+
 // BindThread makes the copier's context current on the calling OS thread.
 // The pump calls it once, after runtime.LockOSThread, before its first
 // round.
@@ -469,10 +520,18 @@ func (c *Copier) Copy(laneIdx int, ready relay.Event, entries []relay.CopyEntry,
 			return fmt.Errorf("gpu: lane %d seq %d: doorbell %#x is in no registered host range (RegisterHost)", laneIdx, seq, word)
 		}
 	}
+	sm := c.gather.fn != 0 && useGather(c.gather.mode, c.gather.threshold, entries)
 	l := &c.lanes[laneIdx]
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	st := &l.streams[l.next]
+	// With one gather stream, SM Pieces of a lane all go on its first
+	// stream: one launch at a time keeps the kernel on at most
+	// GatherMaxBlocks SMs. With two, the grid is halved instead.
+	si := l.next
+	if sm && c.gather.streams == 1 {
+		si = 0
+	}
+	st := &l.streams[si]
 	if !c.gpuBell && st.n == PendingDepth {
 		return fmt.Errorf("%w: lane %d seq %d: %d doorbells not yet rung", ErrLaneFull, laneIdx, seq, PendingDepth)
 	}
@@ -485,6 +544,14 @@ func (c *Copier) Copy(laneIdx int, ready relay.Event, entries []relay.CopyEntry,
 	p.Stream = st.s
 	p.Wait = wait
 	p.Mode = c.mode
+	p.Gather = cuda.Gather{}
+	if sm {
+		ps := &c.gather.slots[laneIdx][staging.SlotOf(seq)]
+		p.Mode = cuda.CopyGather
+		p.Gather = cuda.Gather{Kernel: c.gather.fn, Grid: c.gather.grid, Block: c.gather.block,
+			PlanHost: ps.host, PlanDev: ps.dev, PlanCap: staging.MaxPlans,
+			Upload: c.gather.uploads[laneIdx], PlanUp: ps.up, PlanBusy: ps.busy}
+	}
 	p.Entries = unsafe.Slice((*cuda.CopyEntry)(unsafe.Pointer(unsafe.SliceData(entries))), len(entries))
 	p.Doorbell = bellDev
 	p.Seq = seq
@@ -496,14 +563,22 @@ func (c *Copier) Copy(laneIdx int, ready relay.Event, entries []relay.CopyEntry,
 	err := st.op.Enqueue(p)
 	p.Entries = nil
 	if err != nil {
+		if sm && errors.Is(err, cuda.ErrorNotReady) {
+			return fmt.Errorf("%w: lane %d seq %d: the gather plan of slot %d is still in use (seq %d not reaped?)", ErrLaneFull, laneIdx, seq, staging.SlotOf(seq), seq-staging.SlotsPerLane)
+		}
 		return fmt.Errorf("gpu: lane %d seq %d: %w", laneIdx, seq, err)
+	}
+	if sm {
+		c.smPieces.Add(1)
 	}
 	if !c.gpuBell {
 		st.bells[tail] = bell{word: doorbell, seq: seq}
 		st.n++
 		c.pending.Add(1)
 	}
-	l.next = (l.next + 1) % StreamsPerLane
+	if si == l.next {
+		l.next = (l.next + 1) % StreamsPerLane
+	}
 	c.copies.Add(1)
 	c.bytes.Add(n)
 	return nil
@@ -559,9 +634,11 @@ func (c *Copier) pollLane(i int) (int, error) {
 
 // CopierStats are a Copier's counters.
 type CopierStats struct {
-	// Copies and Bytes count Pieces whose Copy succeeded.
-	Copies uint64
-	Bytes  uint64
+	// Copies and Bytes count Pieces whose Copy succeeded; SMPieces those
+	// of them the gather kernel moved.
+	Copies   uint64
+	Bytes    uint64
+	SMPieces uint64
 	// PendingDoorbells are CPU doorbells Poll has not rung yet.
 	PendingDoorbells int
 	// LiveReadyEvents are source-ready events not yet released.
@@ -575,6 +652,7 @@ func (c *Copier) Stats() CopierStats {
 	return CopierStats{
 		Copies:           c.copies.Load(),
 		Bytes:            c.bytes.Load(),
+		SMPieces:         c.smPieces.Load(),
 		PendingDoorbells: int(c.pending.Load()),
 		LiveReadyEvents:  c.ready.live(),
 		HostRanges:       len(c.hosts.all()),
@@ -635,6 +713,7 @@ func (c *Copier) destroy() error {
 		}
 	}
 	errs = append(errs, c.ready.destroy())
+	errs = append(errs, c.freeGather())
 	if left := c.hosts.all(); len(left) > 0 {
 		c.log.Info("pxn gpu copier: unregistering host ranges the engine left registered", "ranges", len(left))
 		for _, r := range left {

@@ -42,6 +42,13 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if os.Getenv(childEnv) == "nic-target" {
+		if err := nicTarget(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	os.Exit(m.Run())
 }
 
@@ -90,9 +97,25 @@ func openGPU(t testing.TB) *gpu.GPU {
 	return g
 }
 
+// ptxEnv names a PTX file that replaces the embedded gather kernel in the
+// tests (for a kernel built on the GPU machine before it is committed).
+const ptxEnv = "PXN_TEST_GATHER_PTX"
+
+func withPTX(t testing.TB, opts gpu.CopierOptions) gpu.CopierOptions {
+	t.Helper()
+	if p := os.Getenv(ptxEnv); p != "" && opts.GatherPTX == nil {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.GatherPTX = b
+	}
+	return opts
+}
+
 func newCopier(t testing.TB, g *gpu.GPU, opts gpu.CopierOptions) *gpu.Copier {
 	t.Helper()
-	c, err := gpu.NewCopier(g, opts)
+	c, err := gpu.NewCopier(g, withPTX(t, opts))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,15 +296,21 @@ func TestCopierRing(t *testing.T) {
 		copy     gpu.CopyPolicy
 		bell     gpu.DoorbellMode
 		entries  int
+		gather   gpu.GatherMode
 	}{
-		{"same-gpu/auto/auto-doorbell", 0, gpu.CopyAuto, gpu.DoorbellAuto, 4},
-		{"same-gpu/per-entry/auto-doorbell", 0, gpu.CopyPerEntry, gpu.DoorbellAuto, 16},
-		{"same-gpu/batch-12.8/auto-doorbell", 0, gpu.CopyBatch12, gpu.DoorbellAuto, 64},
-		{"same-gpu/batch-13.0/auto-doorbell/4096-entries", 0, gpu.CopyBatch13, gpu.DoorbellAuto, 4096},
-		{"same-gpu/auto/cpu-doorbell", 0, gpu.CopyAuto, gpu.DoorbellCPU, 4},
-		{"same-gpu/per-entry/cpu-doorbell", 0, gpu.CopyPerEntry, gpu.DoorbellCPU, 8},
-		{"cross-gpu/auto/auto-doorbell", 1, gpu.CopyAuto, gpu.DoorbellAuto, 4},
-		{"cross-gpu/auto/cpu-doorbell", 1, gpu.CopyAuto, gpu.DoorbellCPU, 4},
+		{"same-gpu/auto/auto-doorbell", 0, gpu.CopyAuto, gpu.DoorbellAuto, 4, gpu.GatherAuto},
+		{"same-gpu/per-entry/auto-doorbell", 0, gpu.CopyPerEntry, gpu.DoorbellAuto, 16, gpu.GatherAuto},
+		{"same-gpu/batch-12.8/auto-doorbell", 0, gpu.CopyBatch12, gpu.DoorbellAuto, 64, gpu.GatherAuto},
+		{"same-gpu/batch-13.0/auto-doorbell/4096-entries", 0, gpu.CopyBatch13, gpu.DoorbellAuto, 4096, gpu.GatherAuto},
+		{"same-gpu/auto/cpu-doorbell", 0, gpu.CopyAuto, gpu.DoorbellCPU, 4, gpu.GatherAuto},
+		{"same-gpu/per-entry/cpu-doorbell", 0, gpu.CopyPerEntry, gpu.DoorbellCPU, 8, gpu.GatherAuto},
+		{"cross-gpu/auto/auto-doorbell", 1, gpu.CopyAuto, gpu.DoorbellAuto, 4, gpu.GatherAuto},
+		{"cross-gpu/auto/cpu-doorbell", 1, gpu.CopyAuto, gpu.DoorbellCPU, 4, gpu.GatherAuto},
+		{"same-gpu/sm/auto-doorbell/4096-entries", 0, gpu.CopyAuto, gpu.DoorbellAuto, 4096, gpu.GatherSM},
+		{"cross-gpu/sm/auto-doorbell/4096-entries", 1, gpu.CopyAuto, gpu.DoorbellAuto, 4096, gpu.GatherSM},
+		{"cross-gpu/sm/cpu-doorbell/512-entries", 1, gpu.CopyAuto, gpu.DoorbellCPU, 512, gpu.GatherSM},
+		{"cross-gpu/sm/one-entry", 1, gpu.CopyAuto, gpu.DoorbellAuto, 1, gpu.GatherSM},
+		{"cross-gpu/auto-chooses-sm/64-entries", 1, gpu.CopyAuto, gpu.DoorbellAuto, 64, gpu.GatherAuto},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -308,7 +337,7 @@ func TestCopierRing(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s, err := ringcheck.NewSender(d, cfg, rp.Handle, gpu.CopierOptions{Copy: tt.copy, Doorbell: tt.bell})
+			s, err := ringcheck.NewSender(d, cfg, rp.Handle, withPTX(t, gpu.CopierOptions{Copy: tt.copy, Doorbell: tt.bell, Gather: tt.gather}))
 			if err != nil {
 				rp.Kill()
 				t.Fatal(err)
@@ -331,6 +360,15 @@ func TestCopierRing(t *testing.T) {
 			}
 			if st.Copies != uint64(cfg.Pieces) || st.Bytes != uint64(cfg.Pieces*cfg.PieceLen) || st.LiveReadyEvents != 0 {
 				t.Errorf("stats %+v after %d Pieces", st, cfg.Pieces)
+			}
+			if tt.gather == gpu.GatherSM && st.SMPieces != st.Copies {
+				t.Errorf("forced SM gather moved %d of %d Pieces", st.SMPieces, st.Copies)
+			}
+			if tt.copy != gpu.CopyAuto && st.SMPieces != 0 {
+				t.Errorf("forced copy form %v, yet %d Pieces went to the SM kernel", tt.copy, st.SMPieces)
+			}
+			if tt.name == "cross-gpu/auto-chooses-sm/64-entries" && st.SMPieces != st.Copies {
+				t.Errorf("auto moved %d of %d Pieces of 128 KiB entries with the SM kernel", st.SMPieces, st.Copies)
 			}
 			t.Logf("%d Pieces of %d entries in %v (copy %v, doorbell %s)", cfg.Pieces, cfg.Entries, elapsed, c.CopyMode(), c.Doorbell())
 		})
@@ -360,11 +398,15 @@ func hostWord(t testing.TB, c *gpu.Copier) *uint64 {
 // TestCopierWaitsForReady holds the source stream with a spinning kernel:
 // neither the copy nor the doorbell may happen before the ready event.
 func TestCopierWaitsForReady(t *testing.T) {
-	for _, bell := range []gpu.DoorbellMode{gpu.DoorbellAuto, gpu.DoorbellCPU} {
-		t.Run(fmt.Sprintf("doorbell-mode-%d", bell), func(t *testing.T) {
+	for _, tc := range []struct {
+		bell   gpu.DoorbellMode
+		gather gpu.GatherMode
+	}{{gpu.DoorbellAuto, gpu.GatherCE}, {gpu.DoorbellCPU, gpu.GatherCE}, {gpu.DoorbellAuto, gpu.GatherSM}, {gpu.DoorbellCPU, gpu.GatherSM}} {
+		bell := tc.bell
+		t.Run(fmt.Sprintf("doorbell-mode-%d/%v", bell, tc.gather), func(t *testing.T) {
 			g := openGPU(t)
 			d := g.Driver()
-			c := newCopier(t, g, gpu.CopierOptions{Doorbell: bell})
+			c := newCopier(t, g, gpu.CopierOptions{Doorbell: bell, Gather: tc.gather})
 			mod, err := d.ModuleLoadData([]byte(cuda.SpinKernelPTX))
 			if err != nil {
 				t.Fatal(err)
@@ -573,10 +615,14 @@ func TestCopierClassify(t *testing.T) {
 // TestCopyAllocationFree: the steady-state path (Copy, then Poll until the
 // doorbell rings) allocates nothing.
 func TestCopyAllocationFree(t *testing.T) {
-	for _, bell := range []gpu.DoorbellMode{gpu.DoorbellAuto, gpu.DoorbellCPU} {
-		t.Run(fmt.Sprintf("doorbell-mode-%d", bell), func(t *testing.T) {
+	for _, tc := range []struct {
+		bell   gpu.DoorbellMode
+		gather gpu.GatherMode
+	}{{gpu.DoorbellAuto, gpu.GatherCE}, {gpu.DoorbellCPU, gpu.GatherCE}, {gpu.DoorbellAuto, gpu.GatherSM}, {gpu.DoorbellCPU, gpu.GatherSM}} {
+		bell := tc.bell
+		t.Run(fmt.Sprintf("doorbell-mode-%d/%v", bell, tc.gather), func(t *testing.T) {
 			g := openGPU(t)
-			c := newCopier(t, g, gpu.CopierOptions{Doorbell: bell})
+			c := newCopier(t, g, gpu.CopierOptions{Doorbell: bell, Gather: tc.gather})
 			src, dst := alloc(t, g, 1<<20), alloc(t, g, 1<<20)
 			word := hostWord(t, c)
 			ents := make([]relay.CopyEntry, 16)

@@ -49,9 +49,24 @@ type Config struct {
 	PieceLen int
 	Entries  int
 	// Verify makes the sender write a per-seq pattern on a source stream
-	// gated by a ready event, and the relay check it.
-	Verify  bool
-	Timeout time.Duration
+	// gated by a ready event, and the relay check it: every Piece, or,
+	// with VerifyPeriod set, the first VerifyCount of every VerifyPeriod
+	// (so a benchmark can check its warm-up Pieces and time the rest).
+	Verify       bool
+	VerifyPeriod int
+	VerifyCount  int
+	Timeout      time.Duration
+}
+
+// verifies reports whether Piece seq is checked.
+func (c Config) verifies(seq uint64) bool {
+	if !c.Verify {
+		return false
+	}
+	if c.VerifyPeriod <= 0 {
+		return true
+	}
+	return int((seq-1)%uint64(c.VerifyPeriod)) < c.VerifyCount
 }
 
 func (c Config) env() []string {
@@ -64,6 +79,8 @@ func (c Config) env() []string {
 		"PXN_RINGCHECK_LEN=" + strconv.Itoa(c.PieceLen),
 		"PXN_RINGCHECK_ENTRIES=" + strconv.Itoa(c.Entries),
 		"PXN_RINGCHECK_VERIFY=" + strconv.FormatBool(c.Verify),
+		"PXN_RINGCHECK_VERIFY_PERIOD=" + strconv.Itoa(c.VerifyPeriod),
+		"PXN_RINGCHECK_VERIFY_COUNT=" + strconv.Itoa(c.VerifyCount),
 		"PXN_RINGCHECK_TIMEOUT=" + c.Timeout.String(),
 	}
 }
@@ -83,6 +100,8 @@ func configFromEnv() (Config, error) {
 	c.PieceLen = num("PXN_RINGCHECK_LEN")
 	c.Entries = num("PXN_RINGCHECK_ENTRIES")
 	c.Verify = os.Getenv("PXN_RINGCHECK_VERIFY") == "true"
+	c.VerifyPeriod = num("PXN_RINGCHECK_VERIFY_PERIOD")
+	c.VerifyCount = num("PXN_RINGCHECK_VERIFY_COUNT")
 	t, err := time.ParseDuration(os.Getenv("PXN_RINGCHECK_TIMEOUT"))
 	c.Timeout = t
 	errs = append(errs, err)
@@ -192,7 +211,7 @@ func runRelay(cfg Config, out io.Writer) error {
 				return fmt.Errorf("relay: seq %d: ready word of slot %d is %d after %v", seq, slot, atomic.LoadUint64(word), cfg.Timeout)
 			}
 		}
-		if cfg.Verify {
+		if cfg.verifies(seq) {
 			base := cuda.DevicePtr(a.Base()) + cuda.DevicePtr(staging.SlotOffset(cfg.Lane, slot))
 			if err := d.MemcpyDtoH(got, base); err != nil {
 				return err
@@ -350,6 +369,27 @@ func NewSender(d *cuda.Driver, cfg Config, handle [staging.ArenaHandleSize]byte,
 // Copier is the sender's copier.
 func (s *Sender) Copier() *gpu.Copier { return s.copier }
 
+// SwitchCopier replaces the sender's copier with one made with opts: the old
+// one drains and closes, the control block is registered with the new one,
+// and the ring goes on at the next seq.
+func (s *Sender) SwitchCopier(opts gpu.CopierOptions) error {
+	if err := errors.Join(s.unreg(), s.copier.Close()); err != nil {
+		s.copier, s.unreg = nil, nil
+		return err
+	}
+	s.copier, s.unreg = nil, nil
+	c, err := gpu.NewCopier(s.g, opts)
+	if err != nil {
+		return err
+	}
+	s.copier = c
+	if err := c.BindThread(); err != nil {
+		return err
+	}
+	s.unreg, err = c.RegisterHost(uintptr(unsafe.Pointer(&s.mem[0])), uint64(len(s.mem)))
+	return err
+}
+
 // slotAddr is the relay-arena address of slot in the configured lane.
 func (s *Sender) slotAddr(slot int) uintptr {
 	return s.peer.Base() + uintptr(staging.SlotOffset(s.cfg.Lane, slot))
@@ -385,7 +425,7 @@ func (s *Sender) Run(n int) (time.Duration, error) {
 		}
 		src := s.srcAddr(seq)
 		var ready relay.Event
-		if cfg.Verify {
+		if cfg.verifies(seq) {
 			for c := 0; c < cfg.Entries; c++ {
 				if err := s.d.MemsetD32Async(cuda.DevicePtr(src)+cuda.DevicePtr(c*chunk), pattern(seq, c), uint64(chunk/4), s.fill); err != nil {
 					return 0, err

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"errors"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/pxn-project/pxn/internal/cuda"
+)
+
+// TestCUDAWithoutDriver: on a machine without libcuda.so.1 the CUDA path
+// refuses with a message that says so, and the host path still runs.
+func TestCUDAWithoutDriver(t *testing.T) {
+	if _, err := cuda.Load(); !errors.Is(err, cuda.ErrNoDriver) {
+		t.Skipf("skipping: a CUDA driver is here (%v); run pxn-bench run --device cuda on it", err)
+	}
+	out, err := exec.Command(benchBin, "run", "--device", "cuda", "--ranks", "2", "--bytes", "1MiB").CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("pxn-bench --device cuda without a driver: %v\n%s", err, out)
+	}
+	for _, want := range []string{"--device cuda", "libcuda.so.1 was not found", "--device host"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("message lacks %q:\n%s", want, out)
+		}
+	}
+	rows := runBench(t, "--ranks", "2", "--bytes", "1MiB", "--pattern", "cross-rail")
+	if !rows[0].Verified {
+		t.Fatalf("host path after the refused CUDA run: %+v", rows[0])
+	}
+}
+
+func TestRankGPUs(t *testing.T) {
+	tests := []struct {
+		flag  string
+		ranks int
+		ngpu  int
+		want  []int
+		bad   bool
+	}{
+		{"", 8, 2, []int{0, 1, 0, 1, 0, 1, 0, 1}, false},
+		{"", 3, 8, []int{0, 1, 2}, false},
+		{"0,1,1,1", 4, 2, []int{0, 1, 1, 1}, false},
+		{"0,2", 2, 2, nil, true},
+		{"0", 2, 2, nil, true},
+		{"0,x", 2, 2, nil, true},
+	}
+	for _, tt := range tests {
+		got, err := rankGPUs(tt.flag, tt.ranks, tt.ngpu)
+		if (err != nil) != tt.bad || (!tt.bad && !slices.Equal(got, tt.want)) {
+			t.Errorf("rankGPUs(%q, %d, %d) = %v, %v", tt.flag, tt.ranks, tt.ngpu, got, err)
+		}
+	}
+}
+
+func TestSuite(t *testing.T) {
+	want, err := parseSuite("all")
+	if err != nil || !want["p1"] || !want["p2"] || !want["p3"] {
+		t.Fatalf("all = %v, %v", want, err)
+	}
+	if _, err := parseSuite("p1,p9"); err == nil {
+		t.Fatal("p9 accepted")
+	}
+	runs := suiteRuns(map[string]bool{"p1": true, "p3": true}, 2)
+	var seven *cudaRun
+	for i := range runs {
+		r := runs[i]
+		if len(r.gpus) != r.ranks {
+			t.Errorf("%s: %d GPUs for %d ranks", r.id, len(r.gpus), r.ranks)
+		}
+		if r.id == "P3" && r.ranks == 8 {
+			seven = &runs[i]
+		}
+	}
+	if seven == nil || !slices.Equal(seven.gpus, []int{0, 1, 1, 1, 1, 1, 1, 1}) || seven.rate != 50 {
+		t.Fatalf("P3 seven senders: %+v", seven)
+	}
+	if _, err := newLayout(seven.pattern, seven.ranks, seven.bytes, seven.block); err != nil {
+		t.Fatal(err)
+	}
+}

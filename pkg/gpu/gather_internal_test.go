@@ -1,0 +1,55 @@
+package gpu
+
+import (
+	"testing"
+
+	"github.com/pxn-project/pxn/pkg/relay"
+)
+
+func TestUseGather(t *testing.T) {
+	ents := func(lens ...uint64) []relay.CopyEntry {
+		out := make([]relay.CopyEntry, len(lens))
+		for i, n := range lens {
+			out[i] = relay.CopyEntry{Src: 0x1000, Dst: 0x2000, Len: n}
+		}
+		return out
+	}
+	const th = 512 << 10
+	tests := []struct {
+		name string
+		mode GatherMode
+		ents []relay.CopyEntry
+		want bool
+	}{
+		{"auto, small entries", GatherAuto, ents(2048, 2048, 2048), true},
+		{"auto, mean just below", GatherAuto, ents(th-1, th-1), true},
+		{"auto, mean at threshold", GatherAuto, ents(th, th), false},
+		{"auto, one entry", GatherAuto, ents(2048), false},
+		{"auto, one live entry among empty ones", GatherAuto, ents(0, 2048, 0), false},
+		{"auto, empties do not lower the mean", GatherAuto, ents(0, 0, 0, 0, 0, 0, th, th), false},
+		{"auto, none", GatherAuto, nil, false},
+		{"ce", GatherCE, ents(16, 16), false},
+		{"sm, one entry", GatherSM, ents(8 << 20), true},
+	}
+	for _, tt := range tests {
+		if got := useGather(tt.mode, th, tt.ents); got != tt.want {
+			t.Errorf("%s: useGather = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestNICPace(t *testing.T) {
+	n := &NIC{rate: 50}
+	if f := n.pace(1000, 50_000); f != 2000 {
+		t.Fatalf("first op finishes at %d, want 2000", f)
+	}
+	if f := n.pace(1500, 100_000); f != 4000 {
+		t.Fatalf("queued op finishes at %d, want 4000 (after the first)", f)
+	}
+	if f := n.pace(10_000, 50); f != 10_001 {
+		t.Fatalf("op on an idle wire finishes at %d, want 10001", f)
+	}
+	if f := (&NIC{}).pace(5, 1<<30); f != 0 {
+		t.Fatalf("uncapped NIC paced an op to %d", f)
+	}
+}

@@ -1,0 +1,128 @@
+// PXN's SM gather copy: one launch copies one Piece's entries from local
+// device memory into a relay's staging slot (peer memory over NVLink).
+//
+// hack/gen-ptx.sh compiles this file to gather.ptx, which is committed and
+// embedded in the Go binary; the driver JIT-compiles it when the copier
+// loads it. Launch shape and plan layout: docs/cuda.md.
+
+struct pxn_entry {
+	unsigned long long src;
+	unsigned long long dst;
+	unsigned long long len;
+};
+
+// Vectors each lane keeps in flight per round of a span's body.
+#define PXN_UNROLL 4
+// A warp copies at least this many bytes: below it the search and the
+// entry loads cost more than the copy.
+#define PXN_MIN_SPAN 512ULL
+
+// copy_span copies n bytes from s to d with the 32 lanes of a warp: 16-byte
+// vectors when s and d share their alignment modulo 16 (bytes before the
+// first and after the last whole vector are copied one by one), bytes
+// otherwise.
+static __device__ __forceinline__ void copy_span(unsigned long long s, unsigned long long d, unsigned long long n, unsigned int lane)
+{
+	if (((s ^ d) & 15ULL) != 0) {
+		for (unsigned long long i = lane; i < n; i += 32) {
+			((unsigned char *)d)[i] = ((const unsigned char *)s)[i];
+		}
+		return;
+	}
+	unsigned long long head = (16ULL - (d & 15ULL)) & 15ULL;
+	if (head > n) {
+		head = n;
+	}
+	if (lane < head) {
+		((unsigned char *)d)[lane] = ((const unsigned char *)s)[lane];
+	}
+	s += head;
+	d += head;
+	n -= head;
+	const uint4 *s4 = (const uint4 *)s;
+	uint4 *d4 = (uint4 *)d;
+	const unsigned long long nv = n >> 4;
+	unsigned long long i = lane;
+	for (; i + 32ULL * (PXN_UNROLL - 1) < nv; i += 32ULL * PXN_UNROLL) {
+		uint4 v[PXN_UNROLL];
+#pragma unroll
+		for (int u = 0; u < PXN_UNROLL; u++) {
+			v[u] = __ldg(s4 + i + 32ULL * u);
+		}
+#pragma unroll
+		for (int u = 0; u < PXN_UNROLL; u++) {
+			d4[i + 32ULL * u] = v[u];
+		}
+	}
+	for (; i < nv; i += 32) {
+		d4[i] = __ldg(s4 + i);
+	}
+	const unsigned long long tail = n & 15ULL;
+	if (lane < tail) {
+		((unsigned char *)d)[(nv << 4) + lane] = ((const unsigned char *)s)[(nv << 4) + lane];
+	}
+}
+
+// pxn_gather copies the n entries of plan. prefix holds n+1 exclusive prefix
+// sums of the entries' lengths (prefix[n] is the Piece's length); every
+// entry is non-empty. The Piece's bytes, taken as one stream in entry order,
+// are cut into equal spans, one per warp of the grid, so a large entry is
+// split across warps and blocks and a warp may cover many small entries.
+extern "C" __global__ void __launch_bounds__(1024) pxn_gather(const pxn_entry *__restrict__ plan, const unsigned long long *__restrict__ prefix, unsigned int n)
+{
+	const unsigned long long total = prefix[n];
+	const unsigned int lane = threadIdx.x & 31u;
+	const unsigned long long warp = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+	const unsigned long long warps = ((unsigned long long)gridDim.x * blockDim.x) >> 5;
+	unsigned long long span = (total + warps - 1) / warps;
+	span = (span + 15ULL) & ~15ULL;
+	if (span < PXN_MIN_SPAN) {
+		span = PXN_MIN_SPAN;
+	}
+	unsigned long long pos = warp * span;
+	if (pos >= total) {
+		return;
+	}
+	const unsigned long long end = pos + span < total ? pos + span : total;
+
+	// The entry holding byte pos is the last e with prefix[e] <= pos. Each
+	// round the 32 lanes probe evenly spaced indices of [lo, hi) and the
+	// range shrinks 32-fold: three rounds for 4096 entries.
+	unsigned int lo = 0, hi = n;
+	while (hi - lo > 1) {
+		const unsigned int step = (hi - lo + 31u) / 32u;
+		const unsigned int idx = lo + lane * step;
+		const bool le = idx < hi && prefix[idx] <= pos;
+		const unsigned int k = __popc(__ballot_sync(0xffffffffu, le));
+		lo += (k - 1u) * step;
+		if (lo + step < hi) {
+			hi = lo + step;
+		}
+	}
+
+	unsigned int e = lo;
+	unsigned long long es = prefix[e];
+	unsigned long long ee = prefix[e + 1];
+	unsigned long long src = plan[e].src;
+	unsigned long long dst = plan[e].dst;
+	for (;;) {
+		const unsigned long long stop = ee < end ? ee : end;
+		const bool more = stop < end;
+		unsigned long long nsrc = 0, ndst = 0, nee = 0;
+		if (more) {
+			nsrc = plan[e + 1].src;
+			ndst = plan[e + 1].dst;
+			nee = prefix[e + 2];
+		}
+		copy_span(src + (pos - es), dst + (pos - es), stop - pos, lane);
+		if (!more) {
+			break;
+		}
+		pos = stop;
+		e++;
+		es = ee;
+		ee = nee;
+		src = nsrc;
+		dst = ndst;
+	}
+}

@@ -1,0 +1,23 @@
+// Package kernel holds PXN's CUDA kernels as PTX, embedded in the binary and
+// JIT-compiled by the driver when pkg/gpu loads them (cuModuleLoadData).
+// The PTX is generated from the .cu sources by hack/gen-ptx.sh with nvcc
+// and committed; nothing here needs CUDA to build.
+package kernel
+
+import _ "embed"
+
+//go:embed gather.ptx
+var gatherPTX []byte
+
+// GatherEntry is the gather kernel's name in GatherPTX:
+// pxn_gather(const entry *plan, const u64 *prefix, u32 n), where an entry
+// is {src, dst, len} (three u64, the layout of relay.CopyEntry).
+const GatherEntry = "pxn_gather"
+
+// GatherArch is the virtual architecture the PTX is generated for: the
+// driver can JIT it for compute capability 9.0 (Hopper) and later.
+const GatherArch = "compute_90"
+
+// GatherPTX returns the gather kernel's PTX (a copy: the caller may keep
+// or change it).
+func GatherPTX() []byte { return append([]byte(nil), gatherPTX...) }

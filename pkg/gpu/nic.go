@@ -1,0 +1,375 @@
+package gpu
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/pxn-project/pxn/internal/cuda"
+	"github.com/pxn-project/pxn/pkg/relay"
+	"github.com/pxn-project/pxn/pkg/staging"
+)
+
+// NICTarget is one target session of an emulated NIC: the registered range
+// [Addr, Addr+Len) that WriteOp.Dst refers to, backed by a device buffer
+// of another process exported with cuIpcGetMemHandle.
+type NICTarget struct {
+	Session string
+	Addr    uint64
+	Len     uint64
+	Handle  cuda.IPCMemHandle
+}
+
+// NICTargets are targets' buffers mapped into this process (cuIpcOpenMemHandle,
+// lazy peer access). Several NICs of one process share them.
+type NICTargets struct {
+	g    *GPU
+	list []nicTarget
+	mu   sync.Mutex
+	open bool
+}
+
+type nicTarget struct {
+	session string
+	addr    uint64
+	len     uint64
+	base    cuda.DevicePtr
+}
+
+// OpenNICTargets maps every target's buffer on g. The targets' processes
+// must keep their buffers until Close.
+func OpenNICTargets(g *GPU, targets []NICTarget) (*NICTargets, error) {
+	t := &NICTargets{g: g, open: true}
+	err := g.Do(func() error {
+		for _, tg := range targets {
+			if tg.Session == "" || tg.Len == 0 || tg.Addr+tg.Len < tg.Addr {
+				return fmt.Errorf("gpu: NIC target %q: range %#x+%d", tg.Session, tg.Addr, tg.Len)
+			}
+			for _, o := range t.list {
+				if o.session == tg.Session {
+					return fmt.Errorf("gpu: NIC target %q listed twice", tg.Session)
+				}
+			}
+			base, err := g.d.IPCOpenMemHandle(tg.Handle, cuda.IPCLazyEnablePeerAccess)
+			if err != nil {
+				return fmt.Errorf("gpu: NIC target %q: %w", tg.Session, err)
+			}
+			t.list = append(t.list, nicTarget{session: tg.Session, addr: tg.Addr, len: tg.Len, base: base})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, errors.Join(err, t.Close())
+	}
+	sort.Slice(t.list, func(i, j int) bool { return t.list[i].session < t.list[j].session })
+	return t, nil
+}
+
+// Translate returns the device address, in this process, of n bytes at dst
+// of session.
+func (t *NICTargets) Translate(session string, dst, n uint64) (cuda.DevicePtr, error) {
+	i := sort.Search(len(t.list), func(i int) bool { return t.list[i].session >= session })
+	if i == len(t.list) || t.list[i].session != session {
+		return 0, fmt.Errorf("gpu: NIC: unknown target session %q", session)
+	}
+	tg := &t.list[i]
+	if dst < tg.addr || dst+n < dst || dst+n > tg.addr+tg.len {
+		return 0, fmt.Errorf("gpu: NIC: %#x+%d is outside %q's range %#x+%d", dst, n, session, tg.addr, tg.len)
+	}
+	return tg.base + cuda.DevicePtr(dst-tg.addr), nil
+}
+
+// Close unmaps the targets. Work enqueued into them must have completed.
+func (t *NICTargets) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.open {
+		return nil
+	}
+	t.open = false
+	return t.g.Do(func() error {
+		var errs []error
+		for _, tg := range t.list {
+			errs = append(errs, t.g.d.IPCCloseMemHandle(tg.base))
+		}
+		return errors.Join(errs...)
+	})
+}
+
+// NICOptions configures an emulated NIC.
+type NICOptions struct {
+	// RateGBps caps the wire at this many GB/s (10^9 bytes a second);
+	// zero leaves the copy engine's own rate.
+	RateGBps float64
+	// QueueDepth bounds the ops accepted and not yet polled; beyond it
+	// Submit returns relay.ErrHopBusy. Zero means DefaultNICDepth.
+	QueueDepth int
+}
+
+// DefaultNICDepth is an emulated NIC's default send-queue depth: four
+// Pieces of MaxPlans entries, what the default in-flight cap can submit.
+const DefaultNICDepth = 4 * staging.MaxPlans
+
+// nicBatches is how many copy submissions (each up to MaxPlans ops, one
+// completion event) a NIC has in flight.
+const nicBatches = 256
+
+// NIC is an emulated RDMA NIC for machines without HCAs: a relay.Hop whose
+// writes are copy-engine copies on one stream of this process's GPU into
+// targets' device buffers (NICTargets), and whose completions are reported,
+// in submission order, once the copy's event has completed and not before a
+// wire of RateGBps would have carried the bytes (a token bucket: an op
+// starts when the wire is free and occupies it for Len/RateGBps). Reads
+// fail. It emulates a NIC's timing for benchmarks and tests; it is not a
+// transport.
+type NIC struct {
+	g       *GPU
+	targets *NICTargets
+	rate    float64
+	depth   int
+	epoch   time.Time
+
+	mu      sync.Mutex
+	closed  bool
+	stream  cuda.Stream
+	op      *cuda.CopyOp
+	mode    cuda.CopyMode
+	piece   cuda.Piece
+	entries []cuda.CopyEntry
+	// wire is when (ns since epoch) the emulated wire is next free.
+	wire int64
+
+	ops      []nicOp
+	opHead   int
+	opN      int
+	batches  [nicBatches]nicBatch
+	bHead    int
+	bN       int
+	curBatch int
+}
+
+type nicOp struct {
+	token  uint64
+	finish int64
+	batch  int
+	err    error
+}
+
+type nicBatch struct {
+	ev   cuda.Event
+	done bool
+	err  error
+	ops  int
+}
+
+var _ relay.Hop = (*NIC)(nil)
+
+// NewNIC creates a NIC over targets on g: a non-blocking stream, its
+// completion events and a copy op, in g's primary context.
+func NewNIC(g *GPU, targets *NICTargets, opts NICOptions) (*NIC, error) {
+	if opts.RateGBps < 0 {
+		return nil, fmt.Errorf("gpu: NIC rate %g GB/s", opts.RateGBps)
+	}
+	depth := opts.QueueDepth
+	if depth <= 0 {
+		depth = DefaultNICDepth
+	}
+	n := &NIC{g: g, targets: targets, rate: opts.RateGBps, depth: depth, epoch: time.Now(),
+		ops: make([]nicOp, depth), entries: make([]cuda.CopyEntry, 0, staging.MaxPlans), mode: g.d.BestCopyMode()}
+	err := g.Do(func() error {
+		var err error
+		if n.stream, err = g.d.StreamCreate(cuda.StreamNonBlocking); err != nil {
+			return err
+		}
+		if n.op, err = g.d.NewCopyOp(staging.MaxPlans); err != nil {
+			return err
+		}
+		for i := range n.batches {
+			if n.batches[i].ev, err = g.d.EventCreate(cuda.EventDisableTiming); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, errors.Join(err, n.destroy())
+	}
+	return n, nil
+}
+
+// errNICRead fails read ops: the emulated NIC only writes.
+var errNICRead = errors.New("gpu: the emulated NIC cannot read")
+
+// Submit accepts every op or, when the queue has no room for all of them,
+// none and returns relay.ErrHopBusy. An op that cannot be performed
+// (unknown session, range outside the target, a read) is accepted and
+// completes with an error.
+func (n *NIC) Submit(ops []relay.WriteOp) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return errors.New("gpu: NIC closed")
+	}
+	if len(ops) > n.depth {
+		return fmt.Errorf("gpu: NIC: batch of %d ops, more than the queue depth %d", len(ops), n.depth)
+	}
+	if n.opN+len(ops) > n.depth || n.bN+(len(ops)+staging.MaxPlans-1)/staging.MaxPlans > nicBatches {
+		return relay.ErrHopBusy
+	}
+	now := time.Since(n.epoch).Nanoseconds()
+	n.curBatch = -1
+	for i := range ops {
+		op := &ops[i]
+		o := nicOp{token: op.Token, batch: -1}
+		var dst cuda.DevicePtr
+		switch {
+		case op.Read:
+			o.err = fmt.Errorf("token %d: %w", op.Token, errNICRead)
+		default:
+			var err error
+			if dst, o.err = n.targets.Translate(op.Target, op.Dst, op.Len); o.err == nil && op.Len > 0 && op.Src == 0 {
+				err = fmt.Errorf("gpu: NIC: token %d has no source", op.Token)
+			}
+			if err != nil {
+				o.err = err
+			}
+		}
+		if o.err == nil {
+			o.finish = n.pace(now, op.Len)
+			if op.Len > 0 {
+				if len(n.entries) == staging.MaxPlans {
+					n.flush()
+				}
+				n.entries = append(n.entries, cuda.CopyEntry{Src: uint64(op.Src), Dst: uint64(dst), Len: op.Len})
+				o.batch = n.openBatch()
+				n.batches[o.batch].ops++
+			}
+		}
+		n.ops[(n.opHead+n.opN)%n.depth] = o
+		n.opN++
+	}
+	n.flush()
+	return nil
+}
+
+// pace books n bytes on the wire and returns when they are through.
+func (n *NIC) pace(now int64, bytes uint64) int64 {
+	if n.rate == 0 {
+		return 0
+	}
+	start := max(now, n.wire)
+	n.wire = start + int64(float64(bytes)/n.rate)
+	return n.wire
+}
+
+// openBatch returns the batch being filled, opening one if needed.
+func (n *NIC) openBatch() int {
+	if n.curBatch < 0 {
+		n.curBatch = (n.bHead + n.bN) % nicBatches
+		b := &n.batches[n.curBatch]
+		b.done, b.err, b.ops = false, nil, 0
+		n.bN++
+	}
+	return n.curBatch
+}
+
+// flush enqueues the batch's copies and its completion event. A failed
+// enqueue fails the batch's ops (the batch is then done, with the error).
+func (n *NIC) flush() {
+	if n.curBatch < 0 {
+		return
+	}
+	b := &n.batches[n.curBatch]
+	p := &n.piece
+	p.Ctx = n.g.ctx
+	p.Stream = n.stream
+	p.Mode = n.mode
+	p.Entries = n.entries
+	p.Done = b.ev
+	if err := n.op.Enqueue(p); err != nil {
+		b.done, b.err = true, fmt.Errorf("gpu: NIC: %w", err)
+	}
+	p.Entries = nil
+	n.entries = n.entries[:0]
+	n.curBatch = -1
+}
+
+// Poll moves up to len(out) completions into out, in submission order.
+func (n *NIC) Poll(out []relay.HopCompletion) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	now := time.Since(n.epoch).Nanoseconds()
+	k := 0
+	for k < len(out) && n.opN > 0 {
+		o := &n.ops[n.opHead]
+		var err error
+		if o.batch >= 0 {
+			b := &n.batches[o.batch]
+			if !b.done {
+				done, qerr := n.g.d.QueryEvent(n.g.ctx, b.ev)
+				if qerr != nil {
+					b.done, b.err = true, fmt.Errorf("gpu: NIC completion: %w", qerr)
+				} else if !done {
+					break
+				}
+				b.done = true
+			}
+			err = b.err
+		}
+		if o.finish > now {
+			break
+		}
+		if err == nil {
+			err = o.err
+		}
+		out[k] = relay.HopCompletion{Token: o.token, Err: err}
+		k++
+		if o.batch >= 0 {
+			b := &n.batches[o.batch]
+			b.ops--
+			if b.ops == 0 {
+				n.bHead = (n.bHead + 1) % nicBatches
+				n.bN--
+			}
+		}
+		*o = nicOp{}
+		n.opHead = (n.opHead + 1) % n.depth
+		n.opN--
+	}
+	return k
+}
+
+// Close waits for the NIC's copies and frees its stream and events. It does
+// not close the targets.
+func (n *NIC) Close() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return nil
+	}
+	n.closed = true
+	return n.destroy()
+}
+
+func (n *NIC) destroy() error {
+	return n.g.Do(func() error {
+		var errs []error
+		if n.stream != 0 {
+			errs = append(errs, n.g.d.StreamSynchronize(n.stream), n.g.d.StreamDestroy(n.stream))
+			n.stream = 0
+		}
+		for i := range n.batches {
+			if ev := n.batches[i].ev; ev != 0 {
+				errs = append(errs, n.g.d.EventDestroy(ev))
+				n.batches[i].ev = 0
+			}
+		}
+		if n.op != nil {
+			n.op.Free()
+			n.op = nil
+		}
+		return errors.Join(errs...)
+	})
+}

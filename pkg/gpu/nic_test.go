@@ -1,0 +1,188 @@
+package gpu_test
+
+import (
+	"bufio"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pxn-project/pxn/internal/cuda"
+	"github.com/pxn-project/pxn/pkg/gpu"
+	"github.com/pxn-project/pxn/pkg/relay"
+)
+
+const nicTargetLen = 4 << 20
+
+// nicTarget is the child of TestNIC: a zeroed device buffer whose handle it
+// prints, then the FNV-64a hash of its bytes once stdin closes.
+func nicTarget() error {
+	d, err := cuda.Load()
+	if err != nil {
+		return err
+	}
+	g, err := gpu.Open(d, 0)
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	return g.Do(func() error {
+		buf, err := d.MemAlloc(nicTargetLen)
+		if err != nil {
+			return err
+		}
+		defer d.MemFree(buf)
+		if err := d.MemsetD32Async(buf, 0, nicTargetLen/4, 0); err != nil {
+			return err
+		}
+		if err := d.StreamSynchronize(0); err != nil {
+			return err
+		}
+		h, err := d.IPCGetMemHandle(buf)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("handle %s\n", hex.EncodeToString(h[:]))
+		io.Copy(io.Discard, os.Stdin)
+		host := make([]byte, nicTargetLen)
+		if err := d.MemcpyDtoH(host, buf); err != nil {
+			return err
+		}
+		sum := fnv.New64a()
+		sum.Write(host)
+		fmt.Printf("hash %x\n", sum.Sum64())
+		return nil
+	})
+}
+
+func pollAll(t *testing.T, n *gpu.NIC, want int) []relay.HopCompletion {
+	t.Helper()
+	var out []relay.HopCompletion
+	buf := make([]relay.HopCompletion, 3)
+	deadline := time.Now().Add(20 * time.Second)
+	for len(out) < want {
+		k := n.Poll(buf)
+		out = append(out, buf[:k]...)
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d completions", len(out), want)
+		}
+	}
+	return out
+}
+
+// TestNIC writes into another process's device buffer through the emulated
+// NIC: completions in order, errors for what it cannot do, the rate cap as
+// a lower bound on completion time, back-pressure, and the bytes.
+func TestNIC(t *testing.T) {
+	g := openGPU(t)
+	d := g.Driver()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=nic-target")
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	lines := bufio.NewReader(stdout)
+	line, err := lines.ReadString('\n')
+	if err != nil {
+		t.Fatalf("target: %v\n%s", err, stderr.String())
+	}
+	raw, err := hex.DecodeString(strings.TrimSpace(strings.TrimPrefix(line, "handle ")))
+	if err != nil || len(raw) != 64 {
+		t.Fatalf("target said %q", line)
+	}
+	var h cuda.IPCMemHandle
+	copy(h[:], raw)
+	const base = 0x7e0000000000
+	maps, err := gpu.OpenNICTargets(g, []gpu.NICTarget{{Session: "t0", Addr: base, Len: nicTargetLen, Handle: h}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer maps.Close()
+	src := alloc(t, g, nicTargetLen)
+	host := make([]byte, nicTargetLen)
+	for i := range host {
+		host[i] = byte(i*7 + i>>12)
+	}
+	if err := d.MemcpyHtoD(src, host); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, nicTargetLen)
+
+	nic, err := gpu.NewNIC(g, maps, gpu.NICOptions{QueueDepth: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nic.Close()
+	ops := []relay.WriteOp{
+		{Src: uintptr(src), Len: 1 << 20, Target: "t0", Dst: base, Token: 1},
+		{Src: uintptr(src) + 3<<20, Len: 4096, Target: "t0", Dst: base + 2<<20, Token: 2},
+		{Src: uintptr(src), Len: 4096, Target: "t0", Dst: base, Token: 3, Read: true},
+		{Src: uintptr(src), Len: 4096, Target: "nobody", Dst: base, Token: 4},
+		{Src: uintptr(src), Len: 8192, Target: "t0", Dst: base + nicTargetLen - 4096, Token: 5},
+		{Src: uintptr(src), Len: 0, Target: "t0", Dst: base, Token: 6},
+	}
+	copy(want[:1<<20], host[:1<<20])
+	copy(want[2<<20:2<<20+4096], host[3<<20:3<<20+4096])
+	if err := nic.Submit(ops); err != nil {
+		t.Fatal(err)
+	}
+	if err := nic.Submit(make([]relay.WriteOp, 9)); err == nil || errors.Is(err, relay.ErrHopBusy) {
+		t.Fatalf("a batch deeper than the queue: %v", err)
+	}
+	if err := nic.Submit(make([]relay.WriteOp, 3)); !errors.Is(err, relay.ErrHopBusy) {
+		t.Fatalf("a full queue: %v", err)
+	}
+	got := pollAll(t, nic, len(ops))
+	for i, c := range got {
+		bad := c.Token == 3 || c.Token == 4 || c.Token == 5
+		if c.Token != uint64(i+1) || (c.Err != nil) != bad {
+			t.Errorf("completion %d: token %d, err %v", i, c.Token, c.Err)
+		}
+	}
+
+	// 3 MiB at 2 GB/s: the wire needs 1.57 ms, and the completion may not
+	// come earlier however fast the copy is.
+	slow, err := gpu.NewNIC(g, maps, gpu.NICOptions{RateGBps: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	start := time.Now()
+	if err := slow.Submit([]relay.WriteOp{{Src: uintptr(src), Len: 1 << 20, Target: "t0", Dst: base + 1<<20, Token: 7},
+		{Src: uintptr(src) + 2<<20, Len: 2 << 20, Target: "t0", Dst: base + 2<<20, Token: 8}}); err != nil {
+		t.Fatal(err)
+	}
+	copy(want[1<<20:2<<20], host[:1<<20])
+	copy(want[2<<20:], host[2<<20:])
+	done := pollAll(t, slow, 2)
+	if el := time.Since(start); el < 1500*time.Microsecond || done[0].Err != nil || done[1].Err != nil {
+		t.Fatalf("3 MiB at 2 GB/s completed after %v: %+v", el, done)
+	}
+	if err := errors.Join(slow.Close(), nic.Close(), maps.Close()); err != nil {
+		t.Fatal(err)
+	}
+	stdin.Close()
+	line, err = lines.ReadString('\n')
+	if err != nil {
+		t.Fatalf("target: %v\n%s", err, stderr.String())
+	}
+	sum := fnv.New64a()
+	sum.Write(want)
+	if strings.TrimSpace(line) != fmt.Sprintf("hash %x", sum.Sum64()) {
+		t.Fatalf("target bytes differ: %s, want hash %x", line, sum.Sum64())
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("target: %v\n%s", err, stderr.String())
+	}
+}
