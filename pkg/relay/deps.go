@@ -3,7 +3,10 @@
 // pipeline that forwards them on its own rail, and the pump that drives both.
 package relay
 
-import "errors"
+import (
+	"errors"
+	"time"
+)
 
 // Kind says where a memory range lives.
 type Kind int
@@ -117,4 +120,11 @@ type (
 	// after a copy's event). Called every round; an error means enqueued
 	// copies will never ring their doorbells.
 	CopyPoller interface{ Poll() (int, error) }
+	// BusyPoller asks the pump to keep polling, without sleeping, while
+	// anything is in flight and for PollWindow after a round that made
+	// progress: on GPUs the next step of a transfer (a completion, the
+	// next doorbell) is microseconds away, and a Go timer shorter than a
+	// millisecond sleeps about a millisecond in an otherwise idle process.
+	// An idle pump still sleeps.
+	BusyPoller interface{ PollWindow() time.Duration }
 )

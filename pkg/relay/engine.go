@@ -58,6 +58,8 @@ type Engine struct {
 	submitMu sync.RWMutex
 	closing  atomic.Bool
 	closed   atomic.Bool
+
+	hooks testHooks
 }
 
 // routeTable maps a canonical rail to the outbound lane of the one relay on
@@ -69,6 +71,10 @@ type routeTable struct {
 // Open builds an engine. With cfg.Enable false, or without a registry, it is
 // a pass-through to the hop: no pump, no shared memory, no extra goroutine.
 func Open(cfg staging.Config, deps Deps) (*Engine, error) {
+	return open(cfg, deps, testHooks{})
+}
+
+func open(cfg staging.Config, deps Deps, hooks testHooks) (*Engine, error) {
 	if deps.Hop == nil {
 		return nil, errors.New("relay: a hop is required")
 	}
@@ -83,6 +89,7 @@ func Open(cfg staging.Config, deps Deps) (*Engine, error) {
 		copier: deps.Copier,
 		reg:    deps.Registry,
 		log:    log,
+		hooks:  hooks,
 	}
 	e.tokens.init()
 	e.routes.Store(&routeTable{})
@@ -186,7 +193,11 @@ func (e *Engine) Submit(reqs []Request) (*Batch, error) {
 		for _, p := range ps {
 			p.ready = ref
 		}
-		g.key.lane.enqueue(ps)
+		if !g.key.lane.enqueue(ps) {
+			for _, p := range ps {
+				e.pump.fallback(p)
+			}
+		}
 	}
 	if len(pieces) > 0 {
 		e.pump.wake()

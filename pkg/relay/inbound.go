@@ -47,15 +47,24 @@ func (e *Engine) consume(i int) bool {
 		return false
 	}
 	if epoch != il.epoch {
+		first := il.epoch == 0
 		il.epoch = epoch
 		il.next = 1
 		il.window = staging.CompletionWindow{}
 		il.commitWait = time.Time{}
+		if s := e.hooks.firstSeq; first && s > 1 {
+			il.next, il.window = s, staging.CompletionWindowAt(s-1)
+		}
 	}
 	if e.pump.relayInflight >= e.cfg.InflightDepth {
 		return false
 	}
 	seq := il.next
+	if seq-il.window.Completed() > staging.SlotsPerLane {
+		// Credit, enforced here too: a sender that ignores it cannot give
+		// the relay a ticket whose slot an earlier one still uses.
+		return false
+	}
 	slot := staging.SlotOf(seq)
 	if atomic.LoadUint64(&lane.Ready[slot].Seq) != seq {
 		return false

@@ -55,6 +55,10 @@ type pump struct {
 	// unsent are relayed Pieces whose second-hop writes the hop has not all
 	// taken yet, in the order they were consumed.
 	unsent []*inflightRec
+	// seqHooked is set once testHooks.firstSeq has been applied.
+	seqHooked bool
+	// spin is the copier's BusyPoller window (0: sleep at once).
+	spin time.Duration
 }
 
 // chanMutex guards fallbacks that callers add (ready-event failures) while
@@ -66,7 +70,12 @@ func (m chanMutex) unlock() { <-m }
 
 func newPump(e *Engine) *pump {
 	poller, _ := e.copier.(CopyPoller)
+	var spin time.Duration
+	if bp, ok := e.copier.(BusyPoller); ok {
+		spin = bp.PollWindow()
+	}
 	return &pump{
+		spin:   spin,
 		poller: poller,
 		e:      e,
 		wakeCh: make(chan struct{}, 1),
@@ -117,6 +126,9 @@ func (p *pump) run() {
 		}
 		if p.round(now) {
 			p.lastActive = now
+			continue
+		}
+		if p.spin > 0 && (now.Sub(p.lastActive) < p.spin || p.busy()) {
 			continue
 		}
 		wait := idleWait
@@ -360,6 +372,16 @@ func (p *pump) refreshPeers() {
 			ol.stale.Store(stale)
 			changed = true
 		}
+		if d := e.ticketTimeout(); ol.published > ol.reaped && now.Sub(ol.progressAt) > d {
+			// The lane's claim stays with the zombie until the copier has
+			// drained, and hasLane keeps it from being claimed anew
+			// meanwhile: this relay gets no more tickets from us.
+			e.log.Error(errTicketTimeout, "published tickets failed; relay not used again", "relayPid", ol.peer.Pid, "lane", ol.link.LaneIndex(), "seq", ol.reaped+1, "timeout", d)
+			e.counters.laneQuarantine.Add(1)
+			p.retire(ol, fmt.Errorf("%w within %v", errTicketTimeout, d))
+			changed = true
+			continue
+		}
 		if ol.broken && ol.reaped == ol.published {
 			p.retire(ol, nil)
 			changed = true
@@ -388,6 +410,10 @@ func (p *pump) refreshPeers() {
 			continue
 		}
 		ol := newOutLane(pr, link)
+		if s := e.hooks.firstSeq; s > 1 && !p.seqHooked {
+			p.seqHooked = true
+			ol.next, ol.published, ol.reaped = s, s-1, s-1
+		}
 		if hr, ok := e.copier.(HostRegistrar); ok {
 			unreg, err := hr.RegisterHost(uintptr(unsafe.Pointer(link.Lane())), uint64(unsafe.Sizeof(staging.Lane{})))
 			if err != nil {
@@ -461,6 +487,11 @@ func (p *pump) releaseZombies() {
 
 func (p *pump) hasLane(pr Peer) bool {
 	for _, ol := range p.out {
+		if ol.peer.Pid == pr.Pid && ol.peer.Epoch == pr.Epoch {
+			return true
+		}
+	}
+	for _, ol := range p.zombies {
 		if ol.peer.Pid == pr.Pid && ol.peer.Epoch == pr.Epoch {
 			return true
 		}

@@ -93,7 +93,10 @@ type outLane struct {
 	inflight  [staging.SlotsPerLane]*piece
 	broken    bool
 	waitSince time.Time
-	unreg     func() error
+	// progressAt is when the oldest published ticket became the oldest:
+	// published, or the one before it reaped.
+	progressAt time.Time
+	unreg      func() error
 }
 
 func newOutLane(p Peer, link Link) *outLane {
@@ -102,10 +105,17 @@ func newOutLane(p Peer, link Link) *outLane {
 
 func (ol *outLane) accepting() bool { return !ol.stale.Load() && !ol.gone.Load() }
 
-func (ol *outLane) enqueue(ps []*piece) {
+// enqueue queues ps and reports true, or reports false when the pump has
+// retired the lane since Submit chose it: retire sets gone before it
+// drains the queue under mu, so nothing is queued on a lane nobody serves.
+func (ol *outLane) enqueue(ps []*piece) bool {
 	ol.mu.Lock()
+	defer ol.mu.Unlock()
+	if ol.gone.Load() {
+		return false
+	}
 	ol.queue = append(ol.queue, ps...)
-	ol.mu.Unlock()
+	return true
 }
 
 func (ol *outLane) front() *piece {
@@ -148,6 +158,23 @@ func (ol *outLane) queued() bool {
 // errRelayGone fails Pieces published to a relay that died or restarted.
 var errRelayGone = errors.New("relay gone before completing the piece")
 
+// ticketTimeout bounds how long the oldest published ticket of a lane may
+// go without a completion. A relay that runs but never completes it (a hung
+// second hop, a lost doorbell or completion) would otherwise hold the
+// tickets forever; past it they fail and the lane is not used again.
+const ticketTimeout = 30 * time.Second
+
+// errTicketTimeout fails the published Pieces of a lane whose relay made no
+// progress for ticketTimeout.
+var errTicketTimeout = errors.New("relay made no progress on the piece")
+
+func (e *Engine) ticketTimeout() time.Duration {
+	if e.hooks.ticketTimeout > 0 {
+		return e.hooks.ticketTimeout
+	}
+	return ticketTimeout
+}
+
 // publish stages one Piece into the relay's ring if the lane has credit.
 // It returns true when it made progress.
 func (e *Engine) publish(ol *outLane, now time.Time) bool {
@@ -159,7 +186,11 @@ func (e *Engine) publish(ol *outLane, now time.Time) bool {
 		return false
 	}
 	if ol.stale.Load() {
-		return false
+		// A Piece without a ticket does not wait for a relay that may
+		// never beat again: it goes direct.
+		ol.pop()
+		e.pump.fallback(p)
+		return true
 	}
 	if ol.next > staging.MaxLaneSeq {
 		// The sequence space is exhausted: no new tickets on this lane;
@@ -169,12 +200,12 @@ func (e *Engine) publish(ol *outLane, now time.Time) bool {
 	if !staging.HasCredit(ol.next, ol.reaped) {
 		// The credit timeout runs from the moment the lane's head first
 		// found no credit, not from enqueue: a long request queues many
-		// Pieces that are not late.
+		// Pieces that are not late. Once it has run out, every Piece
+		// queued behind goes direct too, until credit returns.
 		if ol.waitSince.IsZero() {
 			ol.waitSince = now
 			e.counters.creditWaits.Add(1)
 		} else if now.Sub(ol.waitSince) > e.cfg.CreditTimeout {
-			ol.waitSince = time.Time{}
 			ol.pop()
 			e.pump.fallback(p)
 			return true
@@ -183,6 +214,9 @@ func (e *Engine) publish(ol *outLane, now time.Time) bool {
 	}
 	ol.waitSince = time.Time{}
 	ol.pop()
+	if ol.published == ol.reaped {
+		ol.progressAt = now
+	}
 	seq := ol.next
 	slot := staging.SlotOf(seq)
 	d := &ol.lane.Descs[slot]
@@ -235,6 +269,9 @@ func (e *Engine) reap(ol *outLane) bool {
 		ol.reaped = seq
 		atomic.StoreUint64(&ol.lane.Sender.ReapedSeq, seq)
 		progressed = true
+	}
+	if progressed {
+		ol.progressAt = time.Now()
 	}
 	return progressed
 }

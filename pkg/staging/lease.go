@@ -255,13 +255,48 @@ func (l *PeerLink) release(ctx context.Context) error {
 		if !l.ownsLane() {
 			return nil
 		}
-		o := &l.ctl.Lanes[l.lane].Owner
-		atomic.StoreUint64(&o.Pid, 0)
-		atomic.StoreUint64(&o.StartTime, 0)
-		atomic.StoreUint64(&o.SenderEpoch, 0)
-		atomic.StoreUint64(&o.ClaimedAt, 0)
+		clearOwner(&l.ctl.Lanes[l.lane].Owner)
 		return nil
 	})
+}
+
+// clearOwner frees a lane. The lane epoch stays: a relay keeps its ring
+// until a new claim resets it.
+func clearOwner(o *LaneOwner) {
+	atomic.StoreUint64(&o.Pid, 0)
+	atomic.StoreUint64(&o.StartTime, 0)
+	atomic.StoreUint64(&o.SenderEpoch, 0)
+	atomic.StoreUint64(&o.ClaimedAt, 0)
+}
+
+// hasDeadLaneOwner reports whether an inbound lane of this rank is held by
+// a process that exited or whose pid was reused. It takes no lock.
+func (r *Rank) hasDeadLaneOwner() bool {
+	for i := range r.ctl.Lanes {
+		if owner, held := loadOwner(&r.ctl.Lanes[i].Owner); held && goneReason(owner.Pid, owner.StartTime) != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// freeDeadLanes frees every inbound lane of this rank whose sender exited
+// or whose pid was reused, so the relay shows it free at once rather than
+// when the next sender claims it. Second-hop completions still in flight
+// land in the lane's old ring, which a new claim resets. The caller holds
+// the registry lock.
+func (r *Rank) freeDeadLanes() {
+	for i := range r.ctl.Lanes {
+		o := &r.ctl.Lanes[i].Owner
+		owner, held := loadOwner(o)
+		if !held {
+			continue
+		}
+		if why := goneReason(owner.Pid, owner.StartTime); why != "" {
+			clearOwner(o)
+			klog.InfoS("pxn freed the lane of a sender that is gone", "registry", r.d.path, "lane", i, "reason", why)
+		}
+	}
 }
 
 // releaseBounded is release with its own bound on the lock wait, for paths

@@ -254,7 +254,7 @@ func (r *Rank) openRegistry(ctx context.Context) error {
 	r.d = d
 	r.pushUndo(d.close)
 	return d.withLock(ctx, func() error {
-		removed, err := d.cleanStale(r.id, r.opts.HeartbeatTimeout)
+		removed, err := d.cleanStale(r.id)
 		if len(removed) > 0 {
 			klog.InfoS("pxn removed stale registry entries", "registry", d.path, "entries", removed)
 		}
@@ -453,7 +453,9 @@ type PeerInfo struct {
 }
 
 // Peers lists the other published ranks of the group. Stale ones (exited,
-// pid reused, heartbeat older than the timeout) are left out and removed.
+// pid reused) are left out and their files removed; ranks whose heartbeat is
+// older than the timeout are left out but keep their files. Inbound lanes
+// of this rank whose sender exited are freed.
 // More than LaneCount usable peers, or an unsafe registry, turn PXN off for
 // the process: Peers then returns that error, now and later.
 func (r *Rank) Peers(ctx context.Context) ([]PeerInfo, error) {
@@ -468,20 +470,28 @@ func (r *Rank) Peers(ctx context.Context) ([]PeerInfo, error) {
 	var peers []PeerInfo
 	sawStale := false
 	for _, e := range entries {
-		if e.kind != entryRank || e.id == r.id {
+		if e.id == r.id || e.kind == entryOther || e.kind == entryLock {
 			continue
 		}
-		p, stale := r.readPeer(e, now)
+		if e.kind != entryRank {
+			// An arena or a .tmp left by an exited process (a relay whose
+			// close gave up on a lease, a rank killed during init).
+			sawStale = sawStale || goneReason(e.id.Pid, e.id.StartTime) != ""
+			continue
+		}
+		p, stale, late := r.readPeer(e, now)
 		switch {
 		case stale:
 			sawStale = true
+		case late:
 		case p.Refused != nil || p.State == StateReady:
 			peers = append(peers, p)
 		}
 	}
-	if sawStale {
+	if sawStale || r.hasDeadLaneOwner() {
 		err := r.d.withLock(ctx, func() error {
-			_, err := r.d.cleanStale(r.id, r.opts.HeartbeatTimeout)
+			r.freeDeadLanes()
+			_, err := r.d.cleanStale(r.id)
 			return err
 		})
 		var unsafeErr *UnsafeError
@@ -515,11 +525,12 @@ func (r *Rank) sayRefused(p PeerInfo) {
 	}
 }
 
-// readPeer reads the entry e; stale reports a peer to drop and clean.
-func (r *Rank) readPeer(e dirEntry, now int64) (p PeerInfo, stale bool) {
+// readPeer reads the entry e; stale reports a peer to drop and clean, late
+// one to drop whose heartbeat is older than the timeout.
+func (r *Rank) readPeer(e dirEntry, now int64) (p PeerInfo, stale, late bool) {
 	p = PeerInfo{Name: e.name, Identity: e.id}
 	if goneReason(e.id.Pid, e.id.StartTime) != "" {
-		return p, true
+		return p, true, false
 	}
 	h, err := readHeaderFile(r.d.fd(), r.d.path, e.name, r.d.uid)
 	switch {
@@ -533,16 +544,16 @@ func (r *Rank) readPeer(e dirEntry, now int64) (p PeerInfo, stale bool) {
 	}
 	if err != nil {
 		p.Refused = fmt.Errorf("peer %s: %w", e.name, err)
-		return p, false
+		return p, false, false
 	}
 	hb := h.Heartbeat
 	if heartbeatStale(hb, now, r.opts.HeartbeatTimeout) {
-		return p, true
+		return p, false, true
 	}
 	p.Rail, p.HCA = headerRail(&h), headerHCA(&h)
 	p.State, p.ArenaKind = h.State, h.ArenaKind
 	p.HeartbeatAge = max(time.Duration(now-int64(hb)), 0)
-	return p, false
+	return p, false, false
 }
 
 // Close leaves the group, undoing Register in reverse: it closes the

@@ -441,38 +441,24 @@ func heartbeatStale(stamp uint64, now int64, timeout time.Duration) bool {
 	return stamp == 0 || now-int64(stamp) > int64(timeout)
 }
 
-// staleReason says why the registration id is stale, or "" if it is not or
-// that cannot be proven. A rank's heartbeat counts only once it is published.
-func (d *registryDir) staleReason(id Identity, now int64, timeout time.Duration) string {
-	if r := goneReason(id.Pid, id.StartTime); r != "" {
-		return r
-	}
-	h, err := readHeaderFile(d.fd(), d.path, rankFileName(id), d.uid)
-	if err != nil || headerIdentity(&h) != id {
-		return ""
-	}
-	if heartbeatStale(h.Heartbeat, now, timeout) {
-		return fmt.Sprintf("heartbeat %v old", time.Duration(now-int64(h.Heartbeat)).Round(time.Millisecond))
-	}
-	return ""
-}
-
-// cleanStale unlinks every file of every stale registration but self's.
-// The caller holds the lock. Files of a live process that is still
-// initializing are left alone; its arena may be quarantined.
-func (d *registryDir) cleanStale(self Identity, timeout time.Duration) ([]string, error) {
+// cleanStale unlinks every file of every stale registration but self's:
+// one whose process exited or whose pid was reused. A late heartbeat alone
+// removes nothing: a running process keeps its files, so a rank that stalls
+// and beats again is found again. The caller holds the lock. Files of a live
+// process that is still initializing are left alone; its arena may be
+// quarantined.
+func (d *registryDir) cleanStale(self Identity) ([]string, error) {
 	entries, err := d.scan()
 	if err != nil {
 		return nil, err
 	}
-	now := MonoNanos()
 	stale := make(map[Identity]bool)
 	for _, e := range entries {
 		if e.kind == entryOther || e.kind == entryLock || e.id == self {
 			continue
 		}
 		if _, seen := stale[e.id]; !seen {
-			stale[e.id] = d.staleReason(e.id, now, timeout) != ""
+			stale[e.id] = goneReason(e.id.Pid, e.id.StartTime) != ""
 		}
 	}
 	var removed []string

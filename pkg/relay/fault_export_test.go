@@ -1,0 +1,20 @@
+package relay
+
+import (
+	"time"
+
+	"github.com/pxn-project/pxn/pkg/staging"
+)
+
+// FaultHooks are the engine's test hooks as the fault tests set them.
+type FaultHooks struct {
+	// FirstSeq starts the first epoch of every lane there instead of at 1.
+	FirstSeq uint64
+	// TicketTimeout replaces the published-ticket timeout.
+	TicketTimeout time.Duration
+}
+
+// OpenWithFaultHooks is Open with test hooks in place before the pump starts.
+func OpenWithFaultHooks(cfg staging.Config, deps Deps, h FaultHooks) (*Engine, error) {
+	return open(cfg, deps, testHooks{firstSeq: h.FirstSeq, ticketTimeout: h.TicketTimeout})
+}
