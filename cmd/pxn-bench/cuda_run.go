@@ -424,29 +424,10 @@ func (r cudaRun) phase(l *layout, targets []*child, args func(int, string) []str
 			res.idle = append(res.idle, *ev.Idle)
 		}
 	}
-	if _, err := all(ranks, "exit", "closed", 2*time.Minute); err != nil {
+	if res.verified, res.verifyErr, err = endPhase(ranks, targets, 2*time.Minute); err != nil {
 		return nil, err
-	}
-	for _, c := range ranks {
-		if err := c.wait(30 * time.Second); err != nil {
-			return nil, err
-		}
 	}
 	ranks = nil
-	evs, err = all(targets, "verify", "verified", 10*time.Minute)
-	if err != nil {
-		return nil, err
-	}
-	res.verified = true
-	for _, ev := range evs {
-		if !ev.OK {
-			res.verified = false
-			res.verifyErr = ev.Error
-		}
-	}
-	if _, err := all(targets, "reset", "reset", 2*time.Minute); err != nil {
-		return nil, err
-	}
 	return res, nil
 }
 

@@ -234,30 +234,39 @@ func phase(l *layout, targets []*child, layoutPath, dirPath, mode string, env []
 			res.idle = append(res.idle, *ev.Idle)
 		}
 	}
-	if _, err := all(ranks, "exit", "closed", time.Minute); err != nil {
+	if res.verified, res.verifyErr, err = endPhase(ranks, targets, time.Minute); err != nil {
 		return nil, err
-	}
-	for _, c := range ranks {
-		if err := c.wait(10 * time.Second); err != nil {
-			return nil, err
-		}
 	}
 	ranks = nil
-	evs, err = all(targets, "verify", "verified", 10*time.Minute)
-	if err != nil {
-		return nil, err
+	return res, nil
+}
+
+// endPhase ends a phase: the ranks exit (they relay for each other until
+// every one is done), then every target checks each byte it received and
+// clears its buffer for the next phase. slack bounds each step.
+func endPhase(ranks, targets []*child, slack time.Duration) (verified bool, verifyErr string, err error) {
+	if _, err := all(ranks, "exit", "closed", slack); err != nil {
+		return false, "", err
 	}
-	res.verified = true
-	for _, ev := range evs {
-		if !ev.OK {
-			res.verified = false
-			res.verifyErr = ev.Error
+	for _, c := range ranks {
+		if err := c.wait(slack / 4); err != nil {
+			return false, "", err
 		}
 	}
-	if _, err := all(targets, "reset", "reset", time.Minute); err != nil {
-		return nil, err
+	evs, err := all(targets, "verify", "verified", 10*time.Minute)
+	if err != nil {
+		return false, "", err
 	}
-	return res, nil
+	verified = true
+	for _, ev := range evs {
+		if !ev.OK {
+			verified, verifyErr = false, ev.Error
+		}
+	}
+	if _, err := all(targets, "reset", "reset", slack); err != nil {
+		return false, "", err
+	}
+	return verified, verifyErr, nil
 }
 
 func (p *phaseResult) totals() (bytes uint64, secs float64, failed int) {
