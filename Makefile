@@ -5,7 +5,7 @@ TOOLS := hack/tools.sh
 BIN := bin
 GOTEST_FLAGS ?= -race -timeout 30m
 
-.PHONY: all build test tools generate lint bench fuzz demo clean
+.PHONY: all build test tools generate lint bench fuzz demo demo-host cluster-demo clean
 
 all: build
 
@@ -36,9 +36,17 @@ bench:
 fuzz:
 	@hack/fuzz.sh
 
-# The README's main command: a local demo of the whole engine on the bundled
-# 8-GPU node layout.
+# The README's main command: a real single-node Kubernetes cluster on this
+# machine (root; see docs/local-cluster.md) with the chart installed, the
+# node's PxnRailMap, the pxn.io/relay resource, and pxn-bench in a Job whose
+# eight ranks write across rails. CLUSTER_DEMO_FLAGS=--keep leaves it up.
 demo:
+	@hack/cluster-demo.sh $(CLUSTER_DEMO_FLAGS)
+
+cluster-demo: demo
+
+# The engine alone on the bundled 8-GPU layout, no Kubernetes and no root.
+demo-host:
 	@hack/demo.sh
 
 clean:

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# make cluster-demo: PXN on a real single-node Kubernetes cluster on this
+# machine (hack/local-cluster.sh). Brings the cluster up from the cached tools,
+# builds and imports the images, installs charts/pxn with helm, shows the
+# node's PxnRailMap and its pxn.io/relay, runs pxn-bench's eight ranks in a
+# Job whose pod requests pxn.io/relay, prints the bench table and tears
+# everything down again (also on Ctrl-C or an error).
+#
+#   hack/cluster-demo.sh [--keep]
+#
+# --keep leaves the cluster, the chart and the Job in place (stop them with
+# hack/local-cluster.sh down). A cluster that was already up is used as is and
+# left up; only what the demo installed is removed. Needs root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+keep=0
+for arg in "$@"; do
+  case $arg in
+    --keep) keep=1 ;;
+    -h | --help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "cluster-demo: unknown argument $arg (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ "$(id -u)" = 0 ] || { echo "cluster-demo: must run as root (it starts containerd and a kubelet)" >&2; exit 2; }
+
+export PXN_CLUSTER_DIR=${PXN_CLUSTER_DIR:-/var/tmp/pxn-local-cluster}
+D=$PXN_CLUSTER_DIR
+lc=hack/local-cluster.sh
+release=pxn
+ns=pxn-system
+demo_ns=pxn-demo
+
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+kc() { bash "$lc" kubectl "$@"; }
+
+preexisting=0
+[ -f "$D/up" ] && bash "$lc" status >/dev/null 2>&1 && preexisting=1
+started=0
+t0=$SECONDS
+
+cleanup() {
+  local rc=$?
+  # A second Ctrl-C must not cut the tear-down short: ignore INT and TERM from
+  # here on, in this shell and in the commands it starts.
+  trap - EXIT
+  trap '' INT TERM
+  set +e
+  if [ -n "${watcher:-}" ]; then kill "$watcher" 2>/dev/null; fi
+  if [ "$keep" = 1 ]; then
+    step "Left up (--keep)"
+    echo "  source <(hack/local-cluster.sh env); kubectl get pxnrailmaps"
+    echo "  stop it with: PXN_CLUSTER_DIR=$D hack/local-cluster.sh down"
+  elif [ "$preexisting" = 1 ]; then
+    step "Removing what the demo installed (the cluster was up before and stays up)"
+    kc delete namespace "$demo_ns" --ignore-not-found --wait=true --timeout=2m >/dev/null 2>&1 || true
+    helm_ uninstall "$release" -n "$ns" --wait --timeout 2m >/dev/null 2>&1 || true
+  elif [ "$started" = 1 ] || [ -e "$D" ]; then
+    step "Tearing the cluster down"
+    bash "$lc" down || rc=1
+  fi
+  [ "$rc" = 0 ] && echo "cluster-demo: done in $((SECONDS - t0)) s" || echo "cluster-demo: FAILED (exit $rc) after $((SECONDS - t0)) s" >&2
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'echo; echo "cluster-demo: interrupted" >&2; exit 130' INT
+trap 'exit 143' TERM
+
+helm_() {
+  HELM_CACHE_HOME=$D/helm/cache HELM_CONFIG_HOME=$D/helm/config HELM_DATA_HOME=$D/helm/data \
+    "$(hack/tools.sh path helm)" --kubeconfig "$D/pki/admin.kubeconfig" "$@"
+}
+
+step "Tools (cached in .tools by hack/tools.sh; built when missing)"
+hack/tools.sh etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl helm
+
+step "A single-node cluster: etcd, kube-apiserver, controller-manager, scheduler, kubelet, containerd"
+started=1
+if [ "$preexisting" = 1 ]; then
+  echo "using the cluster already up in $D; re-importing the images"
+  bash "$lc" images
+else
+  bash "$lc" up
+fi
+# shellcheck disable=SC1091
+source "$D/env"
+node=$PXN_CLUSTER_NODE
+kc get nodes -o wide
+
+step "helm install $release charts/pxn (values: hack/e2e/values.yaml + the cluster's)"
+helm_ upgrade --install "$release" charts/pxn -n "$ns" --create-namespace \
+  -f hack/e2e/values.yaml -f "$D/helm-values.yaml" --wait --timeout 3m
+kc -n "$ns" get pods -o wide
+
+step "kubectl get pxnrailmaps (the agent read the bundled 8-GPU sysfs fixture)"
+for _ in $(seq 1 120); do
+  [ "$(kc get pxnrailmap "$node" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ] && break
+  sleep 1
+done
+kc get pxnrailmaps
+echo
+echo "rail map (MC_PXN_RAIL_MAP of pods on $node):"
+kc get pxnrailmap "$node" -o 'jsonpath={.status.railMap}'
+echo
+
+step "The node's pxn.io/relay (the device plugin registered with the kubelet)"
+for _ in $(seq 1 120); do
+  [ -n "$(kc get node "$node" -o 'jsonpath={.status.allocatable.pxn\.io/relay}')" ] && break
+  sleep 1
+done
+kc get node "$node" -o 'custom-columns=NODE:.metadata.name,CAPACITY:.status.capacity.pxn\.io/relay,ALLOCATABLE:.status.allocatable.pxn\.io/relay'
+
+step "A Job requesting pxn.io/relay: 1 runs pxn-bench run --device host --ranks 8 --bytes 64MiB --pattern cross-rail"
+kc create namespace "$demo_ns" --dry-run=client -o yaml | kc apply -f - >/dev/null
+kc -n "$demo_ns" delete job pxn-bench --ignore-not-found --wait=true >/dev/null
+sed "s|image: pxn:local|image: $PXN_CLUSTER_IMAGE|" hack/e2e/bench-job.yaml | kc apply -f -
+# While the ranks run: their registry is in the job's group folder, which the
+# device plugin mounted at MC_PXN_REGISTRY_ROOT (/run/pxn); on the host it is
+# <shmDir>/groups/<key>. Show it with pxn-agent inspect, run inside the pod
+# (the registry's liveness checks compare PIDs of the pod's PID namespace).
+# Best effort: the ranks may finish first.
+(
+  for _ in $(seq 1 600); do
+    dir=$(ls -d "$PXN_CLUSTER_SHM_DIR"/groups/*/pxn-bench-registry-*/mooncake-pxn-*-bench-pxn 2>/dev/null | head -1 || true)
+    if [ -n "$dir" ] && [ "$(ls "$dir" 2>/dev/null | grep -c '^rank-' || true)" -ge 8 ]; then
+      reg=$(basename "$(dirname "$dir")")
+      p=$(kc -n "$demo_ns" get pods -l job-name=pxn-bench -o 'jsonpath={.items[0].metadata.name}' 2>/dev/null || true)
+      echo "--- while the ranks run: their registry is in the job's group folder,"
+      echo "--- on the host $(dirname "$(dirname "$dir")"), in the pod /run/pxn:"
+      echo "--- kubectl exec $p -- pxn-agent inspect --root /run/pxn/$reg"
+      kc -n "$demo_ns" exec "$p" -- /usr/local/bin/pxn-agent inspect --root "/run/pxn/$reg" 2>&1 | head -40 || true
+      echo "--- end of inspect"
+      break
+    fi
+    sleep 0.2
+  done
+) &
+watcher=$!
+status=""
+for _ in $(seq 1 600); do
+  status=$(kc -n "$demo_ns" get job pxn-bench -o 'jsonpath={range .status.conditions[?(@.status=="True")]}{.type} {end}')
+  case $status in *Complete* | *Failed*) break ;; esac
+  sleep 1
+done
+kill "$watcher" 2>/dev/null || true
+wait "$watcher" 2>/dev/null || true
+watcher=
+pod=$(kc -n "$demo_ns" get pods -l job-name=pxn-bench -o 'jsonpath={.items[0].metadata.name}')
+echo "pod $pod: $(kc -n "$demo_ns" get pod "$pod" -o 'jsonpath={.status.phase}')"
+echo
+logs=$(kc -n "$demo_ns" logs "$pod")
+echo "$logs"
+case $status in
+  *Complete*) ;;
+  *)
+    echo "cluster-demo: the Job did not complete (conditions: ${status:-none})" >&2
+    kc -n "$demo_ns" describe pod "$pod" >&2 || true
+    exit 1
+    ;;
+esac
+
+# The first row under the header: relayed > 0, fallback 0, failed 0, verified.
+read -r relayed fallback failed verified < <(echo "$logs" | awk -F'  +' '
+  /^SCENARIO/ { getline; print $8, $9, $11, $12; exit }')
+echo
+echo "relayed=${relayed:-?} fallback=${fallback:-?} failed=${failed:-?} verified=${verified:-?}"
+if [ -z "${relayed:-}" ] || [ "$relayed" = 0 ] || [ "$fallback" != 0 ] || [ "$failed" != 0 ] || [ "$verified" != true ]; then
+  echo "cluster-demo: want relayed > 0, fallback 0, failed 0, verified true" >&2
+  exit 1
+fi
+echo "OK: every cross-rail write was relayed through a peer rank on the target's rail, none fell back, every byte verified."

@@ -1,0 +1,541 @@
+// Package e2e runs PXN on a real single-node Kubernetes cluster on this
+// machine: hack/local-cluster.sh starts etcd, kube-apiserver,
+// kube-controller-manager, kube-scheduler, a kubelet and containerd; the test
+// installs charts/pxn with helm and checks, through the cluster, what a user
+// of the chart relies on. See docs/local-cluster.md.
+//
+// It needs root and Debian's containerd, runc and CNI plugins; it skips when
+// not root or when containerd cannot start or run a container here, with the
+// reason. Tools come from hack/tools.sh (missing ones skip, or fail under
+// PXN_REQUIRE_TOOLS=1 like every other test that needs a tool).
+//
+//	PXN_E2E_CLUSTER_DIR=DIR  use the cluster already up in DIR; leave it up
+//	PXN_E2E_STATE_DIR=DIR    state folder of the test's own cluster (default /var/tmp/pxn-e2e)
+//	PXN_E2E_KEEP=1           leave the test's own cluster up at the end
+//	PXN_E2E_TIMEOUT=15m      bound on the whole suite
+package e2e
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pxn-project/pxn/internal/testtools"
+)
+
+const (
+	release   = "pxn"
+	namespace = "pxn-system"
+	resource  = "pxn.io/relay"
+	// From hack/e2e/values.yaml.
+	devices          = "8"
+	groupID          = "e2e"
+	registryRoot     = "/run/pxn"
+	probeImage       = "pxn-e2e-probe:local"
+	groupLabel       = "pxn.io/group"
+	gcWait           = 90 * time.Second // gcGrace 5s + gcInterval 2s + pod termination, with room
+	podStartTimeout  = 3 * time.Minute
+	defaultSuiteTime = 15 * time.Minute
+)
+
+func TestLocalCluster(t *testing.T) {
+	trackInputs(t, testtools.RepoRoot())
+	requireHost(t)
+	limit := defaultSuiteTime
+	if v := os.Getenv("PXN_E2E_TIMEOUT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("PXN_E2E_TIMEOUT=%q: %v", v, err)
+		}
+		limit = d
+	}
+	if dl, ok := t.Deadline(); ok && time.Until(dl)-30*time.Second < limit {
+		limit = time.Until(dl) - 30*time.Second // leave time for the tear-down
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	suiteStart := time.Now()
+
+	c := startCluster(t, ctx)
+	steps := []struct {
+		name string
+		fn   func(*cluster)
+	}{
+		{"ProbeImage", (*cluster).importProbeImage},
+		{"HelmInstall", (*cluster).helmInstall},
+		{"PxnRailMap", (*cluster).checkRailMap},
+		{"NodeCapacity", (*cluster).checkCapacity},
+		{"Workloads", (*cluster).checkWorkloads},
+		{"KubeletRestart", (*cluster).checkKubeletRestart},
+		{"GarbageCollection", (*cluster).checkGarbageCollection},
+	}
+	for _, s := range steps {
+		start := time.Now()
+		ok := t.Run(s.name, func(t *testing.T) {
+			sub := *c
+			sub.t = t
+			s.fn(&sub)
+		})
+		t.Logf("step %s: %.1f s", s.name, time.Since(start).Seconds())
+		if !ok {
+			// Now, while the failed step's objects are still there.
+			c.diagnostics()
+			t.FailNow()
+		}
+	}
+	t.Logf("suite (without tear-down): %.1f s", time.Since(suiteStart).Seconds())
+}
+
+// importProbeImage builds the workload image (hack/e2e/probe, static) and
+// imports it into the cluster's containerd.
+func (c *cluster) importProbeImage() {
+	dir := c.t.TempDir()
+	bin := filepath.Join(dir, "probe")
+	if out, err := c.runEnv(3*time.Minute, []string{"CGO_ENABLED=0"}, "go", "build", "-trimpath", "-o", bin, "./hack/e2e/probe"); err != nil {
+		c.t.Fatalf("build probe: %v\n%s", err, out)
+	}
+	tar := filepath.Join(dir, "probe.tar")
+	if out, err := c.run(3*time.Minute, "go", "run", "./hack/image", "-o", tar, "-name", probeImage,
+		"-add", bin+":/probe:0755", "-entrypoint", "/probe", "-cmd", "sleep"); err != nil {
+		c.t.Fatalf("pack probe image: %v\n%s", err, out)
+	}
+	if out, err := c.run(time.Minute, "ctr", "--address", filepath.Join(c.dir, "containerd", "containerd.sock"),
+		"-n", "k8s.io", "images", "import", tar); err != nil {
+		c.t.Fatalf("import probe image: %v\n%s", err, out)
+	}
+}
+
+func (c *cluster) runEnv(timeout time.Duration, env []string, name string, args ...string) (string, error) {
+	saved := c.helmEnv
+	c.helmEnv = append(append([]string{}, saved...), env...)
+	defer func() { c.helmEnv = saved }()
+	return c.run(timeout, name, args...)
+}
+
+// helmInstall installs the chart and waits for the agent and the device
+// plugin to be Running and Ready.
+func (c *cluster) helmInstall() {
+	t := c.t
+	args := []string{"install", release, filepath.Join(c.repo, "charts", "pxn"),
+		"--namespace", namespace, "--create-namespace",
+		"--kubeconfig", c.kubeconfig(),
+		"-f", filepath.Join(c.repo, "hack", "e2e", "values.yaml"),
+		"-f", filepath.Join(c.dir, "helm-values.yaml")}
+	if _, err := c.kc("get", "namespace", namespace); err != nil {
+		c.st.createdNamespace = true
+	}
+	if c.reuse {
+		if _, err := c.run(time.Minute, c.helm, "status", release, "-n", namespace, "--kubeconfig", c.kubeconfig()); err == nil {
+			t.Fatalf("release %s is already installed in namespace %s of the cluster in %s: the suite needs the node's only device plugin; "+
+				"remove it first (helm uninstall %s -n %s)", release, namespace, c.dir, release, namespace)
+		}
+	}
+	out, err := c.run(2*time.Minute, c.helm, args...)
+	if err != nil {
+		t.Fatalf("helm install: %v\n%s", err, out)
+	}
+	// A failed run must not leave the release behind on a reused cluster
+	// (the suite's cleanup runs after the diagnostics).
+	c.root.Cleanup(func() {
+		if c.root.Failed() && c.reuse {
+			_, _ = c.detached().run(2*time.Minute, c.helm, "uninstall", release, "-n", namespace, "--kubeconfig", c.kubeconfig(), "--wait")
+		}
+	})
+	t.Logf("helm install:\n%s", lastLines(out, 8))
+	c.poll("agent and device plugin pods Running and Ready", podStartTimeout, func() (bool, string) {
+		var pods podList
+		if err := c.getJSON(&pods, "pods", "-n", namespace); err != nil {
+			return false, err.Error()
+		}
+		var states []string
+		ready := map[string]bool{}
+		for _, p := range pods.Items {
+			states = append(states, p.summary())
+			comp := p.Metadata.Labels["app.kubernetes.io/component"]
+			if p.ready() {
+				ready[comp] = true
+			}
+		}
+		return ready["agent"] && ready["device-plugin"], strings.Join(states, "; ")
+	})
+	t.Logf("kubectl get pods -n %s:\n%s", namespace, c.mustKC("get", "pods", "-n", namespace, "-o", "wide"))
+}
+
+// pxnRailMap is the part of a PxnRailMap the test reads.
+type pxnRailMap struct {
+	Metadata objectMeta `json:"metadata"`
+	Status   struct {
+		Rails      int               `json:"rails"`
+		GPUCount   int               `json:"gpuCount"`
+		HCACount   int               `json:"hcaCount"`
+		RailMap    map[string]string `json:"railMap"`
+		Conditions []condition       `json:"conditions"`
+		GPUs       []struct {
+			Index int    `json:"index"`
+			HCA   string `json:"hca"`
+			Rail  string `json:"rail"`
+		} `json:"gpus"`
+	} `json:"status"`
+}
+
+func (m pxnRailMap) condition(typ string) condition {
+	for _, c := range m.Status.Conditions {
+		if c.Type == typ {
+			return c
+		}
+	}
+	return condition{}
+}
+
+// checkRailMap waits for the agent's PxnRailMap of the node: the bundled
+// 8-GPU fixture's GPUs, HCAs and rails, Ready.
+func (c *cluster) checkRailMap() {
+	t := c.t
+	var m pxnRailMap
+	c.poll("PxnRailMap "+c.node+" Ready with the fixture's rails", 2*time.Minute, func() (bool, string) {
+		m = pxnRailMap{}
+		if err := c.getJSON(&m, "pxnrailmaps", c.node); err != nil {
+			return false, err.Error()
+		}
+		ready := m.condition("Ready")
+		return ready.Status == "True" && m.Status.Rails > 0 && len(m.Status.RailMap) > 0,
+			fmt.Sprintf("rails=%d gpus=%d hcas=%d railMap=%v Ready=%s (%s: %s)", m.Status.Rails, m.Status.GPUCount,
+				m.Status.HCACount, m.Status.RailMap, ready.Status, ready.Reason, ready.Message)
+	})
+	table := c.mustKC("get", "pxnrailmaps")
+	t.Logf("kubectl get pxnrailmaps:\n%s", table)
+	if !strings.Contains(table, c.node) {
+		t.Errorf("kubectl get pxnrailmaps does not list node %s", c.node)
+	}
+	if m.Status.GPUCount != 8 || len(m.Status.GPUs) != 8 {
+		t.Errorf("PxnRailMap: %d GPUs (gpuCount %d), want the fixture's 8", len(m.Status.GPUs), m.Status.GPUCount)
+	}
+	if m.Status.HCACount < 8 {
+		t.Errorf("PxnRailMap: hcaCount %d, want at least the fixture's 8 rail HCAs", m.Status.HCACount)
+	}
+	if m.Status.Rails != 8 {
+		t.Errorf("PxnRailMap: %d rails, want 8 (one per GPU's HCA in hgx-8gpu)", m.Status.Rails)
+	}
+	if cons := m.condition("Consistent"); cons.Status != "True" {
+		t.Errorf("PxnRailMap Consistent=%q (%s: %s), want True", cons.Status, cons.Reason, cons.Message)
+	}
+	nodeLabels := c.mustKC("get", "node", c.node, "-o", "jsonpath={.metadata.labels}")
+	if !strings.Contains(nodeLabels, `"pxn.io/capable"`) {
+		t.Errorf("node %s is not labelled pxn.io/capable: %s", c.node, nodeLabels)
+	}
+}
+
+// relayCount returns the node's capacity and allocatable of pxn.io/relay.
+func (c *cluster) relayCount() (capacity, allocatable string, err error) {
+	var n node
+	if err := c.getJSON(&n, "node", c.node); err != nil {
+		return "", "", err
+	}
+	return n.Status.Capacity[resource], n.Status.Allocatable[resource], nil
+}
+
+func (c *cluster) waitRelayCapacity(what string) {
+	c.poll(what, 2*time.Minute, func() (bool, string) {
+		capacity, alloc, err := c.relayCount()
+		if err != nil {
+			return false, err.Error()
+		}
+		return capacity == devices && alloc == devices, fmt.Sprintf("capacity %s=%q allocatable %q, want %s", resource, capacity, alloc, devices)
+	})
+}
+
+func (c *cluster) checkCapacity() {
+	c.waitRelayCapacity("node capacity and allocatable " + resource + "=" + devices)
+	c.t.Logf("node %s allocatable: %s", c.node, c.mustKC("get", "node", c.node, "-o", "jsonpath={.status.allocatable}"))
+}
+
+// probePod is a pod of the probe image holding one pxn.io/relay.
+func probePod(ns, name, group string) string {
+	labels := ""
+	if group != "" {
+		labels = fmt.Sprintf("\n  labels:\n    %s: %s", groupLabel, group)
+	}
+	return fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: %s
+  namespace: %s%s
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+    - name: probe
+      image: %s
+      imagePullPolicy: Never
+      command: ["/probe", "sleep"]
+      resources:
+        limits:
+          %s: 1
+`, name, ns, labels, probeImage, resource)
+}
+
+type workload struct{ ns, name, group string }
+
+var (
+	nsA = "pxn-e2e-a"
+	nsB = "pxn-e2e-b"
+	// a1 and a2 are one job; c1 is another job of the same namespace; b1
+	// has a1's group label in another namespace.
+	a1 = workload{nsA, "a1", "job1"}
+	a2 = workload{nsA, "a2", "job1"}
+	c1 = workload{nsA, "c1", "job2"}
+	b1 = workload{nsB, "b1", "job1"}
+	// a3 joins job1 after the kubelet restart.
+	a3 = workload{nsA, "a3", "job1"}
+)
+
+func (c *cluster) startWorkloads(ws ...workload) {
+	var manifest []string
+	for _, w := range ws {
+		manifest = append(manifest, probePod(w.ns, w.name, w.group))
+	}
+	c.apply(strings.Join(manifest, "---\n"))
+	c.poll(fmt.Sprintf("%d workload pods Running", len(ws)), podStartTimeout, func() (bool, string) {
+		var states []string
+		done := true
+		for _, w := range ws {
+			var p pod
+			if err := c.getJSON(&p, "pod", "-n", w.ns, w.name); err != nil {
+				return false, err.Error()
+			}
+			states = append(states, p.summary())
+			done = done && p.Status.Phase == "Running"
+		}
+		return done, strings.Join(states, "; ")
+	})
+}
+
+// groupKey is the device plugin's group folder name (docs/device-plugin.md):
+// the first 16 hex digits of SHA-256 over namespace, source and identity,
+// each preceded by its length as 8 big-endian bytes.
+func groupKey(namespace, source, identity string) string {
+	h := sha256.New()
+	for _, f := range []string{namespace, source, identity} {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(f)))
+		h.Write(n[:])
+		h.Write([]byte(f))
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+func (c *cluster) groupsDir() string { return filepath.Join(c.shmDir, "groups") }
+
+func (c *cluster) listDir(ns, pod string) []string {
+	c.t.Helper()
+	out, err := c.exec(ns, pod, "ls", registryRoot)
+	if err != nil {
+		c.t.Fatalf("%s/%s: ls %s: %v", ns, pod, registryRoot, err)
+	}
+	return strings.Fields(out)
+}
+
+// checkWorkloads starts pods that request the relay and checks what each
+// container gets: the engine's environment from the device plugin, a
+// writable registry root shared with its job and with nobody else.
+func (c *cluster) checkWorkloads() {
+	t := c.t
+	var m pxnRailMap
+	if err := c.getJSON(&m, "pxnrailmaps", c.node); err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range []string{nsA, nsB} {
+		c.mustKC("create", "namespace", ns)
+	}
+	c.root.Cleanup(func() {
+		if c.root.Failed() && c.reuse {
+			_, _ = c.detached().kc("delete", "namespace", nsA, nsB, "--ignore-not-found", "--wait=false")
+		}
+	})
+	start := time.Now()
+	c.startWorkloads(a1, a2, c1, b1)
+	t.Logf("4 pods with %s started in %.1f s", resource, time.Since(start).Seconds())
+
+	for _, w := range []workload{a1, a2, c1, b1} {
+		out, err := c.exec(w.ns, w.name, "env")
+		if err != nil {
+			t.Fatalf("%s/%s: %v", w.ns, w.name, err)
+		}
+		env := map[string]string{}
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			if k, v, ok := strings.Cut(line, "="); ok {
+				env[k] = v
+			}
+		}
+		if w == a1 {
+			t.Logf("%s/%s environment:\n%s", w.ns, w.name, out)
+		}
+		for k, want := range map[string]string{"MC_PXN_ENABLE": "1", "MC_PXN_GROUP_ID": groupID, "MC_PXN_REGISTRY_ROOT": registryRoot} {
+			if env[k] != want {
+				t.Errorf("%s/%s: %s=%q, want %q", w.ns, w.name, k, env[k], want)
+			}
+		}
+		var rm map[string]string
+		if err := json.Unmarshal([]byte(env["MC_PXN_RAIL_MAP"]), &rm); err != nil {
+			t.Errorf("%s/%s: MC_PXN_RAIL_MAP=%q: %v", w.ns, w.name, env["MC_PXN_RAIL_MAP"], err)
+		} else if !reflect.DeepEqual(rm, m.Status.RailMap) {
+			t.Errorf("%s/%s: MC_PXN_RAIL_MAP=%v, the node's PxnRailMap says %v", w.ns, w.name, rm, m.Status.RailMap)
+		}
+		if out, err := c.exec(w.ns, w.name, "writable", registryRoot); err != nil || strings.TrimSpace(out) != "writable" {
+			t.Errorf("%s/%s: registry root %s not writable: %v %s", w.ns, w.name, registryRoot, err, out)
+		}
+		if _, err := c.exec(w.ns, w.name, "write", filepath.Join(registryRoot, w.name+".txt"), "from "+w.ns+"/"+w.name); err != nil {
+			t.Errorf("%s/%s: write: %v", w.ns, w.name, err)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	want := map[workload][]string{
+		a1: {"a1.txt", "a2.txt"},
+		a2: {"a1.txt", "a2.txt"},
+		c1: {"c1.txt"},
+		b1: {"b1.txt"},
+	}
+	for w, files := range want {
+		if got := c.listDir(w.ns, w.name); !reflect.DeepEqual(got, files) {
+			t.Errorf("%s/%s (group %s) sees %v in %s, want %v", w.ns, w.name, w.group, got, registryRoot, files)
+		}
+	}
+	if out, err := c.exec(a2.ns, a2.name, "cat", filepath.Join(registryRoot, "a1.txt")); err != nil || out != "from pxn-e2e-a/a1" {
+		t.Errorf("a2 reads a1's file: %q, %v", out, err)
+	}
+
+	// The host side: one folder per (namespace, group label).
+	wantDirs := map[string][]string{
+		groupKey(nsA, "label", "job1"): {"a1.txt", "a2.txt"},
+		groupKey(nsA, "label", "job2"): {"c1.txt"},
+		groupKey(nsB, "label", "job1"): {"b1.txt"},
+	}
+	entries, err := os.ReadDir(c.groupsDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range entries {
+		got = append(got, e.Name())
+	}
+	var wantKeys []string
+	for k, files := range wantDirs {
+		wantKeys = append(wantKeys, k)
+		names, err := os.ReadDir(filepath.Join(c.groupsDir(), k))
+		if err != nil {
+			t.Errorf("group folder %s: %v", k, err)
+			continue
+		}
+		var have []string
+		for _, n := range names {
+			have = append(have, n.Name())
+		}
+		if !reflect.DeepEqual(have, files) {
+			t.Errorf("host group folder %s holds %v, want %v", k, have, files)
+		}
+	}
+	sort.Strings(wantKeys)
+	if !reflect.DeepEqual(got, wantKeys) {
+		t.Errorf("host %s holds %v, want the folders %v", c.groupsDir(), got, wantKeys)
+	}
+	t.Logf("group folders on the host (%s): %v", c.groupsDir(), got)
+}
+
+// checkKubeletRestart restarts the kubelet: the device plugin must register
+// again (kubelet.sock is re-created), the resource must come back, running
+// pods keep their folders, and a new pod of job1 joins a1 and a2.
+func (c *cluster) checkKubeletRestart() {
+	t := c.t
+	logPath := filepath.Join(c.dir, "logs", "kubelet.log")
+	st, err := os.Stat(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	offset := st.Size()
+	start := time.Now()
+	rctx, cancel := context.WithTimeout(c.ctx, 3*time.Minute)
+	out, err := c.script(rctx, "restart-kubelet")
+	cancel()
+	if err != nil {
+		t.Fatalf("restart-kubelet: %v\n%s", err, out)
+	}
+	t.Logf("kubelet restarted, node Ready in %.1f s", time.Since(start).Seconds())
+	c.poll("the kubelet's log shows the device plugin registering again", 2*time.Minute, func() (bool, string) {
+		b, err := os.ReadFile(logPath)
+		if err != nil || int64(len(b)) < offset {
+			return false, fmt.Sprint(err)
+		}
+		for _, line := range strings.Split(string(b[offset:]), "\n") {
+			// The kubelet's device manager (pkg/kubelet/cm/devicemanager/plugin/v1beta1/server.go).
+			if strings.Contains(line, "Got registration request from device plugin") && strings.Contains(line, `"`+resource+`"`) {
+				t.Logf("kubelet: %s", strings.TrimSpace(line))
+				return true, ""
+			}
+		}
+		return false, "no registration of " + resource + " since the restart"
+	})
+	c.waitRelayCapacity(resource + " back in capacity and allocatable after the kubelet restart")
+	for _, w := range []workload{a1, a2} {
+		if got := c.listDir(w.ns, w.name); !reflect.DeepEqual(got, []string{"a1.txt", "a2.txt"}) {
+			t.Errorf("%s/%s after the kubelet restart: %v", w.ns, w.name, got)
+		}
+	}
+	c.startWorkloads(a3)
+	if got := c.listDir(a3.ns, a3.name); !reflect.DeepEqual(got, []string{"a1.txt", "a2.txt"}) {
+		t.Errorf("a3 (job1, started after the restart) sees %v, want a1's and a2's files", got)
+	}
+}
+
+// checkGarbageCollection deletes the workloads, waits for the plugin to
+// collect their group folders (gcGrace is 5 s in hack/e2e/values.yaml) and
+// uninstalls the chart: nothing of the groups is left on the host.
+func (c *cluster) checkGarbageCollection() {
+	t := c.t
+	c.mustKC("delete", "namespace", nsA, nsB, "--wait=true", "--timeout=2m")
+	c.poll("group folders and slot links collected", gcWait, func() (bool, string) {
+		groups, err := os.ReadDir(c.groupsDir())
+		if err != nil {
+			return false, err.Error()
+		}
+		slots, err := os.ReadDir(filepath.Join(c.dir, "pxn-state", "slots"))
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(groups) == 0 && len(slots) == 0, fmt.Sprintf("%d group folders, %d slot links", len(groups), len(slots))
+	})
+	out, err := c.run(2*time.Minute, c.helm, "uninstall", release, "-n", namespace, "--kubeconfig", c.kubeconfig(), "--wait", "--timeout", "2m")
+	if err != nil {
+		t.Fatalf("helm uninstall: %v\n%s", err, out)
+	}
+	c.poll("chart pods gone", 2*time.Minute, func() (bool, string) {
+		var pods podList
+		if err := c.getJSON(&pods, "pods", "-n", namespace); err != nil {
+			return false, err.Error()
+		}
+		var left []string
+		for _, p := range pods.Items {
+			left = append(left, p.summary())
+		}
+		return len(left) == 0, strings.Join(left, "; ")
+	})
+	if groups, err := os.ReadDir(c.groupsDir()); err != nil && !os.IsNotExist(err) {
+		t.Error(err)
+	} else if len(groups) != 0 {
+		t.Errorf("after helm uninstall: %d group folders left in %s", len(groups), c.groupsDir())
+	}
+	if c.st.createdNamespace {
+		c.mustKC("delete", "namespace", namespace, "--wait=true", "--timeout=2m")
+	}
+}
