@@ -1,0 +1,36 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// A short soak with a fault every half second on average: the soak itself
+// must find no violation, and must have checked bytes and injected faults.
+// The long runs are in docs/reliability.md.
+func TestSoakShort(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "soak.json")
+	cmd := exec.Command(benchBin, "soak", "--ranks", "3", "--duration", "6s", "--fault-every", "500ms", "--per-target", "2", "--json", out)
+	b, err := cmd.CombinedOutput()
+	data, rerr := os.ReadFile(out)
+	if rerr != nil {
+		t.Fatalf("soak: %v, no summary: %v\n%s", err, rerr, lastLines(string(b), 40))
+	}
+	var sum soakSummary
+	if err := json.Unmarshal(data, &sum); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("soak summary: %s", data)
+	if err != nil || len(sum.Violations) > 0 {
+		t.Fatalf("soak failed (%v): violations %q", err, sum.Violations)
+	}
+	if sum.Rounds == 0 || sum.VerifiedBytes == 0 || sum.ViaPXN == 0 {
+		t.Errorf("soak checked nothing: %+v", sum)
+	}
+	if sum.Completed+sum.Failed != sum.Tasks {
+		t.Errorf("%d completed + %d failed != %d tasks", sum.Completed, sum.Failed, sum.Tasks)
+	}
+}
