@@ -61,8 +61,8 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for the API server; empty: in-cluster config when in a pod, else no API access")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9641", "address of the Prometheus /metrics endpoint; empty disables it")
 	fs.DurationVar(&o.gcInterval, "gc-interval", 30*time.Second, "how often unused slot links and group directories are collected")
-	fs.DurationVar(&o.gcGrace, "gc-grace", 2*time.Minute, "how long an unassigned slot link or unreferenced group directory is kept")
-	fs.DurationVar(&o.rediscoverInterval, "rediscover-interval", 15*time.Second, "how often rails and port states are re-read")
+	fs.DurationVar(&o.gcGrace, "gc-grace", 5*time.Minute, "how long an unassigned slot link or unreferenced group directory is kept")
+	fs.DurationVar(&o.rediscoverInterval, "rediscover-interval", 30*time.Second, "how often rails and port states are re-read")
 	fs.DurationVar(&o.podLookupTimeout, "pod-lookup-timeout", 5*time.Second, "how long PreStartContainer waits for PodResources to show the devices")
 	o.rail.bind(fs)
 }
