@@ -47,7 +47,8 @@ type Copier interface {
 	Release(ev Event)
 	// Copy enqueues, on lane's stream, a wait for ready, the copies, and
 	// then the doorbell: a 64-bit store of seq at doorbell (an address in a
-	// peer's shared control block). It returns without waiting. An error
+	// peer's shared control block). It returns without waiting, and reads
+	// entries only during the call: the pump reuses the slice. An error
 	// means nothing was enqueued after the point of failure and the doorbell
 	// was not submitted.
 	Copy(lane int, ready Event, entries []CopyEntry, doorbell *uint64, seq uint64) error
@@ -66,6 +67,15 @@ type WriteOp struct {
 	Dst    uint64
 	Token  uint64
 	Read   bool
+	// Route and Key are filled on the relay's second hop from its route
+	// cache: Route is what the hop's Router returned for Target, Key the
+	// Key of the registered range that holds Dst..Dst+Len. A hop may use
+	// them instead of looking Target and Dst up again, and must check a
+	// handle it no longer honours (a target removed since) by failing the
+	// op, not by writing elsewhere. Both are zero on the direct path, and
+	// a hop must accept ops without them.
+	Route any
+	Key   uint64
 }
 
 // HopCompletion reports the end of one WriteOp.
@@ -90,6 +100,10 @@ var ErrHopBusy = errors.New("second hop busy")
 type Range struct {
 	Addr uint64
 	Len  uint64
+	// Key is what the hop needs to address the range (on RDMA, the remote
+	// key of its registration). Opaque to the engine, which only carries it
+	// into WriteOp.Key.
+	Key uint64
 }
 
 // Target describes a target session as a directory knows it: the raw HCA
@@ -103,6 +117,16 @@ type Target struct {
 // engine needs to route a write to it.
 type Directory interface {
 	Resolve(session string, dst uint64) (Target, error)
+}
+
+// Router is an optional capability of a Hop, found by type assertion: Route
+// resolves a target session to the hop's own handle for it (a connection, a
+// queue pair set, a session record) once, when the relay's route cache first
+// meets the session. The relay passes the handle back in WriteOp.Route. A
+// route is dropped, and Route called again, after a second-hop failure to
+// the session or Engine.InvalidateTarget.
+type Router interface {
+	Route(session string) (any, error)
 }
 
 // Optional capabilities of a Copier, found by type assertion.
