@@ -84,18 +84,26 @@ type task struct {
 
 func (t *task) finishSlice(n uint64, err error) {
 	if err != nil {
-		t.err.CompareAndSwap(nil, &err)
-		t.failed.Store(true)
+		t.fail(err)
 	} else {
 		t.transferred.Add(n)
 	}
 	t.remaining.Add(-1)
 }
 
+// fail records err as the task's failure if it is the first. Apart from
+// finishSlice so that only failures move an error to the heap.
+func (t *task) fail(err error) {
+	t.err.CompareAndSwap(nil, &err)
+	t.failed.Store(true)
+}
+
 // Batch is a submitted set of requests. Its status is read from local
 // counters only.
 type Batch struct {
-	tasks []task
+	tasks    []task
+	pool     *batchPool
+	released atomic.Bool
 }
 
 // Len is the number of tasks in the batch.
@@ -134,8 +142,16 @@ func (b *Batch) Release() error {
 	if !b.Done() {
 		return ErrBatchBusy
 	}
+	if !b.released.CompareAndSwap(false, true) {
+		return errReleasedTwice
+	}
+	if b.pool != nil {
+		b.pool.put(b)
+	}
 	return nil
 }
+
+var errReleasedTwice = errors.New("relay: batch released twice")
 
 // Done reports whether every task of the batch has reached a final state.
 func (b *Batch) Done() bool {
@@ -147,14 +163,12 @@ func (b *Batch) Done() bool {
 	return true
 }
 
-// slice is one logical slice: the part of a task carried by one Piece (or one
-// direct write).
-type slice struct {
+// taskSlice is one logical slice: the part of a task that one Piece or one
+// direct write carries. It is kept by value, in token entries among others.
+type taskSlice struct {
 	batch *Batch
 	task  int32
-	src   uintptr
-	dst   uint64
 	len   uint64
 }
 
-func (s *slice) finish(err error) { s.batch.tasks[s.task].finishSlice(s.len, err) }
+func (s taskSlice) finish(err error) { s.batch.tasks[s.task].finishSlice(s.len, err) }

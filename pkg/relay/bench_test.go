@@ -71,7 +71,17 @@ func BenchmarkTransfer(b *testing.B) {
 // benchmark when any Piece went direct: it would not measure the relay.
 func measureSteadyState(b *testing.B, p *pair, bytesPerOp uint64, op func()) {
 	b.Helper()
-	before := p.a.Counters()
+	measurePieces(b, bytesPerOp, func() (uint64, uint64) {
+		c := p.a.Counters()
+		return c.RelayedPieces, c.FallbackPieces
+	}, op)
+}
+
+// measurePieces is measureSteadyState with the Piece count read by pieces:
+// those carried by the path under test, and those that went direct.
+func measurePieces(b *testing.B, bytesPerOp uint64, pieces func() (carried, direct uint64), op func()) {
+	b.Helper()
+	done0, direct0 := pieces()
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
 	b.SetBytes(int64(bytesPerOp))
@@ -81,14 +91,14 @@ func measureSteadyState(b *testing.B, p *pair, bytesPerOp uint64, op func()) {
 	}
 	b.StopTimer()
 	runtime.ReadMemStats(&m1)
-	after := p.a.Counters()
-	pieces := after.RelayedPieces - before.RelayedPieces
-	if fb := after.FallbackPieces - before.FallbackPieces; fb != 0 || pieces == 0 {
-		b.Fatalf("%d Pieces relayed, %d went direct: not a relay measurement", pieces, fb)
+	done1, direct1 := pieces()
+	n := done1 - done0
+	if fb := direct1 - direct0; fb != 0 || n == 0 {
+		b.Fatalf("%d Pieces relayed, %d went direct: not a relay measurement", n, fb)
 	}
-	b.ReportMetric(float64(m1.Mallocs-m0.Mallocs)/float64(pieces), "allocs/piece")
-	b.ReportMetric(float64(m1.TotalAlloc-m0.TotalAlloc)/float64(pieces), "B/piece")
-	b.ReportMetric(float64(pieces)/float64(b.N), "pieces/op")
+	b.ReportMetric(float64(m1.Mallocs-m0.Mallocs)/float64(n), "allocs/piece")
+	b.ReportMetric(float64(m1.TotalAlloc-m0.TotalAlloc)/float64(n), "B/piece")
+	b.ReportMetric(float64(n)/float64(b.N), "pieces/op")
 }
 
 // BenchmarkCrossRailBlocks16KiB moves 64 MiB of 16 KiB blocks through a

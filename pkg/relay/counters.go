@@ -16,6 +16,8 @@ type Counters struct {
 	invalidDescs   atomic.Uint64
 	failedPieces   atomic.Uint64
 	laneQuarantine atomic.Uint64
+	routeResolves  atomic.Uint64
+	routeDrops     atomic.Uint64
 }
 
 // CounterSnapshot is a copy of the counters at one moment.
@@ -43,6 +45,12 @@ type CounterSnapshot struct {
 	// hop, invalid Desc).
 	FailedPieces    uint64 `json:"failed_pieces"`
 	LaneQuarantines uint64 `json:"lane_quarantines"`
+	// RouteResolves counts the relay's route-cache misses: target sessions
+	// it resolved through the directory. RouteDrops counts routes dropped
+	// after a second-hop failure, a destination outside the cached ranges,
+	// or InvalidateTarget.
+	RouteResolves uint64 `json:"route_resolves"`
+	RouteDrops    uint64 `json:"route_drops"`
 }
 
 func (c *Counters) snapshot() CounterSnapshot {
@@ -59,5 +67,7 @@ func (c *Counters) snapshot() CounterSnapshot {
 		InvalidDescs:      c.invalidDescs.Load(),
 		FailedPieces:      c.failedPieces.Load(),
 		LaneQuarantines:   c.laneQuarantine.Load(),
+		RouteResolves:     c.routeResolves.Load(),
+		RouteDrops:        c.routeDrops.Load(),
 	}
 }

@@ -45,6 +45,17 @@ type Engine struct {
 	tokens   tokenTable
 	counters Counters
 
+	batches batchPool
+	groups  groupPool
+	opBufs  opsPool
+	scratch scratchPool
+
+	// invalidated holds the sessions InvalidateTarget named since the pump
+	// last looked ("" for all); invalPending says there are some.
+	invalMu      sync.Mutex
+	invalidated  []string
+	invalPending atomic.Bool
+
 	backlogMu sync.Mutex
 	backlog   []WriteOp
 
@@ -91,7 +102,6 @@ func open(cfg staging.Config, deps Deps, hooks testHooks) (*Engine, error) {
 		log:    log,
 		hooks:  hooks,
 	}
-	e.tokens.init()
 	e.routes.Store(&routeTable{})
 	if !cfg.Enable || deps.Registry == nil {
 		return e, nil
@@ -105,7 +115,11 @@ func open(cfg staging.Config, deps Deps, hooks testHooks) (*Engine, error) {
 	e.localRail = staging.CanonicalRail(cfg.RailMap, deps.LocalHCA)
 	e.pump = newPump(e)
 	e.pxn.Store(true)
-	e.pump.start()
+	if hooks.manualPump {
+		e.pump.manual = true
+	} else {
+		e.pump.start()
+	}
 	return e, nil
 }
 
@@ -123,17 +137,17 @@ var ErrClosed = errors.New("relay: engine closed")
 
 // Submit starts every request of reqs and returns their batch. It only
 // classifies, copies request metadata, creates the completion counters and
-// enqueues; it never waits for credit or for a copy.
+// enqueues; it never waits for credit or for a copy. In steady state it
+// allocates nothing when the caller releases its batches.
 func (e *Engine) Submit(reqs []Request) (*Batch, error) {
 	e.submitMu.RLock()
 	defer e.submitMu.RUnlock()
 	if e.closing.Load() {
 		return nil, ErrClosed
 	}
-	b := &Batch{tasks: make([]task, len(reqs))}
-	var direct []int
-	groups := map[groupKey]*group{}
-	var order []*group
+	b := e.batches.get(len(reqs))
+	sc := e.scratch.get()
+	defer e.scratch.put(sc)
 	routes := e.routes.Load()
 	for i := range reqs {
 		r := &reqs[i]
@@ -142,64 +156,63 @@ func (e *Engine) Submit(reqs []Request) (*Batch, error) {
 		}
 		ol := e.classify(r, routes)
 		if ol == nil {
-			direct = append(direct, i)
+			sc.direct = append(sc.direct, int32(i))
 			continue
 		}
 		k := groupKey{lane: ol, session: r.Target, stream: r.Stream}
-		g := groups[k]
+		g := sc.groups[k]
 		if g == nil {
-			g = &group{key: k}
-			groups[k] = g
-			order = append(order, g)
+			g = e.groups.get()
+			g.key, g.batch = k, b
+			sc.groups[k] = g
+			sc.order = append(sc.order, g)
 		}
-		g.reqs = append(g.reqs, i)
+		g.tasks = append(g.tasks, int32(i))
 	}
 
 	// Plan every PXN group and count every slice before anything is
 	// enqueued or submitted.
-	var pieces [][]*piece
-	for _, g := range order {
-		ps, err := e.planGroup(b, reqs, g)
-		if err != nil {
+	planned := sc.order[:0]
+	for _, g := range sc.order {
+		if err := e.planGroup(b, reqs, g); err != nil {
 			// A request the planner refuses is sent direct instead.
-			direct = append(direct, g.reqs...)
+			sc.direct = append(sc.direct, g.tasks...)
+			e.groups.put(g)
 			continue
 		}
-		pieces = append(pieces, ps)
+		planned = append(planned, g)
 	}
-	for _, i := range direct {
+	for _, i := range sc.direct {
 		b.tasks[i].route = RouteDirect
 		b.tasks[i].remaining.Store(1)
 	}
 
-	e.submitDirect(b, reqs, direct)
-	for gi, ps := range pieces {
-		g := order[gi]
+	e.submitDirect(b, reqs, sc.direct)
+	for _, g := range planned {
+		// Once a Piece is queued the pump may finish the group and reuse
+		// it: nothing below reads g after handing it over.
+		n := len(g.plan.Pieces)
+		g.pending.Store(int32(n))
 		ready, err := e.copier.RecordReady(g.key.stream)
 		if err != nil {
 			// Without a source-ready event the data cannot be staged safely:
 			// the group goes direct, and the direct path waits for nothing
 			// but the caller's own ordering.
 			e.log.Error(err, "source-ready event failed; sending direct", "target", g.key.session)
-			for _, p := range ps {
-				p.ready = &readyRef{}
-				p.ready.refs.Store(1)
-				e.pump.fallback(p)
+			g.ready = 0
+			for i := range n {
+				e.pump.fallback(g, i)
 			}
 			continue
 		}
-		ref := &readyRef{ev: ready}
-		ref.refs.Store(int32(len(ps)))
-		for _, p := range ps {
-			p.ready = ref
-		}
-		if !g.key.lane.enqueue(ps) {
-			for _, p := range ps {
-				e.pump.fallback(p)
+		g.ready = ready
+		if !g.key.lane.enqueue(g) {
+			for i := range n {
+				e.pump.fallback(g, i)
 			}
 		}
 	}
-	if len(pieces) > 0 {
+	if len(planned) > 0 {
 		e.pump.wake()
 	}
 	return b, nil
@@ -209,11 +222,6 @@ type groupKey struct {
 	lane    *outLane
 	session string
 	stream  uintptr
-}
-
-type group struct {
-	key  groupKey
-	reqs []int
 }
 
 // classify returns the outbound lane a request goes through, or nil for the
@@ -242,26 +250,27 @@ func (e *Engine) classify(r *Request, routes *routeTable) *outLane {
 
 // submitDirect hands direct tasks to the hop; what the hop cannot take now
 // waits in the backlog, retried by the pump or by Progress.
-func (e *Engine) submitDirect(b *Batch, reqs []Request, idx []int) {
+func (e *Engine) submitDirect(b *Batch, reqs []Request, idx []int32) {
 	if len(idx) == 0 {
 		return
 	}
-	ops := make([]WriteOp, 0, len(idx))
+	ops := e.opBufs.get(len(idx))
 	for _, i := range idx {
 		r := &reqs[i]
-		s := &slice{batch: b, task: int32(i), src: r.Src, dst: r.Dst, len: r.Len}
 		ops = append(ops, WriteOp{
-			Src: r.Src, Len: r.Len, Target: r.Target, Dst: r.Dst,
-			Read: r.Op == Read, Token: e.tokens.add(tokenEntry{kind: tokDirect, slice: s}),
+			Src: r.Src, Len: r.Len, Target: r.Target, Dst: r.Dst, Read: r.Op == Read,
+			Token: e.tokens.add(tokenEntry{kind: tokDirect, slice: taskSlice{batch: b, task: i, len: r.Len}}),
 		})
 		e.counters.directBytes.Add(r.Len)
 	}
 	e.backlogMu.Lock()
+	rest := ops
 	if len(e.backlog) == 0 {
-		ops = e.drainOps(ops)
+		rest = e.drainOps(ops)
 	}
-	e.backlog = append(e.backlog, ops...)
+	e.backlog = append(e.backlog, rest...)
 	e.backlogMu.Unlock()
+	e.opBufs.put(ops)
 	if e.pump != nil {
 		e.pump.wake()
 	}
@@ -373,6 +382,22 @@ func (e *Engine) Close(ctx context.Context) error {
 	}
 	e.closed.Store(true)
 	return err
+}
+
+// InvalidateTarget drops the relay's cached route to session ("" drops
+// every route), so that the next Piece for it is resolved through the
+// directory again. Hosts call it when a target's registration changes; a
+// second-hop failure, or a Piece whose destination lies outside the cached
+// ranges, drops a route without it. It takes effect at the pump's next
+// round.
+func (e *Engine) InvalidateTarget(session string) {
+	e.invalMu.Lock()
+	e.invalidated = append(e.invalidated, session)
+	e.invalPending.Store(true)
+	e.invalMu.Unlock()
+	if e.pump != nil {
+		e.pump.wake()
+	}
 }
 
 // HasRelay reports whether cross-rail writes to rail currently have a relay.

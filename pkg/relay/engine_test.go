@@ -49,6 +49,14 @@ type pairOpts struct {
 	hopDepth  int
 	cfg       func(*staging.Config)
 	holdReady bool
+	// wrapB, when set, gives engine b the hop and directory it returns
+	// instead of hopB itself.
+	wrapB func(*hosthop.Loopback) (relay.Hop, relay.Directory)
+	// manual opens the engines with their pumps unstarted: the test runs
+	// rounds with RunRound. without leaves one engine ("a" or "b") out,
+	// its rank still registered, for a test that plays its part.
+	manual  bool
+	without string
 }
 
 func enabledConfig() staging.Config {
@@ -87,22 +95,37 @@ func newPairTB(t testing.TB, o pairOpts) *pair {
 	}
 	p.rankA = p.g.add("rail0", "mlx5_0")
 	p.rankB = p.g.add("rail1", "mlx5_1")
+	hooks := relay.FaultHooks{ManualPump: o.manual}
 	var err error
-	p.a, err = relay.Open(cfg, relay.Deps{Hop: p.hopA, Directory: p.hopA, Copier: p.copA, Registry: p.rankA, LocalHCA: "mlx5_0"})
-	if err != nil {
-		t.Fatal(err)
+	if o.without != "a" {
+		p.a, err = relay.OpenWithFaultHooks(cfg, relay.Deps{Hop: p.hopA, Directory: p.hopA, Copier: p.copA, Registry: p.rankA, LocalHCA: "mlx5_0"}, hooks)
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
-	p.b, err = relay.Open(cfg, relay.Deps{Hop: p.hopB, Directory: p.hopB, Copier: hosthop.NewHostCopier(hosthop.HostCopierOptions{}), Registry: p.rankB, LocalHCA: "mlx5_1"})
-	if err != nil {
-		t.Fatal(err)
+	if o.without != "b" {
+		var hopB relay.Hop = p.hopB
+		var dirB relay.Directory = p.hopB
+		if o.wrapB != nil {
+			hopB, dirB = o.wrapB(p.hopB)
+		}
+		p.b, err = relay.OpenWithFaultHooks(cfg, relay.Deps{Hop: hopB, Directory: dirB, Copier: hosthop.NewHostCopier(hosthop.HostCopierOptions{}), Registry: p.rankB, LocalHCA: "mlx5_1"}, hooks)
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_ = p.a.Close(ctx)
-		_ = p.b.Close(ctx)
+		for _, e := range []*relay.Engine{p.a, p.b} {
+			if e != nil {
+				_ = e.Close(ctx)
+			}
+		}
 	})
-	waitFor(t, "route to rail1", func() bool { return p.a.HasRelay("rail1") })
+	if p.a != nil && !o.manual {
+		waitFor(t, "route to rail1", func() bool { return p.a.HasRelay("rail1") })
+	}
 	return p
 }
 

@@ -12,9 +12,16 @@ type FaultHooks struct {
 	FirstSeq uint64
 	// TicketTimeout replaces the published-ticket timeout.
 	TicketTimeout time.Duration
+	// ManualPump leaves the pump unstarted: the test drives it with
+	// RunRound from one goroutine.
+	ManualPump bool
 }
 
 // OpenWithFaultHooks is Open with test hooks in place before the pump starts.
 func OpenWithFaultHooks(cfg staging.Config, deps Deps, h FaultHooks) (*Engine, error) {
-	return open(cfg, deps, testHooks{firstSeq: h.FirstSeq, ticketTimeout: h.TicketTimeout})
+	return open(cfg, deps, testHooks{firstSeq: h.FirstSeq, ticketTimeout: h.TicketTimeout, manualPump: h.ManualPump})
 }
+
+// RunRound runs one round of a ManualPump engine's pump on the calling
+// goroutine and reports whether it made progress.
+func (e *Engine) RunRound() bool { return e.pump.round(time.Now()) }

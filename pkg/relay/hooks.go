@@ -12,4 +12,7 @@ type testHooks struct {
 	firstSeq uint64
 	// ticketTimeout, when non-zero, replaces ticketTimeout.
 	ticketTimeout time.Duration
+	// manualPump leaves the pump's goroutine unstarted: the test runs its
+	// rounds on its own goroutine, and Close fails what is left at once.
+	manualPump bool
 }

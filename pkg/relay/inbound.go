@@ -1,15 +1,15 @@
 package relay
 
 import (
-	"fmt"
 	"sync/atomic"
 	"time"
 
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
-// inflightRec is one relayed Piece in the second hop. It owns its write
-// vector until the last write completes.
+// inflightRec is one relayed Piece in the second hop. It comes from the
+// pump's pool and owns its write vector until the last write completes and
+// the hop has taken every write.
 type inflightRec struct {
 	lane      int
 	epoch     uint64
@@ -17,9 +17,13 @@ type inflightRec struct {
 	remaining int
 	bytes     uint64
 	failed    bool
+	route     *route
 	ops       []WriteOp
 	// unsent are the ops the hop has not taken yet.
 	unsent []WriteOp
+	// sending is set while the rec is being handed to the hop or waits in
+	// the pump's unsent queue: it may not return to the pool then.
+	sending bool
 }
 
 // inLane is the relay side of one of this rank's inbound lanes. Pump only.
@@ -93,21 +97,27 @@ func (e *Engine) consume(i int) bool {
 		e.complete(i, seq, staging.CompletionInvalidDesc)
 		return true
 	}
-	session := string(vd.Session())
 	plans := vd.Plans()
-	t, err := e.dir.Resolve(session, plans[0].Dst)
-	if err != nil || len(t.HCAs) != 1 || staging.CanonicalRail(e.cfg.RailMap, t.HCAs[0]) != e.localRail {
+	rec := e.pump.recs.get()
+	src := e.reg.ArenaBase() + uintptr(staging.SlotOffset(i, slot))
+	rt := e.pump.routeOf(vd.Session(), plans[0].Dst)
+	if rt != nil && !rec.fill(rt, plans, src) {
+		// A destination outside the cached ranges: the target may have
+		// registered memory since. Resolve once more before failing.
+		e.pump.dropRoute(rt)
+		rt = e.pump.resolveRoute(string(vd.Session()), plans[0].Dst)
+		if rt != nil && !rec.fill(rt, plans, src) {
+			rt = nil
+		}
+	}
+	if rt == nil {
+		e.pump.recs.put(rec)
 		il.next++
 		e.complete(i, seq, staging.CompletionUnresolved)
 		return true
 	}
-	rec := &inflightRec{lane: i, epoch: epoch, seq: seq, remaining: len(plans), bytes: vd.PieceLen()}
-	rec.ops = make([]WriteOp, len(plans))
-	src := e.reg.ArenaBase() + uintptr(staging.SlotOffset(i, slot))
-	for k, pe := range plans {
-		rec.ops[k] = WriteOp{Src: src, Len: pe.Len, Target: session, Dst: pe.Dst}
-		src += uintptr(pe.Len)
-	}
+	rec.lane, rec.epoch, rec.seq, rec.route = i, epoch, seq, rt
+	rec.remaining, rec.bytes = len(rec.ops), vd.PieceLen()
 	for k := range rec.ops {
 		rec.ops[k].Token = e.tokens.add(tokenEntry{kind: tokRelay, rec: rec})
 	}
@@ -118,11 +128,32 @@ func (e *Engine) consume(i int) bool {
 	return true
 }
 
+// fill builds the rec's second-hop writes, one per plan entry, from the
+// Piece's bytes at src. It reports false when an entry's destination is not
+// inside one of the route's ranges.
+func (rec *inflightRec) fill(rt *route, plans []staging.PlanEntry, src uintptr) bool {
+	ops := rec.ops[:0]
+	for _, pe := range plans {
+		r := rt.find(pe.Dst, pe.Len)
+		if r < 0 {
+			clear(ops)
+			rec.ops = ops[:0]
+			return false
+		}
+		ops = append(ops, WriteOp{Src: src, Len: pe.Len, Target: rt.session, Dst: pe.Dst, Route: rt.handle, Key: rt.ranges[r].Key})
+		src += uintptr(pe.Len)
+	}
+	rec.ops = ops
+	return true
+}
+
 // finishRelayWrite counts one second-hop write of a relayed Piece; the last
-// one completes the Piece.
+// one completes the Piece. A failed write drops the session's route: the
+// next Piece resolves it again.
 func (e *Engine) finishRelayWrite(rec *inflightRec, err error) {
 	if err != nil && !rec.failed {
 		rec.failed = true
+		e.pump.dropRoute(rec.route)
 		e.log.V(2).Info("second hop failed", "lane", rec.lane, "seq", rec.seq, "err", err)
 	}
 	rec.remaining--
@@ -138,13 +169,12 @@ func (e *Engine) finishRelayWrite(rec *inflightRec, err error) {
 		e.counters.forwardedBytes.Add(rec.bytes)
 		e.counters.forwardedPiece.Add(1)
 	}
-	rec.ops, rec.unsent = nil, nil
-	if e.pump.in[rec.lane].epoch != rec.epoch {
-		// The lane was claimed anew meanwhile: the old sender is gone and
-		// the new one must not see this completion.
-		return
+	// A lane claimed anew meanwhile has a new sender, which must not see
+	// this completion: the old sender is gone.
+	if e.pump.in[rec.lane].epoch == rec.epoch {
+		e.complete(rec.lane, rec.seq, status)
 	}
-	e.complete(rec.lane, rec.seq, status)
+	e.pump.freeRec(rec)
 }
 
 // complete records the end of seq on inbound lane i and publishes every
@@ -167,8 +197,4 @@ func (e *Engine) complete(i int, seq uint64, status int32) {
 	if after != before {
 		atomic.StoreUint64(&lane.Relay.CompletedSeq, after)
 	}
-}
-
-func (r *inflightRec) String() string {
-	return fmt.Sprintf("lane %d seq %d", r.lane, r.seq)
 }

@@ -38,6 +38,9 @@ type memRank struct {
 	gone   atomic.Bool
 	stale  atomic.Bool
 	claims [staging.LaneCount]atomic.Int32
+	// peers is reused by Peers, as the real registry's adapter does: the
+	// engine reads the slice only until its next call.
+	peers []relay.Peer
 }
 
 func newMemGroup(t testing.TB) *memGroup { return &memGroup{t: t} }
@@ -76,7 +79,7 @@ func (r *memRank) Heartbeat(time.Time) {}
 func (r *memRank) Peers() ([]relay.Peer, error) {
 	r.g.mu.Lock()
 	defer r.g.mu.Unlock()
-	var out []relay.Peer
+	out := r.peers[:0]
 	for _, o := range r.g.ranks {
 		if o == r {
 			continue
@@ -86,6 +89,7 @@ func (r *memRank) Peers() ([]relay.Peer, error) {
 		}
 		out = append(out, relay.Peer{Pid: o.pid, Epoch: o.epoch, Rail: o.rail, HCA: o.hca})
 	}
+	r.peers = out
 	if len(out) > staging.LaneCount {
 		return nil, relay.ErrTooManyPeers
 	}

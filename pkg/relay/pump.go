@@ -35,17 +35,19 @@ type pump struct {
 	out           []*outLane
 	in            [staging.LaneCount]inLane
 	relayInflight int
-	fallbacks     []*piece
-	fbMu          chanMutex
-	lastBeat      time.Time
-	lastActive    time.Time
-	polled        [64]HopCompletion
-	peersOff      bool
-	vd            staging.ValidDesc
-	drainBy       atomic.Int64
-	stopErr       error
-	tid           atomic.Int64
-	noSend        bool
+	// fallbacks are Pieces that go direct; callers add to it too (a
+	// failed source-ready event), hence fbMu.
+	fallbacks  fifo[fallbackPiece]
+	fbMu       chanMutex
+	lastBeat   time.Time
+	lastActive time.Time
+	polled     [64]HopCompletion
+	peersOff   bool
+	vd         staging.ValidDesc
+	drainBy    atomic.Int64
+	stopErr    error
+	tid        atomic.Int64
+	noSend     bool
 	// zombies are retired lanes that may still have copies or doorbells
 	// in flight into the relay's memory: their mapping and host
 	// registration are released only after the copier has drained.
@@ -54,11 +56,28 @@ type pump struct {
 	dead    atomic.Bool
 	// unsent are relayed Pieces whose second-hop writes the hop has not all
 	// taken yet, in the order they were consumed.
-	unsent []*inflightRec
+	unsent fifo[*inflightRec]
+	recs   recPool
+	// routes is the relay's route cache, by target session.
+	routes   map[string]*route
+	invalBuf []string
+	// copyBuf holds the first-hop copies of the Piece being published.
+	copyBuf []CopyEntry
 	// seqHooked is set once testHooks.firstSeq has been applied.
 	seqHooked bool
 	// spin is the copier's BusyPoller window (0: sleep at once).
 	spin time.Duration
+	// manual is set when tests run the rounds (testHooks.manualPump).
+	manual bool
+}
+
+// fallbackPiece is a Piece that goes direct: Piece i of g until its writes
+// are built (g set), then the writes the hop has not taken yet.
+type fallbackPiece struct {
+	g      *group
+	i      int
+	ops    []WriteOp
+	unsent []WriteOp
 }
 
 // chanMutex guards fallbacks that callers add (ready-event failures) while
@@ -82,6 +101,7 @@ func newPump(e *Engine) *pump {
 		stopCh: make(chan struct{}),
 		doneCh: make(chan struct{}),
 		fbMu:   make(chanMutex, 1),
+		routes: make(map[string]*route),
 	}
 }
 
@@ -94,10 +114,17 @@ func (p *pump) wake() {
 	}
 }
 
-func (p *pump) fallback(pc *piece) {
+// fallback sends Piece i of g direct, after its source-ready event.
+func (p *pump) fallback(g *group, i int) {
 	p.fbMu.lock()
-	p.fallbacks = append(p.fallbacks, pc)
+	p.fallbacks.push(fallbackPiece{g: g, i: i})
 	p.fbMu.unlock()
+}
+
+func (p *pump) fallbackLen() int {
+	p.fbMu.lock()
+	defer p.fbMu.unlock()
+	return p.fallbacks.len()
 }
 
 func (p *pump) run() {
@@ -168,7 +195,7 @@ func (p *pump) recoverPanic() {
 
 // busy reports whether anything is in flight or queued on either side.
 func (p *pump) busy() bool {
-	if p.relayInflight > 0 || len(p.fallbacks) > 0 || p.e.tokens.len() > 0 {
+	if p.relayInflight > 0 || p.fallbackLen() > 0 || p.e.tokens.len() > 0 {
 		return true
 	}
 	for _, ol := range p.out {
@@ -211,6 +238,7 @@ func (p *pump) round(now time.Time) bool {
 	if p.resendRecords() {
 		progressed = true
 	}
+	p.applyInvalidations()
 	for i := 0; i < staging.LaneCount; i++ {
 		if e.consume(i) {
 			progressed = true
@@ -248,20 +276,24 @@ func (p *pump) pollHop() bool {
 
 // sendRecord gives a relayed Piece's writes to the hop, as many as it takes.
 func (p *pump) sendRecord(rec *inflightRec) {
-	if len(p.unsent) == 0 {
+	rec.sending = true
+	if p.unsent.len() == 0 {
 		rec.unsent = p.e.drainOps(rec.unsent)
 	}
 	if len(rec.unsent) > 0 {
-		p.unsent = append(p.unsent, rec)
+		p.unsent.push(rec)
+		return
 	}
+	rec.sending = false
+	p.freeRec(rec)
 }
 
 // resendRecords retries the writes the hop could not take, oldest Piece
 // first.
 func (p *pump) resendRecords() bool {
 	progressed := false
-	for len(p.unsent) > 0 {
-		rec := p.unsent[0]
+	for p.unsent.len() > 0 {
+		rec := *p.unsent.front()
 		before := len(rec.unsent)
 		rec.unsent = p.e.drainOps(rec.unsent)
 		if len(rec.unsent) != before {
@@ -270,67 +302,77 @@ func (p *pump) resendRecords() bool {
 		if len(rec.unsent) > 0 {
 			break
 		}
-		p.unsent[0] = nil
-		p.unsent = p.unsent[1:]
+		p.unsent.pop()
+		rec.sending = false
+		p.freeRec(rec)
 	}
 	return progressed
+}
+
+// freeRec returns rec to the pool once every write has completed and the
+// hop holds none of its unsent writes.
+func (p *pump) freeRec(rec *inflightRec) {
+	if rec.remaining == 0 && !rec.sending {
+		p.recs.put(rec)
+	}
 }
 
 // runFallbacks sends direct the Pieces that never reached a doorbell, each
 // exactly once and only after its source-ready event.
 func (p *pump) runFallbacks() bool {
-	p.fbMu.lock()
-	fbs := p.fallbacks
-	p.fallbacks = nil
-	p.fbMu.unlock()
-	if len(fbs) == 0 {
-		return false
-	}
-	e := p.e
 	progressed := false
-	var keep []*piece
-	for _, pc := range fbs {
-		if pc.ready.ev != 0 {
-			done, err := e.copier.Query(pc.ready.ev)
-			if err != nil {
-				e.counters.failedPieces.Add(1)
-				pc.finish(fmt.Errorf("source-ready event: %w", err))
-				e.releaseReady(pc)
-				progressed = true
-				continue
-			}
-			if !done {
-				keep = append(keep, pc)
-				continue
-			}
-		}
-		if pc.fbUnsent == nil {
-			pc.fbUnsent = make([]WriteOp, len(pc.slices))
-			for k := range pc.slices {
-				sl := &pc.slices[k]
-				pc.fbUnsent[k] = WriteOp{Src: sl.src, Len: sl.len, Target: pc.session, Dst: sl.dst,
-					Token: e.tokens.add(tokenEntry{kind: tokFallback, slice: sl})}
-			}
-			e.counters.fallbackBytes.Add(pc.bytes)
-			e.counters.fallbackPieces.Add(1)
-		}
-		before := len(pc.fbUnsent)
-		pc.fbUnsent = e.drainOps(pc.fbUnsent)
-		if len(pc.fbUnsent) != before {
-			progressed = true
-		}
-		if len(pc.fbUnsent) > 0 {
-			keep = append(keep, pc)
-			continue
-		}
-		e.releaseReady(pc)
-	}
-	if len(keep) > 0 {
+	for n := p.fallbackLen(); n > 0; n-- {
 		p.fbMu.lock()
-		p.fallbacks = append(keep, p.fallbacks...)
+		fb := p.fallbacks.pop()
 		p.fbMu.unlock()
+		keep, moved := p.runFallback(&fb)
+		progressed = progressed || moved
+		if keep {
+			p.fbMu.lock()
+			p.fallbacks.push(fb)
+			p.fbMu.unlock()
+		}
 	}
 	return progressed
+}
+
+// runFallback moves one fallen-back Piece on: it reports whether the Piece
+// still has work left and whether anything happened.
+func (p *pump) runFallback(fb *fallbackPiece) (keep, progressed bool) {
+	e := p.e
+	if g := fb.g; g != nil {
+		if g.ready != 0 {
+			done, err := e.copier.Query(g.ready)
+			if err != nil {
+				e.counters.failedPieces.Add(1)
+				g.finishPiece(fb.i, fmt.Errorf("source-ready event: %w", err))
+				e.pieceDone(g)
+				return false, true
+			}
+			if !done {
+				return true, false
+			}
+		}
+		// The writes carry their slices by value: the group is done with.
+		ss := g.plan.PieceSlices(fb.i)
+		ops := e.opBufs.get(len(ss))
+		for _, sl := range ss {
+			ops = append(ops, WriteOp{Src: uintptr(sl.Src), Len: sl.Len, Target: g.key.session, Dst: sl.Dst,
+				Token: e.tokens.add(tokenEntry{kind: tokFallback, slice: taskSlice{batch: g.batch, task: g.tasks[sl.Task], len: sl.Len}})})
+		}
+		e.counters.fallbackBytes.Add(g.pieceLen(fb.i))
+		e.counters.fallbackPieces.Add(1)
+		e.pieceDone(g)
+		fb.g, fb.ops, fb.unsent = nil, ops, ops
+	}
+	before := len(fb.unsent)
+	fb.unsent = e.drainOps(fb.unsent)
+	progressed = len(fb.unsent) != before
+	if len(fb.unsent) > 0 {
+		return true, progressed
+	}
+	e.opBufs.put(fb.ops)
+	return false, progressed
 }
 
 // refreshPeers reconciles outbound lanes with the registry: new relays get a
@@ -441,9 +483,7 @@ func (p *pump) retire(ol *outLane, err error) {
 	if err != nil {
 		p.e.failPublished(ol, err)
 	}
-	for _, pc := range ol.drain() {
-		p.fallback(pc)
-	}
+	ol.drainTo(p)
 	if inFlight {
 		p.zombies = append(p.zombies, ol)
 		return
@@ -471,9 +511,7 @@ func (p *pump) copierFailed(err error) {
 		p.e.counters.laneQuarantine.Add(1)
 		ol.broken = true
 		p.e.failPublished(ol, fmt.Errorf("first hop failed: %w", err))
-		for _, pc := range ol.drain() {
-			p.fallback(pc)
-		}
+		ol.drainTo(p)
 	}
 }
 
@@ -526,6 +564,10 @@ func (p *pump) stop(ctx context.Context) error {
 		deadline = time.Now().Add(5 * time.Second)
 	}
 	p.drainBy.Store(deadline.UnixNano())
+	if p.manual {
+		p.finishStop()
+		close(p.doneCh)
+	}
 	p.wake()
 	<-p.doneCh
 	if p.dead.Load() {
@@ -547,24 +589,21 @@ func (p *pump) finishStop() {
 	p.out = nil
 	p.fbMu.lock()
 	fbs := p.fallbacks
-	p.fallbacks = nil
+	p.fallbacks = fifo[fallbackPiece]{}
 	p.fbMu.unlock()
-	for _, pc := range fbs {
+	for fbs.len() > 0 {
+		fb := fbs.pop()
 		e.counters.failedPieces.Add(1)
-		if pc.fbUnsent == nil {
-			pc.finish(errShutdown)
-		} else {
-			// Started: what the hop took ends through the token sweep
-			// below, the rest fails here, each slice exactly once.
-			e.failOps(pc.fbUnsent, errShutdown)
+		if fb.g != nil {
+			fb.g.finishPiece(fb.i, errShutdown)
+			e.pieceDone(fb.g)
+			continue
 		}
-		e.releaseReady(pc)
+		// Started: what the hop took ends through the token sweep
+		// below, the rest fails here, each slice exactly once.
+		e.failOps(fb.unsent, errShutdown)
 	}
-	e.tokens.mu.Lock()
-	left := e.tokens.m
-	e.tokens.m = map[uint64]tokenEntry{}
-	e.tokens.mu.Unlock()
-	for _, ent := range left {
+	for _, ent := range e.tokens.takeAll() {
 		switch ent.kind {
 		case tokDirect, tokFallback:
 			ent.slice.finish(errShutdown)

@@ -10,76 +10,81 @@ import (
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
-// readyRef shares one source-ready event among the Pieces of one group; the
-// last Piece to finish with it releases it.
-type readyRef struct {
-	ev   Event
-	refs atomic.Int32
+// group is the requests of one Submit that go to one relay lane for one
+// target session and caller stream: their plan, cut into Pieces, and the
+// source-ready event they share. It comes from the engine's pool and goes
+// back once every Piece is finished or handed to the hop as direct writes.
+type group struct {
+	key   groupKey
+	batch *Batch
+	// tasks maps a plan task to its task index in the batch.
+	tasks  []int32
+	blocks []staging.Block
+	plan   staging.Plan
+	ready  Event
+	// pending counts Pieces not yet done with the group; the last one
+	// releases the event and the group.
+	pending atomic.Int32
+	// next is the first Piece not yet taken off the lane's queue (pump
+	// only, under the lane's mu).
+	next int
 }
 
-// piece is one slot's worth of a group: its plan entries, first-hop copies
-// and the logical slices its completion completes.
-type piece struct {
-	session string
-	plan    *staging.Plan
-	index   int
-	slices  []slice
-	bytes   uint64
-	ready   *readyRef
-	// fbUnsent are the direct writes of a Piece gone to fallback that the
-	// hop has not taken yet; nil before the fallback starts.
-	fbUnsent []WriteOp
+// pieceRef names one Piece of a group: a slot's in-flight record.
+type pieceRef struct {
+	g *group
+	i int
 }
 
-func (p *piece) entries() []staging.PlanEntry { return p.plan.PieceEntries(p.index) }
-func (p *piece) copies() []staging.CopyEntry  { return p.plan.PieceCopies(p.index) }
+func (g *group) pieceLen(i int) uint64 { return g.plan.Pieces[i].Len }
 
-func (p *piece) finish(err error) {
-	for i := range p.slices {
-		p.slices[i].finish(err)
+// finishPiece finishes the logical slices of Piece i.
+func (g *group) finishPiece(i int, err error) {
+	for _, s := range g.plan.PieceSlices(i) {
+		g.batch.tasks[g.tasks[s.Task]].finishSlice(s.Len, err)
 	}
+}
+
+// pieceDone counts Piece work of g as over; the last releases the
+// source-ready event and returns g to the pool.
+func (e *Engine) pieceDone(g *group) {
+	if g.pending.Add(-1) != 0 {
+		return
+	}
+	if g.ready != 0 {
+		e.copier.Release(g.ready)
+	}
+	e.groups.put(g)
 }
 
 // planGroup cuts a group's requests into Pieces and sets every task's slice
 // count. Nothing is enqueued here.
-func (e *Engine) planGroup(b *Batch, reqs []Request, g *group) ([]*piece, error) {
-	blocks := make([]staging.Block, len(g.reqs))
-	for j, i := range g.reqs {
+func (e *Engine) planGroup(b *Batch, reqs []Request, g *group) error {
+	g.blocks = g.blocks[:0]
+	for j, i := range g.tasks {
 		r := &reqs[i]
-		blocks[j] = staging.Block{Src: uint64(r.Src), Dst: r.Dst, Len: r.Len, Task: j}
+		g.blocks = append(g.blocks, staging.Block{Src: uint64(r.Src), Dst: r.Dst, Len: r.Len, Task: j})
 	}
-	plan := &staging.Plan{}
 	var pl staging.Planner
-	if err := pl.Plan(blocks, len(g.reqs), plan); err != nil {
-		return nil, err
+	if err := pl.Plan(g.blocks, len(g.tasks), &g.plan); err != nil {
+		return err
 	}
-	ps := make([]*piece, len(plan.Pieces))
-	for pi := range plan.Pieces {
-		ss := plan.PieceSlices(pi)
-		p := &piece{session: g.key.session, plan: plan, index: pi, bytes: plan.Pieces[pi].Len}
-		p.slices = make([]slice, len(ss))
-		for k, s := range ss {
-			p.slices[k] = slice{batch: b, task: int32(g.reqs[s.Task]), src: uintptr(s.Src), dst: s.Dst, len: s.Len}
-		}
-		ps[pi] = p
-	}
-	for j, i := range g.reqs {
+	for j, i := range g.tasks {
 		b.tasks[i].route = RoutePXN
-		b.tasks[i].remaining.Store(int64(plan.Tasks[j].Slices))
+		b.tasks[i].remaining.Store(int64(g.plan.Tasks[j].Slices))
 	}
-	return ps, nil
+	return nil
 }
 
-// outLane is this rank's lane on one relay: the MPSC queue that callers
-// fill, and the ring state that only the pump touches.
+// outLane is this rank's lane on one relay: the MPSC queue of groups that
+// callers fill, and the ring state that only the pump touches.
 type outLane struct {
 	peer Peer
 	link Link
 	lane *staging.Lane
 
 	mu    sync.Mutex
-	queue []*piece
-	head  int
+	queue fifo[*group]
 
 	// stale stops new tickets (heartbeat timeout); gone ends the lane.
 	stale atomic.Bool
@@ -90,7 +95,7 @@ type outLane struct {
 	next      uint64
 	published uint64
 	reaped    uint64
-	inflight  [staging.SlotsPerLane]*piece
+	inflight  [staging.SlotsPerLane]pieceRef
 	broken    bool
 	waitSince time.Time
 	// progressAt is when the oldest published ticket became the oldest:
@@ -105,54 +110,57 @@ func newOutLane(p Peer, link Link) *outLane {
 
 func (ol *outLane) accepting() bool { return !ol.stale.Load() && !ol.gone.Load() }
 
-// enqueue queues ps and reports true, or reports false when the pump has
-// retired the lane since Submit chose it: retire sets gone before it
-// drains the queue under mu, so nothing is queued on a lane nobody serves.
-func (ol *outLane) enqueue(ps []*piece) bool {
+// enqueue queues g's Pieces and reports true, or reports false when the
+// pump has retired the lane since Submit chose it: retire sets gone before
+// it drains the queue under mu, so nothing is queued on a lane nobody serves.
+func (ol *outLane) enqueue(g *group) bool {
 	ol.mu.Lock()
 	defer ol.mu.Unlock()
 	if ol.gone.Load() {
 		return false
 	}
-	ol.queue = append(ol.queue, ps...)
+	ol.queue.push(g)
 	return true
 }
 
-func (ol *outLane) front() *piece {
+// front returns the next Piece to publish; g is nil when none is queued.
+func (ol *outLane) front() pieceRef {
 	ol.mu.Lock()
 	defer ol.mu.Unlock()
-	if ol.head == len(ol.queue) {
-		return nil
+	if ol.queue.len() == 0 {
+		return pieceRef{}
 	}
-	return ol.queue[ol.head]
+	g := *ol.queue.front()
+	return pieceRef{g: g, i: g.next}
 }
 
+// pop takes the front Piece off the queue.
 func (ol *outLane) pop() {
 	ol.mu.Lock()
-	ol.queue[ol.head] = nil
-	ol.head++
-	if ol.head == len(ol.queue) {
-		ol.queue = ol.queue[:0]
-		ol.head = 0
+	defer ol.mu.Unlock()
+	g := *ol.queue.front()
+	g.next++
+	if g.next == len(g.plan.Pieces) {
+		ol.queue.pop()
 	}
-	ol.mu.Unlock()
 }
 
-// drain removes every queued Piece.
-func (ol *outLane) drain() []*piece {
+// drainTo hands every queued Piece to fallback.
+func (ol *outLane) drainTo(p *pump) {
 	ol.mu.Lock()
 	defer ol.mu.Unlock()
-	ps := append([]*piece(nil), ol.queue[ol.head:]...)
-	clear(ol.queue)
-	ol.queue = ol.queue[:0]
-	ol.head = 0
-	return ps
+	for ol.queue.len() > 0 {
+		g := ol.queue.pop()
+		for i, n := g.next, len(g.plan.Pieces); i < n; i++ {
+			p.fallback(g, i)
+		}
+	}
 }
 
 func (ol *outLane) queued() bool {
 	ol.mu.Lock()
 	defer ol.mu.Unlock()
-	return ol.head < len(ol.queue)
+	return ol.queue.len() > 0
 }
 
 // errRelayGone fails Pieces published to a relay that died or restarted.
@@ -181,15 +189,15 @@ func (e *Engine) publish(ol *outLane, now time.Time) bool {
 	if ol.broken || ol.gone.Load() {
 		return false
 	}
-	p := ol.front()
-	if p == nil {
+	pr := ol.front()
+	if pr.g == nil {
 		return false
 	}
 	if ol.stale.Load() {
 		// A Piece without a ticket does not wait for a relay that may
 		// never beat again: it goes direct.
 		ol.pop()
-		e.pump.fallback(p)
+		e.pump.fallback(pr.g, pr.i)
 		return true
 	}
 	if ol.next > staging.MaxLaneSeq {
@@ -207,7 +215,7 @@ func (e *Engine) publish(ol *outLane, now time.Time) bool {
 			e.counters.creditWaits.Add(1)
 		} else if now.Sub(ol.waitSince) > e.cfg.CreditTimeout {
 			ol.pop()
-			e.pump.fallback(p)
+			e.pump.fallback(pr.g, pr.i)
 			return true
 		}
 		return false
@@ -217,33 +225,32 @@ func (e *Engine) publish(ol *outLane, now time.Time) bool {
 	if ol.published == ol.reaped {
 		ol.progressAt = now
 	}
+	g, i := pr.g, pr.i
 	seq := ol.next
 	slot := staging.SlotOf(seq)
 	d := &ol.lane.Descs[slot]
-	if err := d.Fill(ol.epoch, p.session, p.entries(), p.bytes); err != nil {
-		e.pump.fallback(p)
+	if err := d.Fill(ol.epoch, g.key.session, g.plan.PieceEntries(i), g.pieceLen(i)); err != nil {
+		e.pump.fallback(g, i)
 		return true
 	}
 	staging.PublishDesc(d, seq)
 	base := ol.link.Staging() + uintptr(slot)*staging.SlotSize
-	cps := p.copies()
-	entries := make([]CopyEntry, len(cps))
-	for i, c := range cps {
-		entries[i] = CopyEntry{Src: uintptr(c.Src), Dst: base + uintptr(c.Offset), Len: c.Len}
+	entries := e.pump.copyBuf[:0]
+	for _, c := range g.plan.PieceCopies(i) {
+		entries = append(entries, CopyEntry{Src: uintptr(c.Src), Dst: base + uintptr(c.Offset), Len: c.Len})
 	}
-	if err := e.copier.Copy(ol.link.LaneIndex(), p.ready.ev, entries, &ol.lane.Ready[slot].Seq, seq); err != nil {
+	e.pump.copyBuf = entries
+	if err := e.copier.Copy(ol.link.LaneIndex(), g.ready, entries, &ol.lane.Ready[slot].Seq, seq); err != nil {
 		// Before the doorbell: the Piece is still ours to send direct,
 		// and the lane is quarantined.
 		e.log.Error(err, "first-hop copy failed; lane quarantined", "relayPid", ol.peer.Pid, "lane", ol.link.LaneIndex())
 		e.counters.laneQuarantine.Add(1)
 		ol.broken = true
-		e.pump.fallback(p)
-		for _, q := range ol.drain() {
-			e.pump.fallback(q)
-		}
+		e.pump.fallback(g, i)
+		ol.drainTo(e.pump)
 		return true
 	}
-	ol.inflight[slot] = p
+	ol.inflight[slot] = pr
 	ol.next = seq + 1
 	ol.published = seq
 	atomic.StoreUint64(&ol.lane.Sender.NextSeq, ol.next)
@@ -263,9 +270,9 @@ func (e *Engine) reap(ol *outLane) bool {
 			break
 		}
 		status := atomic.LoadInt32(&c.Status)
-		p := ol.inflight[slot]
-		ol.inflight[slot] = nil
-		e.finishPublished(p, status)
+		pr := ol.inflight[slot]
+		ol.inflight[slot] = pieceRef{}
+		e.finishPublished(pr, status)
 		ol.reaped = seq
 		atomic.StoreUint64(&ol.lane.Sender.ReapedSeq, seq)
 		progressed = true
@@ -276,7 +283,7 @@ func (e *Engine) reap(ol *outLane) bool {
 	return progressed
 }
 
-func (e *Engine) finishPublished(p *piece, status int32) {
+func (e *Engine) finishPublished(pr pieceRef, status int32) {
 	var err error
 	if status != staging.CompletionOK {
 		err = fmt.Errorf("relay completion status %d (%s)", status, completionReason(status))
@@ -285,11 +292,11 @@ func (e *Engine) finishPublished(p *piece, status int32) {
 			e.counters.secondHopFails.Add(1)
 		}
 	} else {
-		e.counters.relayedBytes.Add(p.bytes)
+		e.counters.relayedBytes.Add(pr.g.pieceLen(pr.i))
 		e.counters.relayedPieces.Add(1)
 	}
-	p.finish(err)
-	e.releaseReady(p)
+	pr.g.finishPiece(pr.i, err)
+	e.pieceDone(pr.g)
 }
 
 // failPublished fails, exactly once, every Piece published on a lane whose
@@ -298,18 +305,12 @@ func (e *Engine) failPublished(ol *outLane, err error) {
 	for ol.reaped < ol.published {
 		seq := ol.reaped + 1
 		slot := staging.SlotOf(seq)
-		p := ol.inflight[slot]
-		ol.inflight[slot] = nil
+		pr := ol.inflight[slot]
+		ol.inflight[slot] = pieceRef{}
 		e.counters.failedPieces.Add(1)
-		p.finish(err)
-		e.releaseReady(p)
+		pr.g.finishPiece(pr.i, err)
+		e.pieceDone(pr.g)
 		ol.reaped = seq
-	}
-}
-
-func (e *Engine) releaseReady(p *piece) {
-	if p.ready.refs.Add(-1) == 0 && p.ready.ev != 0 {
-		e.copier.Release(p.ready.ev)
 	}
 }
 

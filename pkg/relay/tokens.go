@@ -10,47 +10,97 @@ const (
 	tokRelay
 )
 
-// tokenEntry is what a hop completion finishes: a direct or fallback slice,
-// or one write of a relayed Piece.
+// tokenEntry is what a hop completion finishes: the slice of a task that a
+// direct or fallback write carries, or one write of a relayed Piece.
 type tokenEntry struct {
 	kind  tokenKind
-	slice *slice
+	slice taskSlice
 	rec   *inflightRec
 }
 
-// tokenTable maps hop tokens to what they complete. Tokens are never reused,
-// so a late or repeated completion finds nothing and finishes nothing twice.
+// tokenTable maps hop tokens to what they complete. It is a slab: a token
+// is a slot index (low 32 bits) and the slot's generation (high 32 bits,
+// never 0), so adding and taking allocate nothing once the slab has grown
+// to the most tokens ever outstanding. A slot's generation changes every
+// time it is taken, so a late or repeated completion finds nothing and
+// finishes nothing twice, unless it comes back after 2^32 further uses of
+// the same slot.
 type tokenTable struct {
-	mu   sync.Mutex
-	next uint64
-	m    map[uint64]tokenEntry
+	mu    sync.Mutex
+	slots []tokenSlot
+	free  []uint32
+	live  int
 }
 
-func (t *tokenTable) init() { t.m = make(map[uint64]tokenEntry) }
+type tokenSlot struct {
+	gen uint32
+	ent tokenEntry
+}
 
 func (t *tokenTable) add(e tokenEntry) uint64 {
 	t.mu.Lock()
-	t.next++
-	tok := t.next
-	t.m[tok] = e
+	var i uint32
+	if n := len(t.free); n > 0 {
+		i = t.free[n-1]
+		t.free = t.free[:n-1]
+	} else {
+		i = uint32(len(t.slots))
+		t.slots = append(t.slots, tokenSlot{gen: 1})
+	}
+	s := &t.slots[i]
+	s.ent = e
+	t.live++
+	tok := uint64(s.gen)<<32 | uint64(i)
 	t.mu.Unlock()
 	return tok
 }
 
 func (t *tokenTable) take(tok uint64) (tokenEntry, bool) {
+	i, gen := uint32(tok), uint32(tok>>32)
 	t.mu.Lock()
-	e, ok := t.m[tok]
-	if ok {
-		delete(t.m, tok)
+	defer t.mu.Unlock()
+	if int(i) >= len(t.slots) {
+		return tokenEntry{}, false
 	}
-	t.mu.Unlock()
-	return e, ok
+	s := &t.slots[i]
+	if s.gen != gen || s.ent.kind == 0 {
+		return tokenEntry{}, false
+	}
+	e := s.ent
+	t.release(i)
+	return e, true
+}
+
+// release frees slot i. t.mu is held.
+func (t *tokenTable) release(i uint32) {
+	s := &t.slots[i]
+	s.ent = tokenEntry{}
+	s.gen++
+	if s.gen == 0 {
+		s.gen = 1
+	}
+	t.free = append(t.free, i)
+	t.live--
 }
 
 func (t *tokenTable) len() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.m)
+	return t.live
+}
+
+// takeAll removes every outstanding entry and returns them.
+func (t *tokenTable) takeAll() []tokenEntry {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []tokenEntry
+	for i := range t.slots {
+		if t.slots[i].ent.kind != 0 {
+			out = append(out, t.slots[i].ent)
+			t.release(uint32(i))
+		}
+	}
+	return out
 }
 
 // finishToken applies one hop completion.

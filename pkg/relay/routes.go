@@ -1,0 +1,119 @@
+package relay
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/pxn-project/pxn/pkg/staging"
+)
+
+// maxRoutes bounds the relay's route cache; past it the cache starts over.
+const maxRoutes = 1024
+
+// route is a target session as the relay resolved it once: its registered
+// ranges with their keys, sorted by address, and the hop's own handle for
+// it. Later Pieces to the session only look their destinations up in the
+// ranges. Pump only.
+type route struct {
+	session string
+	ranges  []Range
+	handle  any
+	// last is the range the previous lookup found: a Piece's entries, and
+	// consecutive Pieces, mostly land in the same one.
+	last int
+}
+
+// find returns the index of the range that holds dst..dst+n, or -1.
+func (r *route) find(dst, n uint64) int {
+	if r.last < len(r.ranges) && inRange(r.ranges[r.last], dst, n) {
+		return r.last
+	}
+	i, _ := slices.BinarySearchFunc(r.ranges, dst, func(rg Range, d uint64) int {
+		if rg.Addr+rg.Len <= d {
+			return -1
+		}
+		if rg.Addr > d {
+			return 1
+		}
+		return 0
+	})
+	if i < len(r.ranges) && inRange(r.ranges[i], dst, n) {
+		r.last = i
+		return i
+	}
+	return -1
+}
+
+// inRange reports whether dst..dst+n lies inside rg, without overflow.
+func inRange(rg Range, dst, n uint64) bool {
+	return dst >= rg.Addr && dst-rg.Addr <= rg.Len && n <= rg.Len-(dst-rg.Addr)
+}
+
+// routeOf returns the cached route of session, resolving it on a miss; nil
+// when the session cannot be served from this rail.
+func (p *pump) routeOf(session []byte, dst uint64) *route {
+	if rt := p.routes[string(session)]; rt != nil {
+		return rt
+	}
+	return p.resolveRoute(string(session), dst)
+}
+
+// resolveRoute asks the directory, and the hop when it is a Router, for
+// session and caches the answer. Failures are not cached: a Piece for a
+// session this relay cannot serve is a sender's mistake or a race with a
+// registration, and either is rare.
+func (p *pump) resolveRoute(session string, dst uint64) *route {
+	e := p.e
+	e.counters.routeResolves.Add(1)
+	t, err := e.dir.Resolve(session, dst)
+	if err != nil || len(t.HCAs) != 1 || staging.CanonicalRail(e.cfg.RailMap, t.HCAs[0]) != e.localRail {
+		e.log.V(2).Info("target not served from this rail", "session", session, "dst", dst, "err", err)
+		return nil
+	}
+	rt := &route{session: session, ranges: slices.Clone(t.Ranges)}
+	slices.SortFunc(rt.ranges, func(a, b Range) int { return cmp.Compare(a.Addr, b.Addr) })
+	if r, ok := e.hop.(Router); ok {
+		h, err := r.Route(session)
+		if err != nil {
+			e.log.V(2).Info("hop has no route to the target", "session", session, "err", err)
+			return nil
+		}
+		rt.handle = h
+	}
+	if len(p.routes) >= maxRoutes {
+		clear(p.routes)
+	}
+	p.routes[session] = rt
+	return rt
+}
+
+// dropRoute removes rt from the cache if it is still there.
+func (p *pump) dropRoute(rt *route) {
+	if rt != nil && p.routes[rt.session] == rt {
+		delete(p.routes, rt.session)
+		p.e.counters.routeDrops.Add(1)
+	}
+}
+
+// applyInvalidations drops the routes InvalidateTarget named.
+func (p *pump) applyInvalidations() {
+	e := p.e
+	if !e.invalPending.Load() {
+		return
+	}
+	e.invalMu.Lock()
+	names := e.invalidated
+	e.invalidated = p.invalBuf[:0]
+	e.invalPending.Store(false)
+	e.invalMu.Unlock()
+	for _, s := range names {
+		if s == "" {
+			e.counters.routeDrops.Add(uint64(len(p.routes)))
+			clear(p.routes)
+			continue
+		}
+		p.dropRoute(p.routes[s])
+	}
+	clear(names)
+	p.invalBuf = names[:0]
+}

@@ -1,0 +1,307 @@
+package relay_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/pxn-project/pxn/pkg/hosthop"
+	"github.com/pxn-project/pxn/pkg/relay"
+)
+
+// keyOf is the key the test directory gives a range: what an RDMA directory
+// would carry as the range's remote key.
+func keyOf(addr uint64) uint64 { return addr ^ 0x5a5a_0000_0000_0001 }
+
+// countingDir counts Resolve calls by session and gives every range a key.
+type countingDir struct {
+	inner relay.Directory
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+func (d *countingDir) Resolve(session string, dst uint64) (relay.Target, error) {
+	d.mu.Lock()
+	d.calls[session]++
+	d.mu.Unlock()
+	t, err := d.inner.Resolve(session, dst)
+	if err != nil {
+		return t, err
+	}
+	rs := make([]relay.Range, len(t.Ranges))
+	for i, r := range t.Ranges {
+		rs[i] = relay.Range{Addr: r.Addr, Len: r.Len, Key: keyOf(r.Addr)}
+	}
+	return relay.Target{HCAs: t.HCAs, Ranges: rs}, nil
+}
+
+func (d *countingDir) count(session string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.calls[session]
+}
+
+// routerHop is a hop with routes: it hands out one handle per Route call
+// and checks that every routed op carries the session's current handle and
+// the key of the range its destination lies in. The Loopback underneath
+// gets the ops without them.
+type routerHop struct {
+	lb      *hosthop.Loopback
+	mu      sync.Mutex
+	routes  int
+	handles map[string]*hopHandle
+	ranges  map[string][]relay.Range
+	routed  int
+	plain   int
+	bad     []string
+	scratch []relay.WriteOp
+}
+
+type hopHandle struct{ session string }
+
+func (h *routerHop) Route(session string) (any, error) {
+	// Every session of these tests has a range at tgtBase; Resolve
+	// returns all of the session's ranges.
+	t, err := h.lb.Resolve(session, tgtBase)
+	if err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.routes++
+	hh := &hopHandle{session: session}
+	h.handles[session] = hh
+	h.ranges[session] = t.Ranges
+	return hh, nil
+}
+
+func (h *routerHop) Submit(ops []relay.WriteOp) error {
+	h.mu.Lock()
+	h.scratch = h.scratch[:0]
+	for _, op := range ops {
+		if op.Route == nil {
+			h.plain++
+		} else {
+			h.routed++
+			if hh, ok := op.Route.(*hopHandle); !ok || hh != h.handles[op.Target] {
+				h.bad = append(h.bad, fmt.Sprintf("token %d to %q carries handle %v, want %p", op.Token, op.Target, op.Route, h.handles[op.Target]))
+			}
+			want := uint64(0)
+			for _, r := range h.ranges[op.Target] {
+				if op.Dst >= r.Addr && op.Dst-r.Addr < r.Len {
+					want = keyOf(r.Addr)
+				}
+			}
+			if op.Key != want {
+				h.bad = append(h.bad, fmt.Sprintf("token %d dst %#x carries key %#x, want %#x", op.Token, op.Dst, op.Key, want))
+			}
+		}
+		op.Route, op.Key = nil, 0
+		h.scratch = append(h.scratch, op)
+	}
+	err := h.lb.Submit(h.scratch)
+	h.mu.Unlock()
+	return err
+}
+
+func (h *routerHop) Poll(out []relay.HopCompletion) int { return h.lb.Poll(out) }
+
+func (h *routerHop) stats() (routes, routed, plain int, bad []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.routes, h.routed, h.plain, append([]string(nil), h.bad...)
+}
+
+// routedPair is a pair whose relay b resolves through a countingDir and
+// forwards through a routerHop.
+func routedPair(t *testing.T, size int) (*pair, *countingDir, *routerHop) {
+	t.Helper()
+	var dir *countingDir
+	var hop *routerHop
+	p := newPair(t, pairOpts{tgtSize: size, srcSize: size, wrapB: func(lb *hosthop.Loopback) (relay.Hop, relay.Directory) {
+		dir = &countingDir{inner: lb, calls: map[string]int{}}
+		hop = &routerHop{lb: lb, handles: map[string]*hopHandle{}, ranges: map[string][]relay.Range{}}
+		return hop, dir
+	}})
+	return p, dir, hop
+}
+
+// write sends n bytes of the source at off to dst of session through engine
+// a and returns the task's final status.
+func (p *pair) write(t *testing.T, off, n int, session string, dst uint64) relay.TaskStatus {
+	t.Helper()
+	b, err := p.a.Submit([]relay.Request{{Op: relay.Write, Src: p.src(off), Len: uint64(n), Target: session, Dst: dst}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitBatch(t, b)
+	if b.Route(0) != relay.RoutePXN {
+		t.Fatalf("write of %d bytes to %q at %#x routed %v, want PXN", n, session, dst, b.Route(0))
+	}
+	st := statusOf(t, b, 0)
+	if err := b.Release(); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func wantRoutes(t *testing.T, e *relay.Engine, resolves, drops uint64) {
+	t.Helper()
+	c := e.Counters()
+	if c.RouteResolves != resolves || c.RouteDrops != drops {
+		t.Fatalf("relay route counters: %d resolves, %d drops; want %d and %d", c.RouteResolves, c.RouteDrops, resolves, drops)
+	}
+}
+
+func TestRelayResolvesATargetOnce(t *testing.T) {
+	p, dir, hop := routedPair(t, 96*mib)
+	entries := 0
+	for i := range 6 {
+		if st := p.write(t, i*8*mib, 8*mib, sessRail1, tgtBase+uint64(i)*8*mib); st.State != relay.Completed {
+			t.Fatalf("write %d: %+v", i, st)
+		}
+		entries++
+	}
+	// Five Pieces, and a Piece of many entries.
+	if st := p.write(t, 48*mib, 40*mib, sessRail1, tgtBase+48*mib); st.State != relay.Completed {
+		t.Fatalf("40 MiB write: %+v", st)
+	}
+	entries += 5
+	reqs := make([]relay.Request, 64)
+	for i := range reqs {
+		reqs[i] = relay.Request{Op: relay.Write, Src: p.src(88*mib + i*16<<10), Len: 16 << 10, Target: sessRail1, Dst: tgtBase + 88*mib + uint64(i)*16<<10}
+	}
+	b, err := p.a.Submit(reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitBatch(t, b)
+	for i := range reqs {
+		if st := statusOf(t, b, i); st.State != relay.Completed {
+			t.Fatalf("block %d: %+v", i, st)
+		}
+	}
+	entries += len(reqs)
+	if !bytes.Equal(p.tgt[sessRail1][:89*mib], p.srcBytes[:89*mib]) {
+		t.Fatal("target differs from the source")
+	}
+	wantRoutes(t, p.b, 1, 0)
+	if n := dir.count(sessRail1); n != 1 {
+		t.Fatalf("relay resolved %q %d times, want once", sessRail1, n)
+	}
+	routes, routed, plain, bad := hop.stats()
+	if routes != 1 || routed != entries || plain != 0 || len(bad) > 0 {
+		t.Fatalf("hop saw %d Route calls, %d routed and %d plain ops, mismatches %q; want 1, %d, 0, none", routes, routed, plain, bad, entries)
+	}
+}
+
+func TestSecondHopFailureDropsTheRoute(t *testing.T) {
+	p, dir, hop := routedPair(t, 16*mib)
+	if st := p.write(t, 0, 8*mib, sessRail1, tgtBase); st.State != relay.Completed {
+		t.Fatalf("first write: %+v", st)
+	}
+	wantRoutes(t, p.b, 1, 0)
+	p.hopB.FailSession(sessRail1, errors.New("link down"))
+	st := p.write(t, 0, 8*mib, sessRail1, tgtBase)
+	if st.State != relay.Failed || st.Err == nil || !strings.Contains(st.Err.Error(), "second hop") {
+		t.Fatalf("write through a failing hop: %+v, want a second-hop failure", st)
+	}
+	wantRoutes(t, p.b, 1, 1)
+	p.hopB.ClearFailures()
+	clear(p.tgt[sessRail1])
+	if st := p.write(t, 0, 8*mib, sessRail1, tgtBase); st.State != relay.Completed {
+		t.Fatalf("write after the failure cleared: %+v", st)
+	}
+	if !bytes.Equal(p.tgt[sessRail1][:8*mib], p.srcBytes[:8*mib]) {
+		t.Fatal("target differs from the source")
+	}
+	wantRoutes(t, p.b, 2, 1)
+	if n := dir.count(sessRail1); n != 2 {
+		t.Fatalf("relay resolved %q %d times, want 2", sessRail1, n)
+	}
+	if routes, _, _, bad := hop.stats(); routes != 2 || len(bad) > 0 {
+		t.Fatalf("hop saw %d Route calls and mismatches %q; want 2 and none", routes, bad)
+	}
+}
+
+func TestNewRangeOfATargetIsResolvedAgain(t *testing.T) {
+	p, _, hop := routedPair(t, 16*mib)
+	if st := p.write(t, 0, 8*mib, sessRail1, tgtBase); st.State != relay.Completed {
+		t.Fatalf("first write: %+v", st)
+	}
+	// The target registers more memory: both engines' directories see it,
+	// the relay's cached route does not.
+	const base2 = tgtBase + 1<<32
+	buf2 := mapAnon(t, 8*mib)
+	for _, h := range []*hosthop.Loopback{p.hopA, p.hopB} {
+		if err := h.AddTarget(sessRail1, "rmlx5_1", buf2, base2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := p.a.Counters()
+	if st := p.write(t, 8*mib, 8*mib, sessRail1, base2); st.State != relay.Completed {
+		t.Fatalf("write to the new range: %+v", st)
+	}
+	if !bytes.Equal(buf2, p.srcBytes[8*mib:16*mib]) {
+		t.Fatal("new range differs from the source")
+	}
+	if c := p.a.Counters(); c.RelayedPieces-before.RelayedPieces != 1 || c.FallbackPieces != before.FallbackPieces {
+		t.Fatalf("sender counters before %+v after %+v: want one relayed Piece", before, c)
+	}
+	wantRoutes(t, p.b, 2, 1)
+	if _, _, _, bad := hop.stats(); len(bad) > 0 {
+		t.Fatalf("mismatches %q", bad)
+	}
+}
+
+func TestDestinationOutsideTheRelaysRangesFails(t *testing.T) {
+	p, _, _ := routedPair(t, 16*mib)
+	if st := p.write(t, 0, 8*mib, sessRail1, tgtBase); st.State != relay.Completed {
+		t.Fatalf("first write: %+v", st)
+	}
+	// Only the sender's directory knows this range: the relay's does not.
+	const base3 = tgtBase + 2<<32
+	if err := p.hopA.AddTarget(sessRail1, "rmlx5_1", mapAnon(t, 8*mib), base3); err != nil {
+		t.Fatal(err)
+	}
+	st := p.write(t, 0, 8*mib, sessRail1, base3)
+	if st.State != relay.Failed || st.Err == nil || !strings.Contains(st.Err.Error(), "not resolvable") {
+		t.Fatalf("write outside the relay's ranges: %+v, want an unresolved failure", st)
+	}
+	// The miss dropped the route and resolved once more before failing.
+	wantRoutes(t, p.b, 2, 1)
+	if st := p.write(t, 0, 8*mib, sessRail1, tgtBase); st.State != relay.Completed {
+		t.Fatalf("write after the miss: %+v", st)
+	}
+	wantRoutes(t, p.b, 3, 1)
+}
+
+func TestInvalidateTargetResolvesAgain(t *testing.T) {
+	p, dir, hop := routedPair(t, 16*mib)
+	write := func() {
+		t.Helper()
+		if st := p.write(t, 0, 8*mib, sessRail1, tgtBase); st.State != relay.Completed {
+			t.Fatalf("write: %+v", st)
+		}
+	}
+	write()
+	wantRoutes(t, p.b, 1, 0)
+	p.b.InvalidateTarget("no-such-session")
+	write()
+	wantRoutes(t, p.b, 1, 0)
+	p.b.InvalidateTarget(sessRail1)
+	write()
+	wantRoutes(t, p.b, 2, 1)
+	p.b.InvalidateTarget("")
+	write()
+	wantRoutes(t, p.b, 3, 2)
+	if n := dir.count(sessRail1); n != 3 {
+		t.Fatalf("relay resolved %q %d times, want 3", sessRail1, n)
+	}
+	if routes, _, _, bad := hop.stats(); routes != 3 || len(bad) > 0 {
+		t.Fatalf("hop saw %d Route calls and mismatches %q; want 3 and none", routes, bad)
+	}
+}
