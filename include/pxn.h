@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define PXN_API_VERSION 1
+#define PXN_API_VERSION 2
 
 /* Result codes. PXN_OK is success; every failure is negative. */
 #define PXN_OK 0
@@ -260,6 +260,15 @@ int pxn_register_target(pxn_engine_t engine, const char *session, const char *hc
 
 /* Forgets every range of session. */
 int pxn_unregister_target(pxn_engine_t engine, const char *session);
+
+/*
+ * Tells the engine that what the host's directory says of session has
+ * changed (new keys, ranges moved, the session gone): the relay drops its
+ * cached route and resolves the session again for its next Piece. NULL or ""
+ * drops every cached route. pxn_unregister_target does this on its own.
+ * Since PXN_API_VERSION 2.
+ */
+int pxn_invalidate_target(pxn_engine_t engine, const char *session);
 
 /*
  * Starts count requests as one batch. Either every request is accepted and

@@ -31,6 +31,46 @@ type engine struct {
 
 	batchMu sync.RWMutex
 	batches map[uint64]*relay.Batch
+
+	// reqMu guards reqBufs: request vectors lent to pxn_submit, so that a
+	// steady stream of submits converts C requests without allocating.
+	reqMu   sync.Mutex
+	reqBufs [][]relay.Request
+}
+
+// requests lends a vector of n zeroed requests; give it back with
+// putRequests once Submit has returned (Submit keeps nothing of it).
+func (e *engine) requests(n int) []relay.Request {
+	e.reqMu.Lock()
+	var v []relay.Request
+	if k := len(e.reqBufs); k > 0 {
+		v = e.reqBufs[k-1]
+		e.reqBufs[k-1] = nil
+		e.reqBufs = e.reqBufs[:k-1]
+	}
+	e.reqMu.Unlock()
+	if cap(v) < n {
+		return make([]relay.Request, n)
+	}
+	v = v[:n]
+	clear(v)
+	return v
+}
+
+// maxLentRequests bounds the request vectors kept for reuse, in all.
+const maxLentRequests = 1 << 16
+
+func (e *engine) putRequests(v []relay.Request) {
+	clear(v)
+	e.reqMu.Lock()
+	defer e.reqMu.Unlock()
+	kept := 0
+	for _, b := range e.reqBufs {
+		kept += cap(b)
+	}
+	if len(e.reqBufs) < 16 && kept+cap(v) <= maxLentRequests {
+		e.reqBufs = append(e.reqBufs, v[:0])
+	}
 }
 
 func newEngine(eng *relay.Engine, mem deviceMemory, table *tableDirectory, release func()) *engine {
@@ -71,7 +111,12 @@ func (e *engine) unregisterTarget(session string) error {
 	if e.table == nil {
 		return fail(codeInvalid, "this engine resolves targets through its resolve callback; pxn_unregister_target is not used")
 	}
-	return e.table.unregister(session)
+	if err := e.table.unregister(session); err != nil {
+		return err
+	}
+	// The relay must not go on forwarding to what the host has forgotten.
+	e.eng.InvalidateTarget(session)
+	return nil
 }
 
 // submit starts reqs and returns the new batch's handle.
@@ -121,7 +166,7 @@ func (e *engine) freeBatch(id uint64) error {
 	if b == nil {
 		return fail(codeInvalid, "batch handle %d is not a live batch of this engine", id)
 	}
-	if !b.Done() {
+	if err := b.Release(); err != nil {
 		return fail(codeBusy, "batch %d still has pending tasks", id)
 	}
 	delete(e.batches, id)

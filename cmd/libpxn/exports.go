@@ -225,6 +225,23 @@ func pxn_unregister_target(h C.pxn_engine_t, session *C.char) C.int {
 	})
 }
 
+//export pxn_invalidate_target
+func pxn_invalidate_target(h C.pxn_engine_t, session *C.char) C.int {
+	return run(func() error {
+		s := ""
+		if session != nil {
+			var err error
+			if s, err = cString(session, staging.MaxSession, "session"); err != nil {
+				return err
+			}
+		}
+		return handles.with(uint64(h), func(e *engine) error {
+			e.eng.InvalidateTarget(s)
+			return nil
+		})
+	})
+}
+
 //export pxn_submit
 func pxn_submit(h C.pxn_engine_t, reqs *C.pxn_request, count C.size_t, out *C.pxn_batch_t) C.int {
 	return run(func() error {
@@ -240,7 +257,8 @@ func pxn_submit(h C.pxn_engine_t, reqs *C.pxn_request, count C.size_t, out *C.px
 		}
 		return handles.with(uint64(h), func(e *engine) error {
 			cs := unsafe.Slice(reqs, int(count))
-			rs := make([]relay.Request, len(cs))
+			rs := e.requests(len(cs))
+			defer e.putRequests(rs)
 			for i := range cs {
 				c := &cs[i]
 				r := &rs[i]

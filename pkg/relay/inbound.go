@@ -101,12 +101,17 @@ func (e *Engine) consume(i int) bool {
 	rec := e.pump.recs.get()
 	src := e.reg.ArenaBase() + uintptr(staging.SlotOffset(i, slot))
 	rt := e.pump.routeOf(vd.Session(), plans[0].Dst)
-	if rt != nil && !rec.fill(rt, plans, src) {
-		// A destination outside the cached ranges: the target may have
-		// registered memory since. Resolve once more before failing.
-		e.pump.dropRoute(rt)
-		rt = e.pump.resolveRoute(string(vd.Session()), plans[0].Dst)
-		if rt != nil && !rec.fill(rt, plans, src) {
+	// A destination outside the cached ranges: the target may have
+	// registered memory since, or the directory answered with one range
+	// at a time. Each miss resolves the missing address once; one that
+	// does not resolve fails the Piece, and so does a directory whose
+	// answers keep replacing each other.
+	for tries := 0; rt != nil; tries++ {
+		miss := rec.fill(rt, plans, src)
+		if miss < 0 {
+			break
+		}
+		if tries == len(plans) || !e.pump.extendRoute(rt, plans[miss].Dst) || rt.find(plans[miss].Dst, plans[miss].Len) < 0 {
 			rt = nil
 		}
 	}
@@ -129,22 +134,22 @@ func (e *Engine) consume(i int) bool {
 }
 
 // fill builds the rec's second-hop writes, one per plan entry, from the
-// Piece's bytes at src. It reports false when an entry's destination is not
-// inside one of the route's ranges.
-func (rec *inflightRec) fill(rt *route, plans []staging.PlanEntry, src uintptr) bool {
+// Piece's bytes at src. It returns the index of the first entry whose
+// destination is not inside one of the route's ranges, or -1 when all are.
+func (rec *inflightRec) fill(rt *route, plans []staging.PlanEntry, src uintptr) int {
 	ops := rec.ops[:0]
-	for _, pe := range plans {
+	for k, pe := range plans {
 		r := rt.find(pe.Dst, pe.Len)
 		if r < 0 {
 			clear(ops)
 			rec.ops = ops[:0]
-			return false
+			return k
 		}
 		ops = append(ops, WriteOp{Src: src, Len: pe.Len, Target: rt.session, Dst: pe.Dst, Route: rt.handle, Key: rt.ranges[r].Key})
 		src += uintptr(pe.Len)
 	}
 	rec.ops = ops
-	return true
+	return -1
 }
 
 // finishRelayWrite counts one second-hop write of a relayed Piece; the last

@@ -49,33 +49,24 @@ func inRange(rg Range, dst, n uint64) bool {
 	return dst >= rg.Addr && dst-rg.Addr <= rg.Len && n <= rg.Len-(dst-rg.Addr)
 }
 
+// maxRouteRanges bounds the ranges one route holds; past it the route keeps
+// only what the directory answered last.
+const maxRouteRanges = 4096
+
 // routeOf returns the cached route of session, resolving it on a miss; nil
 // when the session cannot be served from this rail.
 func (p *pump) routeOf(session []byte, dst uint64) *route {
 	if rt := p.routes[string(session)]; rt != nil {
 		return rt
 	}
-	return p.resolveRoute(string(session), dst)
-}
-
-// resolveRoute asks the directory, and the hop when it is a Router, for
-// session and caches the answer. Failures are not cached: a Piece for a
-// session this relay cannot serve is a sender's mistake or a race with a
-// registration, and either is rare.
-func (p *pump) resolveRoute(session string, dst uint64) *route {
-	e := p.e
-	e.counters.routeResolves.Add(1)
-	t, err := e.dir.Resolve(session, dst)
-	if err != nil || len(t.HCAs) != 1 || staging.CanonicalRail(e.cfg.RailMap, t.HCAs[0]) != e.localRail {
-		e.log.V(2).Info("target not served from this rail", "session", session, "dst", dst, "err", err)
+	rt := &route{session: string(session)}
+	if !p.extendRoute(rt, dst) {
 		return nil
 	}
-	rt := &route{session: session, ranges: slices.Clone(t.Ranges)}
-	slices.SortFunc(rt.ranges, func(a, b Range) int { return cmp.Compare(a.Addr, b.Addr) })
-	if r, ok := e.hop.(Router); ok {
-		h, err := r.Route(session)
+	if r, ok := p.e.hop.(Router); ok {
+		h, err := r.Route(rt.session)
 		if err != nil {
-			e.log.V(2).Info("hop has no route to the target", "session", session, "err", err)
+			p.e.log.V(2).Info("hop has no route to the target", "session", rt.session, "err", err)
 			return nil
 		}
 		rt.handle = h
@@ -83,8 +74,38 @@ func (p *pump) resolveRoute(session string, dst uint64) *route {
 	if len(p.routes) >= maxRoutes {
 		clear(p.routes)
 	}
-	p.routes[session] = rt
+	p.routes[rt.session] = rt
 	return rt
+}
+
+// extendRoute asks the directory for the session's ranges around dst and
+// merges them into rt: a directory may answer with only the range that
+// holds dst, and a Piece's entries may reach into ranges not seen yet. A
+// cached range that overlaps a new one is replaced by it. It reports false
+// when the directory does not place dst on this rail; failures are not
+// cached, as a Piece for a target this relay cannot serve is a sender's
+// mistake or a race with a registration, and either is rare.
+func (p *pump) extendRoute(rt *route, dst uint64) bool {
+	e := p.e
+	e.counters.routeResolves.Add(1)
+	t, err := e.dir.Resolve(rt.session, dst)
+	if err != nil || len(t.HCAs) != 1 || staging.CanonicalRail(e.cfg.RailMap, t.HCAs[0]) != e.localRail {
+		e.log.V(2).Info("target not served from this rail", "session", rt.session, "dst", dst, "err", err)
+		return false
+	}
+	rs := rt.ranges
+	if len(rs)+len(t.Ranges) > maxRouteRanges {
+		rs = nil
+	}
+	for _, nr := range t.Ranges {
+		rs = slices.DeleteFunc(rs, func(r Range) bool {
+			return r.Len > 0 && nr.Len > 0 && r.Addr <= nr.Addr+(nr.Len-1) && nr.Addr <= r.Addr+(r.Len-1)
+		})
+		rs = append(rs, nr)
+	}
+	slices.SortFunc(rs, func(a, b Range) int { return cmp.Compare(a.Addr, b.Addr) })
+	rt.ranges, rt.last = rs, 0
+	return true
 }
 
 // dropRoute removes rt from the cache if it is still there.

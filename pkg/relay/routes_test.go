@@ -46,14 +46,14 @@ func (d *countingDir) count(session string) int {
 
 // routerHop is a hop with routes: it hands out one handle per Route call
 // and checks that every routed op carries the session's current handle and
-// the key of the range its destination lies in. The Loopback underneath
+// the key of the range its destination lies in (every session of these
+// tests has a range at tgtBase). The Loopback underneath
 // gets the ops without them.
 type routerHop struct {
 	lb      *hosthop.Loopback
 	mu      sync.Mutex
 	routes  int
 	handles map[string]*hopHandle
-	ranges  map[string][]relay.Range
 	routed  int
 	plain   int
 	bad     []string
@@ -63,10 +63,7 @@ type routerHop struct {
 type hopHandle struct{ session string }
 
 func (h *routerHop) Route(session string) (any, error) {
-	// Every session of these tests has a range at tgtBase; Resolve
-	// returns all of the session's ranges.
-	t, err := h.lb.Resolve(session, tgtBase)
-	if err != nil {
+	if _, err := h.lb.Resolve(session, tgtBase); err != nil {
 		return nil, err
 	}
 	h.mu.Lock()
@@ -74,7 +71,6 @@ func (h *routerHop) Route(session string) (any, error) {
 	h.routes++
 	hh := &hopHandle{session: session}
 	h.handles[session] = hh
-	h.ranges[session] = t.Ranges
 	return hh, nil
 }
 
@@ -90,7 +86,8 @@ func (h *routerHop) Submit(ops []relay.WriteOp) error {
 				h.bad = append(h.bad, fmt.Sprintf("token %d to %q carries handle %v, want %p", op.Token, op.Target, op.Route, h.handles[op.Target]))
 			}
 			want := uint64(0)
-			for _, r := range h.ranges[op.Target] {
+			tg, _ := h.lb.Resolve(op.Target, op.Dst)
+			for _, r := range tg.Ranges {
 				if op.Dst >= r.Addr && op.Dst-r.Addr < r.Len {
 					want = keyOf(r.Addr)
 				}
@@ -123,7 +120,7 @@ func routedPair(t *testing.T, size int) (*pair, *countingDir, *routerHop) {
 	var hop *routerHop
 	p := newPair(t, pairOpts{tgtSize: size, srcSize: size, wrapB: func(lb *hosthop.Loopback) (relay.Hop, relay.Directory) {
 		dir = &countingDir{inner: lb, calls: map[string]int{}}
-		hop = &routerHop{lb: lb, handles: map[string]*hopHandle{}, ranges: map[string][]relay.Range{}}
+		hop = &routerHop{lb: lb, handles: map[string]*hopHandle{}}
 		return hop, dir
 	}})
 	return p, dir, hop
@@ -251,7 +248,11 @@ func TestNewRangeOfATargetIsResolvedAgain(t *testing.T) {
 	if c := p.a.Counters(); c.RelayedPieces-before.RelayedPieces != 1 || c.FallbackPieces != before.FallbackPieces {
 		t.Fatalf("sender counters before %+v after %+v: want one relayed Piece", before, c)
 	}
-	wantRoutes(t, p.b, 2, 1)
+	// The miss resolved the new address and kept the route and its handle.
+	wantRoutes(t, p.b, 2, 0)
+	if routes, _, _, _ := hop.stats(); routes != 1 {
+		t.Fatalf("hop saw %d Route calls, want 1", routes)
+	}
 	if _, _, _, bad := hop.stats(); len(bad) > 0 {
 		t.Fatalf("mismatches %q", bad)
 	}
@@ -271,12 +272,75 @@ func TestDestinationOutsideTheRelaysRangesFails(t *testing.T) {
 	if st.State != relay.Failed || st.Err == nil || !strings.Contains(st.Err.Error(), "not resolvable") {
 		t.Fatalf("write outside the relay's ranges: %+v, want an unresolved failure", st)
 	}
-	// The miss dropped the route and resolved once more before failing.
-	wantRoutes(t, p.b, 2, 1)
+	// The miss resolved once more before failing, and left the route as
+	// it was.
+	wantRoutes(t, p.b, 2, 0)
 	if st := p.write(t, 0, 8*mib, sessRail1, tgtBase); st.State != relay.Completed {
 		t.Fatalf("write after the miss: %+v", st)
 	}
-	wantRoutes(t, p.b, 3, 1)
+	wantRoutes(t, p.b, 2, 0)
+}
+
+// oneRangeDir answers a resolve with only the range that holds dst, as a
+// directory of registrations does.
+type oneRangeDir struct{ *countingDir }
+
+func (d oneRangeDir) Resolve(session string, dst uint64) (relay.Target, error) {
+	t, err := d.countingDir.Resolve(session, dst)
+	if err != nil {
+		return t, err
+	}
+	for _, r := range t.Ranges {
+		if dst >= r.Addr && dst-r.Addr < r.Len {
+			return relay.Target{HCAs: t.HCAs, Ranges: []relay.Range{r}}, nil
+		}
+	}
+	return relay.Target{}, fmt.Errorf("no range of %q holds %#x", session, dst)
+}
+
+func TestRouteGathersRangesResolvedOneByOne(t *testing.T) {
+	var dir *countingDir
+	p := newPair(t, pairOpts{tgtSize: 8 * mib, srcSize: 16 * mib, wrapB: func(lb *hosthop.Loopback) (relay.Hop, relay.Directory) {
+		dir = &countingDir{inner: lb, calls: map[string]int{}}
+		return lb, oneRangeDir{dir}
+	}})
+	const base2 = tgtBase + 1<<32
+	buf2 := mapAnon(t, 8*mib)
+	for _, h := range []*hosthop.Loopback{p.hopA, p.hopB} {
+		if err := h.AddTarget(sessRail1, "rmlx5_1", buf2, base2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One Piece reaching into both ranges, then writes to each in turn:
+	// two resolves in all, however they alternate.
+	reqs := []relay.Request{
+		{Op: relay.Write, Src: p.src(0), Len: 4 * mib, Target: sessRail1, Dst: tgtBase},
+		{Op: relay.Write, Src: p.src(4 * mib), Len: 4 * mib, Target: sessRail1, Dst: base2},
+	}
+	for range 3 {
+		b, err := p.a.Submit(reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitBatch(t, b)
+		for i := range reqs {
+			if st := statusOf(t, b, i); st.State != relay.Completed {
+				t.Fatalf("request %d: %+v", i, st)
+			}
+		}
+		for _, base := range []uint64{tgtBase, base2, tgtBase, base2} {
+			if st := p.write(t, 8*mib, 4*mib, sessRail1, base+4*mib); st.State != relay.Completed {
+				t.Fatalf("write to %#x: %+v", base, st)
+			}
+		}
+	}
+	if !bytes.Equal(p.tgt[sessRail1][:4*mib], p.srcBytes[:4*mib]) || !bytes.Equal(buf2[:4*mib], p.srcBytes[4*mib:8*mib]) {
+		t.Fatal("targets differ from the source")
+	}
+	wantRoutes(t, p.b, 2, 0)
+	if n := dir.count(sessRail1); n != 2 {
+		t.Fatalf("relay resolved %q %d times, want 2", sessRail1, n)
+	}
 }
 
 func TestInvalidateTargetResolvesAgain(t *testing.T) {

@@ -274,6 +274,16 @@ static void check_registration(pxn_engine_t e)
 	CHECK_RC(pxn_unregister_target(e, "nope"), PXN_EINVAL);
 	CHECK_RC(pxn_unregister_target(e, "tgt"), PXN_OK);
 	CHECK_RC(pxn_unregister_target(e, "tgt"), PXN_EINVAL);
+	CHECK_RC(pxn_invalidate_target(e, "tgt"), PXN_OK);
+	CHECK_RC(pxn_invalidate_target(e, NULL), PXN_OK);
+	CHECK_RC(pxn_invalidate_target(e, ""), PXN_OK);
+	CHECK_RC(pxn_invalidate_target(0, "tgt"), PXN_EINVAL);
+	{
+		char long_session[PXN_MAX_SESSION + 10];
+		memset(long_session, 's', sizeof(long_session) - 1);
+		long_session[sizeof(long_session) - 1] = '\0';
+		CHECK_RC(pxn_invalidate_target(e, long_session), PXN_EINVAL);
+	}
 }
 
 static void check_invalid_submits(pxn_engine_t e, manual *m)
