@@ -5,7 +5,7 @@ TOOLS := hack/tools.sh
 BIN := bin
 GOTEST_FLAGS ?= -race -timeout 30m
 
-.PHONY: all build test tools generate lint bench fuzz demo demo-host cluster-demo clean
+.PHONY: all build test tools generate lint bench bench-baseline fuzz demo demo-host cluster-demo clean
 
 all: build
 
@@ -32,6 +32,12 @@ test: lint
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# The relay benchmarks on a baseline commit and on this tree, alternately,
+# and a Markdown table of the two (BASELINE, BENCH, BENCHTIME, ROUNDS, PKG:
+# see hack/bench-baseline.sh).
+bench-baseline:
+	@hack/bench-baseline.sh
 
 fuzz:
 	@hack/fuzz.sh
