@@ -153,6 +153,15 @@ func (e *UnsafeError) Error() string {
 // that uid owns and nobody else may access. wantType 0 accepts any type but
 // a symlink.
 func checkPrivate(path string, st *unix.Stat_t, uid int, wantType uint32) error {
+	if p := privateProblem(st, uid, wantType); p != "" {
+		return &UnsafeError{Path: path, Problem: p}
+	}
+	return nil
+}
+
+// privateProblem is checkPrivate without the path: the problem, or "" for
+// a private object. It allocates only when there is a problem.
+func privateProblem(st *unix.Stat_t, uid int, wantType uint32) string {
 	t := st.Mode & unix.S_IFMT
 	perm := uint32(filePerm)
 	if t == unix.S_IFDIR {
@@ -160,15 +169,15 @@ func checkPrivate(path string, st *unix.Stat_t, uid int, wantType uint32) error 
 	}
 	switch {
 	case t == unix.S_IFLNK:
-		return &UnsafeError{Path: path, Problem: "is a symlink"}
+		return "is a symlink"
 	case wantType != 0 && t != wantType:
-		return &UnsafeError{Path: path, Problem: fmt.Sprintf("is not a %s (file type %#o)", typeName(wantType), t)}
+		return fmt.Sprintf("is not a %s (file type %#o)", typeName(wantType), t)
 	case int(st.Uid) != uid:
-		return &UnsafeError{Path: path, Problem: fmt.Sprintf("is owned by uid %d, not %d", st.Uid, uid)}
+		return fmt.Sprintf("is owned by uid %d, not %d", st.Uid, uid)
 	case st.Mode&0o077 != 0:
-		return &UnsafeError{Path: path, Problem: fmt.Sprintf("has mode %04o, wider than %04o", st.Mode&0o7777, perm)}
+		return fmt.Sprintf("has mode %04o, wider than %04o", st.Mode&0o7777, perm)
 	}
-	return nil
+	return ""
 }
 
 func typeName(t uint32) string {
@@ -259,14 +268,22 @@ func readHeaderFile(dirfd int, dirPath, name string, uid int) (Header, error) {
 		return Header{}, err
 	}
 	defer unix.Close(fd)
-	if st.Size < int64(ControlSize) {
-		return Header{}, fmt.Errorf("%w: %s is %d bytes, want %d", ErrCorruptEntry, name, st.Size, ControlSize)
+	if err := checkControlSize(name, st.Size); err != nil {
+		return Header{}, err
 	}
 	var buf [unsafe.Sizeof(Header{})]byte
 	if err := preadFull(fd, buf[:], 0); err != nil {
 		return Header{}, fmt.Errorf("%w: %s: %v", ErrCorruptEntry, name, err)
 	}
 	return decodeHeader(buf[:])
+}
+
+// checkControlSize refuses a control file shorter than a control block.
+func checkControlSize(name string, size int64) error {
+	if size < int64(ControlSize) {
+		return fmt.Errorf("%w: %s is %d bytes, want %d", ErrCorruptEntry, name, size, ControlSize)
+	}
+	return nil
 }
 
 func preadFull(fd int, b []byte, off int64) error {
