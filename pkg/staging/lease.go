@@ -269,17 +269,6 @@ func clearOwner(o *LaneOwner) {
 	atomic.StoreUint64(&o.ClaimedAt, 0)
 }
 
-// hasDeadLaneOwner reports whether an inbound lane of this rank is held by
-// a process that exited or whose pid was reused. It takes no lock.
-func (r *Rank) hasDeadLaneOwner() bool {
-	for i := range r.ctl.Lanes {
-		if owner, held := loadOwner(&r.ctl.Lanes[i].Owner); held && goneReason(owner.Pid, owner.StartTime) != "" {
-			return true
-		}
-	}
-	return false
-}
-
 // freeDeadLanes frees every inbound lane of this rank whose sender exited
 // or whose pid was reused, so the relay shows it free at once rather than
 // when the next sender claims it. Second-hop completions still in flight

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strings"
 	"sync"
@@ -172,6 +173,10 @@ type Rank struct {
 	off     error
 	links   map[*PeerLink]struct{}
 	refused map[string]bool
+
+	// scanMu serializes Peers calls and guards what they keep in scan.
+	scanMu sync.Mutex
+	scan   peerScan
 
 	// leasePoll and onLeaseWait let tests watch Close wait for leases.
 	leasePoll   time.Duration
@@ -459,51 +464,71 @@ type PeerInfo struct {
 // More than LaneCount usable peers, or an unsafe registry, turn PXN off for
 // the process: Peers then returns that error, now and later.
 func (r *Rank) Peers(ctx context.Context) ([]PeerInfo, error) {
+	return r.AppendPeers(ctx, nil)
+}
+
+// AppendPeers is Peers appending to dst; on error dst comes back as it was.
+// While the group does not change it allocates nothing once dst has room:
+// it stats the directory, reads each peer's header through a descriptor
+// kept open and polls the peers' processes, and lists the directory again
+// only when its stat moved, or at least every second. Calls are
+// serialized.
+func (r *Rank) AppendPeers(ctx context.Context, dst []PeerInfo) ([]PeerInfo, error) {
+	r.scanMu.Lock()
+	defer r.scanMu.Unlock()
+	s := &r.scan
+	start := len(dst)
 	if err := r.usable(); err != nil {
-		return nil, err
+		s.release()
+		return dst, err
 	}
-	entries, err := r.d.scan()
-	if err != nil {
-		return nil, r.turnOff(err)
+	if err := s.refresh(r.d, r.id); err != nil {
+		s.release()
+		return dst, r.turnOff(err)
 	}
+	deadOwner := s.checkProcs(r.ctl)
 	now := MonoNanos()
-	var peers []PeerInfo
 	sawStale := false
-	for _, e := range entries {
-		if e.id == r.id || e.kind == entryOther || e.kind == entryLock {
+	for _, e := range s.entries {
+		if e.proc == nil {
+			// This rank's own entries, the lock, other names.
+			continue
+		}
+		if e.proc.gone != "" {
+			// A control file, an arena or a .tmp left by an exited process
+			// (a relay whose close gave up on a lease, a rank killed
+			// during init).
+			sawStale = true
 			continue
 		}
 		if e.kind != entryRank {
-			// An arena or a .tmp left by an exited process (a relay whose
-			// close gave up on a lease, a rank killed during init).
-			sawStale = sawStale || goneReason(e.id.Pid, e.id.StartTime) != ""
 			continue
 		}
-		p, stale, late := r.readPeer(e, now)
+		p, late, ok := r.readEntry(e, now)
 		switch {
-		case stale:
-			sawStale = true
-		case late:
+		case !ok || late:
 		case p.Refused != nil || p.State == StateReady:
-			peers = append(peers, p)
+			dst = append(dst, p)
 		}
 	}
-	if sawStale || r.hasDeadLaneOwner() {
+	if sawStale || deadOwner {
 		err := r.d.withLock(ctx, func() error {
 			r.freeDeadLanes()
 			_, err := r.d.cleanStale(r.id)
 			return err
 		})
+		s.trusted = false
 		var unsafeErr *UnsafeError
 		if errors.As(err, &unsafeErr) {
-			return nil, r.turnOff(err)
+			s.release()
+			return dst[:start], r.turnOff(err)
 		}
 		if err != nil {
 			klog.V(2).InfoS("pxn stale cleanup deferred", "registry", r.d.path, "err", err)
 		}
 	}
 	usable := 0
-	for _, p := range peers {
+	for _, p := range dst[start:] {
 		if p.Refused == nil {
 			usable++
 		} else {
@@ -511,9 +536,10 @@ func (r *Rank) Peers(ctx context.Context) ([]PeerInfo, error) {
 		}
 	}
 	if usable > LaneCount {
-		return nil, r.turnOff(fmt.Errorf("%w: %d valid peers in %s, at most %d", ErrTooManyPeers, usable, r.d.path, LaneCount))
+		s.release()
+		return dst[:start], r.turnOff(fmt.Errorf("%w: %d valid peers in %s, at most %d", ErrTooManyPeers, usable, r.d.path, LaneCount))
 	}
-	return peers, nil
+	return dst, nil
 }
 
 func (r *Rank) sayRefused(p PeerInfo) {
@@ -525,17 +551,69 @@ func (r *Rank) sayRefused(p PeerInfo) {
 	}
 }
 
-// readPeer reads the entry e; stale reports a peer to drop and clean, late
-// one to drop whose heartbeat is older than the timeout.
-func (r *Rank) readPeer(e dirEntry, now int64) (p PeerInfo, stale, late bool) {
-	p = PeerInfo{Name: e.name, Identity: e.id}
-	if goneReason(e.id.Pid, e.id.StartTime) != "" {
-		return p, true, false
+// readEntry reads the header of the control file of e through the
+// descriptor kept for it, opened on first sight, and validates it again
+// only when its bytes changed. late reports a peer whose heartbeat is older
+// than the timeout; !ok one whose file is gone.
+func (r *Rank) readEntry(e *scanEntry, now int64) (p PeerInfo, late, ok bool) {
+	s := &r.scan
+	if e.fd < 0 && !e.final {
+		fd, st, err := openPrivate(r.d.fd(), r.d.path, e.name, unix.O_RDONLY, r.d.uid)
+		if errors.Is(err, fs.ErrNotExist) {
+			s.trusted = false
+			return p, false, false
+		}
+		if err != nil {
+			// Only another file under this name can end an unsafe type;
+			// anything else is tried again next call.
+			var unsafeErr *UnsafeError
+			e.final = errors.As(err, &unsafeErr)
+			e.info = PeerInfo{Name: e.name, Identity: e.id, Refused: fmt.Errorf("peer %s: %w", e.name, err)}
+			return e.info, false, true
+		}
+		e.fd, e.ino, e.size, e.loaded = fd, st.Ino, st.Size, false
 	}
-	h, err := readHeaderFile(r.d.fd(), r.d.path, e.name, r.d.uid)
+	if e.fd < 0 {
+		return e.info, false, true
+	}
+	s.hdr = Header{}
+	n, err := preadUpTo(e.fd, s.headerBytes())
+	if err != nil {
+		e.loaded = false
+		err = fmt.Errorf("%w: %s: %v", ErrCorruptEntry, e.name, err)
+		return PeerInfo{Name: e.name, Identity: e.id, Refused: fmt.Errorf("peer %s: %w", e.name, err)}, false, true
+	}
+	if !e.loaded || n != e.n || !sameHeader(&s.hdr, &e.hdr) {
+		e.hdr, e.n, e.loaded = s.hdr, n, true
+		e.info = r.peerInfo(e.name, e.id, e.size, s.headerBytes()[:n])
+	}
+	if e.info.Refused != nil {
+		return e.info, false, true
+	}
+	hb := s.hdr.Heartbeat
+	if heartbeatStale(hb, now, r.opts.HeartbeatTimeout) {
+		return p, true, true
+	}
+	p = e.info
+	p.HeartbeatAge = max(time.Duration(now-int64(hb)), 0)
+	return p, false, true
+}
+
+// peerInfo validates the first bytes b of control file name, of size
+// bytes, registered as id.
+func (r *Rank) peerInfo(name string, id Identity, size int64, b []byte) PeerInfo {
+	p := PeerInfo{Name: name, Identity: id}
+	var h Header
+	err := checkControlSize(name, size)
+	if err == nil && len(b) < int(headerSize) {
+		err = fmt.Errorf("%w: %s: short read", ErrCorruptEntry, name)
+	}
+	if err == nil {
+		h, err = decodeHeader(b)
+	}
 	switch {
 	case err != nil:
-	case headerIdentity(&h) != e.id:
+	case headerIdentity(&h) != id:
 		err = fmt.Errorf("%w: header names %v", ErrCorruptEntry, headerIdentity(&h))
 	case int(h.UID) != r.d.uid:
 		err = fmt.Errorf("%w: header uid %d in a registry of uid %d", ErrCorruptEntry, h.UID, r.d.uid)
@@ -543,17 +621,12 @@ func (r *Rank) readPeer(e dirEntry, now int64) (p PeerInfo, stale, late bool) {
 		err = &MismatchError{Field: "arena kind", Theirs: uint64(h.ArenaKind), Ours: uint64(r.opts.Arenas.Kind())}
 	}
 	if err != nil {
-		p.Refused = fmt.Errorf("peer %s: %w", e.name, err)
-		return p, false, false
-	}
-	hb := h.Heartbeat
-	if heartbeatStale(hb, now, r.opts.HeartbeatTimeout) {
-		return p, false, true
+		p.Refused = fmt.Errorf("peer %s: %w", name, err)
+		return p
 	}
 	p.Rail, p.HCA = headerRail(&h), headerHCA(&h)
 	p.State, p.ArenaKind = h.State, h.ArenaKind
-	p.HeartbeatAge = max(time.Duration(now-int64(hb)), 0)
-	return p, false, false
+	return p
 }
 
 // Close leaves the group, undoing Register in reverse: it closes the
@@ -576,6 +649,9 @@ func (r *Rank) Close(ctx context.Context) error {
 		links = append(links, l)
 	}
 	r.mu.Unlock()
+	r.scanMu.Lock()
+	r.scan.release()
+	r.scanMu.Unlock()
 
 	var errs []error
 	for _, l := range links {

@@ -1,0 +1,464 @@
+package staging
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	// listEvery bounds how long Peers trusts an unchanged directory: it
+	// lists the directory at least this often, which checks the type,
+	// owner, mode and size of every entry again.
+	listEvery = time.Second
+	// stampSettle is how old the directory's last change must be, when a
+	// listing starts, for its stat to be trusted afterwards. File systems
+	// stamp changes with a coarse clock: a second change within the same
+	// tick leaves the stamp as it was, but no change after the listing can
+	// get a stamp this far in its past.
+	stampSettle = 100 * time.Millisecond
+	// direntBuf is the first size of the getdents buffer.
+	direntBuf = 8 << 10
+)
+
+var errNoPidfd = errors.New("pidfds not used")
+
+// Offsets in a linux_dirent64 record.
+const (
+	direntReclen = int(unsafe.Offsetof(unix.Dirent{}.Reclen))
+	direntName   = int(unsafe.Offsetof(unix.Dirent{}.Name))
+)
+
+// dirStamp is what a stat of the directory says about its entries: a
+// create, unlink or rename in it changes the times, and the first two the
+// size too.
+type dirStamp struct {
+	ino, nlink   uint64
+	size         int64
+	mtime, ctime int64
+}
+
+func stampOf(st *unix.Stat_t) dirStamp {
+	return dirStamp{ino: st.Ino, nlink: uint64(st.Nlink), size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano()}
+}
+
+// peerScan is what Peers keeps between calls so that a call in which
+// nothing changed reads little and allocates nothing: the entries of the
+// directory as last listed, an open descriptor and the last header of each
+// control file, and a watch on the process of every registration that has
+// an entry or holds one of this rank's lanes. Rank.scanMu guards it.
+type peerScan struct {
+	open     bool
+	listFd   int // the directory, opened again for a read offset of its own
+	stamp    dirStamp
+	trusted  bool  // stamp is old enough that any later change moves it
+	listedAt int64 // MonoNanos of the last listing
+	buf      []byte
+	entries  []*scanEntry
+	byName   map[string]*scanEntry
+	procs    []*procWatch
+	round    uint64
+	polls    []unix.PollFd
+	pollOf   []*procWatch
+	hdr      Header // one header as read by the current call
+	statBuf  [512]byte
+	listings int
+	// noPidfd makes every watch read /proc, as where pidfds are missing.
+	noPidfd bool
+}
+
+// scanEntry is one entry of the directory. Only control files of other
+// ranks are opened; proc is nil for this rank's own entries, the lock and
+// names that are not the registry's.
+type scanEntry struct {
+	name   string
+	kind   entryKind
+	id     Identity
+	ino    uint64
+	size   int64
+	listed int
+	proc   *procWatch
+	// fd is the open control file, or -1.
+	fd int
+	// final: info.Refused stands until another file takes the name.
+	final bool
+	// loaded: hdr (n bytes of it) was read through fd and info was
+	// derived from it.
+	loaded bool
+	n      int
+	hdr    Header
+	info   PeerInfo
+}
+
+// procWatch follows the process of one registration. A pidfd, polled for
+// all watches at once, turns readable when the process exits, zombies
+// included; without pidfds an open /proc/<pid>/stat answers ESRCH once the
+// process is reaped and shows state Z before. Either is opened once and
+// tied to the registered process by its start time; pid reuse cannot fool
+// it afterwards.
+type procWatch struct {
+	id     Identity
+	pidfd  int
+	statfd int
+	gone   string
+	used   uint64
+}
+
+func (s *peerScan) init(d *registryDir) error {
+	if s.open {
+		return nil
+	}
+	fd, err := unix.Openat(d.fd(), ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: d.path, Err: err}
+	}
+	*s = peerScan{open: true, listFd: fd, noPidfd: s.noPidfd, byName: make(map[string]*scanEntry), buf: make([]byte, direntBuf)}
+	return nil
+}
+
+// release closes every descriptor; the next call starts afresh.
+func (s *peerScan) release() {
+	if !s.open {
+		return
+	}
+	for _, e := range s.entries {
+		e.close()
+	}
+	for _, w := range s.procs {
+		w.close()
+	}
+	unix.Close(s.listFd)
+	*s = peerScan{noPidfd: s.noPidfd}
+}
+
+// refresh brings the entries up to date: it lists the directory when its
+// stat moved, when the stat was taken too soon after a change to be
+// trusted, and at least every listEvery.
+func (s *peerScan) refresh(d *registryDir, self Identity) error {
+	if err := s.init(d); err != nil {
+		return err
+	}
+	wall := time.Now().UnixNano()
+	var st unix.Stat_t
+	if err := unix.Fstat(s.listFd, &st); err != nil {
+		return &os.PathError{Op: "fstat", Path: d.path, Err: err}
+	}
+	stamp, now := stampOf(&st), MonoNanos()
+	if s.trusted && stamp == s.stamp && now-s.listedAt < int64(listEvery) {
+		return nil
+	}
+	if err := s.list(d, self); err != nil {
+		return err
+	}
+	s.stamp, s.listedAt = stamp, now
+	s.trusted = wall-max(stamp.mtime, stamp.ctime) > int64(stampSettle)
+	return nil
+}
+
+// list reads the directory with getdents into the kept buffer. Names
+// already known cost no allocation. Every entry must be private to the
+// registry's uid and no symlink, as in registryDir.scan.
+func (s *peerScan) list(d *registryDir, self Identity) error {
+	s.listings++
+	if _, err := unix.Seek(s.listFd, 0, 0); err != nil {
+		return &os.PathError{Op: "seek", Path: d.path, Err: err}
+	}
+	for {
+		n, err := unix.Getdents(s.listFd, s.buf)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EINVAL) && len(s.buf) < 1<<20:
+			s.buf = make([]byte, 2*len(s.buf))
+			continue
+		case err != nil:
+			return &os.PathError{Op: "getdents", Path: d.path, Err: err}
+		case n == 0:
+			s.dropUnlisted()
+			return nil
+		}
+		for off := 0; off < n; {
+			reclen := int(binary.NativeEndian.Uint16(s.buf[off+direntReclen:]))
+			if reclen <= direntName || off+reclen > n {
+				return fmt.Errorf("getdents %s: record of %d bytes at %d of %d", d.path, reclen, off, n)
+			}
+			z := s.buf[off+direntName : off+reclen]
+			off += reclen
+			end := bytes.IndexByte(z, 0)
+			if end < 0 {
+				return fmt.Errorf("getdents %s: name without NUL", d.path)
+			}
+			if name := z[:end]; string(name) != "." && string(name) != ".." {
+				if err := s.listed(d, self, z, end); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
+
+// listed checks one listed name, z[:end], and adds it when it is new or
+// another file now has it.
+func (s *peerScan) listed(d *registryDir, self Identity, z []byte, end int) error {
+	var st unix.Stat_t
+	if err := fstatatZ(d.fd(), z, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return &os.PathError{Op: "stat", Path: filepath.Join(d.path, string(z[:end])), Err: err}
+	}
+	if p := privateProblem(&st, d.uid, 0); p != "" {
+		return &UnsafeError{Path: filepath.Join(d.path, string(z[:end])), Problem: p}
+	}
+	e := s.byName[string(z[:end])]
+	if e != nil && e.ino != st.Ino {
+		s.drop(e)
+		e = nil
+	}
+	if e == nil {
+		e = &scanEntry{name: string(z[:end]), ino: st.Ino, size: st.Size, fd: -1}
+		e.kind, e.id = parseEntryName(e.name)
+		if e.id != self && (e.kind == entryRank || e.kind == entryTmp || e.kind == entryArena) {
+			e.proc = s.watch(e.id)
+		}
+		s.entries = append(s.entries, e)
+		s.byName[e.name] = e
+	} else if e.size != st.Size {
+		e.size, e.loaded = st.Size, false
+	}
+	e.listed = s.listings
+	return nil
+}
+
+func (s *peerScan) dropUnlisted() {
+	for i := 0; i < len(s.entries); {
+		if e := s.entries[i]; e.listed != s.listings {
+			s.drop(e)
+			continue
+		}
+		i++
+	}
+}
+
+func (s *peerScan) drop(e *scanEntry) {
+	e.close()
+	delete(s.byName, e.name)
+	for i, x := range s.entries {
+		if x == e {
+			last := len(s.entries) - 1
+			s.entries[i], s.entries[last] = s.entries[last], nil
+			s.entries = s.entries[:last]
+			return
+		}
+	}
+}
+
+func (e *scanEntry) close() {
+	if e.fd >= 0 {
+		unix.Close(e.fd)
+		e.fd = -1
+	}
+	e.loaded = false
+}
+
+// watch returns the watch of id, opening one on first sight.
+func (s *peerScan) watch(id Identity) *procWatch {
+	for _, w := range s.procs {
+		if w.id == id {
+			return w
+		}
+	}
+	w := openProcWatch(id, !s.noPidfd)
+	s.procs = append(s.procs, w)
+	return w
+}
+
+// checkProcs marks the watches this call needs (those of listed entries
+// and of the owners of this rank's lanes), finds out which processes
+// exited, and closes the watches nobody needs any more. It reports whether
+// a lane of ctl is held by a process that is gone.
+func (s *peerScan) checkProcs(ctl *ControlBlock) (deadOwner bool) {
+	s.round++
+	for _, e := range s.entries {
+		if e.proc != nil {
+			e.proc.used = s.round
+		}
+	}
+	var owners [LaneCount]*procWatch
+	for i := range ctl.Lanes {
+		if owner, held := loadOwner(&ctl.Lanes[i].Owner); held {
+			owners[i] = s.watch(owner)
+			owners[i].used = s.round
+		}
+	}
+	s.poll()
+	for i := 0; i < len(s.procs); {
+		if w := s.procs[i]; w.used != s.round {
+			w.close()
+			last := len(s.procs) - 1
+			s.procs[i], s.procs[last] = s.procs[last], nil
+			s.procs = s.procs[:last]
+			continue
+		}
+		i++
+	}
+	for _, w := range owners {
+		if w != nil && w.gone != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// poll checks every needed watch not yet gone: all pidfds in one poll, the
+// others one by one.
+func (s *peerScan) poll() {
+	s.polls, s.pollOf = s.polls[:0], s.pollOf[:0]
+	for _, w := range s.procs {
+		if w.used != s.round || w.gone != "" {
+			continue
+		}
+		switch {
+		case w.pidfd >= 0:
+			s.polls = append(s.polls, unix.PollFd{Fd: int32(w.pidfd), Events: unix.POLLIN})
+			s.pollOf = append(s.pollOf, w)
+		case w.statfd >= 0:
+			w.checkStat(s.statBuf[:])
+		default:
+			if errors.Is(unix.Kill(w.id.Pid, 0), unix.ESRCH) {
+				w.setGone(fmt.Sprintf("pid %d has exited", w.id.Pid))
+			}
+		}
+	}
+	if len(s.polls) == 0 {
+		return
+	}
+	for {
+		n, err := unix.Poll(s.polls, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil || n == 0 {
+			return
+		}
+		break
+	}
+	for i, p := range s.polls {
+		if p.Revents&(unix.POLLIN|unix.POLLHUP) != 0 {
+			s.pollOf[i].setGone(fmt.Sprintf("pid %d has exited", s.pollOf[i].id.Pid))
+		}
+	}
+}
+
+// openProcWatch starts watching the process of id. A process already gone
+// is gone for good; one whose state cannot be proven stays watched with
+// kill(pid, 0) alone, as goneReason would judge it.
+func openProcWatch(id Identity, pidfd bool) *procWatch {
+	w := &procWatch{id: id, pidfd: -1, statfd: -1}
+	if id.Pid <= 0 || id.Pid > maxPid {
+		w.gone = fmt.Sprintf("pid %d is not a valid pid", id.Pid)
+		return w
+	}
+	err := errNoPidfd
+	if pidfd {
+		w.pidfd, err = unix.PidfdOpen(id.Pid, 0)
+	}
+	if err != nil {
+		w.pidfd = -1
+		if !errors.Is(err, unix.ESRCH) {
+			w.statfd, err = unix.Open("/proc/"+strconv.Itoa(id.Pid)+"/stat", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				w.statfd = -1
+			}
+		}
+	}
+	if errors.Is(err, unix.ESRCH) || errors.Is(err, unix.ENOENT) {
+		w.setGone(fmt.Sprintf("pid %d has exited", id.Pid))
+		return w
+	}
+	// The descriptors follow whichever process had the pid when they were
+	// opened. It was the registered one if the process that has the pid now
+	// started when the registration says: that one had the pid already.
+	if why := goneReason(id.Pid, id.StartTime); why != "" {
+		w.setGone(why)
+	}
+	return w
+}
+
+// checkStat reads the kept /proc/<pid>/stat into buf.
+func (w *procWatch) checkStat(buf []byte) {
+	for {
+		n, err := unix.Pread(w.statfd, buf, 0)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.ESRCH):
+			w.setGone(fmt.Sprintf("pid %d has exited", w.id.Pid))
+		case err == nil:
+			// comm may hold ')': the state follows the last one.
+			if end := bytes.LastIndexByte(buf[:n], ')'); end >= 0 && end+2 < n {
+				if c := buf[end+2]; c == 'Z' || c == 'X' {
+					w.setGone(fmt.Sprintf("pid %d has exited (zombie)", w.id.Pid))
+				}
+			}
+		}
+		return
+	}
+}
+
+func (w *procWatch) setGone(why string) {
+	w.gone = why
+	w.close()
+}
+
+func (w *procWatch) close() {
+	if w.pidfd >= 0 {
+		unix.Close(w.pidfd)
+		w.pidfd = -1
+	}
+	if w.statfd >= 0 {
+		unix.Close(w.statfd)
+		w.statfd = -1
+	}
+}
+
+// headerBytes is the current call's header buffer.
+func (s *peerScan) headerBytes() []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s.hdr)), headerSize)
+}
+
+// sameHeader compares two headers but for the heartbeat, the one field
+// that changes while a rank runs (besides the state, which is compared).
+func sameHeader(a, b *Header) bool {
+	x, y := *a, *b
+	x.Heartbeat, y.Heartbeat = 0, 0
+	return x == y
+}
+
+// preadUpTo reads b from the start of fd and stops early only at the end
+// of the file.
+func preadUpTo(fd int, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		m, err := unix.Pread(fd, b[n:], int64(n))
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return n, err
+		}
+		if m == 0 {
+			break
+		}
+		n += m
+	}
+	return n, nil
+}
