@@ -53,8 +53,9 @@ type Registry interface {
 	// ArenaBase is the local address of this rank's own staging arena.
 	ArenaBase() uintptr
 	Heartbeat(now time.Time)
-	// Peers lists the other ranks of the group. It fails with an error
-	// wrapping ErrTooManyPeers when more than LaneCount are valid.
+	// Peers lists the other ranks of the group. The slice stays valid
+	// until the next call of Peers, which may reuse it. It fails with an
+	// error wrapping ErrTooManyPeers when more than LaneCount are valid.
 	Peers() ([]Peer, error)
 	Attach(p Peer) (Link, error)
 	Close(ctx context.Context) error

@@ -9,10 +9,18 @@ import (
 )
 
 // StagingRegistry adapts a rank of the shared-memory registry to the
-// engine's Registry.
+// engine's Registry. Peers reuses its buffers, so that the pump's refresh
+// allocates nothing while the group stays the same.
 type StagingRegistry struct {
 	rank *staging.Rank
 	ctx  context.Context
+	// infos is the rank's last answer, for Peers and Attach; peers is
+	// what Peers returned last, which Attach leaves alone.
+	infos []staging.PeerInfo
+	peers []Peer
+	// offErr is the rank's last ErrTooManyPeers error and offJoined the
+	// error Peers made of it.
+	offErr, offJoined error
 }
 
 // NewStagingRegistry wraps r; the engine's Close closes it.
@@ -29,30 +37,38 @@ func (s *StagingRegistry) ArenaBase() uintptr { return s.rank.Arena().Base() }
 
 func (s *StagingRegistry) Heartbeat(time.Time) { s.rank.Heartbeat(staging.MonoNanos()) }
 
+// Peers returns a slice of its own, valid until the next call of Peers.
 func (s *StagingRegistry) Peers() ([]Peer, error) {
-	ps, err := s.rank.Peers(s.ctx)
+	var err error
+	s.infos, err = s.rank.AppendPeers(s.ctx, s.infos[:0])
 	if err != nil {
 		if errors.Is(err, staging.ErrTooManyPeers) {
-			return nil, errors.Join(ErrTooManyPeers, err)
+			if err != s.offErr {
+				s.offErr, s.offJoined = err, errors.Join(ErrTooManyPeers, err)
+			}
+			return nil, s.offJoined
 		}
 		return nil, err
 	}
-	out := make([]Peer, 0, len(ps))
-	for _, p := range ps {
+	s.peers = s.peers[:0]
+	for _, p := range s.infos {
 		if p.Refused != nil || p.State != staging.StateReady {
 			continue
 		}
-		out = append(out, Peer{Pid: p.Pid, Epoch: p.Epoch, Rail: p.Rail, HCA: p.HCA})
+		s.peers = append(s.peers, Peer{Pid: p.Pid, Epoch: p.Epoch, Rail: p.Rail, HCA: p.HCA})
 	}
-	return out, nil
+	return s.peers, nil
 }
 
+// Attach lists the peers again, so that it sees a peer as it is now; the
+// slice Peers returned stays as it was.
 func (s *StagingRegistry) Attach(p Peer) (Link, error) {
-	ps, err := s.rank.Peers(s.ctx)
+	var err error
+	s.infos, err = s.rank.AppendPeers(s.ctx, s.infos[:0])
 	if err != nil {
 		return nil, err
 	}
-	for _, info := range ps {
+	for _, info := range s.infos {
 		if info.Pid == p.Pid && info.Epoch == p.Epoch {
 			l, err := s.rank.Attach(s.ctx, info)
 			if err != nil {
