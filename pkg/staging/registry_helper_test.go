@@ -67,6 +67,10 @@ func (failingRegistrar) Deregister(base uintptr, size uint64) error { return nil
 //	attach <name>    -> "attached <name> <lane> <lane epoch>" or "attach-error <err>"
 //	detach <name>    -> "detached <name>"
 //	close            -> "closed" or "close-error <err>"
+//	pause            -> "paused": no heartbeat is written after the answer
+//	resume           -> "resumed": heartbeats go on
+//	reregister       -> "ready <name>": closed and registered again, a new
+//	                    epoch of the same process
 //
 // End of stdin closes the rank and exits.
 func helperRank() int {
@@ -97,6 +101,15 @@ func helperRank() int {
 	}
 	fmt.Println("ready", r.Name())
 
+	// beating holds the rank that beats, nil while paused; beatMu makes
+	// "paused" mean that no beat follows the answer.
+	var beatMu sync.Mutex
+	beating := r
+	setBeating := func(b *Rank) {
+		beatMu.Lock()
+		beating = b
+		beatMu.Unlock()
+	}
 	stop, stopped := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(stopped)
@@ -107,7 +120,11 @@ func helperRank() int {
 			case <-stop:
 				return
 			case <-t.C:
-				r.Heartbeat(MonoNanos())
+				beatMu.Lock()
+				if beating != nil {
+					beating.Heartbeat(MonoNanos())
+				}
+				beatMu.Unlock()
 			}
 		}
 	}()
@@ -149,6 +166,25 @@ func helperRank() int {
 				continue
 			}
 			fmt.Println("detached", f[1])
+		case "pause":
+			setBeating(nil)
+			fmt.Println("paused")
+		case "resume":
+			setBeating(r)
+			fmt.Println("resumed")
+		case "reregister":
+			setBeating(nil)
+			if err := r.Close(ctx); err != nil {
+				fmt.Println("close-error", oneLine(err))
+				continue
+			}
+			if r, err = Register(ctx, opts); err != nil {
+				fmt.Println("register-error", oneLine(err))
+				return 3
+			}
+			links = make(map[string]*PeerLink)
+			setBeating(r)
+			fmt.Println("ready", r.Name())
 		case "close":
 			stopBeats()
 			if err := r.Close(ctx); err != nil {
