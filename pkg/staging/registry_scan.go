@@ -38,8 +38,8 @@ const (
 )
 
 // dirStamp is what a stat of the directory says about its entries: a
-// create, unlink or rename in it changes the times, and the first two the
-// size too.
+// create, unlink or rename in it changes the times, and on tmpfs a create
+// or unlink the size too.
 type dirStamp struct {
 	ino, nlink   uint64
 	size         int64
@@ -71,8 +71,16 @@ type peerScan struct {
 	hdr      Header // one header as read by the current call
 	statBuf  [512]byte
 	listings int
+	// test outlives release.
+	test scanTest
+}
+
+// scanTest lets tests take the paths that other machines take.
+type scanTest struct {
 	// noPidfd makes every watch read /proc, as where pidfds are missing.
 	noPidfd bool
+	// listEvery replaces the constant when set.
+	listEvery time.Duration
 }
 
 // scanEntry is one entry of the directory. Only control files of other
@@ -99,11 +107,11 @@ type scanEntry struct {
 }
 
 // procWatch follows the process of one registration. A pidfd, polled for
-// all watches at once, turns readable when the process exits, zombies
-// included; without pidfds an open /proc/<pid>/stat answers ESRCH once the
-// process is reaped and shows state Z before. Either is opened once and
-// tied to the registered process by its start time; pid reuse cannot fool
-// it afterwards.
+// all watches at once, turns readable once the process has exited, reaped
+// or a zombie; without pidfds an open /proc/<pid>/stat shows state Z, and
+// answers ESRCH once the process is reaped. Either is opened once and tied
+// to the registered process by its start time, so a reused pid cannot
+// fool it afterwards.
 type procWatch struct {
 	id     Identity
 	pidfd  int
@@ -120,7 +128,7 @@ func (s *peerScan) init(d *registryDir) error {
 	if err != nil {
 		return &os.PathError{Op: "open", Path: d.path, Err: err}
 	}
-	*s = peerScan{open: true, listFd: fd, noPidfd: s.noPidfd, byName: make(map[string]*scanEntry), buf: make([]byte, direntBuf)}
+	*s = peerScan{open: true, listFd: fd, test: s.test, byName: make(map[string]*scanEntry), buf: make([]byte, direntBuf)}
 	return nil
 }
 
@@ -136,7 +144,7 @@ func (s *peerScan) release() {
 		w.close()
 	}
 	unix.Close(s.listFd)
-	*s = peerScan{noPidfd: s.noPidfd}
+	*s = peerScan{test: s.test}
 }
 
 // refresh brings the entries up to date: it lists the directory when its
@@ -151,8 +159,12 @@ func (s *peerScan) refresh(d *registryDir, self Identity) error {
 	if err := unix.Fstat(s.listFd, &st); err != nil {
 		return &os.PathError{Op: "fstat", Path: d.path, Err: err}
 	}
+	every := listEvery
+	if s.test.listEvery > 0 {
+		every = s.test.listEvery
+	}
 	stamp, now := stampOf(&st), MonoNanos()
-	if s.trusted && stamp == s.stamp && now-s.listedAt < int64(listEvery) {
+	if s.trusted && stamp == s.stamp && now-s.listedAt < int64(every) {
 		return nil
 	}
 	if err := s.list(d, self); err != nil {
@@ -276,7 +288,7 @@ func (s *peerScan) watch(id Identity) *procWatch {
 			return w
 		}
 	}
-	w := openProcWatch(id, !s.noPidfd)
+	w := openProcWatch(id, !s.test.noPidfd)
 	s.procs = append(s.procs, w)
 	return w
 }

@@ -1,0 +1,581 @@
+package staging
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+)
+
+// scanObserver registers a rank of this process that watches the group,
+// with heartbeat timeout timeout (0: the tests' default) and test set on
+// its scan.
+func scanObserver(t *testing.T, root, group string, timeout time.Duration, test scanTest) *Rank {
+	t.Helper()
+	o := regOptions(root, group, "rail-observer")
+	if timeout > 0 {
+		o.HeartbeatTimeout = timeout
+	}
+	r := mustRegister(t, o)
+	r.scanMu.Lock()
+	r.scan.test = test
+	r.scanMu.Unlock()
+	return r
+}
+
+func listings(r *Rank) int {
+	r.scanMu.Lock()
+	defer r.scanMu.Unlock()
+	return r.scan.listings
+}
+
+// nextPeers is one call of Peers; listed says whether it listed the
+// directory.
+func nextPeers(t *testing.T, r *Rank) (ps []PeerInfo, listed bool) {
+	t.Helper()
+	before := listings(r)
+	ps, err := r.Peers(context.Background())
+	if err != nil {
+		t.Fatalf("Peers: %v", err)
+	}
+	return ps, listings(r) != before
+}
+
+// settle calls Peers until a call trusts the directory's stat and lists
+// nothing, and returns that call's peers.
+func settle(t *testing.T, r *Rank) []PeerInfo {
+	t.Helper()
+	deadline := time.Now().Add(childWait)
+	for {
+		ps, listed := nextPeers(t, r)
+		if !listed {
+			return ps
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Peers still lists the directory after %v of no change", childWait)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// noListing fails the test when the call that should have seen a change
+// without listing the directory listed it.
+func noListing(t *testing.T, listed bool, change string) {
+	t.Helper()
+	if listed {
+		t.Fatalf("the call after %s listed the directory; want the change seen without a listing", change)
+	}
+}
+
+func findPeer(ps []PeerInfo, name string) (PeerInfo, bool) {
+	for _, p := range ps {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return PeerInfo{}, false
+}
+
+// pokeFile writes b at off of path in place: the directory does not change.
+func pokeFile(t *testing.T, path string, off uintptr, b []byte) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(b, int64(off)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func u32(v uint32) []byte { return binary.NativeEndian.AppendUint32(nil, v) }
+
+// fileHeartbeat reads the heartbeat stamp of the control file at path.
+func fileHeartbeat(t *testing.T, path string) int64 {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var b [8]byte
+	if _, err := f.ReadAt(b[:], int64(unsafe.Offsetof(Header{}.Heartbeat))); err != nil {
+		t.Fatal(err)
+	}
+	return int64(binary.NativeEndian.Uint64(b[:]))
+}
+
+func TestPeersSeeInPlaceChangesOnTheNextCall(t *testing.T) {
+	root := regTestRoot(t)
+	r := scanObserver(t, root, "g", 0, scanTest{listEvery: time.Hour})
+	id := Identity{Pid: os.Getpid(), StartTime: selfStart(t), Epoch: 0x5001}
+	name := rankFileName(id)
+	path := filepath.Join(r.Dir(), name)
+	writeFakeRank(t, r.Dir(), id, name, func(h *Header) { h.State = StateInit })
+	if p, ok := findPeer(settle(t, r), name); ok {
+		t.Fatalf("a rank in INIT is listed: %+v", p)
+	}
+	stateAt := unsafe.Offsetof(Header{}.State)
+	steps := []struct {
+		change string
+		poke   func()
+		// want: listed, and if so refused with this text ("" for usable).
+		listed  bool
+		refused string
+	}{
+		{"INIT becomes READY", func() { pokeFile(t, path, stateAt, u32(StateReady)) }, true, ""},
+		{"READY becomes CLOSING", func() { pokeFile(t, path, stateAt, u32(StateClosing)) }, false, ""},
+		{"CLOSING becomes READY", func() { pokeFile(t, path, stateAt, u32(StateReady)) }, true, ""},
+		{"the state becomes garbage", func() { pokeFile(t, path, stateAt, u32(9)) }, true, "state 9"},
+		{"the state is READY again", func() { pokeFile(t, path, stateAt, u32(StateReady)) }, true, ""},
+		{"the lane count changes", func() { pokeFile(t, path, unsafe.Offsetof(Header{}.LaneCount), u32(8)) }, true, "lane count 8 differs from ours 7"},
+		{"the lane count is ours again", func() { pokeFile(t, path, unsafe.Offsetof(Header{}.LaneCount), u32(LaneCount)) }, true, ""},
+		{"the heartbeat gets older than the timeout", func() {
+			pokeFile(t, path, unsafe.Offsetof(Header{}.Heartbeat), binary.NativeEndian.AppendUint64(nil, uint64(MonoNanos()-int64(2*testHeartbeatTimeout))))
+		}, false, ""},
+		{"the heartbeat is fresh again", func() {
+			pokeFile(t, path, unsafe.Offsetof(Header{}.Heartbeat), binary.NativeEndian.AppendUint64(nil, uint64(MonoNanos())))
+		}, true, ""},
+		{"the file is cut inside the header", func() {
+			if err := os.Truncate(path, 100); err != nil {
+				t.Fatal(err)
+			}
+		}, true, "short read"},
+	}
+	for _, s := range steps {
+		s.poke()
+		ps, listed := nextPeers(t, r)
+		noListing(t, listed, s.change)
+		p, ok := findPeer(ps, name)
+		switch {
+		case ok != s.listed:
+			t.Errorf("after %s: listed %v, want %v (%+v)", s.change, ok, s.listed, p)
+		case !ok:
+		case s.refused == "" && (p.Refused != nil || p.State != StateReady || p.Rail != "rail-x"):
+			t.Errorf("after %s: peer %+v, want it READY on rail-x", s.change, p)
+		case s.refused != "" && (p.Refused == nil || !strings.Contains(p.Refused.Error(), s.refused)):
+			t.Errorf("after %s: refused %v, want %q", s.change, p.Refused, s.refused)
+		}
+	}
+}
+
+func TestPeersSeeNewRanksLeavingRanksAndTooManyPeers(t *testing.T) {
+	root := regTestRoot(t)
+	r := scanObserver(t, root, "g", 0, scanTest{listEvery: time.Hour})
+	if ps := settle(t, r); len(ps) != 0 {
+		t.Fatalf("peers of an empty group: %+v", ps)
+	}
+	// Ranks join within milliseconds of each other, several within one
+	// tick of the file system's clock: each is seen on the next call.
+	var in []*Rank
+	for i := 1; i < LaneCount; i++ {
+		p := mustRegister(t, regOptions(root, "g", fmt.Sprintf("rail%d", i)))
+		in = append(in, p)
+		ps, _ := nextPeers(t, r)
+		if _, ok := findPeer(ps, p.Name()); !ok || len(ps) != i {
+			t.Fatalf("the call after rank %d joined lists %d peers, want %d with %s", i, len(ps), i, p.Name())
+		}
+	}
+	c := startRegChild(t, childOpts{root: root, group: "g", rail: "rail-child"})
+	name := c.expect("ready")
+	ps, _ := nextPeers(t, r)
+	if p, ok := findPeer(ps, name); !ok || len(ps) != LaneCount || p.Pid != c.pid() || p.Rail != "rail-child" {
+		t.Fatalf("the call after a process joined lists %d peers (%v), want %d with %s", len(ps), ok, LaneCount, name)
+	}
+	settle(t, r)
+	if err := in[0].Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ps, _ = nextPeers(t, r)
+	if _, ok := findPeer(ps, in[0].Name()); ok || len(ps) != LaneCount-1 {
+		t.Fatalf("the call after a rank left lists %d peers, want %d without %s", len(ps), LaneCount-1, in[0].Name())
+	}
+	in[0] = mustRegister(t, regOptions(root, "g", "rail1"))
+	settle(t, r)
+	c2 := startRegChild(t, childOpts{root: root, group: "g", rail: "rail-child2"})
+	c2.expect("ready")
+	_, err := r.Peers(context.Background())
+	if !errors.Is(err, ErrTooManyPeers) || !strings.Contains(err.Error(), fmt.Sprintf("%d valid peers", LaneCount+1)) {
+		t.Fatalf("the call after an eighth peer joined: %v, want %v with %d valid peers", err, ErrTooManyPeers, LaneCount+1)
+	}
+	if _, err := r.Peers(context.Background()); !errors.Is(err, ErrTooManyPeers) {
+		t.Errorf("the call after: %v; PXN stays off", err)
+	}
+}
+
+func TestPeersSeeRestartWithNewEpoch(t *testing.T) {
+	root := regTestRoot(t)
+	r := scanObserver(t, root, "g", 0, scanTest{listEvery: time.Hour})
+	c := startRegChild(t, childOpts{root: root, group: "g"})
+	old := c.expect("ready")
+	if _, ok := findPeer(settle(t, r), old); !ok {
+		t.Fatalf("%s not listed", old)
+	}
+	c.send("reregister")
+	neu := c.expect("ready")
+	_, oldID := parseEntryName(old)
+	_, newID := parseEntryName(neu)
+	if oldID.Pid != newID.Pid || oldID.Epoch == newID.Epoch {
+		t.Fatalf("re-registered as %v after %v, want the same pid under a new epoch", newID, oldID)
+	}
+	ps, _ := nextPeers(t, r)
+	p, ok := findPeer(ps, neu)
+	if _, still := findPeer(ps, old); still || !ok || p.Identity != newID || len(ps) != 1 {
+		t.Fatalf("the call after the restart lists %+v, want only %s", ps, neu)
+	}
+}
+
+func TestPeersDoNotTrustAStampTooCloseToAChange(t *testing.T) {
+	root := regTestRoot(t)
+	r := scanObserver(t, root, "g", 0, scanTest{listEvery: time.Hour})
+	settle(t, r)
+	// A change within the same tick of a coarse clock as the stamp a
+	// listing saw would leave the stamp as it was: so the calls right after
+	// a change list the directory whatever its stamp says.
+	for try := 0; ; try++ {
+		changed := time.Now()
+		writeFile0600(t, filepath.Join(r.Dir(), fmt.Sprintf("other-%d", try)), nil)
+		_, first := nextPeers(t, r)
+		_, second := nextPeers(t, r)
+		if time.Since(changed) < stampSettle/2 {
+			if !first || !second {
+				t.Fatalf("calls right after a change listed %v, %v; want both to list", first, second)
+			}
+			break
+		}
+		if try == 5 {
+			t.Skipf("no two calls within %v of a change in %d tries", stampSettle/2, try+1)
+		}
+		settle(t, r)
+	}
+	time.Sleep(stampSettle)
+	if _, listed := nextPeers(t, r); !listed {
+		t.Errorf("the first call after the stamp settled did not list; the last listing was too close to the change to trust")
+	}
+	if _, listed := nextPeers(t, r); listed {
+		t.Errorf("a call with the stamp settled and listed listed again")
+	}
+}
+
+// startUnreapedRank starts a rank process that nothing reaps before the
+// test ends: once killed it stays a zombie.
+func startUnreapedRank(t *testing.T, root, group string) (*exec.Cmd, string) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), registryHelperEnv+"=rank", helperRootEnv+"="+root, helperGroupEnv+"="+group, helperRailEnv+"=rail-z")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close()
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	line := make(chan string, 1)
+	go func() {
+		s := bufio.NewScanner(stdout)
+		s.Scan()
+		line <- s.Text()
+	}()
+	select {
+	case l := <-line:
+		name, ok := strings.CutPrefix(l, "ready ")
+		if !ok {
+			t.Fatalf("unreaped rank said %q, want ready", l)
+		}
+		return cmd, name
+	case <-time.After(childWait):
+		t.Fatalf("unreaped rank said nothing for %v", childWait)
+	}
+	return nil, ""
+}
+
+func TestPeersSeeKilledRanks(t *testing.T) {
+	for _, noPidfd := range []bool{false, true} {
+		t.Run(fmt.Sprintf("noPidfd=%v", noPidfd), func(t *testing.T) {
+			root := regTestRoot(t)
+			r := scanObserver(t, root, "g", 0, scanTest{noPidfd: noPidfd, listEvery: time.Hour})
+			c := startRegChild(t, childOpts{root: root, group: "g"})
+			name := c.expect("ready")
+			z, zname := startUnreapedRank(t, root, "g")
+			ps := settle(t, r)
+			if _, ok := findPeer(ps, name); !ok || len(ps) != 2 {
+				t.Fatalf("peers %+v, want %s and %s", ps, name, zname)
+			}
+			_, id := parseEntryName(name)
+
+			c.kill() // and reaped
+			ps, listed := nextPeers(t, r)
+			noListing(t, listed, "SIGKILL")
+			if _, ok := findPeer(ps, name); ok || len(ps) != 1 {
+				t.Errorf("the call after SIGKILL lists %+v, want only %s", ps, zname)
+			}
+			for _, f := range []string{name, arenaFileName(id)} {
+				if fileExists(filepath.Join(r.Dir(), f)) {
+					t.Errorf("the call after SIGKILL left %s of the killed rank", f)
+				}
+			}
+
+			settle(t, r)
+			if err := z.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			// The leader shows Z while its other threads still exit; the
+			// process has exited once they are all gone.
+			pollUntil(t, "the killed rank to become a zombie", func() bool {
+				st, err := readProcStat(z.Process.Pid)
+				tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", z.Process.Pid))
+				return err == nil && st.State == 'Z' && len(tasks) == 1
+			})
+			ps, listed = nextPeers(t, r)
+			noListing(t, listed, "SIGKILL of an unreaped rank")
+			if len(ps) != 0 {
+				t.Errorf("the call after a rank became a zombie lists %+v, want none", ps)
+			}
+			if fileExists(filepath.Join(r.Dir(), zname)) {
+				t.Errorf("the call after a rank became a zombie left its control file")
+			}
+		})
+	}
+}
+
+func TestPeersSeeHeartbeatStopAndResume(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	root := regTestRoot(t)
+	r := scanObserver(t, root, "g", timeout, scanTest{listEvery: time.Hour})
+	c := startRegChild(t, childOpts{root: root, group: "g"})
+	name := c.expect("ready")
+	path := filepath.Join(r.Dir(), name)
+	if _, ok := findPeer(settle(t, r), name); !ok {
+		t.Fatalf("%s not listed", name)
+	}
+	c.send("pause")
+	c.expect("paused")
+	last := fileHeartbeat(t, path)
+	// A call while the heartbeat is inside the timeout lists the rank.
+	if ps, _ := nextPeers(t, r); MonoNanos()-last < int64(timeout)/2 {
+		if _, ok := findPeer(ps, name); !ok {
+			t.Errorf("rank listed out %v after its last heartbeat", time.Duration(MonoNanos()-last))
+		}
+	}
+	time.Sleep(time.Duration(last+int64(timeout)-MonoNanos()) + 10*time.Millisecond)
+	ps, listed := nextPeers(t, r)
+	noListing(t, listed, "the heartbeat went stale")
+	if p, ok := findPeer(ps, name); ok {
+		t.Errorf("the call after the heartbeat went stale lists %+v", p)
+	}
+	if !fileExists(path) {
+		t.Errorf("a late rank whose process runs lost its control file")
+	}
+	c.send("resume")
+	c.expect("resumed")
+	pollUntil(t, "a new heartbeat", func() bool { return fileHeartbeat(t, path) > last })
+	ps, listed = nextPeers(t, r)
+	noListing(t, listed, "the heartbeat resumed")
+	if p, ok := findPeer(ps, name); !ok || p.HeartbeatAge > timeout {
+		t.Errorf("the call after the heartbeat resumed: listed %v, %+v", ok, p)
+	}
+}
+
+func TestPeersFreeTheLaneOfAKilledSender(t *testing.T) {
+	root := regTestRoot(t)
+	r := scanObserver(t, root, "g", 0, scanTest{listEvery: time.Hour})
+	c := startRegChild(t, childOpts{root: root, group: "g"})
+	c.expect("ready")
+	c.send("attach " + r.Name())
+	c.expect("attached")
+	settle(t, r)
+	held := func() int {
+		n := 0
+		for i := range r.ctl.Lanes {
+			if owner, ok := loadOwner(&r.ctl.Lanes[i].Owner); ok && owner.Pid == c.pid() {
+				n++
+			}
+		}
+		return n
+	}
+	if n := held(); n != 1 {
+		t.Fatalf("the sender holds %d lanes, want 1", n)
+	}
+	c.kill()
+	_, listed := nextPeers(t, r)
+	noListing(t, listed, "the sender was killed")
+	if n := held(); n != 0 {
+		t.Errorf("the call after the sender was killed left %d lanes held by it", n)
+	}
+}
+
+func TestPeersRecheckEveryEntryWithinListEvery(t *testing.T) {
+	root := regTestRoot(t)
+	r := scanObserver(t, root, "g", 0, scanTest{})
+	peer := mustRegister(t, regOptions(root, "g", "rail1"))
+	settle(t, r)
+	// A mode change is no change of the directory: the periodic listing
+	// finds it.
+	arena := filepath.Join(r.Dir(), arenaFileName(peer.Identity()))
+	if err := os.Chmod(arena, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	var err error
+	for err == nil {
+		if time.Since(start) > listEvery+time.Second {
+			t.Fatalf("Peers still fine %v after an entry became unsafe", time.Since(start))
+		}
+		time.Sleep(20 * time.Millisecond)
+		_, err = r.Peers(context.Background())
+	}
+	var ue *UnsafeError
+	if !errors.As(err, &ue) || ue.Path != arena || !strings.Contains(ue.Problem, "has mode 0640") {
+		t.Errorf("Peers = %v, want an UnsafeError about the mode of %s", err, arena)
+	}
+}
+
+// registryFds lists this process's descriptors of the registry under root,
+// of /proc/<pid>/stat files and pidfds.
+func registryFds(t *testing.T, root string) []string {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fds []string
+	for _, e := range ents {
+		l, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
+		if err != nil {
+			continue
+		}
+		if strings.HasPrefix(l, root) || strings.Contains(l, "pidfd") || strings.HasPrefix(l, "/proc/") && strings.HasSuffix(l, "/stat") {
+			fds = append(fds, l)
+		}
+	}
+	return fds
+}
+
+func TestPeersCloseReleasesDescriptors(t *testing.T) {
+	for _, noPidfd := range []bool{false, true} {
+		t.Run(fmt.Sprintf("noPidfd=%v", noPidfd), func(t *testing.T) {
+			root := regTestRoot(t)
+			before := registryFds(t, root)
+			r := scanObserver(t, root, "g", 0, scanTest{noPidfd: noPidfd})
+			peer := mustRegister(t, regOptions(root, "g", "rail1"))
+			held := len(registryFds(t, root))
+			if ps := settle(t, r); len(ps) != 1 {
+				t.Fatalf("peers %+v, want %s", ps, peer.Name())
+			}
+			if n := len(registryFds(t, root)); n <= held {
+				t.Fatalf("Peers holds no descriptor (%d before, %d after); the test checks nothing", held, n)
+			}
+			for _, x := range []*Rank{r, peer} {
+				if err := x.Close(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if after := registryFds(t, root); len(after) != len(before) {
+				t.Errorf("descriptors %v before, %v after Close", before, after)
+			}
+		})
+	}
+}
+
+func TestPeersSteadyStateAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates on its own")
+	}
+	for _, noPidfd := range []bool{false, true} {
+		t.Run(fmt.Sprintf("noPidfd=%v", noPidfd), func(t *testing.T) {
+			ctx := context.Background()
+			root := regTestRoot(t)
+			r := scanObserver(t, root, "g", 0, scanTest{noPidfd: noPidfd})
+			dir := r.Dir()
+			for i := 1; i <= 2; i++ {
+				mustRegister(t, regOptions(root, "g", fmt.Sprintf("rail%d", i)))
+			}
+			c := startRegChild(t, childOpts{root: root, group: "g", rail: "rail-child"})
+			c.expect("ready")
+			c.send("attach " + r.Name())
+			c.expect("attached")
+			me, start := os.Getpid(), selfStart(t)
+			refused := Identity{me, start, 0x6001}
+			writeFakeRank(t, dir, refused, rankFileName(refused), func(h *Header) { h.LaneCount = 8 })
+			late := Identity{me, start, 0x6002}
+			writeFakeRank(t, dir, late, rankFileName(late), func(h *Header) { h.Heartbeat = 1 })
+			initializing := Identity{me, start, 0x6003}
+			writeFakeRank(t, dir, initializing, tmpFileName(initializing), func(h *Header) { h.State = StateInit })
+			writeFile0600(t, filepath.Join(dir, "notes"), []byte("x"))
+
+			settle(t, r)
+			buf := make([]PeerInfo, 0, 16)
+			var err error
+			call := func() {
+				if buf, err = r.AppendPeers(ctx, buf[:0]); err != nil {
+					t.Fatalf("Peers: %v", err)
+				}
+			}
+			call()
+			if usable := len(buf) - 1; usable != 3 {
+				t.Fatalf("peers %+v, want 3 usable and 1 refused", buf)
+			}
+			if a := testing.AllocsPerRun(200, call); a != 0 {
+				t.Errorf("a call with nothing changed: %v allocations, want 0", a)
+			}
+			// A listing of known names allocates nothing either.
+			r.scan.test.listEvery = time.Nanosecond
+			before := listings(r)
+			if a := testing.AllocsPerRun(200, call); a != 0 {
+				t.Errorf("a call that lists the directory again: %v allocations, want 0", a)
+			}
+			if listings(r)-before < 200 {
+				t.Errorf("%d listings in 201 calls; the test measured something else", listings(r)-before)
+			}
+		})
+	}
+}
+
+func BenchmarkPeersListing(b *testing.B) {
+	root, err := os.MkdirTemp("/dev/shm", "pxn-registry-bench-")
+	if err != nil {
+		b.Skip("no /dev/shm")
+	}
+	defer os.RemoveAll(root)
+	var ranks []*Rank
+	for i := 0; i <= LaneCount; i++ {
+		r, err := Register(context.Background(), regOptions(root, "g", fmt.Sprintf("rail%d", i)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer r.Close(context.Background())
+		ranks = append(ranks, r)
+	}
+	r := ranks[0]
+	r.scan.test.listEvery = time.Nanosecond
+	buf := make([]PeerInfo, 0, LaneCount)
+	b.ReportAllocs()
+	for b.Loop() {
+		if buf, err = r.AppendPeers(context.Background(), buf[:0]); err != nil || len(buf) != LaneCount {
+			b.Fatal(len(buf), err)
+		}
+	}
+}
