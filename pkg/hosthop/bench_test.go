@@ -2,6 +2,7 @@ package hosthop
 
 import (
 	"context"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -139,5 +140,148 @@ func BenchmarkHostCopierCallerPath(b *testing.B) {
 			b.Fatal(done, err)
 		}
 		c.Release(ev)
+	}
+}
+
+// smallOp is the size of the ops of the per-op benchmarks: small enough that
+// the hop's own cost, not the copy, is what they measure.
+const smallOp = 4 << 10
+
+// BenchmarkLoopbackSubmitPoll submits one small op at a time and polls its
+// completion, the second hop's per-op cost on the Loopback.
+func BenchmarkLoopbackSubmitPoll(b *testing.B) {
+	b.Run("lookup", func(b *testing.B) {
+		l := NewLoopback(LoopbackOptions{})
+		dst := make([]byte, 16*smallOp)
+		if err := l.AddTarget("kv", "mlx5_0", dst, loopBase); err != nil {
+			b.Fatal(err)
+		}
+		src := mapped(b, smallOp)
+		fill(src, 3)
+		op := []relay.WriteOp{{Src: addr(src), Len: smallOp, Target: "kv"}}
+		benchLoopback(b, l, op)
+	})
+}
+
+func benchLoopback(b *testing.B, l *Loopback, op []relay.WriteOp) {
+	comps := make([]relay.HopCompletion, 1)
+	b.SetBytes(smallOp)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		op[0].Token = uint64(i)
+		op[0].Dst = loopBase + uint64(i%16)*smallOp
+		i++
+		if err := l.Submit(op); err != nil {
+			b.Fatal(err)
+		}
+		if n := l.Poll(comps); n != 1 || comps[0].Err != nil {
+			b.Fatalf("token %d: %d completions, %v", op[0].Token, n, comps[0].Err)
+		}
+	}
+}
+
+// BenchmarkTCPHopSmall writes small ops over loopback TCP to a TargetServer,
+// keeping the hop's queue full and polling without sleeping: the hop's
+// per-op cost, its goroutines and the server's included.
+func BenchmarkTCPHopSmall(b *testing.B) {
+	b.Run("lookup", func(b *testing.B) {
+		h, src := benchTCPSetup(b)
+		benchTCPSmall(b, h, relay.WriteOp{Src: addr(src), Len: smallOp, Target: "kv"})
+	})
+}
+
+const smallDepth = 16
+
+func benchTCPSetup(b *testing.B) (*TCPHop, []byte) {
+	mem := make([]byte, smallDepth*smallOp)
+	srv := NewTargetServer(TargetServerOptions{})
+	b.Cleanup(func() { _ = srv.Close() })
+	if err := srv.Register(tcpBase, mem); err != nil {
+		b.Fatal(err)
+	}
+	a, err := srv.Listen(context.Background(), "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	src := mapped(b, smallOp)
+	fill(src, 4)
+	h := NewTCPHop(TCPHopOptions{Targets: map[string]string{"kv": a.String()}, QueueDepth: smallDepth})
+	b.Cleanup(func() { _ = h.Close() })
+	return h, src
+}
+
+func benchTCPSmall(b *testing.B, h *TCPHop, proto relay.WriteOp) {
+	comps := make([]relay.HopCompletion, smallDepth)
+	op := []relay.WriteOp{proto}
+	submitted, completed := 0, 0
+	run := func(n int) {
+		for submitted < n || completed < n {
+			if submitted < n {
+				op[0].Token = uint64(submitted)
+				op[0].Dst = tcpBase + uint64(submitted%smallDepth)*smallOp
+				switch err := h.Submit(op); err {
+				case nil:
+					submitted++
+					continue
+				case relay.ErrHopBusy:
+				default:
+					b.Fatal(err)
+				}
+			}
+			k := h.Poll(comps)
+			for _, c := range comps[:k] {
+				if c.Err != nil {
+					b.Fatalf("token %d: %v", c.Token, c.Err)
+				}
+			}
+			completed += k
+			if k == 0 {
+				runtime.Gosched()
+			}
+		}
+	}
+	// Dial and warm up outside the measurement.
+	run(4 * smallDepth)
+	warm := submitted
+	b.SetBytes(smallOp)
+	b.ReportAllocs()
+	b.ResetTimer()
+	run(warm + b.N)
+}
+
+// BenchmarkHostCopierHeldPath runs the HoldReady cycle of one Piece: record
+// a held event, enqueue a copy behind it, release it, forget it and wait for
+// the doorbell.
+func BenchmarkHostCopierHeldPath(b *testing.B) {
+	c := NewHostCopier(HostCopierOptions{HoldReady: true})
+	defer c.Close()
+	src, dst := mapped(b, 64), mapped(b, 64)
+	entries := []relay.CopyEntry{{Src: addr(src), Dst: addr(dst), Len: 64}}
+	var bell uint64
+	seq := uint64(0)
+	cycle := func() {
+		seq++
+		ev, err := c.RecordReady(0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := c.Copy(0, ev, entries, &bell, seq); err != nil {
+			b.Fatal(err)
+		}
+		if err := c.ReleaseReady(ev); err != nil {
+			b.Fatal(err)
+		}
+		c.Release(ev)
+		for atomic.LoadUint64(&bell) != seq {
+			runtime.Gosched()
+		}
+	}
+	for range 2 * LaneQueueDepth {
+		cycle()
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		cycle()
 	}
 }
