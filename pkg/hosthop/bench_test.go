@@ -161,6 +161,28 @@ func BenchmarkLoopbackSubmitPoll(b *testing.B) {
 		op := []relay.WriteOp{{Src: addr(src), Len: smallOp, Target: "kv"}}
 		benchLoopback(b, l, op)
 	})
+	b.Run("routed", func(b *testing.B) {
+		l := NewLoopback(LoopbackOptions{})
+		dst := make([]byte, 16*smallOp)
+		if err := l.AddTarget("kv", "mlx5_0", dst, loopBase); err != nil {
+			b.Fatal(err)
+		}
+		route, err := l.Route("kv")
+		if err != nil {
+			b.Fatal(err)
+		}
+		tg, err := l.Resolve("kv", loopBase)
+		if err != nil {
+			b.Fatal(err)
+		}
+		src := mapped(b, smallOp)
+		fill(src, 3)
+		op := []relay.WriteOp{{Src: addr(src), Len: smallOp, Target: "kv", Route: route, Key: tg.Ranges[0].Key}}
+		benchLoopback(b, l, op)
+		if st := l.Stats(); st.Lookups != 0 {
+			b.Fatalf("%d lookups for routed ops", st.Lookups)
+		}
+	})
 }
 
 func benchLoopback(b *testing.B, l *Loopback, op []relay.WriteOp) {

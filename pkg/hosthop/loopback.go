@@ -33,13 +33,28 @@ type LoopbackStats struct {
 	Busy      uint64
 	Held      int
 	Unpolled  int
+	// Resolves and Routes count Resolve and Route calls.
+	Resolves uint64
+	Routes   uint64
+	// Lookups counts ops whose session was looked up by name when they
+	// were performed; Routed counts ops performed through a route handle.
+	Lookups uint64
+	Routed  uint64
 }
 
-// Loopback is an in-process relay.Hop and relay.Directory for unit tests.
-// Targets are buffers registered with AddTarget. An op is performed (its bytes
-// copied from Src into the target buffer) when it finishes: at Submit, or,
-// while completions are held, when the test completes it. Validation errors
-// and injected failures are reported as completions.
+// Loopback is an in-process relay.Hop, relay.Router and relay.Directory for
+// unit tests. Targets are buffers registered with AddTarget. An op is
+// performed (its bytes copied from Src into the target buffer) when it
+// finishes: at Submit, or, while completions are held, when the test
+// completes it. Validation errors and injected failures are reported as
+// completions.
+//
+// Resolve gives each range the Key of its buffer, and Route a handle for the
+// session, so an op that carries both reaches its buffer without a lookup by
+// name or a search of the ranges. An op whose Route is not a live handle of
+// this Loopback for its Target fails with ErrStaleRoute (and
+// ErrUnknownSession once the session is removed): a handle from another
+// Loopback is never trusted, since its keys name another Loopback's buffers.
 type Loopback struct {
 	mu       sync.Mutex
 	depth    int
@@ -52,9 +67,15 @@ type Loopback struct {
 	stats    LoopbackStats
 }
 
+// loopSession is a registered session and the handle Route returns for it.
 type loopSession struct {
+	owner *Loopback
+	name  string
+	// removed is set by RemoveTarget: the handle is no longer honoured.
+	removed bool
 	// hcas, ranges and bufs are replaced, never modified in place, so the
-	// slices Resolve returned stay valid.
+	// slices Resolve returned stay valid. ranges[i] describes bufs[i], and
+	// its Key is i+1.
 	hcas   []string
 	ranges []relay.Range
 	spans  spans
@@ -70,6 +91,7 @@ type failRule struct {
 
 var (
 	_ relay.Hop       = (*Loopback)(nil)
+	_ relay.Router    = (*Loopback)(nil)
 	_ relay.Directory = (*Loopback)(nil)
 )
 
@@ -85,7 +107,7 @@ func NewLoopback(opts LoopbackOptions) *Loopback {
 // AddTarget registers buf as the range [base, base+len(buf)) of session,
 // served by the NIC named hca. A session registered with several HCAs
 // resolves to all of them. The Loopback writes into buf until the test stops
-// using it.
+// using it or removes the session.
 func (l *Loopback) AddTarget(session, hca string, buf []byte, base uint64) error {
 	if session == "" || hca == "" {
 		return fmt.Errorf("hosthop: target needs a session and an HCA (session %q, hca %q)", session, hca)
@@ -98,7 +120,7 @@ func (l *Loopback) AddTarget(session, hca string, buf []byte, base uint64) error
 	defer l.mu.Unlock()
 	s := l.sessions[session]
 	if s == nil {
-		s = &loopSession{}
+		s = &loopSession{owner: l, name: session}
 		l.sessions[session] = s
 	}
 	if s.spans.overlaps(base, size) {
@@ -106,18 +128,37 @@ func (l *Loopback) AddTarget(session, hca string, buf []byte, base uint64) error
 	}
 	s.bufs = append(slices.Clip(s.bufs), buf)
 	s.spans = s.spans.insert(span{start: base, size: size, ref: len(s.bufs) - 1})
-	s.ranges = append(slices.Clip(s.ranges), relay.Range{Addr: base, Len: size})
+	s.ranges = append(slices.Clip(s.ranges), relay.Range{Addr: base, Len: size, Key: uint64(len(s.bufs))})
 	if !slices.Contains(s.hcas, hca) {
 		s.hcas = append(slices.Clip(s.hcas), hca)
 	}
 	return nil
 }
 
+// RemoveTarget forgets session and all its ranges. From then on ops to it
+// fail with ErrUnknownSession, held ones included, and so do Resolve, Route
+// and ops that carry a route handle issued for it before; the Loopback no
+// longer writes into its buffers. AddTarget may register the session again,
+// with a new handle.
+func (l *Loopback) RemoveTarget(session string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.sessions[session]
+	if s == nil {
+		return fmt.Errorf("hosthop: remove target: %w: %q", ErrUnknownSession, session)
+	}
+	s.removed = true
+	delete(l.sessions, session)
+	return nil
+}
+
 // Resolve returns the HCAs and ranges of session; dst must lie in one of the
-// ranges. The returned slices must not be modified.
+// ranges. The Key of a range is its buffer's position in the session, from
+// 1. The returned slices must not be modified.
 func (l *Loopback) Resolve(session string, dst uint64) (relay.Target, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.stats.Resolves++
 	s := l.sessions[session]
 	if s == nil {
 		return relay.Target{}, fmt.Errorf("%w: %q", ErrUnknownSession, session)
@@ -126,6 +167,19 @@ func (l *Loopback) Resolve(session string, dst uint64) (relay.Target, error) {
 		return relay.Target{}, fmt.Errorf("%w: session %q dst %#x", ErrOutOfRange, session, dst)
 	}
 	return relay.Target{HCAs: s.hcas, Ranges: s.ranges}, nil
+}
+
+// Route returns this Loopback's handle for session, for WriteOp.Route. The
+// handle stays valid until RemoveTarget removes the session.
+func (l *Loopback) Route(session string) (any, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stats.Routes++
+	s := l.sessions[session]
+	if s == nil {
+		return nil, fmt.Errorf("hosthop: route: %w: %q", ErrUnknownSession, session)
+	}
+	return s, nil
 }
 
 // FailSession makes every op to session that finishes from now on fail with
@@ -213,13 +267,22 @@ func (l *Loopback) perform(op relay.WriteOp) error {
 			return fmt.Errorf("hosthop: loopback write token %d to %q dst %#x len %d: %w", op.Token, op.Target, op.Dst, op.Len, r.err)
 		}
 	}
-	s := l.sessions[op.Target]
-	if s == nil {
-		return fmt.Errorf("hosthop: loopback write token %d: %w: %q", op.Token, ErrUnknownSession, op.Target)
+	var s *loopSession
+	if op.Route != nil {
+		var err error
+		if s, err = l.routed(op); err != nil {
+			return err
+		}
+		l.stats.Routed++
+	} else {
+		l.stats.Lookups++
+		if s = l.sessions[op.Target]; s == nil {
+			return fmt.Errorf("hosthop: loopback write token %d: %w: %q", op.Token, ErrUnknownSession, op.Target)
+		}
 	}
-	i := s.spans.find(op.Dst, op.Len)
-	if i < 0 {
-		return fmt.Errorf("hosthop: loopback write token %d to %q: %w: dst %#x len %d", op.Token, op.Target, ErrOutOfRange, op.Dst, op.Len)
+	buf, base, err := s.dest(op)
+	if err != nil {
+		return err
 	}
 	if op.Len == 0 {
 		return nil
@@ -227,10 +290,47 @@ func (l *Loopback) perform(op relay.WriteOp) error {
 	if op.Src == 0 || !validRange(uint64(op.Src), op.Len) {
 		return fmt.Errorf("hosthop: loopback write token %d to %q: source %#x len %d is not addressable", op.Token, op.Target, op.Src, op.Len)
 	}
-	sp := s.spans[i]
-	off := op.Dst - sp.start
-	copy(s.bufs[sp.ref][off:off+op.Len], bytesAt(op.Src, op.Len))
+	off := op.Dst - base
+	copy(buf[off:off+op.Len], bytesAt(op.Src, op.Len))
 	return nil
+}
+
+// routed returns the session of op's route handle, or why the handle is not
+// honoured. l.mu is held.
+func (l *Loopback) routed(op relay.WriteOp) (*loopSession, error) {
+	s, ok := op.Route.(*loopSession)
+	switch {
+	case !ok || s.owner != l:
+		return nil, fmt.Errorf("hosthop: loopback write token %d to %q: %w: handle %T was not issued by this loopback", op.Token, op.Target, ErrStaleRoute, op.Route)
+	case s.name != op.Target:
+		return nil, fmt.Errorf("hosthop: loopback write token %d to %q: %w: handle is for session %q", op.Token, op.Target, ErrStaleRoute, s.name)
+	case s.removed:
+		return nil, fmt.Errorf("hosthop: loopback write token %d: %w: %w: %q was removed", op.Token, ErrStaleRoute, ErrUnknownSession, op.Target)
+	}
+	return s, nil
+}
+
+// dest returns the buffer that holds op's destination and the buffer's base
+// address. A Key picks the buffer, and then the destination must lie in it:
+// a Key that does not hold it is the caller's bug, not a reason to search.
+// Without a Key the ranges are searched. l.mu is held.
+func (s *loopSession) dest(op relay.WriteOp) ([]byte, uint64, error) {
+	if op.Key == 0 {
+		i := s.spans.find(op.Dst, op.Len)
+		if i < 0 {
+			return nil, 0, fmt.Errorf("hosthop: loopback write token %d to %q: %w: dst %#x len %d", op.Token, op.Target, ErrOutOfRange, op.Dst, op.Len)
+		}
+		sp := s.spans[i]
+		return s.bufs[sp.ref], sp.start, nil
+	}
+	if op.Key > uint64(len(s.ranges)) {
+		return nil, 0, fmt.Errorf("hosthop: loopback write token %d to %q: %w: key %d names no range (the session has %d): dst %#x len %d", op.Token, op.Target, ErrOutOfRange, op.Key, len(s.ranges), op.Dst, op.Len)
+	}
+	r := s.ranges[op.Key-1]
+	if !within(r.Addr, r.Len, op.Dst, op.Len) {
+		return nil, 0, fmt.Errorf("hosthop: loopback write token %d to %q: %w: key %d names range %#x+%d, which does not hold dst %#x len %d", op.Token, op.Target, ErrOutOfRange, op.Key, r.Addr, r.Len, op.Dst, op.Len)
+	}
+	return s.bufs[op.Key-1], r.Addr, nil
 }
 
 // rangesMeet reports whether r and [dst, dst+n) share a byte.

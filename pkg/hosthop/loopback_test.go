@@ -2,8 +2,10 @@ package hosthop
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/pxn-project/pxn/pkg/relay"
@@ -238,7 +240,7 @@ func TestLoopbackDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(tg.HCAs, []string{"mlx5_2"}) || !slices.Equal(tg.Ranges, []relay.Range{{Addr: 1000, Len: 100}}) {
+	if !slices.Equal(tg.HCAs, []string{"mlx5_2"}) || !slices.Equal(tg.Ranges, []relay.Range{{Addr: 1000, Len: 100, Key: 1}}) {
 		t.Fatalf("Resolve = %+v", tg)
 	}
 	if err := l.AddTarget("kv", "mlx5_2", make([]byte, 10), 1050); err == nil {
@@ -254,7 +256,7 @@ func TestLoopbackDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(tg2.HCAs, []string{"mlx5_2", "mlx5_5"}) || len(tg2.Ranges) != 2 {
+	if !slices.Equal(tg2.HCAs, []string{"mlx5_2", "mlx5_5"}) || !slices.Equal(tg2.Ranges, []relay.Range{{Addr: 1000, Len: 100, Key: 1}, {Addr: 5000, Len: 10, Key: 2}}) {
 		t.Fatalf("Resolve after a second HCA = %+v", tg2)
 	}
 	if _, err := l.Resolve("kv", 1100); !errors.Is(err, ErrOutOfRange) {
@@ -271,5 +273,281 @@ func TestLoopbackDirectory(t *testing.T) {
 		if err := l.AddTarget(bad.session, bad.hca, make([]byte, bad.n), bad.base); err == nil {
 			t.Errorf("AddTarget(%q, %q, %d bytes, %#x) accepted", bad.session, bad.hca, bad.n, bad.base)
 		}
+	}
+}
+
+// doOne submits op alone and returns its completion's error.
+func doOne(t *testing.T, l *Loopback, op relay.WriteOp) error {
+	t.Helper()
+	if err := l.Submit([]relay.WriteOp{op}); err != nil {
+		t.Fatalf("Submit token %d: %v", op.Token, err)
+	}
+	got := pollAll(l, 1)
+	if len(got) != 1 || got[0].Token != op.Token {
+		t.Fatalf("completions %+v, want one for token %d", got, op.Token)
+	}
+	return got[0].Err
+}
+
+func nonZero(b []byte) bool { return slices.ContainsFunc(b, func(x byte) bool { return x != 0 }) }
+
+// routedLoopback registers session "a" as three buffers, added out of
+// address order so that a Key is not a position among sorted ranges, and
+// session "b" as one.
+func routedLoopback(t *testing.T) (*Loopback, [][]byte) {
+	t.Helper()
+	l := NewLoopback(LoopbackOptions{})
+	bufs := [][]byte{make([]byte, 256), make([]byte, 128), make([]byte, 512), make([]byte, 256)}
+	for i, r := range []struct {
+		session string
+		base    uint64
+	}{{"a", loopBase + 0x3000}, {"a", loopBase + 0x1000}, {"a", loopBase + 0x2000}, {"b", loopBase + 0x1000}} {
+		if err := l.AddTarget(r.session, "mlx5_0", bufs[i], r.base); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return l, bufs
+}
+
+func TestLoopbackRoutedOps(t *testing.T) {
+	l, bufs := routedLoopback(t)
+	src := mapped(t, 512)
+	fill(src, 21)
+	route, err := l.Route("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg, err := l.Resolve("a", loopBase+0x2000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tg.Ranges) != 3 {
+		t.Fatalf("Resolve = %+v, want 3 ranges", tg)
+	}
+	// Each range's Key must take an op to that range's own buffer.
+	want := map[uint64][]byte{loopBase + 0x3000: bufs[0], loopBase + 0x1000: bufs[1], loopBase + 0x2000: bufs[2]}
+	keys := map[uint64]bool{}
+	for i, r := range tg.Ranges {
+		if r.Key == 0 || keys[r.Key] {
+			t.Fatalf("range %d %+v: keys must be distinct and non-zero", i, r)
+		}
+		keys[r.Key] = true
+		buf := want[r.Addr]
+		off := uint64(16 * (i + 1))
+		n := r.Len - off
+		op := relay.WriteOp{Src: addr(src), Len: n, Target: "a", Dst: r.Addr + off, Token: uint64(i) + 1, Route: route, Key: r.Key}
+		if err := doOne(t, l, op); err != nil {
+			t.Fatalf("routed op to range %#x key %d: %v", r.Addr, r.Key, err)
+		}
+		if nonZero(buf[:off]) {
+			t.Fatalf("range %#x: bytes before dst written", r.Addr)
+		}
+		if i := firstDiff(buf[off:], src[:n]); i >= 0 {
+			t.Fatalf("range %#x key %d: byte %d differs", r.Addr, r.Key, i)
+		}
+	}
+	// A route without a Key (a directory that gives none) searches the
+	// session's ranges, still without a lookup by name.
+	clear(bufs[1])
+	if err := doOne(t, l, relay.WriteOp{Src: addr(src), Len: 8, Target: "a", Dst: loopBase + 0x1000 + 8, Token: 10, Route: route}); err != nil {
+		t.Fatal(err)
+	}
+	if i := firstDiff(bufs[1][8:16], src[:8]); i >= 0 {
+		t.Fatalf("routed op without a key: byte %d differs", i)
+	}
+	if nonZero(bufs[3]) {
+		t.Fatal("session b was written by ops routed to a")
+	}
+	st := l.Stats()
+	if st.Lookups != 0 || st.Routed != 4 || st.Routes != 1 || st.Resolves != 1 || st.Succeeded != 4 {
+		t.Fatalf("stats %+v, want 4 routed ops, no lookup, 1 route, 1 resolve", st)
+	}
+	// An op without a route is looked up as before.
+	if err := doOne(t, l, relay.WriteOp{Src: addr(src), Len: 8, Target: "b", Dst: loopBase + 0x1000, Token: 11}); err != nil {
+		t.Fatal(err)
+	}
+	if st := l.Stats(); st.Lookups != 1 || st.Routed != 4 {
+		t.Fatalf("stats %+v after an unrouted op, want 1 lookup", st)
+	}
+	if i := firstDiff(bufs[3][:8], src[:8]); i >= 0 {
+		t.Fatalf("unrouted op: byte %d differs", i)
+	}
+}
+
+func TestLoopbackRoutedWrongKey(t *testing.T) {
+	l, bufs := routedLoopback(t)
+	src := mapped(t, 512)
+	fill(src, 22)
+	route, err := l.Route("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg, err := l.Resolve("a", loopBase+0x1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := map[uint64]uint64{}
+	for _, r := range tg.Ranges {
+		key[r.Addr] = r.Key
+	}
+	tests := []struct {
+		name string
+		dst  uint64
+		n    uint64
+		key  uint64
+	}{
+		// dst lies in another registered range of the session: a lookup
+		// would find it, but the key says otherwise.
+		{"key of another range", loopBase + 0x2000, 8, key[loopBase+0x1000]},
+		{"runs past the keyed range", loopBase + 0x1000 + 120, 16, key[loopBase+0x1000]},
+		{"below the keyed range", loopBase + 0x1000 - 8, 16, key[loopBase+0x1000]},
+		{"key past the last range", loopBase + 0x1000, 8, 4},
+		{"huge key", loopBase + 0x1000, 8, math.MaxUint64},
+	}
+	for i, tt := range tests {
+		tok := uint64(100 + i)
+		err := doOne(t, l, relay.WriteOp{Src: addr(src), Len: tt.n, Target: "a", Dst: tt.dst, Token: tok, Route: route, Key: tt.key})
+		if !errors.Is(err, ErrOutOfRange) {
+			t.Fatalf("%s: %v, want ErrOutOfRange", tt.name, err)
+		}
+		for _, s := range []string{fmt.Sprint("token ", tok), `"a"`, fmt.Sprint("key ", tt.key), fmt.Sprintf("dst %#x", tt.dst), fmt.Sprint("len ", tt.n)} {
+			if !strings.Contains(err.Error(), s) {
+				t.Errorf("%s: error %q does not name %s", tt.name, err, s)
+			}
+		}
+	}
+	for i, b := range bufs {
+		if nonZero(b) {
+			t.Fatalf("buffer %d written by an op with a wrong key", i)
+		}
+	}
+	if st := l.Stats(); st.Failed != uint64(len(tests)) || st.Lookups != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestLoopbackForeignRoute(t *testing.T) {
+	l, bufs := routedLoopback(t)
+	other, _ := routedLoopback(t)
+	src := mapped(t, 64)
+	fill(src, 23)
+	foreign, err := other.Route("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	routeB, err := l.Route("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name  string
+		route any
+		want  string
+	}{
+		{"handle of another loopback", foreign, "not issued by this loopback"},
+		{"handle of another session", routeB, `handle is for session "b"`},
+		{"not a handle", "a", "handle string"},
+	}
+	for i, tt := range tests {
+		err := doOne(t, l, relay.WriteOp{Src: addr(src), Len: 8, Target: "a", Dst: loopBase + 0x1000, Token: uint64(i) + 1, Route: tt.route, Key: 2})
+		if !errors.Is(err, ErrStaleRoute) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want ErrStaleRoute saying %q", tt.name, err, tt.want)
+		}
+	}
+	for i, b := range bufs {
+		if nonZero(b) {
+			t.Fatalf("buffer %d written through an untrusted handle", i)
+		}
+	}
+	if st := l.Stats(); st.Failed != 3 || st.Routed != 0 || st.Lookups != 0 {
+		t.Fatalf("stats %+v: untrusted handles must fail without a lookup", st)
+	}
+}
+
+func TestLoopbackRemoveTarget(t *testing.T) {
+	l, bufs := routedLoopback(t)
+	src := mapped(t, 64)
+	fill(src, 24)
+	old, err := l.Route("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := relay.WriteOp{Src: addr(src), Len: 64, Target: "a", Dst: loopBase + 0x1000, Token: 1, Route: old, Key: 2}
+	if err := doOne(t, l, op); err != nil {
+		t.Fatal(err)
+	}
+	clear(bufs[1])
+	// Held across the removal: performed after it, so it must fail.
+	l.SetHold(true)
+	op.Token = 2
+	if err := l.Submit([]relay.WriteOp{op}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.RemoveTarget("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Complete(2); err != nil {
+		t.Fatal(err)
+	}
+	l.SetHold(false)
+	if got := pollAll(l, 1); len(got) != 1 || !errors.Is(got[0].Err, ErrUnknownSession) || !errors.Is(got[0].Err, ErrStaleRoute) {
+		t.Fatalf("held routed op after RemoveTarget: %+v, want ErrUnknownSession", got)
+	}
+	op.Token = 3
+	if err := doOne(t, l, op); !errors.Is(err, ErrUnknownSession) || !strings.Contains(err.Error(), `"a"`) {
+		t.Fatalf("routed op after RemoveTarget: %v, want ErrUnknownSession naming \"a\"", err)
+	}
+	if err := doOne(t, l, relay.WriteOp{Src: addr(src), Len: 8, Target: "a", Dst: loopBase + 0x1000, Token: 4}); !errors.Is(err, ErrUnknownSession) {
+		t.Fatalf("unrouted op after RemoveTarget: %v", err)
+	}
+	if _, err := l.Route("a"); !errors.Is(err, ErrUnknownSession) {
+		t.Fatalf("Route after RemoveTarget: %v", err)
+	}
+	if _, err := l.Resolve("a", loopBase+0x1000); !errors.Is(err, ErrUnknownSession) {
+		t.Fatalf("Resolve after RemoveTarget: %v", err)
+	}
+	if err := l.RemoveTarget("a"); !errors.Is(err, ErrUnknownSession) {
+		t.Fatalf("second RemoveTarget: %v", err)
+	}
+	for i, b := range bufs {
+		if nonZero(b) {
+			t.Fatalf("buffer %d written after its session was removed", i)
+		}
+	}
+	// Session b is untouched by the removal of a.
+	if err := doOne(t, l, relay.WriteOp{Src: addr(src), Len: 8, Target: "b", Dst: loopBase + 0x1000, Token: 5}); err != nil {
+		t.Fatalf("session b after removing a: %v", err)
+	}
+
+	// Registered again: a new handle that works, while the old one still
+	// fails and the old buffers stay untouched.
+	fresh := make([]byte, 64)
+	if err := l.AddTarget("a", "mlx5_0", fresh, loopBase+0x1000); err != nil {
+		t.Fatal(err)
+	}
+	route, err := l.Route("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if route == old {
+		t.Fatal("Route returned the removed session's handle")
+	}
+	tg, err := l.Resolve("a", loopBase+0x1000)
+	if err != nil || len(tg.Ranges) != 1 {
+		t.Fatalf("Resolve after re-adding: %+v, %v", tg, err)
+	}
+	op = relay.WriteOp{Src: addr(src), Len: 64, Target: "a", Dst: loopBase + 0x1000, Token: 6, Route: route, Key: tg.Ranges[0].Key}
+	if err := doOne(t, l, op); err != nil {
+		t.Fatalf("routed op through the new handle: %v", err)
+	}
+	if i := firstDiff(fresh, src); i >= 0 {
+		t.Fatalf("new buffer byte %d differs", i)
+	}
+	op.Token, op.Route = 7, old
+	if err := doOne(t, l, op); !errors.Is(err, ErrUnknownSession) {
+		t.Fatalf("old handle after re-adding: %v, want ErrUnknownSession", err)
+	}
+	if nonZero(bufs[0]) || nonZero(bufs[1]) || nonZero(bufs[2]) {
+		t.Fatal("a removed session's buffer was written")
 	}
 }

@@ -20,6 +20,11 @@ var (
 	// ErrOutOfRange means that a destination lies outside every registered
 	// range of its target.
 	ErrOutOfRange = errors.New("hosthop: destination outside registered memory")
+	// ErrStaleRoute is wrapped by the completion of an op whose route
+	// handle the hop does not honour: one issued by another hop or for
+	// another session, or one retired since its target was removed or
+	// moved. The op is not performed.
+	ErrStaleRoute = errors.New("hosthop: route handle not honoured")
 )
 
 // bytesAt returns the n bytes at addr. The caller guarantees that the memory
