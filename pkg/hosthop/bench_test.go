@@ -211,6 +211,17 @@ func BenchmarkTCPHopSmall(b *testing.B) {
 		h, src := benchTCPSetup(b)
 		benchTCPSmall(b, h, relay.WriteOp{Src: addr(src), Len: smallOp, Target: "kv"})
 	})
+	b.Run("routed", func(b *testing.B) {
+		h, src := benchTCPSetup(b)
+		route, err := h.Route("kv")
+		if err != nil {
+			b.Fatal(err)
+		}
+		benchTCPSmall(b, h, relay.WriteOp{Src: addr(src), Len: smallOp, Target: "kv", Route: route})
+		if st := h.Stats(); st.Lookups != 0 {
+			b.Fatalf("%d lookups for routed ops", st.Lookups)
+		}
+	})
 }
 
 const smallDepth = 16

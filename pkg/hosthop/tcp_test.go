@@ -526,3 +526,273 @@ func TestTCPHopConcurrentSubmitters(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+func mustRoute(t *testing.T, r relay.Router, session string) any {
+	t.Helper()
+	h, err := r.Route(session)
+	if err != nil {
+		t.Fatalf("Route(%q): %v", session, err)
+	}
+	return h
+}
+
+// submitWait submits ops and returns their completions by token.
+func submitWait(t *testing.T, h *TCPHop, ops ...relay.WriteOp) map[uint64]error {
+	t.Helper()
+	if err := h.Submit(ops); err != nil {
+		t.Fatalf("Submit: %v", err)
+	}
+	return byToken(t, collect(t, h, len(ops)))
+}
+
+// The race detector sees no order in a writev to a socket, so the tests below
+// never let a target write bytes that the test has touched since it
+// registered them: each op that should land has a region of its own.
+
+func TestTCPHopRoutedOps(t *testing.T) {
+	const opLen = 4096
+	mem := make([]byte, 9*opLen)
+	srv, srvAddr := startServer(t, "127.0.0.1:0", mem, nil, nil)
+	src := mapped(t, 8*opLen)
+	fill(src, 31)
+	// Two sessions on one address share its connection and its queue.
+	h := newTCPHop(t, TCPHopOptions{Targets: map[string]string{"a": srvAddr, "b": srvAddr}})
+	ra, rb := mustRoute(t, h, "a"), mustRoute(t, h, "b")
+	if again := mustRoute(t, h, "a"); again != ra {
+		t.Fatal("a second Route of a live session returned another handle")
+	}
+	if ra == rb {
+		t.Fatal("two sessions share a handle")
+	}
+	if st := h.Stats(); st.Dials != 0 {
+		t.Fatalf("Route dialed: %+v", st)
+	}
+	var ops []relay.WriteOp
+	for i := range 8 {
+		session, route := "a", ra
+		if i%2 == 1 {
+			session, route = "b", rb
+		}
+		ops = append(ops, relay.WriteOp{Src: addr(src) + uintptr(i*opLen), Len: opLen, Target: session, Dst: tcpBase + uint64(i*opLen), Token: uint64(i) + 1, Route: route})
+	}
+	for tok, err := range submitWait(t, h, ops...) {
+		if err != nil {
+			t.Fatalf("token %d: %v", tok, err)
+		}
+	}
+	if i := firstDiff(mem[:8*opLen], src); i >= 0 {
+		t.Fatalf("byte %d differs", i)
+	}
+	st := h.Stats()
+	if st.Routed != 8 || st.Lookups != 0 || st.Dials != 1 || st.Routes != 3 {
+		t.Fatalf("stats %+v, want 8 routed ops, no lookup, 1 dial, 3 routes", st)
+	}
+	// Without a handle, the same target is looked up.
+	ops[0].Route, ops[0].Token, ops[0].Dst = nil, 100, tcpBase+8*opLen
+	if err := submitWait(t, h, ops[0])[100]; err != nil {
+		t.Fatal(err)
+	}
+	if i := firstDiff(mem[8*opLen:], src[:opLen]); i >= 0 {
+		t.Fatalf("unrouted op: byte %d differs", i)
+	}
+	if st := h.Stats(); st.Lookups != 1 || st.Routed != 8 {
+		t.Fatalf("stats %+v after an unrouted op", st)
+	}
+	if st := srv.Stats(); st.Writes != 9 || st.Accepted != 1 {
+		t.Fatalf("server stats %+v", st)
+	}
+}
+
+// TestTCPHopRoutedBusy checks that routed and looked-up ops count against one
+// queue per address.
+func TestTCPHopRoutedBusy(t *testing.T) {
+	srvAddr, _, _ := silentTarget(t)
+	h := newTCPHop(t, TCPHopOptions{Targets: map[string]string{"a": srvAddr, "b": srvAddr}, QueueDepth: 4})
+	ra := mustRoute(t, h, "a")
+	routed := func(tok uint64) relay.WriteOp { return relay.WriteOp{Target: "a", Dst: tcpBase, Token: tok, Route: ra} }
+	looked := func(tok uint64) relay.WriteOp { return relay.WriteOp{Target: "b", Dst: tcpBase, Token: tok} }
+	if err := h.Submit([]relay.WriteOp{routed(1), routed(2), looked(3), looked(4), routed(5)}); err == nil || errors.Is(err, relay.ErrHopBusy) || !strings.Contains(err.Error(), "5 ops for "+srvAddr) {
+		t.Fatalf("batch of 5 for one address with depth 4: %v, want a non-busy error naming it", err)
+	}
+	if err := h.Submit([]relay.WriteOp{routed(1), looked(2), routed(3)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Submit([]relay.WriteOp{looked(4), routed(5)}); !errors.Is(err, relay.ErrHopBusy) {
+		t.Fatalf("Submit beyond the depth = %v, want ErrHopBusy", err)
+	}
+	if err := h.Submit([]relay.WriteOp{routed(4)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Submit([]relay.WriteOp{looked(5)}); !errors.Is(err, relay.ErrHopBusy) {
+		t.Fatalf("Submit on a full queue = %v, want ErrHopBusy", err)
+	}
+	// Lookups: 2 in the refused batch, 1 accepted, 1 and 1 refused as busy.
+	if st := h.Stats(); st.Busy != 2 || st.Submitted != 4 || st.Routed != 3 || st.Lookups != 5 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestTCPHopRouteSurvivesReconnect: a handle names an address, not a
+// connection, so it outlives a connection's failure.
+func TestTCPHopRouteSurvivesReconnect(t *testing.T) {
+	mem := make([]byte, 4096)
+	srv, srvAddr := startServer(t, "127.0.0.1:0", mem, nil, nil)
+	src := mapped(t, 4096)
+	fill(src, 32)
+	h := newTCPHop(t, TCPHopOptions{Targets: map[string]string{"kv": srvAddr}})
+	route := mustRoute(t, h, "kv")
+	op := relay.WriteOp{Src: addr(src), Len: 4096, Target: "kv", Dst: tcpBase, Token: 1, Route: route}
+	if err := submitWait(t, h, op)[1]; err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	op.Token = 2
+	if err := submitWait(t, h, op)[2]; !errors.Is(err, ErrTargetLost) {
+		t.Fatalf("routed op to a closed server: %v, want ErrTargetLost", err)
+	}
+	mem2 := make([]byte, 4096)
+	startServer(t, srvAddr, mem2, nil, nil)
+	op.Token = 3
+	if err := submitWait(t, h, op)[3]; err != nil {
+		t.Fatalf("routed op after the server came back: %v", err)
+	}
+	if i := firstDiff(mem2, src); i >= 0 {
+		t.Fatalf("byte %d differs after the reconnect", i)
+	}
+	if st := h.Stats(); st.Lookups != 0 || st.Routed != 3 || st.Dials < 2 {
+		t.Fatalf("stats %+v, want 3 routed ops over at least 2 connections", st)
+	}
+}
+
+func TestTCPHopStaleRoute(t *testing.T) {
+	const n = 4096
+	// Region 0 of each server is where no op may land; A's region 1 takes
+	// the probes, region 2 the first op; B's region 1 the op after the move.
+	memA, memB := make([]byte, 3*n), make([]byte, 2*n)
+	srvA, addrA := startServer(t, "127.0.0.1:0", memA, nil, nil)
+	srvB, addrB := startServer(t, "127.0.0.1:0", memB, nil, nil)
+	src := mapped(t, n)
+	fill(src, 33)
+	// "probe" stays on A: an op to it, acked after a stale op, proves
+	// that the stale op never reached A (the server acks in order).
+	h := newTCPHop(t, TCPHopOptions{Targets: map[string]string{"kv": addrA, "probe": addrA}})
+	other := newTCPHop(t, TCPHopOptions{Targets: map[string]string{"kv": addrA}})
+	loop := NewLoopback(LoopbackOptions{})
+	if err := loop.AddTarget("kv", "mlx5_0", make([]byte, 8), tcpBase); err != nil {
+		t.Fatal(err)
+	}
+	tok := uint64(0)
+	op := func(route any, region uint64) relay.WriteOp {
+		tok++
+		return relay.WriteOp{Src: addr(src), Len: n, Target: "kv", Dst: tcpBase + region*n, Token: tok, Route: route}
+	}
+	probes := uint64(0)
+	probe := func() {
+		t.Helper()
+		tok++
+		p := relay.WriteOp{Src: addr(src), Len: 8, Target: "probe", Dst: tcpBase + n + 8*probes, Token: tok}
+		probes++
+		if err := submitWait(t, h, p)[tok]; err != nil {
+			t.Fatalf("probe: %v", err)
+		}
+	}
+	old := mustRoute(t, h, "kv")
+	o := op(old, 2)
+	if err := submitWait(t, h, o)[o.Token]; err != nil {
+		t.Fatal(err)
+	}
+	if i := firstDiff(memA[2*n:], src); i >= 0 {
+		t.Fatalf("first op: byte %d differs", i)
+	}
+
+	// Handles this hop did not issue for the op's session.
+	for _, bad := range []struct {
+		name  string
+		route any
+		want  string
+	}{
+		{"another hop's handle", mustRoute(t, other, "kv"), "not issued by this hop"},
+		{"a loopback's handle", mustRoute(t, loop, "kv"), "not issued by this hop"},
+		{"another session's handle", mustRoute(t, h, "probe"), `handle is for session "probe"`},
+	} {
+		o := op(bad.route, 0)
+		if err := submitWait(t, h, o)[o.Token]; !errors.Is(err, ErrStaleRoute) || !strings.Contains(err.Error(), bad.want) {
+			t.Fatalf("%s: %v, want ErrStaleRoute saying %q", bad.name, err, bad.want)
+		}
+	}
+
+	// Moved: the old handle must not reach A, nor guess B.
+	if err := h.AddTarget("kv", addrB); err != nil {
+		t.Fatal(err)
+	}
+	o = op(old, 0)
+	err := submitWait(t, h, o)[o.Token]
+	if !errors.Is(err, ErrStaleRoute) || errors.Is(err, ErrUnknownSession) || !strings.Contains(err.Error(), addrA) || !strings.Contains(err.Error(), addrB) {
+		t.Fatalf("op through the handle of a moved session: %v, want ErrStaleRoute naming %s and %s", err, addrA, addrB)
+	}
+	probe()
+	if st := srvA.Stats(); st.Writes != 2 || st.Refused != 0 {
+		t.Fatalf("server A: %+v, want only the first op and the probe", st)
+	}
+	moved := mustRoute(t, h, "kv")
+	if moved == old {
+		t.Fatal("Route returned the retired handle")
+	}
+	// Mapping to the same address again keeps the handle.
+	if err := h.AddTarget("kv", addrB); err != nil {
+		t.Fatal(err)
+	}
+	o = op(moved, 1)
+	if err := submitWait(t, h, o)[o.Token]; err != nil {
+		t.Fatalf("op through the new handle: %v", err)
+	}
+	if i := firstDiff(memB[n:], src); i >= 0 {
+		t.Fatalf("server B byte %d differs", i)
+	}
+
+	// Removed: both handles fail, and so do Route and unrouted ops.
+	if err := h.RemoveTarget("kv"); err != nil {
+		t.Fatal(err)
+	}
+	for _, route := range []any{moved, old, nil} {
+		o := op(route, 0)
+		if err := submitWait(t, h, o)[o.Token]; !errors.Is(err, ErrUnknownSession) || !strings.Contains(err.Error(), `"kv"`) {
+			t.Fatalf("op after RemoveTarget (route %v): %v, want ErrUnknownSession naming \"kv\"", route != nil, err)
+		}
+	}
+	if _, err := h.Route("kv"); !errors.Is(err, ErrUnknownSession) {
+		t.Fatalf("Route after RemoveTarget: %v", err)
+	}
+	if err := h.RemoveTarget("kv"); !errors.Is(err, ErrUnknownSession) {
+		t.Fatalf("second RemoveTarget: %v", err)
+	}
+	probe()
+	if st := srvB.Stats(); st.Writes != 1 || st.Refused != 0 {
+		t.Fatalf("server B: %+v after ops to a removed session, want only the op after the move", st)
+	}
+	if st := srvA.Stats(); st.Writes != 3 || st.Refused != 0 {
+		t.Fatalf("server A: %+v, want the first op and two probes", st)
+	}
+	if nonZero(memA[:n]) || nonZero(memB[:n]) {
+		t.Fatal("an op through a handle not honoured was written")
+	}
+	for k := range probes {
+		if i := firstDiff(memA[n+8*k:n+8*k+8], src[:8]); i >= 0 {
+			t.Fatalf("probe %d byte %d differs", k, i)
+		}
+	}
+	if _, err := h.Route("nope"); !errors.Is(err, ErrUnknownSession) {
+		t.Fatalf("Route of an unknown session: %v", err)
+	}
+	if st := h.Stats(); st.Routed != 2 || st.Lookups != 3 {
+		t.Fatalf("stats %+v: want 2 routed ops sent, and lookups only for the 2 probes and the unrouted op", st)
+	}
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Route("probe"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Route after Close: %v", err)
+	}
+}

@@ -56,6 +56,13 @@ type TCPHopStats struct {
 	Failed    uint64
 	// Busy counts Submit calls answered with relay.ErrHopBusy.
 	Busy uint64
+	// Routes counts Route calls.
+	Routes uint64
+	// Routed counts ops queued through their route handle. Lookups counts
+	// lookups of an op's session by name, made for ops without a handle
+	// (again for a batch refused as busy).
+	Routed  uint64
+	Lookups uint64
 }
 
 // TCPHop is a relay.Hop that sends each write to its target's TargetServer
@@ -64,6 +71,15 @@ type TCPHopStats struct {
 // reader goroutine per connection turns acks into completions. A connection
 // that fails fails every op it holds and is dropped; the next Submit for its
 // address starts a new one.
+//
+// TCPHop is also a relay.Router. A route handle is the session's address
+// record, which outlives the address's connections: an op that carries it is
+// queued without a lookup of its session, and after a reconnect it goes to
+// the same address as an op without it would. AddTarget to another address
+// and RemoveTarget retire the session's handle. An op whose handle is
+// retired, or was not issued by this hop for the op's Target, completes with
+// ErrStaleRoute (and ErrUnknownSession once the session is removed) and is
+// not sent: sending it to the session's new address would be a guess.
 type TCPHop struct {
 	depth        int
 	dialTimeout  time.Duration
@@ -74,14 +90,50 @@ type TCPHop struct {
 
 	mu     sync.Mutex
 	closed bool
-	book   map[string]string
-	conns  map[string]*tcpConn
-	need   map[string]int
-	done   []relay.HopCompletion
-	stats  TCPHopStats
+	// book maps a session to its address's peer; peers holds a peer for
+	// every address ever mapped; routes the live handle of each session
+	// that has one.
+	book   map[string]*tcpPeer
+	peers  map[string]*tcpPeer
+	routes map[string]*tcpRoute
+	// plan and touched are Submit's scratch space.
+	plan    []tcpPlan
+	touched []*tcpPeer
+	done    []relay.HopCompletion
+	stats   TCPHopStats
 }
 
-var _ relay.Hop = (*TCPHop)(nil)
+// tcpPeer is a target address and its current connection.
+type tcpPeer struct {
+	addr string
+	// conn is the live connection, or nil until the next op after the
+	// last one failed. Guarded by hop.mu.
+	conn *tcpConn
+	// need counts this address's ops in the Submit under way.
+	need int
+}
+
+// tcpRoute is the handle Route returns for a session.
+type tcpRoute struct {
+	hop     *TCPHop
+	session string
+	peer    *tcpPeer
+	// retired is set, under hop.mu, once the session is removed or mapped
+	// to another address.
+	retired bool
+}
+
+// tcpPlan is where Submit sends one op: peer, or nowhere, failing it with
+// err.
+type tcpPlan struct {
+	peer *tcpPeer
+	err  error
+}
+
+var (
+	_ relay.Hop    = (*TCPHop)(nil)
+	_ relay.Router = (*TCPHop)(nil)
+)
 
 // NewTCPHop returns a hop. It dials nothing and starts no goroutine until the
 // first Submit.
@@ -90,9 +142,9 @@ func NewTCPHop(opts TCPHopOptions) *TCPHop {
 		depth:        opts.QueueDepth,
 		dialTimeout:  opts.DialTimeout,
 		writeTimeout: opts.WriteTimeout,
-		book:         make(map[string]string, len(opts.Targets)),
-		conns:        make(map[string]*tcpConn),
-		need:         make(map[string]int),
+		book:         make(map[string]*tcpPeer, len(opts.Targets)),
+		peers:        make(map[string]*tcpPeer),
+		routes:       make(map[string]*tcpRoute),
 	}
 	if h.depth <= 0 {
 		h.depth = DefaultTCPQueueDepth
@@ -104,68 +156,128 @@ func NewTCPHop(opts TCPHopOptions) *TCPHop {
 		h.writeTimeout = DefaultWriteTimeout
 	}
 	for session, addr := range opts.Targets {
-		h.book[session] = addr
+		h.book[session] = h.peerAt(addr)
 	}
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 	return h
 }
 
+// peerAt returns the peer of addr, making it on first use. h.mu is held, or
+// h is not shared yet.
+func (h *TCPHop) peerAt(addr string) *tcpPeer {
+	p := h.peers[addr]
+	if p == nil {
+		p = &tcpPeer{addr: addr}
+		h.peers[addr] = p
+	}
+	return p
+}
+
 // AddTarget maps session to the target server at addr, replacing an earlier
-// mapping. Ops already accepted keep their address.
+// mapping. Ops already accepted keep their address. Moving a session to
+// another address retires its route handle.
 func (h *TCPHop) AddTarget(session, addr string) error {
 	if session == "" || addr == "" {
 		return fmt.Errorf("hosthop: TCP target needs a session and an address (session %q, addr %q)", session, addr)
 	}
 	h.mu.Lock()
-	h.book[session] = addr
-	h.mu.Unlock()
+	defer h.mu.Unlock()
+	if p := h.book[session]; p != nil && p.addr == addr {
+		return nil
+	}
+	h.retire(session)
+	h.book[session] = h.peerAt(addr)
 	return nil
+}
+
+// RemoveTarget forgets session's address and retires its route handle. Ops
+// already accepted keep their address; later ones to session fail with
+// ErrUnknownSession.
+func (h *TCPHop) RemoveTarget(session string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.book[session] == nil {
+		return fmt.Errorf("hosthop: remove TCP target: %w: %q has no address", ErrUnknownSession, session)
+	}
+	delete(h.book, session)
+	h.retire(session)
+	return nil
+}
+
+// retire ends session's route handle, if it has one. h.mu is held.
+func (h *TCPHop) retire(session string) {
+	if r := h.routes[session]; r != nil {
+		r.retired = true
+		delete(h.routes, session)
+	}
+}
+
+// Route returns the hop's handle for session, for WriteOp.Route: the same
+// handle until AddTarget moves the session or RemoveTarget removes it. It
+// dials nothing.
+func (h *TCPHop) Route(session string) (any, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.stats.Routes++
+	if h.closed {
+		return nil, ErrClosed
+	}
+	p := h.book[session]
+	if p == nil {
+		return nil, fmt.Errorf("hosthop: TCP route: %w: %q has no address", ErrUnknownSession, session)
+	}
+	r := h.routes[session]
+	if r == nil {
+		r = &tcpRoute{hop: h, session: session, peer: p}
+		h.routes[session] = r
+	}
+	return r, nil
 }
 
 // Submit accepts every op of ops or, when some address has no room for its
 // share of them, none and returns relay.ErrHopBusy. An op that cannot be sent
-// at all (unknown session, no source, too long) is accepted and completes
-// with an error.
+// at all (unknown session, route handle not honoured, no source, too long)
+// is accepted and completes with an error.
 func (h *TCPHop) Submit(ops []relay.WriteOp) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
 		return ErrClosed
 	}
-	clear(h.need)
+	h.plan, h.touched = h.plan[:0], h.touched[:0]
 	for _, op := range ops {
-		if addr, ok := h.book[op.Target]; ok && sendable(op) == nil {
-			h.need[addr]++
+		p, err := h.peerOf(op)
+		if err == nil {
+			if err = sendable(op); err != nil {
+				p, err = nil, fmt.Errorf("hosthop: TCP write token %d to %q at %s: %w", op.Token, op.Target, p.addr, err)
+			}
+		}
+		h.plan = append(h.plan, tcpPlan{peer: p, err: err})
+		if p != nil {
+			if p.need == 0 {
+				h.touched = append(h.touched, p)
+			}
+			p.need++
 		}
 	}
-	for addr, n := range h.need {
-		pending := 0
-		if c := h.conns[addr]; c != nil {
-			pending = c.pending
-		}
-		if n > h.depth {
-			return fmt.Errorf("hosthop: batch holds %d ops for %s, more than the queue depth %d", n, addr, h.depth)
-		}
-		if pending+n > h.depth {
-			h.stats.Busy++
-			return relay.ErrHopBusy
-		}
+	if err := h.room(); err != nil {
+		clear(h.plan)
+		return err
 	}
 	h.stats.Submitted += uint64(len(ops))
-	for _, op := range ops {
-		addr, ok := h.book[op.Target]
-		if !ok {
-			h.completeLocked(nil, op, fmt.Errorf("hosthop: TCP write token %d: %w: %q has no address", op.Token, ErrUnknownSession, op.Target))
+	for i, op := range ops {
+		p := h.plan[i].peer
+		if p == nil {
+			h.completeLocked(nil, op, h.plan[i].err)
 			continue
 		}
-		if err := sendable(op); err != nil {
-			h.completeLocked(nil, op, fmt.Errorf("hosthop: TCP write token %d to %q at %s: %w", op.Token, op.Target, addr, err))
-			continue
+		if op.Route != nil {
+			h.stats.Routed++
 		}
-		c := h.conns[addr]
+		c := p.conn
 		if c == nil {
-			c = newTCPConn(h, addr)
-			h.conns[addr] = c
+			c = newTCPConn(h, p)
+			p.conn = c
 			h.wg.Add(1)
 			go c.run()
 		}
@@ -173,7 +285,58 @@ func (h *TCPHop) Submit(ops []relay.WriteOp) error {
 		// pending never exceeds depth, the queue's capacity: no blocking.
 		c.queue <- op
 	}
+	clear(h.plan)
 	return nil
+}
+
+// peerOf returns the peer that op goes to: its route handle's, or, without
+// one, its session's. h.mu is held.
+func (h *TCPHop) peerOf(op relay.WriteOp) (*tcpPeer, error) {
+	if op.Route == nil {
+		h.stats.Lookups++
+		p := h.book[op.Target]
+		if p == nil {
+			return nil, fmt.Errorf("hosthop: TCP write token %d: %w: %q has no address", op.Token, ErrUnknownSession, op.Target)
+		}
+		return p, nil
+	}
+	r, ok := op.Route.(*tcpRoute)
+	switch {
+	case !ok || r.hop != h:
+		return nil, fmt.Errorf("hosthop: TCP write token %d to %q: %w: handle %T was not issued by this hop", op.Token, op.Target, ErrStaleRoute, op.Route)
+	case r.session != op.Target:
+		return nil, fmt.Errorf("hosthop: TCP write token %d to %q: %w: handle is for session %q", op.Token, op.Target, ErrStaleRoute, r.session)
+	case r.retired:
+		if p := h.book[op.Target]; p != nil {
+			return nil, fmt.Errorf("hosthop: TCP write token %d to %q: %w: the session moved from %s to %s", op.Token, op.Target, ErrStaleRoute, r.peer.addr, p.addr)
+		}
+		return nil, fmt.Errorf("hosthop: TCP write token %d: %w: %w: %q was removed", op.Token, ErrStaleRoute, ErrUnknownSession, op.Target)
+	}
+	return r.peer, nil
+}
+
+// room checks that every address touched by the Submit under way has room
+// for its ops, and resets their counts. h.mu is held.
+func (h *TCPHop) room() error {
+	var err error
+	for _, p := range h.touched {
+		n := p.need
+		p.need = 0
+		if err != nil {
+			continue
+		}
+		pending := 0
+		if p.conn != nil {
+			pending = p.conn.pending
+		}
+		if n > h.depth {
+			err = fmt.Errorf("hosthop: batch holds %d ops for %s, more than the queue depth %d", n, p.addr, h.depth)
+		} else if pending+n > h.depth {
+			h.stats.Busy++
+			err = relay.ErrHopBusy
+		}
+	}
+	return err
 }
 
 func sendable(op relay.WriteOp) error {
@@ -227,9 +390,11 @@ func (h *TCPHop) Close() error {
 		return nil
 	}
 	h.closed = true
-	conns := make([]*tcpConn, 0, len(h.conns))
-	for _, c := range h.conns {
-		conns = append(conns, c)
+	var conns []*tcpConn
+	for _, p := range h.peers {
+		if p.conn != nil {
+			conns = append(conns, p.conn)
+		}
 	}
 	h.mu.Unlock()
 	h.cancel()
@@ -243,12 +408,13 @@ func (h *TCPHop) Close() error {
 // tcpConn is one connection to a target address and its two goroutines.
 type tcpConn struct {
 	hop   *TCPHop
+	peer  *tcpPeer
 	addr  string
 	queue chan relay.WriteOp
 	// pending counts ops accepted for this connection and not completed;
 	// guarded by hop.mu.
 	pending int
-	// dead is closed by fail after the connection has left hop.conns, so
+	// dead is closed by fail after the connection has left its peer, so
 	// no op reaches queue once it is closed.
 	dead chan struct{}
 
@@ -265,10 +431,11 @@ type tcpConn struct {
 	bufs net.Buffers
 }
 
-func newTCPConn(h *TCPHop, addr string) *tcpConn {
+func newTCPConn(h *TCPHop, p *tcpPeer) *tcpConn {
 	return &tcpConn{
 		hop:      h,
-		addr:     addr,
+		peer:     p,
+		addr:     p.addr,
 		queue:    make(chan relay.WriteOp, h.depth),
 		dead:     make(chan struct{}),
 		inflight: make(map[uint64]relay.WriteOp),
@@ -384,8 +551,8 @@ func (c *tcpConn) lost(op relay.WriteOp, cause error) error {
 	return fmt.Errorf("%w: token %d to %q at %s: %w", ErrTargetLost, op.Token, op.Target, c.addr, cause)
 }
 
-// fail ends the connection once: it leaves the hop's table (so the next
-// Submit for the address starts a new connection), closes the socket and fails
+// fail ends the connection once: it leaves its peer (so the next Submit for
+// the address starts a new connection), closes the socket and fails
 // every op sent and not acked. The sender goroutine then fails the queue.
 func (c *tcpConn) fail(cause error) {
 	c.mu.Lock()
@@ -401,8 +568,8 @@ func (c *tcpConn) fail(cause error) {
 	c.mu.Unlock()
 
 	c.hop.mu.Lock()
-	if c.hop.conns[c.addr] == c {
-		delete(c.hop.conns, c.addr)
+	if c.peer.conn == c {
+		c.peer.conn = nil
 	}
 	c.hop.mu.Unlock()
 	close(c.dead)
