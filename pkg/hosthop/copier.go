@@ -63,8 +63,12 @@ type HostCopier struct {
 
 	evMu   sync.Mutex
 	lastEv relay.Event
-	events map[relay.Event]chan struct{}
-	held   map[relay.Event]chan struct{}
+	// events maps each live event to its gate, nil for an event complete
+	// at birth; held maps the events that wait for ReleaseReady. gates
+	// are the gates that nothing refers to any more, for reuse.
+	events map[relay.Event]*readyGate
+	held   map[relay.Event]*readyGate
+	gates  []*readyGate
 
 	laneMu   sync.Mutex
 	closed   bool
@@ -83,21 +87,29 @@ type hostLane struct {
 	// free holds one entry buffer per job the lane may hold; an empty free
 	// list is a full lane.
 	free chan []relay.CopyEntry
+	// wake is nudged whenever a gate opens, so that the lane, if it waits
+	// on that gate, looks again.
+	wake chan struct{}
 }
 
 type copyJob struct {
-	ready    <-chan struct{}
+	// ready is the gate to wait on, or nil.
+	ready    *readyGate
 	entries  []relay.CopyEntry
 	doorbell *uint64
 	seq      uint64
 }
 
-// completed is the done channel of every event that is complete at birth.
-var completed = func() chan struct{} {
-	c := make(chan struct{})
-	close(c)
-	return c
-}()
+// readyGate is what the copies behind a held event wait on. A closed channel
+// cannot be reopened, so gates, unlike channels, are reused: recording a held
+// event allocates nothing once the copier has as many gates as events in
+// use. A gate is reused when nothing refers to it: not the events table, not
+// the held table, not a copy still waiting on it.
+type readyGate struct {
+	open atomic.Bool
+	// refs is guarded by HostCopier.evMu.
+	refs int
+}
 
 var _ relay.Copier = (*HostCopier)(nil)
 
@@ -105,8 +117,8 @@ var _ relay.Copier = (*HostCopier)(nil)
 func NewHostCopier(opts HostCopierOptions) *HostCopier {
 	return &HostCopier{
 		holdReady: opts.HoldReady,
-		events:    make(map[relay.Event]chan struct{}),
-		held:      make(map[relay.Event]chan struct{}),
+		events:    make(map[relay.Event]*readyGate),
+		held:      make(map[relay.Event]*readyGate),
 		closing:   make(chan struct{}),
 	}
 }
@@ -145,13 +157,45 @@ func (c *HostCopier) RecordReady(stream uintptr) (relay.Event, error) {
 	c.lastEv++
 	ev := c.lastEv
 	if c.holdReady {
-		ch := make(chan struct{})
-		c.events[ev] = ch
-		c.held[ev] = ch
+		g := c.newGate()
+		c.events[ev] = g
+		c.held[ev] = g
 	} else {
-		c.events[ev] = completed
+		c.events[ev] = nil
 	}
 	return ev, nil
+}
+
+// newGate returns a gate, not open, referred to twice: by the events and the
+// held tables. c.evMu is held.
+func (c *HostCopier) newGate() *readyGate {
+	var g *readyGate
+	if n := len(c.gates); n > 0 {
+		g = c.gates[n-1]
+		c.gates[n-1] = nil
+		c.gates = c.gates[:n-1]
+	} else {
+		g = new(readyGate)
+	}
+	g.open.Store(false)
+	g.refs = 2
+	return g
+}
+
+// unref drops a reference to g, keeping g for reuse once it has none.
+// c.evMu is held.
+func (c *HostCopier) unref(g *readyGate) {
+	g.refs--
+	if g.refs == 0 {
+		c.gates = append(c.gates, g)
+	}
+}
+
+// dropGate is unref for a caller that does not hold c.evMu.
+func (c *HostCopier) dropGate(g *readyGate) {
+	c.evMu.Lock()
+	c.unref(g)
+	c.evMu.Unlock()
 }
 
 // Query reports whether ev has completed. Event 0 is always complete.
@@ -160,50 +204,75 @@ func (c *HostCopier) Query(ev relay.Event) (bool, error) {
 		return true, nil
 	}
 	c.evMu.Lock()
-	ch, ok := c.events[ev]
+	g, ok := c.events[ev]
+	done := g == nil || g.open.Load()
 	c.evMu.Unlock()
 	if !ok {
 		return false, fmt.Errorf("%w: %d", ErrUnknownEvent, ev)
 	}
-	select {
-	case <-ch:
-		return true, nil
-	default:
-		return false, nil
-	}
+	return done, nil
 }
 
 // Release forgets ev. A Copy already enqueued behind ev still waits for it,
 // and a held event stays releasable with ReleaseReady.
 func (c *HostCopier) Release(ev relay.Event) {
 	c.evMu.Lock()
-	delete(c.events, ev)
+	if g, ok := c.events[ev]; ok {
+		delete(c.events, ev)
+		if g != nil {
+			c.unref(g)
+		}
+	}
 	c.evMu.Unlock()
 }
 
 // ReleaseReady completes a held source-ready event.
 func (c *HostCopier) ReleaseReady(ev relay.Event) error {
 	c.evMu.Lock()
-	ch, ok := c.held[ev]
-	delete(c.held, ev)
+	g, ok := c.held[ev]
+	if ok {
+		delete(c.held, ev)
+		g.open.Store(true)
+		c.unref(g)
+	}
 	c.evMu.Unlock()
 	if !ok {
 		return fmt.Errorf("%w: %d is not held", ErrUnknownEvent, ev)
 	}
-	close(ch)
+	c.wakeLanes()
 	return nil
 }
 
 // ReleaseAllReady completes every held event and returns how many there were.
 func (c *HostCopier) ReleaseAllReady() int {
 	c.evMu.Lock()
-	held := c.held
-	c.held = make(map[relay.Event]chan struct{})
-	c.evMu.Unlock()
-	for _, ch := range held {
-		close(ch)
+	n := len(c.held)
+	for _, g := range c.held {
+		g.open.Store(true)
+		c.unref(g)
 	}
-	return len(held)
+	clear(c.held)
+	c.evMu.Unlock()
+	if n > 0 {
+		c.wakeLanes()
+	}
+	return n
+}
+
+// wakeLanes nudges every lane after a gate opened.
+func (c *HostCopier) wakeLanes() {
+	c.laneMu.Lock()
+	for _, l := range c.lanes {
+		if l == nil {
+			continue
+		}
+		select {
+		case l.wake <- struct{}{}:
+		default:
+			// A nudge is already pending.
+		}
+	}
+	c.laneMu.Unlock()
 }
 
 // HeldReady returns the held events in the order they were recorded.
@@ -255,19 +324,31 @@ func (c *HostCopier) Copy(lane int, ready relay.Event, entries []relay.CopyEntry
 			return fmt.Errorf("hosthop: lane %d seq %d: entry %d (src %#x dst %#x len %d) is not addressable", lane, seq, i, e.Src, e.Dst, e.Len)
 		}
 	}
-	var wait <-chan struct{}
+	var wait *readyGate
 	if ready != 0 {
 		c.evMu.Lock()
-		ch, ok := c.events[ready]
+		g, ok := c.events[ready]
+		if ok && g != nil && !g.open.Load() {
+			// The job's reference, dropped by the lane after the wait.
+			g.refs++
+			wait = g
+		}
 		c.evMu.Unlock()
 		if !ok {
 			return fmt.Errorf("hosthop: lane %d seq %d: %w: %d", lane, seq, ErrUnknownEvent, ready)
 		}
-		if ch != completed {
-			wait = ch
-		}
 	}
+	if err := c.enqueue(lane, wait, entries, doorbell, seq); err != nil {
+		if wait != nil {
+			c.dropGate(wait)
+		}
+		return err
+	}
+	return nil
+}
 
+// enqueue hands a checked copy to its lane, starting the lane if need be.
+func (c *HostCopier) enqueue(lane int, wait *readyGate, entries []relay.CopyEntry, doorbell *uint64, seq uint64) error {
 	c.laneMu.Lock()
 	defer c.laneMu.Unlock()
 	if c.closed {
@@ -282,6 +363,7 @@ func (c *HostCopier) Copy(lane int, ready relay.Event, entries []relay.CopyEntry
 		l = &hostLane{
 			jobs: make(chan copyJob, LaneQueueDepth),
 			free: make(chan []relay.CopyEntry, LaneQueueDepth),
+			wake: make(chan struct{}, 1),
 		}
 		for range LaneQueueDepth {
 			l.free <- nil
@@ -304,16 +386,11 @@ func (c *HostCopier) runLane(l *hostLane) {
 	defer c.workers.Done()
 	abandon := false
 	for job := range l.jobs {
-		if !abandon && job.ready != nil {
-			select {
-			case <-job.ready:
-			case <-c.closing:
-				select {
-				case <-job.ready:
-				default:
-					abandon = true
-				}
+		if job.ready != nil {
+			if !abandon && !c.await(l, job.ready) {
+				abandon = true
 			}
+			c.dropGate(job.ready)
 		}
 		if abandon {
 			// A stream never runs past a wait that cannot end.
@@ -335,6 +412,19 @@ func (c *HostCopier) runLane(l *hostLane) {
 		// reader that loads seq atomically.
 		atomic.StoreUint64(job.doorbell, job.seq)
 	}
+}
+
+// await waits until g opens and reports true, or reports whether g is open
+// once the copier closes.
+func (c *HostCopier) await(l *hostLane, g *readyGate) bool {
+	for !g.open.Load() {
+		select {
+		case <-l.wake:
+		case <-c.closing:
+			return g.open.Load()
+		}
+	}
+	return true
 }
 
 // Stats returns the copier's counters.

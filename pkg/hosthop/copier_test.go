@@ -493,3 +493,104 @@ func TestHostCopierCloseDropsHeld(t *testing.T) {
 		}
 	}
 }
+
+// TestHostCopierGateReuse checks the reuse of held events' gates: a gate is
+// reused only once no event and no waiting copy refers to it, and starts
+// closed again.
+func TestHostCopierGateReuse(t *testing.T) {
+	c := newCopier(t, HostCopierOptions{HoldReady: true})
+	src, dst := mapped(t, 64), mapped(t, 64)
+	fill(src, 44)
+	e := []relay.CopyEntry{{Src: addr(src), Dst: addr(dst), Len: 64}}
+	pooled := func() int {
+		c.evMu.Lock()
+		defer c.evMu.Unlock()
+		return len(c.gates)
+	}
+	record := func() relay.Event {
+		t.Helper()
+		ev, err := c.RecordReady(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ev
+	}
+	var a, b, other bell
+	// Lane 0: copy A behind first, then copy B behind second.
+	first, second := record(), record()
+	if err := c.Copy(0, first, e, &a.seq, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Copy(0, second, e, &b.seq, 2); err != nil {
+		t.Fatal(err)
+	}
+	// second ends before B runs: its gate must wait for B.
+	c.Release(second)
+	if err := c.ReleaseReady(second); err != nil {
+		t.Fatal(err)
+	}
+	if n := pooled(); n != 0 {
+		t.Fatalf("%d gates reused while a copy waits on one", n)
+	}
+	third := record()
+	if done, err := c.Query(third); done || err != nil {
+		t.Fatalf("Query(third) = %v, %v; want incomplete", done, err)
+	}
+	if err := c.ReleaseReady(first); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "copies behind released events", func() bool { return a.load() == 1 && b.load() == 2 })
+	c.Release(first)
+	if n := pooled(); n != 2 {
+		t.Fatalf("%d gates kept for reuse, want 2 (first and second)", n)
+	}
+
+	// A reused gate starts closed: a copy behind it waits.
+	fourth := record()
+	if done, err := c.Query(fourth); done || err != nil {
+		t.Fatalf("Query on a reused gate = %v, %v; want incomplete", done, err)
+	}
+	if err := c.Copy(0, fourth, e, &a.seq, 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Copy(1, 0, nil, &other.seq, 1); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "other lane", func() bool { return other.load() == 1 })
+	if err := c.Copy(1, 0, nil, &other.seq, 2); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "other lane again", func() bool { return other.load() == 2 })
+	if a.load() != 1 {
+		t.Fatalf("doorbell %d: a copy ran past a reused, unreleased gate", a.load())
+	}
+	if err := c.ReleaseReady(fourth); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "copy behind the reused gate", func() bool { return a.load() == 3 })
+	c.Release(fourth)
+
+	// Copies that fail give their reference back.
+	fifth := record()
+	injected := errors.New("injected")
+	if err := c.FailNextCopy(2, injected); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Copy(2, fifth, e, &other.seq, 3); !errors.Is(err, injected) {
+		t.Fatalf("Copy = %v, want the injected error", err)
+	}
+	if err := c.ReleaseReady(fifth); err != nil {
+		t.Fatal(err)
+	}
+	c.Release(fifth)
+	c.Release(third)
+	if err := c.ReleaseReady(third); err != nil {
+		t.Fatal(err)
+	}
+	if n := pooled(); n != 3 {
+		t.Fatalf("%d gates kept for reuse, want 3: a failed Copy kept a reference", n)
+	}
+	if st := c.Stats(); st.LiveEvents != 0 || st.HeldEvents != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
