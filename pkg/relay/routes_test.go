@@ -369,3 +369,45 @@ func TestInvalidateTargetResolvesAgain(t *testing.T) {
 		t.Fatalf("hop saw %d Route calls and mismatches %q; want 3 and none", routes, bad)
 	}
 }
+
+func TestLoopbackRoutesTheRelaysWrites(t *testing.T) {
+	p := newPair(t, pairOpts{tgtSize: 16 * mib, srcSize: 16 * mib})
+	for i := range 4 {
+		if st := p.write(t, 0, 8*mib, sessRail1, tgtBase+uint64(i%2)*8*mib); st.State != relay.Completed {
+			t.Fatalf("write %d: %+v", i, st)
+		}
+	}
+	if s := p.hopB.Stats(); s.Resolves != 1 || s.Routes != 1 || s.Routed != 4 || s.Lookups != 0 {
+		t.Fatalf("relay's hop stats %+v: want 1 resolve, 1 route, 4 routed ops, 0 lookups", s)
+	}
+
+	// The target goes away on the relay's side: the routed write fails
+	// rather than landing anywhere, the route is dropped, and the next
+	// Piece finds no target.
+	if err := p.hopB.RemoveTarget(sessRail1); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.write(t, 0, 8*mib, sessRail1, tgtBase); st.State != relay.Failed || !strings.Contains(st.Err.Error(), "second hop") {
+		t.Fatalf("write after the target was removed: %+v, want a second-hop failure", st)
+	}
+	if st := p.write(t, 0, 8*mib, sessRail1, tgtBase); st.State != relay.Failed || !strings.Contains(st.Err.Error(), "not resolvable") {
+		t.Fatalf("next write: %+v, want an unresolved failure", st)
+	}
+	wantRoutes(t, p.b, 2, 1)
+
+	// Registered again: a new route, a new handle, the bytes land.
+	clear(p.tgt[sessRail1])
+	if err := p.hopB.AddTarget(sessRail1, "rmlx5_1", p.tgt[sessRail1], tgtBase); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.write(t, 0, 8*mib, sessRail1, tgtBase); st.State != relay.Completed {
+		t.Fatalf("write after the target came back: %+v", st)
+	}
+	if !bytes.Equal(p.tgt[sessRail1][:8*mib], p.srcBytes[:8*mib]) {
+		t.Fatal("target differs from the source")
+	}
+	wantRoutes(t, p.b, 3, 1)
+	if s := p.hopB.Stats(); s.Routes != 2 || s.Lookups != 0 {
+		t.Fatalf("relay's hop stats %+v: want 2 routes and 0 lookups", s)
+	}
+}
