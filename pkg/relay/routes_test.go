@@ -300,9 +300,11 @@ func (d oneRangeDir) Resolve(session string, dst uint64) (relay.Target, error) {
 
 func TestRouteGathersRangesResolvedOneByOne(t *testing.T) {
 	var dir *countingDir
+	var hop *routerHop
 	p := newPair(t, pairOpts{tgtSize: 8 * mib, srcSize: 16 * mib, wrapB: func(lb *hosthop.Loopback) (relay.Hop, relay.Directory) {
 		dir = &countingDir{inner: lb, calls: map[string]int{}}
-		return lb, oneRangeDir{dir}
+		hop = &routerHop{lb: lb, handles: map[string]*hopHandle{}}
+		return hop, oneRangeDir{dir}
 	}})
 	const base2 = tgtBase + 1<<32
 	buf2 := mapAnon(t, 8*mib)
@@ -340,6 +342,9 @@ func TestRouteGathersRangesResolvedOneByOne(t *testing.T) {
 	wantRoutes(t, p.b, 2, 0)
 	if n := dir.count(sessRail1); n != 2 {
 		t.Fatalf("relay resolved %q %d times, want 2", sessRail1, n)
+	}
+	if routes, _, _, bad := hop.stats(); routes != 1 || len(bad) > 0 {
+		t.Fatalf("hop saw %d Route calls and mismatches %q; want 1 and none", routes, bad)
 	}
 }
 
