@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 
@@ -54,8 +55,10 @@ func BenchmarkTransfer(b *testing.B) {
 				}
 			}
 			// Warm up: pools, the route cache and the hop reach their
-			// steady-state sizes before anything is counted.
-			for range 3 {
+			// steady-state sizes before anything is counted. The host
+			// copier fills a buffer per queued copy on first use, so
+			// that takes twice its lane depth in Pieces.
+			for n := 0; n < 3 || p.a.Counters().RelayedPieces < 2*hosthop.LaneQueueDepth; n++ {
 				run()
 			}
 			measureSteadyState(b, p, uint64(sz.n), run)
@@ -129,6 +132,8 @@ func BenchmarkCrossRailBlocks16KiB(b *testing.B) {
 			}
 		}
 	}
-	run()
+	for i := 0; i < 3 || p.a.Counters().RelayedPieces < 2*hosthop.LaneQueueDepth; i++ {
+		run()
+	}
 	measureSteadyState(b, p, n, run)
 }
