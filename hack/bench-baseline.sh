@@ -54,11 +54,18 @@ mkdir -p "$run"
 load=$(cut -d' ' -f1-3 /proc/loadavg)
 
 cmd=(go test -run '^$' -bench "$bench" -benchtime "$benchtime" -count 1 "$@" "$pkg")
-for i in $(seq 1 "$rounds"); do
+# Odd rounds run the baseline first, even rounds the current tree, so that
+# neither side always follows the other.
+before() {
   echo "round $i/$rounds: baseline" >&2
   (cd "$wt" && "${cmd[@]}") >"$run/before-$i.txt"
+}
+after() {
   echo "round $i/$rounds: current" >&2
   "${cmd[@]}" >"$run/after-$i.txt"
+}
+for i in $(seq 1 "$rounds"); do
+  if ((i % 2)); then before; after; else after; before; fi
 done
 
 cpu=$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo)
@@ -68,7 +75,7 @@ cpu=$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo)
   echo "- CPU: ${cpu:-unknown}, $(nproc) cores; load average at start: $load"
   echo "- baseline: $(git rev-parse --short "$base"); current: $current"
   echo "- command: \`go test -run '^\$' -bench '$bench' -benchtime $benchtime -count 1 ${*:+$* }$pkg\`;" \
-    "rounds: $rounds, baseline and current alternating"
+    "rounds: $rounds, baseline and current alternating, each first in every other round"
   echo
   go run ./hack/benchtable -before "$run/before-*.txt" -after "$run/after-*.txt"
 } | tee "$run/table.md"
