@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -85,5 +86,31 @@ func TestBenchHealthyPaths(t *testing.T) {
 				t.Errorf("relayed %d + direct %d != %d bytes", main.RelayedBytes, main.DirectBytes, main.Bytes)
 			}
 		})
+	}
+}
+
+// TestBenchAllocPass runs the PXN phase's transfer twice and reports the
+// allocations of the warm pass, counted over its own Pieces.
+func TestBenchAllocPass(t *testing.T) {
+	rows := runBench(t, "--ranks", "2", "--bytes", "64MiB", "--pattern", "cross-rail", "--alloc-pass")
+	if !rows[0].Verified || rows[0].Failed != 0 || rows[0].FallbackBytes != 0 {
+		t.Fatalf("main row %+v", rows[0])
+	}
+	var allocs *row
+	for i := range rows {
+		if strings.HasPrefix(rows[i].Scenario, "P5 heap allocations per piece, second pass") {
+			allocs = &rows[i]
+		}
+	}
+	// Each of the two ranks sends 8 Pieces, and relays those of the other
+	// that arrive before its own pass ends.
+	if allocs == nil || allocs.Pieces < 16 || allocs.Pieces > 32 {
+		t.Fatalf("no second-pass allocation row over 16..32 Pieces: %+v", rows)
+	}
+	// The warm pass has fixed costs per process (the runtime starting
+	// threads, the harness's own bookkeeping) but none per Piece; a few
+	// hundred over 32 Pieces would mean the steady state allocates.
+	if allocs.Value > 8 {
+		t.Errorf("%.2f heap allocations per Piece in the warm pass", allocs.Value)
 	}
 }

@@ -97,7 +97,7 @@ func runRank(r int, layoutPath, dirPath, mode string) error {
 		switch cmd {
 		case "route":
 			emit(event{Event: "routed", Routed: waitRoutes(eng, mine, r)})
-		case "go":
+		case "go", "again":
 			var res *rankResult
 			if eng != nil {
 				res, err = transferEngine(eng, mine, base)
@@ -214,6 +214,11 @@ func transferEngineWait(eng *relay.Engine, mine []transfer, base uintptr, spin b
 	res := &rankResult{Bytes: total, Requests: len(reqs), Seconds: secs, PXNActive: eng.PXNActive(),
 		PumpCPU: pump1 - pump0, ProcessCPU: proc1 - proc0, Mallocs: ms1.Mallocs - ms0.Mallocs,
 		StartNs: start.UnixNano(), EndNs: end.UnixNano()}
+	defer func() {
+		for _, b := range batches {
+			_ = b.Release()
+		}
+	}()
 	for _, b := range batches {
 		for i := 0; i < b.Len(); i++ {
 			st, _ := b.Status(i)

@@ -46,7 +46,10 @@ type runOptions struct {
 	cuda    cudaOptions
 	// registryRoot is the folder the ranks' registry folder is made in.
 	registryRoot string
-	out          io.Writer
+	// allocPass repeats the engine phase's transfer once more, only to
+	// count heap allocations in steady state.
+	allocPass bool
+	out       io.Writer
 }
 
 func runMain(args []string) int {
@@ -60,6 +63,7 @@ func runMain(args []string) int {
 	fs.StringVar(&o.pattern, "pattern", "cross-rail", "cross-rail, fan-in, same-rail or all-to-all")
 	fs.StringVar(&o.json, "json", "", "also write the rows as JSON to this file")
 	fs.StringVar(&o.credit, "credit-timeout", "", "MC_PXN_CREDIT_TIMEOUT_MS for the ranks (empty: the engine default, 1000)")
+	fs.BoolVar(&o.allocPass, "alloc-pass", false, "host: run the PXN phase's transfer a second time and report P5 heap allocations per piece from that warm pass (steady state) rather than from the first")
 	o.cuda.flags(fs)
 	fs.StringVar(&o.registryRoot, "registry-root", os.Getenv("MC_PXN_REGISTRY_ROOT"),
 		"folder in which the ranks' registry folder (their MC_PXN_REGISTRY_ROOT) is created; the staging arenas live there, so it must be a large tmpfs. "+
@@ -142,11 +146,11 @@ func run(o runOptions) ([]row, error) {
 		}
 		return e
 	}
-	pxn, err := phase(l, targets, layoutPath, dirPath, "engine", env("1", "bench-pxn"), true)
+	pxn, err := phase(l, targets, layoutPath, dirPath, "engine", env("1", "bench-pxn"), true, o.allocPass)
 	if err != nil {
 		return nil, fmt.Errorf("engine phase: %w", err)
 	}
-	bare, err := phase(l, targets, layoutPath, dirPath, "bare", env("0", "bench-bare"), false)
+	bare, err := phase(l, targets, layoutPath, dirPath, "bare", env("0", "bench-bare"), false, false)
 	if err != nil {
 		return nil, fmt.Errorf("baseline phase: %w", err)
 	}
@@ -187,13 +191,17 @@ func startTargets(l *layout, layoutPath, work string) ([]*child, string, error) 
 // phaseResult is one phase's rank results and verification.
 type phaseResult struct {
 	ranks     []rankResult
+	again     []rankResult
 	idle      []idleResult
 	verified  bool
 	verifyErr string
 	routed    bool
 }
 
-func phase(l *layout, targets []*child, layoutPath, dirPath, mode string, env []string, idle bool) (*phaseResult, error) {
+// phase runs one phase: every rank transfers its share at once; with idle the
+// ranks then measure an idle second, with again they first repeat the
+// transfer to count allocations in steady state.
+func phase(l *layout, targets []*child, layoutPath, dirPath, mode string, env []string, idle, again bool) (*phaseResult, error) {
 	var ranks []*child
 	defer func() {
 		for _, c := range ranks {
@@ -224,6 +232,14 @@ func phase(l *layout, targets []*child, layoutPath, dirPath, mode string, env []
 	}
 	for _, ev := range evs {
 		res.ranks = append(res.ranks, *ev.Result)
+	}
+	if again {
+		if evs, err = all(ranks, "again", "done", 30*time.Minute); err != nil {
+			return nil, err
+		}
+		for _, ev := range evs {
+			res.again = append(res.again, *ev.Result)
+		}
 	}
 	if idle {
 		evs, err = all(ranks, "idle", "idle", time.Minute)
@@ -321,8 +337,20 @@ func summarize(o runOptions, pxn, bare *phaseResult) []row {
 	rows = append(rows, row{Scenario: "P5 pump idle CPU (busiest rank)", Value: idlePump, Unit: "% of a core", Verified: true})
 	if handled := pieces + forwarded; handled > 0 {
 		rows = append(rows,
-			row{Scenario: "P5 pump CPU per piece (sender + relay pieces)", Value: pumpCPU * 1e6 / float64(handled), Unit: "µs", Pieces: handled, Verified: true},
-			row{Scenario: "P5 heap allocations per piece (whole process, hop included)", Value: float64(mallocs) / float64(handled), Unit: "allocs", Pieces: handled, Verified: true})
+			row{Scenario: "P5 pump CPU per piece (sender + relay pieces)", Value: pumpCPU * 1e6 / float64(handled), Unit: "µs", Pieces: handled, Verified: true})
+	}
+	allocs := "P5 heap allocations per piece, first pass (whole process, hop included; warm-up counts: pools, connections, first use of buffers)"
+	if len(pxn.again) > 0 {
+		allocs = "P5 heap allocations per piece, second pass (steady state; whole process, hop included)"
+		mallocs, pieces, forwarded = 0, 0, 0
+		for _, r := range pxn.again {
+			mallocs += r.Mallocs
+			pieces += r.Counters.RelayedPieces + r.Counters.FallbackPieces
+			forwarded += r.Counters.ForwardedPieces
+		}
+	}
+	if handled := pieces + forwarded; handled > 0 {
+		rows = append(rows, row{Scenario: allocs, Value: float64(mallocs) / float64(handled), Unit: "allocs", Pieces: handled, Verified: true})
 	}
 	return rows
 }
