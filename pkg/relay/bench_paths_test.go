@@ -113,7 +113,8 @@ func BenchmarkSenderPath(b *testing.B) {
 			p, fr := senderPair(b, l.bytes())
 			reqs := l.requests(p)
 			run := func() { submitAndDrive(b, p.a, reqs, fr.step) }
-			for range 3 {
+			// Past the host copier's first use of its buffers.
+			for range 2 * hosthop.LaneQueueDepth {
 				run()
 			}
 			measureSteadyState(b, p, uint64(l.bytes()), run)
