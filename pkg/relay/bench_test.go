@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"bytes"
-	"fmt"
 	"runtime"
 	"testing"
 
@@ -123,7 +122,7 @@ func BenchmarkCrossRailBlocks16KiB(b *testing.B) {
 		}
 		for i := range reqs {
 			if st, _ := bt.Status(i); st.State != relay.Completed {
-				b.Fatal(fmt.Sprintf("block %d: %v (%v)", i, st.State, st.Err))
+				b.Fatalf("block %d: %v (%v)", i, st.State, st.Err)
 			}
 		}
 		if r, ok := any(bt).(releaser); ok {
