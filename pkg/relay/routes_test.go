@@ -145,6 +145,35 @@ func (p *pair) write(t *testing.T, off, n int, session string, dst uint64) relay
 	return st
 }
 
+// wantCalls checks how often the relay's directory resolved sessRail1 and
+// how often its hop handed out a route, with no routed op carrying a wrong
+// handle or key.
+func wantCalls(t *testing.T, dir *countingDir, hop *routerHop, resolves, routes int) {
+	t.Helper()
+	if n := dir.count(sessRail1); n != resolves {
+		t.Fatalf("relay resolved %q %d times, want %d", sessRail1, n, resolves)
+	}
+	if r, _, _, bad := hop.stats(); r != routes || len(bad) > 0 {
+		t.Fatalf("hop saw %d Route calls and mismatches %q; want %d and none", r, bad, routes)
+	}
+}
+
+// writeAll submits reqs through engine a and waits until every one has
+// completed.
+func (p *pair) writeAll(t *testing.T, reqs []relay.Request) {
+	t.Helper()
+	b, err := p.a.Submit(reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitBatch(t, b)
+	for i := range reqs {
+		if st := statusOf(t, b, i); st.State != relay.Completed {
+			t.Fatalf("request %d: %+v", i, st)
+		}
+	}
+}
+
 func wantRoutes(t *testing.T, e *relay.Engine, resolves, drops uint64) {
 	t.Helper()
 	c := e.Counters()
@@ -171,16 +200,7 @@ func TestRelayResolvesATargetOnce(t *testing.T) {
 	for i := range reqs {
 		reqs[i] = relay.Request{Op: relay.Write, Src: p.src(88*mib + i*16<<10), Len: 16 << 10, Target: sessRail1, Dst: tgtBase + 88*mib + uint64(i)*16<<10}
 	}
-	b, err := p.a.Submit(reqs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitBatch(t, b)
-	for i := range reqs {
-		if st := statusOf(t, b, i); st.State != relay.Completed {
-			t.Fatalf("block %d: %+v", i, st)
-		}
-	}
+	p.writeAll(t, reqs)
 	entries += len(reqs)
 	if !bytes.Equal(p.tgt[sessRail1][:89*mib], p.srcBytes[:89*mib]) {
 		t.Fatal("target differs from the source")
@@ -216,16 +236,11 @@ func TestSecondHopFailureDropsTheRoute(t *testing.T) {
 		t.Fatal("target differs from the source")
 	}
 	wantRoutes(t, p.b, 2, 1)
-	if n := dir.count(sessRail1); n != 2 {
-		t.Fatalf("relay resolved %q %d times, want 2", sessRail1, n)
-	}
-	if routes, _, _, bad := hop.stats(); routes != 2 || len(bad) > 0 {
-		t.Fatalf("hop saw %d Route calls and mismatches %q; want 2 and none", routes, bad)
-	}
+	wantCalls(t, dir, hop, 2, 2)
 }
 
 func TestNewRangeOfATargetIsResolvedAgain(t *testing.T) {
-	p, _, hop := routedPair(t, 16*mib)
+	p, dir, hop := routedPair(t, 16*mib)
 	if st := p.write(t, 0, 8*mib, sessRail1, tgtBase); st.State != relay.Completed {
 		t.Fatalf("first write: %+v", st)
 	}
@@ -250,12 +265,7 @@ func TestNewRangeOfATargetIsResolvedAgain(t *testing.T) {
 	}
 	// The miss resolved the new address and kept the route and its handle.
 	wantRoutes(t, p.b, 2, 0)
-	if routes, _, _, _ := hop.stats(); routes != 1 {
-		t.Fatalf("hop saw %d Route calls, want 1", routes)
-	}
-	if _, _, _, bad := hop.stats(); len(bad) > 0 {
-		t.Fatalf("mismatches %q", bad)
-	}
+	wantCalls(t, dir, hop, 2, 1)
 }
 
 func TestDestinationOutsideTheRelaysRangesFails(t *testing.T) {
@@ -320,16 +330,7 @@ func TestRouteGathersRangesResolvedOneByOne(t *testing.T) {
 		{Op: relay.Write, Src: p.src(4 * mib), Len: 4 * mib, Target: sessRail1, Dst: base2},
 	}
 	for range 3 {
-		b, err := p.a.Submit(reqs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		waitBatch(t, b)
-		for i := range reqs {
-			if st := statusOf(t, b, i); st.State != relay.Completed {
-				t.Fatalf("request %d: %+v", i, st)
-			}
-		}
+		p.writeAll(t, reqs)
 		for _, base := range []uint64{tgtBase, base2, tgtBase, base2} {
 			if st := p.write(t, 8*mib, 4*mib, sessRail1, base+4*mib); st.State != relay.Completed {
 				t.Fatalf("write to %#x: %+v", base, st)
@@ -340,12 +341,7 @@ func TestRouteGathersRangesResolvedOneByOne(t *testing.T) {
 		t.Fatal("targets differ from the source")
 	}
 	wantRoutes(t, p.b, 2, 0)
-	if n := dir.count(sessRail1); n != 2 {
-		t.Fatalf("relay resolved %q %d times, want 2", sessRail1, n)
-	}
-	if routes, _, _, bad := hop.stats(); routes != 1 || len(bad) > 0 {
-		t.Fatalf("hop saw %d Route calls and mismatches %q; want 1 and none", routes, bad)
-	}
+	wantCalls(t, dir, hop, 2, 1)
 }
 
 func TestInvalidateTargetResolvesAgain(t *testing.T) {
@@ -367,12 +363,7 @@ func TestInvalidateTargetResolvesAgain(t *testing.T) {
 	p.b.InvalidateTarget("")
 	write()
 	wantRoutes(t, p.b, 3, 2)
-	if n := dir.count(sessRail1); n != 3 {
-		t.Fatalf("relay resolved %q %d times, want 3", sessRail1, n)
-	}
-	if routes, _, _, bad := hop.stats(); routes != 3 || len(bad) > 0 {
-		t.Fatalf("hop saw %d Route calls and mismatches %q; want 3 and none", routes, bad)
-	}
+	wantCalls(t, dir, hop, 3, 3)
 }
 
 func TestLoopbackRoutesTheRelaysWrites(t *testing.T) {
