@@ -36,9 +36,11 @@ type pump struct {
 	in            [staging.LaneCount]inLane
 	relayInflight int
 	// fallbacks are Pieces that go direct; callers add to it too (a
-	// failed source-ready event), hence fbMu.
+	// failed source-ready event), hence fbMu. fbLen is its length, kept
+	// under fbMu and read without it by every round.
 	fallbacks  fifo[fallbackPiece]
 	fbMu       chanMutex
+	fbLen      atomic.Int32
 	lastBeat   time.Time
 	lastActive time.Time
 	polled     [64]HopCompletion
@@ -116,16 +118,25 @@ func (p *pump) wake() {
 
 // fallback sends Piece i of g direct, after its source-ready event.
 func (p *pump) fallback(g *group, i int) {
+	p.pushFallback(fallbackPiece{g: g, i: i})
+}
+
+func (p *pump) pushFallback(fb fallbackPiece) {
 	p.fbMu.lock()
-	p.fallbacks.push(fallbackPiece{g: g, i: i})
+	p.fallbacks.push(fb)
+	p.fbLen.Store(int32(p.fallbacks.len()))
 	p.fbMu.unlock()
 }
 
-func (p *pump) fallbackLen() int {
+func (p *pump) popFallback() fallbackPiece {
 	p.fbMu.lock()
 	defer p.fbMu.unlock()
-	return p.fallbacks.len()
+	fb := p.fallbacks.pop()
+	p.fbLen.Store(int32(p.fallbacks.len()))
+	return fb
 }
+
+func (p *pump) fallbackLen() int { return int(p.fbLen.Load()) }
 
 func (p *pump) run() {
 	runtime.LockOSThread()
@@ -322,15 +333,11 @@ func (p *pump) freeRec(rec *inflightRec) {
 func (p *pump) runFallbacks() bool {
 	progressed := false
 	for n := p.fallbackLen(); n > 0; n-- {
-		p.fbMu.lock()
-		fb := p.fallbacks.pop()
-		p.fbMu.unlock()
+		fb := p.popFallback()
 		keep, moved := p.runFallback(&fb)
 		progressed = progressed || moved
 		if keep {
-			p.fbMu.lock()
-			p.fallbacks.push(fb)
-			p.fbMu.unlock()
+			p.pushFallback(fb)
 		}
 	}
 	return progressed
@@ -590,6 +597,7 @@ func (p *pump) finishStop() {
 	p.fbMu.lock()
 	fbs := p.fallbacks
 	p.fallbacks = fifo[fallbackPiece]{}
+	p.fbLen.Store(0)
 	p.fbMu.unlock()
 	for fbs.len() > 0 {
 		fb := fbs.pop()
