@@ -45,10 +45,10 @@ type Engine struct {
 	tokens   tokenTable
 	counters Counters
 
-	batches batchPool
-	groups  groupPool
-	opBufs  opsPool
-	scratch scratchPool
+	batches *batchPool
+	groups  *groupPool
+	opBufs  *opsPool
+	scratch *scratchPool
 
 	// invalidated holds the sessions InvalidateTarget named since the pump
 	// last looked ("" for all); invalPending says there are some.
@@ -101,6 +101,11 @@ func open(cfg staging.Config, deps Deps, hooks testHooks) (*Engine, error) {
 		reg:    deps.Registry,
 		log:    log,
 		hooks:  hooks,
+
+		batches: newBatchPool(),
+		groups:  newGroupPool(),
+		opBufs:  newOpsPool(),
+		scratch: newScratchPool(),
 	}
 	e.routes.Store(&routeTable{})
 	if !cfg.Enable || deps.Registry == nil {

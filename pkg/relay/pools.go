@@ -20,24 +20,57 @@ const (
 	maxPooledOps    = 1 << 16
 )
 
-type batchPool struct {
-	mu    sync.Mutex
-	free  []*Batch
-	tasks int
+// freeList is a stack of reusable values under a budget: at most maxItems
+// values, whose sizes (as size reports them: the capacity they hold) add up
+// to at most maxSize.
+type freeList[T any] struct {
+	mu       sync.Mutex
+	free     []T
+	held     int
+	maxItems int
+	maxSize  int
+	size     func(T) int
 }
 
-// get returns a batch of n pending-free tasks.
-func (p *batchPool) get(n int) *Batch {
-	p.mu.Lock()
-	var b *Batch
-	if k := len(p.free); k > 0 {
-		b = p.free[k-1]
-		p.free[k-1] = nil
-		p.free = p.free[:k-1]
-		p.tasks -= cap(b.tasks)
+// take pops the most recently given value; ok is false when none is kept.
+func (f *freeList[T]) take() (v T, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	k := len(f.free)
+	if k == 0 {
+		return v, false
 	}
-	p.mu.Unlock()
-	if b == nil {
+	var zero T
+	v = f.free[k-1]
+	f.free[k-1] = zero
+	f.free = f.free[:k-1]
+	f.held -= f.size(v)
+	return v, true
+}
+
+// give keeps v if the budget allows.
+func (f *freeList[T]) give(v T) {
+	n := f.size(v)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.free) >= f.maxItems || f.held+n > f.maxSize {
+		return
+	}
+	f.held += n
+	f.free = append(f.free, v)
+}
+
+type batchPool struct{ list freeList[*Batch] }
+
+func newBatchPool() *batchPool {
+	return &batchPool{list: freeList[*Batch]{maxItems: maxPooledBatches, maxSize: maxPooledTasks,
+		size: func(b *Batch) int { return cap(b.tasks) }}}
+}
+
+// get returns a batch of n tasks, none pending.
+func (p *batchPool) get(n int) *Batch {
+	b, ok := p.list.take()
+	if !ok {
 		return &Batch{tasks: make([]task, n), pool: p}
 	}
 	if cap(b.tasks) < n {
@@ -50,34 +83,20 @@ func (p *batchPool) get(n int) *Batch {
 	return b
 }
 
-func (p *batchPool) put(b *Batch) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.free) >= maxPooledBatches || p.tasks+cap(b.tasks) > maxPooledTasks {
-		return
-	}
-	p.tasks += cap(b.tasks)
-	p.free = append(p.free, b)
-}
+func (p *batchPool) put(b *Batch) { p.list.give(b) }
 
-type groupPool struct {
-	mu     sync.Mutex
-	free   []*group
-	slices int
+type groupPool struct{ list freeList[*group] }
+
+func newGroupPool() *groupPool {
+	return &groupPool{list: freeList[*group]{maxItems: maxPooledGroups, maxSize: maxPooledSlices,
+		size: func(g *group) int { return cap(g.plan.Slices) }}}
 }
 
 func (p *groupPool) get() *group {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	k := len(p.free)
-	if k == 0 {
-		return &group{}
+	if g, ok := p.list.take(); ok {
+		return g
 	}
-	g := p.free[k-1]
-	p.free[k-1] = nil
-	p.free = p.free[:k-1]
-	p.slices -= cap(g.plan.Slices)
-	return g
+	return &group{}
 }
 
 // put resets g and keeps it if the budget allows.
@@ -89,49 +108,29 @@ func (p *groupPool) put(g *group) {
 	g.plan.Reset()
 	g.ready = 0
 	g.next = 0
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.free) >= maxPooledGroups || p.slices+cap(g.plan.Slices) > maxPooledSlices {
-		return
-	}
-	p.slices += cap(g.plan.Slices)
-	p.free = append(p.free, g)
+	p.list.give(g)
 }
 
 // opsPool lends write-op vectors: a Submit's direct writes, a fallen-back
 // Piece's writes until the hop has taken them all.
-type opsPool struct {
-	mu   sync.Mutex
-	free [][]WriteOp
-	ops  int
+type opsPool struct{ list freeList[[]WriteOp] }
+
+func newOpsPool() *opsPool {
+	return &opsPool{list: freeList[[]WriteOp]{maxItems: maxPooledOpBufs, maxSize: maxPooledOps,
+		size: func(v []WriteOp) int { return cap(v) }}}
 }
 
 // get returns an empty vector with room for n ops.
 func (p *opsPool) get(n int) []WriteOp {
-	p.mu.Lock()
-	var v []WriteOp
-	if k := len(p.free); k > 0 {
-		v = p.free[k-1]
-		p.free[k-1] = nil
-		p.free = p.free[:k-1]
-		p.ops -= cap(v)
+	if v, ok := p.list.take(); ok && cap(v) >= n {
+		return v[:0]
 	}
-	p.mu.Unlock()
-	if cap(v) < n {
-		return make([]WriteOp, 0, max(n, 8))
-	}
-	return v[:0]
+	return make([]WriteOp, 0, max(n, 8))
 }
 
 func (p *opsPool) put(v []WriteOp) {
 	clear(v[:cap(v)])
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.free) >= maxPooledOpBufs || p.ops+cap(v) > maxPooledOps {
-		return
-	}
-	p.ops += cap(v)
-	p.free = append(p.free, v[:0])
+	p.list.give(v[:0])
 }
 
 // submitScratch is the working memory of one Submit call.
@@ -141,17 +140,15 @@ type submitScratch struct {
 	order  []*group
 }
 
-type scratchPool struct {
-	mu   sync.Mutex
-	free []*submitScratch
+type scratchPool struct{ list freeList[*submitScratch] }
+
+func newScratchPool() *scratchPool {
+	return &scratchPool{list: freeList[*submitScratch]{maxItems: maxPooledBatches, maxSize: maxPooledBatches,
+		size: func(*submitScratch) int { return 1 }}}
 }
 
 func (p *scratchPool) get() *submitScratch {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if k := len(p.free); k > 0 {
-		s := p.free[k-1]
-		p.free = p.free[:k-1]
+	if s, ok := p.list.take(); ok {
 		return s
 	}
 	return &submitScratch{groups: make(map[groupKey]*group)}
@@ -165,11 +162,7 @@ func (p *scratchPool) put(s *submitScratch) {
 	if cap(s.direct) > maxPooledTasks {
 		s.direct = nil
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.free) < maxPooledBatches {
-		p.free = append(p.free, s)
-	}
+	p.list.give(s)
 }
 
 // recPool is the relay's free list of in-flight records, pump only. It holds
