@@ -488,7 +488,19 @@ func (c *cluster) checkKubeletRestart() {
 	})
 	c.waitRelayCapacity(resource + " back in capacity and allocatable after the kubelet restart")
 	for _, w := range []workload{a1, a2} {
-		if got := c.listDir(w.ns, w.name); !reflect.DeepEqual(got, []string{"a1.txt", "a2.txt"}) {
+		// A restarted kubelet reports the node Ready before it has
+		// re-admitted the pods that were running; until then an exec
+		// answers "pod does not exist".
+		var got []string
+		c.poll(fmt.Sprintf("%s/%s answers exec after the kubelet restart", w.ns, w.name), time.Minute, func() (bool, string) {
+			out, err := c.exec(w.ns, w.name, "ls", registryRoot)
+			if err != nil {
+				return false, err.Error()
+			}
+			got = strings.Fields(out)
+			return true, ""
+		})
+		if !reflect.DeepEqual(got, []string{"a1.txt", "a2.txt"}) {
 			t.Errorf("%s/%s after the kubelet restart: %v", w.ns, w.name, got)
 		}
 	}
