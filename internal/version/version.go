@@ -1,0 +1,55 @@
+// Package version is the one place a PXN binary learns its release version.
+//
+// The Makefile and the Dockerfile stamp it from the VERSION file at the
+// repository root:
+//
+//	go build -ldflags "-X github.com/pxn-project/pxn/internal/version.version=$(cat VERSION)"
+//
+// An unstamped build (go build, go test) reports the VERSION file's release
+// with "-devel" appended, so it never claims to be a release it is not.
+package version
+
+import (
+	"fmt"
+	"runtime"
+	"runtime/debug"
+)
+
+// version is set at link time; see the package comment.
+var version string
+
+// Release is the release this source tree is (the VERSION file); a test
+// keeps the two equal.
+const Release = "0.1.0"
+
+// String is the binary's version: the stamped one, or Release+"-devel".
+func String() string {
+	if version != "" {
+		return version
+	}
+	return Release + "-devel"
+}
+
+// Revision is the VCS revision the binary was built from, or "" when the
+// build recorded none.
+func Revision() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	for _, s := range info.Settings {
+		if s.Key == "vcs.revision" {
+			return s.Value
+		}
+	}
+	return ""
+}
+
+// Line is the one-line answer of a binary's --version.
+func Line(binary string) string {
+	rev := Revision()
+	if rev == "" {
+		rev = "unknown"
+	}
+	return fmt.Sprintf("%s %s (revision %s, %s, %s/%s)", binary, String(), rev, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+}

@@ -1,0 +1,29 @@
+package version
+
+import (
+	"os"
+	"strings"
+	"testing"
+)
+
+func TestReleaseMatchesVersionFile(t *testing.T) {
+	b, err := os.ReadFile("../../VERSION")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(b)); got != Release {
+		t.Fatalf("VERSION holds %q, version.Release is %q: keep them equal", got, Release)
+	}
+}
+
+func TestUnstampedIsDevel(t *testing.T) {
+	if version != "" {
+		t.Skipf("this test binary was stamped with %q", version)
+	}
+	if got, want := String(), Release+"-devel"; got != want {
+		t.Fatalf("String() = %q, want %q", got, want)
+	}
+	if l := Line("pxn-x"); !strings.HasPrefix(l, "pxn-x "+Release+"-devel (revision ") {
+		t.Fatalf("Line = %q", l)
+	}
+}
