@@ -156,7 +156,7 @@ func (h *cHop) Submit(ops []relay.WriteOp) (err error) {
 		if op.Read {
 			c.read = 1
 		}
-		c.reserved = 0
+		c.flags = 0
 	}
 	switch rc := int32(C.pxnlib_call_submit(h.submitFn, h.user, &cops[0], C.size_t(len(ops)))); rc {
 	case codeOK:

@@ -17,17 +17,23 @@
 #include <stddef.h>
 
 /* The ABI's layout on LP64: a change here breaks every host built before it. */
-_Static_assert(sizeof(void *) != 8 || sizeof(pxn_transport_op) == 48, "pxn_transport_op");
+/* API version 2's sizes are the prefixes that versions 1 of the options keep. */
+_Static_assert(sizeof(void *) != 8 || sizeof(pxn_transport_op) == 72, "pxn_transport_op");
 _Static_assert(sizeof(void *) != 8 || offsetof(pxn_transport_op, token) == 32, "pxn_transport_op.token");
+_Static_assert(sizeof(void *) != 8 || offsetof(pxn_transport_op, flags) == 44, "pxn_transport_op.flags");
+_Static_assert(sizeof(void *) != 8 || offsetof(pxn_transport_op, route) == 48, "pxn_transport_op.route");
 _Static_assert(sizeof(void *) != 8 || sizeof(pxn_transport_completion) == 128, "pxn_transport_completion");
 _Static_assert(sizeof(void *) != 8 || offsetof(pxn_transport_completion, message) == 16, "completion.message");
 _Static_assert(sizeof(void *) != 8 || sizeof(pxn_transport) == 32, "pxn_transport");
-_Static_assert(sizeof(void *) != 8 || sizeof(pxn_target_info) == 88, "pxn_target_info");
-_Static_assert(sizeof(void *) != 8 || sizeof(pxn_options) == 48, "pxn_options");
+_Static_assert(sizeof(void *) != 8 || sizeof(pxn_target_info) == 104, "pxn_target_info");
+_Static_assert(sizeof(void *) != 8 || offsetof(pxn_target_info, route) == 88, "pxn_target_info.route");
+_Static_assert(sizeof(void *) != 8 || sizeof(pxn_options) == 88, "pxn_options");
 _Static_assert(sizeof(void *) != 8 || offsetof(pxn_options, copier) == 40, "pxn_options.copier");
+_Static_assert(sizeof(void *) != 8 || offsetof(pxn_options, register_arena) == 48, "pxn_options.register_arena");
 _Static_assert(sizeof(void *) != 8 || sizeof(pxn_request) == 48, "pxn_request");
 _Static_assert(sizeof(pxn_task_status) == 16, "pxn_task_status");
-_Static_assert(sizeof(pxn_counters) == 104, "pxn_counters");
+_Static_assert(sizeof(pxn_counters) == 120, "pxn_counters");
+_Static_assert(offsetof(pxn_counters, copier) == 104, "pxn_counters.copier");
 _Static_assert(offsetof(pxn_counters, relayed_bytes) == 8, "pxn_counters.relayed_bytes");
 
 #define CHECK(cond)                                                                          \
