@@ -195,8 +195,12 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 		}
 		if !eng.PXNActive() && first.kind != copierDefault {
 			// PXN did not come up (its configuration or registry refused):
-			// no copier runs.
+			// no copier runs, and its streams go now. The GPU stays
+			// retained until pxn_close: a quarantined arena lives in it.
 			first.kind = copierDefault
+			if err := first.copier.Close(); err != nil {
+				log.Info("pxn first hop: closing the unused copier failed", "err", err.Error())
+			}
 		}
 		*out = C.pxn_engine_t(handles.add(newEngine(eng, engineSetup{first: first, table: table, release: release,
 			legacy: legacy, maxBatches: maxBatches})))
