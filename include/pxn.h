@@ -23,7 +23,13 @@
 extern "C" {
 #endif
 
-#define PXN_API_VERSION 2
+/*
+ * 3 added route handles and keys, arena registration, Mooncake's task
+ * states and the live-batch bound. A host built against an older header
+ * keeps working: it passes an older PXN_OPTIONS_VERSION, and the engine then
+ * speaks that version's structs and states (docs/c-abi.md, "Versions").
+ */
+#define PXN_API_VERSION 3
 
 /* Result codes. PXN_OK is success; every failure is negative. */
 #define PXN_OK 0
@@ -44,11 +50,29 @@ extern "C" {
 #define PXN_ETIMEDOUT (-6)
 /* A defect inside libpxn, caught before it could reach the host. */
 #define PXN_EINTERNAL (-7)
+/*
+ * Since PXN_API_VERSION 3. pxn_submit: the engine holds as many live batches
+ * as it may (pxn_options.max_batches); batches whose tasks are final must be
+ * freed with pxn_free_batch.
+ */
+#define PXN_ETOOMANY (-8)
+/*
+ * Since PXN_API_VERSION 3. For a transport completion: the op's route handle
+ * is no longer valid (the host dropped or replaced it), so nothing was
+ * written. The engine drops its cached route and resolves the target again.
+ */
+#define PXN_ESTALE (-9)
 
 /*
  * Task states. The values are those of Mooncake's
  * Transport::TransferStatusEnum, in the same order, so a Mooncake transport
- * can cast one to the other.
+ * can cast one to the other. An engine opened with PXN_OPTIONS_VERSION 2
+ * reports every unfinished task as WAITING, as Mooncake's RdmaTransport does
+ * (MultiTransport applies its slice timeout to WAITING tasks only); one
+ * opened with version 1 reports them as PENDING, as API version 2 did.
+ * TIMEOUT: the transport or a relay's second hop timed out, or a relay made
+ * no progress on a staged Piece. INVALID: the transport refused the op as
+ * PXN_EINVAL. Any other failure is FAILED.
  */
 #define PXN_TASK_WAITING 0
 #define PXN_TASK_PENDING 1
@@ -64,12 +88,32 @@ extern "C" {
 #define PXN_MEM_HOST 0
 #define PXN_MEM_DEVICE 1
 
-/* First-hop copier. DEFAULT is HOST in this build. */
+/*
+ * First-hop copier. DEFAULT is CUDA when libcuda.so.1 loads and reports a
+ * device, HOST otherwise; pxn_counters.copier says which one runs. CUDA
+ * without a driver fails pxn_open with PXN_ENOTSUP.
+ */
 #define PXN_COPIER_DEFAULT 0
 #define PXN_COPIER_HOST 1
 #define PXN_COPIER_CUDA 2
 
-#define PXN_OPTIONS_VERSION 1
+/* 2 appended arena registration, max_batches, flags and cuda_device. */
+#define PXN_OPTIONS_VERSION 2
+
+/* pxn_options.flags. */
+/* cuda_device names the GPU of the CUDA copier and arena. */
+#define PXN_OPEN_CUDA_DEVICE 0x1u
+
+/* Live batches an engine holds when pxn_options.max_batches is 0. */
+#define PXN_DEFAULT_MAX_BATCHES 65536u
+
+/* pxn_transport_op.flags (since PXN_API_VERSION 3). */
+/* A relay's second hop: src lies in this rank's staging arena. */
+#define PXN_OP_RELAYED 0x1u
+/* local_key holds the key pxn_register_arena_fn returned for src's arena. */
+#define PXN_OP_LOCAL_KEY 0x2u
+/* route and remote_key hold what the host's directory gave for target and dst. */
+#define PXN_OP_ROUTED 0x4u
 
 /* Longest target session name, in bytes, without the terminating NUL. */
 #define PXN_MAX_SESSION 256
@@ -89,6 +133,9 @@ typedef uint64_t pxn_batch_t;
  * second hop, or a fallback. Write: len bytes from local src to dst in the
  * target session. Read: len bytes from dst in the target session to local src.
  * The array and every target string are valid only during the submit call.
+ *
+ * An engine opened with PXN_OPTIONS_VERSION 1 passes ops of API version 2's
+ * layout: the fields up to flags (then reserved, always 0), 48 bytes apart.
  */
 typedef struct pxn_transport_op {
 	void *src;
@@ -99,7 +146,19 @@ typedef struct pxn_transport_op {
 	uint64_t token;
 	/* 0 = write, 1 = read. */
 	uint32_t read;
-	uint32_t reserved;
+	/* PXN_OP_*; 0 on the direct path and for fallbacks. */
+	uint32_t flags;
+	/*
+	 * Since PXN_API_VERSION 3, valid with PXN_OP_ROUTED: the route handle the
+	 * host's directory returned for target (pxn_target_info.route), and the
+	 * remote key of the registered range that holds dst..dst+len. A host that
+	 * no longer honours the handle must fail the op (PXN_ESTALE), never write
+	 * through whatever the handle now means.
+	 */
+	uint64_t route;
+	uint64_t remote_key;
+	/* Valid with PXN_OP_LOCAL_KEY: the registration key of src's arena. */
+	uint64_t local_key;
 } pxn_transport_op;
 
 /*
@@ -149,6 +208,17 @@ typedef struct pxn_target_info {
 	char hca[PXN_HCA_NAME_MAX];
 	uint64_t range_base;
 	uint64_t range_len;
+	/*
+	 * Since PXN_API_VERSION 3. route: the host's own handle for the path to
+	 * this target (an endpoint, a queue-pair set), opaque to the engine; 0
+	 * means none. remote_key: the key the host's transport needs to write
+	 * into the range (an RDMA rkey), read only when route is not 0. The
+	 * relay keeps both with its cached route and passes them in every
+	 * second-hop op (PXN_OP_ROUTED), so the host need not look the target up
+	 * per op; pxn_invalidate_target, or a failed op, drops them.
+	 */
+	uint64_t route;
+	uint64_t remote_key;
 } pxn_target_info;
 
 /*
@@ -159,10 +229,29 @@ typedef struct pxn_target_info {
 typedef int (*pxn_resolve_fn)(void *user, const char *session, uint64_t dst, pxn_target_info *out);
 
 /*
+ * Registers the engine's staging arena, [addr, addr+len) of kind PXN_MEM_*
+ * (device memory with the CUDA copier), with the host's NIC, and stores in
+ * *local_key the key the host's transport needs to read from it (an RDMA
+ * lkey). Called once during pxn_open, after the arena is allocated and before
+ * any peer can see this rank. A negative return means the arena is not
+ * registered: this rank then does not relay (its peers send to its rail
+ * direct), the engine logs why once, and the arena stays allocated until the
+ * process exits, as a NIC may hold part of it.
+ */
+typedef int (*pxn_register_arena_fn)(void *user, void *addr, uint64_t len, int kind, uint64_t *local_key);
+
+/*
+ * Undoes pxn_register_arena_fn for the same range and key, during pxn_close,
+ * once no second-hop op reads from the arena. A negative return keeps the
+ * arena allocated until the process exits.
+ */
+typedef int (*pxn_deregister_arena_fn)(void *user, void *addr, uint64_t len, uint64_t local_key);
+
+/*
  * Options of pxn_open. Set struct_size to sizeof(pxn_options) and version to
  * PXN_OPTIONS_VERSION; later versions only append fields. Everything is copied
  * or read during pxn_open except the user pointers, which must stay valid
- * until pxn_close returns.
+ * until pxn_close returns. Version 1 (API version 2) ends at reserved.
  */
 typedef struct pxn_options {
 	uint32_t struct_size;
@@ -177,11 +266,31 @@ typedef struct pxn_options {
 	/* PXN_COPIER_*. */
 	uint32_t copier;
 	uint32_t reserved;
+	/*
+	 * Since PXN_OPTIONS_VERSION 2. Both NULL: the arena is not registered
+	 * (a transport that needs no registration); one NULL is an error.
+	 */
+	pxn_register_arena_fn register_arena;
+	pxn_deregister_arena_fn deregister_arena;
+	void *arena_user;
+	/* Most live batches; 0 is PXN_DEFAULT_MAX_BATCHES. */
+	uint32_t max_batches;
+	/* PXN_OPEN_*. */
+	uint32_t flags;
+	/*
+	 * With PXN_OPEN_CUDA_DEVICE: the CUDA device ordinal of the copier and
+	 * arena. Without it: the device of the calling thread's current
+	 * context, else device 0.
+	 */
+	int32_t cuda_device;
+	uint32_t reserved2;
 } pxn_options;
 
 /*
- * One request of a batch. stream is the CUDA stream on which src becomes
- * ready; NULL is the calling thread's default stream, and on the host path
+ * One request of a batch. stream is the CUDA stream (a CUstream or
+ * cudaStream_t of the device's primary context) on which src becomes ready:
+ * the engine records an event on it at pxn_submit and stages nothing before
+ * the event completes. NULL is the legacy default stream. On the host path
  * (PXN_COPIER_HOST) src counts as ready when pxn_submit is called.
  */
 typedef struct pxn_request {
@@ -200,7 +309,11 @@ typedef struct pxn_task_status {
 	/* PXN_TASK_*. */
 	int32_t state;
 	uint32_t reserved;
-	/* Bytes moved so far; equals the request's len once COMPLETED. */
+	/*
+	 * Bytes moved so far: it grows as each staged Piece (up to 8 MiB) or
+	 * direct op of the task completes, and equals the request's len once
+	 * COMPLETED.
+	 */
 	uint64_t transferred;
 } pxn_task_status;
 
@@ -228,11 +341,19 @@ typedef struct pxn_counters {
 	uint64_t invalid_descs;
 	uint64_t failed_pieces;
 	uint64_t lane_quarantines;
+	/* Since PXN_API_VERSION 3. */
+	/* The first-hop copier in use (PXN_COPIER_HOST or _CUDA); 0 with PXN off. */
+	uint64_t copier;
+	/* Batches submitted and not yet freed. */
+	uint64_t live_batches;
 } pxn_counters;
 
 #ifndef PXN_NO_PROTOTYPES
 
-/* The PXN_API_VERSION the library was built with. */
+/*
+ * The PXN_API_VERSION the library was built with: at least the version of
+ * the header a host was built against when the library can serve it.
+ */
 uint32_t pxn_api_version(void);
 
 /*
@@ -249,7 +370,12 @@ int pxn_open(const pxn_options *opts, pxn_engine_t *out);
  */
 int pxn_close(pxn_engine_t engine, uint32_t timeout_ms);
 
-/* Marks [addr, addr+len) as host or device memory (PXN_MEM_*). */
+/*
+ * Marks [addr, addr+len) as host or device memory (PXN_MEM_*). With the CUDA
+ * copier a device range must lie in one allocation (cuMemAlloc, cudaMalloc,
+ * or a cuMemCreate mapping) of the engine's GPU; cross-rail writes from any
+ * device memory of that GPU take the PXN path whether registered or not.
+ */
 int pxn_register_memory(pxn_engine_t engine, void *addr, uint64_t len, int kind);
 
 /*
@@ -257,6 +383,13 @@ int pxn_register_memory(pxn_engine_t engine, void *addr, uint64_t len, int kind)
  * Only for engines opened without a resolve callback.
  */
 int pxn_register_target(pxn_engine_t engine, const char *session, const char *hca, uint64_t base, uint64_t len);
+
+/*
+ * pxn_register_target with what pxn_target_info carries since API version 3:
+ * hca_count must be 1, and route and remote_key, when route is not 0, are
+ * passed in the relay's second-hop ops to the range. Since PXN_API_VERSION 3.
+ */
+int pxn_register_target_info(pxn_engine_t engine, const char *session, const pxn_target_info *info);
 
 /* Forgets every range of session. */
 int pxn_unregister_target(pxn_engine_t engine, const char *session);
@@ -279,7 +412,12 @@ int pxn_submit(pxn_engine_t engine, const pxn_request *reqs, size_t count, pxn_b
 /* The state of task index of batch; with PXN off it polls the transport first. */
 int pxn_get_status(pxn_engine_t engine, pxn_batch_t batch, size_t index, pxn_task_status *out);
 
-/* Releases a batch whose tasks are all final; PXN_BUSY while any is pending. */
+/*
+ * Releases a batch whose tasks are all final; PXN_BUSY while any is not. The
+ * host frees every batch it submitted: the engine never frees one on its own
+ * before pxn_close, and pxn_submit fails with PXN_ETOOMANY once max_batches
+ * are live.
+ */
 int pxn_free_batch(pxn_engine_t engine, pxn_batch_t batch);
 
 /* With PXN off, polls the transport and retries busy submits; else a no-op. */

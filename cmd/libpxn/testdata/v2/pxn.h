@@ -1,0 +1,318 @@
+/*
+ * pxn.h: the C ABI of libpxn, the PXN engine as a shared library.
+ *
+ * A host transfer engine (Mooncake's first) opens one engine per process,
+ * hands it a table of callbacks for its own transport, and submits batches of
+ * writes and reads through it. Cross-rail writes from device memory are
+ * staged through a relay on the target's rail; everything else goes straight
+ * to the host's transport. docs/c-abi.md is the reference: ownership, threads,
+ * blocking and error rules are stated there once and summarized here.
+ *
+ * Every function is thread-safe, never aborts the process, and reports
+ * failure as a negative PXN_* code with a per-thread message
+ * (pxn_last_error). Handles are integers checked on every call: a stale or
+ * made-up handle yields PXN_EINVAL.
+ */
+#ifndef PXN_H
+#define PXN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PXN_API_VERSION 2
+
+/* Result codes. PXN_OK is success; every failure is negative. */
+#define PXN_OK 0
+/* A bad argument, handle, or struct size. */
+#define PXN_EINVAL (-1)
+/*
+ * Not now: a transport that cannot take more work returns it from submit; a
+ * batch with pending tasks cannot be freed.
+ */
+#define PXN_BUSY (-2)
+/* Asked for something this build or this process cannot do. */
+#define PXN_ENOTSUP (-3)
+/* The engine is closing. */
+#define PXN_ECLOSED (-4)
+/* The engine or the host's transport failed. */
+#define PXN_EIO (-5)
+/* A wait or a drain ran out of time. */
+#define PXN_ETIMEDOUT (-6)
+/* A defect inside libpxn, caught before it could reach the host. */
+#define PXN_EINTERNAL (-7)
+
+/*
+ * Task states. The values are those of Mooncake's
+ * Transport::TransferStatusEnum, in the same order, so a Mooncake transport
+ * can cast one to the other.
+ */
+#define PXN_TASK_WAITING 0
+#define PXN_TASK_PENDING 1
+#define PXN_TASK_INVALID 2
+#define PXN_TASK_CANCELED 3
+#define PXN_TASK_COMPLETED 4
+#define PXN_TASK_TIMEOUT 5
+#define PXN_TASK_FAILED 6
+
+#define PXN_OP_WRITE 0
+#define PXN_OP_READ 1
+
+#define PXN_MEM_HOST 0
+#define PXN_MEM_DEVICE 1
+
+/* First-hop copier. DEFAULT is HOST in this build. */
+#define PXN_COPIER_DEFAULT 0
+#define PXN_COPIER_HOST 1
+#define PXN_COPIER_CUDA 2
+
+#define PXN_OPTIONS_VERSION 1
+
+/* Longest target session name, in bytes, without the terminating NUL. */
+#define PXN_MAX_SESSION 256
+/* Size of an HCA name buffer, including the terminating NUL. */
+#define PXN_HCA_NAME_MAX 64
+/* Size of a transport completion's message buffer, including the NUL. */
+#define PXN_MESSAGE_MAX 112
+/* Size of the per-thread error message buffer, including the NUL. */
+#define PXN_ERROR_MAX 512
+
+/* Handles. 0 is never a valid handle. */
+typedef uint64_t pxn_engine_t;
+typedef uint64_t pxn_batch_t;
+
+/*
+ * One transfer handed to the host's transport: the direct path, a relay's
+ * second hop, or a fallback. Write: len bytes from local src to dst in the
+ * target session. Read: len bytes from dst in the target session to local src.
+ * The array and every target string are valid only during the submit call.
+ */
+typedef struct pxn_transport_op {
+	void *src;
+	uint64_t len;
+	const char *target;
+	uint64_t dst;
+	/* Opaque; returned unchanged in the op's completion. */
+	uint64_t token;
+	/* 0 = write, 1 = read. */
+	uint32_t read;
+	uint32_t reserved;
+} pxn_transport_op;
+
+/*
+ * Filled by the transport's poll, in an array the engine owns. message is
+ * read only when status is not PXN_OK, up to its first NUL or
+ * PXN_MESSAGE_MAX bytes. status PXN_ETIMEDOUT makes a direct task TIMEOUT,
+ * PXN_EINVAL makes it INVALID; any other failure makes it FAILED.
+ */
+typedef struct pxn_transport_completion {
+	uint64_t token;
+	int32_t status;
+	uint32_t reserved;
+	char message[PXN_MESSAGE_MAX];
+} pxn_transport_completion;
+
+/*
+ * Takes all of ops or none. Returns PXN_OK when it took them, PXN_BUSY when it
+ * cannot take them now (the engine retries later), or another negative code,
+ * which fails them. It must not block, and a transport with nothing in
+ * flight must take a submit of any size.
+ */
+typedef int (*pxn_transport_submit_fn)(void *user, const pxn_transport_op *ops, size_t count);
+
+/*
+ * Writes up to capacity completions to out and returns how many. It must not
+ * block. Never called concurrently with itself for one engine.
+ */
+typedef size_t (*pxn_transport_poll_fn)(void *user, pxn_transport_completion *out, size_t capacity);
+
+/* The host's transport. pxn_open copies the table; user must outlive the engine. */
+typedef struct pxn_transport {
+	uint32_t struct_size;
+	uint32_t reserved;
+	void *user;
+	pxn_transport_submit_fn submit;
+	pxn_transport_poll_fn poll;
+} pxn_transport;
+
+/*
+ * What a directory knows of one target address: how many HCAs serve it (PXN
+ * relays only when exactly one does), the raw name of the first, and the
+ * registered range that holds it.
+ */
+typedef struct pxn_target_info {
+	uint32_t hca_count;
+	uint32_t reserved;
+	char hca[PXN_HCA_NAME_MAX];
+	uint64_t range_base;
+	uint64_t range_len;
+} pxn_target_info;
+
+/*
+ * Resolves session and dst. out is zeroed by the engine and valid only during
+ * the call. Returns PXN_OK, or a negative code when the target is unknown
+ * (the request then goes direct). It must not block.
+ */
+typedef int (*pxn_resolve_fn)(void *user, const char *session, uint64_t dst, pxn_target_info *out);
+
+/*
+ * Options of pxn_open. Set struct_size to sizeof(pxn_options) and version to
+ * PXN_OPTIONS_VERSION; later versions only append fields. Everything is copied
+ * or read during pxn_open except the user pointers, which must stay valid
+ * until pxn_close returns.
+ */
+typedef struct pxn_options {
+	uint32_t struct_size;
+	uint32_t version;
+	/* Raw name of the one HCA this process uses; NULL or "" turns PXN off. */
+	const char *local_hca;
+	/* Required: submit and poll must be set. */
+	const pxn_transport *transport;
+	/* NULL: targets come from pxn_register_target. */
+	pxn_resolve_fn resolve;
+	void *resolve_user;
+	/* PXN_COPIER_*. */
+	uint32_t copier;
+	uint32_t reserved;
+} pxn_options;
+
+/*
+ * One request of a batch. stream is the CUDA stream on which src becomes
+ * ready; NULL is the calling thread's default stream, and on the host path
+ * (PXN_COPIER_HOST) src counts as ready when pxn_submit is called.
+ */
+typedef struct pxn_request {
+	/* PXN_OP_WRITE or PXN_OP_READ. */
+	uint32_t op;
+	uint32_t reserved;
+	void *src;
+	uint64_t len;
+	/* NUL-terminated target session, 1..PXN_MAX_SESSION bytes; copied. */
+	const char *target;
+	uint64_t dst;
+	void *stream;
+} pxn_request;
+
+typedef struct pxn_task_status {
+	/* PXN_TASK_*. */
+	int32_t state;
+	uint32_t reserved;
+	/* Bytes moved so far; equals the request's len once COMPLETED. */
+	uint64_t transferred;
+} pxn_task_status;
+
+/*
+ * A snapshot of the engine's counters. Set struct_size before the call; the
+ * engine fills at most that many bytes and writes back how many it filled.
+ */
+typedef struct pxn_counters {
+	uint32_t struct_size;
+	/* 1 while cross-rail writes may take the PXN path. */
+	uint32_t pxn_active;
+	/* Staged in a relay and completed by it (this rank as sender). */
+	uint64_t relayed_bytes;
+	uint64_t relayed_pieces;
+	/* Meant for a relay, sent direct before their doorbell. */
+	uint64_t fallback_bytes;
+	uint64_t fallback_pieces;
+	/* Sent direct at classification (reads included). */
+	uint64_t direct_bytes;
+	uint64_t credit_waits;
+	uint64_t second_hop_failures;
+	/* Forwarded by this rank as a relay for its peers. */
+	uint64_t forwarded_bytes;
+	uint64_t forwarded_pieces;
+	uint64_t invalid_descs;
+	uint64_t failed_pieces;
+	uint64_t lane_quarantines;
+} pxn_counters;
+
+#ifndef PXN_NO_PROTOTYPES
+
+/* The PXN_API_VERSION the library was built with. */
+uint32_t pxn_api_version(void);
+
+/*
+ * Opens an engine configured by the MC_PXN_* environment variables (read with
+ * getenv during the call) and opts. Any PXN problem is logged once and leaves
+ * an engine that sends everything direct; only a bad opts fails.
+ */
+int pxn_open(const pxn_options *opts, pxn_engine_t *out);
+
+/*
+ * Drains in-flight work for up to timeout_ms, fails what is left, withdraws
+ * the rank and releases the engine and all its batches. The handle is
+ * released even when the result is an error (PXN_ETIMEDOUT: work was left).
+ */
+int pxn_close(pxn_engine_t engine, uint32_t timeout_ms);
+
+/* Marks [addr, addr+len) as host or device memory (PXN_MEM_*). */
+int pxn_register_memory(pxn_engine_t engine, void *addr, uint64_t len, int kind);
+
+/*
+ * Adds a registered range of a target session served by the HCA named hca.
+ * Only for engines opened without a resolve callback.
+ */
+int pxn_register_target(pxn_engine_t engine, const char *session, const char *hca, uint64_t base, uint64_t len);
+
+/* Forgets every range of session. */
+int pxn_unregister_target(pxn_engine_t engine, const char *session);
+
+/*
+ * Tells the engine that what the host's directory says of session has
+ * changed (new keys, ranges moved, the session gone): the relay drops its
+ * cached route and resolves the session again for its next Piece. NULL or ""
+ * drops every cached route. pxn_unregister_target does this on its own.
+ * Since PXN_API_VERSION 2.
+ */
+int pxn_invalidate_target(pxn_engine_t engine, const char *session);
+
+/*
+ * Starts count requests as one batch. Either every request is accepted and
+ * *out is the new batch, or none is (PXN_EINVAL names the first bad one).
+ */
+int pxn_submit(pxn_engine_t engine, const pxn_request *reqs, size_t count, pxn_batch_t *out);
+
+/* The state of task index of batch; with PXN off it polls the transport first. */
+int pxn_get_status(pxn_engine_t engine, pxn_batch_t batch, size_t index, pxn_task_status *out);
+
+/* Releases a batch whose tasks are all final; PXN_BUSY while any is pending. */
+int pxn_free_batch(pxn_engine_t engine, pxn_batch_t batch);
+
+/* With PXN off, polls the transport and retries busy submits; else a no-op. */
+int pxn_progress(pxn_engine_t engine);
+
+int pxn_get_counters(pxn_engine_t engine, pxn_counters *out);
+
+/* 1 when cross-rail writes may take the PXN path, 0 when not, or a code. */
+int pxn_is_active(pxn_engine_t engine);
+
+/* 1 when writes to the canonical rail have a live relay, 0 when not, or a code. */
+int pxn_has_relay(pxn_engine_t engine, const char *rail);
+
+/*
+ * Waits up to timeout_ms for a live relay on rail. PXN_ETIMEDOUT when none
+ * came, PXN_ENOTSUP when PXN is off in this process.
+ */
+int pxn_wait_relay(pxn_engine_t engine, const char *rail, uint32_t timeout_ms);
+
+/*
+ * Copies the calling thread's last error message into buf (truncated, always
+ * NUL-terminated when len > 0) and returns its full length. buf may be NULL
+ * when len is 0.
+ */
+size_t pxn_last_error(char *buf, size_t len);
+
+/* A static description of a PXN_* result code. */
+const char *pxn_strerror(int code);
+
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
