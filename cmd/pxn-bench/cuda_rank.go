@@ -20,6 +20,7 @@ import (
 	"github.com/pxn-project/pxn/pkg/gpu"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
+	"github.com/pxn-project/pxn/pkg/sim/gpunic"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
@@ -140,12 +141,12 @@ func runCUDARank(o cudaRankOptions) (err error) {
 	if err := fillDevice(d, src, n, rankSeed(o.index)); err != nil {
 		return err
 	}
-	maps, err := gpu.OpenNICTargets(g, targets)
+	maps, err := gpunic.OpenTargets(g, targets)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, maps.Close()) }()
-	nic, err := gpu.NewNIC(g, maps, gpu.NICOptions{RateGBps: o.rate})
+	nic, err := gpunic.New(g, maps, gpunic.Options{RateGBps: o.rate})
 	if err != nil {
 		return err
 	}
@@ -229,7 +230,7 @@ func runCUDARank(o cudaRankOptions) (err error) {
 	return errors.New("parent went away")
 }
 
-func readNICTargets(path string) ([]gpu.NICTarget, error) {
+func readNICTargets(path string) ([]gpunic.Target, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
@@ -238,13 +239,13 @@ func readNICTargets(path string) ([]gpu.NICTarget, error) {
 	if err := json.Unmarshal(b, &list); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	var out []gpu.NICTarget
+	var out []gpunic.Target
 	for _, t := range list {
 		h, err := decodeHandle(t.Handle)
 		if err != nil {
 			return nil, fmt.Errorf("%s: target %q: %w", path, t.Session, err)
 		}
-		out = append(out, gpu.NICTarget{Session: t.Session, Addr: t.Addr, Len: t.Len, Handle: h})
+		out = append(out, gpunic.Target{Session: t.Session, Addr: t.Addr, Len: t.Len, Handle: h})
 	}
 	return out, nil
 }
@@ -297,7 +298,7 @@ func parallel(n, step uint64, fn func(a, e uint64) error) error {
 // openEngine opens the engine the way a host process would: the GPU copier
 // and arenas exist only when MC_PXN_ENABLE says PXN is on. It reports what
 // the open cost (P6).
-func openEngine(d *cuda.Driver, g *gpu.GPU, nic *gpu.NIC, dir relay.Directory, o cudaRankOptions, ptx []byte) (*openResult, *relay.Engine, error) {
+func openEngine(d *cuda.Driver, g *gpu.GPU, nic *gpunic.NIC, dir relay.Directory, o cudaRankOptions, ptx []byte) (*openResult, *relay.Engine, error) {
 	// The main goroutine holds its thread: the first time it sleeps, the
 	// runtime starts another thread for the rest. Let that happen before
 	// counting, so the count is the open's alone.
@@ -400,7 +401,7 @@ func repeat(n int, fn func() (*rankResult, error)) (*rankResult, error) {
 // rawCopy copies a rank's traffic with one cuMemcpyAsync per request on one
 // stream into the targets' buffers, once to warm up and reps times timed:
 // the copy engine's own rate for the same bytes.
-func rawCopy(d *cuda.Driver, maps *gpu.NICTargets, mine []transfer, base uintptr, reps int) (*rawResult, error) {
+func rawCopy(d *cuda.Driver, maps *gpunic.Targets, mine []transfer, base uintptr, reps int) (*rawResult, error) {
 	reqs, total := requests(mine, base)
 	if len(reqs) == 0 {
 		return &rawResult{}, nil
@@ -450,7 +451,7 @@ func rawCopy(d *cuda.Driver, maps *gpu.NICTargets, mine []transfer, base uintptr
 // first target: a cross-rail write goes through its relay) and n through a
 // second emulated NIC of its own (the direct hop, no engine), alternating.
 // Each waits for its completion by polling, as a latency-bound caller would.
-func measureLatency(eng *relay.Engine, g *gpu.GPU, maps *gpu.NICTargets, mine []transfer, base uintptr, n int) (*latencyResult, error) {
+func measureLatency(eng *relay.Engine, g *gpu.GPU, maps *gpunic.Targets, mine []transfer, base uintptr, n int) (*latencyResult, error) {
 	res := &latencyResult{}
 	if eng == nil || len(mine) == 0 || n <= 0 {
 		return res, nil
@@ -458,7 +459,7 @@ func measureLatency(eng *relay.Engine, g *gpu.GPU, maps *gpu.NICTargets, mine []
 	t := mine[0]
 	size := min(uint64(10<<10), t.Len)
 	req := []relay.Request{{Op: relay.Write, Src: base + uintptr(t.Src), Len: size, Target: t.Remote, Dst: targetBase + t.Dst}}
-	direct, err := gpu.NewNIC(g, maps, gpu.NICOptions{})
+	direct, err := gpunic.New(g, maps, gpunic.Options{})
 	if err != nil {
 		return nil, err
 	}

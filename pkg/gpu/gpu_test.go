@@ -42,13 +42,6 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	if os.Getenv(childEnv) == "nic-target" {
-		if err := nicTarget(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
 	os.Exit(m.Run())
 }
 
