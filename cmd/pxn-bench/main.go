@@ -11,7 +11,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/pxn-project/pxn/pkg/gpu/ringcheck"
+	"github.com/pxn-project/pxn/pkg/sim/ringcheck"
 )
 
 func main() {
