@@ -18,8 +18,8 @@ import (
 
 	"github.com/pxn-project/pxn/internal/cuda"
 	"github.com/pxn-project/pxn/pkg/gpu"
-	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
+	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/sim/gpunic"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -105,7 +105,7 @@ func runCUDARank(o cudaRankOptions) (err error) {
 	if err != nil {
 		return err
 	}
-	dir, err := hosthop.LoadStaticDirectory(f)
+	dir, err := fabric.LoadStaticDirectory(f)
 	f.Close()
 	if err != nil {
 		return err

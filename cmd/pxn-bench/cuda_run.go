@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/pxn-project/pxn/internal/cuda"
-	"github.com/pxn-project/pxn/pkg/hosthop"
+	"github.com/pxn-project/pxn/pkg/sim/fabric"
 )
 
 // cudaOptions are run's flags for --device cuda.
@@ -261,7 +261,7 @@ func (su cudaSetup) exec(r cudaRun) ([]row, error) {
 			_ = t.wait(30 * time.Second)
 		}
 	}()
-	var dirList []hosthop.StaticTarget
+	var dirList []fabric.StaticTarget
 	var nics []nicTargetJSON
 	for k := 0; k < l.Ranks; k++ {
 		c, err := startChild(fmt.Sprintf("target %d", k), nil, "cuda-target", "--index", strconv.Itoa(k),
@@ -275,11 +275,11 @@ func (su cudaSetup) exec(r cudaRun) ([]row, error) {
 			return nil, err
 		}
 		n := max(l.TargetBytes[k], 1)
-		dirList = append(dirList, hosthop.StaticTarget{Session: sessionName(k), HCAs: []string{remoteHCA(k)},
-			Ranges: []hosthop.StaticRange{{Addr: targetBase, Len: n}}})
+		dirList = append(dirList, fabric.StaticTarget{Session: sessionName(k), HCAs: []string{remoteHCA(k)},
+			Ranges: []fabric.StaticRange{{Addr: targetBase, Len: n}}})
 		nics = append(nics, nicTargetJSON{Session: sessionName(k), Addr: targetBase, Len: n, Handle: ev.Addr})
 	}
-	dir, err := hosthop.NewStaticDirectory(dirList)
+	dir, err := fabric.NewStaticDirectory(dirList)
 	if err != nil {
 		return nil, err
 	}

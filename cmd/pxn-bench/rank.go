@@ -12,6 +12,7 @@ import (
 
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
+	"github.com/pxn-project/pxn/pkg/sim/fabric"
 )
 
 // rankResult is what one rank reports after its transfers.
@@ -64,7 +65,7 @@ func runRank(r int, layoutPath, dirPath, mode string) error {
 	if err != nil {
 		return err
 	}
-	dir, err := hosthop.LoadStaticDirectory(f)
+	dir, err := fabric.LoadStaticDirectory(f)
 	f.Close()
 	if err != nil {
 		return err
@@ -75,7 +76,7 @@ func runRank(r int, layoutPath, dirPath, mode string) error {
 	}
 	fillPatternFast(src, rankSeed(r))
 	base := uintptr(unsafe.Pointer(&src[0]))
-	hop := hosthop.NewTCPHop(hosthop.TCPHopOptions{Targets: dir.Addresses()})
+	hop := fabric.NewTCPHop(fabric.TCPHopOptions{Targets: dir.Addresses()})
 	defer hop.Close()
 
 	var eng *relay.Engine

@@ -12,7 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/pxn-project/pxn/pkg/hosthop"
+	"github.com/pxn-project/pxn/pkg/sim/fabric"
 )
 
 // row is one line of the table and of the JSON output.
@@ -166,7 +166,7 @@ func run(o runOptions) ([]row, error) {
 
 func startTargets(l *layout, layoutPath, work string) ([]*child, string, error) {
 	var cs []*child
-	var list []hosthop.StaticTarget
+	var list []fabric.StaticTarget
 	for k := 0; k < l.Ranks; k++ {
 		c, err := startChild(fmt.Sprintf("target %d", k), nil, "target", "--index", strconv.Itoa(k), "--layout", layoutPath)
 		if err != nil {
@@ -177,10 +177,10 @@ func startTargets(l *layout, layoutPath, work string) ([]*child, string, error) 
 		if err != nil {
 			return cs, "", err
 		}
-		list = append(list, hosthop.StaticTarget{Session: sessionName(k), Addr: ev.Addr, HCAs: []string{remoteHCA(k)},
-			Ranges: []hosthop.StaticRange{{Addr: targetBase, Len: max(l.TargetBytes[k], 1)}}})
+		list = append(list, fabric.StaticTarget{Session: sessionName(k), Addr: ev.Addr, HCAs: []string{remoteHCA(k)},
+			Ranges: []fabric.StaticRange{{Addr: targetBase, Len: max(l.TargetBytes[k], 1)}}})
 	}
-	dir, err := hosthop.NewStaticDirectory(list)
+	dir, err := fabric.NewStaticDirectory(list)
 	if err != nil {
 		return cs, "", err
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
+	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
@@ -169,14 +170,14 @@ func soak(o soakOptions) (*soakSummary, error) {
 	}
 	defer os.RemoveAll(registry)
 
-	srv := hosthop.NewTargetServer(hosthop.TargetServerOptions{})
+	srv := fabric.NewTargetServer(fabric.TargetServerOptions{})
 	defer srv.Close()
 	addr, err := srv.Listen(context.Background(), "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
 	region := uint64(o.ranks*o.slots*o.perTarget) * o.block
-	var list []hosthop.StaticTarget
+	var list []fabric.StaticTarget
 	for k := 0; k < o.ranks; k++ {
 		buf, err := mapBuffer(region)
 		if err != nil {
@@ -186,10 +187,10 @@ func soak(o soakOptions) (*soakSummary, error) {
 			return nil, err
 		}
 		s.tgt = append(s.tgt, buf)
-		list = append(list, hosthop.StaticTarget{Session: sessionName(k), Addr: addr.String(), HCAs: []string{remoteHCA(k)},
-			Ranges: []hosthop.StaticRange{{Addr: soakBase(k), Len: region}}})
+		list = append(list, fabric.StaticTarget{Session: sessionName(k), Addr: addr.String(), HCAs: []string{remoteHCA(k)},
+			Ranges: []fabric.StaticRange{{Addr: soakBase(k), Len: region}}})
 	}
-	dir, err := hosthop.NewStaticDirectory(list)
+	dir, err := fabric.NewStaticDirectory(list)
 	if err != nil {
 		return nil, err
 	}
@@ -608,7 +609,7 @@ func runSoakRank(out *json.Encoder, r, ranks int, dirPath string, block uint64, 
 	if err != nil {
 		return err
 	}
-	dir, err := hosthop.LoadStaticDirectory(f)
+	dir, err := fabric.LoadStaticDirectory(f)
 	f.Close()
 	if err != nil {
 		return err
@@ -618,7 +619,7 @@ func runSoakRank(out *json.Encoder, r, ranks int, dirPath string, block uint64, 
 		return err
 	}
 	base := uintptr(unsafe.Pointer(&src[0]))
-	hop := hosthop.NewTCPHop(hosthop.TCPHopOptions{Targets: dir.Addresses(), QueueDepth: 256})
+	hop := fabric.NewTCPHop(fabric.TCPHopOptions{Targets: dir.Addresses(), QueueDepth: 256})
 	defer hop.Close()
 	copier := hosthop.NewHostCopier(hosthop.HostCopierOptions{})
 	if err := copier.RegisterDevice(base, uint64(len(src))); err != nil {

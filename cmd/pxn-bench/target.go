@@ -5,7 +5,7 @@ import (
 	"flag"
 	"fmt"
 
-	"github.com/pxn-project/pxn/pkg/hosthop"
+	"github.com/pxn-project/pxn/pkg/sim/fabric"
 )
 
 // targetMain is a remote node's registered buffer on one rail: it serves TCP
@@ -28,7 +28,7 @@ func targetMain(args []string) int {
 		emit(event{Event: "error", Error: err.Error()})
 		return 1
 	}
-	srv := hosthop.NewTargetServer(hosthop.TargetServerOptions{})
+	srv := fabric.NewTargetServer(fabric.TargetServerOptions{})
 	if err := srv.Register(targetBase, buf); err != nil {
 		emit(event{Event: "error", Error: err.Error()})
 		return 1
