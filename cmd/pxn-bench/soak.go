@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -19,6 +18,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"github.com/spf13/pflag"
 
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
@@ -73,8 +74,7 @@ type soakSummary struct {
 	LeftFiles     []string       `json:"left_files,omitempty"`
 }
 
-func soakMain(args []string) int {
-	fs := flag.NewFlagSet("soak", flag.ContinueOnError)
+func soakMain(fs *pflag.FlagSet) func() int {
 	var o soakOptions
 	var blockFlag, faultsFlag string
 	fs.IntVar(&o.ranks, "ranks", 4, "ranks, one per rail (2..8)")
@@ -86,48 +86,47 @@ func soakMain(args []string) int {
 	fs.StringVar(&faultsFlag, "faults", "kill,restart,stall", "fault kinds to inject")
 	fs.Uint64Var(&o.seed, "seed", 0, "random seed (0: from the clock)")
 	fs.StringVar(&o.json, "json", "", "also write the summary as JSON to this file")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	var err error
-	if o.block, err = parseSize(blockFlag); err != nil || o.block == 0 {
-		fmt.Fprintf(os.Stderr, "pxn-bench soak: --block %q: want a size > 0\n", blockFlag)
-		return 2
-	}
-	if o.ranks < 2 || o.ranks > 8 || o.perTarget < 1 || o.slots < 1 {
-		fmt.Fprintln(os.Stderr, "pxn-bench soak: want 2..8 ranks, --per-target and --slots at least 1")
-		return 2
-	}
-	for _, f := range strings.Split(faultsFlag, ",") {
-		switch f {
-		case "kill", "restart", "stall":
-			o.faults = append(o.faults, f)
-		case "":
-		default:
-			fmt.Fprintf(os.Stderr, "pxn-bench soak: unknown fault %q (want kill, restart, stall)\n", f)
+	return func() int {
+		var err error
+		if o.block, err = parseSize(blockFlag); err != nil || o.block == 0 {
+			fmt.Fprintf(os.Stderr, "pxn-bench soak: --block %q: want a size > 0\n", blockFlag)
 			return 2
 		}
-	}
-	if o.seed == 0 {
-		o.seed = uint64(time.Now().UnixNano())
-	}
-	sum, err := soak(o)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "pxn-bench soak: %v\n", err)
-		return 1
-	}
-	b, _ := json.MarshalIndent(sum, "", "  ")
-	fmt.Println(string(b))
-	if o.json != "" {
-		if err := writeJSON(o.json, sum); err != nil {
+		if o.ranks < 2 || o.ranks > 8 || o.perTarget < 1 || o.slots < 1 {
+			fmt.Fprintln(os.Stderr, "pxn-bench soak: want 2..8 ranks, --per-target and --slots at least 1")
+			return 2
+		}
+		for _, f := range strings.Split(faultsFlag, ",") {
+			switch f {
+			case "kill", "restart", "stall":
+				o.faults = append(o.faults, f)
+			case "":
+			default:
+				fmt.Fprintf(os.Stderr, "pxn-bench soak: unknown fault %q (want kill, restart, stall)\n", f)
+				return 2
+			}
+		}
+		if o.seed == 0 {
+			o.seed = uint64(time.Now().UnixNano())
+		}
+		sum, err := soak(o)
+		if err != nil {
 			fmt.Fprintf(os.Stderr, "pxn-bench soak: %v\n", err)
 			return 1
 		}
+		b, _ := json.MarshalIndent(sum, "", "  ")
+		fmt.Println(string(b))
+		if o.json != "" {
+			if err := writeJSON(o.json, sum); err != nil {
+				fmt.Fprintf(os.Stderr, "pxn-bench soak: %v\n", err)
+				return 1
+			}
+		}
+		if len(sum.Violations) > 0 {
+			return 1
+		}
+		return 0
 	}
-	if len(sum.Violations) > 0 {
-		return 1
-	}
-	return 0
 }
 
 // soaker is the soak's parent: the targets, the registry and the ranks.
@@ -585,23 +584,21 @@ func problems(s string) string {
 // soakRankMain is one rank of a soak: "round <n> <seed>" writes the round's
 // all-to-all requests with the pattern of seed and reports every task;
 // "exit" closes the engine.
-func soakRankMain(args []string) int {
-	fs := flag.NewFlagSet("soak-rank", flag.ContinueOnError)
+func soakRankMain(fs *pflag.FlagSet) func() int {
 	index := fs.Int("index", 0, "rank index (its rail)")
 	ranks := fs.Int("ranks", 2, "ranks of the soak")
 	dirPath := fs.String("directory", "", "directory file")
 	block := fs.Uint64("block", 64<<10, "request size")
 	perTarget := fs.Int("per-target", 4, "requests per target per round")
 	slots := fs.Int("slots", 64, "rounds before a target region is reused")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	return func() int {
+		out := json.NewEncoder(os.Stdout)
+		if err := runSoakRank(out, *index, *ranks, *dirPath, *block, *perTarget, *slots); err != nil {
+			_ = out.Encode(soakMsg{Event: "error", Error: err.Error()})
+			return 1
+		}
+		return 0
 	}
-	out := json.NewEncoder(os.Stdout)
-	if err := runSoakRank(out, *index, *ranks, *dirPath, *block, *perTarget, *slots); err != nil {
-		_ = out.Encode(soakMsg{Event: "error", Error: err.Error()})
-		return 1
-	}
-	return 0
 }
 
 func runSoakRank(out *json.Encoder, r, ranks int, dirPath string, block uint64, perTarget, slots int) error {
