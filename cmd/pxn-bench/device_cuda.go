@@ -7,8 +7,9 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"sync"
 	"time"
+
+	"k8s.io/klog/v2"
 
 	"github.com/pxn-project/pxn/internal/cuda"
 	"github.com/pxn-project/pxn/pkg/gpu"
@@ -82,7 +83,8 @@ func (r *cudaRank) hop() relay.Hop { return r.nic }
 func (r *cudaRank) newHop() (relay.Hop, error) { return gpunic.New(r.g, r.maps, gpunic.Options{}) }
 
 func (r *cudaRank) firstHop(deps *relay.HostDeps, _ uintptr, _ uint64) (string, error) {
-	warn := func(err error) { fmt.Fprintln(os.Stderr, "pxn-bench: configuration:", err) }
+	log := klog.Background()
+	warn := func(err error) { log.Info("pxn-bench: configuration", "err", err.Error()) }
 	c, err := gpu.NewCopier(r.g, gpu.CopierOptions{Gather: gpu.GatherModeFromEnv(nil, warn), GatherPTX: r.ptx})
 	if err != nil {
 		return "", err
@@ -212,33 +214,6 @@ func fillDevice(d *cuda.Driver, p cuda.DevicePtr, n, seed uint64) error {
 		}
 	}
 	return nil
-}
-
-// parallel runs fn over [0, n) in pieces of step bytes on every CPU and
-// returns the first error.
-func parallel(n, step uint64, fn func(a, e uint64) error) error {
-	var mu sync.Mutex
-	var first error
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
-	for a := uint64(0); a < n; a += step {
-		e := min(a+step, n)
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			if err := fn(a, e); err != nil {
-				mu.Lock()
-				if first == nil {
-					first = err
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	return first
 }
 
 // cudaTarget is a remote node's registered buffer on one rail, in device

@@ -154,7 +154,7 @@ func openDevice(o runOptions) (*device, error) {
 				root = os.TempDir()
 			}
 		}
-		return &device{kind: "host", hop: "hop", registry: root, startup: 30 * time.Second}, nil
+		return &device{kind: "host", hop: "hop", registry: root, startup: time.Minute}, nil
 	case "cuda":
 	default:
 		return nil, fmt.Errorf("--device %q: want host or cuda", o.device)
