@@ -562,9 +562,9 @@ func (dev *device) title(s scenario) string {
 	if dev.kind == "host" {
 		return fmt.Sprintf("%s %d ranks, block %s", s.pattern, s.ranks, sizeString(block))
 	}
-	label := s.id
-	if label == "" {
-		label = s.pattern
+	label := ""
+	if s.id != "" {
+		label = s.id + ": "
 	}
 	var where []string
 	for k := 0; k < s.ranks; k++ {
@@ -574,7 +574,7 @@ func (dev *device) title(s scenario) string {
 	if s.rate > 0 {
 		nic = fmt.Sprintf("NIC capped at %g GB/s", s.rate)
 	}
-	return fmt.Sprintf("%s: %s %d ranks on GPUs [%s], %s requests, %s", label, s.pattern, s.ranks, strings.Join(where, " "), sizeString(block), nic)
+	return fmt.Sprintf("%s%s %d ranks on GPUs [%s], %s requests, %s", label, s.pattern, s.ranks, strings.Join(where, " "), sizeString(block), nic)
 }
 
 func (dev *device) summarize(s scenario, pxn, bare *phaseResult) []row {
