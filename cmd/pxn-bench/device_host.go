@@ -18,8 +18,10 @@ type hostRank struct {
 	src []byte
 }
 
-func newHostRank(dir *fabric.StaticDirectory) (*hostRank, error) {
-	return &hostRank{dir: dir, tcp: fabric.NewTCPHop(fabric.TCPHopOptions{Targets: dir.Addresses()})}, nil
+// newHostRank makes a rank's TCP hop to the directory's targets; depth 0
+// is the hop's default queue depth.
+func newHostRank(dir *fabric.StaticDirectory, depth int) *hostRank {
+	return &hostRank{dir: dir, tcp: fabric.NewTCPHop(fabric.TCPHopOptions{Targets: dir.Addresses(), QueueDepth: depth})}
 }
 
 func (h *hostRank) source(n, seed uint64) (uintptr, error) {

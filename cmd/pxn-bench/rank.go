@@ -130,7 +130,7 @@ func runRank(o rankOptions) (err error) {
 	var dev rankDevice
 	switch o.device {
 	case "host":
-		dev, err = newHostRank(dir)
+		dev = newHostRank(dir, 0)
 	case "cuda":
 		dev, err = newCUDARank(o)
 	default:

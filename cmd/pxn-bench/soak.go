@@ -17,11 +17,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/spf13/pflag"
 
-	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -601,6 +599,10 @@ func soakRankMain(fs *pflag.FlagSet) func() int {
 	}
 }
 
+// soakHopDepth is a soak rank's TCP hop queue depth: a round's requests
+// and the Pieces it relays for others at once.
+const soakHopDepth = 256
+
 func runSoakRank(out *json.Encoder, r, ranks int, dirPath string, block uint64, perTarget, slots int) error {
 	f, err := os.Open(dirPath)
 	if err != nil {
@@ -611,21 +613,22 @@ func runSoakRank(out *json.Encoder, r, ranks int, dirPath string, block uint64, 
 	if err != nil {
 		return err
 	}
-	src, err := mapBuffer(uint64((ranks-1)*perTarget) * block)
+	dev := newHostRank(dir, soakHopDepth)
+	defer dev.close()
+	n := uint64((ranks-1)*perTarget) * block
+	base, err := dev.source(n, 0)
 	if err != nil {
 		return err
 	}
-	base := uintptr(unsafe.Pointer(&src[0]))
-	hop := fabric.NewTCPHop(fabric.TCPHopOptions{Targets: dir.Addresses(), QueueDepth: 256})
-	defer hop.Close()
-	copier := hosthop.NewHostCopier(hosthop.HostCopierOptions{})
-	if err := copier.RegisterDevice(base, uint64(len(src))); err != nil {
+	deps := relay.HostDeps{Hop: dev.hop(), Directory: dir, LocalHCA: rankHCA(r)}
+	if _, err := dev.firstHop(&deps, base, n); err != nil {
 		return err
 	}
-	eng, err := relay.OpenFromEnv(context.Background(), nil, relay.HostDeps{Hop: hop, Directory: dir, Copier: copier, LocalHCA: rankHCA(r)})
+	eng, err := relay.OpenFromEnv(context.Background(), nil, deps)
 	if err != nil {
 		return err
 	}
+	src := dev.src
 	// Give the relays a moment to appear; a rank whose relay is down sends
 	// direct, which the soak allows.
 	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
