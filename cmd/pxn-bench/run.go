@@ -553,6 +553,16 @@ func (p *phaseResult) span() (bytes uint64, secs float64, failed int) {
 	return bytes, float64(last-first) / 1e9, failed
 }
 
+// firstError is the first failed task's error any rank reported.
+func (p *phaseResult) firstError() string {
+	for _, r := range p.ranks {
+		if r.FirstError != "" {
+			return fmt.Sprintf("rank %d: %s", r.Rank, r.FirstError)
+		}
+	}
+	return ""
+}
+
 // title names a scenario's main row.
 func (dev *device) title(s scenario) string {
 	block := s.block
@@ -628,6 +638,9 @@ func (dev *device) summarize(s scenario, pxn, bare *phaseResult) []row {
 	}
 	if pxn.verifyErr != "" {
 		main.Note = pxn.verifyErr
+	}
+	if e := pxn.firstError(); e != "" {
+		main.Note = strings.TrimPrefix(main.Note+"; first failed task: "+e, "; ")
 	}
 	rows := []row{main}
 	if rawRow != nil {
