@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,9 +10,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/pxn-project/pxn/internal/cuda"
 	"github.com/pxn-project/pxn/pkg/gpu"
-	"github.com/pxn-project/pxn/pkg/gpu/ringcheck"
+	"github.com/pxn-project/pxn/pkg/sim/ringcheck"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
@@ -30,8 +31,7 @@ type firsthopMode struct {
 // against a raw contiguous copy-engine copy of 8 MiB Pieces in the same
 // processes. The first warm-up Pieces of every mode are checked byte for
 // byte by the relay process; the timed ones are not.
-func cudaFirsthopMain(args []string) int {
-	fs := flag.NewFlagSet("cuda-firsthop", flag.ContinueOnError)
+func cudaFirsthopMain(fs *pflag.FlagSet) func() int {
 	relayGPU := fs.Int("relay-gpu", 0, "the relay's GPU")
 	senderGPU := fs.Int("sender-gpu", 1, "the sender's GPU")
 	sizes := fs.String("sizes", "2KiB,16KiB,128KiB,256KiB,512KiB,1MiB,8MiB", "entry sizes")
@@ -39,16 +39,15 @@ func cudaFirsthopMain(args []string) int {
 	warm := fs.Int("warm", 2*staging.SlotsPerLane, "verified warm-up Pieces per mode")
 	shapes := fs.String("shapes", "8x1024x2,8x512x2,16x1024x1,16x512x1", "SM launch shapes (blocks x threads x streams); the first is the copier's default")
 	ptxPath := fs.String("gather-ptx", "", "gather kernel PTX file (default: embedded)")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	return func() int {
+		rows, err := runFirsthop(*relayGPU, *senderGPU, *sizes, *shapes, *pieces, *warm, *ptxPath)
+		if err != nil {
+			emit(event{Event: "error", Error: err.Error()})
+			return 1
+		}
+		emit(event{Event: "rows", Rows: rows})
+		return 0
 	}
-	rows, err := runFirsthop(*relayGPU, *senderGPU, *sizes, *shapes, *pieces, *warm, *ptxPath)
-	if err != nil {
-		emit(event{Event: "error", Error: err.Error()})
-		return 1
-	}
-	emit(event{Event: "rows", Rows: rows})
-	return 0
 }
 
 func runFirsthop(relayGPU, senderGPU int, sizeList, shapeList string, pieces, warm int, ptxPath string) ([]row, error) {

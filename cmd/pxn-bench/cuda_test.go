@@ -64,7 +64,7 @@ func TestSuite(t *testing.T) {
 		t.Fatal("p9 accepted")
 	}
 	runs := suiteRuns(map[string]bool{"p1": true, "p3": true}, 2)
-	var seven *cudaRun
+	var seven *scenario
 	for i := range runs {
 		r := runs[i]
 		if len(r.gpus) != r.ranks {

@@ -1,17 +1,25 @@
 // Command pxn-bench measures the PXN engine with real ranks as separate
-// processes and checks every byte it moves.
+// processes and checks every byte it moves. One scenario engine runs every
+// traffic pattern on either device: host memory with a TCP hop standing in
+// for RDMA, or CUDA GPUs with an emulated NIC.
 //
 //	pxn-bench run --device host --ranks 8 --bytes 256MiB --pattern cross-rail --json out.json
 //	pxn-bench run --device cuda --suite all --json out.json
+//	pxn-bench soak --ranks 8 --duration 10m
 //
 // docs/benchmarks.md explains the scenarios and records the results.
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
-	"github.com/pxn-project/pxn/pkg/gpu/ringcheck"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/pxn-project/pxn/internal/version"
+	"github.com/pxn-project/pxn/pkg/sim/ringcheck"
 )
 
 func main() {
@@ -22,29 +30,180 @@ func main() {
 		}
 		return
 	}
-	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: pxn-bench run [flags]  (pxn-bench run -h for the flags)")
-		os.Exit(2)
-	}
-	switch os.Args[1] {
-	case "run":
-		os.Exit(runMain(os.Args[2:]))
-	case "rank":
-		os.Exit(rankMain(os.Args[2:]))
-	case "target":
-		os.Exit(targetMain(os.Args[2:]))
-	case "soak":
-		os.Exit(soakMain(os.Args[2:]))
-	case "soak-rank":
-		os.Exit(soakRankMain(os.Args[2:]))
-	case "cuda-rank":
-		os.Exit(cudaRankMain(os.Args[2:]))
-	case "cuda-target":
-		os.Exit(cudaTargetMain(os.Args[2:]))
-	case "cuda-firsthop":
-		os.Exit(cudaFirsthopMain(os.Args[2:]))
+	os.Exit(execute(os.Args[1:]))
+}
+
+// exitCode is a command's exit status other than 0 and 1.
+type exitCode int
+
+func (c exitCode) Error() string { return fmt.Sprintf("exit status %d", int(c)) }
+
+// usageError is a flag or argument the command cannot use: exit status 2.
+type usageError struct{ error }
+
+func execute(args []string) int {
+	root := newRootCommand()
+	root.SetArgs(args)
+	err := root.Execute()
+	var code exitCode
+	var usage usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &code):
+		return int(code)
+	case errors.As(err, &usage):
+		fmt.Fprintf(os.Stderr, "pxn-bench: %v\nRun 'pxn-bench --help' for usage.\n", usage.error)
+		return 2
 	default:
-		fmt.Fprintf(os.Stderr, "pxn-bench: unknown command %q (want run)\n", os.Args[1])
-		os.Exit(2)
+		fmt.Fprintf(os.Stderr, "pxn-bench: %v\n", err)
+		return 1
+	}
+}
+
+func newRootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "pxn-bench",
+		Short: "Measure the PXN engine with real ranks as processes, checking every byte",
+		Long: `pxn-bench runs the PXN engine end to end: every rank and every remote target
+is a separate process, the ranks write their traffic pattern through the
+engine and then through the second hop alone, and every target checks each
+byte it received. The same scenarios run on host memory (--device host, a
+TCP hop on loopback stands in for RDMA) and on CUDA GPUs (--device cuda, an
+emulated NIC copies into the targets' device memory).`,
+		Version:       version.Line("pxn-bench"),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageError{fmt.Errorf("unknown command %q (want run or soak)", args[0])}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
+	root.SetVersionTemplate("{{.Version}}\n")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.AddCommand(
+		command("run", "Run one traffic pattern, or the CUDA performance suites, and print the table", false, runFlags),
+		command("soak", "Run all-to-all rounds on the host path while killing, restarting and stalling ranks", false, soakMain),
+		command("rank", "One rank of a run (started by run)", true, rankFlags),
+		command("target", "One remote target of a run (started by run)", true, targetFlags),
+		command("soak-rank", "One rank of a soak (started by soak)", true, soakRankMain),
+		command("cuda-firsthop", "The P2 first-hop ring (started by run --suite p2)", true, cudaFirsthopMain),
+	)
+	return root
+}
+
+// command wires a flag set to a body that returns an exit status.
+func command(use, short string, hidden bool, flags func(*pflag.FlagSet) func() int) *cobra.Command {
+	var body func() int
+	c := &cobra.Command{
+		Use:    use,
+		Short:  short,
+		Hidden: hidden,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageError{fmt.Errorf("%s takes no arguments, got %q", use, args)}
+			}
+			return nil
+		},
+		RunE: func(*cobra.Command, []string) error {
+			switch code := body(); code {
+			case 0:
+				return nil
+			default:
+				return exitCode(code)
+			}
+		},
+	}
+	c.Flags().SortFlags = false
+	body = flags(c.Flags())
+	return c
+}
+
+func runFlags(fs *pflag.FlagSet) func() int {
+	o := runOptions{out: os.Stdout}
+	var bytesFlag, blockFlag string
+	fs.StringVar(&o.device, "device", "host", "host (CPU memory stands in for GPU memory) or cuda")
+	fs.IntVar(&o.ranks, "ranks", 8, "ranks, one per GPU and HCA (2..8)")
+	fs.StringVar(&bytesFlag, "bytes", "256MiB", "bytes each rank writes")
+	fs.StringVar(&blockFlag, "block", "0", "request size (0: one request per transfer)")
+	fs.StringVar(&o.pattern, "pattern", "cross-rail", "cross-rail, fan-in, same-rail or all-to-all")
+	fs.StringVar(&o.json, "json", "", "also write the rows as JSON to this file")
+	fs.StringVar(&o.credit, "credit-timeout", "", "MC_PXN_CREDIT_TIMEOUT_MS for the ranks (empty: the engine default, 1000)")
+	fs.BoolVar(&o.allocPass, "alloc-pass", false, "run the PXN phase's transfer a second time and report P5 heap allocations per piece from that warm pass (steady state) rather than from the first")
+	fs.StringVar(&o.registryRoot, "registry-root", os.Getenv("MC_PXN_REGISTRY_ROOT"),
+		"folder in which the ranks' registry folder (their MC_PXN_REGISTRY_ROOT) is created; the staging arenas live there, so it must be a large tmpfs. "+
+			"Default: $MC_PXN_REGISTRY_ROOT (in a pod holding pxn.io/relay, the device plugin's group folder), else /dev/shm")
+	fs.StringVar(&o.cuda.suite, "suite", "", "cuda: run the performance scenarios instead of one pattern: all, or a comma list of p1 (with P4, P5, P6), p2, p3")
+	fs.StringVar(&o.cuda.gpus, "gpus", "", "cuda: GPU of each rank, comma-separated (default: rank r on GPU r % number of GPUs)")
+	fs.Float64Var(&o.cuda.rate, "rate", 0, "cuda: the emulated NIC's rate cap in GB/s (0: the copy engine's own rate)")
+	fs.BoolVar(&o.cuda.raw, "raw", false, "cuda: also time a raw copy-engine copy of the same traffic")
+	fs.IntVar(&o.cuda.latency, "latency", 0, "also time this many 10 KiB writes through PXN and direct")
+	fs.StringVar(&o.cuda.gatherPTX, "gather-ptx", "", "cuda: load the gather kernel from this PTX file instead of the embedded one (kernel development)")
+	fs.StringVar(&o.cuda.copyMode, "copy-mode", "", "cuda: MC_PXN_COPY_MODE for the ranks (ce, sm or auto)")
+	return func() int {
+		var err error
+		if o.bytes, err = parseSize(bytesFlag); err != nil {
+			fmt.Fprintf(os.Stderr, "pxn-bench: --bytes: %v\n", err)
+			return 2
+		}
+		if o.block, err = parseSize(blockFlag); err != nil {
+			fmt.Fprintf(os.Stderr, "pxn-bench: --block: %v\n", err)
+			return 2
+		}
+		if o.cuda.raw && o.device != "cuda" {
+			fmt.Fprintln(os.Stderr, "pxn-bench: --raw times a copy-engine copy: it needs --device cuda")
+			return 2
+		}
+		rows, err := run(o)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "pxn-bench: %v\n", err)
+			return 1
+		}
+		for _, r := range rows {
+			if !r.Verified || r.Failed > 0 {
+				return 1
+			}
+		}
+		return 0
+	}
+}
+
+func rankFlags(fs *pflag.FlagSet) func() int {
+	var o rankOptions
+	fs.StringVar(&o.device, "device", "host", "host or cuda")
+	fs.IntVar(&o.index, "index", 0, "rank index (its GPU, HCA and rail)")
+	fs.IntVar(&o.gpu, "gpu", 0, "cuda: GPU ordinal")
+	fs.StringVar(&o.layout, "layout", "", "layout file")
+	fs.StringVar(&o.directory, "directory", "", "directory file")
+	fs.StringVar(&o.nic, "nic", "", "cuda: the emulated NIC's targets")
+	fs.StringVar(&o.mode, "mode", "engine", "engine (through the PXN engine) or bare (the hop alone)")
+	fs.Float64Var(&o.rate, "rate", 0, "cuda: emulated NIC rate cap, GB/s (0: none)")
+	fs.StringVar(&o.registry, "registry", "", "the registry root (counted for P6)")
+	fs.IntVar(&o.latency, "latency", 0, "10 KiB writes to time each way")
+	fs.IntVar(&o.reps, "reps", 1, "times the timed transfer (and the raw copy) is repeated back to back")
+	fs.StringVar(&o.gatherPTX, "gather-ptx", "", "cuda: gather kernel PTX file (default: embedded)")
+	return func() int {
+		if err := runRank(o); err != nil {
+			emit(event{Event: "error", Error: err.Error()})
+			return 1
+		}
+		return 0
+	}
+}
+
+func targetFlags(fs *pflag.FlagSet) func() int {
+	device := fs.String("device", "host", "host or cuda")
+	index := fs.Int("index", 0, "rail of this target")
+	ordinal := fs.Int("gpu", 0, "cuda: GPU ordinal")
+	layoutPath := fs.String("layout", "", "layout file")
+	return func() int {
+		if err := runTarget(*device, *index, *ordinal, *layoutPath); err != nil {
+			emit(event{Event: "error", Error: err.Error()})
+			return 1
+		}
+		return 0
 	}
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"encoding/binary"
 	"fmt"
+	"runtime"
+	"sync"
 )
 
 // patternWord is the 64-bit word at word index i of the source buffer of a
@@ -54,4 +56,31 @@ func checkPattern(b []byte, seed, off uint64) error {
 		}
 	}
 	return nil
+}
+
+// parallel runs fn over [0, n) in pieces of step bytes on every CPU and
+// returns the first error.
+func parallel(n, step uint64, fn func(a, e uint64) error) error {
+	var mu sync.Mutex
+	var first error
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	for a := uint64(0); a < n; a += step {
+		e := min(a+step, n)
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := fn(a, e); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return first
 }

@@ -3,15 +3,19 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"runtime"
+	"slices"
 	"time"
-	"unsafe"
 
-	"github.com/pxn-project/pxn/pkg/hosthop"
+	"k8s.io/klog/v2"
+
 	"github.com/pxn-project/pxn/pkg/relay"
+	"github.com/pxn-project/pxn/pkg/sim/fabric"
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // rankResult is what one rank reports after its transfers.
@@ -39,92 +43,241 @@ type idleResult struct {
 	ProcessPercent float64 `json:"processPercent"`
 }
 
-func rankMain(args []string) int {
-	fs := flag.NewFlagSet("rank", flag.ContinueOnError)
-	index := fs.Int("index", 0, "rank index (its GPU and HCA)")
-	layoutPath := fs.String("layout", "", "layout file")
-	dirPath := fs.String("directory", "", "directory file")
-	mode := fs.String("mode", "engine", "engine (through the PXN engine) or bare (the hop alone)")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if err := runRank(*index, *layoutPath, *dirPath, *mode); err != nil {
-		emit(event{Event: "error", Error: err.Error()})
-		return 1
-	}
-	return 0
+// openResult is what opening the engine cost a rank (P6).
+type openResult struct {
+	// DeviceBytes is the drop in the GPU's free memory across the open.
+	DeviceBytes int64 `json:"deviceBytes"`
+	Threads     int   `json:"threads"`
+	Goroutines  int   `json:"goroutines"`
+	// ShmEntries counts files and folders the open added under the
+	// registry root.
+	ShmEntries int    `json:"shmEntries"`
+	PXN        bool   `json:"pxn"`
+	Copier     string `json:"copier,omitempty"`
 }
 
-func runRank(r int, layoutPath, dirPath, mode string) error {
-	l, err := readLayout(layoutPath)
+// rawResult is a raw copy-engine copy of a rank's traffic.
+type rawResult struct {
+	Bytes   uint64  `json:"bytes"`
+	Seconds float64 `json:"seconds"`
+}
+
+// latencyResult is the 10 KiB write latency, in µs: p50, p99, mean, p90,
+// p99.9, max.
+type latencyResult struct {
+	N          int        `json:"n"`
+	PXN        [6]float64 `json:"pxn"`
+	Direct     [6]float64 `json:"direct"`
+	GCs        uint32     `json:"gcs"`
+	Relayed    uint64     `json:"relayed"`
+	Failed     int        `json:"failed"`
+	FirstError string     `json:"firstError,omitempty"`
+}
+
+// rankOptions are a rank process's flags, set by the parent.
+type rankOptions struct {
+	device    string
+	index     int
+	gpu       int
+	layout    string
+	directory string
+	nic       string
+	mode      string
+	rate      float64
+	registry  string
+	latency   int
+	reps      int
+	gatherPTX string
+}
+
+// rankDevice is what a rank needs of its device: source memory filled with
+// its pattern, the second hop, and the first hop's copier.
+type rankDevice interface {
+	// source returns the address of n bytes holding the pattern of seed.
+	source(n, seed uint64) (uintptr, error)
+	// hop is the second hop the engine and the baseline use.
+	hop() relay.Hop
+	// newHop makes another hop of the same kind, for direct writes timed
+	// beside the engine's.
+	newHop() (relay.Hop, error)
+	// firstHop fills deps with the copier (and arenas) PXN needs; it is
+	// called only when MC_PXN_ENABLE turns PXN on. It describes the copier.
+	firstHop(deps *relay.HostDeps, src uintptr, n uint64) (string, error)
+	// freeMemory is the device's free memory, or false where there is no
+	// device memory to count.
+	freeMemory() (uint64, bool)
+	// rawCopy times a plain copy of the rank's requests into the targets.
+	rawCopy(reqs []relay.Request, total uint64, reps int) (*rawResult, error)
+	// spin makes waits poll without sleeping.
+	spin() bool
+	close() error
+}
+
+func runRank(o rankOptions) (err error) {
+	l, err := readLayout(o.layout)
 	if err != nil {
 		return err
 	}
-	f, err := os.Open(dirPath)
+	f, err := os.Open(o.directory)
 	if err != nil {
 		return err
 	}
-	dir, err := hosthop.LoadStaticDirectory(f)
+	dir, err := fabric.LoadStaticDirectory(f)
 	f.Close()
 	if err != nil {
 		return err
 	}
-	src, err := mapBuffer(l.sourceBytes(r))
+	var dev rankDevice
+	switch o.device {
+	case "host":
+		dev = newHostRank(dir, 0)
+	case "cuda":
+		dev, err = newCUDARank(o)
+	default:
+		err = fmt.Errorf("--device %q: want host or cuda", o.device)
+	}
 	if err != nil {
 		return err
 	}
-	fillPatternFast(src, rankSeed(r))
-	base := uintptr(unsafe.Pointer(&src[0]))
-	hop := hosthop.NewTCPHop(hosthop.TCPHopOptions{Targets: dir.Addresses()})
-	defer hop.Close()
-
-	var eng *relay.Engine
-	if mode == "engine" {
-		copier := hosthop.NewHostCopier(hosthop.HostCopierOptions{})
-		if err := copier.RegisterDevice(base, uint64(len(src))); err != nil {
-			return err
-		}
-		eng, err = relay.OpenFromEnv(context.Background(), nil, relay.HostDeps{Hop: hop, Directory: dir, Copier: copier, LocalHCA: rankHCA(r)})
-		if err != nil {
-			return err
-		}
+	defer func() { err = errors.Join(err, dev.close()) }()
+	n := max(l.sourceBytes(o.index), 1)
+	base, err := dev.source(n, rankSeed(o.index))
+	if err != nil {
+		return err
 	}
 	emit(event{Event: "ready", Pid: os.Getpid()})
 
-	mine := l.ofRank(r)
-	cmds := commands()
-	for cmd := range cmds {
+	mine := l.ofRank(o.index)
+	var eng *relay.Engine
+	closeEngine := func() error {
+		if eng == nil {
+			return nil
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		e := eng
+		eng = nil
+		return e.Close(ctx)
+	}
+	defer func() { err = errors.Join(err, closeEngine()) }()
+	for cmd := range commands() {
 		switch cmd {
-		case "route":
-			emit(event{Event: "routed", Routed: waitRoutes(eng, mine, r)})
-		case "go", "again":
-			var res *rankResult
-			if eng != nil {
-				res, err = transferEngine(eng, mine, base)
-			} else {
-				res, err = transferBare(hop, mine, base)
-			}
+		case "open":
+			res, e, err := openEngine(dev, dir, o, base, n)
 			if err != nil {
 				return err
 			}
-			res.Rank = r
-			emit(event{Event: "done", Result: res})
+			eng = e
+			emit(event{Event: "opened", Open: res})
+		case "route":
+			emit(event{Event: "routed", Routed: waitRoutes(eng, mine, o.index)})
+		case "warm", "go", "again":
+			reps := 1
+			if cmd == "go" {
+				reps = max(o.reps, 1)
+			}
+			res, err := repeat(reps, func() (*rankResult, error) {
+				if o.mode == "engine" && eng != nil {
+					return transferEngine(eng, mine, base, dev.spin())
+				}
+				return transferBare(dev.hop(), mine, base)
+			})
+			if err != nil {
+				return err
+			}
+			res.Rank = o.index
+			name := "done"
+			if cmd == "warm" {
+				name = "warmed"
+			}
+			emit(event{Event: name, Result: res})
+		case "stats":
+			res := &rankResult{Rank: o.index}
+			if eng != nil {
+				res.PumpCPU, _ = cpuTime(eng.PumpThreadID())
+				res.Counters = eng.Counters()
+			}
+			emit(event{Event: "stats", Result: res})
+		case "raw":
+			reqs, total := requests(mine, base)
+			res, err := dev.rawCopy(reqs, total, max(o.reps, 1))
+			if err != nil {
+				return err
+			}
+			emit(event{Event: "raw", Raw: res})
+		case "latency":
+			res, err := measureLatency(eng, dev, mine, base, o.latency)
+			if err != nil {
+				return err
+			}
+			emit(event{Event: "latency", Latency: res})
 		case "idle":
 			emit(event{Event: "idle", Idle: measureIdle(eng)})
 		case "exit":
-			if eng != nil {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				err := eng.Close(ctx)
-				cancel()
-				if err != nil {
-					return fmt.Errorf("close: %w", err)
-				}
+			if err := closeEngine(); err != nil {
+				return fmt.Errorf("close: %w", err)
 			}
 			emit(event{Event: "closed"})
 			return nil
 		}
 	}
 	return errors.New("parent went away")
+}
+
+// openEngine opens the engine the way a host process would: the copier
+// (and, on GPUs, the arenas) exist only when MC_PXN_ENABLE says PXN is on.
+// It reports what the open cost (P6).
+func openEngine(dev rankDevice, dir relay.Directory, o rankOptions, src uintptr, n uint64) (*openResult, *relay.Engine, error) {
+	// The main goroutine may hold its thread: the first time it sleeps,
+	// the runtime starts another thread for the rest. Let that happen
+	// before counting, so the count is the open's alone.
+	time.Sleep(200 * time.Millisecond)
+	free0, _ := dev.freeMemory()
+	th0, gr0, sh0 := threadCount(), runtime.NumGoroutine(), countEntries(o.registry)
+	log := klog.Background()
+	warn := func(err error) { log.Info("pxn-bench: configuration", "err", err.Error()) }
+	deps := relay.HostDeps{Hop: dev.hop(), Directory: dir, LocalHCA: rankHCA(o.index)}
+	var desc string
+	if staging.Load(nil, warn).Enable {
+		var err error
+		if desc, err = dev.firstHop(&deps, src, n); err != nil {
+			return nil, nil, err
+		}
+	}
+	eng, err := relay.OpenFromEnv(context.Background(), nil, deps)
+	if err != nil {
+		return nil, nil, err
+	}
+	// Whatever the open starts (the pump, its registration) settles.
+	time.Sleep(200 * time.Millisecond)
+	res := &openResult{Threads: threadCount() - th0, Goroutines: runtime.NumGoroutine() - gr0,
+		ShmEntries: countEntries(o.registry) - sh0, PXN: eng.PXNActive(), Copier: desc}
+	if free1, ok := dev.freeMemory(); ok {
+		res.DeviceBytes = int64(free0) - int64(free1)
+	}
+	return res, eng, nil
+}
+
+func threadCount() int {
+	ents, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return 0
+	}
+	return len(ents)
+}
+
+func countEntries(root string) int {
+	if root == "" {
+		return 0
+	}
+	n := 0
+	filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
+		if err == nil && p != root {
+			n++
+		}
+		return nil
+	})
+	return n
 }
 
 // waitRoutes waits until every cross-rail target of this rank has a relay.
@@ -148,7 +301,7 @@ func waitRoutes(eng *relay.Engine, mine []transfer, r int) bool {
 	return false
 }
 
-// spinBatch is how many requests the CUDA path submits at a time.
+// spinBatch is how many requests a spinning rank submits at a time.
 const spinBatch = 16
 
 // maxRequest keeps every request under the TCP hop's frame limit (64 MiB);
@@ -169,15 +322,12 @@ func requests(mine []transfer, base uintptr) ([]relay.Request, uint64) {
 	return reqs, total
 }
 
-func transferEngine(eng *relay.Engine, mine []transfer, base uintptr) (*rankResult, error) {
-	return transferEngineWait(eng, mine, base, false)
-}
-
-// transferEngineWait is transferEngine; spin submits the requests in
-// batches of spinBatch, so that planning the later ones overlaps the
-// transfer of the first (a pipelined caller), and polls Done without
-// sleeping (the CUDA path, where a sleep is a visible part of a short run).
-func transferEngineWait(eng *relay.Engine, mine []transfer, base uintptr, spin bool) (*rankResult, error) {
+// transferEngine moves a rank's requests through the engine. With spin it
+// submits them in batches of spinBatch, so that planning the later ones
+// overlaps the transfer of the first (a pipelined caller), and polls Done
+// without sleeping (on GPUs, where a sleep is a visible part of a short
+// run).
+func transferEngine(eng *relay.Engine, mine []transfer, base uintptr, spin bool) (*rankResult, error) {
 	reqs, total := requests(mine, base)
 	batch := len(reqs)
 	if spin {
@@ -306,4 +456,127 @@ func measureIdle(eng *relay.Engine) *idleResult {
 		res.PumpPercent = 100 * (pump1 - pump0) / window.Seconds()
 	}
 	return res
+}
+
+// repeat runs a transfer n times back to back and reports them as one: the
+// bytes, Pieces and CPU of all, from the first start to the last end.
+func repeat(n int, fn func() (*rankResult, error)) (*rankResult, error) {
+	var all *rankResult
+	for range n {
+		r, err := fn()
+		if err != nil {
+			return nil, err
+		}
+		if all == nil {
+			all = r
+			continue
+		}
+		all.Bytes += r.Bytes
+		all.Requests += r.Requests
+		all.Failed += r.Failed
+		if all.FirstError == "" {
+			all.FirstError = r.FirstError
+		}
+		c, a := r.Counters, &all.Counters
+		a.RelayedBytes += c.RelayedBytes
+		a.RelayedPieces += c.RelayedPieces
+		a.FallbackBytes += c.FallbackBytes
+		a.FallbackPieces += c.FallbackPieces
+		a.DirectBytes += c.DirectBytes
+		a.ForwardedBytes += c.ForwardedBytes
+		a.ForwardedPieces += c.ForwardedPieces
+		a.FailedPieces += c.FailedPieces
+		all.PumpCPU += r.PumpCPU
+		all.ProcessCPU += r.ProcessCPU
+		all.Mallocs += r.Mallocs
+		all.EndNs = r.EndNs
+		all.Seconds = float64(all.EndNs-all.StartNs) / 1e9
+	}
+	return all, nil
+}
+
+// measureLatency times n 10 KiB writes through the engine (to this rank's
+// first target: a cross-rail write goes through its relay) and n through a
+// second hop of its own (the direct hop, no engine), alternating. Each
+// waits for its completion by polling, as a latency-bound caller would.
+func measureLatency(eng *relay.Engine, dev rankDevice, mine []transfer, base uintptr, n int) (*latencyResult, error) {
+	res := &latencyResult{}
+	if eng == nil || len(mine) == 0 || n <= 0 {
+		return res, nil
+	}
+	t := mine[0]
+	size := min(uint64(10<<10), t.Len)
+	req := []relay.Request{{Op: relay.Write, Src: base + uintptr(t.Src), Len: size, Target: t.Remote, Dst: targetBase + t.Dst}}
+	direct, err := dev.newHop()
+	if err != nil {
+		return nil, err
+	}
+	if c, ok := direct.(interface{ Close() error }); ok {
+		defer c.Close()
+	}
+	op := []relay.WriteOp{{Src: base + uintptr(t.Src), Len: size, Target: t.Remote, Dst: targetBase + t.Dst}}
+	var comp [4]relay.HopCompletion
+	warm := max(n/10, 10)
+	pxn := make([]float64, 0, n)
+	dir := make([]float64, 0, n)
+	before := eng.Counters()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	gc0 := ms.NumGC
+	for i := 0; i < warm+n; i++ {
+		t0 := time.Now()
+		b, err := eng.Submit(req)
+		if err != nil {
+			return nil, err
+		}
+		for !b.Done() {
+		}
+		d0 := time.Since(t0)
+		if st, _ := b.Status(0); st.State != relay.Completed {
+			res.Failed++
+			if res.FirstError == "" && st.Err != nil {
+				res.FirstError = st.Err.Error()
+			}
+		}
+		_ = b.Release()
+		op[0].Token = uint64(i)
+		t1 := time.Now()
+		if err := direct.Submit(op); err != nil {
+			return nil, err
+		}
+		for direct.Poll(comp[:]) == 0 {
+		}
+		d1 := time.Since(t1)
+		if comp[0].Err != nil {
+			res.Failed++
+			if res.FirstError == "" {
+				res.FirstError = comp[0].Err.Error()
+			}
+		}
+		if i >= warm {
+			pxn = append(pxn, float64(d0.Nanoseconds())/1e3)
+			dir = append(dir, float64(d1.Nanoseconds())/1e3)
+		}
+	}
+	runtime.ReadMemStats(&ms)
+	res.GCs = ms.NumGC - gc0
+	res.N = n
+	res.Relayed = eng.Counters().RelayedPieces - before.RelayedPieces
+	res.PXN, res.Direct = percentiles(pxn), percentiles(dir)
+	return res, nil
+}
+
+// percentiles returns p50, p99, the mean, p90, p99.9 and the max of xs.
+func percentiles(xs []float64) [6]float64 {
+	if len(xs) == 0 {
+		return [6]float64{}
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	var sum float64
+	for _, x := range s {
+		sum += x
+	}
+	at := func(q float64) float64 { return s[min(len(s)-1, int(q*float64(len(s))))] }
+	return [6]float64{at(0.50), at(0.99), sum / float64(len(s)), at(0.90), at(0.999), s[len(s)-1]}
 }

@@ -2,38 +2,18 @@ package main
 
 import (
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
-	"github.com/pxn-project/pxn/pkg/hosthop"
+	"github.com/pxn-project/pxn/internal/cuda"
+	"github.com/pxn-project/pxn/pkg/sim/fabric"
 )
-
-// row is one line of the table and of the JSON output.
-type row struct {
-	Scenario      string  `json:"scenario"`
-	Bytes         uint64  `json:"bytes"`
-	Pieces        uint64  `json:"pieces"`
-	GBps          float64 `json:"gbps"`
-	USPerPiece    float64 `json:"us_per_piece"`
-	Baseline      string  `json:"baseline,omitempty"`
-	BaselineGBps  float64 `json:"baseline_gbps,omitempty"`
-	Ratio         float64 `json:"ratio,omitempty"`
-	RelayedBytes  uint64  `json:"relayed_bytes"`
-	FallbackBytes uint64  `json:"fallback_bytes"`
-	DirectBytes   uint64  `json:"direct_bytes"`
-	Failed        int     `json:"failed_tasks"`
-	Verified      bool    `json:"verified"`
-	Value         float64 `json:"value,omitempty"`
-	Unit          string  `json:"unit,omitempty"`
-	Note          string  `json:"note,omitempty"`
-}
 
 type runOptions struct {
 	device  string
@@ -52,109 +32,106 @@ type runOptions struct {
 	out       io.Writer
 }
 
-func runMain(args []string) int {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	o := runOptions{out: os.Stdout}
-	var bytesFlag, blockFlag string
-	fs.StringVar(&o.device, "device", "host", "host (CPU memory stands in for GPU memory) or cuda")
-	fs.IntVar(&o.ranks, "ranks", 8, "ranks, one per GPU and HCA (2..8)")
-	fs.StringVar(&bytesFlag, "bytes", "256MiB", "bytes each rank writes")
-	fs.StringVar(&blockFlag, "block", "0", "request size (0: one request per transfer)")
-	fs.StringVar(&o.pattern, "pattern", "cross-rail", "cross-rail, fan-in, same-rail or all-to-all")
-	fs.StringVar(&o.json, "json", "", "also write the rows as JSON to this file")
-	fs.StringVar(&o.credit, "credit-timeout", "", "MC_PXN_CREDIT_TIMEOUT_MS for the ranks (empty: the engine default, 1000)")
-	fs.BoolVar(&o.allocPass, "alloc-pass", false, "host: run the PXN phase's transfer a second time and report P5 heap allocations per piece from that warm pass (steady state) rather than from the first")
-	o.cuda.flags(fs)
-	fs.StringVar(&o.registryRoot, "registry-root", os.Getenv("MC_PXN_REGISTRY_ROOT"),
-		"folder in which the ranks' registry folder (their MC_PXN_REGISTRY_ROOT) is created; the staging arenas live there, so it must be a large tmpfs. "+
-			"Default: $MC_PXN_REGISTRY_ROOT (in a pod holding pxn.io/relay, the device plugin's group folder), else /dev/shm")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	var err error
-	if o.bytes, err = parseSize(bytesFlag); err != nil {
-		fmt.Fprintf(os.Stderr, "pxn-bench: --bytes: %v\n", err)
-		return 2
-	}
-	if o.block, err = parseSize(blockFlag); err != nil {
-		fmt.Fprintf(os.Stderr, "pxn-bench: --block: %v\n", err)
-		return 2
-	}
-	rows, err := run(o)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "pxn-bench: %v\n", err)
-		return 1
-	}
-	for _, r := range rows {
-		if !r.Verified || r.Failed > 0 {
-			return 1
-		}
-	}
-	return 0
+// cudaOptions are run's flags for --device cuda.
+type cudaOptions struct {
+	suite     string
+	gpus      string
+	rate      float64
+	raw       bool
+	latency   int
+	gatherPTX string
+	copyMode  string
+}
+
+// scenario is one traffic pattern run on a device: the ranks and targets
+// as processes, an engine phase and, with bare, a phase with
+// MC_PXN_ENABLE=0 whose transfers go through the hop alone.
+type scenario struct {
+	// id labels a suite's scenario (P1, P3); empty for a single run.
+	id      string
+	pattern string
+	ranks   int
+	bytes   uint64
+	block   uint64
+	// gpus is each rank's and target's GPU on the CUDA device.
+	gpus []int
+	// rate caps the emulated NIC, in GB/s.
+	rate float64
+	// raw adds a raw copy of the same traffic; bare adds the baseline
+	// phase; idle measures the pumps' idle CPU; warm runs the transfer
+	// once untimed first; again repeats the engine phase's transfer to
+	// count allocations in steady state; p6 opens the ranks one at a time
+	// and reports what the open cost with MC_PXN_ENABLE=0; latency is the
+	// number of timed 10 KiB writes each way.
+	raw, bare, idle, warm, again, p6 bool
+	latency                          int
+	// reps repeats the timed transfer (and the raw copy) back to back, so
+	// the rate is the steady state rather than a fill and a drain.
+	reps int
+	note string
+}
+
+// device is the parent's view of where the ranks' sources and the
+// targets' buffers live and what carries the second hop.
+type device struct {
+	kind string
+	// hop names the second hop in the rows.
+	hop string
+	// spin makes the ranks poll for completion without sleeping.
+	spin bool
+	// registry is the folder the registry folder is made in.
+	registry string
+	// ngpu is the number of CUDA devices.
+	ngpu int
+	// startup bounds a child's start.
+	startup time.Duration
 }
 
 func run(o runOptions) ([]row, error) {
-	switch o.device {
-	case "host":
-		fmt.Fprintf(o.out, "pxn-bench: host-memory path: %d ranks as processes, host memory stands in for GPU memory, a TCP hop on loopback stands in for RDMA\n", o.ranks)
-	case "cuda":
-		return runCUDA(o)
-	default:
-		return nil, fmt.Errorf("--device %q: want host or cuda", o.device)
-	}
-	l, err := newLayout(o.pattern, o.ranks, o.bytes, o.block)
+	dev, err := openDevice(o)
 	if err != nil {
 		return nil, err
 	}
-	work, err := os.MkdirTemp("", "pxn-bench-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(work)
-	shmRoot := o.registryRoot
-	if shmRoot == "" {
-		shmRoot = "/dev/shm"
-		if st, err := os.Stat(shmRoot); err != nil || !st.IsDir() {
-			shmRoot = work
+	var runs []scenario
+	if o.cuda.suite == "" {
+		s := scenario{pattern: o.pattern, ranks: o.ranks, bytes: o.bytes, block: o.block, rate: o.cuda.rate,
+			raw: o.cuda.raw, bare: true, idle: true, again: o.allocPass, latency: o.cuda.latency}
+		if dev.kind == "cuda" {
+			s.warm, s.p6 = true, true
+			if s.gpus, err = rankGPUs(o.cuda.gpus, o.ranks, dev.ngpu); err != nil {
+				return nil, err
+			}
 		}
+		runs = append(runs, s)
 	}
-	registry, err := os.MkdirTemp(shmRoot, "pxn-bench-registry-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(registry)
-
-	layoutPath := filepath.Join(work, "layout.json")
-	if err := writeJSON(layoutPath, l); err != nil {
-		return nil, err
-	}
-	targets, dirPath, err := startTargets(l, layoutPath, work)
-	defer func() {
-		for _, t := range targets {
-			_ = t.send("exit")
-			_ = t.wait(5 * time.Second)
+	var want map[string]bool
+	if o.cuda.suite != "" {
+		if dev.kind != "cuda" {
+			return nil, fmt.Errorf("--suite %q: the performance suites run on --device cuda", o.cuda.suite)
 		}
-	}()
-	if err != nil {
-		return nil, err
-	}
-	rm, _ := json.Marshal(railMap(o.ranks))
-	env := func(enable string, group string) []string {
-		e := []string{"MC_PXN_ENABLE=" + enable, "MC_PXN_GROUP_ID=" + group, "MC_PXN_REGISTRY_ROOT=" + registry, "MC_PXN_RAIL_MAP=" + string(rm)}
-		if o.credit != "" {
-			e = append(e, "MC_PXN_CREDIT_TIMEOUT_MS="+o.credit)
+		if want, err = parseSuite(o.cuda.suite); err != nil {
+			return nil, err
 		}
-		return e
+		runs = suiteRuns(want, dev.ngpu)
 	}
-	pxn, err := phase(l, targets, layoutPath, dirPath, "engine", env("1", "bench-pxn"), true, o.allocPass)
-	if err != nil {
-		return nil, fmt.Errorf("engine phase: %w", err)
+	var rows []row
+	for _, s := range runs {
+		rs, err := dev.exec(o, s)
+		if err != nil {
+			if s.id != "" {
+				err = fmt.Errorf("%s: %w", s.id, err)
+			}
+			return rows, err
+		}
+		rows = append(rows, rs...)
 	}
-	bare, err := phase(l, targets, layoutPath, dirPath, "bare", env("0", "bench-bare"), false, false)
-	if err != nil {
-		return nil, fmt.Errorf("baseline phase: %w", err)
+	if want["p2"] {
+		rs, err := dev.firsthop(o)
+		if err != nil {
+			return rows, fmt.Errorf("P2: %w", err)
+		}
+		rows = append(rows, rs...)
 	}
-	rows := summarize(o, pxn, bare)
 	printRows(o.out, rows)
 	if o.json != "" {
 		if err := writeJSON(o.json, rows); err != nil {
@@ -164,93 +141,366 @@ func run(o runOptions) ([]row, error) {
 	return rows, nil
 }
 
-func startTargets(l *layout, layoutPath, work string) ([]*child, string, error) {
-	var cs []*child
-	var list []hosthop.StaticTarget
-	for k := 0; k < l.Ranks; k++ {
-		c, err := startChild(fmt.Sprintf("target %d", k), nil, "target", "--index", strconv.Itoa(k), "--layout", layoutPath)
-		if err != nil {
-			return cs, "", err
+// openDevice checks that the device can run and prints what stands in for
+// what.
+func openDevice(o runOptions) (*device, error) {
+	switch o.device {
+	case "host":
+		fmt.Fprintf(o.out, "pxn-bench: host-memory path: %d ranks as processes, host memory stands in for GPU memory, a TCP hop on loopback stands in for RDMA\n", o.ranks)
+		root := o.registryRoot
+		if root == "" {
+			root = "/dev/shm"
+			if st, err := os.Stat(root); err != nil || !st.IsDir() {
+				root = os.TempDir()
+			}
 		}
-		cs = append(cs, c)
-		ev, err := c.expect("listening", 30*time.Second)
-		if err != nil {
-			return cs, "", err
-		}
-		list = append(list, hosthop.StaticTarget{Session: sessionName(k), Addr: ev.Addr, HCAs: []string{remoteHCA(k)},
-			Ranges: []hosthop.StaticRange{{Addr: targetBase, Len: max(l.TargetBytes[k], 1)}}})
+		return &device{kind: "host", hop: "hop", registry: root, startup: time.Minute}, nil
+	case "cuda":
+	default:
+		return nil, fmt.Errorf("--device %q: want host or cuda", o.device)
 	}
-	dir, err := hosthop.NewStaticDirectory(list)
+	d, err := cuda.Load()
 	if err != nil {
-		return cs, "", err
+		return nil, fmt.Errorf("--device cuda: %w; this machine cannot run the CUDA path (--device host runs without a GPU)", err)
 	}
-	dirPath := filepath.Join(work, "directory.json")
-	return cs, dirPath, writeJSON(dirPath, dir)
+	n, err := d.DeviceCount()
+	if err != nil {
+		return nil, fmt.Errorf("--device cuda: %w", err)
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("--device cuda: the driver reports no CUDA device")
+	}
+	var names []string
+	for i := 0; i < n; i++ {
+		dev, err := d.DeviceGet(i)
+		if err != nil {
+			return nil, err
+		}
+		name, _ := d.DeviceName(dev)
+		names = append(names, name)
+	}
+	drv := d.Version()
+	fmt.Fprintf(o.out, "pxn-bench: CUDA path: %d GPUs (%s), driver CUDA %d.%d; ranks and targets are processes, rails are simulated, the second hop is an emulated NIC (copy-engine writes into the target processes' device buffers, optionally rate-capped)\n",
+		n, strings.Join(names, ", "), drv/1000, drv%1000/10)
+	root := o.registryRoot
+	if root == "" {
+		root = "/dev/shm"
+	}
+	return &device{kind: "cuda", hop: "emulated NIC", spin: true, registry: root, ngpu: n, startup: 3 * time.Minute}, nil
 }
 
-// phaseResult is one phase's rank results and verification.
+func parseSuite(s string) (map[string]bool, error) {
+	want := map[string]bool{}
+	for _, p := range strings.Split(s, ",") {
+		switch p = strings.ToLower(strings.TrimSpace(p)); p {
+		case "all":
+			want["p1"], want["p2"], want["p3"] = true, true, true
+		case "p1", "p2", "p3":
+			want[p] = true
+		default:
+			return nil, fmt.Errorf("--suite %q: want all or a list of p1, p2, p3", s)
+		}
+	}
+	return want, nil
+}
+
+// suiteRuns are the scenarios of the performance contract. With two GPUs
+// the relay (rank 0) has GPU 0 and every sender GPU 1, so the first hop
+// crosses NVLink and the seven senders of P3 share one GPU.
+func suiteRuns(want map[string]bool, ngpu int) []scenario {
+	other := min(1, ngpu-1)
+	senders := func(n int) []int {
+		g := []int{0}
+		for range n {
+			g = append(g, other)
+		}
+		return g
+	}
+	var runs []scenario
+	if want["p1"] {
+		runs = append(runs,
+			scenario{id: "P1", pattern: "fan-in", ranks: 2, bytes: 4 << 30, block: 8 << 20, gpus: senders(1),
+				raw: true, bare: true, idle: true, warm: true, p6: true, latency: 5000, reps: 4,
+				note: "second hop uncapped (intra-GPU copy into the target); the 4 GiB transfer timed 4 times back to back"},
+			scenario{id: "cross-rail", pattern: "cross-rail", ranks: 2, bytes: 1 << 30, block: 8 << 20, gpus: []int{0, other}, warm: true,
+				note: "each rank sends and relays"},
+		)
+	}
+	if want["p3"] {
+		runs = append(runs,
+			scenario{id: "P3", pattern: "fan-in", ranks: 2, bytes: 2 << 30, block: 8 << 20, gpus: senders(1), rate: 50, warm: true},
+			scenario{id: "P3", pattern: "fan-in", ranks: 8, bytes: 1 << 30, block: 8 << 20, gpus: senders(7), rate: 50, warm: true,
+				note: fmt.Sprintf("the seven senders share GPU %d", other)},
+		)
+	}
+	return runs
+}
+
+// rankGPUs is --gpus, or rank r on GPU r % ngpu.
+func rankGPUs(s string, ranks, ngpu int) ([]int, error) {
+	g := make([]int, ranks)
+	if s == "" {
+		for r := range g {
+			g[r] = r % ngpu
+		}
+		return g, nil
+	}
+	f := strings.Split(s, ",")
+	if len(f) != ranks {
+		return nil, fmt.Errorf("--gpus %q: %d entries for %d ranks", s, len(f), ranks)
+	}
+	for r, v := range f {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < 0 || n >= ngpu {
+			return nil, fmt.Errorf("--gpus %q: entry %d: want a GPU ordinal below %d", s, r, ngpu)
+		}
+		g[r] = n
+	}
+	return g, nil
+}
+
+// nicTargetJSON is one target of the NIC file the parent gives the CUDA
+// ranks.
+type nicTargetJSON struct {
+	Session string `json:"session"`
+	Addr    uint64 `json:"addr"`
+	Len     uint64 `json:"len"`
+	Handle  string `json:"handle"`
+}
+
+// busyWindow is one rank's pump CPU and Pieces over the timed transfer of
+// the whole phase (a relay has no transfer of its own to time).
+type busyWindow struct {
+	pumpCPU   float64
+	seconds   float64
+	relayed   uint64
+	forwarded uint64
+}
+
+// phaseResult is one phase's reports.
 type phaseResult struct {
 	ranks     []rankResult
 	again     []rankResult
+	busy      []busyWindow
+	opens     []openResult
+	raws      []rawResult
+	lats      []latencyResult
 	idle      []idleResult
+	routed    bool
 	verified  bool
 	verifyErr string
-	routed    bool
 }
 
-// phase runs one phase: every rank transfers its share at once; with idle the
-// ranks then measure an idle second, with again they first repeat the
-// transfer to count allocations in steady state.
-func phase(l *layout, targets []*child, layoutPath, dirPath, mode string, env []string, idle, again bool) (*phaseResult, error) {
+// exec runs one scenario: the targets, then the engine phase and the
+// baseline phase against the same targets.
+func (dev *device) exec(o runOptions, s scenario) ([]row, error) {
+	l, err := newLayout(s.pattern, s.ranks, s.bytes, s.block)
+	if err != nil {
+		return nil, err
+	}
+	work, err := os.MkdirTemp("", "pxn-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(work)
+	registry, err := os.MkdirTemp(dev.registry, "pxn-bench-registry-")
+	if err != nil {
+		return nil, fmt.Errorf("the ranks' registry (a tmpfs: it holds the staging arenas and the control blocks): %w", err)
+	}
+	defer os.RemoveAll(registry)
+	layoutPath := filepath.Join(work, "layout.json")
+	if err := writeJSON(layoutPath, l); err != nil {
+		return nil, err
+	}
+	var targets []*child
+	defer func() {
+		for _, t := range targets {
+			_ = t.send("exit")
+			_ = t.wait(30 * time.Second)
+		}
+	}()
+	var dirList []fabric.StaticTarget
+	var nics []nicTargetJSON
+	for k := 0; k < l.Ranks; k++ {
+		c, err := startChild(fmt.Sprintf("target %d", k), nil, "target", "--device", dev.kind, "--index", strconv.Itoa(k),
+			"--gpu", strconv.Itoa(s.gpu(k)), "--layout", layoutPath)
+		if err != nil {
+			return nil, err
+		}
+		targets = append(targets, c)
+		ev, err := c.expect("listening", dev.startup)
+		if err != nil {
+			return nil, err
+		}
+		n := max(l.TargetBytes[k], 1)
+		t := fabric.StaticTarget{Session: sessionName(k), HCAs: []string{remoteHCA(k)}, Ranges: []fabric.StaticRange{{Addr: targetBase, Len: n}}}
+		if dev.kind == "cuda" {
+			nics = append(nics, nicTargetJSON{Session: sessionName(k), Addr: targetBase, Len: n, Handle: ev.Addr})
+		} else {
+			t.Addr = ev.Addr
+		}
+		dirList = append(dirList, t)
+	}
+	dir, err := fabric.NewStaticDirectory(dirList)
+	if err != nil {
+		return nil, err
+	}
+	dirPath, nicPath := filepath.Join(work, "directory.json"), filepath.Join(work, "nic.json")
+	if err := writeJSON(dirPath, dir); err != nil {
+		return nil, err
+	}
+	if err := writeJSON(nicPath, nics); err != nil {
+		return nil, err
+	}
+	rm, _ := json.Marshal(railMap(s.ranks))
+	env := func(enable, group string) []string {
+		e := []string{"MC_PXN_ENABLE=" + enable, "MC_PXN_GROUP_ID=" + group, "MC_PXN_REGISTRY_ROOT=" + registry, "MC_PXN_RAIL_MAP=" + string(rm)}
+		if o.credit != "" {
+			e = append(e, "MC_PXN_CREDIT_TIMEOUT_MS="+o.credit)
+		}
+		if o.cuda.copyMode != "" {
+			e = append(e, "MC_PXN_COPY_MODE="+o.cuda.copyMode)
+		}
+		return e
+	}
+	args := func(k int, mode string) []string {
+		a := []string{"rank", "--device", dev.kind, "--index", strconv.Itoa(k), "--gpu", strconv.Itoa(s.gpu(k)), "--layout", layoutPath,
+			"--directory", dirPath, "--nic", nicPath, "--mode", mode, "--rate", strconv.FormatFloat(s.rate, 'g', -1, 64),
+			"--registry", registry, "--latency", strconv.Itoa(s.latency), "--reps", strconv.Itoa(max(s.reps, 1))}
+		if o.cuda.gatherPTX != "" {
+			a = append(a, "--gather-ptx", o.cuda.gatherPTX)
+		}
+		return a
+	}
+	pxn, err := dev.phase(s, l, targets, args, "engine", env("1", "bench-pxn"))
+	if err != nil {
+		return nil, fmt.Errorf("engine phase: %w", err)
+	}
+	var bare *phaseResult
+	if s.bare {
+		if bare, err = dev.phase(s, l, targets, args, "bare", env("0", "bench-bare")); err != nil {
+			return nil, fmt.Errorf("baseline phase (MC_PXN_ENABLE=0): %w", err)
+		}
+	}
+	return dev.summarize(s, pxn, bare), nil
+}
+
+// gpu is the GPU of rank and target k (0 where the scenario names none).
+func (s scenario) gpu(k int) int {
+	if k < len(s.gpus) {
+		return s.gpus[k]
+	}
+	return 0
+}
+
+// phase runs one phase: every rank opens its engine, finds its relays,
+// transfers its share at once with the others, and reports; then the
+// ranks exit and the targets check every byte.
+func (dev *device) phase(s scenario, l *layout, targets []*child, args func(int, string) []string, mode string, env []string) (*phaseResult, error) {
 	var ranks []*child
 	defer func() {
 		for _, c := range ranks {
 			c.kill()
 		}
 	}()
-	for r := 0; r < l.Ranks; r++ {
-		c, err := startChild(fmt.Sprintf("rank %d", r), env, "rank", "--index", strconv.Itoa(r), "--layout", layoutPath, "--directory", dirPath, "--mode", mode)
+	for k := 0; k < l.Ranks; k++ {
+		c, err := startChild(fmt.Sprintf("rank %d", k), env, args(k, mode)...)
 		if err != nil {
 			return nil, err
 		}
 		ranks = append(ranks, c)
 	}
-	if _, err := all(ranks, "", "ready", 60*time.Second); err != nil {
+	if _, err := all(ranks, "", "ready", dev.startup); err != nil {
 		return nil, err
 	}
 	res := &phaseResult{routed: true}
-	evs, err := all(ranks, "route", "routed", 60*time.Second)
+	// Ranks open their engines one at a time when the open's cost is
+	// measured: the free memory a rank reads is the whole GPU's.
+	var opened []event
+	if s.p6 {
+		for _, c := range ranks {
+			evs, err := all([]*child{c}, "open", "opened", 2*time.Minute)
+			if err != nil {
+				return nil, err
+			}
+			opened = append(opened, evs...)
+		}
+	} else {
+		var err error
+		if opened, err = all(ranks, "open", "opened", 2*time.Minute); err != nil {
+			return nil, err
+		}
+	}
+	for _, ev := range opened {
+		res.opens = append(res.opens, *ev.Open)
+	}
+	if mode == "engine" {
+		evs, err := all(ranks, "route", "routed", time.Minute)
+		if err != nil {
+			return nil, err
+		}
+		for k, ev := range evs {
+			if len(l.ofRank(k)) > 0 {
+				res.routed = res.routed && ev.Routed
+			}
+		}
+	}
+	if s.warm {
+		if _, err := all(ranks, "warm", "warmed", 20*time.Minute); err != nil {
+			return nil, err
+		}
+	}
+	before, err := all(ranks, "stats", "stats", time.Minute)
 	if err != nil {
 		return nil, err
 	}
-	for _, ev := range evs {
-		res.routed = res.routed && ev.Routed
-	}
-	evs, err = all(ranks, "go", "done", 30*time.Minute)
+	t0 := time.Now()
+	evs, err := all(ranks, "go", "done", 30*time.Minute)
 	if err != nil {
 		return nil, err
 	}
+	window := time.Since(t0).Seconds()
 	for _, ev := range evs {
 		res.ranks = append(res.ranks, *ev.Result)
 	}
-	if again {
-		if evs, err = all(ranks, "again", "done", 30*time.Minute); err != nil {
-			return nil, err
-		}
-		for _, ev := range evs {
-			res.again = append(res.again, *ev.Result)
-		}
+	after, err := all(ranks, "stats", "stats", time.Minute)
+	if err != nil {
+		return nil, err
 	}
-	if idle {
-		evs, err = all(ranks, "idle", "idle", time.Minute)
+	for k := range after {
+		a, b := after[k].Result, before[k].Result
+		res.busy = append(res.busy, busyWindow{pumpCPU: a.PumpCPU - b.PumpCPU, seconds: window,
+			relayed: a.Counters.RelayedPieces - b.Counters.RelayedPieces, forwarded: a.Counters.ForwardedPieces - b.Counters.ForwardedPieces})
+	}
+	engine := mode == "engine"
+	steps := []struct {
+		on        bool
+		cmd       string
+		timeout   time.Duration
+		collected func(event)
+	}{
+		{engine && s.again, "again", 30 * time.Minute, func(ev event) { res.again = append(res.again, *ev.Result) }},
+		{engine && s.raw, "raw", 10 * time.Minute, func(ev event) { res.raws = append(res.raws, *ev.Raw) }},
+		{engine && s.latency > 0, "latency", 10 * time.Minute, func(ev event) { res.lats = append(res.lats, *ev.Latency) }},
+		{engine && s.idle, "idle", time.Minute, func(ev event) { res.idle = append(res.idle, *ev.Idle) }},
+	}
+	for _, st := range steps {
+		if !st.on {
+			continue
+		}
+		want := st.cmd
+		if want == "again" {
+			want = "done"
+		}
+		evs, err := all(ranks, st.cmd, want, st.timeout)
 		if err != nil {
 			return nil, err
 		}
 		for _, ev := range evs {
-			res.idle = append(res.idle, *ev.Idle)
+			st.collected(ev)
 		}
 	}
-	if res.verified, res.verifyErr, err = endPhase(ranks, targets, time.Minute); err != nil {
+	if res.verified, res.verifyErr, err = endPhase(ranks, targets, 2*time.Minute); err != nil {
 		return nil, err
 	}
 	ranks = nil
@@ -285,160 +535,241 @@ func endPhase(ranks, targets []*child, slack time.Duration) (verified bool, veri
 	return verified, verifyErr, nil
 }
 
-func (p *phaseResult) totals() (bytes uint64, secs float64, failed int) {
+// span is a phase's bytes and the time from the first rank's start to the
+// last rank's end: ranks that ran at once, timed as one transfer.
+func (p *phaseResult) span() (bytes uint64, secs float64, failed int) {
+	var first, last int64
 	for _, r := range p.ranks {
-		bytes += r.Bytes
-		secs = max(secs, r.Seconds)
 		failed += r.Failed
+		if r.Bytes == 0 {
+			continue
+		}
+		bytes += r.Bytes
+		if first == 0 || r.StartNs < first {
+			first = r.StartNs
+		}
+		last = max(last, r.EndNs)
 	}
-	return
+	return bytes, float64(last-first) / 1e9, failed
 }
 
-func summarize(o runOptions, pxn, bare *phaseResult) []row {
-	bytes, secs, failed := pxn.totals()
-	bBytes, bSecs, bFailed := bare.totals()
-	var relayed, fallback, direct, pieces, forwarded, mallocs uint64
-	var pumpCPU float64
-	for _, r := range pxn.ranks {
-		relayed += r.Counters.RelayedBytes
-		fallback += r.Counters.FallbackBytes
-		direct += r.Counters.DirectBytes
-		pieces += r.Counters.RelayedPieces + r.Counters.FallbackPieces
-		forwarded += r.Counters.ForwardedPieces
-		mallocs += r.Mallocs
-		pumpCPU += r.PumpCPU
+// firstError is the first failed task's error any rank reported.
+func (p *phaseResult) firstError() string {
+	for _, r := range p.ranks {
+		if r.FirstError != "" {
+			return fmt.Sprintf("rank %d: %s", r.Rank, r.FirstError)
+		}
 	}
-	gbps := float64(bytes) / secs / 1e9
-	bGBps := float64(bBytes) / bSecs / 1e9
-	ratio := gbps / bGBps
-	if failed > 0 || bFailed > 0 || !pxn.verified || !bare.verified {
-		ratio = 0
+	return ""
+}
+
+// title names a scenario's main row.
+func (dev *device) title(s scenario) string {
+	block := s.block
+	if block == 0 || block > s.bytes {
+		block = s.bytes
 	}
-	main := row{
-		Scenario: fmt.Sprintf("%s %d ranks, block %s", o.pattern, o.ranks, sizeString(blockOf(o))),
-		Bytes:    bytes, Pieces: pieces, GBps: gbps, Baseline: "hop alone (direct)", BaselineGBps: bGBps, Ratio: ratio,
-		RelayedBytes: relayed, FallbackBytes: fallback, DirectBytes: direct, Failed: failed, Verified: pxn.verified,
+	if dev.kind == "host" {
+		return fmt.Sprintf("%s %d ranks, block %s", s.pattern, s.ranks, sizeString(block))
 	}
+	label := ""
+	if s.id != "" {
+		label = s.id + ": "
+	}
+	var where []string
+	for k := 0; k < s.ranks; k++ {
+		where = append(where, strconv.Itoa(s.gpu(k)))
+	}
+	nic := "NIC uncapped"
+	if s.rate > 0 {
+		nic = fmt.Sprintf("NIC capped at %g GB/s", s.rate)
+	}
+	return fmt.Sprintf("%s%s %d ranks on GPUs [%s], %s requests, %s", label, s.pattern, s.ranks, strings.Join(where, " "), sizeString(block), nic)
+}
+
+func (dev *device) summarize(s scenario, pxn, bare *phaseResult) []row {
+	prefix := ""
+	if s.id != "" {
+		prefix = s.id + " "
+	}
+	bytes, secs, failed := pxn.span()
+	var relayed, fallback, direct, pieces, forwarded uint64
+	for _, rr := range pxn.ranks {
+		relayed += rr.Counters.RelayedBytes
+		fallback += rr.Counters.FallbackBytes
+		direct += rr.Counters.DirectBytes
+		pieces += rr.Counters.RelayedPieces + rr.Counters.FallbackPieces
+		forwarded += rr.Counters.ForwardedPieces
+	}
+	gbps := gbpsOf(bytes, secs)
+	main := row{Scenario: dev.title(s), Bytes: bytes, Pieces: pieces, GBps: gbps, RelayedBytes: relayed, FallbackBytes: fallback,
+		DirectBytes: direct, Failed: failed, Verified: pxn.verified, Note: s.note}
 	if pieces > 0 {
-		main.USPerPiece = secs * 1e6 / float64(pieces) * float64(o.ranks)
+		main.USPerPiece = secs * 1e6 / float64(pieces)
 	}
-	if !pxn.routed && o.pattern != "same-rail" {
-		main.Note = "not every rank found its relay in time"
+	var rawRow, bareRow *row
+	if len(pxn.raws) > 0 {
+		var rb uint64
+		var rs float64
+		for _, x := range pxn.raws {
+			rb += x.Bytes
+			rs = max(rs, x.Seconds)
+		}
+		rawRow = &row{Scenario: prefix + "baseline: raw copy-engine copy of the same bytes (cuMemcpyAsync, one stream per sender)", Bytes: rb, GBps: gbpsOf(rb, rs), Verified: pxn.verified}
+	}
+	if bare != nil {
+		bb, bs, bf := bare.span()
+		bareRow = &row{Scenario: prefix + "baseline: same traffic, " + dev.hop + " alone (MC_PXN_ENABLE=0)", Bytes: bb, GBps: gbpsOf(bb, bs), DirectBytes: bb, Failed: bf, Verified: bare.verified, Note: bare.verifyErr}
+	}
+	switch {
+	case s.rate > 0:
+		main.Baseline, main.BaselineGBps = "R, the emulated NIC's cap", s.rate
+	case rawRow != nil:
+		main.Baseline, main.BaselineGBps = "raw copy-engine copy", rawRow.GBps
+	case bareRow != nil:
+		main.Baseline, main.BaselineGBps = dev.hop+" alone (direct)", bareRow.GBps
+	}
+	ok := failed == 0 && pxn.verified && (bareRow == nil || (bareRow.Failed == 0 && bareRow.Verified))
+	if ok && main.BaselineGBps > 0 {
+		main.Ratio = gbps / main.BaselineGBps
+	}
+	if !pxn.routed && s.pattern != "same-rail" {
+		main.Note = strings.TrimPrefix(main.Note+"; not every rank found its relay in time", "; ")
 	}
 	if pxn.verifyErr != "" {
 		main.Note = pxn.verifyErr
 	}
-	baseline := row{Scenario: "baseline: same traffic, hop alone", Bytes: bBytes, GBps: bGBps, DirectBytes: bBytes, Failed: bFailed, Verified: bare.verified, Note: bare.verifyErr}
-	rows := []row{main, baseline}
-	var idlePump float64
-	for _, i := range pxn.idle {
-		idlePump = max(idlePump, i.PumpPercent)
+	if e := pxn.firstError(); e != "" {
+		main.Note = strings.TrimPrefix(main.Note+"; first failed task: "+e, "; ")
 	}
-	rows = append(rows, row{Scenario: "P5 pump idle CPU (busiest rank)", Value: idlePump, Unit: "% of a core", Verified: true})
-	if handled := pieces + forwarded; handled > 0 {
+	rows := []row{main}
+	if rawRow != nil {
+		rows = append(rows, *rawRow)
+	}
+	if bareRow != nil {
+		rows = append(rows, *bareRow)
+	}
+	rows = append(rows, latencyRows(prefix, dev.hop, pxn.lats)...)
+	rows = append(rows, pumpRows(prefix, pxn, pieces, forwarded)...)
+	if s.p6 && bare != nil {
+		rows = append(rows, p6Rows(prefix, pxn, bare)...)
+	}
+	return rows
+}
+
+func latencyRows(prefix, hop string, lats []latencyResult) []row {
+	var rows []row
+	for _, l := range lats {
+		if l.N == 0 {
+			continue
+		}
+		ok := l.Failed == 0
+		note := fmt.Sprintf("%d writes each way, alternating; %d relayed; PXN p90/p99.9/max %.1f/%.0f/%.0f µs, direct %.1f/%.0f/%.0f µs; %d GCs in the sender",
+			l.N, l.Relayed, l.PXN[3], l.PXN[4], l.PXN[5], l.Direct[3], l.Direct[4], l.Direct[5], l.GCs)
+		if l.FirstError != "" {
+			note += "; first error: " + l.FirstError
+		}
 		rows = append(rows,
-			row{Scenario: "P5 pump CPU per piece (sender + relay pieces)", Value: pumpCPU * 1e6 / float64(handled), Unit: "µs", Pieces: handled, Verified: true})
+			row{Scenario: prefix + "P4 10KiB write through PXN, p50", Value: l.PXN[0], Unit: "µs", Verified: ok, Note: note},
+			row{Scenario: prefix + "P4 10KiB write through PXN, p99", Value: l.PXN[1], Unit: "µs", Verified: ok},
+			row{Scenario: prefix + "P4 10KiB write direct (" + hop + " alone), p50", Value: l.Direct[0], Unit: "µs", Verified: ok},
+			row{Scenario: prefix + "P4 10KiB write direct (" + hop + " alone), p99", Value: l.Direct[1], Unit: "µs", Verified: ok},
+			row{Scenario: prefix + "P4 latency added by PXN, p50", Value: l.PXN[0] - l.Direct[0], Unit: "µs", Verified: ok},
+			row{Scenario: prefix + "P4 latency added by PXN, p99", Value: l.PXN[1] - l.Direct[1], Unit: "µs", Verified: ok},
+		)
 	}
-	allocs := "P5 heap allocations per piece, first pass (whole process, hop included; warm-up counts: pools, connections, first use of buffers)"
-	if len(pxn.again) > 0 {
-		allocs = "P5 heap allocations per piece, second pass (steady state; whole process, hop included)"
+	return rows
+}
+
+func pumpRows(prefix string, p *phaseResult, pieces, forwarded uint64) []row {
+	var rows []row
+	if len(p.idle) > 0 {
+		var idle float64
+		for _, i := range p.idle {
+			idle = max(idle, i.PumpPercent)
+		}
+		rows = append(rows, row{Scenario: prefix + "P5 pump CPU while idle (busiest rank, 1 s)", Value: idle, Unit: "% of a core", Verified: true})
+	}
+	var relayBusy, sendBusy, cpu float64
+	for _, b := range p.busy {
+		cpu += b.pumpCPU
+		if b.seconds <= 0 {
+			continue
+		}
+		pct := 100 * b.pumpCPU / b.seconds
+		if b.forwarded > 0 {
+			relayBusy = max(relayBusy, pct)
+		}
+		if b.relayed > 0 {
+			sendBusy = max(sendBusy, pct)
+		}
+	}
+	note := "pump thread CPU (schedstat) over the phase's timed transfer, as the parent timed it"
+	if relayBusy > 0 {
+		rows = append(rows, row{Scenario: prefix + "P5 pump CPU while busy, relay rank", Value: relayBusy, Unit: "% of a core", Verified: true, Note: note})
+	}
+	if sendBusy > 0 {
+		rows = append(rows, row{Scenario: prefix + "P5 pump CPU while busy, busiest sender", Value: sendBusy, Unit: "% of a core", Verified: true})
+	}
+	if n := pieces + forwarded; n > 0 {
+		rows = append(rows, row{Scenario: prefix + "P5 pump CPU per piece (sender and relay pieces)", Value: cpu * 1e6 / float64(n), Unit: "µs", Pieces: n, Verified: true})
+	}
+	var mallocs uint64
+	for _, r := range p.ranks {
+		mallocs += r.Mallocs
+	}
+	allocs := prefix + "P5 heap allocations per piece, first pass (whole process, hop included; warm-up counts: pools, connections, first use of buffers)"
+	if len(p.again) > 0 {
+		allocs = prefix + "P5 heap allocations per piece, second pass (steady state; whole process, hop included)"
 		mallocs, pieces, forwarded = 0, 0, 0
-		for _, r := range pxn.again {
+		for _, r := range p.again {
 			mallocs += r.Mallocs
 			pieces += r.Counters.RelayedPieces + r.Counters.FallbackPieces
 			forwarded += r.Counters.ForwardedPieces
 		}
 	}
-	if handled := pieces + forwarded; handled > 0 {
-		rows = append(rows, row{Scenario: allocs, Value: float64(mallocs) / float64(handled), Unit: "allocs", Pieces: handled, Verified: true})
+	if n := pieces + forwarded; n > 0 {
+		rows = append(rows, row{Scenario: allocs, Value: float64(mallocs) / float64(n), Unit: "allocs", Pieces: n, Verified: true})
 	}
 	return rows
 }
 
-func blockOf(o runOptions) uint64 {
-	if o.block == 0 || o.block > o.bytes {
-		return o.bytes
+func p6Rows(prefix string, pxn, bare *phaseResult) []row {
+	var mem, threads, gor, shm, onMem int64
+	for _, o := range bare.opens {
+		mem = maxAbs(mem, o.DeviceBytes)
+		threads = maxAbs(threads, int64(o.Threads))
+		gor = maxAbs(gor, int64(o.Goroutines))
+		shm = maxAbs(shm, int64(o.ShmEntries))
 	}
-	return o.block
-}
-
-func printRows(w io.Writer, rows []row) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "SCENARIO\tBYTES\tPIECES\tGB/S\tµS/PIECE\tBASELINE GB/S\tRATIO\tRELAYED\tFALLBACK\tDIRECT\tFAILED\tVERIFIED")
-	for _, r := range rows {
-		if r.Unit != "" {
-			fmt.Fprintf(tw, "%s\t\t%s\t%.3g %s\t\t\t\t\t\t\t\t%v\n", r.Scenario, count(r.Pieces), r.Value, r.Unit, r.Verified)
-			continue
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%v\n", r.Scenario, sizeString(r.Bytes), count(r.Pieces), r.GBps,
-			opt(r.USPerPiece, "%.1f"), opt(r.BaselineGBps, "%.2f"), opt(r.Ratio, "%.3f"),
-			sizeString(r.RelayedBytes), sizeString(r.FallbackBytes), sizeString(r.DirectBytes), r.Failed, r.Verified)
+	for _, o := range pxn.opens {
+		onMem = max(onMem, o.DeviceBytes)
 	}
-	tw.Flush()
-	for _, r := range rows {
-		if r.Note != "" {
-			fmt.Fprintf(w, "note (%s): %s\n", r.Scenario, r.Note)
-		}
+	ok := mem == 0 && threads == 0 && gor == 0 && shm == 0
+	note := fmt.Sprintf("with MC_PXN_ENABLE=1 the same open took %s of device memory", sizeString(uint64(max(onMem, 0))))
+	return []row{
+		{Scenario: prefix + "P6 MC_PXN_ENABLE=0: device memory taken by the open (cuMemGetInfo, largest of the ranks)", Value: float64(mem), Unit: "bytes", Verified: ok, Note: note},
+		{Scenario: prefix + "P6 MC_PXN_ENABLE=0: extra threads", Value: float64(threads), Unit: "threads", Verified: ok},
+		{Scenario: prefix + "P6 MC_PXN_ENABLE=0: extra goroutines", Value: float64(gor), Unit: "goroutines", Verified: ok},
+		{Scenario: prefix + "P6 MC_PXN_ENABLE=0: files and folders added under the registry root", Value: float64(shm), Unit: "entries", Verified: ok},
 	}
 }
 
-func opt(v float64, f string) string {
-	if v == 0 {
-		return "-"
+// firsthop runs P2 in a child process (the parent keeps no CUDA context).
+func (dev *device) firsthop(o runOptions) ([]row, error) {
+	sender := min(1, dev.ngpu-1)
+	args := []string{"cuda-firsthop", "--relay-gpu", "0", "--sender-gpu", strconv.Itoa(sender)}
+	if o.cuda.gatherPTX != "" {
+		args = append(args, "--gather-ptx", o.cuda.gatherPTX)
 	}
-	return fmt.Sprintf(f, v)
-}
-
-func count(n uint64) string {
-	if n == 0 {
-		return "-"
-	}
-	return strconv.FormatUint(n, 10)
-}
-
-func writeJSON(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
+	c, err := startChild("first-hop ring", nil, args...)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return os.WriteFile(path, append(b, '\n'), 0o600)
-}
-
-var sizeUnits = []struct {
-	suffix string
-	mult   uint64
-}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}}
-
-// parseSize reads 4096, 10KiB, 8MiB, 1GiB (binary units).
-func parseSize(s string) (uint64, error) {
-	s = strings.TrimSpace(s)
-	mult := uint64(1)
-	for _, u := range sizeUnits {
-		if strings.HasSuffix(s, u.suffix) {
-			s, mult = strings.TrimSuffix(s, u.suffix), u.mult
-			break
-		}
-	}
-	n, err := strconv.ParseUint(s, 10, 64)
+	defer c.kill()
+	ev, err := c.expect("rows", 20*time.Minute)
 	if err != nil {
-		return 0, fmt.Errorf("size %q: want a number with an optional KiB/MiB/GiB suffix", s)
+		return nil, err
 	}
-	if n > (1<<63)/mult {
-		return 0, fmt.Errorf("size %q overflows", s)
-	}
-	return n * mult, nil
-}
-
-func sizeString(n uint64) string {
-	switch {
-	case n == 0:
-		return "0"
-	case n%(1<<30) == 0:
-		return fmt.Sprintf("%dGiB", n>>30)
-	case n%(1<<20) == 0:
-		return fmt.Sprintf("%dMiB", n>>20)
-	case n%(1<<10) == 0:
-		return fmt.Sprintf("%dKiB", n>>10)
-	}
-	return strconv.FormatUint(n, 10)
+	return slices.Clone(ev.Rows), nil
 }

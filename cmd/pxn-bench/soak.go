@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -18,10 +17,11 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unsafe"
 
-	"github.com/pxn-project/pxn/pkg/hosthop"
+	"github.com/spf13/pflag"
+
 	"github.com/pxn-project/pxn/pkg/relay"
+	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
@@ -72,8 +72,7 @@ type soakSummary struct {
 	LeftFiles     []string       `json:"left_files,omitempty"`
 }
 
-func soakMain(args []string) int {
-	fs := flag.NewFlagSet("soak", flag.ContinueOnError)
+func soakMain(fs *pflag.FlagSet) func() int {
 	var o soakOptions
 	var blockFlag, faultsFlag string
 	fs.IntVar(&o.ranks, "ranks", 4, "ranks, one per rail (2..8)")
@@ -85,48 +84,47 @@ func soakMain(args []string) int {
 	fs.StringVar(&faultsFlag, "faults", "kill,restart,stall", "fault kinds to inject")
 	fs.Uint64Var(&o.seed, "seed", 0, "random seed (0: from the clock)")
 	fs.StringVar(&o.json, "json", "", "also write the summary as JSON to this file")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	var err error
-	if o.block, err = parseSize(blockFlag); err != nil || o.block == 0 {
-		fmt.Fprintf(os.Stderr, "pxn-bench soak: --block %q: want a size > 0\n", blockFlag)
-		return 2
-	}
-	if o.ranks < 2 || o.ranks > 8 || o.perTarget < 1 || o.slots < 1 {
-		fmt.Fprintln(os.Stderr, "pxn-bench soak: want 2..8 ranks, --per-target and --slots at least 1")
-		return 2
-	}
-	for _, f := range strings.Split(faultsFlag, ",") {
-		switch f {
-		case "kill", "restart", "stall":
-			o.faults = append(o.faults, f)
-		case "":
-		default:
-			fmt.Fprintf(os.Stderr, "pxn-bench soak: unknown fault %q (want kill, restart, stall)\n", f)
+	return func() int {
+		var err error
+		if o.block, err = parseSize(blockFlag); err != nil || o.block == 0 {
+			fmt.Fprintf(os.Stderr, "pxn-bench soak: --block %q: want a size > 0\n", blockFlag)
 			return 2
 		}
-	}
-	if o.seed == 0 {
-		o.seed = uint64(time.Now().UnixNano())
-	}
-	sum, err := soak(o)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "pxn-bench soak: %v\n", err)
-		return 1
-	}
-	b, _ := json.MarshalIndent(sum, "", "  ")
-	fmt.Println(string(b))
-	if o.json != "" {
-		if err := writeJSON(o.json, sum); err != nil {
+		if o.ranks < 2 || o.ranks > 8 || o.perTarget < 1 || o.slots < 1 {
+			fmt.Fprintln(os.Stderr, "pxn-bench soak: want 2..8 ranks, --per-target and --slots at least 1")
+			return 2
+		}
+		for _, f := range strings.Split(faultsFlag, ",") {
+			switch f {
+			case "kill", "restart", "stall":
+				o.faults = append(o.faults, f)
+			case "":
+			default:
+				fmt.Fprintf(os.Stderr, "pxn-bench soak: unknown fault %q (want kill, restart, stall)\n", f)
+				return 2
+			}
+		}
+		if o.seed == 0 {
+			o.seed = uint64(time.Now().UnixNano())
+		}
+		sum, err := soak(o)
+		if err != nil {
 			fmt.Fprintf(os.Stderr, "pxn-bench soak: %v\n", err)
 			return 1
 		}
+		b, _ := json.MarshalIndent(sum, "", "  ")
+		fmt.Println(string(b))
+		if o.json != "" {
+			if err := writeJSON(o.json, sum); err != nil {
+				fmt.Fprintf(os.Stderr, "pxn-bench soak: %v\n", err)
+				return 1
+			}
+		}
+		if len(sum.Violations) > 0 {
+			return 1
+		}
+		return 0
 	}
-	if len(sum.Violations) > 0 {
-		return 1
-	}
-	return 0
 }
 
 // soaker is the soak's parent: the targets, the registry and the ranks.
@@ -169,14 +167,14 @@ func soak(o soakOptions) (*soakSummary, error) {
 	}
 	defer os.RemoveAll(registry)
 
-	srv := hosthop.NewTargetServer(hosthop.TargetServerOptions{})
+	srv := fabric.NewTargetServer(fabric.TargetServerOptions{})
 	defer srv.Close()
 	addr, err := srv.Listen(context.Background(), "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
 	region := uint64(o.ranks*o.slots*o.perTarget) * o.block
-	var list []hosthop.StaticTarget
+	var list []fabric.StaticTarget
 	for k := 0; k < o.ranks; k++ {
 		buf, err := mapBuffer(region)
 		if err != nil {
@@ -186,10 +184,10 @@ func soak(o soakOptions) (*soakSummary, error) {
 			return nil, err
 		}
 		s.tgt = append(s.tgt, buf)
-		list = append(list, hosthop.StaticTarget{Session: sessionName(k), Addr: addr.String(), HCAs: []string{remoteHCA(k)},
-			Ranges: []hosthop.StaticRange{{Addr: soakBase(k), Len: region}}})
+		list = append(list, fabric.StaticTarget{Session: sessionName(k), Addr: addr.String(), HCAs: []string{remoteHCA(k)},
+			Ranges: []fabric.StaticRange{{Addr: soakBase(k), Len: region}}})
 	}
-	dir, err := hosthop.NewStaticDirectory(list)
+	dir, err := fabric.NewStaticDirectory(list)
 	if err != nil {
 		return nil, err
 	}
@@ -584,50 +582,53 @@ func problems(s string) string {
 // soakRankMain is one rank of a soak: "round <n> <seed>" writes the round's
 // all-to-all requests with the pattern of seed and reports every task;
 // "exit" closes the engine.
-func soakRankMain(args []string) int {
-	fs := flag.NewFlagSet("soak-rank", flag.ContinueOnError)
+func soakRankMain(fs *pflag.FlagSet) func() int {
 	index := fs.Int("index", 0, "rank index (its rail)")
 	ranks := fs.Int("ranks", 2, "ranks of the soak")
 	dirPath := fs.String("directory", "", "directory file")
 	block := fs.Uint64("block", 64<<10, "request size")
 	perTarget := fs.Int("per-target", 4, "requests per target per round")
 	slots := fs.Int("slots", 64, "rounds before a target region is reused")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	return func() int {
+		out := json.NewEncoder(os.Stdout)
+		if err := runSoakRank(out, *index, *ranks, *dirPath, *block, *perTarget, *slots); err != nil {
+			_ = out.Encode(soakMsg{Event: "error", Error: err.Error()})
+			return 1
+		}
+		return 0
 	}
-	out := json.NewEncoder(os.Stdout)
-	if err := runSoakRank(out, *index, *ranks, *dirPath, *block, *perTarget, *slots); err != nil {
-		_ = out.Encode(soakMsg{Event: "error", Error: err.Error()})
-		return 1
-	}
-	return 0
 }
+
+// soakHopDepth is a soak rank's TCP hop queue depth: a round's requests
+// and the Pieces it relays for others at once.
+const soakHopDepth = 256
 
 func runSoakRank(out *json.Encoder, r, ranks int, dirPath string, block uint64, perTarget, slots int) error {
 	f, err := os.Open(dirPath)
 	if err != nil {
 		return err
 	}
-	dir, err := hosthop.LoadStaticDirectory(f)
+	dir, err := fabric.LoadStaticDirectory(f)
 	f.Close()
 	if err != nil {
 		return err
 	}
-	src, err := mapBuffer(uint64((ranks-1)*perTarget) * block)
+	dev := newHostRank(dir, soakHopDepth)
+	defer dev.close()
+	n := uint64((ranks-1)*perTarget) * block
+	base, err := dev.source(n, 0)
 	if err != nil {
 		return err
 	}
-	base := uintptr(unsafe.Pointer(&src[0]))
-	hop := hosthop.NewTCPHop(hosthop.TCPHopOptions{Targets: dir.Addresses(), QueueDepth: 256})
-	defer hop.Close()
-	copier := hosthop.NewHostCopier(hosthop.HostCopierOptions{})
-	if err := copier.RegisterDevice(base, uint64(len(src))); err != nil {
+	deps := relay.HostDeps{Hop: dev.hop(), Directory: dir, LocalHCA: rankHCA(r)}
+	if _, err := dev.firstHop(&deps, base, n); err != nil {
 		return err
 	}
-	eng, err := relay.OpenFromEnv(context.Background(), nil, relay.HostDeps{Hop: hop, Directory: dir, Copier: copier, LocalHCA: rankHCA(r)})
+	eng, err := relay.OpenFromEnv(context.Background(), nil, deps)
 	if err != nil {
 		return err
 	}
+	src := dev.src
 	// Give the relays a moment to appear; a rank whose relay is down sends
 	// direct, which the soak allows.
 	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {

@@ -1,67 +1,77 @@
 package main
 
 import (
-	"context"
-	"flag"
+	"errors"
 	"fmt"
-
-	"github.com/pxn-project/pxn/pkg/hosthop"
 )
 
-// targetMain is a remote node's registered buffer on one rail: it serves TCP
-// hop writes into it and checks, when asked, that every byte the layout
-// sends it is right.
-func targetMain(args []string) int {
-	fs := flag.NewFlagSet("target", flag.ContinueOnError)
-	index := fs.Int("index", 0, "rail of this target")
-	layoutPath := fs.String("layout", "", "layout file")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	l, err := readLayout(*layoutPath)
+// targetDevice is a remote node's registered buffer on one rail.
+type targetDevice interface {
+	// received returns the buffer's bytes in host memory.
+	received() ([]byte, error)
+	// reset zeroes the buffer for the next phase.
+	reset() error
+	close() error
+}
+
+// runTarget is a target process: it reports where the ranks' hops reach
+// its buffer ("listening": a TCP address on the host path, an IPC handle on
+// GPUs) and checks, when asked, that every byte the layout sends it is
+// right.
+func runTarget(device string, k, ordinal int, layoutPath string) (err error) {
+	l, err := readLayout(layoutPath)
 	if err != nil {
-		emit(event{Event: "error", Error: err.Error()})
-		return 1
+		return err
 	}
-	buf, err := mapBuffer(l.TargetBytes[*index])
+	if k < 0 || k >= len(l.TargetBytes) {
+		return fmt.Errorf("--index %d: the layout has %d targets", k, len(l.TargetBytes))
+	}
+	var t targetDevice
+	var addr string
+	switch device {
+	case "host":
+		t, addr, err = newHostTarget(l.TargetBytes[k])
+	case "cuda":
+		t, addr, err = newCUDATarget(ordinal, l.TargetBytes[k])
+	default:
+		err = fmt.Errorf("--device %q: want host or cuda", device)
+	}
 	if err != nil {
-		emit(event{Event: "error", Error: err.Error()})
-		return 1
+		return err
 	}
-	srv := hosthop.NewTargetServer(hosthop.TargetServerOptions{})
-	if err := srv.Register(targetBase, buf); err != nil {
-		emit(event{Event: "error", Error: err.Error()})
-		return 1
-	}
-	addr, err := srv.Listen(context.Background(), "127.0.0.1:0")
-	if err != nil {
-		emit(event{Event: "error", Error: err.Error()})
-		return 1
-	}
-	defer srv.Close()
-	emit(event{Event: "listening", Addr: addr.String()})
+	defer func() { err = errors.Join(err, t.close()) }()
+	emit(event{Event: "listening", Addr: addr})
 	for cmd := range commands() {
 		switch cmd {
 		case "verify":
-			err := verifyTarget(l, *index, buf)
+			buf, err := t.received()
+			if err == nil {
+				err = verifyTarget(l, k, buf)
+			}
 			ev := event{Event: "verified", OK: err == nil}
 			if err != nil {
 				ev.Error = err.Error()
 			}
 			emit(ev)
 		case "reset":
-			clear(buf)
+			if err := t.reset(); err != nil {
+				return err
+			}
 			emit(event{Event: "reset"})
 		case "exit":
-			return 0
+			return nil
 		}
 	}
-	return 0
+	return nil
 }
 
+// verifyTarget checks every transfer into target k, on every CPU.
 func verifyTarget(l *layout, k int, buf []byte) error {
 	for _, t := range l.ofTarget(k) {
-		if err := checkPattern(buf[t.Dst:t.Dst+t.Len], t.Seed, t.Src); err != nil {
+		err := parallel(t.Len, 64<<20, func(a, e uint64) error {
+			return checkPattern(buf[t.Dst+a:t.Dst+e], t.Seed, t.Src+a)
+		})
+		if err != nil {
 			return fmt.Errorf("target %s, data from rank %d: %w", sessionName(k), t.Rank, err)
 		}
 	}

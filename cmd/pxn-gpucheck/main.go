@@ -18,7 +18,7 @@ import (
 
 	"github.com/pxn-project/pxn/internal/cuda"
 	"github.com/pxn-project/pxn/pkg/gpu"
-	"github.com/pxn-project/pxn/pkg/gpu/ringcheck"
+	"github.com/pxn-project/pxn/pkg/sim/ringcheck"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 

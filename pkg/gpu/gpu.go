@@ -2,8 +2,7 @@
 // memory shared with peers through CUDA IPC (Arenas), and a relay.Copier
 // that moves Pieces into a peer's arena with the copy engines or, for
 // fragmented Pieces, the SM gather kernel of pkg/gpu/kernel, and rings the
-// slot's doorbell from the GPU (Copier). NIC is an emulated RDMA NIC for
-// machines without HCAs (benchmarks and tests). It speaks to the driver
+// slot's doorbell from the GPU (Copier). It speaks to the driver
 // through internal/cuda, which loads libcuda at run time; docs/cuda.md
 // explains the choices.
 package gpu

@@ -17,8 +17,8 @@ import (
 
 	"github.com/pxn-project/pxn/internal/cuda"
 	"github.com/pxn-project/pxn/pkg/gpu"
-	"github.com/pxn-project/pxn/pkg/gpu/ringcheck"
 	"github.com/pxn-project/pxn/pkg/relay"
+	"github.com/pxn-project/pxn/pkg/sim/ringcheck"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
@@ -37,13 +37,6 @@ func TestMain(m *testing.M) {
 	}
 	if os.Getenv(childEnv) == "arena-peer" {
 		if err := arenaPeer(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	if os.Getenv(childEnv) == "nic-target" {
-		if err := nicTarget(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}

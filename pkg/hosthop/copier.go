@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/pxn-project/pxn/internal/hostmem"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -59,7 +60,7 @@ type HostCopier struct {
 	holdReady bool
 
 	devMu sync.RWMutex
-	dev   spans
+	dev   hostmem.Spans
 
 	evMu   sync.Mutex
 	lastEv relay.Event
@@ -125,15 +126,15 @@ func NewHostCopier(opts HostCopierOptions) *HostCopier {
 
 // RegisterDevice marks [addr, addr+n) as simulated device memory.
 func (c *HostCopier) RegisterDevice(addr uintptr, n uint64) error {
-	if !validRange(uint64(addr), n) {
+	if !hostmem.ValidRange(uint64(addr), n) {
 		return fmt.Errorf("hosthop: invalid device range %#x+%d", addr, n)
 	}
 	c.devMu.Lock()
 	defer c.devMu.Unlock()
-	if c.dev.overlaps(uint64(addr), n) {
+	if c.dev.Overlaps(uint64(addr), n) {
 		return fmt.Errorf("hosthop: device range %#x+%d overlaps a registered range", addr, n)
 	}
-	c.dev = c.dev.insert(span{start: uint64(addr), size: n})
+	c.dev = c.dev.Insert(hostmem.Span{Start: uint64(addr), Size: n})
 	return nil
 }
 
@@ -141,7 +142,7 @@ func (c *HostCopier) RegisterDevice(addr uintptr, n uint64) error {
 // registered device range, and relay.Host otherwise.
 func (c *HostCopier) Classify(addr uintptr, n uint64) relay.Kind {
 	c.devMu.RLock()
-	i := c.dev.find(uint64(addr), n)
+	i := c.dev.Find(uint64(addr), n)
 	c.devMu.RUnlock()
 	if i < 0 {
 		return relay.Host
@@ -320,7 +321,7 @@ func (c *HostCopier) Copy(lane int, ready relay.Event, entries []relay.CopyEntry
 		if e.Len == 0 {
 			continue
 		}
-		if e.Src == 0 || e.Dst == 0 || !validRange(uint64(e.Src), e.Len) || !validRange(uint64(e.Dst), e.Len) {
+		if e.Src == 0 || e.Dst == 0 || !hostmem.ValidRange(uint64(e.Src), e.Len) || !hostmem.ValidRange(uint64(e.Dst), e.Len) {
 			return fmt.Errorf("hosthop: lane %d seq %d: entry %d (src %#x dst %#x len %d) is not addressable", lane, seq, i, e.Src, e.Dst, e.Len)
 		}
 	}
@@ -400,7 +401,7 @@ func (c *HostCopier) runLane(l *hostLane) {
 		}
 		var n uint64
 		for _, e := range job.entries {
-			copy(bytesAt(e.Dst, e.Len), bytesAt(e.Src, e.Len))
+			copy(hostmem.Bytes(e.Dst, e.Len), hostmem.Bytes(e.Src, e.Len))
 			n += e.Len
 		}
 		// The lane has room again before the doorbell rings, so whoever

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
+	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
@@ -34,8 +35,8 @@ var railMap = map[string]string{
 type pair struct {
 	g        *memGroup
 	a, b     *relay.Engine
-	hopA     *hosthop.Loopback
-	hopB     *hosthop.Loopback
+	hopA     *fabric.Loopback
+	hopB     *fabric.Loopback
 	copA     *hosthop.HostCopier
 	tgt      map[string][]byte
 	rankA    *memRank
@@ -51,7 +52,7 @@ type pairOpts struct {
 	holdReady bool
 	// wrapB, when set, gives engine b the hop and directory it returns
 	// instead of hopB itself.
-	wrapB func(*hosthop.Loopback) (relay.Hop, relay.Directory)
+	wrapB func(*fabric.Loopback) (relay.Hop, relay.Directory)
 	// manual opens the engines with their pumps unstarted: the test runs
 	// rounds with RunRound. without leaves one engine ("a" or "b") out,
 	// its rank still registered, for a test that plays its part.
@@ -72,12 +73,12 @@ func newPair(t *testing.T, o pairOpts) *pair { return newPairTB(t, o) }
 func newPairTB(t testing.TB, o pairOpts) *pair {
 	t.Helper()
 	p := &pair{g: newMemGroup(t), tgt: map[string][]byte{}}
-	p.hopA = hosthop.NewLoopback(hosthop.LoopbackOptions{QueueDepth: o.hopDepth})
-	p.hopB = hosthop.NewLoopback(hosthop.LoopbackOptions{QueueDepth: o.hopDepth})
+	p.hopA = fabric.NewLoopback(fabric.LoopbackOptions{QueueDepth: o.hopDepth})
+	p.hopB = fabric.NewLoopback(fabric.LoopbackOptions{QueueDepth: o.hopDepth})
 	for sess, hca := range map[string]string{sessRail0: "rmlx5_0", sessRail1: "rmlx5_1"} {
 		buf := mapAnon(t, o.tgtSize)
 		p.tgt[sess] = buf
-		for _, h := range []*hosthop.Loopback{p.hopA, p.hopB} {
+		for _, h := range []*fabric.Loopback{p.hopA, p.hopB} {
 			if err := h.AddTarget(sess, hca, buf, tgtBase); err != nil {
 				t.Fatal(err)
 			}
@@ -390,7 +391,7 @@ func TestFallbackWaitsForSourceReady(t *testing.T) {
 }
 
 func TestDisabledEngineStartsNothing(t *testing.T) {
-	hop := hosthop.NewLoopback(hosthop.LoopbackOptions{})
+	hop := fabric.NewLoopback(fabric.LoopbackOptions{})
 	buf := make([]byte, mib)
 	if err := hop.AddTarget(sessRail1, "rmlx5_1", buf, tgtBase); err != nil {
 		t.Fatal(err)

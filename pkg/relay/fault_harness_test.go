@@ -20,7 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/pxn-project/pxn/pkg/hosthop"
+	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
@@ -46,7 +46,7 @@ type faultGroup struct {
 	t     *testing.T
 	root  string
 	group string
-	srv   *hosthop.TargetServer
+	srv   *fabric.TargetServer
 	tgt   []([]byte)
 	dir   string
 	env   []string
@@ -86,13 +86,13 @@ func newFaultGroup(t *testing.T, o faultGroupOpts) *faultGroup {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	g := &faultGroup{t: t, root: dir, group: "fault"}
-	g.srv = hosthop.NewTargetServer(hosthop.TargetServerOptions{})
+	g.srv = fabric.NewTargetServer(fabric.TargetServerOptions{})
 	t.Cleanup(func() { g.srv.Close() })
 	addr, err := g.srv.Listen(context.Background(), "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var targets []hosthop.StaticTarget
+	var targets []fabric.StaticTarget
 	railMap := map[string]string{}
 	for k := 0; k < o.rails; k++ {
 		buf, err := unix.Mmap(-1, 0, int(o.tgtBytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
@@ -104,12 +104,12 @@ func newFaultGroup(t *testing.T, o faultGroupOpts) *faultGroup {
 			t.Fatal(err)
 		}
 		g.tgt = append(g.tgt, buf)
-		targets = append(targets, hosthop.StaticTarget{Session: faultSession(k), Addr: addr.String(),
-			HCAs: []string{fmt.Sprintf("rmlx5_%d", k)}, Ranges: []hosthop.StaticRange{{Addr: faultBase(k), Len: o.dirBytes}}})
+		targets = append(targets, fabric.StaticTarget{Session: faultSession(k), Addr: addr.String(),
+			HCAs: []string{fmt.Sprintf("rmlx5_%d", k)}, Ranges: []fabric.StaticRange{{Addr: faultBase(k), Len: o.dirBytes}}})
 		railMap[fmt.Sprintf("mlx5_%d", k)] = faultRail(k)
 		railMap[fmt.Sprintf("rmlx5_%d", k)] = faultRail(k)
 	}
-	d, err := hosthop.NewStaticDirectory(targets)
+	d, err := fabric.NewStaticDirectory(targets)
 	if err != nil {
 		t.Fatal(err)
 	}

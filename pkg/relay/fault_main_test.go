@@ -19,6 +19,7 @@ import (
 
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
+	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
@@ -179,7 +180,7 @@ func faultRank() error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", faultIndexEnv, err)
 	}
-	dir, err := hosthop.LoadStaticDirectory(strings.NewReader(os.Getenv(faultDirEnv)))
+	dir, err := fabric.LoadStaticDirectory(strings.NewReader(os.Getenv(faultDirEnv)))
 	if err != nil {
 		return err
 	}
@@ -208,7 +209,7 @@ func faultRank() error {
 		hooks.TicketTimeout = time.Duration(ms) * time.Millisecond
 	}
 
-	tcp := hosthop.NewTCPHop(hosthop.TCPHopOptions{Targets: dir.Addresses(), QueueDepth: 256})
+	tcp := fabric.NewTCPHop(fabric.TCPHopOptions{Targets: dir.Addresses(), QueueDepth: 256})
 	defer tcp.Close()
 	hop := &gateHop{inner: tcp}
 	cop := &holdCopier{HostCopier: hosthop.NewHostCopier(hosthop.HostCopierOptions{HoldReady: true})}

@@ -8,8 +8,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
+	"github.com/pxn-project/pxn/pkg/sim/fabric"
 )
 
 // keyOf is the key the test directory gives a range: what an RDMA directory
@@ -50,7 +50,7 @@ func (d *countingDir) count(session string) int {
 // tests has a range at tgtBase). The Loopback underneath
 // gets the ops without them.
 type routerHop struct {
-	lb      *hosthop.Loopback
+	lb      *fabric.Loopback
 	mu      sync.Mutex
 	routes  int
 	handles map[string]*hopHandle
@@ -118,7 +118,7 @@ func routedPair(t *testing.T, size int) (*pair, *countingDir, *routerHop) {
 	t.Helper()
 	var dir *countingDir
 	var hop *routerHop
-	p := newPair(t, pairOpts{tgtSize: size, srcSize: size, wrapB: func(lb *hosthop.Loopback) (relay.Hop, relay.Directory) {
+	p := newPair(t, pairOpts{tgtSize: size, srcSize: size, wrapB: func(lb *fabric.Loopback) (relay.Hop, relay.Directory) {
 		dir = &countingDir{inner: lb, calls: map[string]int{}}
 		hop = &routerHop{lb: lb, handles: map[string]*hopHandle{}}
 		return hop, dir
@@ -248,7 +248,7 @@ func TestNewRangeOfATargetIsResolvedAgain(t *testing.T) {
 	// the relay's cached route does not.
 	const base2 = tgtBase + 1<<32
 	buf2 := mapAnon(t, 8*mib)
-	for _, h := range []*hosthop.Loopback{p.hopA, p.hopB} {
+	for _, h := range []*fabric.Loopback{p.hopA, p.hopB} {
 		if err := h.AddTarget(sessRail1, "rmlx5_1", buf2, base2); err != nil {
 			t.Fatal(err)
 		}
@@ -311,14 +311,14 @@ func (d oneRangeDir) Resolve(session string, dst uint64) (relay.Target, error) {
 func TestRouteGathersRangesResolvedOneByOne(t *testing.T) {
 	var dir *countingDir
 	var hop *routerHop
-	p := newPair(t, pairOpts{tgtSize: 8 * mib, srcSize: 16 * mib, wrapB: func(lb *hosthop.Loopback) (relay.Hop, relay.Directory) {
+	p := newPair(t, pairOpts{tgtSize: 8 * mib, srcSize: 16 * mib, wrapB: func(lb *fabric.Loopback) (relay.Hop, relay.Directory) {
 		dir = &countingDir{inner: lb, calls: map[string]int{}}
 		hop = &routerHop{lb: lb, handles: map[string]*hopHandle{}}
 		return hop, oneRangeDir{dir}
 	}})
 	const base2 = tgtBase + 1<<32
 	buf2 := mapAnon(t, 8*mib)
-	for _, h := range []*hosthop.Loopback{p.hopA, p.hopB} {
+	for _, h := range []*fabric.Loopback{p.hopA, p.hopB} {
 		if err := h.AddTarget(sessRail1, "rmlx5_1", buf2, base2); err != nil {
 			t.Fatal(err)
 		}

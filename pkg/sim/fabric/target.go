@@ -1,4 +1,4 @@
-package hosthop
+package fabric
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/pxn-project/pxn/internal/hostmem"
 )
 
 // DefaultWriteTimeout bounds one frame write of the TCP hop and of a target
@@ -48,7 +50,7 @@ type TargetServer struct {
 	writeTimeout time.Duration
 
 	memMu sync.RWMutex
-	spans spans
+	spans hostmem.Spans
 	bufs  [][]byte
 
 	connMu sync.Mutex
@@ -89,16 +91,16 @@ func NewTargetServer(opts TargetServerOptions) *TargetServer {
 // writes into buf, from its connection goroutines, for as long as it runs.
 func (s *TargetServer) Register(base uint64, buf []byte) error {
 	size := uint64(len(buf))
-	if !validRange(base, size) {
-		return fmt.Errorf("hosthop: invalid target range %#x+%d", base, size)
+	if !hostmem.ValidRange(base, size) {
+		return fmt.Errorf("fabric: invalid target range %#x+%d", base, size)
 	}
 	s.memMu.Lock()
 	defer s.memMu.Unlock()
-	if s.spans.overlaps(base, size) {
-		return fmt.Errorf("hosthop: target range %#x+%d overlaps a registered range", base, size)
+	if s.spans.Overlaps(base, size) {
+		return fmt.Errorf("fabric: target range %#x+%d overlaps a registered range", base, size)
 	}
 	s.bufs = append(s.bufs, buf)
-	s.spans = s.spans.insert(span{start: base, size: size, ref: len(s.bufs) - 1})
+	s.spans = s.spans.Insert(hostmem.Span{Start: base, Size: size, Ref: len(s.bufs) - 1})
 	return nil
 }
 
@@ -106,13 +108,13 @@ func (s *TargetServer) Register(base uint64, buf []byte) error {
 func (s *TargetServer) lookup(dst, n uint64) ([]byte, bool) {
 	s.memMu.RLock()
 	defer s.memMu.RUnlock()
-	i := s.spans.find(dst, n)
+	i := s.spans.Find(dst, n)
 	if i < 0 {
 		return nil, false
 	}
 	sp := s.spans[i]
-	off := dst - sp.start
-	return s.bufs[sp.ref][off : off+n], true
+	off := dst - sp.Start
+	return s.bufs[sp.Ref][off : off+n], true
 }
 
 // Listen listens on the TCP address addr ("127.0.0.1:0" picks a port) and
@@ -122,7 +124,7 @@ func (s *TargetServer) Listen(ctx context.Context, addr string) (net.Addr, error
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("hosthop: target server listen on %s: %w", addr, err)
+		return nil, fmt.Errorf("fabric: target server listen on %s: %w", addr, err)
 	}
 	s.connMu.Lock()
 	defer s.connMu.Unlock()
@@ -131,7 +133,7 @@ func (s *TargetServer) Listen(ctx context.Context, addr string) (net.Addr, error
 		if s.closed {
 			return nil, ErrClosed
 		}
-		return nil, fmt.Errorf("hosthop: target server already listens on %s", s.ln.Addr())
+		return nil, fmt.Errorf("fabric: target server already listens on %s", s.ln.Addr())
 	}
 	s.ln = ln
 	s.wg.Add(1)

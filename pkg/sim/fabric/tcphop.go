@@ -1,4 +1,4 @@
-package hosthop
+package fabric
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pxn-project/pxn/internal/hostmem"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 
@@ -17,10 +18,10 @@ var (
 	// ErrTargetLost is wrapped by the completion of every op that was
 	// accepted for a target connection that then failed (dial, write, read
 	// or protocol error) before the op's ack arrived.
-	ErrTargetLost = errors.New("hosthop: connection to target lost")
+	ErrTargetLost = errors.New("fabric: connection to target lost")
 	// ErrWriteRefused is wrapped by the completion of an op that its target
 	// acked with a failure status.
-	ErrWriteRefused = errors.New("hosthop: target refused write")
+	ErrWriteRefused = errors.New("fabric: target refused write")
 )
 
 // DefaultTCPQueueDepth is the per-address queue depth of a TCPHop whose
@@ -178,7 +179,7 @@ func (h *TCPHop) peerAt(addr string) *tcpPeer {
 // another address retires its route handle.
 func (h *TCPHop) AddTarget(session, addr string) error {
 	if session == "" || addr == "" {
-		return fmt.Errorf("hosthop: TCP target needs a session and an address (session %q, addr %q)", session, addr)
+		return fmt.Errorf("fabric: TCP target needs a session and an address (session %q, addr %q)", session, addr)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -197,7 +198,7 @@ func (h *TCPHop) RemoveTarget(session string) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.book[session] == nil {
-		return fmt.Errorf("hosthop: remove TCP target: %w: %q has no address", ErrUnknownSession, session)
+		return fmt.Errorf("fabric: remove TCP target: %w: %q has no address", ErrUnknownSession, session)
 	}
 	delete(h.book, session)
 	h.retire(session)
@@ -224,7 +225,7 @@ func (h *TCPHop) Route(session string) (any, error) {
 	}
 	p := h.book[session]
 	if p == nil {
-		return nil, fmt.Errorf("hosthop: TCP route: %w: %q has no address", ErrUnknownSession, session)
+		return nil, fmt.Errorf("fabric: TCP route: %w: %q has no address", ErrUnknownSession, session)
 	}
 	r := h.routes[session]
 	if r == nil {
@@ -249,7 +250,7 @@ func (h *TCPHop) Submit(ops []relay.WriteOp) error {
 		p, err := h.peerOf(op)
 		if err == nil {
 			if err = sendable(op); err != nil {
-				p, err = nil, fmt.Errorf("hosthop: TCP write token %d to %q at %s: %w", op.Token, op.Target, p.addr, err)
+				p, err = nil, fmt.Errorf("fabric: TCP write token %d to %q at %s: %w", op.Token, op.Target, p.addr, err)
 			}
 		}
 		h.plan = append(h.plan, tcpPlan{peer: p, err: err})
@@ -296,21 +297,21 @@ func (h *TCPHop) peerOf(op relay.WriteOp) (*tcpPeer, error) {
 		h.stats.Lookups++
 		p := h.book[op.Target]
 		if p == nil {
-			return nil, fmt.Errorf("hosthop: TCP write token %d: %w: %q has no address", op.Token, ErrUnknownSession, op.Target)
+			return nil, fmt.Errorf("fabric: TCP write token %d: %w: %q has no address", op.Token, ErrUnknownSession, op.Target)
 		}
 		return p, nil
 	}
 	r, ok := op.Route.(*tcpRoute)
 	switch {
 	case !ok || r.hop != h:
-		return nil, fmt.Errorf("hosthop: TCP write token %d to %q: %w: handle %T was not issued by this hop", op.Token, op.Target, ErrStaleRoute, op.Route)
+		return nil, fmt.Errorf("fabric: TCP write token %d to %q: %w: handle %T was not issued by this hop", op.Token, op.Target, ErrStaleRoute, op.Route)
 	case r.session != op.Target:
-		return nil, fmt.Errorf("hosthop: TCP write token %d to %q: %w: handle is for session %q", op.Token, op.Target, ErrStaleRoute, r.session)
+		return nil, fmt.Errorf("fabric: TCP write token %d to %q: %w: handle is for session %q", op.Token, op.Target, ErrStaleRoute, r.session)
 	case r.retired:
 		if p := h.book[op.Target]; p != nil {
-			return nil, fmt.Errorf("hosthop: TCP write token %d to %q: %w: the session moved from %s to %s", op.Token, op.Target, ErrStaleRoute, r.peer.addr, p.addr)
+			return nil, fmt.Errorf("fabric: TCP write token %d to %q: %w: the session moved from %s to %s", op.Token, op.Target, ErrStaleRoute, r.peer.addr, p.addr)
 		}
-		return nil, fmt.Errorf("hosthop: TCP write token %d: %w: %w: %q was removed", op.Token, ErrStaleRoute, ErrUnknownSession, op.Target)
+		return nil, fmt.Errorf("fabric: TCP write token %d: %w: %w: %q was removed", op.Token, ErrStaleRoute, ErrUnknownSession, op.Target)
 	}
 	return r.peer, nil
 }
@@ -330,7 +331,7 @@ func (h *TCPHop) room() error {
 			pending = p.conn.pending
 		}
 		if n > h.depth {
-			err = fmt.Errorf("hosthop: batch holds %d ops for %s, more than the queue depth %d", n, p.addr, h.depth)
+			err = fmt.Errorf("fabric: batch holds %d ops for %s, more than the queue depth %d", n, p.addr, h.depth)
 		} else if pending+n > h.depth {
 			h.stats.Busy++
 			err = relay.ErrHopBusy
@@ -343,7 +344,7 @@ func sendable(op relay.WriteOp) error {
 	if op.Len > maxPayload {
 		return fmt.Errorf("length %d exceeds the frame limit of %d", op.Len, maxPayload)
 	}
-	if op.Len > 0 && (op.Src == 0 || !validRange(uint64(op.Src), op.Len)) {
+	if op.Len > 0 && (op.Src == 0 || !hostmem.ValidRange(uint64(op.Src), op.Len)) {
 		return fmt.Errorf("source %#x len %d is not addressable", op.Src, op.Len)
 	}
 	return nil
@@ -490,7 +491,7 @@ func (c *tcpConn) send(nc net.Conn, op relay.WriteOp) {
 	c.mu.Unlock()
 
 	frameHeader{kind: kindWrite, id: id, arg: op.Dst, length: op.Len}.encode(&c.hdr)
-	c.iov = [2][]byte{c.hdr[:], bytesAt(op.Src, op.Len)}
+	c.iov = [2][]byte{c.hdr[:], hostmem.Bytes(op.Src, op.Len)}
 	c.bufs = c.iov[:]
 	if err := nc.SetWriteDeadline(time.Now().Add(c.hop.writeTimeout)); err != nil {
 		c.fail(fmt.Errorf("set write deadline: %w", err))

@@ -1,4 +1,4 @@
-package gpu_test
+package gpunic_test
 
 import (
 	"bufio"
@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -16,9 +17,71 @@ import (
 	"github.com/pxn-project/pxn/internal/cuda"
 	"github.com/pxn-project/pxn/pkg/gpu"
 	"github.com/pxn-project/pxn/pkg/relay"
+	"github.com/pxn-project/pxn/pkg/sim/gpunic"
 )
 
 const nicTargetLen = 4 << 20
+
+// requireEnv makes a missing driver or GPU a failure instead of a skip.
+const requireEnv = "PXN_REQUIRE_GPU"
+
+const childEnv = "PXN_GPUNIC_TEST_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "nic-target" {
+		if err := nicTarget(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// openGPU opens device 0 with its context current on the test's locked
+// thread, or skips when this machine has no driver or no device.
+func openGPU(t testing.TB) *gpu.GPU {
+	t.Helper()
+	d, err := cuda.Load()
+	if err != nil {
+		if os.Getenv(requireEnv) != "1" && (errors.Is(err, cuda.ErrNoDriver) || errors.Is(err, cuda.ErrorNoDevice)) {
+			t.Skipf("skipping: %v", err)
+		}
+		t.Fatalf("Load: %v", err)
+	}
+	if n, err := d.DeviceCount(); err != nil || n == 0 {
+		if err == nil && os.Getenv(requireEnv) != "1" {
+			t.Skip("skipping: no CUDA device")
+		}
+		t.Fatalf("device count %d: %v", n, err)
+	}
+	g, err := gpu.Open(d, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime.LockOSThread()
+	if err := d.CtxSetCurrent(g.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		d.CtxSetCurrent(0)
+		runtime.UnlockOSThread()
+		if err := g.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return g
+}
+
+func alloc(t testing.TB, g *gpu.GPU, n uint64) cuda.DevicePtr {
+	t.Helper()
+	p, err := g.Driver().MemAlloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Driver().MemFree(p) })
+	return p
+}
 
 // nicTarget is the child of TestNIC: a zeroed device buffer whose handle it
 // prints, then the FNV-64a hash of its bytes once stdin closes.
@@ -61,7 +124,7 @@ func nicTarget() error {
 	})
 }
 
-func pollAll(t *testing.T, n *gpu.NIC, want int) []relay.HopCompletion {
+func pollAll(t *testing.T, n *gpunic.NIC, want int) []relay.HopCompletion {
 	t.Helper()
 	var out []relay.HopCompletion
 	buf := make([]relay.HopCompletion, 3)
@@ -104,7 +167,7 @@ func TestNIC(t *testing.T) {
 	var h cuda.IPCMemHandle
 	copy(h[:], raw)
 	const base = 0x7e0000000000
-	maps, err := gpu.OpenNICTargets(g, []gpu.NICTarget{{Session: "t0", Addr: base, Len: nicTargetLen, Handle: h}})
+	maps, err := gpunic.OpenTargets(g, []gpunic.Target{{Session: "t0", Addr: base, Len: nicTargetLen, Handle: h}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +182,7 @@ func TestNIC(t *testing.T) {
 	}
 	want := make([]byte, nicTargetLen)
 
-	nic, err := gpu.NewNIC(g, maps, gpu.NICOptions{QueueDepth: 8})
+	nic, err := gpunic.New(g, maps, gpunic.Options{QueueDepth: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +216,7 @@ func TestNIC(t *testing.T) {
 
 	// 3 MiB at 2 GB/s: the wire needs 1.57 ms, and the completion may not
 	// come earlier however fast the copy is.
-	slow, err := gpu.NewNIC(g, maps, gpu.NICOptions{RateGBps: 2})
+	slow, err := gpunic.New(g, maps, gpunic.Options{RateGBps: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,8 @@
-package gpu
+// Package gpunic is an emulated RDMA NIC on CUDA GPUs, for benchmarks and
+// tests on machines without HCAs: a relay.Hop whose writes are copy-engine
+// copies into other processes' device buffers. It is a simulation, not a
+// transport; nothing PXN ships imports it.
+package gpunic
 
 import (
 	"errors"
@@ -8,24 +12,25 @@ import (
 	"time"
 
 	"github.com/pxn-project/pxn/internal/cuda"
+	"github.com/pxn-project/pxn/pkg/gpu"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
-// NICTarget is one target session of an emulated NIC: the registered range
+// Target is one target session of an emulated NIC: the registered range
 // [Addr, Addr+Len) that WriteOp.Dst refers to, backed by a device buffer
 // of another process exported with cuIpcGetMemHandle.
-type NICTarget struct {
+type Target struct {
 	Session string
 	Addr    uint64
 	Len     uint64
 	Handle  cuda.IPCMemHandle
 }
 
-// NICTargets are targets' buffers mapped into this process (cuIpcOpenMemHandle,
+// Targets are targets' buffers mapped into this process (cuIpcOpenMemHandle,
 // lazy peer access). Several NICs of one process share them.
-type NICTargets struct {
-	g    *GPU
+type Targets struct {
+	g    *gpu.GPU
 	list []nicTarget
 	mu   sync.Mutex
 	open bool
@@ -38,23 +43,23 @@ type nicTarget struct {
 	base    cuda.DevicePtr
 }
 
-// OpenNICTargets maps every target's buffer on g. The targets' processes
+// OpenTargets maps every target's buffer on g. The targets' processes
 // must keep their buffers until Close.
-func OpenNICTargets(g *GPU, targets []NICTarget) (*NICTargets, error) {
-	t := &NICTargets{g: g, open: true}
+func OpenTargets(g *gpu.GPU, targets []Target) (*Targets, error) {
+	t := &Targets{g: g, open: true}
 	err := g.Do(func() error {
 		for _, tg := range targets {
 			if tg.Session == "" || tg.Len == 0 || tg.Addr+tg.Len < tg.Addr {
-				return fmt.Errorf("gpu: NIC target %q: range %#x+%d", tg.Session, tg.Addr, tg.Len)
+				return fmt.Errorf("gpunic: target %q: range %#x+%d", tg.Session, tg.Addr, tg.Len)
 			}
 			for _, o := range t.list {
 				if o.session == tg.Session {
-					return fmt.Errorf("gpu: NIC target %q listed twice", tg.Session)
+					return fmt.Errorf("gpunic: target %q listed twice", tg.Session)
 				}
 			}
-			base, err := g.d.IPCOpenMemHandle(tg.Handle, cuda.IPCLazyEnablePeerAccess)
+			base, err := g.Driver().IPCOpenMemHandle(tg.Handle, cuda.IPCLazyEnablePeerAccess)
 			if err != nil {
-				return fmt.Errorf("gpu: NIC target %q: %w", tg.Session, err)
+				return fmt.Errorf("gpunic: target %q: %w", tg.Session, err)
 			}
 			t.list = append(t.list, nicTarget{session: tg.Session, addr: tg.Addr, len: tg.Len, base: base})
 		}
@@ -69,20 +74,20 @@ func OpenNICTargets(g *GPU, targets []NICTarget) (*NICTargets, error) {
 
 // Translate returns the device address, in this process, of n bytes at dst
 // of session.
-func (t *NICTargets) Translate(session string, dst, n uint64) (cuda.DevicePtr, error) {
+func (t *Targets) Translate(session string, dst, n uint64) (cuda.DevicePtr, error) {
 	i := sort.Search(len(t.list), func(i int) bool { return t.list[i].session >= session })
 	if i == len(t.list) || t.list[i].session != session {
-		return 0, fmt.Errorf("gpu: NIC: unknown target session %q", session)
+		return 0, fmt.Errorf("gpunic: unknown target session %q", session)
 	}
 	tg := &t.list[i]
 	if dst < tg.addr || dst+n < dst || dst+n > tg.addr+tg.len {
-		return 0, fmt.Errorf("gpu: NIC: %#x+%d is outside %q's range %#x+%d", dst, n, session, tg.addr, tg.len)
+		return 0, fmt.Errorf("gpunic: %#x+%d is outside %q's range %#x+%d", dst, n, session, tg.addr, tg.len)
 	}
 	return tg.base + cuda.DevicePtr(dst-tg.addr), nil
 }
 
 // Close unmaps the targets. Work enqueued into them must have completed.
-func (t *NICTargets) Close() error {
+func (t *Targets) Close() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if !t.open {
@@ -92,25 +97,25 @@ func (t *NICTargets) Close() error {
 	return t.g.Do(func() error {
 		var errs []error
 		for _, tg := range t.list {
-			errs = append(errs, t.g.d.IPCCloseMemHandle(tg.base))
+			errs = append(errs, t.g.Driver().IPCCloseMemHandle(tg.base))
 		}
 		return errors.Join(errs...)
 	})
 }
 
-// NICOptions configures an emulated NIC.
-type NICOptions struct {
+// Options configures an emulated NIC.
+type Options struct {
 	// RateGBps caps the wire at this many GB/s (10^9 bytes a second);
 	// zero leaves the copy engine's own rate.
 	RateGBps float64
 	// QueueDepth bounds the ops accepted and not yet polled; beyond it
-	// Submit returns relay.ErrHopBusy. Zero means DefaultNICDepth.
+	// Submit returns relay.ErrHopBusy. Zero means DefaultDepth.
 	QueueDepth int
 }
 
-// DefaultNICDepth is an emulated NIC's default send-queue depth: four
+// DefaultDepth is an emulated NIC's default send-queue depth: four
 // Pieces of MaxPlans entries, what the default in-flight cap can submit.
-const DefaultNICDepth = 4 * staging.MaxPlans
+const DefaultDepth = 4 * staging.MaxPlans
 
 // nicBatches is how many copy submissions (each up to MaxPlans ops, one
 // completion event) a NIC has in flight.
@@ -118,15 +123,15 @@ const nicBatches = 256
 
 // NIC is an emulated RDMA NIC for machines without HCAs: a relay.Hop whose
 // writes are copy-engine copies on one stream of this process's GPU into
-// targets' device buffers (NICTargets), and whose completions are reported,
+// targets' device buffers (Targets), and whose completions are reported,
 // in submission order, once the copy's event has completed and not before a
 // wire of RateGBps would have carried the bytes (a token bucket: an op
 // starts when the wire is free and occupies it for Len/RateGBps). Reads
 // fail. It emulates a NIC's timing for benchmarks and tests; it is not a
 // transport.
 type NIC struct {
-	g       *GPU
-	targets *NICTargets
+	g       *gpu.GPU
+	targets *Targets
 	rate    float64
 	depth   int
 	epoch   time.Time
@@ -168,26 +173,26 @@ var _ relay.Hop = (*NIC)(nil)
 
 // NewNIC creates a NIC over targets on g: a non-blocking stream, its
 // completion events and a copy op, in g's primary context.
-func NewNIC(g *GPU, targets *NICTargets, opts NICOptions) (*NIC, error) {
+func New(g *gpu.GPU, targets *Targets, opts Options) (*NIC, error) {
 	if opts.RateGBps < 0 {
-		return nil, fmt.Errorf("gpu: NIC rate %g GB/s", opts.RateGBps)
+		return nil, fmt.Errorf("gpunic: rate %g GB/s", opts.RateGBps)
 	}
 	depth := opts.QueueDepth
 	if depth <= 0 {
-		depth = DefaultNICDepth
+		depth = DefaultDepth
 	}
 	n := &NIC{g: g, targets: targets, rate: opts.RateGBps, depth: depth, epoch: time.Now(),
-		ops: make([]nicOp, depth), entries: make([]cuda.CopyEntry, 0, staging.MaxPlans), mode: g.d.BestCopyMode()}
+		ops: make([]nicOp, depth), entries: make([]cuda.CopyEntry, 0, staging.MaxPlans), mode: g.Driver().BestCopyMode()}
 	err := g.Do(func() error {
 		var err error
-		if n.stream, err = g.d.StreamCreate(cuda.StreamNonBlocking); err != nil {
+		if n.stream, err = g.Driver().StreamCreate(cuda.StreamNonBlocking); err != nil {
 			return err
 		}
-		if n.op, err = g.d.NewCopyOp(staging.MaxPlans); err != nil {
+		if n.op, err = g.Driver().NewCopyOp(staging.MaxPlans); err != nil {
 			return err
 		}
 		for i := range n.batches {
-			if n.batches[i].ev, err = g.d.EventCreate(cuda.EventDisableTiming); err != nil {
+			if n.batches[i].ev, err = g.Driver().EventCreate(cuda.EventDisableTiming); err != nil {
 				return err
 			}
 		}
@@ -200,7 +205,7 @@ func NewNIC(g *GPU, targets *NICTargets, opts NICOptions) (*NIC, error) {
 }
 
 // errNICRead fails read ops: the emulated NIC only writes.
-var errNICRead = errors.New("gpu: the emulated NIC cannot read")
+var errNICRead = errors.New("gpunic: the emulated NIC cannot read")
 
 // Submit accepts every op or, when the queue has no room for all of them,
 // none and returns relay.ErrHopBusy. An op that cannot be performed
@@ -210,10 +215,10 @@ func (n *NIC) Submit(ops []relay.WriteOp) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
-		return errors.New("gpu: NIC closed")
+		return errors.New("gpunic: closed")
 	}
 	if len(ops) > n.depth {
-		return fmt.Errorf("gpu: NIC: batch of %d ops, more than the queue depth %d", len(ops), n.depth)
+		return fmt.Errorf("gpunic: batch of %d ops, more than the queue depth %d", len(ops), n.depth)
 	}
 	if n.opN+len(ops) > n.depth || n.bN+(len(ops)+staging.MaxPlans-1)/staging.MaxPlans > nicBatches {
 		return relay.ErrHopBusy
@@ -230,7 +235,7 @@ func (n *NIC) Submit(ops []relay.WriteOp) error {
 		default:
 			var err error
 			if dst, o.err = n.targets.Translate(op.Target, op.Dst, op.Len); o.err == nil && op.Len > 0 && op.Src == 0 {
-				err = fmt.Errorf("gpu: NIC: token %d has no source", op.Token)
+				err = fmt.Errorf("gpunic: token %d has no source", op.Token)
 			}
 			if err != nil {
 				o.err = err
@@ -283,13 +288,13 @@ func (n *NIC) flush() {
 	}
 	b := &n.batches[n.curBatch]
 	p := &n.piece
-	p.Ctx = n.g.ctx
+	p.Ctx = n.g.Context()
 	p.Stream = n.stream
 	p.Mode = n.mode
 	p.Entries = n.entries
 	p.Done = b.ev
 	if err := n.op.Enqueue(p); err != nil {
-		b.done, b.err = true, fmt.Errorf("gpu: NIC: %w", err)
+		b.done, b.err = true, fmt.Errorf("gpunic: %w", err)
 	}
 	p.Entries = nil
 	n.entries = n.entries[:0]
@@ -308,9 +313,9 @@ func (n *NIC) Poll(out []relay.HopCompletion) int {
 		if o.batch >= 0 {
 			b := &n.batches[o.batch]
 			if !b.done {
-				done, qerr := n.g.d.QueryEvent(n.g.ctx, b.ev)
+				done, qerr := n.g.Driver().QueryEvent(n.g.Context(), b.ev)
 				if qerr != nil {
-					b.done, b.err = true, fmt.Errorf("gpu: NIC completion: %w", qerr)
+					b.done, b.err = true, fmt.Errorf("gpunic: completion: %w", qerr)
 				} else if !done {
 					break
 				}
@@ -357,12 +362,12 @@ func (n *NIC) destroy() error {
 	return n.g.Do(func() error {
 		var errs []error
 		if n.stream != 0 {
-			errs = append(errs, n.g.d.StreamSynchronize(n.stream), n.g.d.StreamDestroy(n.stream))
+			errs = append(errs, n.g.Driver().StreamSynchronize(n.stream), n.g.Driver().StreamDestroy(n.stream))
 			n.stream = 0
 		}
 		for i := range n.batches {
 			if ev := n.batches[i].ev; ev != 0 {
-				errs = append(errs, n.g.d.EventDestroy(ev))
+				errs = append(errs, n.g.Driver().EventDestroy(ev))
 				n.batches[i].ev = 0
 			}
 		}

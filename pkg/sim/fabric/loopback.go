@@ -1,4 +1,4 @@
-package hosthop
+package fabric
 
 import (
 	"errors"
@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/pxn-project/pxn/internal/hostmem"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 
@@ -78,7 +79,7 @@ type loopSession struct {
 	// its Key is i+1.
 	hcas   []string
 	ranges []relay.Range
-	spans  spans
+	spans  hostmem.Spans
 	bufs   [][]byte
 }
 
@@ -110,11 +111,11 @@ func NewLoopback(opts LoopbackOptions) *Loopback {
 // using it or removes the session.
 func (l *Loopback) AddTarget(session, hca string, buf []byte, base uint64) error {
 	if session == "" || hca == "" {
-		return fmt.Errorf("hosthop: target needs a session and an HCA (session %q, hca %q)", session, hca)
+		return fmt.Errorf("fabric: target needs a session and an HCA (session %q, hca %q)", session, hca)
 	}
 	size := uint64(len(buf))
-	if !validRange(base, size) {
-		return fmt.Errorf("hosthop: target %q: invalid range %#x+%d", session, base, size)
+	if !hostmem.ValidRange(base, size) {
+		return fmt.Errorf("fabric: target %q: invalid range %#x+%d", session, base, size)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -123,11 +124,11 @@ func (l *Loopback) AddTarget(session, hca string, buf []byte, base uint64) error
 		s = &loopSession{owner: l, name: session}
 		l.sessions[session] = s
 	}
-	if s.spans.overlaps(base, size) {
-		return fmt.Errorf("hosthop: target %q: range %#x+%d overlaps a registered range", session, base, size)
+	if s.spans.Overlaps(base, size) {
+		return fmt.Errorf("fabric: target %q: range %#x+%d overlaps a registered range", session, base, size)
 	}
 	s.bufs = append(slices.Clip(s.bufs), buf)
-	s.spans = s.spans.insert(span{start: base, size: size, ref: len(s.bufs) - 1})
+	s.spans = s.spans.Insert(hostmem.Span{Start: base, Size: size, Ref: len(s.bufs) - 1})
 	s.ranges = append(slices.Clip(s.ranges), relay.Range{Addr: base, Len: size, Key: uint64(len(s.bufs))})
 	if !slices.Contains(s.hcas, hca) {
 		s.hcas = append(slices.Clip(s.hcas), hca)
@@ -145,7 +146,7 @@ func (l *Loopback) RemoveTarget(session string) error {
 	defer l.mu.Unlock()
 	s := l.sessions[session]
 	if s == nil {
-		return fmt.Errorf("hosthop: remove target: %w: %q", ErrUnknownSession, session)
+		return fmt.Errorf("fabric: remove target: %w: %q", ErrUnknownSession, session)
 	}
 	s.removed = true
 	delete(l.sessions, session)
@@ -163,7 +164,7 @@ func (l *Loopback) Resolve(session string, dst uint64) (relay.Target, error) {
 	if s == nil {
 		return relay.Target{}, fmt.Errorf("%w: %q", ErrUnknownSession, session)
 	}
-	if s.spans.find(dst, 1) < 0 {
+	if s.spans.Find(dst, 1) < 0 {
 		return relay.Target{}, fmt.Errorf("%w: session %q dst %#x", ErrOutOfRange, session, dst)
 	}
 	return relay.Target{HCAs: s.hcas, Ranges: s.ranges}, nil
@@ -177,7 +178,7 @@ func (l *Loopback) Route(session string) (any, error) {
 	l.stats.Routes++
 	s := l.sessions[session]
 	if s == nil {
-		return nil, fmt.Errorf("hosthop: route: %w: %q", ErrUnknownSession, session)
+		return nil, fmt.Errorf("fabric: route: %w: %q", ErrUnknownSession, session)
 	}
 	return s, nil
 }
@@ -225,7 +226,7 @@ func (l *Loopback) Submit(ops []relay.WriteOp) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(ops) > l.depth {
-		return fmt.Errorf("hosthop: batch of %d ops exceeds the loopback queue depth %d", len(ops), l.depth)
+		return fmt.Errorf("fabric: batch of %d ops exceeds the loopback queue depth %d", len(ops), l.depth)
 	}
 	if l.busy || len(l.held)+len(l.done)+len(ops) > l.depth {
 		l.stats.Busy++
@@ -264,7 +265,7 @@ func (l *Loopback) perform(op relay.WriteOp) error {
 			continue
 		}
 		if r.whole || rangesMeet(r.r, op.Dst, op.Len) {
-			return fmt.Errorf("hosthop: loopback write token %d to %q dst %#x len %d: %w", op.Token, op.Target, op.Dst, op.Len, r.err)
+			return fmt.Errorf("fabric: loopback write token %d to %q dst %#x len %d: %w", op.Token, op.Target, op.Dst, op.Len, r.err)
 		}
 	}
 	var s *loopSession
@@ -277,7 +278,7 @@ func (l *Loopback) perform(op relay.WriteOp) error {
 	} else {
 		l.stats.Lookups++
 		if s = l.sessions[op.Target]; s == nil {
-			return fmt.Errorf("hosthop: loopback write token %d: %w: %q", op.Token, ErrUnknownSession, op.Target)
+			return fmt.Errorf("fabric: loopback write token %d: %w: %q", op.Token, ErrUnknownSession, op.Target)
 		}
 	}
 	buf, base, err := s.dest(op)
@@ -287,11 +288,11 @@ func (l *Loopback) perform(op relay.WriteOp) error {
 	if op.Len == 0 {
 		return nil
 	}
-	if op.Src == 0 || !validRange(uint64(op.Src), op.Len) {
-		return fmt.Errorf("hosthop: loopback write token %d to %q: source %#x len %d is not addressable", op.Token, op.Target, op.Src, op.Len)
+	if op.Src == 0 || !hostmem.ValidRange(uint64(op.Src), op.Len) {
+		return fmt.Errorf("fabric: loopback write token %d to %q: source %#x len %d is not addressable", op.Token, op.Target, op.Src, op.Len)
 	}
 	off := op.Dst - base
-	copy(buf[off:off+op.Len], bytesAt(op.Src, op.Len))
+	copy(buf[off:off+op.Len], hostmem.Bytes(op.Src, op.Len))
 	return nil
 }
 
@@ -301,11 +302,11 @@ func (l *Loopback) routed(op relay.WriteOp) (*loopSession, error) {
 	s, ok := op.Route.(*loopSession)
 	switch {
 	case !ok || s.owner != l:
-		return nil, fmt.Errorf("hosthop: loopback write token %d to %q: %w: handle %T was not issued by this loopback", op.Token, op.Target, ErrStaleRoute, op.Route)
+		return nil, fmt.Errorf("fabric: loopback write token %d to %q: %w: handle %T was not issued by this loopback", op.Token, op.Target, ErrStaleRoute, op.Route)
 	case s.name != op.Target:
-		return nil, fmt.Errorf("hosthop: loopback write token %d to %q: %w: handle is for session %q", op.Token, op.Target, ErrStaleRoute, s.name)
+		return nil, fmt.Errorf("fabric: loopback write token %d to %q: %w: handle is for session %q", op.Token, op.Target, ErrStaleRoute, s.name)
 	case s.removed:
-		return nil, fmt.Errorf("hosthop: loopback write token %d: %w: %w: %q was removed", op.Token, ErrStaleRoute, ErrUnknownSession, op.Target)
+		return nil, fmt.Errorf("fabric: loopback write token %d: %w: %w: %q was removed", op.Token, ErrStaleRoute, ErrUnknownSession, op.Target)
 	}
 	return s, nil
 }
@@ -316,19 +317,19 @@ func (l *Loopback) routed(op relay.WriteOp) (*loopSession, error) {
 // Without a Key the ranges are searched. l.mu is held.
 func (s *loopSession) dest(op relay.WriteOp) ([]byte, uint64, error) {
 	if op.Key == 0 {
-		i := s.spans.find(op.Dst, op.Len)
+		i := s.spans.Find(op.Dst, op.Len)
 		if i < 0 {
-			return nil, 0, fmt.Errorf("hosthop: loopback write token %d to %q: %w: dst %#x len %d", op.Token, op.Target, ErrOutOfRange, op.Dst, op.Len)
+			return nil, 0, fmt.Errorf("fabric: loopback write token %d to %q: %w: dst %#x len %d", op.Token, op.Target, ErrOutOfRange, op.Dst, op.Len)
 		}
 		sp := s.spans[i]
-		return s.bufs[sp.ref], sp.start, nil
+		return s.bufs[sp.Ref], sp.Start, nil
 	}
 	if op.Key > uint64(len(s.ranges)) {
-		return nil, 0, fmt.Errorf("hosthop: loopback write token %d to %q: %w: key %d names no range (the session has %d): dst %#x len %d", op.Token, op.Target, ErrOutOfRange, op.Key, len(s.ranges), op.Dst, op.Len)
+		return nil, 0, fmt.Errorf("fabric: loopback write token %d to %q: %w: key %d names no range (the session has %d): dst %#x len %d", op.Token, op.Target, ErrOutOfRange, op.Key, len(s.ranges), op.Dst, op.Len)
 	}
 	r := s.ranges[op.Key-1]
-	if !within(r.Addr, r.Len, op.Dst, op.Len) {
-		return nil, 0, fmt.Errorf("hosthop: loopback write token %d to %q: %w: key %d names range %#x+%d, which does not hold dst %#x len %d", op.Token, op.Target, ErrOutOfRange, op.Key, r.Addr, r.Len, op.Dst, op.Len)
+	if !hostmem.Within(r.Addr, r.Len, op.Dst, op.Len) {
+		return nil, 0, fmt.Errorf("fabric: loopback write token %d to %q: %w: key %d names range %#x+%d, which does not hold dst %#x len %d", op.Token, op.Target, ErrOutOfRange, op.Key, r.Addr, r.Len, op.Dst, op.Len)
 	}
 	return s.bufs[op.Key-1], r.Addr, nil
 }
@@ -362,7 +363,7 @@ func (l *Loopback) Complete(token uint64) error {
 // performing it.
 func (l *Loopback) Fail(token uint64, err error) error {
 	if err == nil {
-		return errors.New("hosthop: Fail needs a non-nil error")
+		return errors.New("fabric: Fail needs a non-nil error")
 	}
 	return l.release(token, err)
 }
@@ -377,7 +378,7 @@ func (l *Loopback) release(token uint64, err error) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("hosthop: no held op with token %d", token)
+	return fmt.Errorf("fabric: no held op with token %d", token)
 }
 
 // CompleteAll performs every held op in submission order and returns how

@@ -1,4 +1,4 @@
-package hosthop
+package fabric
 
 import (
 	"encoding/binary"

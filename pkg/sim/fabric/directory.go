@@ -1,4 +1,4 @@
-package hosthop
+package fabric
 
 import (
 	"encoding/json"
@@ -7,6 +7,7 @@ import (
 	"io"
 	"slices"
 
+	"github.com/pxn-project/pxn/internal/hostmem"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -41,7 +42,7 @@ type StaticDirectory struct {
 
 type staticSession struct {
 	target relay.Target
-	spans  spans
+	spans  hostmem.Spans
 }
 
 type staticDirectoryJSON struct {
@@ -61,31 +62,31 @@ func NewStaticDirectory(targets []StaticTarget) (*StaticDirectory, error) {
 	}
 	for i, t := range targets {
 		if t.Session == "" || len(t.Session) > staging.MaxSession {
-			return nil, fmt.Errorf("hosthop: directory target %d: session name of %d bytes, want 1..%d", i, len(t.Session), staging.MaxSession)
+			return nil, fmt.Errorf("fabric: directory target %d: session name of %d bytes, want 1..%d", i, len(t.Session), staging.MaxSession)
 		}
 		if _, dup := d.sessions[t.Session]; dup {
-			return nil, fmt.Errorf("hosthop: directory target %d: session %q listed twice", i, t.Session)
+			return nil, fmt.Errorf("fabric: directory target %d: session %q listed twice", i, t.Session)
 		}
 		if len(t.HCAs) == 0 {
-			return nil, fmt.Errorf("hosthop: directory target %q has no HCA", t.Session)
+			return nil, fmt.Errorf("fabric: directory target %q has no HCA", t.Session)
 		}
 		for _, hca := range t.HCAs {
 			if hca == "" {
-				return nil, fmt.Errorf("hosthop: directory target %q has an empty HCA name", t.Session)
+				return nil, fmt.Errorf("fabric: directory target %q has an empty HCA name", t.Session)
 			}
 		}
 		if len(t.Ranges) == 0 {
-			return nil, fmt.Errorf("hosthop: directory target %q has no range", t.Session)
+			return nil, fmt.Errorf("fabric: directory target %q has no range", t.Session)
 		}
 		s := staticSession{target: relay.Target{HCAs: slices.Clone(t.HCAs), Ranges: make([]relay.Range, 0, len(t.Ranges))}}
 		for _, r := range t.Ranges {
-			if !validRange(r.Addr, r.Len) {
-				return nil, fmt.Errorf("hosthop: directory target %q: invalid range %#x+%d", t.Session, r.Addr, r.Len)
+			if !hostmem.ValidRange(r.Addr, r.Len) {
+				return nil, fmt.Errorf("fabric: directory target %q: invalid range %#x+%d", t.Session, r.Addr, r.Len)
 			}
-			if s.spans.overlaps(r.Addr, r.Len) {
-				return nil, fmt.Errorf("hosthop: directory target %q: range %#x+%d overlaps another", t.Session, r.Addr, r.Len)
+			if s.spans.Overlaps(r.Addr, r.Len) {
+				return nil, fmt.Errorf("fabric: directory target %q: range %#x+%d overlaps another", t.Session, r.Addr, r.Len)
 			}
-			s.spans = s.spans.insert(span{start: r.Addr, size: r.Len})
+			s.spans = s.spans.Insert(hostmem.Span{Start: r.Addr, Size: r.Len})
 			s.target.Ranges = append(s.target.Ranges, relay.Range{Addr: r.Addr, Len: r.Len})
 		}
 		d.sessions[t.Session] = s
@@ -106,13 +107,13 @@ func LoadStaticDirectory(r io.Reader) (*StaticDirectory, error) {
 	dec.DisallowUnknownFields()
 	var doc staticDirectoryJSON
 	if err := dec.Decode(&doc); err != nil {
-		return nil, fmt.Errorf("hosthop: decode static directory: %w", err)
+		return nil, fmt.Errorf("fabric: decode static directory: %w", err)
 	}
 	if dec.InputOffset() > maxDirectoryJSON {
-		return nil, fmt.Errorf("hosthop: static directory exceeds %d bytes", maxDirectoryJSON)
+		return nil, fmt.Errorf("fabric: static directory exceeds %d bytes", maxDirectoryJSON)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, errors.New("hosthop: static directory has data after its JSON object")
+		return nil, errors.New("fabric: static directory has data after its JSON object")
 	}
 	return NewStaticDirectory(doc.Targets)
 }
@@ -150,7 +151,7 @@ func (d *StaticDirectory) Resolve(session string, dst uint64) (relay.Target, err
 	if !ok {
 		return relay.Target{}, fmt.Errorf("%w: %q", ErrUnknownSession, session)
 	}
-	if s.spans.find(dst, 1) < 0 {
+	if s.spans.Find(dst, 1) < 0 {
 		return relay.Target{}, fmt.Errorf("%w: session %q dst %#x", ErrOutOfRange, session, dst)
 	}
 	return s.target, nil

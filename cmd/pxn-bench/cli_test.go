@@ -1,0 +1,52 @@
+package main
+
+import (
+	"errors"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestCLI runs the binary's help, version and usage errors as a user would.
+func TestCLI(t *testing.T) {
+	tests := []struct {
+		args []string
+		code int
+		want []string
+	}{
+		{[]string{"-h"}, 0, []string{"Usage:", "pxn-bench [command]", "run ", "soak "}},
+		{[]string{"--help"}, 0, []string{"Available Commands:"}},
+		{[]string{"help"}, 0, []string{"Available Commands:"}},
+		{nil, 0, []string{"Available Commands:"}},
+		{[]string{"help", "run"}, 0, []string{"--device", "--pattern", "--registry-root", "--suite"}},
+		{[]string{"run", "-h"}, 0, []string{"--alloc-pass", "--credit-timeout"}},
+		{[]string{"--version"}, 0, []string{"pxn-bench ", "revision"}},
+		{[]string{"frobnicate"}, 2, []string{`unknown command "frobnicate"`}},
+		{[]string{"run", "--frobnicate"}, 2, []string{"unknown flag: --frobnicate"}},
+		{[]string{"run", "extra"}, 2, []string{`takes no arguments`}},
+		{[]string{"run", "--bytes", "lots"}, 2, []string{`--bytes: size "lots"`}},
+		{[]string{"run", "--device", "tpu", "--ranks", "2", "--bytes", "1KiB"}, 1, []string{`--device "tpu": want host or cuda`}},
+		{[]string{"run", "--suite", "p1"}, 1, []string{"--device cuda"}},
+		{[]string{"run", "--raw"}, 2, []string{"--raw", "--device cuda"}},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			out, err := exec.Command(benchBin, tt.args...).CombinedOutput()
+			code := 0
+			var exit *exec.ExitError
+			if errors.As(err, &exit) {
+				code = exit.ExitCode()
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if code != tt.code {
+				t.Errorf("exit status %d, want %d\n%s", code, tt.code, out)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(string(out), w) {
+					t.Errorf("output lacks %q:\n%s", w, out)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+)
+
+// row is one line of the table and of the JSON output.
+type row struct {
+	Scenario      string  `json:"scenario"`
+	Bytes         uint64  `json:"bytes"`
+	Pieces        uint64  `json:"pieces"`
+	GBps          float64 `json:"gbps"`
+	USPerPiece    float64 `json:"us_per_piece"`
+	Baseline      string  `json:"baseline,omitempty"`
+	BaselineGBps  float64 `json:"baseline_gbps,omitempty"`
+	Ratio         float64 `json:"ratio,omitempty"`
+	RelayedBytes  uint64  `json:"relayed_bytes"`
+	FallbackBytes uint64  `json:"fallback_bytes"`
+	DirectBytes   uint64  `json:"direct_bytes"`
+	Failed        int     `json:"failed_tasks"`
+	Verified      bool    `json:"verified"`
+	Value         float64 `json:"value,omitempty"`
+	Unit          string  `json:"unit,omitempty"`
+	Note          string  `json:"note,omitempty"`
+}
+
+func printRows(w io.Writer, rows []row) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SCENARIO\tBYTES\tPIECES\tGB/S\tµS/PIECE\tBASELINE GB/S\tRATIO\tRELAYED\tFALLBACK\tDIRECT\tFAILED\tVERIFIED")
+	for _, r := range rows {
+		if r.Unit != "" {
+			fmt.Fprintf(tw, "%s\t\t%s\t%.3g %s\t\t\t\t\t\t\t\t%v\n", r.Scenario, count(r.Pieces), r.Value, r.Unit, r.Verified)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%v\n", r.Scenario, sizeString(r.Bytes), count(r.Pieces), r.GBps,
+			opt(r.USPerPiece, "%.1f"), opt(r.BaselineGBps, "%.2f"), opt(r.Ratio, "%.3f"),
+			sizeString(r.RelayedBytes), sizeString(r.FallbackBytes), sizeString(r.DirectBytes), r.Failed, r.Verified)
+	}
+	tw.Flush()
+	for _, r := range rows {
+		if r.Note != "" {
+			fmt.Fprintf(w, "note (%s): %s\n", r.Scenario, r.Note)
+		}
+	}
+}
+
+func opt(v float64, f string) string {
+	if v == 0 {
+		return "-"
+	}
+	return fmt.Sprintf(f, v)
+}
+
+func count(n uint64) string {
+	if n == 0 {
+		return "-"
+	}
+	return strconv.FormatUint(n, 10)
+}
+
+func gbpsOf(bytes uint64, secs float64) float64 {
+	if secs <= 0 {
+		return 0
+	}
+	return float64(bytes) / secs / 1e9
+}
+
+func maxAbs(a, b int64) int64 {
+	if b < 0 {
+		b = -b
+	}
+	return max(a, b)
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o600)
+}
+
+var sizeUnits = []struct {
+	suffix string
+	mult   uint64
+}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}}
+
+// parseSize reads 4096, 10KiB, 8MiB, 1GiB (binary units).
+func parseSize(s string) (uint64, error) {
+	s = strings.TrimSpace(s)
+	mult := uint64(1)
+	for _, u := range sizeUnits {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSuffix(s, u.suffix), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("size %q: want a number with an optional KiB/MiB/GiB suffix", s)
+	}
+	if n > (1<<63)/mult {
+		return 0, fmt.Errorf("size %q overflows", s)
+	}
+	return n * mult, nil
+}
+
+func sizeString(n uint64) string {
+	switch {
+	case n == 0:
+		return "0"
+	case n%(1<<30) == 0:
+		return fmt.Sprintf("%dGiB", n>>30)
+	case n%(1<<20) == 0:
+		return fmt.Sprintf("%dMiB", n>>20)
+	case n%(1<<10) == 0:
+		return fmt.Sprintf("%dKiB", n>>10)
+	}
+	return strconv.FormatUint(n, 10)
+}

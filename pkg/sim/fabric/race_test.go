@@ -1,0 +1,7 @@
+//go:build race
+
+package fabric
+
+// raceEnabled reports that the race detector is on: it allocates on its own
+// account, so allocation counts mean nothing.
+const raceEnabled = true
