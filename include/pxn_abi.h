@@ -36,6 +36,7 @@
 #define PXN_COMPLETION_SECOND_HOP (-2)
 #define PXN_COMPLETION_UNRESOLVED (-3)
 #define PXN_COMPLETION_RELAY_CLOSING (-4)
+#define PXN_COMPLETION_TIMEOUT (-5)
 
 #define PXN_SLOT_OF(seq) ((uint64_t)(((uint64_t)(seq) - 1u) % PXN_SLOTS_PER_LANE))
 

@@ -101,6 +101,11 @@ type cHop struct {
 	// interpret, and the Go collector must never take it for a pointer.
 	user C.uintptr_t
 	bufs *cBuffers
+	// opSize is the stride of the op array: legacyOpSize for a host of
+	// options version 1, which knows only the fields up to flags.
+	opSize int
+	arena  *cArena
+	routes *routeBook
 
 	pollMu   sync.Mutex
 	pollBuf  *C.pxn_transport_completion
@@ -108,9 +113,26 @@ type cHop struct {
 	released bool
 }
 
-var _ relay.Hop = (*cHop)(nil)
+var (
+	_ relay.Hop    = (*cHop)(nil)
+	_ relay.Router = (*cHop)(nil)
+)
 
-const opSize = int(unsafe.Sizeof(C.pxn_transport_op{}))
+const (
+	opSize = int(unsafe.Sizeof(C.pxn_transport_op{}))
+	// legacyOpSize is pxn_transport_op of API version 2: it ends before
+	// route.
+	legacyOpSize = int(unsafe.Offsetof(C.pxn_transport_op{}.route))
+)
+
+// Route implements relay.Router with the handle the host's directory gave
+// for session (nil: none, and the ops go without one).
+func (h *cHop) Route(session string) (any, error) {
+	if r, ok := h.routes.get(session); ok {
+		return cRoute(r), nil
+	}
+	return nil, nil
+}
 
 // Submit hands ops to the host in one call. The op array and the target
 // strings live in a lent C buffer that is reused once the call returns.
@@ -123,7 +145,8 @@ func (h *cHop) Submit(ops []relay.WriteOp) (err error) {
 	if len(ops) == 0 {
 		return nil
 	}
-	size := len(ops) * opSize
+	stride := h.opSize
+	size := len(ops) * stride
 	for i := range ops {
 		if i == 0 || ops[i].Target != ops[i-1].Target {
 			size += len(ops[i].Target) + 1
@@ -134,8 +157,7 @@ func (h *cHop) Submit(ops []relay.WriteOp) (err error) {
 		return err
 	}
 	defer h.bufs.put(buf)
-	cops := unsafe.Slice((*C.pxn_transport_op)(buf.p), len(ops))
-	strs := unsafe.Slice((*byte)(unsafe.Add(buf.p, len(ops)*opSize)), size-len(ops)*opSize)
+	strs := unsafe.Slice((*byte)(unsafe.Add(buf.p, len(ops)*stride)), size-len(ops)*stride)
 	off := 0
 	var target *C.char
 	for i := range ops {
@@ -146,7 +168,9 @@ func (h *cHop) Submit(ops []relay.WriteOp) (err error) {
 			target = (*C.char)(unsafe.Pointer(&strs[off]))
 			off += n + 1
 		}
-		c := &cops[i]
+		// A legacy op is the prefix of the struct up to flags; nothing past
+		// it is written.
+		c := (*C.pxn_transport_op)(unsafe.Add(buf.p, i*stride))
 		*(*uintptr)(unsafe.Pointer(&c.src)) = op.Src
 		c.len = C.uint64_t(op.Len)
 		c.target = target
@@ -157,8 +181,26 @@ func (h *cHop) Submit(ops []relay.WriteOp) (err error) {
 			c.read = 1
 		}
 		c.flags = 0
+		if stride == legacyOpSize {
+			continue
+		}
+		c.route, c.remote_key, c.local_key = 0, 0, 0
+		var flags C.uint32_t
+		if key, hasKey, in := h.arena.holds(op.Src, op.Len); in && !op.Read {
+			flags |= C.PXN_OP_RELAYED
+			if hasKey {
+				flags |= C.PXN_OP_LOCAL_KEY
+				c.local_key = C.uint64_t(key)
+			}
+		}
+		if r, ok := op.Route.(cRoute); ok {
+			flags |= C.PXN_OP_ROUTED
+			c.route = C.uint64_t(r)
+			c.remote_key = C.uint64_t(op.Key)
+		}
+		c.flags = flags
 	}
-	switch rc := int32(C.pxnlib_call_submit(h.submitFn, h.user, &cops[0], C.size_t(len(ops)))); rc {
+	switch rc := int32(C.pxnlib_call_submit(h.submitFn, h.user, (*C.pxn_transport_op)(buf.p), C.size_t(len(ops)))); rc {
 	case codeOK:
 		return nil
 	case codeBusy:
@@ -229,9 +271,10 @@ func cChars(a []C.char) string {
 
 // callbackDirectory is a relay.Directory over the host's resolve callback.
 type callbackDirectory struct {
-	fn   C.pxn_resolve_fn
-	user C.uintptr_t
-	bufs *cBuffers
+	fn     C.pxn_resolve_fn
+	user   C.uintptr_t
+	bufs   *cBuffers
+	routes *routeBook
 
 	// known holds one Target per (HCA, range) the host has answered with,
 	// so that resolving the same targets again does not allocate.
@@ -284,6 +327,10 @@ func (d *callbackDirectory) Resolve(session string, dst uint64) (t relay.Target,
 		return relay.Target{}, fmt.Errorf("resolve of target %q at %#x: empty HCA name", session, dst)
 	}
 	rng := relay.Range{Addr: uint64(info.range_base), Len: uint64(info.range_len)}
+	if info.route != 0 {
+		rng.Key = uint64(info.remote_key)
+	}
+	d.routes.set(session, uint64(info.route))
 	if n := int(info.hca_count); n > 1 {
 		hcas := make([]string, min(n, maxReportedHCAs))
 		hcas[0] = string(hca)

@@ -1,8 +1,16 @@
 package main
 
 import (
+	"errors"
+	"fmt"
+
+	"k8s.io/klog/v2"
+
+	"github.com/pxn-project/pxn/internal/cuda"
+	"github.com/pxn-project/pxn/pkg/gpu"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // Copier kinds as pxn_options.copier names them.
@@ -18,14 +26,147 @@ type deviceMemory interface {
 	RegisterDevice(addr uintptr, n uint64) error
 }
 
-// newCopier builds the first-hop copier of kind.
-func newCopier(kind uint32) (relay.Copier, deviceMemory, error) {
-	switch kind {
-	case copierDefault, copierHost:
-		c := hosthop.NewHostCopier(hosthop.HostCopierOptions{})
-		return c, c, nil
-	case copierCUDA:
-		return nil, nil, fail(codeNotSup, "copier PXN_COPIER_CUDA is not available in this build of libpxn; use PXN_COPIER_HOST")
+// deviceChoice is the GPU a CUDA first hop goes on: ordinal when set,
+// else the device of the calling thread's current context, else 0.
+type deviceChoice struct {
+	ordinal int
+	set     bool
+}
+
+// firstHop is the engine's first-hop copier and what comes with it: the
+// arena provider of the same memory, and the GPU it holds.
+type firstHop struct {
+	// kind is copierHost or copierCUDA, or copierDefault when PXN is off
+	// and no copier runs.
+	kind   uint32
+	copier relay.Copier
+	mem    deviceMemory
+	// arenas is nil for host arenas; arenaKind is memHost or memDevice.
+	arenas    staging.ArenaProvider
+	arenaKind int
+	gpu       *gpu.GPU
+}
+
+// close releases the GPU once the engine has closed the copier.
+func (f *firstHop) close() error {
+	if f.gpu == nil {
+		return nil
 	}
-	return nil, nil, fail(codeInvalid, "unknown copier kind %d; want PXN_COPIER_DEFAULT, PXN_COPIER_HOST or PXN_COPIER_CUDA", kind)
+	g := f.gpu
+	f.gpu = nil
+	return g.Close()
+}
+
+func hostFirstHop(kind uint32) *firstHop {
+	c := hosthop.NewHostCopier(hosthop.HostCopierOptions{})
+	return &firstHop{kind: kind, copier: c, mem: c, arenaKind: memHost}
+}
+
+// newFirstHop builds the first hop of kind. pxnOn says whether PXN may run
+// in this process: without it nothing of CUDA is created (no context, no
+// stream, no device memory), though an explicit CUDA request still needs a
+// driver. DEFAULT falls back to the host copier, with one log line, where
+// CUDA cannot run; an explicit CUDA request fails with PXN_ENOTSUP instead.
+func newFirstHop(kind uint32, pxnOn bool, dev deviceChoice, lookup func(string) (string, bool), log klog.Logger) (*firstHop, error) {
+	switch kind {
+	case copierHost:
+		if !pxnOn {
+			return hostFirstHop(copierDefault), nil
+		}
+		return hostFirstHop(copierHost), nil
+	case copierDefault, copierCUDA:
+	default:
+		return nil, fail(codeInvalid, "unknown copier kind %d; want PXN_COPIER_DEFAULT, PXN_COPIER_HOST or PXN_COPIER_CUDA", kind)
+	}
+	explicit := kind == copierCUDA
+	d, ordinal, err := cudaDevice(dev)
+	if err != nil {
+		if explicit {
+			return nil, fail(codeNotSup, "copier PXN_COPIER_CUDA is not available: %w; open with PXN_COPIER_DEFAULT or PXN_COPIER_HOST", err)
+		}
+		if pxnOn {
+			log.Info("pxn first hop: host copier", "reason", err.Error())
+			return hostFirstHop(copierHost), nil
+		}
+		return hostFirstHop(copierDefault), nil
+	}
+	if !pxnOn {
+		return hostFirstHop(copierDefault), nil
+	}
+	f, err := cudaFirstHop(d, ordinal, lookup, log)
+	if err != nil {
+		if explicit {
+			return nil, fail(codeIO, "copier PXN_COPIER_CUDA on device %d: %w", ordinal, err)
+		}
+		log.Info("pxn first hop: host copier", "reason", fmt.Sprintf("CUDA copier on device %d failed: %v", ordinal, err))
+		return hostFirstHop(copierHost), nil
+	}
+	log.Info("pxn first hop: CUDA copier and device arena", "device", ordinal, "driver", d.Version())
+	return f, nil
+}
+
+// cudaDevice loads the driver and picks the GPU.
+func cudaDevice(dev deviceChoice) (*cuda.Driver, int, error) {
+	d, err := cuda.Load()
+	if err != nil {
+		return nil, 0, err
+	}
+	n, err := d.DeviceCount()
+	if err != nil {
+		return nil, 0, err
+	}
+	if n == 0 {
+		return nil, 0, errors.New("the CUDA driver reports no device")
+	}
+	if dev.set {
+		if dev.ordinal < 0 || dev.ordinal >= n {
+			return nil, 0, fmt.Errorf("cuda_device %d: the driver reports devices 0..%d", dev.ordinal, n-1)
+		}
+		return d, dev.ordinal, nil
+	}
+	if ctx, err := d.CtxGetCurrent(); err == nil && ctx != 0 {
+		if cur, err := d.CtxGetDevice(); err == nil {
+			return d, int(cur), nil
+		}
+	}
+	return d, 0, nil
+}
+
+func cudaFirstHop(d *cuda.Driver, ordinal int, lookup func(string) (string, bool), log klog.Logger) (*firstHop, error) {
+	g, err := gpu.Open(d, ordinal)
+	if err != nil {
+		return nil, err
+	}
+	warn := func(err error) { log.Info("pxn first hop: configuration", "err", err.Error()) }
+	c, err := gpu.NewCopier(g, gpu.CopierOptions{Gather: gpu.GatherModeFromEnv(lookup, warn), Logger: log})
+	if err != nil {
+		return nil, errors.Join(err, g.Close())
+	}
+	return &firstHop{kind: copierCUDA, copier: c, mem: &cudaMemory{g: g}, arenas: gpu.NewArenas(g), arenaKind: memDevice, gpu: g}, nil
+}
+
+// cudaMemory checks device ranges for pxn_register_memory: the CUDA copier
+// classifies every request through the driver, so registering only checks.
+type cudaMemory struct {
+	g *gpu.GPU
+}
+
+func (m *cudaMemory) RegisterDevice(addr uintptr, n uint64) error {
+	d := m.g.Driver()
+	if d.Classify(m.g.Context(), cuda.DevicePtr(addr), n) != cuda.MemoryDevice {
+		return fmt.Errorf("%#x+%d is not inside one device allocation (cuMemAlloc, cudaMalloc or a cuMemCreate mapping)", addr, n)
+	}
+	var ord int
+	err := m.g.Do(func() error {
+		var err error
+		ord, err = d.PointerDeviceOrdinal(cuda.DevicePtr(addr))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("%#x+%d: %w", addr, n, err)
+	}
+	if ord != m.g.Ordinal() {
+		return fmt.Errorf("%#x+%d is memory of GPU %d; this engine's copier and arena are on GPU %d", addr, n, ord, m.g.Ordinal())
+	}
+	return nil
 }

@@ -20,6 +20,8 @@ const maxHCAName = 63
 type tableDirectory struct {
 	mu       sync.RWMutex
 	sessions map[string][]tableRange
+	// routes holds the route handle of each session registered with one.
+	routes *routeBook
 }
 
 // tableRange is one registered range, sorted by base within its session. Its
@@ -31,8 +33,8 @@ type tableRange struct {
 
 var _ relay.Directory = (*tableDirectory)(nil)
 
-func newTableDirectory() *tableDirectory {
-	return &tableDirectory{sessions: make(map[string][]tableRange)}
+func newTableDirectory(routes *routeBook) *tableDirectory {
+	return &tableDirectory{sessions: make(map[string][]tableRange), routes: routes}
 }
 
 func checkSession(session string) error {
@@ -42,8 +44,10 @@ func checkSession(session string) error {
 	return nil
 }
 
-// register adds [base, base+n) of session, served by hca.
-func (d *tableDirectory) register(session, hca string, base, n uint64) error {
+// register adds [base, base+n) of session, served by hca. route, when not
+// 0, is the host's route handle for the session and key the range's key;
+// a later registration with another route replaces the session's route.
+func (d *tableDirectory) register(session, hca string, base, n, route, key uint64) error {
 	if err := checkSession(session); err != nil {
 		return err
 	}
@@ -63,9 +67,14 @@ func (d *tableDirectory) register(session, hca string, base, n uint64) error {
 	}
 	rs := make([]tableRange, 0, len(old)+1)
 	rs = append(rs, old...)
+	rg := relay.Range{Addr: base, Len: n}
+	if route != 0 {
+		rg.Key = key
+		d.routes.set(session, route)
+	}
 	rs = append(rs, tableRange{base: base, len: n, target: relay.Target{
 		HCAs:   []string{hca},
-		Ranges: []relay.Range{{Addr: base, Len: n}},
+		Ranges: []relay.Range{rg},
 	}})
 	sort.Slice(rs, func(i, j int) bool { return rs[i].base < rs[j].base })
 	d.sessions[session] = rs
@@ -79,6 +88,7 @@ func (d *tableDirectory) unregister(session string) error {
 		return fail(codeInvalid, "target %q is not registered", session)
 	}
 	delete(d.sessions, session)
+	d.routes.forget(session)
 	return nil
 }
 

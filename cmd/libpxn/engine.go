@@ -18,8 +18,15 @@ type engine struct {
 	closed  bool
 	closing atomic.Bool
 
-	eng *relay.Engine
-	mem deviceMemory
+	eng   *relay.Engine
+	first *firstHop
+	// legacy is set for a host of options version 1 (API version 2): it
+	// sees unfinished tasks as PENDING.
+	legacy bool
+	// maxBatches bounds batches; reserved counts submits between their
+	// check and their insertion into batches.
+	maxBatches int
+	reserved   int
 	// table is the directory when the host registers its targets; nil when
 	// a resolve callback is the directory.
 	table *tableDirectory
@@ -73,8 +80,18 @@ func (e *engine) putRequests(v []relay.Request) {
 	}
 }
 
-func newEngine(eng *relay.Engine, mem deviceMemory, table *tableDirectory, release func()) *engine {
-	return &engine{eng: eng, mem: mem, table: table, release: release, batches: make(map[uint64]*relay.Batch)}
+// engineSetup is what pxn_open hands to newEngine.
+type engineSetup struct {
+	first      *firstHop
+	table      *tableDirectory
+	release    func()
+	legacy     bool
+	maxBatches int
+}
+
+func newEngine(eng *relay.Engine, s engineSetup) *engine {
+	return &engine{eng: eng, first: s.first, table: s.table, release: s.release, legacy: s.legacy,
+		maxBatches: s.maxBatches, batches: make(map[uint64]*relay.Batch)}
 }
 
 // Memory kinds as pxn_register_memory names them.
@@ -92,7 +109,7 @@ func (e *engine) registerMemory(addr uintptr, n uint64, kind int) error {
 		// Host memory is what unregistered memory already counts as.
 		return nil
 	case memDevice:
-		if err := e.mem.RegisterDevice(addr, n); err != nil {
+		if err := e.first.mem.RegisterDevice(addr, n); err != nil {
 			return fail(codeInvalid, "register device memory: %w", err)
 		}
 		return nil
@@ -100,11 +117,18 @@ func (e *engine) registerMemory(addr uintptr, n uint64, kind int) error {
 	return fail(codeInvalid, "unknown memory kind %d; want PXN_MEM_HOST or PXN_MEM_DEVICE", kind)
 }
 
-func (e *engine) registerTarget(session, hca string, base, n uint64) error {
+func (e *engine) registerTarget(session, hca string, base, n, route, key uint64) error {
 	if e.table == nil {
 		return fail(codeInvalid, "this engine resolves targets through its resolve callback; pxn_register_target is not used")
 	}
-	return e.table.register(session, hca, base, n)
+	if err := e.table.register(session, hca, base, n, route, key); err != nil {
+		return err
+	}
+	if route != 0 {
+		// A cached route of the session carries the handle it had.
+		e.eng.InvalidateTarget(session)
+	}
+	return nil
 }
 
 func (e *engine) unregisterTarget(session string) error {
@@ -124,15 +148,31 @@ func (e *engine) submit(reqs []relay.Request) (uint64, error) {
 	if e.closing.Load() {
 		return 0, fail(codeClosed, "engine is closing")
 	}
-	b, err := e.eng.Submit(reqs)
-	if err != nil {
-		return 0, err
-	}
-	id := handles.newID()
 	e.batchMu.Lock()
-	e.batches[id] = b
+	if live := len(e.batches) + e.reserved; live >= e.maxBatches {
+		e.batchMu.Unlock()
+		return 0, fail(codeTooMany, "the engine holds %d live batches, its max_batches; free every batch whose tasks are final with pxn_free_batch", live)
+	}
+	e.reserved++
 	e.batchMu.Unlock()
-	return id, nil
+	b, err := e.eng.Submit(reqs)
+	e.batchMu.Lock()
+	e.reserved--
+	if err == nil {
+		id := handles.newID()
+		e.batches[id] = b
+		e.batchMu.Unlock()
+		return id, nil
+	}
+	e.batchMu.Unlock()
+	return 0, err
+}
+
+// liveBatches counts the batches not yet freed.
+func (e *engine) liveBatches() int {
+	e.batchMu.RLock()
+	defer e.batchMu.RUnlock()
+	return len(e.batches)
 }
 
 func (e *engine) batch(id uint64) (*relay.Batch, error) {
@@ -167,7 +207,7 @@ func (e *engine) freeBatch(id uint64) error {
 		return fail(codeInvalid, "batch handle %d is not a live batch of this engine", id)
 	}
 	if err := b.Release(); err != nil {
-		return fail(codeBusy, "batch %d still has pending tasks", id)
+		return fail(codeBusy, "batch %d still has pending (unfinished) tasks", id)
 	}
 	delete(e.batches, id)
 	return nil
@@ -224,6 +264,9 @@ func (e *engine) close(timeout time.Duration) error {
 	left := e.pending()
 	e.batches = nil
 	e.release()
+	if ferr := e.first.close(); ferr != nil && err == nil {
+		err = ferr
+	}
 	switch {
 	case left > 0:
 		return fail(codeTimedOut, "close: %d batches still had pending tasks after %v; the engine no longer tracks them", left, timeout)

@@ -18,6 +18,8 @@ const (
 	codeIO       int32 = -5
 	codeTimedOut int32 = -6
 	codeInternal int32 = -7
+	codeTooMany  int32 = -8
+	codeStale    int32 = -9
 )
 
 const (
@@ -78,6 +80,12 @@ type transportError struct {
 	msg  string
 }
 
+// Is makes a transport timeout a relay.ErrTimedOut, so that the relay
+// reports a timed-out second hop as such to the sender.
+func (e *transportError) Is(target error) bool {
+	return target == relay.ErrTimedOut && e.code == codeTimedOut
+}
+
 func (e *transportError) Error() string {
 	if e.msg == "" {
 		return fmt.Sprintf("host transport: %s", codeName(e.code))
@@ -85,24 +93,28 @@ func (e *transportError) Error() string {
 	return fmt.Sprintf("host transport: %s (%s)", e.msg, codeName(e.code))
 }
 
-// taskState maps an engine task status onto PXN_TASK_*: a direct task whose
-// transport completion said PXN_ETIMEDOUT is TIMEOUT, PXN_EINVAL is INVALID,
-// every other failure FAILED.
-func taskState(st relay.TaskStatus) int32 {
+// taskState maps an engine task status onto PXN_TASK_*. An unfinished task
+// is WAITING, as Mooncake's RdmaTransport reports it, or PENDING for a host
+// of options version 1 (legacy). A timeout anywhere on the task's path (the
+// host's transport, a relay's second hop, a relay that made no progress) is
+// TIMEOUT; a transport completion of PXN_EINVAL is INVALID; every other
+// failure FAILED.
+func taskState(st relay.TaskStatus, legacy bool) int32 {
 	switch st.State {
 	case relay.Pending:
-		return taskPending
+		if legacy {
+			return taskPending
+		}
+		return taskWaiting
 	case relay.Completed:
 		return taskCompleted
 	}
+	if errors.Is(st.Err, relay.ErrTimedOut) {
+		return taskTimeout
+	}
 	var te *transportError
-	if errors.As(st.Err, &te) {
-		switch te.code {
-		case codeTimedOut:
-			return taskTimeout
-		case codeInvalid:
-			return taskInvalid
-		}
+	if errors.As(st.Err, &te) && te.code == codeInvalid {
+		return taskInvalid
 	}
 	return taskFailed
 }
@@ -126,6 +138,10 @@ func codeName(code int32) string {
 		return "PXN_ETIMEDOUT"
 	case codeInternal:
 		return "PXN_EINTERNAL"
+	case codeTooMany:
+		return "PXN_ETOOMANY"
+	case codeStale:
+		return "PXN_ESTALE"
 	}
 	return fmt.Sprintf("code %d", code)
 }

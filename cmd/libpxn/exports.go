@@ -13,6 +13,8 @@ import (
 	"time"
 	"unsafe"
 
+	"k8s.io/klog/v2"
+
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -28,6 +30,8 @@ var (
 	_ = [1]struct{}{}[C.PXN_EIO-int(codeIO)]
 	_ = [1]struct{}{}[C.PXN_ETIMEDOUT-int(codeTimedOut)]
 	_ = [1]struct{}{}[C.PXN_EINTERNAL-int(codeInternal)]
+	_ = [1]struct{}{}[C.PXN_ETOOMANY-int(codeTooMany)]
+	_ = [1]struct{}{}[C.PXN_ESTALE-int(codeStale)]
 	_ = [1]struct{}{}[C.PXN_TASK_WAITING-int(taskWaiting)]
 	_ = [1]struct{}{}[C.PXN_TASK_PENDING-int(taskPending)]
 	_ = [1]struct{}{}[C.PXN_TASK_INVALID-int(taskInvalid)]
@@ -117,13 +121,11 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 			return fail(codeInvalid, "pxn_open: opts and out must not be NULL")
 		}
 		*out = 0
-		if size := uint32(opts.struct_size); size < C.sizeof_pxn_options {
-			return fail(codeInvalid, "pxn_open: options struct_size %d; want at least %d", size, C.sizeof_pxn_options)
+		o, err := readOptions(opts)
+		if err != nil {
+			return err
 		}
-		o := *opts
-		if o.version != C.PXN_OPTIONS_VERSION {
-			return fail(codeNotSup, "pxn_open: options version %d; this library knows version %d", o.version, C.PXN_OPTIONS_VERSION)
-		}
+		legacy := o.version == 1
 		if o.transport == nil {
 			return fail(codeInvalid, "pxn_open: options.transport is NULL")
 		}
@@ -141,18 +143,38 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 				return err
 			}
 		}
-		copier, mem, err := newCopier(uint32(o.copier))
+		if (o.register_arena == nil) != (o.deregister_arena == nil) {
+			return fail(codeInvalid, "pxn_open: register_arena and deregister_arena must both be set or both be NULL")
+		}
+		maxBatches := int(o.max_batches)
+		if maxBatches == 0 {
+			maxBatches = C.PXN_DEFAULT_MAX_BATCHES
+		}
+		if o.flags&^C.PXN_OPEN_CUDA_DEVICE != 0 {
+			return fail(codeInvalid, "pxn_open: unknown flags %#x", uint32(o.flags&^C.PXN_OPEN_CUDA_DEVICE))
+		}
+		dev := deviceChoice{ordinal: int(o.cuda_device), set: o.flags&C.PXN_OPEN_CUDA_DEVICE != 0}
+		log := klog.Background()
+		pxnOn := staging.Load(cLookupEnv, nil).Enable && hca != ""
+		first, err := newFirstHop(uint32(o.copier), pxnOn, dev, cLookupEnv, log)
 		if err != nil {
 			return err
 		}
 		bufs := &cBuffers{}
-		hop := &cHop{submitFn: t.submit, pollFn: t.poll, user: C.uintptr_t(cAddress(&t.user)), bufs: bufs}
+		routes := &routeBook{}
+		arena := &cArena{regFn: o.register_arena, deregFn: o.deregister_arena, user: C.uintptr_t(cAddress(&o.arena_user)), kind: first.arenaKind}
+		stride := opSize
+		if legacy {
+			stride = legacyOpSize
+		}
+		hop := &cHop{submitFn: t.submit, pollFn: t.poll, user: C.uintptr_t(cAddress(&t.user)), bufs: bufs,
+			opSize: stride, arena: arena, routes: routes}
 		var dir relay.Directory
 		var table *tableDirectory
 		if o.resolve != nil {
-			dir = &callbackDirectory{fn: o.resolve, user: C.uintptr_t(cAddress(&o.resolve_user)), bufs: bufs}
+			dir = &callbackDirectory{fn: o.resolve, user: C.uintptr_t(cAddress(&o.resolve_user)), bufs: bufs, routes: routes}
 		} else {
-			table = newTableDirectory()
+			table = newTableDirectory(routes)
 			dir = table
 		}
 		release := func() {
@@ -162,16 +184,53 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 		ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 		defer cancel()
 		eng, err := relay.OpenFromEnv(ctx, cLookupEnv, relay.HostDeps{
-			Hop: hop, Directory: dir, Copier: copier, LocalHCA: hca,
+			Hop: hop, Directory: dir, Copier: first.copier, LocalHCA: hca,
+			Arenas: first.arenas, Memory: arena, Logger: log,
 		})
 		if err != nil {
-			_ = copier.Close()
+			_ = first.copier.Close()
+			_ = first.close()
 			release()
 			return fail(codeIO, "pxn_open: %w", err)
 		}
-		*out = C.pxn_engine_t(handles.add(newEngine(eng, mem, table, release)))
+		if !eng.PXNActive() && first.kind != copierDefault {
+			// PXN did not come up (its configuration or registry refused):
+			// no copier runs.
+			first.kind = copierDefault
+		}
+		*out = C.pxn_engine_t(handles.add(newEngine(eng, engineSetup{first: first, table: table, release: release,
+			legacy: legacy, maxBatches: maxBatches})))
 		return nil
 	})
+}
+
+// optionsV1Size is pxn_options of options version 1: it ends before
+// register_arena.
+const optionsV1Size = int(unsafe.Offsetof(C.pxn_options{}.register_arena))
+
+// readOptions copies the host's options, reading no more bytes than the
+// version the host states has: a host built against an older header passes
+// a shorter struct.
+func readOptions(opts *C.pxn_options) (C.pxn_options, error) {
+	var o C.pxn_options
+	size := int(opts.struct_size)
+	if size < optionsV1Size {
+		return o, fail(codeInvalid, "pxn_open: options struct_size %d; want at least %d", size, optionsV1Size)
+	}
+	var want int
+	switch v := uint32(opts.version); v {
+	case 1:
+		want = optionsV1Size
+	case C.PXN_OPTIONS_VERSION:
+		want = C.sizeof_pxn_options
+	default:
+		return o, fail(codeNotSup, "pxn_open: options version %d; this library knows versions 1 to %d", v, C.PXN_OPTIONS_VERSION)
+	}
+	if size < want {
+		return o, fail(codeInvalid, "pxn_open: options struct_size %d; version %d needs at least %d", size, uint32(opts.version), want)
+	}
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(&o)), want), unsafe.Slice((*byte)(unsafe.Pointer(opts)), want))
+	return o, nil
 }
 
 //export pxn_close
@@ -207,7 +266,28 @@ func pxn_register_target(h C.pxn_engine_t, session, hca *C.char, base, n C.uint6
 			return err
 		}
 		return handles.with(uint64(h), func(e *engine) error {
-			return e.registerTarget(s, name, uint64(base), uint64(n))
+			return e.registerTarget(s, name, uint64(base), uint64(n), 0, 0)
+		})
+	})
+}
+
+//export pxn_register_target_info
+func pxn_register_target_info(h C.pxn_engine_t, session *C.char, info *C.pxn_target_info) C.int {
+	return run(func() error {
+		s, err := cString(session, staging.MaxSession, "session")
+		if err != nil {
+			return err
+		}
+		if info == nil {
+			return fail(codeInvalid, "pxn_register_target_info: info is NULL")
+		}
+		in := *info
+		if in.hca_count != 1 {
+			return fail(codeInvalid, "target %q: hca_count %d; a registered range is served by exactly one HCA", s, uint32(in.hca_count))
+		}
+		name := cChars(in.hca[:])
+		return handles.with(uint64(h), func(e *engine) error {
+			return e.registerTarget(s, name, uint64(in.range_base), uint64(in.range_len), uint64(in.route), uint64(in.remote_key))
 		})
 	})
 }
@@ -308,7 +388,7 @@ func pxn_get_status(h C.pxn_engine_t, batch C.pxn_batch_t, index C.size_t, out *
 			if err != nil {
 				return err
 			}
-			out.state = C.int32_t(taskState(st))
+			out.state = C.int32_t(taskState(st, e.legacy))
 			out.reserved = 0
 			out.transferred = C.uint64_t(st.Transferred)
 			if st.State == relay.Failed && st.Err != nil {
@@ -370,6 +450,8 @@ func pxn_get_counters(h C.pxn_engine_t, out *C.pxn_counters) C.int {
 				invalid_descs:       C.uint64_t(s.InvalidDescs),
 				failed_pieces:       C.uint64_t(s.FailedPieces),
 				lane_quarantines:    C.uint64_t(s.LaneQuarantines),
+				copier:              C.uint64_t(e.first.kind),
+				live_batches:        C.uint64_t(e.liveBatches()),
 			}
 			if e.eng.PXNActive() {
 				c.pxn_active = 1

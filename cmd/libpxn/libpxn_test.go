@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pxn-project/pxn/internal/cuda"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 
@@ -61,9 +62,18 @@ func goTool() (string, error) {
 }
 
 // library builds libpxn.so and returns the directory that holds it.
+// PXN_LIBPXN_DIR names a folder with a libpxn.so built already, for
+// machines without a Go toolchain (the GPU machine).
 func library(t *testing.T) string {
 	t.Helper()
 	needTool(t, "gcc")
+	if dir := os.Getenv("PXN_LIBPXN_DIR"); dir != "" {
+		abs, err := filepath.Abs(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return abs
+	}
 	libOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "libpxn-test-")
 		if err != nil {
@@ -107,9 +117,18 @@ func repoPath(parts ...string) string {
 // compile builds a C program from srcs against pxn.h and libpxn.so.
 func compile(t *testing.T, lib, out string, srcs ...string) string {
 	t.Helper()
+	return compileWith(t, lib, repoPath("include"), out, srcs...)
+}
+
+// v2Header is the folder of pxn.h as API version 2 shipped it.
+var v2Header = filepath.Join("testdata", "v2")
+
+// compileWith is compile against the pxn.h in include.
+func compileWith(t *testing.T, lib, include, out string, srcs ...string) string {
+	t.Helper()
 	bin := filepath.Join(t.TempDir(), out)
 	args := []string{"-std=c11", "-O2", "-Wall", "-Wextra", "-Werror",
-		"-I", repoPath("include"), "-I", repoPath("examples", "c")}
+		"-I", include, "-I", repoPath("examples", "c")}
 	args = append(args, srcs...)
 	args = append(args, "-L", lib, "-lpxn", "-Wl,-rpath,"+lib, "-lpthread", "-o", bin)
 	if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
@@ -158,10 +177,41 @@ func TestHeaderCompilesAlone(t *testing.T) {
 func TestABIRules(t *testing.T) {
 	lib := library(t)
 	bin := compile(t, lib, "abi_check", filepath.Join("testdata", "abi_check.c"))
+	env := childEnv("MC_PXN_ENABLE=0")
+	if haveCUDA() {
+		env = append(env, "PXN_ABI_CHECK_CUDA=1")
+	}
+	runABICheck(t, bin, env)
+}
+
+// TestV2HostRunsUnchanged builds the ABI check of API version 2 against
+// that version's header and runs it against this library: options version
+// 1, the 48-byte transport op, PENDING for unfinished tasks.
+func TestV2HostRunsUnchanged(t *testing.T) {
+	if haveCUDA() {
+		t.Skip("the version-2 check expects PXN_COPIER_CUDA to fail, as it does only on a machine without a CUDA driver")
+	}
+	lib := library(t)
+	bin := compileWith(t, lib, v2Header, "abi_check_v2", filepath.Join("testdata", "v2", "abi_check.c"))
+	runABICheck(t, bin, childEnv("MC_PXN_ENABLE=0"))
+}
+
+// haveCUDA reports whether the CUDA driver loads and has a device.
+func haveCUDA() bool {
+	d, err := cuda.Load()
+	if err != nil {
+		return false
+	}
+	n, err := d.DeviceCount()
+	return err == nil && n > 0
+}
+
+func runABICheck(t *testing.T, bin string, env []string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin)
-	cmd.Env = childEnv("MC_PXN_ENABLE=0")
+	cmd.Env = env
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -245,7 +295,9 @@ func scratchDir(t *testing.T) string {
 // in the targets and the counters of every rank.
 func TestExampleRanks(t *testing.T) {
 	lib := library(t)
-	bin := compile(t, lib, "pxn_example", repoPath("examples", "c", "pxn_example.c"), repoPath("examples", "c", "shm_transport.c"))
+	srcs := []string{repoPath("examples", "c", "pxn_example.c"), repoPath("examples", "c", "shm_transport.c")}
+	bin := compile(t, lib, "pxn_example", srcs...)
+	binV2 := compileWith(t, lib, v2Header, "pxn_example_v2", srcs...)
 	const ranks = 2
 	railMap := `{"mlx5_0":"rail0","mlx5_1":"rail1","rmlx5_0":"rail0","rmlx5_1":"rail1"}`
 	for _, tc := range []struct {
@@ -257,6 +309,10 @@ func TestExampleRanks(t *testing.T) {
 		busyEvery int
 		relayed   bool
 		stderrHas string
+		// v2 runs the example built against API version 2's header.
+		v2 bool
+		// refuseArena makes rank 1's transport refuse the arena.
+		refuseArena bool
 	}{
 		{
 			name:        "pxn",
@@ -272,6 +328,22 @@ func TestExampleRanks(t *testing.T) {
 			directories: [ranks]string{"callback", "table"},
 			busyEvery:   2,
 			relayed:     true,
+		},
+		{
+			name:        "pxn v2 host",
+			env:         []string{"MC_PXN_ENABLE=1", "MC_PXN_GROUP_ID=ctest", "MC_PXN_RAIL_MAP=" + railMap},
+			directories: [ranks]string{"callback", "table"},
+			relayed:     true,
+			v2:          true,
+		},
+		{
+			// Rank 1 cannot register its arena: it does not relay, so
+			// rank 0 writes to rail 1 direct, and says why once.
+			name:        "arena refused",
+			env:         []string{"MC_PXN_ENABLE=1", "MC_PXN_GROUP_ID=ctest", "MC_PXN_RAIL_MAP=" + railMap},
+			directories: [ranks]string{"table", "callback"},
+			refuseArena: true,
+			stderrHas:   "register_arena refused the staging arena",
 		},
 		{
 			name:        "direct",
@@ -300,7 +372,18 @@ func TestExampleRanks(t *testing.T) {
 
 			runs := make([]*rankRun, ranks)
 			for r := range runs {
-				runs[r] = startRank(ctx, t, bin, env, r, ranks, targets, tc.directories[r], tc.busyEvery)
+				b, extra := bin, []string(nil)
+				if tc.v2 {
+					b = binV2
+				}
+				switch {
+				case tc.refuseArena && r == 1:
+					extra = []string{"--refuse-arena", "1"}
+				case tc.refuseArena:
+					// Rail 1 will never have a relay.
+					extra = []string{"--wait-relay", "0"}
+				}
+				runs[r] = startRank(ctx, t, b, env, r, ranks, targets, tc.directories[r], tc.busyEvery, extra...)
 			}
 			defer func() {
 				for _, rr := range runs {
@@ -332,13 +415,30 @@ func TestExampleRanks(t *testing.T) {
 				if done[r], err = counterLine(line); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := waitLine(ctx, rr, "CLOSED"); err != nil {
+				if !tc.v2 {
+					line, err := waitLine(ctx, rr, "FINAL3")
+					if err != nil {
+						t.Fatalf("rank %d: %v\nstderr:\n%s", r, err, rr.stderr.String())
+					}
+					v3, err := counterLine(strings.Replace(line, "FINAL3", "FINAL", 1))
+					if err != nil {
+						t.Fatal(err)
+					}
+					checkV3Line(t, r, v3, done[r], tc.relayed, tc.refuseArena && r == 1)
+				}
+				line, err = waitLine(ctx, rr, "CLOSED")
+				if err != nil {
 					t.Fatalf("rank %d: %v\nstderr:\n%s", r, err, rr.stderr.String())
+				}
+				if tc.v2 || tc.env[0] == "MC_PXN_ENABLE=0" || tc.stderrHas == "PXN configuration refused" {
+					// No arena was made.
+				} else if want := "arena_deregistrations=1"; !(tc.refuseArena && r == 1) && !strings.Contains(line, want) {
+					t.Errorf("rank %d: %q lacks %s", r, line, want)
 				}
 				if err := rr.cmd.Wait(); err != nil {
 					t.Fatalf("rank %d: %v\nstderr:\n%s", r, err, rr.stderr.String())
 				}
-				if tc.stderrHas != "" && !strings.Contains(rr.stderr.String(), tc.stderrHas) {
+				if tc.stderrHas != "" && (!tc.refuseArena || r == 1) && !strings.Contains(rr.stderr.String(), tc.stderrHas) {
 					t.Errorf("rank %d stderr lacks %q:\n%s", r, tc.stderrHas, rr.stderr.String())
 				}
 			}
@@ -354,7 +454,15 @@ func TestExampleRanks(t *testing.T) {
 					"failed_pieces":       0,
 					"second_hop_failures": 0,
 				}
-				if tc.relayed {
+				if tc.refuseArena {
+					want["pxn_active"] = 0
+					if r == 0 {
+						want["pxn_active"] = 1
+					}
+					want["relayed_bytes"] = 0
+					want["forwarded_bytes"] = 0
+					want["direct_bytes"] = 2 * ranks * region
+				} else if tc.relayed {
 					// One region to each other rail through its relay,
 					// one region forwarded for each peer, the own rail's
 					// write and every read direct.
@@ -382,9 +490,41 @@ func TestExampleRanks(t *testing.T) {
 	}
 }
 
-func startRank(ctx context.Context, t *testing.T, bin string, env []string, rank, ranks int, targets, directory string, busyEvery int) *rankRun {
+// checkV3Line checks what an API version 3 rank's transport saw: every
+// second-hop op carried the arena's key and the route and key the
+// directory gave, and none was stale.
+func checkV3Line(t *testing.T, r int, v3, counters map[string]uint64, relayed, refused bool) {
+	t.Helper()
+	if v3["bad_keys"] != 0 || v3["stale_ops"] != 0 || v3["live_batches"] != 0 {
+		t.Errorf("rank %d: %v", r, v3)
+	}
+	wantCopier := uint64(0)
+	if counters["pxn_active"] == 1 {
+		wantCopier = 1
+	}
+	if v3["copier"] != wantCopier {
+		t.Errorf("rank %d: copier %d with pxn_active %d, want %d", r, v3["copier"], counters["pxn_active"], wantCopier)
+	}
+	switch {
+	case refused:
+		if v3["arena_registrations"] != 0 || v3["relayed_ops"] != 0 {
+			t.Errorf("rank %d refused its arena yet: %v", r, v3)
+		}
+	case relayed:
+		if v3["arena_registrations"] != 1 || v3["relayed_ops"] == 0 || v3["routed_ops"] != v3["relayed_ops"] {
+			t.Errorf("rank %d: every second-hop op should carry the arena key and a route: %v", r, v3)
+		}
+	default:
+		if v3["relayed_ops"] != 0 || v3["routed_ops"] != 0 {
+			t.Errorf("rank %d relayed without PXN: %v", r, v3)
+		}
+	}
+}
+
+func startRank(ctx context.Context, t *testing.T, bin string, env []string, rank, ranks int, targets, directory string, busyEvery int, extra ...string) *rankRun {
 	t.Helper()
 	args := []string{"--rank", strconv.Itoa(rank), "--ranks", strconv.Itoa(ranks), "--dir", targets, "--directory", directory}
+	args = append(args, extra...)
 	if busyEvery > 0 {
 		args = append(args, "--busy-every", strconv.Itoa(busyEvery))
 	}
@@ -479,28 +619,34 @@ func TestGuardedTurnsPanicsIntoCodes(t *testing.T) {
 
 func TestTaskStateMapsOntoMooncake(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		st   relay.TaskStatus
-		want int32
+		name       string
+		st         relay.TaskStatus
+		want       int32
+		wantLegacy int32
 	}{
-		{"pending", relay.TaskStatus{State: relay.Pending}, taskPending},
-		{"completed", relay.TaskStatus{State: relay.Completed, Transferred: 9}, taskCompleted},
-		{"transport timeout", relay.TaskStatus{State: relay.Failed, Err: &transportError{code: codeTimedOut}}, taskTimeout},
-		{"transport invalid", relay.TaskStatus{State: relay.Failed, Err: fmt.Errorf("direct submit: %w", &transportError{code: codeInvalid})}, taskInvalid},
-		{"transport failure", relay.TaskStatus{State: relay.Failed, Err: &transportError{code: codeIO, msg: "link down"}}, taskFailed},
-		{"relay failure", relay.TaskStatus{State: relay.Failed, Err: errors.New("relay gone")}, taskFailed},
-		{"failed without error", relay.TaskStatus{State: relay.Failed}, taskFailed},
+		{"unfinished", relay.TaskStatus{State: relay.Pending, Transferred: 8 << 20}, taskWaiting, taskPending},
+		{"completed", relay.TaskStatus{State: relay.Completed, Transferred: 9}, taskCompleted, taskCompleted},
+		{"transport timeout", relay.TaskStatus{State: relay.Failed, Err: &transportError{code: codeTimedOut}}, taskTimeout, taskTimeout},
+		{"relay second hop timed out", relay.TaskStatus{State: relay.Failed, Err: fmt.Errorf("relay completion status -5: %w", relay.ErrTimedOut)}, taskTimeout, taskTimeout},
+		{"transport invalid", relay.TaskStatus{State: relay.Failed, Err: fmt.Errorf("direct submit: %w", &transportError{code: codeInvalid})}, taskInvalid, taskInvalid},
+		{"stale route", relay.TaskStatus{State: relay.Failed, Err: &transportError{code: codeStale}}, taskFailed, taskFailed},
+		{"transport failure", relay.TaskStatus{State: relay.Failed, Err: &transportError{code: codeIO, msg: "link down"}}, taskFailed, taskFailed},
+		{"relay failure", relay.TaskStatus{State: relay.Failed, Err: errors.New("relay gone")}, taskFailed, taskFailed},
+		{"failed without error", relay.TaskStatus{State: relay.Failed}, taskFailed, taskFailed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := taskState(tc.st); got != tc.want {
+			if got := taskState(tc.st, false); got != tc.want {
 				t.Fatalf("taskState(%+v) = %d, want %d", tc.st, got, tc.want)
+			}
+			if got := taskState(tc.st, true); got != tc.wantLegacy {
+				t.Fatalf("taskState(%+v, legacy) = %d, want %d", tc.st, got, tc.wantLegacy)
 			}
 		})
 	}
 }
 
 func TestTableDirectory(t *testing.T) {
-	d := newTableDirectory()
+	d := newTableDirectory(&routeBook{})
 	for _, tc := range []struct {
 		session, hca string
 		base, n      uint64
@@ -518,7 +664,7 @@ func TestTableDirectory(t *testing.T) {
 		{"seg", strings.Repeat("h", 64), 0x8000, 1, codeInvalid},
 		{"other", "rmlx5_0", 0x1000, 0x1000, codeOK},
 	} {
-		if got := codeOf(d.register(tc.session, tc.hca, tc.base, tc.n)); got != tc.wantCode {
+		if got := codeOf(d.register(tc.session, tc.hca, tc.base, tc.n, 0, 0)); got != tc.wantCode {
 			t.Errorf("register(%.10q, %q, %#x, %d) = %d, want %d", tc.session, tc.hca, tc.base, tc.n, got, tc.wantCode)
 		}
 	}

@@ -50,6 +50,10 @@ const char *pxn_strerror(int code)
 		return "timed out";
 	case PXN_EINTERNAL:
 		return "internal error in libpxn";
+	case PXN_ETOOMANY:
+		return "too many live batches";
+	case PXN_ESTALE:
+		return "stale route handle";
 	}
 	return "unknown result code";
 }
@@ -72,4 +76,14 @@ size_t pxnlib_call_poll(pxn_transport_poll_fn fn, uintptr_t user, pxn_transport_
 int pxnlib_call_resolve(pxn_resolve_fn fn, uintptr_t user, const char *session, uint64_t dst, pxn_target_info *out)
 {
 	return fn((void *)user, session, dst, out);
+}
+
+int pxnlib_call_register_arena(pxn_register_arena_fn fn, uintptr_t user, uintptr_t addr, uint64_t len, int kind, uint64_t *local_key)
+{
+	return fn((void *)user, (void *)addr, len, kind, local_key);
+}
+
+int pxnlib_call_deregister_arena(pxn_deregister_arena_fn fn, uintptr_t user, uintptr_t addr, uint64_t len, uint64_t local_key)
+{
+	return fn((void *)user, (void *)addr, len, local_key);
 }

@@ -11,6 +11,11 @@
  *
  * MC_PXN_RAIL_MAP must map mlx5_<i> and rmlx5_<i> to rail<i>; see
  * docs/c-abi.md and run-example.sh.
+ *
+ * Built against API version 3 it also registers the staging arena with its
+ * transport and hands the engine route handles and remote keys, which its
+ * transport checks on every second-hop op; built against version 2 it is
+ * the host that version shipped with.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -128,6 +133,10 @@ static int resolve(void *user, const char *session, uint64_t dst, pxn_target_inf
 		snprintf(out->hca, sizeof(out->hca), "rmlx5_%d", k);
 		out->range_base = TARGET_BASE(k);
 		out->range_len = len;
+#if PXN_API_VERSION >= 3
+		out->route = shm_transport_route(ex->transport, k);
+		out->remote_key = shm_transport_remote_key(ex->transport, k);
+#endif
 		return PXN_OK;
 	}
 	return PXN_EINVAL;
@@ -146,12 +155,20 @@ static void print_counters(const example *ex, const char *tag)
 	       (unsigned long long)cn.forwarded_bytes, (unsigned long long)cn.failed_pieces,
 	       (unsigned long long)cn.second_hop_failures,
 	       (unsigned long long)shm_transport_busy_count(ex->transport));
+#if PXN_API_VERSION >= 3
+	shm_transport_stats s = shm_transport_get_stats(ex->transport);
+	printf("%s3 rank=%d copier=%llu live_batches=%llu relayed_ops=%llu routed_ops=%llu bad_keys=%llu stale_ops=%llu "
+	       "arena_registrations=%llu\n",
+	       tag, ex->rank, (unsigned long long)cn.copier, (unsigned long long)cn.live_batches,
+	       (unsigned long long)s.relayed_ops, (unsigned long long)s.routed_ops, (unsigned long long)s.bad_keys,
+	       (unsigned long long)s.stale_ops, (unsigned long long)s.arena_registrations);
+#endif
 }
 
 static void usage(void)
 {
 	fprintf(stderr, "usage: pxn_example --rank R --ranks N --dir DIR [--directory table|callback] "
-			"[--busy-every N]\n");
+			"[--busy-every N] [--refuse-arena 0|1] [--wait-relay 1|0]\n");
 	exit(2);
 }
 
@@ -161,6 +178,8 @@ int main(int argc, char **argv)
 	const char *dir = NULL;
 	int use_callback = 0;
 	int busy_every = 0;
+	int refuse_arena = 0;
+	int wait_relay = 1;
 	for (int i = 1; i < argc; i++) {
 		if (i + 1 >= argc)
 			usage();
@@ -174,6 +193,10 @@ int main(int argc, char **argv)
 			use_callback = strcmp(argv[++i], "callback") == 0;
 		else if (strcmp(argv[i], "--busy-every") == 0)
 			busy_every = atoi(argv[++i]);
+		else if (strcmp(argv[i], "--refuse-arena") == 0)
+			refuse_arena = atoi(argv[++i]);
+		else if (strcmp(argv[i], "--wait-relay") == 0)
+			wait_relay = atoi(argv[++i]);
 		else
 			usage();
 	}
@@ -190,6 +213,12 @@ int main(int argc, char **argv)
 	if (ex.transport == NULL)
 		die(&ex, "shm_transport_create", PXN_EIO);
 	shm_transport_set_busy_every(ex.transport, (unsigned)busy_every);
+#if PXN_API_VERSION >= 3
+	if (refuse_arena)
+		shm_transport_refuse_arena(ex.transport);
+#else
+	(void)refuse_arena;
+#endif
 	for (int k = 0; k < ex.ranks; k++) {
 		char session[32], path[4096];
 		snprintf(session, sizeof(session), "tgt%d", k);
@@ -217,6 +246,11 @@ int main(int argc, char **argv)
 		.resolve = use_callback ? resolve : NULL,
 		.resolve_user = &ex,
 		.copier = PXN_COPIER_HOST,
+#if PXN_API_VERSION >= 3
+		.register_arena = shm_transport_register_arena,
+		.deregister_arena = shm_transport_deregister_arena,
+		.arena_user = ex.transport,
+#endif
 	};
 	int rc = pxn_open(&opts, &ex.engine);
 	if (rc != PXN_OK)
@@ -226,7 +260,17 @@ int main(int argc, char **argv)
 			char session[32], thca[PXN_HCA_NAME_MAX];
 			snprintf(session, sizeof(session), "tgt%d", k);
 			snprintf(thca, sizeof(thca), "rmlx5_%d", k);
+#if PXN_API_VERSION >= 3
+			pxn_target_info info = {.hca_count = 1,
+						.range_base = TARGET_BASE(k),
+						.range_len = ex.region * (uint64_t)ex.ranks,
+						.route = shm_transport_route(ex.transport, k),
+						.remote_key = shm_transport_remote_key(ex.transport, k)};
+			snprintf(info.hca, sizeof(info.hca), "%s", thca);
+			rc = pxn_register_target_info(ex.engine, session, &info);
+#else
 			rc = pxn_register_target(ex.engine, session, thca, TARGET_BASE(k), ex.region * (uint64_t)ex.ranks);
+#endif
 			if (rc != PXN_OK)
 				die(&ex, "pxn_register_target", rc);
 		}
@@ -248,7 +292,7 @@ int main(int argc, char **argv)
 	int active = pxn_is_active(ex.engine);
 	if (active < 0)
 		die(&ex, "pxn_is_active", active);
-	if (active) {
+	if (active && wait_relay) {
 		for (int k = 0; k < ex.ranks; k++) {
 			char rail[32];
 			snprintf(rail, sizeof(rail), "rail%d", k);
@@ -312,7 +356,12 @@ int main(int argc, char **argv)
 
 	if ((rc = pxn_close(ex.engine, 5000)) != PXN_OK)
 		die(&ex, "pxn_close", rc);
+#if PXN_API_VERSION >= 3
+	printf("CLOSED rank=%d arena_deregistrations=%llu\n", ex.rank,
+	       (unsigned long long)shm_transport_get_stats(ex.transport).arena_deregistrations);
+#else
 	printf("CLOSED rank=%d\n", ex.rank);
+#endif
 	shm_transport_destroy(ex.transport);
 	free(sessions);
 	free(reads);

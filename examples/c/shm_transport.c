@@ -17,6 +17,7 @@ typedef struct shm_target {
 	uint8_t *mem;
 	uint64_t base;
 	uint64_t len;
+	uint64_t route;
 } shm_target;
 
 /* An op as the transport keeps it: the engine's array is gone after submit. */
@@ -27,6 +28,8 @@ typedef struct queued_op {
 	uint64_t dst;
 	uint64_t token;
 	int read;
+	/* Set at submit: the op names a route the transport no longer honours. */
+	int stale;
 } queued_op;
 
 struct shm_transport {
@@ -46,6 +49,14 @@ struct shm_transport {
 
 	shm_target targets[SHM_TRANSPORT_MAX_TARGETS];
 	int ntargets;
+
+#if PXN_API_VERSION >= 3
+	int refuse_arena;
+	uint8_t *arena;
+	uint64_t arena_len;
+	uint64_t arena_key;
+	shm_transport_stats stats;
+#endif
 };
 
 shm_transport *shm_transport_create(size_t capacity)
@@ -95,6 +106,7 @@ int shm_transport_add_target(shm_transport *t, const char *session, const char *
 	tg->mem = mem;
 	tg->base = base;
 	tg->len = len;
+	tg->route = ((uint64_t)t->ntargets << 32) | 1u;
 	return 0;
 }
 
@@ -150,6 +162,28 @@ int shm_transport_submit(void *user, const pxn_transport_op *ops, size_t count)
 		q->dst = ops[i].dst;
 		q->token = ops[i].token;
 		q->read = ops[i].read != 0;
+		q->stale = 0;
+#if PXN_API_VERSION >= 3
+		const pxn_transport_op *op = &ops[i];
+		if (op->flags & PXN_OP_RELAYED) {
+			t->stats.relayed_ops++;
+			const uint8_t *src = op->src;
+			if (t->arena == NULL || src < t->arena || (uint64_t)(src - t->arena) + op->len > t->arena_len ||
+			    !(op->flags & PXN_OP_LOCAL_KEY) || op->local_key != t->arena_key)
+				t->stats.bad_keys++;
+		}
+		if (op->flags & PXN_OP_ROUTED) {
+			t->stats.routed_ops++;
+			/* The handle names the target: a stale one must not write. */
+			int k = (int)(op->route >> 32) - 1;
+			if (k < 0 || k >= t->ntargets || k != q->target || op->route != t->targets[k].route) {
+				q->stale = 1;
+				t->stats.stale_ops++;
+			} else if (op->remote_key != shm_transport_remote_key(t, k)) {
+				t->stats.bad_keys++;
+			}
+		}
+#endif
 	}
 	t->count += count;
 	pthread_mutex_unlock(&t->mu);
@@ -193,6 +227,12 @@ size_t shm_transport_poll(void *user, pxn_transport_completion *out, size_t capa
 			fail(c, PXN_EINVAL, "unknown target session", op);
 			continue;
 		}
+#if PXN_API_VERSION >= 3
+		if (op->stale) {
+			fail(c, PXN_ESTALE, "stale route handle", op);
+			continue;
+		}
+#endif
 		const shm_target *tg = &t->targets[op->target];
 		if (op->dst < tg->base || op->dst - tg->base > tg->len || op->len > tg->len - (op->dst - tg->base)) {
 			fail(c, PXN_EINVAL, "destination outside the target", op);
@@ -219,3 +259,75 @@ uint64_t shm_transport_busy_count(shm_transport *t)
 	pthread_mutex_unlock(&t->mu);
 	return n;
 }
+
+#if PXN_API_VERSION >= 3
+/* Route k+1 in the high half names the target; the low half is its generation. */
+uint64_t shm_transport_route(shm_transport *t, int k)
+{
+	pthread_mutex_lock(&t->mu);
+	uint64_t r = t->targets[k].route;
+	pthread_mutex_unlock(&t->mu);
+	return r;
+}
+
+uint64_t shm_transport_remote_key(shm_transport *t, int k)
+{
+	(void)t;
+	return UINT64_C(0x5eed0000) + (uint64_t)k;
+}
+
+void shm_transport_renew_route(shm_transport *t, int k)
+{
+	pthread_mutex_lock(&t->mu);
+	t->targets[k].route++;
+	pthread_mutex_unlock(&t->mu);
+}
+
+int shm_transport_register_arena(void *user, void *addr, uint64_t len, int kind, uint64_t *local_key)
+{
+	shm_transport *t = user;
+	pthread_mutex_lock(&t->mu);
+	int rc = PXN_OK;
+	if (t->refuse_arena || t->arena != NULL || addr == NULL || len == 0 ||
+	    (kind != PXN_MEM_HOST && kind != PXN_MEM_DEVICE)) {
+		rc = PXN_EIO;
+	} else {
+		t->arena = addr;
+		t->arena_len = len;
+		t->arena_key = UINT64_C(0xa7e4a000) + len % 997;
+		*local_key = t->arena_key;
+		t->stats.arena_registrations++;
+	}
+	pthread_mutex_unlock(&t->mu);
+	return rc;
+}
+
+int shm_transport_deregister_arena(void *user, void *addr, uint64_t len, uint64_t local_key)
+{
+	shm_transport *t = user;
+	pthread_mutex_lock(&t->mu);
+	int rc = PXN_OK;
+	if (addr != t->arena || len != t->arena_len || local_key != t->arena_key) {
+		rc = PXN_EINVAL;
+		t->stats.bad_keys++;
+	} else {
+		t->arena = NULL;
+		t->stats.arena_deregistrations++;
+	}
+	pthread_mutex_unlock(&t->mu);
+	return rc;
+}
+
+void shm_transport_refuse_arena(shm_transport *t)
+{
+	t->refuse_arena = 1;
+}
+
+shm_transport_stats shm_transport_get_stats(shm_transport *t)
+{
+	pthread_mutex_lock(&t->mu);
+	shm_transport_stats s = t->stats;
+	pthread_mutex_unlock(&t->mu);
+	return s;
+}
+#endif

@@ -48,4 +48,41 @@ void shm_transport_set_busy_every(shm_transport *t, unsigned n);
 /* How many submits were answered PXN_BUSY. */
 uint64_t shm_transport_busy_count(shm_transport *t);
 
+#if PXN_API_VERSION >= 3
+/*
+ * The route handle and remote key the transport gives for target index k
+ * (the order of shm_transport_add_target), as a real transport would hand
+ * out an endpoint and an rkey. A second-hop op that carries another route
+ * than the current one fails with PXN_ESTALE and writes nothing.
+ */
+uint64_t shm_transport_route(shm_transport *t, int k);
+uint64_t shm_transport_remote_key(shm_transport *t, int k);
+
+/* Replaces target k's route handle, as a reconnect would. */
+void shm_transport_renew_route(shm_transport *t, int k);
+
+/* The arena callbacks for pxn_options; user is the shm_transport. */
+int shm_transport_register_arena(void *user, void *addr, uint64_t len, int kind, uint64_t *local_key);
+int shm_transport_deregister_arena(void *user, void *addr, uint64_t len, uint64_t local_key);
+
+/* Makes register_arena fail, as a NIC out of memory regions would. */
+void shm_transport_refuse_arena(shm_transport *t);
+
+/*
+ * What the transport saw: second-hop ops (relayed), ops with a route
+ * (routed), ops whose keys were wrong (bad_keys: any is a bug of the
+ * engine), ops refused as stale, and arena (de)registrations.
+ */
+typedef struct shm_transport_stats {
+	uint64_t relayed_ops;
+	uint64_t routed_ops;
+	uint64_t bad_keys;
+	uint64_t stale_ops;
+	uint64_t arena_registrations;
+	uint64_t arena_deregistrations;
+} shm_transport_stats;
+
+shm_transport_stats shm_transport_get_stats(shm_transport *t);
+#endif
+
 #endif

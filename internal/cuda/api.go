@@ -62,6 +62,9 @@ const (
 
 const pointerAttributeMemoryType = 2
 
+// pointerAttributeDeviceOrdinal is CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL.
+const pointerAttributeDeviceOrdinal = 9
+
 // DeviceCount is cuDeviceGetCount.
 func (d *Driver) DeviceCount() (int, error) {
 	var n C.int
@@ -144,6 +147,16 @@ func (d *Driver) CtxGetCurrent() (Context, error) {
 		return 0, err
 	}
 	return Context(c), nil
+}
+
+// CtxGetDevice is cuCtxGetDevice: the device of the calling thread's
+// current context.
+func (d *Driver) CtxGetDevice() (Device, error) {
+	var dev C.CUdevice
+	if err := d.check(C.pxn_cuCtxGetDevice(d.t, &dev), "cuCtxGetDevice"); err != nil {
+		return 0, err
+	}
+	return Device(dev), nil
 }
 
 // CtxEnablePeerAccess is cuCtxEnablePeerAccess from the current context to
@@ -348,6 +361,17 @@ func (d *Driver) PointerMemoryType(p DevicePtr) (MemoryType, error) {
 		return 0, err
 	}
 	return MemoryType(v), nil
+}
+
+// PointerDeviceOrdinal is
+// cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL): the device
+// that holds the allocation of p.
+func (d *Driver) PointerDeviceOrdinal(p DevicePtr) (int, error) {
+	var v C.int
+	if err := d.check(C.pxn_cuPointerGetAttribute(d.t, unsafe.Pointer(&v), pointerAttributeDeviceOrdinal, C.CUdeviceptr(p)), "cuPointerGetAttribute(DEVICE_ORDINAL, %#x)", uint64(p)); err != nil {
+		return 0, err
+	}
+	return int(v), nil
 }
 
 // Classify reports whether [p, p+n) lies in one device allocation, with ctx

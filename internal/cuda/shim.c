@@ -74,6 +74,7 @@ static const struct {
 	[PXN_cuLaunchKernel] = {"cuLaunchKernel", 4000, 0},
 	[PXN_cuMemGetInfo] = {"cuMemGetInfo", 3020, 0},
 	[PXN_cuMemcpyHtoDAsync] = {"cuMemcpyHtoDAsync", 3020, 0},
+	[PXN_cuCtxGetDevice] = {"cuCtxGetDevice", 2000, 0},
 };
 
 const char *pxn_cu_symbol_name(int i) { return (i >= 0 && i < PXN_CU_NSYM) ? pxn_cu_symbols[i].name : NULL; }
@@ -218,6 +219,10 @@ CUresult pxn_cuCtxSetCurrent(pxn_cu_table *t, pxn_handle c) {
 }
 CUresult pxn_cuCtxGetCurrent(pxn_cu_table *t, pxn_handle *c) {
 	PXN_CALL(cuCtxGetCurrent, (CUcontext *), (CUcontext *)c);
+}
+
+CUresult pxn_cuCtxGetDevice(pxn_cu_table *t, CUdevice *d) {
+	PXN_CALL(cuCtxGetDevice, (CUdevice *), d);
 }
 CUresult pxn_cuCtxEnablePeerAccess(pxn_cu_table *t, pxn_handle peer, unsigned int flags) {
 	PXN_CALL(cuCtxEnablePeerAccess, (CUcontext, unsigned int), (CUcontext)peer, flags);

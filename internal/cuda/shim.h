@@ -93,6 +93,7 @@ enum {
 	PXN_cuLaunchKernel,
 	PXN_cuMemGetInfo,
 	PXN_cuMemcpyHtoDAsync,
+	PXN_cuCtxGetDevice,
 	PXN_CU_NSYM
 };
 
@@ -128,6 +129,7 @@ CUresult pxn_cuDevicePrimaryCtxRetain(pxn_cu_table *t, pxn_handle *c, CUdevice d
 CUresult pxn_cuDevicePrimaryCtxRelease(pxn_cu_table *t, CUdevice d);
 CUresult pxn_cuCtxSetCurrent(pxn_cu_table *t, pxn_handle c);
 CUresult pxn_cuCtxGetCurrent(pxn_cu_table *t, pxn_handle *c);
+CUresult pxn_cuCtxGetDevice(pxn_cu_table *t, CUdevice *d);
 CUresult pxn_cuCtxEnablePeerAccess(pxn_cu_table *t, pxn_handle peer, unsigned int flags);
 CUresult pxn_cuMemAlloc(pxn_cu_table *t, CUdeviceptr *p, size_t n);
 CUresult pxn_cuMemFree(pxn_cu_table *t, CUdeviceptr p);

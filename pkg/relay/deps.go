@@ -92,6 +92,12 @@ type Hop interface {
 	Poll(out []HopCompletion) int
 }
 
+// ErrTimedOut marks a failure that is a timeout: a hop completion whose
+// error matches it (errors.Is) timed out, and a task that failed with it
+// timed out, on the direct path, in a relay's second hop, or waiting for a
+// relay that made no progress.
+var ErrTimedOut = errors.New("timed out")
+
 // ErrHopBusy is returned by Hop.Submit when the hop cannot take more work now;
 // the caller retries later.
 var ErrHopBusy = errors.New("second hop busy")

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"errors"
 	"sync/atomic"
 	"time"
 
@@ -17,8 +18,10 @@ type inflightRec struct {
 	remaining int
 	bytes     uint64
 	failed    bool
-	route     *route
-	ops       []WriteOp
+	// timedOut is set when a failed write timed out (ErrTimedOut).
+	timedOut bool
+	route    *route
+	ops      []WriteOp
 	// unsent are the ops the hop has not taken yet.
 	unsent []WriteOp
 	// sending is set while the rec is being handed to the hop or waits in
@@ -158,6 +161,7 @@ func (rec *inflightRec) fill(rt *route, plans []staging.PlanEntry, src uintptr) 
 func (e *Engine) finishRelayWrite(rec *inflightRec, err error) {
 	if err != nil && !rec.failed {
 		rec.failed = true
+		rec.timedOut = errors.Is(err, ErrTimedOut)
 		e.pump.dropRoute(rec.route)
 		e.log.V(2).Info("second hop failed", "lane", rec.lane, "seq", rec.seq, "err", err)
 	}
@@ -169,6 +173,9 @@ func (e *Engine) finishRelayWrite(rec *inflightRec, err error) {
 	status := int32(staging.CompletionOK)
 	if rec.failed {
 		status = staging.CompletionSecondHop
+		if rec.timedOut {
+			status = staging.CompletionTimeout
+		}
 		e.counters.secondHopFails.Add(1)
 	} else {
 		e.counters.forwardedBytes.Add(rec.bytes)

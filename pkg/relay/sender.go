@@ -174,7 +174,7 @@ const ticketTimeout = 30 * time.Second
 
 // errTicketTimeout fails the published Pieces of a lane whose relay made no
 // progress for ticketTimeout.
-var errTicketTimeout = errors.New("relay made no progress on the piece")
+var errTicketTimeout = fmt.Errorf("relay made no progress on the piece: %w", ErrTimedOut)
 
 func (e *Engine) ticketTimeout() time.Duration {
 	if e.hooks.ticketTimeout > 0 {
@@ -287,8 +287,11 @@ func (e *Engine) finishPublished(pr pieceRef, status int32) {
 	var err error
 	if status != staging.CompletionOK {
 		err = fmt.Errorf("relay completion status %d (%s)", status, completionReason(status))
+		if status == staging.CompletionTimeout {
+			err = fmt.Errorf("%w: %w", err, ErrTimedOut)
+		}
 		e.counters.failedPieces.Add(1)
-		if status == staging.CompletionSecondHop {
+		if status == staging.CompletionSecondHop || status == staging.CompletionTimeout {
 			e.counters.secondHopFails.Add(1)
 		}
 	} else {
@@ -320,6 +323,8 @@ func completionReason(status int32) string {
 		return "invalid descriptor"
 	case staging.CompletionSecondHop:
 		return "second hop failed"
+	case staging.CompletionTimeout:
+		return "second hop timed out"
 	case staging.CompletionUnresolved:
 		return "target not resolvable on the relay's rail"
 	case staging.CompletionRelayClosing:

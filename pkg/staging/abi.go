@@ -57,6 +57,8 @@ const (
 	CompletionSecondHop    = -2
 	CompletionUnresolved   = -3
 	CompletionRelayClosing = -4
+	// CompletionTimeout: a second-hop write of the Piece timed out.
+	CompletionTimeout = -5
 )
 
 // PlanEntry is one piece of a Piece: Len bytes of the slot, in order, go to

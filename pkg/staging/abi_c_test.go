@@ -127,6 +127,7 @@ var goMacros = []cMacro{
 	{"PXN_COMPLETION_SECOND_HOP", CompletionSecondHop},
 	{"PXN_COMPLETION_UNRESOLVED", CompletionUnresolved},
 	{"PXN_COMPLETION_RELAY_CLOSING", CompletionRelayClosing},
+	{"PXN_COMPLETION_TIMEOUT", CompletionTimeout},
 }
 
 // slotProbes are the seqs whose PXN_SLOT_OF the C program prints.

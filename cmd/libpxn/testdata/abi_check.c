@@ -188,6 +188,16 @@ static pxn_options base_options(void)
 	return o;
 }
 
+static int no_arena(void *user, void *addr, uint64_t len, int kind, uint64_t *key)
+{
+	(void)user;
+	(void)addr;
+	(void)len;
+	(void)kind;
+	(void)key;
+	return PXN_EIO;
+}
+
 static void check_open_errors(void)
 {
 	pxn_engine_t e = 77;
@@ -217,11 +227,40 @@ static void check_open_errors(void)
 	t.poll = NULL;
 	CHECK_RC(pxn_open(&o, &e), PXN_EINVAL);
 
+	/* PXN_ABI_CHECK_CUDA=1: the machine has a CUDA driver and a device. */
 	o = base_options();
 	o.copier = PXN_COPIER_CUDA;
-	CHECK_RC(pxn_open(&o, &e), PXN_ENOTSUP);
-	CHECK(last_error_contains("not available"));
+	const char *cuda = getenv("PXN_ABI_CHECK_CUDA");
+	if (cuda != NULL && strcmp(cuda, "1") == 0) {
+		CHECK_RC(pxn_open(&o, &e), PXN_OK);
+		CHECK_RC(pxn_close(e, 1000), PXN_OK);
+	} else {
+		CHECK_RC(pxn_open(&o, &e), PXN_ENOTSUP);
+		CHECK(last_error_contains("not available"));
+		CHECK(last_error_contains("libcuda.so.1"));
+	}
 	o.copier = 42;
+	CHECK_RC(pxn_open(&o, &e), PXN_EINVAL);
+
+	/* Options of version 1 (API version 2) are a shorter struct. */
+	o = base_options();
+	o.version = 1;
+	o.struct_size = (uint32_t)offsetof(pxn_options, register_arena);
+	CHECK_RC(pxn_open(&o, &e), PXN_OK);
+	CHECK_RC(pxn_close(e, 1000), PXN_OK);
+	o.struct_size = (uint32_t)offsetof(pxn_options, register_arena) - 8;
+	CHECK_RC(pxn_open(&o, &e), PXN_EINVAL);
+	o = base_options();
+	o.struct_size = (uint32_t)offsetof(pxn_options, register_arena);
+	CHECK_RC(pxn_open(&o, &e), PXN_EINVAL);
+	CHECK(last_error_contains("version 2 needs"));
+
+	/* Arena callbacks come in pairs; flags must be known. */
+	o = base_options();
+	o.register_arena = no_arena;
+	CHECK_RC(pxn_open(&o, &e), PXN_EINVAL);
+	o = base_options();
+	o.flags = 0x80;
 	CHECK_RC(pxn_open(&o, &e), PXN_EINVAL);
 
 	char long_hca[200];
@@ -277,6 +316,18 @@ static void check_registration(pxn_engine_t e)
 	CHECK_RC(pxn_register_target(e, "tgt", "rmlx5_1", 0x1800, 0x1000), PXN_EINVAL);
 	CHECK(last_error_contains("overlaps"));
 	CHECK_RC(pxn_register_target(e, "tgt", "rmlx5_1", 0x2000, 0x1000), PXN_OK);
+	{
+		pxn_target_info info = {.hca_count = 1, .range_base = 0x8000, .range_len = 0x1000, .route = 7, .remote_key = 9};
+		snprintf(info.hca, sizeof(info.hca), "%s", "rmlx5_1");
+		CHECK_RC(pxn_register_target_info(e, "tgt", &info), PXN_OK);
+		CHECK_RC(pxn_register_target_info(e, "tgt", &info), PXN_EINVAL);
+		CHECK(last_error_contains("overlaps"));
+		info.range_base = 0x10000;
+		info.hca_count = 2;
+		CHECK_RC(pxn_register_target_info(e, "tgt", &info), PXN_EINVAL);
+		CHECK_RC(pxn_register_target_info(e, "tgt", NULL), PXN_EINVAL);
+		CHECK_RC(pxn_register_target_info(e, NULL, &info), PXN_EINVAL);
+	}
 	CHECK_RC(pxn_unregister_target(e, "nope"), PXN_EINVAL);
 	CHECK_RC(pxn_unregister_target(e, "tgt"), PXN_OK);
 	CHECK_RC(pxn_unregister_target(e, "tgt"), PXN_EINVAL);
@@ -353,7 +404,7 @@ static void check_status_mapping(pxn_engine_t e, manual *m)
 
 	for (size_t i = 0; i < 5; i++) {
 		pxn_task_status st = status_of(e, b, i);
-		CHECK(st.state == PXN_TASK_PENDING && st.transferred == 0);
+		CHECK(st.state == PXN_TASK_WAITING && st.transferred == 0);
 	}
 	pxn_task_status st;
 	CHECK_RC(pxn_get_status(e, b, 5, &st), PXN_EINVAL);
@@ -376,7 +427,7 @@ static void check_status_mapping(pxn_engine_t e, manual *m)
 	st = status_of(e, b, 3);
 	CHECK(st.state == PXN_TASK_FAILED);
 	CHECK(last_error_contains("link down"));
-	CHECK(status_of(e, b, 4).state == PXN_TASK_PENDING);
+	CHECK(status_of(e, b, 4).state == PXN_TASK_WAITING);
 	CHECK_RC(pxn_free_batch(e, b), PXN_BUSY);
 	complete(m, src[4], PXN_OK, NULL);
 	st = status_of(e, b, 4);
@@ -396,7 +447,7 @@ static void check_busy_and_refused(pxn_engine_t e, manual *m)
 	m->busy = 1;
 	size_t seen = m->ops_seen;
 	CHECK_RC(pxn_submit(e, &r, 1, &b), PXN_OK);
-	CHECK(status_of(e, b, 0).state == PXN_TASK_PENDING);
+	CHECK(status_of(e, b, 0).state == PXN_TASK_WAITING);
 	CHECK(m->ops_seen == seen);
 	m->busy = 0;
 	CHECK_RC(pxn_progress(e), PXN_OK);
@@ -431,6 +482,8 @@ static void check_counters(pxn_engine_t e)
 	CHECK_RC(pxn_get_counters(e, &c), PXN_OK);
 	CHECK(c.struct_size == sizeof(c));
 	CHECK(c.pxn_active == 0 && c.relayed_bytes == 0 && c.forwarded_bytes == 0);
+	/* PXN off: no copier runs; every batch of the checks so far was freed. */
+	CHECK(c.copier == 0 && c.live_batches == 0);
 	/* 100..104 from the mapping check and three 64-byte writes. */
 	CHECK(c.direct_bytes == 100 + 101 + 102 + 103 + 104 + 3 * 64);
 
@@ -491,7 +544,7 @@ static void *submit_loop(void *arg)
 			pxn_task_status st;
 			do {
 				CHECK_RC(pxn_get_status(w->e, b, (size_t)i, &st), PXN_OK);
-			} while (st.state == PXN_TASK_PENDING);
+			} while (st.state == PXN_TASK_WAITING);
 			CHECK(st.state == PXN_TASK_COMPLETED && st.transferred == 512);
 		}
 		CHECK_RC(pxn_free_batch(w->e, b), PXN_OK);
@@ -531,6 +584,43 @@ static void check_close(pxn_engine_t e, manual *m)
 	CHECK_RC(pxn_submit(e, &r, 1, &b), PXN_EINVAL);
 }
 
+/*
+ * The host frees every batch: a host that leaks them meets PXN_ETOOMANY at
+ * max_batches, with a message that says what to do, and recovers by freeing.
+ */
+static void check_live_batches(manual *m)
+{
+	static uint8_t src[8];
+	pxn_options o = base_options();
+	o.max_batches = 3;
+	pxn_engine_t e = 0;
+	CHECK_RC(pxn_open(&o, &e), PXN_OK);
+	m->autocomplete = 1;
+	pxn_request r = {.op = PXN_OP_WRITE, .src = src, .len = sizeof(src), .target = "tgt", .dst = 0x1000};
+	pxn_batch_t b[4] = {0};
+	for (int i = 0; i < 3; i++)
+		CHECK_RC(pxn_submit(e, &r, 1, &b[i]), PXN_OK);
+	CHECK_RC(pxn_submit(e, &r, 1, &b[3]), PXN_ETOOMANY);
+	CHECK(b[3] == 0);
+	CHECK(last_error_contains("pxn_free_batch"));
+	pxn_counters c = {.struct_size = sizeof(c)};
+	CHECK_RC(pxn_get_counters(e, &c), PXN_OK);
+	CHECK(c.live_batches == 3);
+	/* Final tasks do not free their batch. */
+	CHECK(status_of(e, b[0], 0).state == PXN_TASK_COMPLETED);
+	CHECK_RC(pxn_submit(e, &r, 1, &b[3]), PXN_ETOOMANY);
+	CHECK_RC(pxn_free_batch(e, b[0]), PXN_OK);
+	CHECK_RC(pxn_submit(e, &r, 1, &b[0]), PXN_OK);
+	for (int i = 0; i < 3; i++) {
+		CHECK(status_of(e, b[i], 0).state == PXN_TASK_COMPLETED);
+		CHECK_RC(pxn_free_batch(e, b[i]), PXN_OK);
+	}
+	CHECK_RC(pxn_get_counters(e, &c), PXN_OK);
+	CHECK(c.live_batches == 0);
+	m->autocomplete = 0;
+	CHECK_RC(pxn_close(e, 1000), PXN_OK);
+}
+
 static int no_target(void *user, const char *session, uint64_t dst, pxn_target_info *out)
 {
 	(void)user;
@@ -545,8 +635,8 @@ int main(void)
 	CHECK(pthread_mutex_init(&transport_state.mu, NULL) == 0);
 	CHECK(pxn_api_version() == PXN_API_VERSION);
 	CHECK(pxn_last_error(NULL, 0) == 0);
-	const int codes[] = {PXN_OK,  PXN_EINVAL,    PXN_BUSY,     PXN_ENOTSUP,
-			     PXN_ECLOSED, PXN_EIO, PXN_ETIMEDOUT, PXN_EINTERNAL};
+	const int codes[] = {PXN_OK,  PXN_EINVAL,    PXN_BUSY,      PXN_ENOTSUP, PXN_ECLOSED,
+			     PXN_EIO, PXN_ETIMEDOUT, PXN_EINTERNAL, PXN_ETOOMANY, PXN_ESTALE};
 	for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
 		CHECK(pxn_strerror(codes[i]) != NULL);
 		CHECK(strcmp(pxn_strerror(codes[i]), pxn_strerror(12345)) != 0);
@@ -587,6 +677,8 @@ int main(void)
 	CHECK(e2 != 0 && e2 != e);
 	CHECK_RC(pxn_register_target(e2, "tgt", "rmlx5_0", 0x1000, 0x1000), PXN_EINVAL);
 	CHECK_RC(pxn_close(e2, 1000), PXN_OK);
+
+	check_live_batches(&transport_state);
 
 	printf("PASS\n");
 	return 0;
