@@ -3,7 +3,7 @@
 # shared libraries they load that are not glibc's, for a machine without
 # Mooncake's packages. Run the bundle with run-pair.sh OUT.
 set -euo pipefail
-src=${1:?usage: bundle.sh MOONCAKE_SRC OUT}
+src=$(cd "${1:?usage: bundle.sh MOONCAKE_SRC OUT}" && pwd)
 out=$(mkdir -p "${2:?usage: bundle.sh MOONCAKE_SRC OUT}" && cd "$2" && pwd)
 here=$(cd "$(dirname "$0")/.." && pwd)
 make -C "$here" test-bin MOONCAKE_SRC="$src" OUT="$out/build" CXXFLAGS="-O2 -g"

@@ -3,8 +3,8 @@
 # a relay and a sender sharing a fresh registry and target buffers under
 # /dev/shm. DIR holds pxn_transport_test and libpxn.so, and in DIR/lib the
 # shared libraries a machine without Mooncake's packages lacks (bundle.sh).
-# PXN_TEST_CUDA=1 puts the sources in device memory and lets libpxn choose
-# its CUDA copier.
+# On a GPU machine the sources are device memory and libpxn's copier is its
+# CUDA one; PXN_TEST_CUDA=1 makes a missing GPU an error.
 set -euo pipefail
 dir=$(cd "${1:?usage: run-pair.sh DIR}" && pwd)
 scratch=$(mktemp -d /dev/shm/pxn-mooncake-XXXXXX)

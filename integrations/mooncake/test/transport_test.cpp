@@ -116,9 +116,10 @@ bool holds(const char *p, uint64_t len, uint32_t seed) {
     return true;
 }
 
-// PXN_TEST_CUDA=1: the "GPU" memory is real device memory (cuMemAlloc on
-// GPU 0 for the sender, on GPU 1 for the relay when there are two), libpxn
-// chooses its CUDA copier, and the emulated NIC copies with cuMemcpy.
+// Where libcuda.so.1 loads and reports a GPU (or PXN_TEST_CUDA=1 demands
+// one), the "GPU" memory is real device memory (cuMemAlloc on GPU 0 for the
+// sender, on GPU 1 for the relay when there are two), libpxn's default
+// copier is its CUDA one, and the emulated NIC copies with cuMemcpy.
 struct Cuda {
     using CUresult = int;
     using CUdeviceptr = unsigned long long;
@@ -155,6 +156,18 @@ struct Cuda {
         check(primaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
         check(ctxSetCurrent(ctx), "cuCtxSetCurrent");
         on = true;
+    }
+
+    // Whether to run on a GPU: PXN_TEST_CUDA=1 requires one; otherwise any
+    // GPU the driver reports, as libpxn's default copier would take it.
+    bool wanted() {
+        if (env("PXN_TEST_CUDA") == "1") return true;
+        void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+        if (!lib) return false;
+        auto initf = reinterpret_cast<CUresult (*)(unsigned)>(dlsym(lib, "cuInit"));
+        auto countf = reinterpret_cast<CUresult (*)(int *)>(dlsym(lib, "cuDeviceGetCount"));
+        int n = 0;
+        return initf && countf && initf(0) == 0 && countf(&n) == 0 && n > 0;
     }
 
     static void check(CUresult rc, const char *what) {
@@ -237,18 +250,20 @@ void setUp(Rank &r, int rank) {
     r.meta = std::make_shared<TransferMetadata>("P2PHANDSHAKE");
     r.topo = localTopology(rank);
     addDecodeSegments(r);
+    // libpxn takes the GPU current at pxn_open, inside installTransport.
+    if (cuda.wanted()) {
+        cuda.open(rank);
+        seam::setCopy(&cudaCopy);
+    }
     r.mt = std::make_unique<MultiTransport>(r.meta, r.name);
     Transport *t = r.mt->installTransport("rdma", r.topo);
     if (t == nullptr) throw CaseFailed{"installTransport(rdma) failed"};
     r.rdma = dynamic_cast<RdmaTransport *>(t);
     r.pxn = dynamic_cast<PxnRdmaTransport *>(t);
-    if (env("PXN_TEST_CUDA") == "1") {
-        cuda.open(rank);
-        seam::setCopy(&cudaCopy);
+    if (cuda.on)
         r.device = cuda.alloc(kSrcLen);
-    } else {
+    else
         r.device = static_cast<char *>(aligned_alloc(4096, kSrcLen));
-    }
     r.host = static_cast<char *>(aligned_alloc(4096, kHostLen));
     if (r.rdma->registerLocalMemory(r.device, kSrcLen, "cuda:0", true, true) ||
         r.rdma->registerLocalMemory(r.host, kHostLen, "cpu:0", true, true))
