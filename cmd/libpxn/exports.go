@@ -156,7 +156,13 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 		dev := deviceChoice{ordinal: int(o.cuda_device), set: o.flags&C.PXN_OPEN_CUDA_DEVICE != 0}
 		log := klog.Background()
 		pxnOn := staging.Load(cLookupEnv, nil).Enable && hca != ""
-		first, err := newFirstHop(uint32(o.copier), pxnOn, dev, cLookupEnv, log)
+		kind := uint32(o.copier)
+		if legacy && kind == copierDefault {
+			// API version 2 documented DEFAULT as the host copier, and its
+			// hosts may register CPU memory as device memory under it.
+			kind = copierHost
+		}
+		first, err := newFirstHop(kind, pxnOn, dev, cLookupEnv, log)
 		if err != nil {
 			return err
 		}
@@ -195,8 +201,12 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 		}
 		if !eng.PXNActive() && first.kind != copierDefault {
 			// PXN did not come up (its configuration or registry refused):
-			// no copier runs.
+			// no copier runs, and its streams go now. The GPU stays
+			// retained until pxn_close: a quarantined arena lives in it.
 			first.kind = copierDefault
+			if err := first.copier.Close(); err != nil {
+				log.Info("pxn first hop: closing the unused copier failed", "err", err.Error())
+			}
 		}
 		*out = C.pxn_engine_t(handles.add(newEngine(eng, engineSetup{first: first, table: table, release: release,
 			legacy: legacy, maxBatches: maxBatches})))

@@ -313,6 +313,9 @@ func TestExampleRanks(t *testing.T) {
 		v2 bool
 		// refuseArena makes rank 1's transport refuse the arena.
 		refuseArena bool
+		// stale replaces every route handle after the first writes and
+		// writes again: relays meet stale handles.
+		stale bool
 	}{
 		{
 			name:        "pxn",
@@ -344,6 +347,13 @@ func TestExampleRanks(t *testing.T) {
 			directories: [ranks]string{"table", "callback"},
 			refuseArena: true,
 			stderrHas:   "register_arena refused the staging arena",
+		},
+		{
+			name:        "stale routes",
+			env:         []string{"MC_PXN_ENABLE=1", "MC_PXN_GROUP_ID=ctest", "MC_PXN_RAIL_MAP=" + railMap},
+			directories: [ranks]string{"callback", "callback"},
+			relayed:     true,
+			stale:       true,
 		},
 		{
 			name:        "direct",
@@ -382,6 +392,8 @@ func TestExampleRanks(t *testing.T) {
 				case tc.refuseArena:
 					// Rail 1 will never have a relay.
 					extra = []string{"--wait-relay", "0"}
+				case tc.stale:
+					extra = []string{"--stale-check", "1"}
 				}
 				runs[r] = startRank(ctx, t, b, env, r, ranks, targets, tc.directories[r], tc.busyEvery, extra...)
 			}
@@ -401,9 +413,26 @@ func TestExampleRanks(t *testing.T) {
 					t.Fatalf("rank %d: %v\nstderr:\n%s", r, err, rr.stderr.String())
 				}
 			}
-			for _, rr := range runs {
-				if _, err := rr.stdin.Write([]byte("\n")); err != nil {
-					t.Fatal(err)
+			release := func() {
+				for _, rr := range runs {
+					if _, err := rr.stdin.Write([]byte("\n")); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			release()
+			if tc.stale {
+				// Every rank renews its handles before any writes again,
+				// and every rank is done before any closes.
+				for _, step := range []string{"RENEWED", "STALE"} {
+					for r, rr := range runs {
+						line, err := waitLine(ctx, rr, step)
+						if err != nil {
+							t.Fatalf("rank %d: %v\nstderr:\n%s", r, err, rr.stderr.String())
+						}
+						t.Logf("rank %d: %s", r, line)
+					}
+					release()
 				}
 			}
 			done := make([]map[string]uint64, ranks)
@@ -424,7 +453,7 @@ func TestExampleRanks(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					checkV3Line(t, r, v3, done[r], tc.relayed, tc.refuseArena && r == 1)
+					checkV3Line(t, r, v3, done[r], tc.relayed, tc.refuseArena && r == 1, tc.stale)
 				}
 				line, err = waitLine(ctx, rr, "CLOSED")
 				if err != nil {
@@ -462,6 +491,14 @@ func TestExampleRanks(t *testing.T) {
 					want["relayed_bytes"] = 0
 					want["forwarded_bytes"] = 0
 					want["direct_bytes"] = 2 * ranks * region
+				} else if tc.stale {
+					// The second writes went through relays too; some
+					// Pieces failed on a stale handle and were written
+					// again, so only the absence of fallbacks is exact.
+					want = map[string]uint64{"region": region, "pxn_active": 1, "fallback_bytes": 0}
+					if d["second_hop_failures"] == 0 || d["relayed_bytes"] < 2*(ranks-1)*region {
+						t.Errorf("rank %d: no stale-route failure seen, or too few relayed bytes: %v", r, d)
+					}
 				} else if tc.relayed {
 					// One region to each other rail through its relay,
 					// one region forwarded for each peer, the own rail's
@@ -493,10 +530,10 @@ func TestExampleRanks(t *testing.T) {
 // checkV3Line checks what an API version 3 rank's transport saw: every
 // second-hop op carried the arena's key and the route and key the
 // directory gave, and none was stale.
-func checkV3Line(t *testing.T, r int, v3, counters map[string]uint64, relayed, refused bool) {
+func checkV3Line(t *testing.T, r int, v3, counters map[string]uint64, relayed, refused, stale bool) {
 	t.Helper()
-	if v3["bad_keys"] != 0 || v3["stale_ops"] != 0 || v3["live_batches"] != 0 {
-		t.Errorf("rank %d: %v", r, v3)
+	if v3["bad_keys"] != 0 || v3["live_batches"] != 0 || (v3["stale_ops"] != 0) != stale {
+		t.Errorf("rank %d: %v (stale routes expected: %v)", r, v3, stale)
 	}
 	wantCopier := uint64(0)
 	if counters["pxn_active"] == 1 {

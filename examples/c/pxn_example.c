@@ -142,6 +142,56 @@ static int resolve(void *user, const char *session, uint64_t dst, pxn_target_inf
 	return PXN_EINVAL;
 }
 
+#if PXN_API_VERSION >= 3
+/*
+ * Writes reqs until every task has completed, resubmitting the ones that
+ * failed, at most five rounds; returns how many tasks failed on the way.
+ */
+static size_t write_until_done(const example *ex, const pxn_request *reqs, size_t n)
+{
+	pxn_request *left = calloc(n, sizeof(*left));
+	if (left == NULL)
+		die(ex, "calloc", PXN_EIO);
+	memcpy(left, reqs, n * sizeof(*left));
+	size_t nleft = n, failed = 0;
+	struct timespec pause = {0, 100000};
+	for (int round = 0; nleft > 0; round++) {
+		if (round == 5) {
+			fprintf(stderr, "FAIL rank=%d: %zu tasks still failing after 5 rounds\n", ex->rank, nleft);
+			exit(1);
+		}
+		pxn_batch_t b;
+		int rc = pxn_submit(ex->engine, left, nleft, &b);
+		if (rc != PXN_OK)
+			die(ex, "pxn_submit(again)", rc);
+		size_t keep = 0;
+		for (size_t i = 0; i < nleft; i++) {
+			pxn_task_status st;
+			double deadline = now_ms() + 60000;
+			for (;;) {
+				if ((rc = pxn_get_status(ex->engine, b, i, &st)) != PXN_OK)
+					die(ex, "pxn_get_status", rc);
+				if (st.state != PXN_TASK_WAITING)
+					break;
+				if (now_ms() > deadline) {
+					fprintf(stderr, "FAIL rank=%d: a task still WAITING after 60 s\n", ex->rank);
+					exit(1);
+				}
+				nanosleep(&pause, NULL);
+			}
+			if (st.state != PXN_TASK_COMPLETED)
+				left[keep++] = left[i];
+		}
+		if ((rc = pxn_free_batch(ex->engine, b)) != PXN_OK)
+			die(ex, "pxn_free_batch", rc);
+		failed += keep;
+		nleft = keep;
+	}
+	free(left);
+	return failed;
+}
+#endif
+
 static void print_counters(const example *ex, const char *tag)
 {
 	pxn_counters cn = {.struct_size = sizeof(cn)};
@@ -168,7 +218,7 @@ static void print_counters(const example *ex, const char *tag)
 static void usage(void)
 {
 	fprintf(stderr, "usage: pxn_example --rank R --ranks N --dir DIR [--directory table|callback] "
-			"[--busy-every N] [--refuse-arena 0|1] [--wait-relay 1|0]\n");
+			"[--busy-every N] [--refuse-arena 0|1] [--wait-relay 1|0] [--stale-check 0|1]\n");
 	exit(2);
 }
 
@@ -180,6 +230,7 @@ int main(int argc, char **argv)
 	int busy_every = 0;
 	int refuse_arena = 0;
 	int wait_relay = 1;
+	int stale_check = 0;
 	for (int i = 1; i < argc; i++) {
 		if (i + 1 >= argc)
 			usage();
@@ -197,6 +248,8 @@ int main(int argc, char **argv)
 			refuse_arena = atoi(argv[++i]);
 		else if (strcmp(argv[i], "--wait-relay") == 0)
 			wait_relay = atoi(argv[++i]);
+		else if (strcmp(argv[i], "--stale-check") == 0)
+			stale_check = atoi(argv[++i]);
 		else
 			usage();
 	}
@@ -352,6 +405,39 @@ int main(int argc, char **argv)
 	 * all are done. Only then are the forwarded counters final.
 	 */
 	(void)getchar();
+#if PXN_API_VERSION >= 3
+	if (stale_check) {
+		/*
+		 * Every route handle this transport gave out is replaced, as after
+		 * a reconnect, without telling the engine: the relays' cached
+		 * routes are stale. A second-hop op that carries one fails with
+		 * PXN_ESTALE and writes nothing; the relay drops the route,
+		 * resolves the target again (the resolve callback gives the new
+		 * handle) and later Pieces go through. Failed tasks are written
+		 * again; the read-back then checks every byte.
+		 */
+		for (int k = 0; k < ex.ranks; k++)
+			shm_transport_renew_route(ex.transport, k);
+		printf("RENEWED rank=%d\n", ex.rank);
+		(void)getchar();
+		memset(back, 0, total);
+		size_t failed = write_until_done(&ex, writes, nw);
+		pxn_batch_t rb2;
+		if ((rc = pxn_submit(ex.engine, reads, (size_t)ex.ranks, &rb2)) != PXN_OK)
+			die(&ex, "pxn_submit(reads)", rc);
+		wait_batch(&ex, rb2, reads, (size_t)ex.ranks, "read");
+		if ((rc = pxn_free_batch(ex.engine, rb2)) != PXN_OK)
+			die(&ex, "pxn_free_batch", rc);
+		if (memcmp(src, back, total) != 0) {
+			fprintf(stderr, "FAIL rank=%d: read-back after the stale routes differs\n", ex.rank);
+			return 1;
+		}
+		printf("STALE rank=%d failed_tasks=%zu\n", ex.rank, failed);
+		(void)getchar();
+	}
+#else
+	(void)stale_check;
+#endif
 	print_counters(&ex, "FINAL");
 
 	if ((rc = pxn_close(ex.engine, 5000)) != PXN_OK)

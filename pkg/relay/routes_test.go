@@ -407,3 +407,26 @@ func TestLoopbackRoutesTheRelaysWrites(t *testing.T) {
 		t.Fatalf("relay's hop stats %+v: want 2 routes and 0 lookups", s)
 	}
 }
+
+// A second-hop write that timed out reaches the sender as a timeout
+// (relay.ErrTimedOut, through the relay's CompletionTimeout); any other
+// second-hop failure does not.
+func TestSecondHopTimeoutReachesTheSender(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		err     error
+		timeout bool
+	}{
+		{"timed out", fmt.Errorf("no ack from the peer: %w", relay.ErrTimedOut), true},
+		{"failed", errors.New("link down"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _, _ := routedPair(t, 16*mib)
+			p.hopB.FailSession(sessRail1, tc.err)
+			st := p.write(t, 0, 8*mib, sessRail1, tgtBase)
+			if st.State != relay.Failed || errors.Is(st.Err, relay.ErrTimedOut) != tc.timeout {
+				t.Fatalf("write through a hop failing with %v: %+v; want failed, timeout %v", tc.err, st, tc.timeout)
+			}
+		})
+	}
+}

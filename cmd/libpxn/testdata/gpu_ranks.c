@@ -962,6 +962,20 @@ int main(int argc, char **argv)
 					ok = 0;
 				}
 			}
+			/*
+			 * Tasks are WAITING while they run, and a task of many Pieces
+			 * shows its completed Pieces' bytes (whole 8 MiB Pieces) before
+			 * it completes.
+			 */
+			if (!waiting) {
+				fprintf(stderr, "FAIL: %s pass %d: no task was seen WAITING\n", cases[c].name, pass);
+				ok = 0;
+			}
+			if (cases[c].len == UINT64_C(1) << 30 && (midway == 0 || midway % (UINT64_C(8) << 20) != 0)) {
+				fprintf(stderr, "FAIL: %s pass %d: transferred seen at %llu before completion; want a multiple of 8 MiB\n",
+					cases[c].name, pass, (unsigned long long)midway);
+				ok = 0;
+			}
 			double ms = last - first;
 			if (pass == 1) {
 				/* The median and the best repetition, each timed across both ranks. */
