@@ -30,6 +30,18 @@ test: lint
 	KUBEBUILDER_ASSETS=$$($(TOOLS) assets) \
 	$(GO) test $(GOTEST_FLAGS) ./...
 
+# The Mooncake transport (integrations/mooncake) against a Mooncake checkout:
+# _output/mooncake/libpxn_mooncake.a and libpxn.so, and the factory patch
+# compiled on a copy of the checkout's multi_transport.cpp. make test runs
+# its tests through go test ./...; mooncake-test runs them alone.
+.PHONY: mooncake mooncake-test
+MOONCAKE_SRC ?= ../shared/reference/mooncake
+mooncake:
+	@$(MAKE) -C integrations/mooncake all patch-check MOONCAKE_SRC=$(abspath $(MOONCAKE_SRC)) OUT=$(CURDIR)/_output/mooncake
+
+mooncake-test:
+	MOONCAKE_SRC=$(abspath $(MOONCAKE_SRC)) $(GO) test -count=1 -v ./integrations/mooncake/
+
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 

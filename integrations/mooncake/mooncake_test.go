@@ -1,0 +1,359 @@
+// Package mooncake holds the PXN transport for Mooncake's transfer engine
+// (C++, built by this directory's Makefile against a Mooncake checkout).
+// These tests build it against MOONCAKE_SRC, with the factory patch applied
+// to a copy of the checkout's multi_transport.cpp, link it against the link
+// seam in test/, and run it as real processes sharing a PXN registry.
+package mooncake
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// packages names the Debian packages whose headers Mooncake's headers
+// include, and how to include one of each (jsoncpp as Mooncake does).
+var packages = []struct{ pkg, include string }{
+	{"libgoogle-glog-dev", "#include <glog/logging.h>"},
+	{"libgflags-dev", "#include <gflags/gflags.h>"},
+	{"libjsoncpp-dev", "#if __has_include(<jsoncpp/json/json.h>)\n#include <jsoncpp/json/json.h>\n#else\n#include <json/json.h>\n#endif"},
+	{"libibverbs-dev", "#include <infiniband/verbs.h>"},
+	{"libnuma-dev", "#include <numa.h>"},
+}
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		t.Fatal("cannot locate the test's source file")
+	}
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// mooncakeSrc is MOONCAKE_SRC, else the reference checkout CI keeps beside
+// the clone; without one the tests skip.
+func mooncakeSrc(t *testing.T, root string) string {
+	t.Helper()
+	src := os.Getenv("MOONCAKE_SRC")
+	if src == "" {
+		src = filepath.Join(root, "..", "shared", "reference", "mooncake")
+	}
+	src, err := filepath.Abs(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr := filepath.Join(src, "mooncake-transfer-engine", "include", "transport", "rdma_transport", "rdma_transport.h")
+	if _, err := os.Stat(hdr); err != nil {
+		t.Skipf("no Mooncake checkout at %s (%v): set MOONCAKE_SRC to one to build and test the transport", src, err)
+	}
+	return src
+}
+
+// needBuildTools checks the compiler, make, patch and the packages' headers.
+// Missing ones skip the test, or fail it when PXN_REQUIRE_TOOLS=1 (make
+// test, where .ci/run installs them).
+func needBuildTools(t *testing.T) {
+	t.Helper()
+	missing := func(format string, args ...any) {
+		t.Helper()
+		msg := fmt.Sprintf(format, args...)
+		if os.Getenv("PXN_REQUIRE_TOOLS") == "1" {
+			t.Fatalf("%s, and PXN_REQUIRE_TOOLS=1", msg)
+		}
+		t.Skip(msg)
+	}
+	for _, tool := range []string{"g++", "make", "patch", "ar"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			missing("%s not found in PATH: the transport is C++ built by make", tool)
+		}
+	}
+	var src strings.Builder
+	for _, p := range packages {
+		fmt.Fprintln(&src, p.include)
+	}
+	cmd := exec.Command("g++", "-std=c++20", "-fsyntax-only", "-x", "c++", "-")
+	cmd.Stdin = strings.NewReader(src.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		var pkgs []string
+		for _, p := range packages {
+			pkgs = append(pkgs, p.pkg)
+		}
+		missing("Mooncake's headers need %s (apt-get install -y %s): %v\n%s",
+			strings.Join(pkgs, ", "), strings.Join(pkgs, " "), err, out)
+	}
+}
+
+// buildDir is kept between runs (make rebuilds what changed): a cold build
+// of Mooncake's headers takes minutes on a small machine.
+func buildDir(t *testing.T, src string) string {
+	t.Helper()
+	base, err := os.UserCacheDir()
+	if err != nil {
+		base = os.TempDir()
+	}
+	sum := sha256.Sum256([]byte(src))
+	dir := filepath.Join(base, "pxn", "mooncake-test-"+hex.EncodeToString(sum[:6]))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func withoutRace(goflags string) string {
+	var keep []string
+	for _, f := range strings.Fields(goflags) {
+		if f != "-race" {
+			keep = append(keep, f)
+		}
+	}
+	return strings.Join(keep, " ")
+}
+
+var (
+	buildOnce sync.Once
+	buildErr  error
+)
+
+// build runs the Makefile's test-bin target once per test binary:
+// libpxn.so, the transport, the patched multi_transport.cpp, the seam and
+// the test program.
+func build(t *testing.T) (bin, lib string) {
+	t.Helper()
+	root := repoRoot(t)
+	src := mooncakeSrc(t, root)
+	needBuildTools(t)
+	out := buildDir(t, src)
+	buildOnce.Do(func() {
+		start := time.Now()
+		cmd := exec.Command("make", "-C", filepath.Join(root, "integrations", "mooncake"), "-j2", "test-bin",
+			"MOONCAKE_SRC="+src, "OUT="+out, "CXXFLAGS=-O1 -g")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=1", "GOFLAGS="+withoutRace(os.Getenv("GOFLAGS")))
+		if b, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("make test-bin MOONCAKE_SRC=%s: %w\n%s", src, err, b)
+			return
+		}
+		t.Logf("built against %s in %s (%s)", src, out, time.Since(start).Round(time.Millisecond))
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return filepath.Join(out, "pxn_transport_test"), out
+}
+
+// scratch holds the two decode buffers both ranks map, and the registry.
+func scratch(t *testing.T) string {
+	t.Helper()
+	parent := ""
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		parent = "/dev/shm"
+	}
+	dir, err := os.MkdirTemp(parent, "pxn-mooncake-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	for _, name := range []string{"decode0", "decode1"} {
+		f, err := os.Create(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Truncate(64 << 20); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	if err := os.Mkdir(filepath.Join(dir, "registry"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// env is the children's environment: no MC_PXN_* from outside, then extra.
+func env(lib, dir string, extra ...string) []string {
+	var e []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "MC_PXN_") && !strings.HasPrefix(kv, "LD_LIBRARY_PATH=") {
+			e = append(e, kv)
+		}
+	}
+	e = append(e, "SEAM_DIR="+dir, "LD_LIBRARY_PATH="+lib)
+	return append(e, extra...)
+}
+
+func pxnEnv(dir string) []string {
+	return []string{
+		"MC_PXN_ENABLE=1",
+		"MC_PXN_GROUP_ID=mooncake-test",
+		"MC_PXN_REGISTRY_ROOT=" + filepath.Join(dir, "registry"),
+		`MC_PXN_RAIL_MAP={"mlx5_0":"rail0","mlx5_1":"rail1"}`,
+		"MC_PXN_CREDIT_TIMEOUT_MS=300",
+	}
+}
+
+// results turns the program's PASS/FAIL lines into subtests.
+type results struct {
+	lines []string
+	done  bool
+	skip  string
+}
+
+func (r *results) add(line string) {
+	if line == "DONE" {
+		r.done = true
+		return
+	}
+	if why, ok := strings.CutPrefix(line, "SKIP "); ok {
+		r.skip = why
+		return
+	}
+	if strings.HasPrefix(line, "PASS ") || strings.HasPrefix(line, "FAIL ") {
+		r.lines = append(r.lines, line)
+	}
+}
+
+func (r *results) report(t *testing.T, stderr func() string) {
+	t.Helper()
+	if r.skip != "" && len(r.lines) == 0 {
+		t.Skip(r.skip)
+	}
+	if len(r.lines) == 0 {
+		t.Fatalf("the test program reported no case\n%s", stderr())
+	}
+	for _, line := range r.lines {
+		name, why, _ := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(line, "PASS "), "FAIL "), ": ")
+		pass := strings.HasPrefix(line, "PASS ")
+		t.Run(name, func(t *testing.T) {
+			if !pass {
+				t.Errorf("%s", why)
+			}
+		})
+	}
+	if !r.done {
+		t.Errorf("the test program stopped before its last case\n%s", stderr())
+	}
+}
+
+type tail struct{ b strings.Builder }
+
+func (l *tail) Write(p []byte) (int, error) { return l.b.Write(p) }
+func (l *tail) String() string {
+	s := l.b.String()
+	if len(s) > 8000 {
+		s = s[len(s)-8000:]
+	}
+	return s
+}
+
+// TestPxnOffIsRdmaTransport: with MC_PXN_ENABLE unset the factory builds
+// RdmaTransport, and PxnRdmaTransport posts what RdmaTransport posts, with
+// no libpxn loaded and no thread of its own.
+func TestPxnOffIsRdmaTransport(t *testing.T) {
+	bin, lib := build(t)
+	dir := scratch(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "off")
+	cmd.Env = env(lib, dir)
+	var stderr tail
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var r results
+	for _, line := range strings.Split(string(out), "\n") {
+		r.add(line)
+	}
+	r.report(t, stderr.String)
+	if err != nil && !t.Failed() {
+		t.Fatalf("pxn_transport_test off: %v\n%s", err, stderr.String())
+	}
+}
+
+// TestTransportThroughRelay runs a relay rank and a sender rank: the sender
+// runs its cases through the patched MultiTransport, and asks the relay to
+// hold, release or fail its NIC, or to check what it posted.
+func TestTransportThroughRelay(t *testing.T) {
+	bin, lib := build(t)
+	dir := scratch(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+
+	var relayErr, senderErr tail
+	relay := exec.CommandContext(ctx, bin, "relay")
+	relay.Env = env(lib, dir, pxnEnv(dir)...)
+	relay.Stderr = &relayErr
+	relayIn, err := relay.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	relayOutPipe, err := relay.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := relay.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer relay.Wait()
+	defer relayIn.Close()
+	relayOut := bufio.NewScanner(relayOutPipe)
+	relayOut.Scan()
+	if why, ok := strings.CutPrefix(relayOut.Text(), "SKIP "); ok {
+		t.Skip(why)
+	}
+	if relayOut.Text() != "READY" {
+		t.Fatalf("relay did not start: %q\n%s", relayOut.Text(), relayErr.String())
+	}
+
+	sender := exec.CommandContext(ctx, bin, "sender")
+	sender.Env = env(lib, dir, pxnEnv(dir)...)
+	sender.Stderr = &senderErr
+	senderIn, err := sender.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	senderOutPipe, err := sender.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sender.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var r results
+	senderOut := bufio.NewScanner(senderOutPipe)
+	for senderOut.Scan() {
+		line := senderOut.Text()
+		cmd, ok := strings.CutPrefix(line, "RELAY ")
+		if !ok {
+			r.add(line)
+			continue
+		}
+		reply := "FAIL the relay is gone"
+		if _, err := io.WriteString(relayIn, cmd+"\n"); err == nil && relayOut.Scan() {
+			reply = relayOut.Text()
+		}
+		if _, err := io.WriteString(senderIn, reply+"\n"); err != nil {
+			break
+		}
+	}
+	senderIn.Close()
+	serr := sender.Wait()
+	io.WriteString(relayIn, "quit\n")
+	r.report(t, func() string {
+		return "sender:\n" + senderErr.String() + "\nrelay:\n" + relayErr.String()
+	})
+	if serr != nil && !t.Failed() {
+		t.Errorf("sender: %v\n%s", serr, senderErr.String())
+	}
+	if ctx.Err() != nil {
+		t.Errorf("ran past its deadline")
+	}
+}

@@ -1,0 +1,69 @@
+// The link seam's controls: a test implementation of what Mooncake's
+// rdma_transport.cpp, transfer_metadata.cpp, topology.cpp, config.cpp and
+// status.cpp provide, with an emulated NIC that records every post and
+// completes it by copying the bytes into the target's memory.
+#ifndef PXN_MOONCAKE_TEST_SEAM_H
+#define PXN_MOONCAKE_TEST_SEAM_H
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace seam {
+
+using mooncake::Transport;
+
+// One slice RdmaTransport::submitTransferTask posted, as the NIC saw it.
+struct Post {
+    const Transport::TransferTask *task;
+    int opcode;
+    uint64_t source;
+    uint64_t length;
+    uint64_t target_id;
+    uint64_t dst;
+    uint32_t lkey;
+    uint32_t rkey;
+
+    bool sameWork(const Post &o) const {
+        return opcode == o.opcode && source == o.source &&
+               length == o.length && target_id == o.target_id &&
+               dst == o.dst && lkey == o.lkey && rkey == o.rkey;
+    }
+};
+
+// One registerLocalMemory call that reached RdmaTransport.
+struct Registration {
+    uint64_t addr;
+    uint64_t length;
+    std::string location;
+    bool remote_accessible;
+    bool update_metadata;
+    uint32_t lkey;
+    bool live;
+};
+
+// Where the NIC writes for segment id: the buffer at base is mem.
+void mapTarget(uint64_t segment_id, uint64_t base, void *mem, size_t len);
+
+// Copies for the NIC; memcpy unless set (a CUDA copy on a GPU machine).
+using CopyFn = int (*)(void *dst, const void *src, size_t n);
+void setCopy(CopyFn fn);
+
+std::vector<Post> posts();
+std::vector<Registration> registrations();
+
+// While held, posted slices wait; release completes the oldest n (all
+// when n is 0) and ends the hold when it releases all.
+void hold();
+void release(size_t n);
+size_t held();
+
+// Slices to segment id fail instead of writing.
+void failTarget(uint64_t segment_id, bool fail);
+
+}  // namespace seam
+
+#endif
