@@ -10,7 +10,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -79,11 +78,30 @@ func TestInspectShowsRanksLanesAndGarbage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lane := link.Lane()
-	atomic.StoreUint64(&lane.Sender.NextSeq, 42)
-	atomic.StoreUint64(&lane.Sender.PublishedSeq, 41)
-	atomic.StoreUint64(&lane.Sender.ReapedSeq, 39)
-	atomic.StoreUint64(&relay.Control().Lanes[0].Relay.CompletedSeq, 40)
+	// Seqs 39..41 published, 39 and 40 completed, 39 reaped.
+	tx, rx := link.Sender(), relay.Inbound(0)
+	if err := tx.StartAt(39); err != nil {
+		t.Fatal(err)
+	}
+	epoch, _ := rx.Sync()
+	rx.StartAt(39)
+	for seq := uint64(39); seq <= 41; seq++ {
+		if err := tx.Commit(seq, "s", []staging.PlanEntry{{Dst: 0x1000, Len: 8}}, 8); err != nil {
+			t.Fatal(err)
+		}
+		tx.Ring(seq)
+		if err := tx.Publish(seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for seq := uint64(39); seq <= 40; seq++ {
+		if err := rx.Complete(epoch, seq, staging.CompletionOK); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if seq, _, ok := tx.Reap(); !ok || seq != 39 {
+		t.Fatalf("reaped %d (%v), want 39", seq, ok)
+	}
 
 	dir := relay.Dir()
 	truncated := fmt.Sprintf("rank-%d-%d-00000000000000ff", os.Getpid(), relay.Identity().StartTime)

@@ -60,7 +60,7 @@ type hostileLane struct {
 	next  uint64
 }
 
-func attachHostile(t *testing.T, rank *staging.Rank, relay *faultProc) *hostileLane {
+func attachHostile(t *testing.T, g *faultGroup, rank *staging.Rank, relay *faultProc) *hostileLane {
 	t.Helper()
 	ctx := context.Background()
 	var info staging.PeerInfo
@@ -81,7 +81,10 @@ func attachHostile(t *testing.T, rank *staging.Rank, relay *faultProc) *hostileL
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &hostileLane{t: t, link: link, lane: link.Lane(), epoch: link.LaneEpoch(), next: 1}
+	// A hostile sender writes the lane's words by hand, through its own
+	// mapping of the relay's control file, not through the endpoint.
+	lane := &g.control(relay, true).Lanes[link.LaneIndex()]
+	return &hostileLane{t: t, link: link, lane: lane, epoch: link.LaneEpoch(), next: 1}
 }
 
 // post writes a valid Desc of one plan entry (n bytes of rank seed's
@@ -132,7 +135,7 @@ func TestFaultMalformedDesc(t *testing.T) {
 	s := g.start("honest sender", 0, 4*faultMiB)
 	s.route(faultRail(1), true, 20*time.Second)
 	s.submit(true, faultWrites(1, 6, faultPiece, 0, 0)...)
-	h := attachHostile(t, g.hostileRank(2), r)
+	h := attachHostile(t, g, g.hostileRank(2), r)
 
 	dst := faultBase(1) + 4*faultMiB
 	rules := []struct {
@@ -211,7 +214,7 @@ func TestFaultSenderIgnoringCredit(t *testing.T) {
 	const n = 4096
 	g := newFaultGroup(t, faultGroupOpts{rails: 3})
 	r := g.start("relay", 1, faultMiB)
-	h := attachHostile(t, g.hostileRank(2), r)
+	h := attachHostile(t, g, g.hostileRank(2), r)
 	r.call(faultReq{Op: "hold", On: true})
 	dst := faultBase(1)
 	first := h.post(faultSession(1), dst, n, 0, nil)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -161,7 +160,7 @@ func TestFaultSenderKilled(t *testing.T) {
 	ctl := g.control(r, false)
 	eventually(t, 20*time.Second, "ten doorbells", func() bool {
 		for seq := uint64(1); seq <= 10; seq++ {
-			if atomic.LoadUint64(&ctl.Lanes[lane.Lane].Ready[staging.SlotOf(seq)].Seq) != seq {
+			if ctl.Lanes[lane.Lane].State().Ready[staging.SlotOf(seq)] != seq {
 				return false
 			}
 		}

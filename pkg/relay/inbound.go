@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"sync/atomic"
 	"time"
 
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -28,10 +27,7 @@ type inflightRec struct {
 
 // inLane is the relay side of one of this rank's inbound lanes. Pump only.
 type inLane struct {
-	epoch  uint64
-	next   uint64
-	window staging.CompletionWindow
-	status [staging.SlotsPerLane]int32
+	rx *staging.RelayLane
 	// commitWait is when the current ticket's doorbell was first seen with
 	// its Desc not yet committed.
 	commitWait time.Time
@@ -43,38 +39,27 @@ const commitWaitLimit = 100 * time.Millisecond
 // consume takes at most one ticket from inbound lane i. It returns true when
 // it made progress.
 func (e *Engine) consume(i int) bool {
-	ctl := e.reg.Control()
-	lane := &ctl.Lanes[i]
 	il := &e.pump.in[i]
-	epoch := atomic.LoadUint64(&lane.Owner.LaneEpoch)
+	if il.rx == nil {
+		il.rx = e.reg.Inbound(i)
+	}
+	epoch, prev := il.rx.Sync()
 	if epoch == 0 {
 		return false
 	}
-	if epoch != il.epoch {
-		first := il.epoch == 0
-		il.epoch = epoch
-		il.next = 1
-		il.window = staging.CompletionWindow{}
+	if epoch != prev {
 		il.commitWait = time.Time{}
-		if s := e.hooks.firstSeq; first && s > 1 {
-			il.next, il.window = s, staging.CompletionWindowAt(s-1)
+		if s := e.hooks.firstSeq; prev == 0 && s > 1 {
+			il.rx.StartAt(s)
 		}
 	}
 	if e.pump.relayInflight >= e.cfg.InflightDepth {
 		return false
 	}
-	seq := il.next
-	if seq-il.window.Completed() > staging.SlotsPerLane {
-		// Credit, enforced here too: a sender that ignores it cannot give
-		// the relay a ticket whose slot an earlier one still uses.
+	switch _, st := il.rx.Poll(); st {
+	case staging.TicketNone:
 		return false
-	}
-	slot := staging.SlotOf(seq)
-	if atomic.LoadUint64(&lane.Ready[slot].Seq) != seq {
-		return false
-	}
-	d := &lane.Descs[slot]
-	if staging.LoadCommitSeq(d) != seq {
+	case staging.TicketRung:
 		// The doorbell can become visible before the Desc's commit seq
 		// (a GPU store against a CPU store): not ready yet. A commit seq
 		// that never comes is a broken sender; after a bound the ticket is
@@ -90,13 +75,14 @@ func (e *Engine) consume(i int) bool {
 	}
 	il.commitWait = time.Time{}
 	vd := &e.pump.vd
-	if err := staging.ValidateDesc(d, staging.DescExpect{Epoch: epoch, Seq: seq}, vd); err != nil {
+	seq, err := il.rx.Take(vd)
+	if err != nil {
 		e.counters.invalidDescs.Add(1)
 		e.log.V(2).Info("invalid descriptor", "lane", i, "seq", seq, "err", err)
-		il.next++
-		e.complete(i, seq, staging.CompletionInvalidDesc)
+		e.complete(i, epoch, seq, staging.CompletionInvalidDesc)
 		return true
 	}
+	slot := staging.SlotOf(seq)
 	plans := vd.Plans()
 	rec := e.pump.recs.get()
 	src := e.reg.ArenaBase() + uintptr(staging.SlotOffset(i, slot))
@@ -117,8 +103,7 @@ func (e *Engine) consume(i int) bool {
 	}
 	if rt == nil {
 		e.pump.recs.put(rec)
-		il.next++
-		e.complete(i, seq, staging.CompletionUnresolved)
+		e.complete(i, epoch, seq, staging.CompletionUnresolved)
 		return true
 	}
 	rec.lane, rec.epoch, rec.seq, rec.route = i, epoch, seq, rt
@@ -126,7 +111,6 @@ func (e *Engine) consume(i int) bool {
 	for k := range rec.ops {
 		rec.ops[k].Token = e.tokens.add(tokenEntry{kind: tokRelay, rec: rec})
 	}
-	il.next++
 	e.pump.relayInflight++
 	rec.unsent = rec.ops
 	e.pump.sendRecord(rec)
@@ -175,31 +159,15 @@ func (e *Engine) finishRelayWrite(rec *inflightRec, err error) {
 		e.counters.forwardedPiece.Add(1)
 	}
 	// A lane claimed anew meanwhile has a new sender, which must not see
-	// this completion: the old sender is gone.
-	if e.pump.in[rec.lane].epoch == rec.epoch {
-		e.complete(rec.lane, rec.seq, status)
-	}
+	// this completion: the old sender is gone, and the endpoint drops it.
+	e.complete(rec.lane, rec.epoch, rec.seq, status)
 	e.pump.freeRec(rec)
 }
 
-// complete records the end of seq on inbound lane i and publishes every
-// completion that is now contiguous: status first, seq last.
-func (e *Engine) complete(i int, seq uint64, status int32) {
-	lane := &e.reg.Control().Lanes[i]
-	il := &e.pump.in[i]
-	before := il.window.Completed()
-	il.status[staging.SlotOf(seq)] = status
-	after, err := il.window.MarkDone(seq)
-	if err != nil {
+// complete records the end of seq of epoch on inbound lane i; the endpoint
+// publishes every completion that is now contiguous.
+func (e *Engine) complete(i int, epoch, seq uint64, status int32) {
+	if err := e.pump.in[i].rx.Complete(epoch, seq, status); err != nil {
 		e.log.Error(err, "completion out of window", "lane", i)
-		return
-	}
-	for s := before + 1; s <= after; s++ {
-		c := &lane.Completions[staging.SlotOf(s)]
-		atomic.StoreInt32(&c.Status, il.status[staging.SlotOf(s)])
-		atomic.StoreUint64(&c.Seq, s)
-	}
-	if after != before {
-		atomic.StoreUint64(&lane.Relay.CompletedSeq, after)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"runtime/debug"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -210,7 +209,7 @@ func (p *pump) busy() bool {
 		return true
 	}
 	for _, ol := range p.out {
-		if ol.published > ol.reaped || ol.queued() {
+		if ol.tx.InFlight() || ol.queued() {
 			return true
 		}
 	}
@@ -421,22 +420,22 @@ func (p *pump) refreshPeers() {
 			ol.stale.Store(stale)
 			changed = true
 		}
-		if d := e.ticketTimeout(); ol.published > ol.reaped && now.Sub(ol.progressAt) > d {
+		if d := e.ticketTimeout(); ol.tx.InFlight() && now.Sub(ol.progressAt) > d {
 			// The lane's claim stays with the zombie until the copier has
 			// drained, and hasLane keeps it from being claimed anew
 			// meanwhile: this relay gets no more tickets from us.
-			e.log.Error(errTicketTimeout, "published tickets failed; relay not used again", "relayPid", ol.peer.Pid, "lane", ol.link.LaneIndex(), "seq", ol.reaped+1, "timeout", d)
+			e.log.Error(errTicketTimeout, "published tickets failed; relay not used again", "relayPid", ol.peer.Pid, "lane", ol.link.LaneIndex(), "seq", ol.tx.Reaped()+1, "timeout", d)
 			e.counters.laneQuarantine.Add(1)
 			p.retire(ol, fmt.Errorf("%w within %v", errTicketTimeout, d))
 			changed = true
 			continue
 		}
-		if ol.broken && ol.reaped == ol.published {
+		if ol.broken && !ol.tx.InFlight() {
 			p.retire(ol, nil)
 			changed = true
 			continue
 		}
-		if ol.next > staging.MaxLaneSeq && ol.reaped == ol.published {
+		if ol.tx.Exhausted() && !ol.tx.InFlight() {
 			// Sequence space spent and drained: a new claim gives the lane
 			// a new epoch and restarts at seq 1.
 			p.retire(ol, nil)
@@ -461,10 +460,12 @@ func (p *pump) refreshPeers() {
 		ol := newOutLane(pr, link)
 		if s := e.hooks.firstSeq; s > 1 && !p.seqHooked {
 			p.seqHooked = true
-			ol.next, ol.published, ol.reaped = s, s-1, s-1
+			if err := ol.tx.StartAt(s); err != nil {
+				e.log.Error(err, "test hook firstSeq")
+			}
 		}
 		if hr, ok := e.copier.(HostRegistrar); ok {
-			unreg, err := hr.RegisterHost(uintptr(unsafe.Pointer(link.Lane())), uint64(unsafe.Sizeof(staging.Lane{})))
+			unreg, err := hr.RegisterHost(ol.tx.Words())
 			if err != nil {
 				e.log.Error(err, "cannot register a relay's lane for doorbells", "pid", pr.Pid, "rail", pr.Rail)
 				_ = link.Close()
@@ -486,7 +487,7 @@ func (p *pump) refreshPeers() {
 // copier has drained otherwise.
 func (p *pump) retire(ol *outLane, err error) {
 	ol.gone.Store(true)
-	inFlight := ol.published > ol.reaped
+	inFlight := ol.tx.InFlight()
 	if err != nil {
 		p.e.failPublished(ol, err)
 	}

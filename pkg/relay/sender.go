@@ -81,7 +81,8 @@ func (e *Engine) planGroup(b *Batch, reqs []Request, g *group) error {
 type outLane struct {
 	peer Peer
 	link Link
-	lane *staging.Lane
+	// tx is the lane's sender endpoint (pump only).
+	tx *staging.SenderLane
 
 	mu    sync.Mutex
 	queue fifo[*group]
@@ -90,11 +91,7 @@ type outLane struct {
 	stale atomic.Bool
 	gone  atomic.Bool
 
-	// Pump-only ring state.
-	epoch     uint64
-	next      uint64
-	published uint64
-	reaped    uint64
+	// Pump-only state.
 	inflight  [staging.SlotsPerLane]pieceRef
 	broken    bool
 	waitSince time.Time
@@ -105,7 +102,7 @@ type outLane struct {
 }
 
 func newOutLane(p Peer, link Link) *outLane {
-	return &outLane{peer: p, link: link, lane: link.Lane(), epoch: link.LaneEpoch(), next: 1}
+	return &outLane{peer: p, link: link, tx: link.Sender()}
 }
 
 func (ol *outLane) accepting() bool { return !ol.stale.Load() && !ol.gone.Load() }
@@ -200,15 +197,16 @@ func (e *Engine) publish(ol *outLane, now time.Time) bool {
 		e.pump.fallback(pr.g, pr.i)
 		return true
 	}
-	if ol.next > staging.MaxLaneSeq {
+	seq, ok := ol.tx.Ticket()
+	if !ok && ol.tx.Exhausted() {
 		// The sequence space is exhausted: no new tickets on this lane;
 		// the pump reclaims it once drained.
 		return false
 	}
-	if !staging.HasCredit(ol.next, ol.reaped) {
-		// The credit timeout runs from the moment the lane's head first
-		// found no credit, not from enqueue: a long request queues many
-		// Pieces that are not late. Once it has run out, every Piece
+	if !ok {
+		// No credit. The credit timeout runs from the moment the lane's
+		// head first found none, not from enqueue: a long request queues
+		// many Pieces that are not late. Once it has run out, every Piece
 		// queued behind goes direct too, until credit returns.
 		if ol.waitSince.IsZero() {
 			ol.waitSince = now
@@ -222,25 +220,22 @@ func (e *Engine) publish(ol *outLane, now time.Time) bool {
 	}
 	ol.waitSince = time.Time{}
 	ol.pop()
-	if ol.published == ol.reaped {
+	if !ol.tx.InFlight() {
 		ol.progressAt = now
 	}
 	g, i := pr.g, pr.i
-	seq := ol.next
-	slot := staging.SlotOf(seq)
-	d := &ol.lane.Descs[slot]
-	if err := d.Fill(ol.epoch, g.key.session, g.plan.PieceEntries(i), g.pieceLen(i)); err != nil {
+	if err := ol.tx.Commit(seq, g.key.session, g.plan.PieceEntries(i), g.pieceLen(i)); err != nil {
 		e.pump.fallback(g, i)
 		return true
 	}
-	staging.PublishDesc(d, seq)
+	slot := staging.SlotOf(seq)
 	base := ol.link.Staging() + uintptr(slot)*staging.SlotSize
 	entries := e.pump.copyBuf[:0]
 	for _, c := range g.plan.PieceCopies(i) {
 		entries = append(entries, CopyEntry{Src: uintptr(c.Src), Dst: base + uintptr(c.Offset), Len: c.Len})
 	}
 	e.pump.copyBuf = entries
-	if err := e.copier.Copy(ol.link.LaneIndex(), g.ready, entries, &ol.lane.Ready[slot].Seq, seq); err != nil {
+	if err := e.copier.Copy(ol.link.LaneIndex(), g.ready, entries, ol.tx.ReadyWord(seq), seq); err != nil {
 		// Before the doorbell: the Piece is still ours to send direct,
 		// and the lane is quarantined.
 		e.log.Error(err, "first-hop copy failed; lane quarantined", "relayPid", ol.peer.Pid, "lane", ol.link.LaneIndex())
@@ -250,31 +245,36 @@ func (e *Engine) publish(ol *outLane, now time.Time) bool {
 		ol.drainTo(e.pump)
 		return true
 	}
+	if err := ol.tx.Publish(seq); err != nil {
+		// Unreachable while Ticket and Publish agree; should it happen,
+		// the Piece fails rather than being sent twice, and the lane
+		// takes no more tickets.
+		e.log.Error(err, "publishing a ticket; lane quarantined", "relayPid", ol.peer.Pid, "lane", ol.link.LaneIndex())
+		ol.broken = true
+		e.counters.failedPieces.Add(1)
+		g.finishPiece(i, err)
+		e.pieceDone(g)
+		ol.drainTo(e.pump)
+		return true
+	}
 	ol.inflight[slot] = pr
-	ol.next = seq + 1
-	ol.published = seq
-	atomic.StoreUint64(&ol.lane.Sender.NextSeq, ol.next)
-	atomic.StoreUint64(&ol.lane.Sender.PublishedSeq, seq)
 	return true
 }
 
 // reap takes the relay's completions in seq order. A Piece's slices are
-// finished before reaped advances, so its slot is reused only afterwards.
+// finished before the pump publishes again, so its slot is reused only
+// afterwards.
 func (e *Engine) reap(ol *outLane) bool {
 	progressed := false
-	for ol.reaped < ol.published {
-		seq := ol.reaped + 1
-		slot := staging.SlotOf(seq)
-		c := &ol.lane.Completions[slot]
-		if atomic.LoadUint64(&c.Seq) != seq {
+	for {
+		seq, status, ok := ol.tx.Reap()
+		if !ok {
 			break
 		}
-		status := atomic.LoadInt32(&c.Status)
+		slot := staging.SlotOf(seq)
 		pr := ol.inflight[slot]
 		ol.inflight[slot] = pieceRef{}
 		e.finishPublished(pr, status)
-		ol.reaped = seq
-		atomic.StoreUint64(&ol.lane.Sender.ReapedSeq, seq)
 		progressed = true
 	}
 	if progressed {
@@ -302,15 +302,17 @@ func (e *Engine) finishPublished(pr pieceRef, status int32) {
 // failPublished fails, exactly once, every Piece published on a lane whose
 // relay is gone.
 func (e *Engine) failPublished(ol *outLane, err error) {
-	for ol.reaped < ol.published {
-		seq := ol.reaped + 1
+	for {
+		seq, ok := ol.tx.Abandon()
+		if !ok {
+			return
+		}
 		slot := staging.SlotOf(seq)
 		pr := ol.inflight[slot]
 		ol.inflight[slot] = pieceRef{}
 		e.counters.failedPieces.Add(1)
 		pr.g.finishPiece(pr.i, err)
 		e.pieceDone(pr.g)
-		ol.reaped = seq
 	}
 }
 

@@ -31,7 +31,7 @@ func NewStagingRegistry(r *staging.Rank) *StagingRegistry {
 // Rank returns the wrapped rank.
 func (s *StagingRegistry) Rank() *staging.Rank { return s.rank }
 
-func (s *StagingRegistry) Control() *staging.ControlBlock { return s.rank.Control() }
+func (s *StagingRegistry) Inbound(i int) *staging.RelayLane { return s.rank.Inbound(i) }
 
 func (s *StagingRegistry) ArenaBase() uintptr { return s.rank.Arena().Base() }
 
@@ -84,11 +84,10 @@ func (s *StagingRegistry) Close(ctx context.Context) error { return s.rank.Close
 
 type stagingLink struct{ l *staging.PeerLink }
 
-func (l stagingLink) Lane() *staging.Lane { return l.l.Lane() }
-func (l stagingLink) LaneIndex() int      { return l.l.LaneIndex() }
-func (l stagingLink) LaneEpoch() uint64   { return l.l.LaneEpoch() }
-func (l stagingLink) Staging() uintptr    { return l.l.StagingBase() }
-func (l stagingLink) Close() error        { return l.l.Close() }
+func (l stagingLink) Sender() *staging.SenderLane { return l.l.Sender() }
+func (l stagingLink) LaneIndex() int              { return l.l.LaneIndex() }
+func (l stagingLink) Staging() uintptr            { return l.l.StagingBase() }
+func (l stagingLink) Close() error                { return l.l.Close() }
 
 func (l stagingLink) Health(time.Time) Health {
 	err := l.l.Health(staging.MonoNanos())

@@ -15,10 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// maxPid bounds every pid read from the registry: Linux never hands out a
-// pid above 2^22 (PID_MAX_LIMIT on 64-bit kernels).
-const maxPid = 1 << 22
-
 // Identity names one registration of one process. StartTime tells a process
 // from a later one that reuses its pid; Epoch, drawn at random for every
 // registration and never 0, tells a registration from a later one of the
@@ -130,7 +126,7 @@ func truncateForError(b []byte) []byte {
 // registry entry is only ever removed on proof. Pids are those of this PID
 // namespace.
 func goneReason(pid int, start uint64) string {
-	if pid <= 0 || pid > maxPid {
+	if pid <= 0 || pid > MaxPid {
 		return fmt.Sprintf("pid %d is not a valid pid", pid)
 	}
 	if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {

@@ -78,7 +78,7 @@ func TestIdentityOfThisProcess(t *testing.T) {
 	if why := goneReason(a.Pid, a.StartTime+1); !strings.Contains(why, "reused") {
 		t.Errorf("another start time: %q, want reused", why)
 	}
-	for _, pid := range []int{0, -1, maxPid + 1} {
+	for _, pid := range []int{0, -1, MaxPid + 1} {
 		if why := goneReason(pid, 1); why == "" {
 			t.Errorf("pid %d counts as running", pid)
 		}

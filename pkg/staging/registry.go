@@ -162,6 +162,9 @@ type Rank struct {
 	// Heartbeat and every lane word are read by other processes.
 	ctlMem []byte
 	ctl    *ControlBlock
+	// inbound are the relay endpoints of ctl's lanes; their user (the
+	// pump) owns them.
+	inbound [LaneCount]*RelayLane
 	// undo holds the teardown of each completed init step, in order.
 	// Register and Close run it backwards from one goroutine.
 	undo        []func() error
@@ -327,10 +330,13 @@ func (r *Rank) createControl() error {
 	}
 	r.ctlMem = mem
 	r.ctl = (*ControlBlock)(unsafe.Pointer(&mem[0]))
+	for i := range r.inbound {
+		r.inbound[i] = NewRelayLane(&r.ctl.Lanes[i])
+	}
 	r.ctl.Header = newHeader(r.id, r.opts.UID, r.opts.Rail, r.opts.HCA, r.arena.Kind())
 	r.pushUndo(func() error {
 		err := unix.Munmap(mem)
-		r.ctl, r.ctlMem = nil, nil
+		r.ctl, r.ctlMem, r.inbound = nil, nil, [LaneCount]*RelayLane{}
 		// Published, the file was renamed; revoked, it was unlinked.
 		if uerr := unix.Unlinkat(r.d.fd(), name, 0); uerr != nil && !errors.Is(uerr, unix.ENOENT) {
 			err = errors.Join(err, uerr)
@@ -365,10 +371,10 @@ func (r *Rank) exportHandle() error {
 func (r *Rank) publish(ctx context.Context) error {
 	return r.d.withLock(ctx, func() error {
 		r.beat(MonoNanos())
-		atomic.StoreUint32(&r.ctl.Header.State, StateReady)
+		r.ctl.Header.StoreState(StateReady)
 		tmp, name := tmpFileName(r.id), r.Name()
 		if err := unix.Renameat2(r.d.fd(), tmp, r.d.fd(), name, unix.RENAME_NOREPLACE); err != nil {
-			atomic.StoreUint32(&r.ctl.Header.State, StateInit)
+			r.ctl.Header.StoreState(StateInit)
 			return &os.LinkError{Op: "renameat2", Old: tmp, New: name, Err: err}
 		}
 		return nil
@@ -384,10 +390,9 @@ func (r *Rank) Name() string { return rankFileName(r.id) }
 // Dir is the path of the group's registry directory.
 func (r *Rank) Dir() string { return r.d.path }
 
-// Control is this rank's control block, shared with every peer that
-// attached: the relay side reads its inbound lanes here. It is unmapped by
-// Close.
-func (r *Rank) Control() *ControlBlock { return r.ctl }
+// Inbound is the relay endpoint of this rank's inbound lane i, valid until
+// Close. One goroutine (the pump) uses it.
+func (r *Rank) Inbound(i int) *RelayLane { return r.inbound[i] }
 
 // Header is this rank's header inside Control.
 func (r *Rank) Header() *Header { return &r.ctl.Header }
@@ -408,7 +413,7 @@ func (r *Rank) Heartbeat(now int64) bool {
 
 func (r *Rank) beat(now int64) {
 	r.lastBeat.Store(now)
-	atomic.StoreUint64(&r.ctl.Header.Heartbeat, uint64(now))
+	r.ctl.Header.StoreHeartbeat(uint64(now))
 }
 
 // Off returns why PXN is off for this process (an unsafe registry, more
@@ -679,7 +684,7 @@ func (r *Rank) Close(ctx context.Context) error {
 // checks READY and claims a lane, so a claim is either seen by waitLeases
 // or never made.
 func (r *Rank) revoke(ctx context.Context) error {
-	atomic.StoreUint32(&r.ctl.Header.State, StateClosing)
+	r.ctl.Header.StoreState(StateClosing)
 	return r.d.withLock(ctx, func() error {
 		err := unix.Unlinkat(r.d.fd(), r.Name(), 0)
 		if err != nil && !errors.Is(err, unix.ENOENT) {

@@ -104,7 +104,7 @@ func parseIDSuffix(s string) (Identity, bool) {
 		return Identity{}, false
 	}
 	pid, err := strconv.Atoi(parts[0])
-	if err != nil || pid <= 0 || pid > maxPid {
+	if err != nil || pid <= 0 || pid > MaxPid {
 		return Identity{}, false
 	}
 	start, err := strconv.ParseUint(parts[1], 10, 64)

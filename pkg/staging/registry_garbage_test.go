@@ -246,7 +246,7 @@ func FuzzDecodeHeader(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if h.Magic != RegistryMagic || h.LaneCount != LaneCount || h.Pid == 0 || h.Pid > maxPid || h.BootEpoch == 0 {
+		if h.Magic != RegistryMagic || h.LaneCount != LaneCount || h.Pid == 0 || h.Pid > MaxPid || h.BootEpoch == 0 {
 			t.Fatalf("accepted header %+v", h)
 		}
 		if int(h.RailLen) > len(h.Rail) || int(h.HCALen) > len(h.HCA) || h.RailLen == 0 {

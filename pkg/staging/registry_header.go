@@ -84,7 +84,7 @@ func checkHeader(h *Header) error {
 	switch {
 	case h.State < StateInit || h.State > StateClosing:
 		return fmt.Errorf("%w: state %d", ErrCorruptEntry, h.State)
-	case h.Pid == 0 || h.Pid > maxPid:
+	case h.Pid == 0 || h.Pid > MaxPid:
 		return fmt.Errorf("%w: pid %d", ErrCorruptEntry, h.Pid)
 	case h.BootEpoch == 0:
 		return fmt.Errorf("%w: epoch 0", ErrCorruptEntry)

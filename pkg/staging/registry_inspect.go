@@ -250,7 +250,7 @@ func inspectRank(dirfd int, dirPath, name string, kind entryKind, id Identity, u
 		if lh.Owner.LaneEpoch != 0 {
 			lr.LaneEpoch = fmt.Sprintf("%016x", lh.Owner.LaneEpoch)
 		}
-		if owner, held := loadOwner(&lh.Owner); held {
+		if owner, held := lh.Owner.Load(); held {
 			lr.OwnerPid, lr.OwnerEpoch, lr.OwnerHealth = owner.Pid, fmt.Sprintf("%016x", owner.Epoch), "live"
 			if why := goneReason(owner.Pid, owner.StartTime); why != "" {
 				lr.OwnerHealth = "stale: " + why

@@ -306,7 +306,7 @@ func (s *peerScan) checkProcs(ctl *ControlBlock) (deadOwner bool) {
 	}
 	var owners [LaneCount]*procWatch
 	for i := range ctl.Lanes {
-		if owner, held := loadOwner(&ctl.Lanes[i].Owner); held {
+		if owner, held := ctl.Lanes[i].Owner.Load(); held {
 			owners[i] = s.watch(owner)
 			owners[i].used = s.round
 		}
@@ -375,7 +375,7 @@ func (s *peerScan) poll() {
 // kill(pid, 0) alone, as goneReason would judge it.
 func openProcWatch(id Identity, pidfd bool) *procWatch {
 	w := &procWatch{id: id, pidfd: -1, statfd: -1}
-	if id.Pid <= 0 || id.Pid > maxPid {
+	if id.Pid <= 0 || id.Pid > MaxPid {
 		w.gone = fmt.Sprintf("pid %d is not a valid pid", id.Pid)
 		return w
 	}

@@ -410,7 +410,7 @@ func TestPeersFreeTheLaneOfAKilledSender(t *testing.T) {
 	held := func() int {
 		n := 0
 		for i := range r.ctl.Lanes {
-			if owner, ok := loadOwner(&r.ctl.Lanes[i].Owner); ok && owner.Pid == c.pid() {
+			if owner, ok := r.ctl.Lanes[i].Owner.Load(); ok && owner.Pid == c.pid() {
 				n++
 			}
 		}
