@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
 func inspectRoot(t *testing.T) string {
@@ -27,9 +28,9 @@ func inspectRoot(t *testing.T) string {
 	return dir
 }
 
-func register(t *testing.T, root, rail, hca string) *staging.Rank {
+func register(t *testing.T, root, rail, hca string) *registry.Rank {
 	t.Helper()
-	r, err := staging.Register(context.Background(), staging.Options{
+	r, err := registry.Register(context.Background(), registry.Options{
 		Root: root, Group: "demo", UID: os.Geteuid(), Rail: rail, HCA: hca,
 		// These ranks have no pump to beat: keep them fresh on a slow machine.
 		HeartbeatTimeout: time.Minute,
@@ -143,7 +144,7 @@ func TestInspectShowsRanksLanesAndGarbage(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("inspect -o json exited %d: %s", code, errOut)
 	}
-	var groups []staging.GroupReport
+	var groups []registry.GroupReport
 	if err := json.Unmarshal([]byte(out), &groups); err != nil {
 		t.Fatalf("inspect -o json: %v\n%s", err, out)
 	}
@@ -182,12 +183,12 @@ func hasLine(out string, words []string) bool {
 
 func TestInspectReportsUnsafeDirectoryAndKeepsGoing(t *testing.T) {
 	root := inspectRoot(t)
-	bad := filepath.Join(root, staging.GroupDirPrefix+strconv.Itoa(os.Geteuid())+"-open")
+	bad := filepath.Join(root, registry.GroupDirPrefix+strconv.Itoa(os.Geteuid())+"-open")
 	if err := os.Mkdir(bad, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	os.Chmod(bad, 0o755)
-	if err := os.Symlink(bad, filepath.Join(root, staging.GroupDirPrefix+"0-link")); err != nil {
+	if err := os.Symlink(bad, filepath.Join(root, registry.GroupDirPrefix+"0-link")); err != nil {
 		t.Fatal(err)
 	}
 	out, errOut, code := runInspect(t, "--root", root)
@@ -196,7 +197,7 @@ func TestInspectReportsUnsafeDirectoryAndKeepsGoing(t *testing.T) {
 	}
 	for _, want := range [][]string{
 		{filepath.Base(bad), "directory", "mode 0755"},
-		{staging.GroupDirPrefix + "0-link", "directory", "symlink"},
+		{registry.GroupDirPrefix + "0-link", "directory", "symlink"},
 	} {
 		if !hasLine(out, want) {
 			t.Errorf("no line with %q in:\n%s", want, out)

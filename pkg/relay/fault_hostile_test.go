@@ -13,16 +13,17 @@ import (
 	"unsafe"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
 // hostileRank registers the test process itself in the group, beating, so
 // that it can claim a lane through the real registry and then write
 // whatever it likes into it.
-func (g *faultGroup) hostileRank(index int) *staging.Rank {
+func (g *faultGroup) hostileRank(index int) *registry.Rank {
 	t := g.t
 	t.Helper()
 	ctx := context.Background()
-	rank, err := staging.Register(ctx, staging.Options{Root: g.root, Group: g.group, UID: os.Geteuid(),
+	rank, err := registry.Register(ctx, registry.Options{Root: g.root, Group: g.group, UID: os.Geteuid(),
 		Rail: faultRail(index), HCA: fmt.Sprintf("mlx5_%d", index), HeartbeatTimeout: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -54,16 +55,16 @@ func (g *faultGroup) hostileRank(index int) *staging.Rank {
 // hostileLane is a lane on a relay that the test writes by hand.
 type hostileLane struct {
 	t     *testing.T
-	link  *staging.PeerLink
+	link  *registry.PeerLink
 	lane  *staging.Lane
 	epoch uint64
 	next  uint64
 }
 
-func attachHostile(t *testing.T, g *faultGroup, rank *staging.Rank, relay *faultProc) *hostileLane {
+func attachHostile(t *testing.T, g *faultGroup, rank *registry.Rank, relay *faultProc) *hostileLane {
 	t.Helper()
 	ctx := context.Background()
-	var info staging.PeerInfo
+	var info registry.PeerInfo
 	eventually(t, 20*time.Second, "the relay listed", func() bool {
 		ps, err := rank.Peers(ctx)
 		if err != nil {

@@ -1,6 +1,8 @@
 // Package staging holds the engine's fixed numbers, the shared-memory ABI
-// between ranks, the piece planner, the engine configuration and the registry
-// through which ranks of one job find each other.
+// between ranks with the two endpoints of a lane (SenderLane, RelayLane),
+// the Desc and sequence rules, the piece planner and the engine
+// configuration. It imports nothing of the module; the registry through
+// which ranks of one job find each other is package staging/registry.
 package staging
 
 import (

@@ -1,4 +1,4 @@
-package staging
+package registry
 
 import (
 	"context"
@@ -11,7 +11,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
-	"k8s.io/klog/v2"
+
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // PeerLink is this rank's lease on a peer (the relay): one claimed inbound
@@ -24,11 +25,11 @@ type PeerLink struct {
 	lane      int
 	laneEpoch atomic.Uint64
 	ctlMem    []byte
-	ctl       *ControlBlock
-	arena     PeerArena
+	ctl       *staging.ControlBlock
+	arena     staging.PeerArena
 	arenaBase uintptr
 	// sender is the lane's endpoint, owned by whoever uses the lane.
-	sender *SenderLane
+	sender *staging.SenderLane
 
 	mu     sync.Mutex
 	closed bool
@@ -51,23 +52,23 @@ func (r *Rank) Attach(ctx context.Context, peer PeerInfo) (*PeerLink, error) {
 		return nil, fmt.Errorf("pxn: attach to %s: a rank has no lane on itself", name)
 	}
 	l := &PeerLink{rank: r, peer: peer}
-	var handle [ArenaHandleSize]byte
+	var handle [staging.ArenaHandleSize]byte
 	err := r.d.withLock(ctx, func() error {
-		mem, err := mapPrivate(r.d.fd(), r.d.path, name, r.d.uid, int(ControlSize), true)
+		mem, err := mapPrivate(r.d.fd(), r.d.path, name, r.d.uid, int(staging.ControlSize), true)
 		if errors.Is(err, fs.ErrNotExist) {
 			return ErrPeerGone
 		}
 		if err != nil {
 			return err
 		}
-		ctl := (*ControlBlock)(unsafe.Pointer(&mem[0]))
+		ctl := (*staging.ControlBlock)(unsafe.Pointer(&mem[0]))
 		handle, err = r.checkRelay(ctl, peer.Identity)
 		var epoch uint64
 		if err == nil {
 			l.lane, epoch, err = r.claimLane(ctl, name)
 		}
 		if err == nil {
-			l.sender, err = NewSenderLane(&ctl.Lanes[l.lane], epoch)
+			l.sender, err = staging.NewSenderLane(&ctl.Lanes[l.lane], epoch)
 		}
 		if err != nil {
 			unix.Munmap(mem)
@@ -102,12 +103,12 @@ func (r *Rank) Attach(ctx context.Context, peer PeerInfo) (*PeerLink, error) {
 
 // checkRelay validates a copy of the mapped header of the peer we expect
 // and returns its arena handle.
-func (r *Rank) checkRelay(ctl *ControlBlock, want Identity) ([ArenaHandleSize]byte, error) {
+func (r *Rank) checkRelay(ctl *staging.ControlBlock, want staging.Identity) ([staging.ArenaHandleSize]byte, error) {
 	h := ctl.Header
 	if err := checkHeader(&h); err != nil {
 		return h.IPCHandle, err
 	}
-	now := MonoNanos()
+	now := staging.MonoNanos()
 	switch got := headerIdentity(&h); {
 	case got != want:
 		return h.IPCHandle, fmt.Errorf("%w: registered as %v", ErrPeerGone, got)
@@ -116,7 +117,7 @@ func (r *Rank) checkRelay(ctl *ControlBlock, want Identity) ([ArenaHandleSize]by
 	case h.ArenaKind != r.opts.Arenas.Kind():
 		return h.IPCHandle, &MismatchError{Field: "arena kind", Theirs: uint64(h.ArenaKind), Ours: uint64(r.opts.Arenas.Kind())}
 	}
-	if s := ctl.Header.LoadState(); s != StateReady {
+	if s := ctl.Header.LoadState(); s != staging.StateReady {
 		return h.IPCHandle, fmt.Errorf("%w: state %s", ErrPeerGone, stateName(s))
 	}
 	if hb := ctl.Header.LoadHeartbeat(); heartbeatStale(hb, now, r.opts.HeartbeatTimeout) {
@@ -127,8 +128,8 @@ func (r *Rank) checkRelay(ctl *ControlBlock, want Identity) ([ArenaHandleSize]by
 
 // claimLane takes the first free lane of ctl, or the first whose owner is
 // stale. The caller holds the registry lock.
-func (r *Rank) claimLane(ctl *ControlBlock, name string) (int, uint64, error) {
-	now := MonoNanos()
+func (r *Rank) claimLane(ctl *staging.ControlBlock, name string) (int, uint64, error) {
+	now := staging.MonoNanos()
 	free, reclaimed := -1, ""
 	for i := range ctl.Lanes {
 		owner, held := ctl.Lanes[i].Owner.Load()
@@ -154,14 +155,14 @@ func (r *Rank) claimLane(ctl *ControlBlock, name string) (int, uint64, error) {
 		return -1, 0, err
 	}
 	if reclaimed != "" {
-		klog.InfoS("pxn reclaimed lane of a stale sender", "peer", name, "lane", free, "reason", reclaimed)
+		r.opts.Logger.Info("pxn reclaimed lane of a stale sender", "peer", name, "lane", free, "reason", reclaimed)
 	}
 	lane.Claim(r.id, epoch, now)
 	return free, epoch, nil
 }
 
 // newLaneEpoch draws a lane epoch other than the lane's current one.
-func newLaneEpoch(lane *Lane) (uint64, error) {
+func newLaneEpoch(lane *staging.Lane) (uint64, error) {
 	for {
 		epoch, err := randomEpoch()
 		if err != nil || epoch != lane.Epoch() {
@@ -174,7 +175,7 @@ func newLaneEpoch(lane *Lane) (uint64, error) {
 // it does (or that cannot be proven): its process exited or its pid was
 // reused, its registration is gone, or its heartbeat is older than the
 // timeout.
-func (r *Rank) ownerStale(owner Identity, now int64) string {
+func (r *Rank) ownerStale(owner staging.Identity, now int64) string {
 	if why := goneReason(owner.Pid, owner.StartTime); why != "" {
 		return why
 	}
@@ -194,7 +195,7 @@ func (r *Rank) ownerStale(owner Identity, now int64) string {
 // lease. The arena is not freed while the list is not empty.
 func (r *Rank) Leases() []int {
 	var held []int
-	now := MonoNanos()
+	now := staging.MonoNanos()
 	for i := range r.ctl.Lanes {
 		owner, ok := r.ctl.Lanes[i].Owner.Load()
 		if ok && r.ownerStale(owner, now) == "" {
@@ -236,7 +237,7 @@ func (r *Rank) freeDeadLanes() {
 		}
 		if why := goneReason(owner.Pid, owner.StartTime); why != "" {
 			lane.Free()
-			klog.InfoS("pxn freed the lane of a sender that is gone", "registry", r.d.path, "lane", i, "reason", why)
+			r.opts.Logger.Info("pxn freed the lane of a sender that is gone", "registry", r.d.path, "lane", i, "reason", why)
 		}
 	}
 }
@@ -295,7 +296,7 @@ func (l *PeerLink) LaneEpoch() uint64 { return l.laneEpoch.Load() }
 // epoch on its own. Call it from the goroutine that uses the lane.
 func (l *PeerLink) Rollover(ctx context.Context) (uint64, error) {
 	if !l.sender.Drained() {
-		return 0, fmt.Errorf("pxn: roll lane %d of %s over: %w: published %d, reaped %d", l.lane, l.peer.Name, ErrLaneNotDrained, l.sender.Published(), l.sender.Reaped())
+		return 0, fmt.Errorf("pxn: roll lane %d of %s over: %w: published %d, reaped %d", l.lane, l.peer.Name, staging.ErrLaneNotDrained, l.sender.Published(), l.sender.Reaped())
 	}
 	var epoch uint64
 	err := l.rank.d.withLock(ctx, func() error {
@@ -321,21 +322,21 @@ func (l *PeerLink) Rollover(ctx context.Context) (uint64, error) {
 }
 
 // Sender is the endpoint of the claimed lane, valid until Close.
-func (l *PeerLink) Sender() *SenderLane { return l.sender }
+func (l *PeerLink) Sender() *staging.SenderLane { return l.sender }
 
 // ArenaBase is the peer's arena as mapped in this process.
 func (l *PeerLink) ArenaBase() uintptr { return l.arenaBase }
 
 // StagingBase is the claimed lane's staging memory in the peer's arena:
 // slot s starts at StagingBase() + s*SlotSize.
-func (l *PeerLink) StagingBase() uintptr { return l.arenaBase + uintptr(LaneOffset(l.lane)) }
+func (l *PeerLink) StagingBase() uintptr { return l.arenaBase + uintptr(staging.LaneOffset(l.lane)) }
 
 // Live returns nil while the peer is READY with a fresh heartbeat at now
 // (a MonoNanos reading) and the lane is still this link's; otherwise an
 // ErrPeerGone saying which. It allocates nothing on success.
 func (l *PeerLink) Live(now int64) error {
 	h := &l.ctl.Header
-	if s := h.LoadState(); s != StateReady {
+	if s := h.LoadState(); s != staging.StateReady {
 		return fmt.Errorf("%w: %s is %s", ErrPeerGone, l.peer.Name, stateName(s))
 	}
 	if hb := h.LoadHeartbeat(); heartbeatStale(hb, now, l.rank.opts.HeartbeatTimeout) {
@@ -361,7 +362,7 @@ func (l *PeerLink) Health(now int64) error {
 	if err == nil {
 		return nil
 	}
-	if l.ctl.Header.LoadState() != StateReady || !l.ownsLane() {
+	if l.ctl.Header.LoadState() != staging.StateReady || !l.ownsLane() {
 		return err
 	}
 	if r := goneReason(l.peer.Pid, l.peer.StartTime); r != "" {

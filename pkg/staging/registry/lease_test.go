@@ -1,4 +1,4 @@
-package staging
+package registry
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 func attachByName(t *testing.T, r *Rank, name string) *PeerLink {
@@ -61,7 +63,7 @@ func TestLeaseAttachClaimsLaneAndMapsArena(t *testing.T) {
 	if !ok {
 		t.Fatal("a fresh lane has no ticket")
 	}
-	if err := s.Commit(seq, "session", []PlanEntry{{Dst: 0x1000, Len: 8}}, 8); err != nil {
+	if err := s.Commit(seq, "session", []staging.PlanEntry{{Dst: 0x1000, Len: 8}}, 8); err != nil {
 		t.Fatal(err)
 	}
 	s.Ring(seq)
@@ -72,23 +74,23 @@ func TestLeaseAttachClaimsLaneAndMapsArena(t *testing.T) {
 	if epoch, _ := in.Sync(); epoch != l.LaneEpoch() {
 		t.Errorf("relay endpoint follows epoch %#x, want %#x", epoch, l.LaneEpoch())
 	}
-	if got, st := in.Poll(); got != seq || st != TicketReady {
+	if got, st := in.Poll(); got != seq || st != staging.TicketReady {
 		t.Errorf("relay polls seq %d state %d, want seq %d ready", got, st, seq)
 	}
 	if got := lane.State().Published; got != seq {
 		t.Errorf("relay reads published seq %d, sender published %d", got, seq)
 	}
 	// So are the two views of the arena, at the lane's offsets.
-	if l.StagingBase() != l.ArenaBase()+uintptr(LaneOffset(0)) {
+	if l.StagingBase() != l.ArenaBase()+uintptr(staging.LaneOffset(0)) {
 		t.Errorf("staging base %#x, want arena base %#x + lane offset", l.StagingBase(), l.ArenaBase())
 	}
 	peerMem := l.arena.(*hostPeerArena).mem
 	ownMem := relay.Arena().(*hostArena).mem
-	peerMem[SlotOffset(0, 1)+7] = 0x5a
-	if got := ownMem[SlotOffset(0, 1)+7]; got != 0x5a {
+	peerMem[staging.SlotOffset(0, 1)+7] = 0x5a
+	if got := ownMem[staging.SlotOffset(0, 1)+7]; got != 0x5a {
 		t.Errorf("relay reads %#x from slot 1, sender wrote 0x5a", got)
 	}
-	if err := l.Live(MonoNanos()); err != nil {
+	if err := l.Live(staging.MonoNanos()); err != nil {
 		t.Errorf("Live = %v", err)
 	}
 	if held := relay.Leases(); !slices.Equal(held, []int{0}) {
@@ -239,8 +241,8 @@ func TestLeaseSenderNoticesClosingRelay(t *testing.T) {
 	l := attachByName(t, sender, relay.Name())
 	closed := make(chan error, 1)
 	go func() { closed <- relay.Close(context.Background()) }()
-	pollUntil(t, "the sender to see the relay closing", func() bool { return l.Live(MonoNanos()) != nil })
-	if err := l.Live(MonoNanos()); !errors.Is(err, ErrPeerGone) || !strings.Contains(err.Error(), "CLOSING") {
+	pollUntil(t, "the sender to see the relay closing", func() bool { return l.Live(staging.MonoNanos()) != nil })
+	if err := l.Live(staging.MonoNanos()); !errors.Is(err, ErrPeerGone) || !strings.Contains(err.Error(), "CLOSING") {
 		t.Errorf("Live = %v, want the relay CLOSING", err)
 	}
 	if err := l.Close(); err != nil {
@@ -308,7 +310,7 @@ func TestLeaseNoFreeLaneAndReusedPidOwner(t *testing.T) {
 	sender := mustRegister(t, regOptions(root, "g", "rail1"))
 	holder := mustRegister(t, regOptions(root, "g", "rail2"))
 	for i := range relay.ctl.Lanes {
-		relay.ctl.Lanes[i].Claim(holder.Identity(), uint64(i+1), MonoNanos())
+		relay.ctl.Lanes[i].Claim(holder.Identity(), uint64(i+1), staging.MonoNanos())
 	}
 	peer := peerByName(t, sender, relay.Name())
 	if _, err := sender.Attach(ctx, peer); !errors.Is(err, ErrNoFreeLane) {
@@ -329,7 +331,7 @@ func TestLeaseOwnerWithOldHeartbeatHoldsNoLease(t *testing.T) {
 	if held := relay.Leases(); !slices.Equal(held, []int{0}) {
 		t.Fatalf("leases %v, want [0]", held)
 	}
-	atomic.StoreUint64(&sender.Header().Heartbeat, uint64(MonoNanos()-int64(2*testHeartbeatTimeout)))
+	atomic.StoreUint64(&sender.Header().Heartbeat, uint64(staging.MonoNanos()-int64(2*testHeartbeatTimeout)))
 	if held := relay.Leases(); len(held) != 0 {
 		t.Errorf("leases %v, want none: the owner's heartbeat is older than the timeout", held)
 	}
@@ -366,12 +368,12 @@ func TestLeaseRolloverAndReclaimedLane(t *testing.T) {
 	if got := relay.ctl.Lanes[0].Epoch(); got != epoch {
 		t.Errorf("relay sees lane epoch %#x, want %#x", got, epoch)
 	}
-	if err := l.Live(MonoNanos()); err != nil {
+	if err := l.Live(staging.MonoNanos()); err != nil {
 		t.Errorf("Live after Rollover = %v", err)
 	}
 	// Someone else took the lane (as after this process was judged stale).
-	relay.ctl.Lanes[0].Claim(relay.Identity(), 77, MonoNanos())
-	if err := l.Live(MonoNanos()); !errors.Is(err, ErrPeerGone) || !strings.Contains(err.Error(), "reclaimed") {
+	relay.ctl.Lanes[0].Claim(relay.Identity(), 77, staging.MonoNanos())
+	if err := l.Live(staging.MonoNanos()); !errors.Is(err, ErrPeerGone) || !strings.Contains(err.Error(), "reclaimed") {
 		t.Errorf("Live = %v, want the lane reclaimed", err)
 	}
 	if _, err := l.Rollover(ctx); !errors.Is(err, ErrPeerGone) {
@@ -414,7 +416,7 @@ func BenchmarkLeaseLive(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		now := MonoNanos()
+		now := staging.MonoNanos()
 		sender.Heartbeat(now)
 		if err := l.Live(now); err != nil {
 			b.Fatal(err)
