@@ -11,7 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
 func inspectMain(args []string) int { return inspect(args, os.Stdout, os.Stderr) }
@@ -36,7 +36,7 @@ func inspect(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pxn-agent inspect: -o %q: want table or json\n", *format)
 		return 2
 	}
-	groups, err := staging.InspectRoot(*root, *staleAfter)
+	groups, err := registry.InspectRoot(*root, *staleAfter)
 	if err != nil {
 		fmt.Fprintf(stderr, "pxn-agent inspect: %v\n", err)
 		return 1
@@ -55,7 +55,7 @@ func inspect(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func writeInspectTable(w io.Writer, root string, groups []staging.GroupReport) error {
+func writeInspectTable(w io.Writer, root string, groups []registry.GroupReport) error {
 	if len(groups) == 0 {
 		_, err := fmt.Fprintf(w, "no registry directories under %s\n", root)
 		return err
@@ -104,7 +104,7 @@ func writeInspectTable(w io.Writer, root string, groups []staging.GroupReport) e
 
 // writeInspectNotes lists the problems of directories and every entry that
 // is not a control file.
-func writeInspectNotes(w io.Writer, groups []staging.GroupReport) error {
+func writeInspectNotes(w io.Writer, groups []registry.GroupReport) error {
 	var notes [][3]string
 	for _, g := range groups {
 		for _, p := range g.Problems {

@@ -10,11 +10,11 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
 func inspectRoot(t *testing.T) string {
@@ -28,9 +28,9 @@ func inspectRoot(t *testing.T) string {
 	return dir
 }
 
-func register(t *testing.T, root, rail, hca string) *staging.Rank {
+func register(t *testing.T, root, rail, hca string) *registry.Rank {
 	t.Helper()
-	r, err := staging.Register(context.Background(), staging.Options{
+	r, err := registry.Register(context.Background(), registry.Options{
 		Root: root, Group: "demo", UID: os.Geteuid(), Rail: rail, HCA: hca,
 		// These ranks have no pump to beat: keep them fresh on a slow machine.
 		HeartbeatTimeout: time.Minute,
@@ -79,11 +79,30 @@ func TestInspectShowsRanksLanesAndGarbage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lane := link.Lane()
-	atomic.StoreUint64(&lane.Sender.NextSeq, 42)
-	atomic.StoreUint64(&lane.Sender.PublishedSeq, 41)
-	atomic.StoreUint64(&lane.Sender.ReapedSeq, 39)
-	atomic.StoreUint64(&relay.Control().Lanes[0].Relay.CompletedSeq, 40)
+	// Seqs 39..41 published, 39 and 40 completed, 39 reaped.
+	tx, rx := link.Sender(), relay.Inbound(0)
+	if err := tx.StartAt(39); err != nil {
+		t.Fatal(err)
+	}
+	epoch, _ := rx.Sync()
+	rx.StartAt(39)
+	for seq := uint64(39); seq <= 41; seq++ {
+		if err := tx.Commit(seq, "s", []staging.PlanEntry{{Dst: 0x1000, Len: 8}}, 8); err != nil {
+			t.Fatal(err)
+		}
+		tx.Ring(seq)
+		if err := tx.Publish(seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for seq := uint64(39); seq <= 40; seq++ {
+		if err := rx.Complete(epoch, seq, staging.CompletionOK); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if seq, _, ok := tx.Reap(); !ok || seq != 39 {
+		t.Fatalf("reaped %d (%v), want 39", seq, ok)
+	}
 
 	dir := relay.Dir()
 	truncated := fmt.Sprintf("rank-%d-%d-00000000000000ff", os.Getpid(), relay.Identity().StartTime)
@@ -125,7 +144,7 @@ func TestInspectShowsRanksLanesAndGarbage(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("inspect -o json exited %d: %s", code, errOut)
 	}
-	var groups []staging.GroupReport
+	var groups []registry.GroupReport
 	if err := json.Unmarshal([]byte(out), &groups); err != nil {
 		t.Fatalf("inspect -o json: %v\n%s", err, out)
 	}
@@ -164,12 +183,12 @@ func hasLine(out string, words []string) bool {
 
 func TestInspectReportsUnsafeDirectoryAndKeepsGoing(t *testing.T) {
 	root := inspectRoot(t)
-	bad := filepath.Join(root, staging.GroupDirPrefix+strconv.Itoa(os.Geteuid())+"-open")
+	bad := filepath.Join(root, registry.GroupDirPrefix+strconv.Itoa(os.Geteuid())+"-open")
 	if err := os.Mkdir(bad, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	os.Chmod(bad, 0o755)
-	if err := os.Symlink(bad, filepath.Join(root, staging.GroupDirPrefix+"0-link")); err != nil {
+	if err := os.Symlink(bad, filepath.Join(root, registry.GroupDirPrefix+"0-link")); err != nil {
 		t.Fatal(err)
 	}
 	out, errOut, code := runInspect(t, "--root", root)
@@ -178,7 +197,7 @@ func TestInspectReportsUnsafeDirectoryAndKeepsGoing(t *testing.T) {
 	}
 	for _, want := range [][]string{
 		{filepath.Base(bad), "directory", "mode 0755"},
-		{staging.GroupDirPrefix + "0-link", "directory", "symlink"},
+		{registry.GroupDirPrefix + "0-link", "directory", "symlink"},
 	} {
 		if !hasLine(out, want) {
 			t.Errorf("no line with %q in:\n%s", want, out)

@@ -22,7 +22,7 @@ import (
 
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
-	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
 // The soak runs all-to-all rounds on the host path for a fixed time while
@@ -161,11 +161,11 @@ func soak(o soakOptions) (*soakSummary, error) {
 	if st, err := os.Stat(shm); err != nil || !st.IsDir() {
 		shm = work
 	}
-	registry, err := os.MkdirTemp(shm, "pxn-soak-registry-")
+	regRoot, err := os.MkdirTemp(shm, "pxn-soak-registry-")
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(registry)
+	defer os.RemoveAll(regRoot)
 
 	srv := fabric.NewTargetServer(fabric.TargetServerOptions{})
 	defer srv.Close()
@@ -196,7 +196,7 @@ func soak(o soakOptions) (*soakSummary, error) {
 		return nil, err
 	}
 	rm, _ := json.Marshal(railMap(o.ranks))
-	s.env = []string{"MC_PXN_ENABLE=1", "MC_PXN_GROUP_ID=soak", "MC_PXN_REGISTRY_ROOT=" + registry,
+	s.env = []string{"MC_PXN_ENABLE=1", "MC_PXN_GROUP_ID=soak", "MC_PXN_REGISTRY_ROOT=" + regRoot,
 		"MC_PXN_RAIL_MAP=" + string(rm), "MC_PXN_HEARTBEAT_TIMEOUT_MS=1000", "MC_PXN_CREDIT_TIMEOUT_MS=300"}
 
 	start := time.Now()
@@ -218,7 +218,7 @@ func soak(o soakOptions) (*soakSummary, error) {
 	<-injected
 	wg.Wait()
 	s.sum.Seconds = time.Since(start).Seconds()
-	gdir := filepath.Join(registry, staging.GroupDirPrefix+strconv.Itoa(os.Geteuid())+"-soak")
+	gdir := filepath.Join(regRoot, registry.GroupDirPrefix+strconv.Itoa(os.Geteuid())+"-soak")
 	if es, err := os.ReadDir(gdir); err == nil {
 		for _, e := range es {
 			if e.Name() != ".lock" {
@@ -666,7 +666,7 @@ func runSoakRank(out *json.Encoder, r, ranks int, dirPath string, block uint64, 
 			err := eng.Close(ctx)
 			cancel()
 			msg := soakMsg{Event: "closed"}
-			if err != nil && !errors.Is(err, staging.ErrLeaseHeld) {
+			if err != nil && !errors.Is(err, registry.ErrLeaseHeld) {
 				msg.Error = err.Error()
 			}
 			return out.Encode(msg)

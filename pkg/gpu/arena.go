@@ -8,6 +8,7 @@ import (
 
 	"github.com/pxn-project/pxn/internal/cuda"
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
 // Arenas provides staging arenas in device memory: one cuMemAlloc of
@@ -55,7 +56,7 @@ func (a *Arenas) Allocate(_ *os.File, _ string) (staging.Arena, error) {
 // The peer must not be this process.
 func (a *Arenas) Open(_ *os.File, handle [staging.ArenaHandleSize]byte) (staging.PeerArena, error) {
 	if handle == ([staging.ArenaHandleSize]byte{}) {
-		return nil, fmt.Errorf("%w: empty CUDA IPC handle", staging.ErrCorruptEntry)
+		return nil, fmt.Errorf("%w: empty CUDA IPC handle", registry.ErrCorruptEntry)
 	}
 	var base cuda.DevicePtr
 	err := a.g.Do(func() error {

@@ -621,7 +621,7 @@ func (c *Copier) pollLane(i int) (int, error) {
 				break
 			}
 			b := st.bells[st.head]
-			atomic.StoreUint64(b.word, b.seq)
+			staging.RingDoorbell(b.word, b.seq)
 			st.bells[st.head] = bell{}
 			st.head = (st.head + 1) % PendingDepth
 			st.n--

@@ -411,7 +411,7 @@ func (c *HostCopier) runLane(l *hostLane) {
 		c.bytes.Add(n)
 		// The atomic store orders the copies before the doorbell for a
 		// reader that loads seq atomically.
-		atomic.StoreUint64(job.doorbell, job.seq)
+		staging.RingDoorbell(job.doorbell, job.seq)
 	}
 }
 

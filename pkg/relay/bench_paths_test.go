@@ -3,7 +3,6 @@ package relay_test
 import (
 	"bytes"
 	"runtime"
-	"sync/atomic"
 	"testing"
 
 	"github.com/pxn-project/pxn/pkg/hosthop"
@@ -39,34 +38,32 @@ func (l pathLoad) requests(p *pair) []relay.Request {
 	return reqs
 }
 
-// fakeRelay completes, with status OK, every ticket rung on rank's lanes.
+// fakeRelay completes every ticket rung on rank's lanes, with status OK
+// when its Desc is valid.
 type fakeRelay struct {
-	rank  *memRank
-	epoch [staging.LaneCount]uint64
-	next  [staging.LaneCount]uint64
+	rank *memRank
+	vd   staging.ValidDesc
 }
 
 func (f *fakeRelay) step() {
-	ctl := f.rank.Control()
-	for i := range ctl.Lanes {
-		lane := &ctl.Lanes[i]
-		epoch := atomic.LoadUint64(&lane.Owner.LaneEpoch)
+	for i := range staging.LaneCount {
+		rx := f.rank.Inbound(i)
+		epoch, _ := rx.Sync()
 		if epoch == 0 {
 			continue
 		}
-		if epoch != f.epoch[i] {
-			f.epoch[i], f.next[i] = epoch, 1
-		}
 		for {
-			seq := f.next[i]
-			slot := staging.SlotOf(seq)
-			if atomic.LoadUint64(&lane.Ready[slot].Seq) != seq {
+			if _, st := rx.Poll(); st != staging.TicketReady {
 				break
 			}
-			atomic.StoreInt32(&lane.Completions[slot].Status, staging.CompletionOK)
-			atomic.StoreUint64(&lane.Completions[slot].Seq, seq)
-			atomic.StoreUint64(&lane.Relay.CompletedSeq, seq)
-			f.next[i]++
+			seq, err := rx.Take(&f.vd)
+			status := int32(staging.CompletionOK)
+			if err != nil {
+				status = staging.CompletionInvalidDesc
+			}
+			if err := rx.Complete(epoch, seq, status); err != nil {
+				panic(err)
+			}
 		}
 	}
 }
@@ -126,9 +123,7 @@ func BenchmarkSenderPath(b *testing.B) {
 // a sender engine would, with the payload staged once per slot.
 type fakeSender struct {
 	link    relay.Link
-	lane    *staging.Lane
-	epoch   uint64
-	seq     uint64
+	tx      *staging.SenderLane
 	entries []staging.PlanEntry
 }
 
@@ -137,7 +132,7 @@ func newFakeSender(tb testing.TB, p *pair, l pathLoad) *fakeSender {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	s := &fakeSender{link: link, lane: link.Lane(), epoch: link.LaneEpoch(), seq: 1}
+	s := &fakeSender{link: link, tx: link.Sender()}
 	for i := range l.count {
 		s.entries = append(s.entries, staging.PlanEntry{Dst: tgtBase + uint64(i*l.block), Len: uint64(l.block)})
 	}
@@ -150,27 +145,29 @@ func newFakeSender(tb testing.TB, p *pair, l pathLoad) *fakeSender {
 
 // send publishes one Piece and runs e's rounds until the relay completes it.
 func (s *fakeSender) send(tb testing.TB, e *relay.Engine, n uint64) {
-	seq := s.seq
-	slot := staging.SlotOf(seq)
-	d := &s.lane.Descs[slot]
-	if err := d.Fill(s.epoch, sessRail1, s.entries, n); err != nil {
+	seq, ok := s.tx.Ticket()
+	if !ok {
+		tb.Fatalf("no ticket at seq %d", s.tx.Next())
+	}
+	if err := s.tx.Commit(seq, sessRail1, s.entries, n); err != nil {
 		tb.Fatal(err)
 	}
-	staging.PublishDesc(d, seq)
-	atomic.StoreUint64(&s.lane.Sender.NextSeq, seq+1)
-	atomic.StoreUint64(&s.lane.Sender.PublishedSeq, seq)
-	atomic.StoreUint64(&s.lane.Ready[slot].Seq, seq)
-	c := &s.lane.Completions[slot]
-	for atomic.LoadUint64(&c.Seq) != seq {
+	s.tx.Ring(seq)
+	if err := s.tx.Publish(seq); err != nil {
+		tb.Fatal(err)
+	}
+	for {
+		got, st, ok := s.tx.Reap()
+		if ok {
+			if got != seq || st != staging.CompletionOK {
+				tb.Fatalf("seq %d completed with status %d, want seq %d OK", got, st, seq)
+			}
+			return
+		}
 		if !e.RunRound() {
 			runtime.Gosched()
 		}
 	}
-	if st := atomic.LoadInt32(&c.Status); st != staging.CompletionOK {
-		tb.Fatalf("seq %d completed with status %d", seq, st)
-	}
-	atomic.StoreUint64(&s.lane.Sender.ReapedSeq, seq)
-	s.seq++
 }
 
 // BenchmarkRelayPath measures the relay side of one Piece per iteration:

@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -29,35 +28,14 @@ type Deps struct {
 }
 
 // Engine routes a host's transfers: cross-rail device writes through a relay
-// on the target's rail, everything else straight to the hop.
+// on the target's rail, everything else straight to the hop. Its methods run
+// on the callers' goroutines and reach the pump only through what shared
+// holds (queues, atomics, the wake channel); the pump's sender and relayer
+// are its own.
 type Engine struct {
-	cfg       staging.Config
-	hop       Hop
-	dir       Directory
-	copier    Copier
-	reg       Registry
-	localRail string
-	log       klog.Logger
-
-	// pxn is true while cross-rail writes may take the PXN path.
-	pxn      atomic.Bool
-	routes   atomic.Pointer[routeTable]
-	tokens   tokenTable
-	counters Counters
-
-	batches *batchPool
-	groups  *groupPool
-	opBufs  *opsPool
+	*shared
+	reg     Registry
 	scratch *scratchPool
-
-	// invalidated holds the sessions InvalidateTarget named since the pump
-	// last looked ("" for all); invalPending says there are some.
-	invalMu      sync.Mutex
-	invalidated  []string
-	invalPending atomic.Bool
-
-	backlogMu sync.Mutex
-	backlog   []WriteOp
 
 	// pollMu serializes Hop.Poll and the progress made from its results
 	// when no pump runs.
@@ -69,8 +47,6 @@ type Engine struct {
 	submitMu sync.RWMutex
 	closing  atomic.Bool
 	closed   atomic.Bool
-
-	hooks testHooks
 }
 
 // routeTable maps a canonical rail to the outbound lane of the one relay on
@@ -94,17 +70,21 @@ func open(cfg staging.Config, deps Deps, hooks testHooks) (*Engine, error) {
 		log = klog.Background()
 	}
 	e := &Engine{
-		cfg:    cfg,
-		hop:    deps.Hop,
-		dir:    deps.Directory,
-		copier: deps.Copier,
-		reg:    deps.Registry,
-		log:    log,
-		hooks:  hooks,
+		shared: &shared{
+			cfg:    cfg,
+			hop:    deps.Hop,
+			dir:    deps.Directory,
+			copier: deps.Copier,
+			log:    log,
+			hooks:  hooks,
 
-		batches: newBatchPool(),
-		groups:  newGroupPool(),
-		opBufs:  newOpsPool(),
+			batches:   newBatchPool(),
+			groups:    newGroupPool(),
+			opBufs:    newOpsPool(),
+			fallbacks: fallbackQueue{mu: make(chanMutex, 1)},
+			wakeCh:    make(chan struct{}, 1),
+		},
+		reg:     deps.Registry,
 		scratch: newScratchPool(),
 	}
 	e.routes.Store(&routeTable{})
@@ -118,11 +98,9 @@ func open(cfg staging.Config, deps Deps, hooks testHooks) (*Engine, error) {
 		return nil, errors.New("relay: PXN needs the local HCA name")
 	}
 	e.localRail = staging.CanonicalRail(cfg.RailMap, deps.LocalHCA)
-	e.pump = newPump(e)
+	e.pump = newPump(e.shared, deps.Registry)
 	e.pxn.Store(true)
-	if hooks.manualPump {
-		e.pump.manual = true
-	} else {
+	if !hooks.manualPump {
 		e.pump.start()
 	}
 	return e, nil
@@ -206,19 +184,19 @@ func (e *Engine) Submit(reqs []Request) (*Batch, error) {
 			e.log.Error(err, "source-ready event failed; sending direct", "target", g.key.session)
 			g.ready = 0
 			for i := range n {
-				e.pump.fallback(g, i)
+				e.fallback(g, i)
 			}
 			continue
 		}
 		g.ready = ready
 		if !g.key.lane.enqueue(g) {
 			for i := range n {
-				e.pump.fallback(g, i)
+				e.fallback(g, i)
 			}
 		}
 	}
 	if len(planned) > 0 {
-		e.pump.wake()
+		e.wake()
 	}
 	return b, nil
 }
@@ -271,64 +249,13 @@ func (e *Engine) submitDirect(b *Batch, reqs []Request, idx []int32) {
 	e.backlogMu.Lock()
 	rest := ops
 	if len(e.backlog) == 0 {
-		rest = e.drainOps(ops)
+		rest = e.drainOps(ops, nil)
 	}
 	e.backlog = append(e.backlog, rest...)
 	e.backlogMu.Unlock()
 	e.opBufs.put(ops)
 	if e.pump != nil {
-		e.pump.wake()
-	}
-}
-
-// retryBacklog resubmits direct writes the hop could not take yet.
-func (e *Engine) retryBacklog() bool {
-	e.backlogMu.Lock()
-	defer e.backlogMu.Unlock()
-	if len(e.backlog) == 0 {
-		return false
-	}
-	before := len(e.backlog)
-	rest := e.drainOps(e.backlog)
-	n := copy(e.backlog, rest)
-	clear(e.backlog[n:])
-	e.backlog = e.backlog[:n]
-	return n != before
-}
-
-// hopChunk is how many ops go to the hop in one Submit: a Piece can carry
-// 4096 entries, more than a bounded hop queue takes at once.
-const hopChunk = 32
-
-// drainOps submits ops in chunks until the hop is busy and returns those it
-// has not taken. An op the hop refuses on its own (not as busy) fails, with
-// its token, and the rest go on.
-func (e *Engine) drainOps(ops []WriteOp) []WriteOp {
-	chunk := hopChunk
-	for len(ops) > 0 {
-		c := min(chunk, len(ops))
-		err := e.hop.Submit(ops[:c])
-		switch {
-		case err == nil:
-			ops = ops[c:]
-			chunk = hopChunk
-		case errors.Is(err, ErrHopBusy):
-			return ops
-		case c > 1:
-			chunk = c / 2
-		default:
-			e.failOps(ops[:1], fmt.Errorf("submit to the hop: %w", err))
-			ops = ops[1:]
-		}
-	}
-	return ops
-}
-
-func (e *Engine) failOps(ops []WriteOp, err error) {
-	for _, op := range ops {
-		if ent, ok := e.tokens.take(op.Token); ok {
-			e.finishToken(ent, err)
-		}
+		e.wake()
 	}
 }
 
@@ -336,7 +263,7 @@ func (e *Engine) failOps(ops []WriteOp, err error) {
 // on its own when PXN runs; without a pump the host calls Progress (Status
 // callers of the C ABI do it for them).
 func (e *Engine) Progress() {
-	if e.pump != nil && !e.pump.dead.Load() {
+	if e.pump != nil && !e.pumpDead.Load() {
 		return
 	}
 	e.pollMu.Lock()
@@ -347,7 +274,7 @@ func (e *Engine) Progress() {
 		n := e.hop.Poll(buf[:])
 		for _, c := range buf[:n] {
 			if ent, ok := e.tokens.take(c.Token); ok {
-				e.finishToken(ent, c.Err)
+				e.finishToken(ent, c.Err, nil)
 			}
 		}
 		if n < len(buf) {
@@ -367,8 +294,10 @@ func (e *Engine) Close(ctx context.Context) error {
 		return nil
 	}
 	var err error
+	var stopped stopResult
 	if e.pump != nil {
-		err = e.pump.stop(ctx)
+		stopped = e.pump.stop(ctx)
+		err = stopped.err
 	}
 	// The copier drains before any relay memory is unmapped: a retired
 	// lane may still have copies or doorbells queued into it.
@@ -377,9 +306,7 @@ func (e *Engine) Close(ctx context.Context) error {
 			err = cerr
 		}
 	}
-	if e.pump != nil {
-		e.pump.releaseZombies()
-	}
+	stopped.release(e.log)
 	if e.reg != nil {
 		if rerr := e.reg.Close(ctx); rerr != nil && err == nil {
 			err = rerr
@@ -396,12 +323,9 @@ func (e *Engine) Close(ctx context.Context) error {
 // ranges, drops a route without it. It takes effect at the pump's next
 // round.
 func (e *Engine) InvalidateTarget(session string) {
-	e.invalMu.Lock()
-	e.invalidated = append(e.invalidated, session)
-	e.invalPending.Store(true)
-	e.invalMu.Unlock()
+	e.invals.add(session)
 	if e.pump != nil {
-		e.pump.wake()
+		e.wake()
 	}
 }
 
@@ -417,5 +341,5 @@ func (e *Engine) PumpThreadID() int {
 	if e.pump == nil {
 		return 0
 	}
-	return int(e.pump.tid.Load())
+	return int(e.pumpTID.Load())
 }

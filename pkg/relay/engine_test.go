@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -241,14 +240,14 @@ func TestRingFillsAtEighteenAndNineteenthReusesSlotZero(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lane := &p.rankB.Control().Lanes[0]
-	waitFor(t, "18 pieces published", func() bool { return atomic.LoadUint64(&lane.Sender.PublishedSeq) == staging.SlotsPerLane })
+	lane := p.rankB.lane(0)
+	waitFor(t, "18 pieces published", func() bool { return lane.State().Published == staging.SlotsPerLane })
 	waitFor(t, "relay holding its inflight depth", func() bool { return len(p.hopB.Held()) == 4 })
 	waitFor(t, "a credit wait", func() bool { return p.a.Counters().CreditWaits > 0 })
-	if got := atomic.LoadUint64(&lane.Sender.PublishedSeq); got != staging.SlotsPerLane {
+	if got := lane.State().Published; got != staging.SlotsPerLane {
 		t.Fatalf("published seq %d with a full ring, want %d", got, staging.SlotsPerLane)
 	}
-	if got := atomic.LoadUint64(&lane.Ready[0].Seq); got != 1 {
+	if got := lane.State().Ready[0]; got != 1 {
 		t.Fatalf("slot 0 ready word %d before reuse, want 1", got)
 	}
 	if b.Done() {
@@ -260,13 +259,13 @@ func TestRingFillsAtEighteenAndNineteenthReusesSlotZero(t *testing.T) {
 	if st := statusOf(t, b, 0); st.State != relay.Completed {
 		t.Fatalf("status %+v", st)
 	}
-	if got := atomic.LoadUint64(&lane.Ready[0].Seq); got != staging.SlotsPerLane+1 {
+	if got := lane.State().Ready[0]; got != staging.SlotsPerLane+1 {
 		t.Fatalf("slot 0 ready word %d, want seq 19 to reuse it", got)
 	}
 	if c := p.a.Counters(); c.FallbackPieces != 0 || c.RelayedPieces != pieces {
 		t.Fatalf("counters %+v, want %d relayed and no fallback", c, pieces)
 	}
-	if got := atomic.LoadUint64(&lane.Sender.ReapedSeq); got != pieces {
+	if got := lane.State().Reaped; got != pieces {
 		t.Fatalf("reaped seq %d, want %d", got, pieces)
 	}
 	if !bytes.Equal(p.tgt[sessRail1], p.srcBytes) {
@@ -339,8 +338,8 @@ func TestRelayGoneFailsPublishedOnceAndQueuedGoDirect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lane := &p.rankB.Control().Lanes[0]
-	waitFor(t, "a full ring", func() bool { return atomic.LoadUint64(&lane.Sender.PublishedSeq) == staging.SlotsPerLane })
+	lane := p.rankB.lane(0)
+	waitFor(t, "a full ring", func() bool { return lane.State().Published == staging.SlotsPerLane })
 	p.rankB.gone.Store(true)
 	waitBatch(t, b)
 	st := statusOf(t, b, 0)
@@ -370,8 +369,8 @@ func TestFallbackWaitsForSourceReady(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lane := &p.rankB.Control().Lanes[0]
-	waitFor(t, "a full ring", func() bool { return atomic.LoadUint64(&lane.Sender.PublishedSeq) == staging.SlotsPerLane })
+	lane := p.rankB.lane(0)
+	waitFor(t, "a full ring", func() bool { return lane.State().Published == staging.SlotsPerLane })
 	p.rankB.gone.Store(true)
 	waitFor(t, "published pieces failed", func() bool { st, _ := b.Status(0); return st.State == relay.Failed })
 	if p.a.Counters().FallbackPieces != 0 || b.Done() {

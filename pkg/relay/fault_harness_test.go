@@ -22,6 +22,7 @@ import (
 
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
 const (
@@ -136,7 +137,7 @@ func newFaultGroup(t *testing.T, o faultGroupOpts) *faultGroup {
 
 // registryDir is the group's registry directory.
 func (g *faultGroup) registryDir() string {
-	return filepath.Join(g.root, staging.GroupDirPrefix+strconv.Itoa(os.Geteuid())+"-"+g.group)
+	return filepath.Join(g.root, registry.GroupDirPrefix+strconv.Itoa(os.Geteuid())+"-"+g.group)
 }
 
 // faultProc is one rank process.
@@ -407,9 +408,9 @@ func firstDiff(a, b []byte) int {
 
 // inspect returns the registry's view of the rank whose pid is pid, or
 // nil when it has no control file.
-func (g *faultGroup) inspect(pid int) *staging.RankReport {
+func (g *faultGroup) inspect(pid int) *registry.RankReport {
 	g.t.Helper()
-	reports, err := staging.InspectRoot(g.root, 3*time.Second)
+	reports, err := registry.InspectRoot(g.root, 3*time.Second)
 	if err != nil {
 		g.t.Fatal(err)
 	}
@@ -424,7 +425,7 @@ func (g *faultGroup) inspect(pid int) *staging.RankReport {
 }
 
 // laneOf returns the lane of relay that sender owns, or nil.
-func (g *faultGroup) laneOf(relayPid, senderPid int) *staging.LaneReport {
+func (g *faultGroup) laneOf(relayPid, senderPid int) *registry.LaneReport {
 	g.t.Helper()
 	r := g.inspect(relayPid)
 	if r == nil {

@@ -13,16 +13,17 @@ import (
 	"unsafe"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
 // hostileRank registers the test process itself in the group, beating, so
 // that it can claim a lane through the real registry and then write
 // whatever it likes into it.
-func (g *faultGroup) hostileRank(index int) *staging.Rank {
+func (g *faultGroup) hostileRank(index int) *registry.Rank {
 	t := g.t
 	t.Helper()
 	ctx := context.Background()
-	rank, err := staging.Register(ctx, staging.Options{Root: g.root, Group: g.group, UID: os.Geteuid(),
+	rank, err := registry.Register(ctx, registry.Options{Root: g.root, Group: g.group, UID: os.Geteuid(),
 		Rail: faultRail(index), HCA: fmt.Sprintf("mlx5_%d", index), HeartbeatTimeout: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -54,16 +55,16 @@ func (g *faultGroup) hostileRank(index int) *staging.Rank {
 // hostileLane is a lane on a relay that the test writes by hand.
 type hostileLane struct {
 	t     *testing.T
-	link  *staging.PeerLink
+	link  *registry.PeerLink
 	lane  *staging.Lane
 	epoch uint64
 	next  uint64
 }
 
-func attachHostile(t *testing.T, rank *staging.Rank, relay *faultProc) *hostileLane {
+func attachHostile(t *testing.T, g *faultGroup, rank *registry.Rank, relay *faultProc) *hostileLane {
 	t.Helper()
 	ctx := context.Background()
-	var info staging.PeerInfo
+	var info registry.PeerInfo
 	eventually(t, 20*time.Second, "the relay listed", func() bool {
 		ps, err := rank.Peers(ctx)
 		if err != nil {
@@ -81,7 +82,10 @@ func attachHostile(t *testing.T, rank *staging.Rank, relay *faultProc) *hostileL
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &hostileLane{t: t, link: link, lane: link.Lane(), epoch: link.LaneEpoch(), next: 1}
+	// A hostile sender writes the lane's words by hand, through its own
+	// mapping of the relay's control file, not through the endpoint.
+	lane := &g.control(relay, true).Lanes[link.LaneIndex()]
+	return &hostileLane{t: t, link: link, lane: lane, epoch: link.LaneEpoch(), next: 1}
 }
 
 // post writes a valid Desc of one plan entry (n bytes of rank seed's
@@ -132,7 +136,7 @@ func TestFaultMalformedDesc(t *testing.T) {
 	s := g.start("honest sender", 0, 4*faultMiB)
 	s.route(faultRail(1), true, 20*time.Second)
 	s.submit(true, faultWrites(1, 6, faultPiece, 0, 0)...)
-	h := attachHostile(t, g.hostileRank(2), r)
+	h := attachHostile(t, g, g.hostileRank(2), r)
 
 	dst := faultBase(1) + 4*faultMiB
 	rules := []struct {
@@ -211,7 +215,7 @@ func TestFaultSenderIgnoringCredit(t *testing.T) {
 	const n = 4096
 	g := newFaultGroup(t, faultGroupOpts{rails: 3})
 	r := g.start("relay", 1, faultMiB)
-	h := attachHostile(t, g.hostileRank(2), r)
+	h := attachHostile(t, g, g.hostileRank(2), r)
 	r.call(faultReq{Op: "hold", On: true})
 	dst := faultBase(1)
 	first := h.post(faultSession(1), dst, n, 0, nil)

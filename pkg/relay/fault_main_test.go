@@ -21,6 +21,7 @@ import (
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
 // The test binary doubles as a rank process of the fault tests: with
@@ -222,7 +223,7 @@ func faultRank() error {
 	var stall *stallRegistry
 	rankName := ""
 	if cfg.Enable {
-		rank, err := staging.Register(ctx, staging.Options{
+		rank, err := registry.Register(ctx, registry.Options{
 			Root: cfg.RegistryRoot, Group: cfg.GroupID, UID: os.Geteuid(),
 			Rail: staging.CanonicalRail(cfg.RailMap, hca), HCA: hca,
 			HeartbeatTimeout: cfg.HeartbeatTimeout,

@@ -4,11 +4,11 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
 // The fault tests run every rank as its own process (the test binary in a
@@ -149,7 +149,7 @@ func TestFaultSenderKilled(t *testing.T) {
 	s1.route(faultRail(1), true, 20*time.Second)
 	r.call(faultReq{Op: "hold", On: true})
 	s1.submit(true, faultWrites(1, 10, faultPiece, 0, 0)...)
-	var lane staging.LaneReport
+	var lane registry.LaneReport
 	eventually(t, 20*time.Second, "ten published", func() bool {
 		l := g.laneOf(r.pid, s1.pid)
 		if l != nil {
@@ -161,7 +161,7 @@ func TestFaultSenderKilled(t *testing.T) {
 	ctl := g.control(r, false)
 	eventually(t, 20*time.Second, "ten doorbells", func() bool {
 		for seq := uint64(1); seq <= 10; seq++ {
-			if atomic.LoadUint64(&ctl.Lanes[lane.Lane].Ready[staging.SlotOf(seq)].Seq) != seq {
+			if ctl.Lanes[lane.Lane].State().Ready[staging.SlotOf(seq)] != seq {
 				return false
 			}
 		}
@@ -212,7 +212,7 @@ func TestFaultRelayRestarted(t *testing.T) {
 	s.route(faultRail(1), true, 20*time.Second)
 	r1.call(faultReq{Op: "hold", On: true})
 	s.submit(true, faultWrites(1, 25, faultPiece, 0, 0)...)
-	var old staging.LaneReport
+	var old registry.LaneReport
 	eventually(t, 20*time.Second, "a full ring", func() bool {
 		l := g.laneOf(r1.pid, s.pid)
 		if l != nil {

@@ -2,14 +2,13 @@ package relay
 
 import (
 	"errors"
-	"sync/atomic"
 	"time"
 
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // inflightRec is one relayed Piece in the second hop. It comes from the
-// pump's pool and owns its write vector until the last write completes and
+// relayer's pool and owns its write vector until the last write completes and
 // the hop has taken every write.
 type inflightRec struct {
 	lane      int
@@ -25,16 +24,91 @@ type inflightRec struct {
 	// unsent are the ops the hop has not taken yet.
 	unsent []WriteOp
 	// sending is set while the rec is being handed to the hop or waits in
-	// the pump's unsent queue: it may not return to the pool then.
+	// the relayer's unsent queue: it may not return to the pool then.
 	sending bool
 }
 
-// inLane is the relay side of one of this rank's inbound lanes. Pump only.
+// relayer is the inbound pipeline: it takes tickets from this rank's
+// inbound lanes, runs their second hop and completes them. The pump holds
+// it; nothing else touches it.
+type relayer struct {
+	s   *shared
+	reg Registry
+
+	in [staging.LaneCount]inLane
+	// inflight counts relayed Pieces whose second hop has not finished.
+	inflight int
+	vd       staging.ValidDesc
+	// unsent are relayed Pieces whose second-hop writes the hop has not all
+	// taken yet, in the order they were consumed.
+	unsent fifo[*inflightRec]
+	recs   recPool
+	// routes is the route cache, by target session.
+	routes   map[string]*route
+	invalBuf []string
+}
+
+func newRelayer(s *shared, reg Registry) *relayer {
+	return &relayer{s: s, reg: reg, routes: make(map[string]*route)}
+}
+
+// consumeAll takes at most one ticket from each inbound lane.
+func (rl *relayer) consumeAll() bool {
+	progressed := false
+	for i := range rl.in {
+		if rl.consume(i) {
+			progressed = true
+		}
+	}
+	return progressed
+}
+
+// sendRecord gives a relayed Piece's writes to the hop, as many as it takes.
+func (rl *relayer) sendRecord(rec *inflightRec) {
+	rec.sending = true
+	if rl.unsent.len() == 0 {
+		rec.unsent = rl.s.drainOps(rec.unsent, rl)
+	}
+	if len(rec.unsent) > 0 {
+		rl.unsent.push(rec)
+		return
+	}
+	rec.sending = false
+	rl.freeRec(rec)
+}
+
+// resendRecords retries the writes the hop could not take, oldest Piece
+// first.
+func (rl *relayer) resendRecords() bool {
+	progressed := false
+	for rl.unsent.len() > 0 {
+		rec := *rl.unsent.front()
+		before := len(rec.unsent)
+		rec.unsent = rl.s.drainOps(rec.unsent, rl)
+		if len(rec.unsent) != before {
+			progressed = true
+		}
+		if len(rec.unsent) > 0 {
+			break
+		}
+		rl.unsent.pop()
+		rec.sending = false
+		rl.freeRec(rec)
+	}
+	return progressed
+}
+
+// freeRec returns rec to the pool once every write has completed and the
+// hop holds none of its unsent writes.
+func (rl *relayer) freeRec(rec *inflightRec) {
+	if rec.remaining == 0 && !rec.sending {
+		rl.recs.put(rec)
+	}
+}
+
+// inLane is the relayer's state of one of this rank's inbound lanes.
 type inLane struct {
-	epoch  uint64
-	next   uint64
-	window staging.CompletionWindow
-	status [staging.SlotsPerLane]int32
+	rx *staging.RelayLane
 	// commitWait is when the current ticket's doorbell was first seen with
 	// its Desc not yet committed.
 	commitWait time.Time
@@ -45,39 +119,28 @@ const commitWaitLimit = 100 * time.Millisecond
 
 // consume takes at most one ticket from inbound lane i. It returns true when
 // it made progress.
-func (e *Engine) consume(i int) bool {
-	ctl := e.reg.Control()
-	lane := &ctl.Lanes[i]
-	il := &e.pump.in[i]
-	epoch := atomic.LoadUint64(&lane.Owner.LaneEpoch)
+func (rl *relayer) consume(i int) bool {
+	il := &rl.in[i]
+	if il.rx == nil {
+		il.rx = rl.reg.Inbound(i)
+	}
+	epoch, prev := il.rx.Sync()
 	if epoch == 0 {
 		return false
 	}
-	if epoch != il.epoch {
-		first := il.epoch == 0
-		il.epoch = epoch
-		il.next = 1
-		il.window = staging.CompletionWindow{}
+	if epoch != prev {
 		il.commitWait = time.Time{}
-		if s := e.hooks.firstSeq; first && s > 1 {
-			il.next, il.window = s, staging.CompletionWindowAt(s-1)
+		if s := rl.s.hooks.firstSeq; prev == 0 && s > 1 {
+			il.rx.StartAt(s)
 		}
 	}
-	if e.pump.relayInflight >= e.cfg.InflightDepth {
+	if rl.inflight >= rl.s.cfg.InflightDepth {
 		return false
 	}
-	seq := il.next
-	if seq-il.window.Completed() > staging.SlotsPerLane {
-		// Credit, enforced here too: a sender that ignores it cannot give
-		// the relay a ticket whose slot an earlier one still uses.
+	switch _, st := il.rx.Poll(); st {
+	case staging.TicketNone:
 		return false
-	}
-	slot := staging.SlotOf(seq)
-	if atomic.LoadUint64(&lane.Ready[slot].Seq) != seq {
-		return false
-	}
-	d := &lane.Descs[slot]
-	if staging.LoadCommitSeq(d) != seq {
+	case staging.TicketRung:
 		// The doorbell can become visible before the Desc's commit seq
 		// (a GPU store against a CPU store): not ready yet. A commit seq
 		// that never comes is a broken sender; after a bound the ticket is
@@ -92,18 +155,19 @@ func (e *Engine) consume(i int) bool {
 		}
 	}
 	il.commitWait = time.Time{}
-	vd := &e.pump.vd
-	if err := staging.ValidateDesc(d, staging.DescExpect{Epoch: epoch, Seq: seq}, vd); err != nil {
-		e.counters.invalidDescs.Add(1)
-		e.log.V(2).Info("invalid descriptor", "lane", i, "seq", seq, "err", err)
-		il.next++
-		e.complete(i, seq, staging.CompletionInvalidDesc)
+	vd := &rl.vd
+	seq, err := il.rx.Take(vd)
+	if err != nil {
+		rl.s.counters.invalidDescs.Add(1)
+		rl.s.log.V(2).Info("invalid descriptor", "lane", i, "seq", seq, "err", err)
+		rl.complete(i, epoch, seq, staging.CompletionInvalidDesc)
 		return true
 	}
+	slot := staging.SlotOf(seq)
 	plans := vd.Plans()
-	rec := e.pump.recs.get()
-	src := e.reg.ArenaBase() + uintptr(staging.SlotOffset(i, slot))
-	rt := e.pump.routeOf(vd.Session(), plans[0].Dst)
+	rec := rl.recs.get()
+	src := rl.reg.ArenaBase() + uintptr(staging.SlotOffset(i, slot))
+	rt := rl.routeOf(vd.Session(), plans[0].Dst)
 	// A destination outside the cached ranges: the target may have
 	// registered memory since, or the directory answered with one range
 	// at a time. Each miss resolves the missing address once; one that
@@ -114,25 +178,23 @@ func (e *Engine) consume(i int) bool {
 		if miss < 0 {
 			break
 		}
-		if tries == len(plans) || !e.pump.extendRoute(rt, plans[miss].Dst) || rt.find(plans[miss].Dst, plans[miss].Len) < 0 {
+		if tries == len(plans) || !rl.extendRoute(rt, plans[miss].Dst) || rt.find(plans[miss].Dst, plans[miss].Len) < 0 {
 			rt = nil
 		}
 	}
 	if rt == nil {
-		e.pump.recs.put(rec)
-		il.next++
-		e.complete(i, seq, staging.CompletionUnresolved)
+		rl.recs.put(rec)
+		rl.complete(i, epoch, seq, staging.CompletionUnresolved)
 		return true
 	}
 	rec.lane, rec.epoch, rec.seq, rec.route = i, epoch, seq, rt
 	rec.remaining, rec.bytes = len(rec.ops), vd.PieceLen()
 	for k := range rec.ops {
-		rec.ops[k].Token = e.tokens.add(tokenEntry{kind: tokRelay, rec: rec})
+		rec.ops[k].Token = rl.s.tokens.add(tokenEntry{kind: tokRelay, rec: rec})
 	}
-	il.next++
-	e.pump.relayInflight++
+	rl.inflight++
 	rec.unsent = rec.ops
-	e.pump.sendRecord(rec)
+	rl.sendRecord(rec)
 	return true
 }
 
@@ -155,58 +217,42 @@ func (rec *inflightRec) fill(rt *route, plans []staging.PlanEntry, src uintptr) 
 	return -1
 }
 
-// finishRelayWrite counts one second-hop write of a relayed Piece; the last
+// finishWrite counts one second-hop write of a relayed Piece; the last
 // one completes the Piece. A failed write drops the session's route: the
 // next Piece resolves it again.
-func (e *Engine) finishRelayWrite(rec *inflightRec, err error) {
+func (rl *relayer) finishWrite(rec *inflightRec, err error) {
 	if err != nil && !rec.failed {
 		rec.failed = true
 		rec.timedOut = errors.Is(err, ErrTimedOut)
-		e.pump.dropRoute(rec.route)
-		e.log.V(2).Info("second hop failed", "lane", rec.lane, "seq", rec.seq, "err", err)
+		rl.dropRoute(rec.route)
+		rl.s.log.V(2).Info("second hop failed", "lane", rec.lane, "seq", rec.seq, "err", err)
 	}
 	rec.remaining--
 	if rec.remaining > 0 {
 		return
 	}
-	e.pump.relayInflight--
+	rl.inflight--
 	status := int32(staging.CompletionOK)
 	if rec.failed {
 		status = staging.CompletionSecondHop
 		if rec.timedOut {
 			status = staging.CompletionTimeout
 		}
-		e.counters.secondHopFails.Add(1)
+		rl.s.counters.secondHopFails.Add(1)
 	} else {
-		e.counters.forwardedBytes.Add(rec.bytes)
-		e.counters.forwardedPiece.Add(1)
+		rl.s.counters.forwardedBytes.Add(rec.bytes)
+		rl.s.counters.forwardedPiece.Add(1)
 	}
 	// A lane claimed anew meanwhile has a new sender, which must not see
-	// this completion: the old sender is gone.
-	if e.pump.in[rec.lane].epoch == rec.epoch {
-		e.complete(rec.lane, rec.seq, status)
-	}
-	e.pump.freeRec(rec)
+	// this completion: the old sender is gone, and the endpoint drops it.
+	rl.complete(rec.lane, rec.epoch, rec.seq, status)
+	rl.freeRec(rec)
 }
 
-// complete records the end of seq on inbound lane i and publishes every
-// completion that is now contiguous: status first, seq last.
-func (e *Engine) complete(i int, seq uint64, status int32) {
-	lane := &e.reg.Control().Lanes[i]
-	il := &e.pump.in[i]
-	before := il.window.Completed()
-	il.status[staging.SlotOf(seq)] = status
-	after, err := il.window.MarkDone(seq)
-	if err != nil {
-		e.log.Error(err, "completion out of window", "lane", i)
-		return
-	}
-	for s := before + 1; s <= after; s++ {
-		c := &lane.Completions[staging.SlotOf(s)]
-		atomic.StoreInt32(&c.Status, il.status[staging.SlotOf(s)])
-		atomic.StoreUint64(&c.Seq, s)
-	}
-	if after != before {
-		atomic.StoreUint64(&lane.Relay.CompletedSeq, after)
+// complete records the end of seq of epoch on inbound lane i; the endpoint
+// publishes every completion that is now contiguous.
+func (rl *relayer) complete(i int, epoch, seq uint64, status int32) {
+	if err := rl.in[i].rx.Complete(epoch, seq, status); err != nil {
+		rl.s.log.Error(err, "completion out of window", "lane", i)
 	}
 }

@@ -38,6 +38,7 @@ type memRank struct {
 	gone   atomic.Bool
 	stale  atomic.Bool
 	claims [staging.LaneCount]atomic.Int32
+	in     [staging.LaneCount]*staging.RelayLane
 	// peers is reused by Peers, as the real registry's adapter does: the
 	// engine reads the slice only until its next call.
 	peers []relay.Peer
@@ -61,16 +62,20 @@ func (g *memGroup) add(rail, hca string) *memRank {
 	r := &memRank{g: g, pid: 1000 + g.next, epoch: uint64(0x1000 + g.next), rail: rail, hca: hca}
 	r.ctlMem = mapAnon(g.t, int(staging.ControlSize))
 	r.arena = mapAnon(g.t, staging.ArenaSize)
+	ctl := (*staging.ControlBlock)(unsafe.Pointer(&r.ctlMem[0]))
 	for i := range r.claims {
 		r.claims[i].Store(-1)
+		r.in[i] = staging.NewRelayLane(&ctl.Lanes[i])
 	}
 	g.ranks = append(g.ranks, r)
 	return r
 }
 
-func (r *memRank) Control() *staging.ControlBlock {
-	return (*staging.ControlBlock)(unsafe.Pointer(&r.ctlMem[0]))
+func (r *memRank) lane(i int) *staging.Lane {
+	return &(*staging.ControlBlock)(unsafe.Pointer(&r.ctlMem[0])).Lanes[i]
 }
+
+func (r *memRank) Inbound(i int) *staging.RelayLane { return r.in[i] }
 
 func (r *memRank) ArenaBase() uintptr { return uintptr(unsafe.Pointer(&r.arena[0])) }
 
@@ -112,15 +117,14 @@ func (r *memRank) Attach(p relay.Peer) (relay.Link, error) {
 	}
 	for i := range relayRank.claims {
 		if relayRank.claims[i].CompareAndSwap(-1, int32(r.pid)) {
-			lane := &relayRank.Control().Lanes[i]
-			for s := range lane.Ready {
-				atomic.StoreUint64(&lane.Ready[s].Seq, 0)
-				atomic.StoreUint64(&lane.Completions[s].Seq, 0)
+			lane := relayRank.lane(i)
+			epoch := laneEpochs.Add(1)
+			lane.Claim(staging.Identity{Pid: r.pid, Epoch: r.epoch}, epoch, 0)
+			tx, err := staging.NewSenderLane(lane, epoch)
+			if err != nil {
+				return nil, err
 			}
-			lane.Owner.Pid = uint64(r.pid)
-			lane.Owner.SenderEpoch = r.epoch
-			atomic.StoreUint64(&lane.Owner.LaneEpoch, laneEpochs.Add(1))
-			return &memLink{relay: relayRank, index: i, lane: lane}, nil
+			return &memLink{relay: relayRank, index: i, lane: lane, tx: tx}, nil
 		}
 	}
 	return nil, errors.New("no free lane")
@@ -132,11 +136,11 @@ type memLink struct {
 	relay *memRank
 	index int
 	lane  *staging.Lane
+	tx    *staging.SenderLane
 }
 
-func (l *memLink) Lane() *staging.Lane { return l.lane }
-func (l *memLink) LaneIndex() int      { return l.index }
-func (l *memLink) LaneEpoch() uint64   { return atomic.LoadUint64(&l.lane.Owner.LaneEpoch) }
+func (l *memLink) Sender() *staging.SenderLane { return l.tx }
+func (l *memLink) LaneIndex() int              { return l.index }
 func (l *memLink) Staging() uintptr {
 	return l.relay.ArenaBase() + uintptr(staging.LaneOffset(l.index))
 }
@@ -151,7 +155,7 @@ func (l *memLink) Health(time.Time) relay.Health {
 }
 
 func (l *memLink) Close() error {
-	atomic.StoreUint64(&l.lane.Owner.LaneEpoch, 0)
+	l.lane.Free()
 	l.relay.claims[l.index].Store(-1)
 	return nil
 }

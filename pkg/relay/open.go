@@ -8,6 +8,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
 // HostDeps are what a host process supplies to OpenFromEnv: its transport,
@@ -42,7 +43,7 @@ func OpenFromEnv(ctx context.Context, lookup func(string) (string, bool), deps H
 	if !cfg.Enable {
 		return Open(cfg, base)
 	}
-	reg, err := register(ctx, cfg, deps)
+	reg, err := register(ctx, cfg, deps, log)
 	if err != nil {
 		log.Info("PXN registry unavailable; sending direct", "err", err.Error())
 		cfg.Enable = false
@@ -60,14 +61,14 @@ func OpenFromEnv(ctx context.Context, lookup func(string) (string, bool), deps H
 	return e, nil
 }
 
-func register(ctx context.Context, cfg staging.Config, deps HostDeps) (*StagingRegistry, error) {
+func register(ctx context.Context, cfg staging.Config, deps HostDeps, log klog.Logger) (*StagingRegistry, error) {
 	if deps.LocalHCA == "" {
 		return nil, fmt.Errorf("no local HCA name")
 	}
 	if deps.Copier == nil || deps.Directory == nil {
 		return nil, fmt.Errorf("PXN needs a copier and a directory")
 	}
-	rank, err := staging.Register(ctx, staging.Options{
+	rank, err := registry.Register(ctx, registry.Options{
 		Root:             cfg.RegistryRoot,
 		Group:            cfg.GroupID,
 		UID:              os.Geteuid(),
@@ -76,6 +77,7 @@ func register(ctx context.Context, cfg staging.Config, deps HostDeps) (*StagingR
 		HeartbeatTimeout: cfg.HeartbeatTimeout,
 		Arenas:           deps.Arenas,
 		Memory:           deps.Memory,
+		Logger:           log,
 	})
 	if err != nil {
 		return nil, err

@@ -165,7 +165,7 @@ func (p *scratchPool) put(s *submitScratch) {
 	p.list.give(s)
 }
 
-// recPool is the relay's free list of in-flight records, pump only. It holds
+// recPool is the relayer's free list of in-flight records. It holds
 // at most the inflight depth of records.
 type recPool struct {
 	free []*inflightRec

@@ -34,9 +34,10 @@ const (
 // control block and arena mapped. Everything it points to stays valid until
 // Close.
 type Link interface {
-	Lane() *staging.Lane
+	// Sender is the lane's endpoint: the pump publishes and reaps through
+	// it, and no one else uses it.
+	Sender() *staging.SenderLane
 	LaneIndex() int
-	LaneEpoch() uint64
 	// Staging is the local address of the lane's first slot in the relay's
 	// arena as mapped by this process.
 	Staging() uintptr
@@ -46,10 +47,12 @@ type Link interface {
 }
 
 // Registry is what the engine needs of its rank in the shared-memory
-// registry: its own control block (the relay side), the peers, and lane
-// claims on them (the sender side). It is used by the pump only, except Close.
+// registry: the endpoints of its own inbound lanes (the relay side), the
+// peers, and lane claims on them (the sender side). It is used by the pump
+// only, except Close.
 type Registry interface {
-	Control() *staging.ControlBlock
+	// Inbound is the relay endpoint of inbound lane i, 0 ≤ i < LaneCount.
+	Inbound(i int) *staging.RelayLane
 	// ArenaBase is the local address of this rank's own staging arena.
 	ArenaBase() uintptr
 	Heartbeat(now time.Time)

@@ -13,7 +13,7 @@ const maxRoutes = 1024
 // route is a target session as the relay resolved it once: its registered
 // ranges with their keys, sorted by address, and the hop's own handle for
 // it. Later Pieces to the session only look their destinations up in the
-// ranges. Pump only.
+// ranges. The relayer's only.
 type route struct {
 	session string
 	ranges  []Range
@@ -55,26 +55,26 @@ const maxRouteRanges = 4096
 
 // routeOf returns the cached route of session, resolving it on a miss; nil
 // when the session cannot be served from this rail.
-func (p *pump) routeOf(session []byte, dst uint64) *route {
-	if rt := p.routes[string(session)]; rt != nil {
+func (rl *relayer) routeOf(session []byte, dst uint64) *route {
+	if rt := rl.routes[string(session)]; rt != nil {
 		return rt
 	}
 	rt := &route{session: string(session)}
-	if !p.extendRoute(rt, dst) {
+	if !rl.extendRoute(rt, dst) {
 		return nil
 	}
-	if r, ok := p.e.hop.(Router); ok {
+	if r, ok := rl.s.hop.(Router); ok {
 		h, err := r.Route(rt.session)
 		if err != nil {
-			p.e.log.V(2).Info("hop has no route to the target", "session", rt.session, "err", err)
+			rl.s.log.V(2).Info("hop has no route to the target", "session", rt.session, "err", err)
 			return nil
 		}
 		rt.handle = h
 	}
-	if len(p.routes) >= maxRoutes {
-		clear(p.routes)
+	if len(rl.routes) >= maxRoutes {
+		clear(rl.routes)
 	}
-	p.routes[rt.session] = rt
+	rl.routes[rt.session] = rt
 	return rt
 }
 
@@ -85,12 +85,12 @@ func (p *pump) routeOf(session []byte, dst uint64) *route {
 // when the directory does not place dst on this rail; failures are not
 // cached, as a Piece for a target this relay cannot serve is a sender's
 // mistake or a race with a registration, and either is rare.
-func (p *pump) extendRoute(rt *route, dst uint64) bool {
-	e := p.e
-	e.counters.routeResolves.Add(1)
-	t, err := e.dir.Resolve(rt.session, dst)
-	if err != nil || len(t.HCAs) != 1 || staging.CanonicalRail(e.cfg.RailMap, t.HCAs[0]) != e.localRail {
-		e.log.V(2).Info("target not served from this rail", "session", rt.session, "dst", dst, "err", err)
+func (rl *relayer) extendRoute(rt *route, dst uint64) bool {
+	s := rl.s
+	s.counters.routeResolves.Add(1)
+	t, err := s.dir.Resolve(rt.session, dst)
+	if err != nil || len(t.HCAs) != 1 || staging.CanonicalRail(s.cfg.RailMap, t.HCAs[0]) != s.localRail {
+		s.log.V(2).Info("target not served from this rail", "session", rt.session, "dst", dst, "err", err)
 		return false
 	}
 	rs := rt.ranges
@@ -109,32 +109,27 @@ func (p *pump) extendRoute(rt *route, dst uint64) bool {
 }
 
 // dropRoute removes rt from the cache if it is still there.
-func (p *pump) dropRoute(rt *route) {
-	if rt != nil && p.routes[rt.session] == rt {
-		delete(p.routes, rt.session)
-		p.e.counters.routeDrops.Add(1)
+func (rl *relayer) dropRoute(rt *route) {
+	if rt != nil && rl.routes[rt.session] == rt {
+		delete(rl.routes, rt.session)
+		rl.s.counters.routeDrops.Add(1)
 	}
 }
 
 // applyInvalidations drops the routes InvalidateTarget named.
-func (p *pump) applyInvalidations() {
-	e := p.e
-	if !e.invalPending.Load() {
+func (rl *relayer) applyInvalidations() {
+	names := rl.s.invals.swap(rl.invalBuf)
+	if names == nil {
 		return
 	}
-	e.invalMu.Lock()
-	names := e.invalidated
-	e.invalidated = p.invalBuf[:0]
-	e.invalPending.Store(false)
-	e.invalMu.Unlock()
 	for _, s := range names {
 		if s == "" {
-			e.counters.routeDrops.Add(uint64(len(p.routes)))
-			clear(p.routes)
+			rl.s.counters.routeDrops.Add(uint64(len(rl.routes)))
+			clear(rl.routes)
 			continue
 		}
-		p.dropRoute(p.routes[s])
+		rl.dropRoute(rl.routes[s])
 	}
 	clear(names)
-	p.invalBuf = names[:0]
+	rl.invalBuf = names[:0]
 }

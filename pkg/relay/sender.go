@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"k8s.io/klog/v2"
+
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
@@ -45,18 +47,6 @@ func (g *group) finishPiece(i int, err error) {
 	}
 }
 
-// pieceDone counts Piece work of g as over; the last releases the
-// source-ready event and returns g to the pool.
-func (e *Engine) pieceDone(g *group) {
-	if g.pending.Add(-1) != 0 {
-		return
-	}
-	if g.ready != 0 {
-		e.copier.Release(g.ready)
-	}
-	e.groups.put(g)
-}
-
 // planGroup cuts a group's requests into Pieces and sets every task's slice
 // count. Nothing is enqueued here.
 func (e *Engine) planGroup(b *Batch, reqs []Request, g *group) error {
@@ -76,12 +66,11 @@ func (e *Engine) planGroup(b *Batch, reqs []Request, g *group) error {
 	return nil
 }
 
-// outLane is this rank's lane on one relay: the MPSC queue of groups that
-// callers fill, and the ring state that only the pump touches.
+// outLane is the part of an outbound lane that callers reach: the relay it
+// leads to, the queue of groups that Submit fills, and whether it takes
+// them. The rest of the lane is the sender's (senderLane).
 type outLane struct {
 	peer Peer
-	link Link
-	lane *staging.Lane
 
 	mu    sync.Mutex
 	queue fifo[*group]
@@ -89,23 +78,6 @@ type outLane struct {
 	// stale stops new tickets (heartbeat timeout); gone ends the lane.
 	stale atomic.Bool
 	gone  atomic.Bool
-
-	// Pump-only ring state.
-	epoch     uint64
-	next      uint64
-	published uint64
-	reaped    uint64
-	inflight  [staging.SlotsPerLane]pieceRef
-	broken    bool
-	waitSince time.Time
-	// progressAt is when the oldest published ticket became the oldest:
-	// published, or the one before it reaped.
-	progressAt time.Time
-	unreg      func() error
-}
-
-func newOutLane(p Peer, link Link) *outLane {
-	return &outLane{peer: p, link: link, lane: link.Lane(), epoch: link.LaneEpoch(), next: 1}
 }
 
 func (ol *outLane) accepting() bool { return !ol.stale.Load() && !ol.gone.Load() }
@@ -145,14 +117,14 @@ func (ol *outLane) pop() {
 	}
 }
 
-// drainTo hands every queued Piece to fallback.
-func (ol *outLane) drainTo(p *pump) {
+// drainTo hands every queued Piece to fb.
+func (ol *outLane) drainTo(fb *fallbackQueue) {
 	ol.mu.Lock()
 	defer ol.mu.Unlock()
 	for ol.queue.len() > 0 {
 		g := ol.queue.pop()
 		for i, n := g.next, len(g.plan.Pieces); i < n; i++ {
-			p.fallback(g, i)
+			fb.push(fallbackPiece{g: g, i: i})
 		}
 	}
 }
@@ -161,6 +133,52 @@ func (ol *outLane) queued() bool {
 	ol.mu.Lock()
 	defer ol.mu.Unlock()
 	return ol.queue.len() > 0
+}
+
+// senderLane is the sender's own state of one outbound lane: the claim, the
+// lane's endpoint and the Pieces in its slots. Only the pump touches it.
+type senderLane struct {
+	*outLane
+	link      Link
+	tx        *staging.SenderLane
+	inflight  [staging.SlotsPerLane]pieceRef
+	broken    bool
+	waitSince time.Time
+	// progressAt is when the oldest published ticket became the oldest:
+	// published, or the one before it reaped.
+	progressAt time.Time
+	unreg      func() error
+}
+
+// sender is the outbound pipeline: lanes on the group's relays, publishing
+// queued Pieces into them, reaping completions, and sending direct what
+// cannot go through a relay. The pump holds it; nothing else touches it.
+type sender struct {
+	s   *shared
+	reg Registry
+
+	lanes []*senderLane
+	// zombies are retired lanes that may still have copies or doorbells
+	// in flight into the relay's memory: their mapping and host
+	// registration are released only after the copier has drained.
+	zombies []*senderLane
+	// copyBuf holds the first-hop copies of the Piece being published.
+	copyBuf []CopyEntry
+	// seqHooked is set once testHooks.firstSeq has been applied.
+	seqHooked bool
+	peersOff  bool
+	// noSend is set when the pump cannot use the copier: no lanes.
+	noSend bool
+}
+
+// busy reports whether a lane has Pieces published or queued.
+func (sn *sender) busy() bool {
+	for _, sl := range sn.lanes {
+		if sl.tx.InFlight() || sl.queued() {
+			return true
+		}
+	}
+	return false
 }
 
 // errRelayGone fails Pieces published to a relay that died or restarted.
@@ -176,144 +194,172 @@ const ticketTimeout = 30 * time.Second
 // progress for ticketTimeout.
 var errTicketTimeout = fmt.Errorf("relay made no progress on the piece: %w", ErrTimedOut)
 
-func (e *Engine) ticketTimeout() time.Duration {
-	if e.hooks.ticketTimeout > 0 {
-		return e.hooks.ticketTimeout
+func (sn *sender) ticketTimeout() time.Duration {
+	if sn.s.hooks.ticketTimeout > 0 {
+		return sn.s.hooks.ticketTimeout
 	}
 	return ticketTimeout
 }
 
-// publish stages one Piece into the relay's ring if the lane has credit.
-// It returns true when it made progress.
-func (e *Engine) publish(ol *outLane, now time.Time) bool {
-	if ol.broken || ol.gone.Load() {
-		return false
-	}
-	pr := ol.front()
-	if pr.g == nil {
-		return false
-	}
-	if ol.stale.Load() {
-		// A Piece without a ticket does not wait for a relay that may
-		// never beat again: it goes direct.
-		ol.pop()
-		e.pump.fallback(pr.g, pr.i)
-		return true
-	}
-	if ol.next > staging.MaxLaneSeq {
-		// The sequence space is exhausted: no new tickets on this lane;
-		// the pump reclaims it once drained.
-		return false
-	}
-	if !staging.HasCredit(ol.next, ol.reaped) {
-		// The credit timeout runs from the moment the lane's head first
-		// found no credit, not from enqueue: a long request queues many
-		// Pieces that are not late. Once it has run out, every Piece
-		// queued behind goes direct too, until credit returns.
-		if ol.waitSince.IsZero() {
-			ol.waitSince = now
-			e.counters.creditWaits.Add(1)
-		} else if now.Sub(ol.waitSince) > e.cfg.CreditTimeout {
-			ol.pop()
-			e.pump.fallback(pr.g, pr.i)
-			return true
-		}
-		return false
-	}
-	ol.waitSince = time.Time{}
-	ol.pop()
-	if ol.published == ol.reaped {
-		ol.progressAt = now
-	}
-	g, i := pr.g, pr.i
-	seq := ol.next
-	slot := staging.SlotOf(seq)
-	d := &ol.lane.Descs[slot]
-	if err := d.Fill(ol.epoch, g.key.session, g.plan.PieceEntries(i), g.pieceLen(i)); err != nil {
-		e.pump.fallback(g, i)
-		return true
-	}
-	staging.PublishDesc(d, seq)
-	base := ol.link.Staging() + uintptr(slot)*staging.SlotSize
-	entries := e.pump.copyBuf[:0]
-	for _, c := range g.plan.PieceCopies(i) {
-		entries = append(entries, CopyEntry{Src: uintptr(c.Src), Dst: base + uintptr(c.Offset), Len: c.Len})
-	}
-	e.pump.copyBuf = entries
-	if err := e.copier.Copy(ol.link.LaneIndex(), g.ready, entries, &ol.lane.Ready[slot].Seq, seq); err != nil {
-		// Before the doorbell: the Piece is still ours to send direct,
-		// and the lane is quarantined.
-		e.log.Error(err, "first-hop copy failed; lane quarantined", "relayPid", ol.peer.Pid, "lane", ol.link.LaneIndex())
-		e.counters.laneQuarantine.Add(1)
-		ol.broken = true
-		e.pump.fallback(g, i)
-		ol.drainTo(e.pump)
-		return true
-	}
-	ol.inflight[slot] = pr
-	ol.next = seq + 1
-	ol.published = seq
-	atomic.StoreUint64(&ol.lane.Sender.NextSeq, ol.next)
-	atomic.StoreUint64(&ol.lane.Sender.PublishedSeq, seq)
-	return true
-}
-
-// reap takes the relay's completions in seq order. A Piece's slices are
-// finished before reaped advances, so its slot is reused only afterwards.
-func (e *Engine) reap(ol *outLane) bool {
+func (sn *sender) publishAll(now time.Time) bool {
 	progressed := false
-	for ol.reaped < ol.published {
-		seq := ol.reaped + 1
-		slot := staging.SlotOf(seq)
-		c := &ol.lane.Completions[slot]
-		if atomic.LoadUint64(&c.Seq) != seq {
-			break
+	for _, sl := range sn.lanes {
+		if sn.publish(sl, now) {
+			progressed = true
 		}
-		status := atomic.LoadInt32(&c.Status)
-		pr := ol.inflight[slot]
-		ol.inflight[slot] = pieceRef{}
-		e.finishPublished(pr, status)
-		ol.reaped = seq
-		atomic.StoreUint64(&ol.lane.Sender.ReapedSeq, seq)
-		progressed = true
-	}
-	if progressed {
-		ol.progressAt = time.Now()
 	}
 	return progressed
 }
 
-func (e *Engine) finishPublished(pr pieceRef, status int32) {
+func (sn *sender) reapAll() bool {
+	progressed := false
+	for _, sl := range sn.lanes {
+		if sn.reap(sl) {
+			progressed = true
+		}
+	}
+	return progressed
+}
+
+// publish stages one Piece into the relay's ring if the lane has credit.
+// It returns true when it made progress.
+func (sn *sender) publish(sl *senderLane, now time.Time) bool {
+	s := sn.s
+	if sl.broken || sl.gone.Load() {
+		return false
+	}
+	pr := sl.front()
+	if pr.g == nil {
+		return false
+	}
+	if sl.stale.Load() {
+		// A Piece without a ticket does not wait for a relay that may
+		// never beat again: it goes direct.
+		sl.pop()
+		s.fallback(pr.g, pr.i)
+		return true
+	}
+	seq, ok := sl.tx.Ticket()
+	if !ok && sl.tx.Exhausted() {
+		// The sequence space is exhausted: no new tickets on this lane;
+		// the sender retires it once drained.
+		return false
+	}
+	if !ok {
+		// No credit. The credit timeout runs from the moment the lane's
+		// head first found none, not from enqueue: a long request queues
+		// many Pieces that are not late. Once it has run out, every Piece
+		// queued behind goes direct too, until credit returns.
+		if sl.waitSince.IsZero() {
+			sl.waitSince = now
+			s.counters.creditWaits.Add(1)
+		} else if now.Sub(sl.waitSince) > s.cfg.CreditTimeout {
+			sl.pop()
+			s.fallback(pr.g, pr.i)
+			return true
+		}
+		return false
+	}
+	sl.waitSince = time.Time{}
+	sl.pop()
+	if !sl.tx.InFlight() {
+		sl.progressAt = now
+	}
+	g, i := pr.g, pr.i
+	if err := sl.tx.Commit(seq, g.key.session, g.plan.PieceEntries(i), g.pieceLen(i)); err != nil {
+		s.fallback(g, i)
+		return true
+	}
+	slot := staging.SlotOf(seq)
+	base := sl.link.Staging() + uintptr(slot)*staging.SlotSize
+	entries := sn.copyBuf[:0]
+	for _, c := range g.plan.PieceCopies(i) {
+		entries = append(entries, CopyEntry{Src: uintptr(c.Src), Dst: base + uintptr(c.Offset), Len: c.Len})
+	}
+	sn.copyBuf = entries
+	if err := s.copier.Copy(sl.link.LaneIndex(), g.ready, entries, sl.tx.ReadyWord(seq), seq); err != nil {
+		// Before the doorbell: the Piece is still ours to send direct,
+		// and the lane is quarantined.
+		s.log.Error(err, "first-hop copy failed; lane quarantined", "relayPid", sl.peer.Pid, "lane", sl.link.LaneIndex())
+		s.counters.laneQuarantine.Add(1)
+		sl.broken = true
+		s.fallback(g, i)
+		sl.drainTo(&s.fallbacks)
+		return true
+	}
+	if err := sl.tx.Publish(seq); err != nil {
+		// Unreachable while Ticket and Publish agree; should it happen,
+		// the Piece fails rather than being sent twice, and the lane
+		// takes no more tickets.
+		s.log.Error(err, "publishing a ticket; lane quarantined", "relayPid", sl.peer.Pid, "lane", sl.link.LaneIndex())
+		sl.broken = true
+		s.counters.failedPieces.Add(1)
+		g.finishPiece(i, err)
+		s.pieceDone(g)
+		sl.drainTo(&s.fallbacks)
+		return true
+	}
+	sl.inflight[slot] = pr
+	return true
+}
+
+// reap takes the relay's completions in seq order. A Piece's slices are
+// finished before the pump publishes again, so its slot is reused only
+// afterwards.
+func (sn *sender) reap(sl *senderLane) bool {
+	progressed := false
+	for {
+		seq, status, ok := sl.tx.Reap()
+		if !ok {
+			break
+		}
+		slot := staging.SlotOf(seq)
+		pr := sl.inflight[slot]
+		sl.inflight[slot] = pieceRef{}
+		sn.finishPublished(pr, status)
+		progressed = true
+	}
+	if progressed {
+		sl.progressAt = time.Now()
+	}
+	return progressed
+}
+
+func (sn *sender) finishPublished(pr pieceRef, status int32) {
+	s := sn.s
 	var err error
 	if status != staging.CompletionOK {
 		err = fmt.Errorf("relay completion status %d (%s)", status, completionReason(status))
 		if status == staging.CompletionTimeout {
 			err = fmt.Errorf("%w: %w", err, ErrTimedOut)
 		}
-		e.counters.failedPieces.Add(1)
+		s.counters.failedPieces.Add(1)
 		if status == staging.CompletionSecondHop || status == staging.CompletionTimeout {
-			e.counters.secondHopFails.Add(1)
+			s.counters.secondHopFails.Add(1)
 		}
 	} else {
-		e.counters.relayedBytes.Add(pr.g.pieceLen(pr.i))
-		e.counters.relayedPieces.Add(1)
+		s.counters.relayedBytes.Add(pr.g.pieceLen(pr.i))
+		s.counters.relayedPieces.Add(1)
 	}
 	pr.g.finishPiece(pr.i, err)
-	e.pieceDone(pr.g)
+	s.pieceDone(pr.g)
 }
 
 // failPublished fails, exactly once, every Piece published on a lane whose
 // relay is gone.
-func (e *Engine) failPublished(ol *outLane, err error) {
-	for ol.reaped < ol.published {
-		seq := ol.reaped + 1
+func (sn *sender) failPublished(sl *senderLane, err error) {
+	s := sn.s
+	for {
+		seq, ok := sl.tx.Abandon()
+		if !ok {
+			return
+		}
 		slot := staging.SlotOf(seq)
-		pr := ol.inflight[slot]
-		ol.inflight[slot] = pieceRef{}
-		e.counters.failedPieces.Add(1)
+		pr := sl.inflight[slot]
+		sl.inflight[slot] = pieceRef{}
+		s.counters.failedPieces.Add(1)
 		pr.g.finishPiece(pr.i, err)
-		e.pieceDone(pr.g)
-		ol.reaped = seq
+		s.pieceDone(pr.g)
 	}
 }
 
@@ -331,4 +377,252 @@ func completionReason(status int32) string {
 		return "relay closing"
 	}
 	return "unknown"
+}
+
+// refresh reconciles outbound lanes with the registry: new relays get a
+// lane, stale ones stop taking tickets, gone ones fail what they had.
+func (sn *sender) refresh() {
+	s := sn.s
+	peers, err := sn.reg.Peers()
+	if err != nil {
+		if errors.Is(err, ErrTooManyPeers) {
+			if !sn.peersOff {
+				sn.peersOff = true
+				s.log.Info("more than 7 peers in the group; PXN off, sending direct", "err", err.Error())
+			}
+			s.pxn.Store(false)
+			for _, sl := range sn.lanes {
+				sn.retire(sl, errRelayGone)
+			}
+			sn.lanes = nil
+			s.routes.Store(&routeTable{})
+			return
+		}
+		s.log.Error(err, "registry scan failed")
+		return
+	}
+	if sn.peersOff || sn.noSend {
+		return
+	}
+	changed := false
+	now := time.Now()
+	live := sn.lanes[:0]
+	for _, sl := range sn.lanes {
+		h := sl.link.Health(now)
+		if h == Gone {
+			sn.retire(sl, errRelayGone)
+			changed = true
+			continue
+		}
+		if stale := h == Stale; stale != sl.stale.Load() {
+			sl.stale.Store(stale)
+			changed = true
+		}
+		if d := sn.ticketTimeout(); sl.tx.InFlight() && now.Sub(sl.progressAt) > d {
+			// The lane's claim stays with the zombie until the copier has
+			// drained, and hasLane keeps it from being claimed anew
+			// meanwhile: this relay gets no more tickets from us.
+			s.log.Error(errTicketTimeout, "published tickets failed; relay not used again", "relayPid", sl.peer.Pid, "lane", sl.link.LaneIndex(), "seq", sl.tx.Reaped()+1, "timeout", d)
+			s.counters.laneQuarantine.Add(1)
+			sn.retire(sl, fmt.Errorf("%w within %v", errTicketTimeout, d))
+			changed = true
+			continue
+		}
+		if sl.broken && !sl.tx.InFlight() {
+			sn.retire(sl, nil)
+			changed = true
+			continue
+		}
+		if sl.tx.Exhausted() && !sl.tx.InFlight() {
+			// Sequence space spent and drained: a new claim gives the lane
+			// a new epoch and restarts at seq 1.
+			sn.retire(sl, nil)
+			changed = true
+			continue
+		}
+		live = append(live, sl)
+	}
+	sn.lanes = live
+	for _, pr := range peers {
+		if pr.Rail == s.localRail || pr.Rail == "" {
+			continue
+		}
+		if sn.hasLane(pr) {
+			continue
+		}
+		if sl := sn.attach(pr); sl != nil {
+			sn.lanes = append(sn.lanes, sl)
+			changed = true
+		}
+	}
+	if changed {
+		sn.publishRoutes()
+	}
+}
+
+// attach claims a lane on relay pr and registers its words for doorbells.
+func (sn *sender) attach(pr Peer) *senderLane {
+	s := sn.s
+	link, err := sn.reg.Attach(pr)
+	if err != nil {
+		s.log.V(1).Info("cannot attach to relay", "pid", pr.Pid, "rail", pr.Rail, "err", err.Error())
+		return nil
+	}
+	sl := &senderLane{outLane: &outLane{peer: pr}, link: link, tx: link.Sender()}
+	if first := s.hooks.firstSeq; first > 1 && !sn.seqHooked {
+		sn.seqHooked = true
+		if err := sl.tx.StartAt(first); err != nil {
+			s.log.Error(err, "test hook firstSeq")
+		}
+	}
+	if hr, ok := s.copier.(HostRegistrar); ok {
+		unreg, err := hr.RegisterHost(sl.tx.Words())
+		if err != nil {
+			s.log.Error(err, "cannot register a relay's lane for doorbells", "pid", pr.Pid, "rail", pr.Rail)
+			_ = link.Close()
+			return nil
+		}
+		sl.unreg = unreg
+	}
+	return sl
+}
+
+// retire ends a lane: published Pieces fail with err (nil: the lane was
+// drained), queued ones go direct. The claim and mappings are released now
+// when nothing can still be copied into the relay's memory, or after the
+// copier has drained otherwise.
+func (sn *sender) retire(sl *senderLane, err error) {
+	sl.gone.Store(true)
+	inFlight := sl.tx.InFlight()
+	if err != nil {
+		sn.failPublished(sl, err)
+	}
+	sl.drainTo(&sn.s.fallbacks)
+	if inFlight {
+		sn.zombies = append(sn.zombies, sl)
+		return
+	}
+	sl.release(sn.s.log)
+}
+
+func (sl *senderLane) release(log klog.Logger) {
+	if sl.unreg != nil {
+		if err := sl.unreg(); err != nil {
+			log.Error(err, "unregistering a relay's lane", "relayPid", sl.peer.Pid)
+		}
+		sl.unreg = nil
+	}
+	if err := sl.link.Close(); err != nil {
+		log.Error(err, "releasing lane", "relayPid", sl.peer.Pid)
+	}
+}
+
+// copierFailed handles a copier that can no longer ring doorbells: every
+// lane stops taking tickets and fails what it published.
+func (sn *sender) copierFailed(err error) {
+	s := sn.s
+	s.log.Error(err, "copier failed; outbound lanes quarantined")
+	for _, sl := range sn.lanes {
+		s.counters.laneQuarantine.Add(1)
+		sl.broken = true
+		sn.failPublished(sl, fmt.Errorf("first hop failed: %w", err))
+		sl.drainTo(&s.fallbacks)
+	}
+}
+
+func (sn *sender) hasLane(pr Peer) bool {
+	for _, sl := range sn.lanes {
+		if sl.peer.Pid == pr.Pid && sl.peer.Epoch == pr.Epoch {
+			return true
+		}
+	}
+	for _, sl := range sn.zombies {
+		if sl.peer.Pid == pr.Pid && sl.peer.Epoch == pr.Epoch {
+			return true
+		}
+	}
+	return false
+}
+
+// publishRoutes rebuilds the rail → lane table. A rail with more than one
+// relay is not unique and routes direct.
+func (sn *sender) publishRoutes() {
+	count := map[string]int{}
+	for _, sl := range sn.lanes {
+		count[sl.peer.Rail]++
+	}
+	rt := &routeTable{byRail: map[string]*outLane{}}
+	for _, sl := range sn.lanes {
+		if count[sl.peer.Rail] == 1 {
+			rt.byRail[sl.peer.Rail] = sl.outLane
+		}
+	}
+	sn.s.routes.Store(rt)
+}
+
+// runFallbacks sends direct the Pieces that never reached a doorbell, each
+// exactly once and only after its source-ready event.
+func (sn *sender) runFallbacks() bool {
+	fb := &sn.s.fallbacks
+	progressed := false
+	for n := fb.len(); n > 0; n-- {
+		p := fb.pop()
+		keep, moved := sn.runFallback(&p)
+		progressed = progressed || moved
+		if keep {
+			fb.push(p)
+		}
+	}
+	return progressed
+}
+
+// runFallback moves one fallen-back Piece on: it reports whether the Piece
+// still has work left and whether anything happened.
+func (sn *sender) runFallback(fb *fallbackPiece) (keep, progressed bool) {
+	s := sn.s
+	if g := fb.g; g != nil {
+		if g.ready != 0 {
+			done, err := s.copier.Query(g.ready)
+			if err != nil {
+				s.counters.failedPieces.Add(1)
+				g.finishPiece(fb.i, fmt.Errorf("source-ready event: %w", err))
+				s.pieceDone(g)
+				return false, true
+			}
+			if !done {
+				return true, false
+			}
+		}
+		// The writes carry their slices by value: the group is done with.
+		ss := g.plan.PieceSlices(fb.i)
+		ops := s.opBufs.get(len(ss))
+		for _, sl := range ss {
+			ops = append(ops, WriteOp{Src: uintptr(sl.Src), Len: sl.Len, Target: g.key.session, Dst: sl.Dst,
+				Token: s.tokens.add(tokenEntry{kind: tokFallback, slice: taskSlice{batch: g.batch, task: g.tasks[sl.Task], len: sl.Len}})})
+		}
+		s.counters.fallbackBytes.Add(g.pieceLen(fb.i))
+		s.counters.fallbackPieces.Add(1)
+		s.pieceDone(g)
+		fb.g, fb.ops, fb.unsent = nil, ops, ops
+	}
+	before := len(fb.unsent)
+	fb.unsent = s.drainOps(fb.unsent, nil)
+	progressed = len(fb.unsent) != before
+	if len(fb.unsent) > 0 {
+		return true, progressed
+	}
+	s.opBufs.put(fb.ops)
+	return false, progressed
+}
+
+// stop retires every lane, failing what they published with err, and
+// returns the lanes whose release must wait for the copier to drain.
+func (sn *sender) stop(err error) []*senderLane {
+	for _, sl := range sn.lanes {
+		sn.retire(sl, err)
+	}
+	sn.lanes = nil
+	z := sn.zombies
+	sn.zombies = nil
+	return z
 }

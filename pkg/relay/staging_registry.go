@@ -6,17 +6,18 @@ import (
 	"time"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
 // StagingRegistry adapts a rank of the shared-memory registry to the
 // engine's Registry. Peers reuses its buffers, so that the pump's refresh
 // allocates nothing while the group stays the same.
 type StagingRegistry struct {
-	rank *staging.Rank
+	rank *registry.Rank
 	ctx  context.Context
 	// infos is the rank's last answer, for Peers and Attach; peers is
 	// what Peers returned last, which Attach leaves alone.
-	infos []staging.PeerInfo
+	infos []registry.PeerInfo
 	peers []Peer
 	// offErr is the rank's last ErrTooManyPeers error and offJoined the
 	// error Peers made of it.
@@ -24,14 +25,14 @@ type StagingRegistry struct {
 }
 
 // NewStagingRegistry wraps r; the engine's Close closes it.
-func NewStagingRegistry(r *staging.Rank) *StagingRegistry {
+func NewStagingRegistry(r *registry.Rank) *StagingRegistry {
 	return &StagingRegistry{rank: r, ctx: context.Background()}
 }
 
 // Rank returns the wrapped rank.
-func (s *StagingRegistry) Rank() *staging.Rank { return s.rank }
+func (s *StagingRegistry) Rank() *registry.Rank { return s.rank }
 
-func (s *StagingRegistry) Control() *staging.ControlBlock { return s.rank.Control() }
+func (s *StagingRegistry) Inbound(i int) *staging.RelayLane { return s.rank.Inbound(i) }
 
 func (s *StagingRegistry) ArenaBase() uintptr { return s.rank.Arena().Base() }
 
@@ -42,7 +43,7 @@ func (s *StagingRegistry) Peers() ([]Peer, error) {
 	var err error
 	s.infos, err = s.rank.AppendPeers(s.ctx, s.infos[:0])
 	if err != nil {
-		if errors.Is(err, staging.ErrTooManyPeers) {
+		if errors.Is(err, registry.ErrTooManyPeers) {
 			if err != s.offErr {
 				s.offErr, s.offJoined = err, errors.Join(ErrTooManyPeers, err)
 			}
@@ -77,25 +78,24 @@ func (s *StagingRegistry) Attach(p Peer) (Link, error) {
 			return stagingLink{l}, nil
 		}
 	}
-	return nil, staging.ErrPeerGone
+	return nil, registry.ErrPeerGone
 }
 
 func (s *StagingRegistry) Close(ctx context.Context) error { return s.rank.Close(ctx) }
 
-type stagingLink struct{ l *staging.PeerLink }
+type stagingLink struct{ l *registry.PeerLink }
 
-func (l stagingLink) Lane() *staging.Lane { return l.l.Lane() }
-func (l stagingLink) LaneIndex() int      { return l.l.LaneIndex() }
-func (l stagingLink) LaneEpoch() uint64   { return l.l.LaneEpoch() }
-func (l stagingLink) Staging() uintptr    { return l.l.StagingBase() }
-func (l stagingLink) Close() error        { return l.l.Close() }
+func (l stagingLink) Sender() *staging.SenderLane { return l.l.Sender() }
+func (l stagingLink) LaneIndex() int              { return l.l.LaneIndex() }
+func (l stagingLink) Staging() uintptr            { return l.l.StagingBase() }
+func (l stagingLink) Close() error                { return l.l.Close() }
 
 func (l stagingLink) Health(time.Time) Health {
 	err := l.l.Health(staging.MonoNanos())
 	switch {
 	case err == nil:
 		return Live
-	case errors.Is(err, staging.ErrPeerStale):
+	case errors.Is(err, registry.ErrPeerStale):
 		return Stale
 	}
 	return Gone

@@ -11,21 +11,22 @@ import (
 
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
 // stagingGroup registers n ranks of one new group in this process, in the
 // real registry under /dev/shm; rank i is on rail i. Nobody beats: the
 // heartbeat timeout is long.
-func stagingGroup(tb testing.TB, n int) []*staging.Rank {
+func stagingGroup(tb testing.TB, n int) []*registry.Rank {
 	tb.Helper()
 	root, err := os.MkdirTemp("/dev/shm", "pxn-staging-registry-")
 	if err != nil {
 		tb.Skipf("no /dev/shm: %v", err)
 	}
 	tb.Cleanup(func() { os.RemoveAll(root) })
-	var ranks []*staging.Rank
+	var ranks []*registry.Rank
 	for i := 0; i < n; i++ {
-		r, err := staging.Register(context.Background(), staging.Options{
+		r, err := registry.Register(context.Background(), registry.Options{
 			Root: root, Group: "g", UID: os.Geteuid(),
 			Rail: fmt.Sprintf("rail%d", i), HCA: fmt.Sprintf("hca%d", i),
 			HeartbeatTimeout: time.Hour,
@@ -40,7 +41,7 @@ func stagingGroup(tb testing.TB, n int) []*staging.Rank {
 }
 
 // wantPeers checks ps against ranks, in any order.
-func wantPeers(t *testing.T, ps []relay.Peer, ranks []*staging.Rank) {
+func wantPeers(t *testing.T, ps []relay.Peer, ranks []*registry.Rank) {
 	t.Helper()
 	var want, got []string
 	for i, r := range ranks {
@@ -102,8 +103,8 @@ func TestStagingRegistryTooManyPeers(t *testing.T) {
 	ranks := stagingGroup(t, staging.LaneCount+2)
 	s := relay.NewStagingRegistry(ranks[0])
 	_, err := s.Peers()
-	if !errors.Is(err, relay.ErrTooManyPeers) || !errors.Is(err, staging.ErrTooManyPeers) {
-		t.Fatalf("Peers = %v, want %v wrapping %v", err, relay.ErrTooManyPeers, staging.ErrTooManyPeers)
+	if !errors.Is(err, relay.ErrTooManyPeers) || !errors.Is(err, registry.ErrTooManyPeers) {
+		t.Fatalf("Peers = %v, want %v wrapping %v", err, relay.ErrTooManyPeers, registry.ErrTooManyPeers)
 	}
 	ps, again := s.Peers()
 	if ps != nil || again != err {

@@ -102,13 +102,3 @@ func (t *tokenTable) takeAll() []tokenEntry {
 	}
 	return out
 }
-
-// finishToken applies one hop completion.
-func (e *Engine) finishToken(ent tokenEntry, err error) {
-	switch ent.kind {
-	case tokDirect, tokFallback:
-		ent.slice.finish(err)
-	case tokRelay:
-		e.finishRelayWrite(ent.rec, err)
-	}
-}

@@ -1,9 +1,14 @@
 // Package staging holds the engine's fixed numbers, the shared-memory ABI
-// between ranks, the piece planner, the engine configuration and the registry
-// through which ranks of one job find each other.
+// between ranks with the two endpoints of a lane (SenderLane, RelayLane),
+// the Desc and sequence rules, the piece planner and the engine
+// configuration. It imports nothing of the module; the registry through
+// which ranks of one job find each other is package staging/registry.
 package staging
 
-import "unsafe"
+import (
+	"sync/atomic"
+	"unsafe"
+)
 
 // The engine's numbers. They are compile-time constants by design: a rank
 // whose numbers differ from a peer's refuses that peer (see the registry).
@@ -32,6 +37,10 @@ const (
 	// CacheLine is the alignment of every shared structure and of every word
 	// that one side polls while the other writes.
 	CacheLine = 64
+
+	// MaxPid bounds every pid read from shared memory: Linux never hands
+	// out a pid above 2^22 (PID_MAX_LIMIT on 64-bit kernels).
+	MaxPid = 1 << 22
 
 	// RegistryMagic opens every control file ("PXNREG01" little endian).
 	RegistryMagic = 0x31304745524e5850
@@ -160,6 +169,18 @@ type Header struct {
 	Heartbeat    uint64
 	_            [56]byte
 }
+
+// LoadState acquire-loads the rank's state.
+func (h *Header) LoadState() uint32 { return atomic.LoadUint32(&h.State) }
+
+// StoreState release-stores the rank's state; only the owning rank calls it.
+func (h *Header) StoreState(s uint32) { atomic.StoreUint32(&h.State, s) }
+
+// LoadHeartbeat acquire-loads the rank's heartbeat, a MonoNanos reading.
+func (h *Header) LoadHeartbeat() uint64 { return atomic.LoadUint64(&h.Heartbeat) }
+
+// StoreHeartbeat release-stores the heartbeat; only the owning rank calls it.
+func (h *Header) StoreHeartbeat(now uint64) { atomic.StoreUint64(&h.Heartbeat, now) }
 
 // ControlBlock is the whole control file of one rank.
 type ControlBlock struct {

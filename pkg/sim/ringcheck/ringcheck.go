@@ -1,7 +1,8 @@
 // Package ringcheck runs PXN's GPU first hop through a real two-process
 // ring: a relay process owns a gpu arena and a control block in shared
 // memory, and a sender process opens both and pushes Pieces into one lane
-// with gpu.Copier, waiting for the relay's credit like the engine does.
+// with gpu.Copier through the lane's endpoints (staging.SenderLane and
+// staging.RelayLane), so the ring runs the engine's lane protocol.
 // The relay checks every Piece's bytes once its doorbell shows the Piece's
 // seq, so a doorbell that lands before its data fails the run. pkg/gpu's
 // tests and cmd/pxn-gpucheck use it; it needs a CUDA driver.
@@ -19,7 +20,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -199,17 +199,27 @@ func runRelay(cfg Config, out io.Writer) error {
 	if _, err := fmt.Fprintf(out, "handle %s\n", hex.EncodeToString(h[:])); err != nil {
 		return err
 	}
-	ln := &ctl.Lanes[cfg.Lane]
+	rx := staging.NewRelayLane(&ctl.Lanes[cfg.Lane])
+	var vd staging.ValidDesc
 	chunk := cfg.PieceLen / cfg.Entries
 	got := make([]byte, cfg.PieceLen)
 	deadline := time.Now().Add(cfg.Timeout)
 	for seq := uint64(1); seq <= uint64(cfg.Pieces); seq++ {
 		slot := staging.SlotOf(seq)
-		word := &ln.Ready[slot].Seq
-		for spins := 0; atomic.LoadUint64(word) != seq; spins++ {
+		epoch, next, st := uint64(0), uint64(0), staging.TicketNone
+		for spins := 0; st != staging.TicketReady; spins++ {
+			epoch, _ = rx.Sync()
+			next, st = rx.Poll()
 			if spins%4096 == 0 && time.Now().After(deadline) {
-				return fmt.Errorf("relay: seq %d: ready word of slot %d is %d after %v", seq, slot, atomic.LoadUint64(word), cfg.Timeout)
+				return fmt.Errorf("relay: seq %d: slot %d not ready after %v (epoch %#x, next %d, state %d)", seq, slot, cfg.Timeout, epoch, next, st)
 			}
+		}
+		taken, err := rx.Take(&vd)
+		if err != nil {
+			return fmt.Errorf("relay: seq %d: %w", taken, err)
+		}
+		if taken != seq || vd.PieceLen() != uint64(cfg.PieceLen) {
+			return fmt.Errorf("relay: took seq %d of %d bytes, want seq %d of %d", taken, vd.PieceLen(), seq, cfg.PieceLen)
 		}
 		if cfg.verifies(seq) {
 			base := cuda.DevicePtr(a.Base()) + cuda.DevicePtr(staging.SlotOffset(cfg.Lane, slot))
@@ -225,7 +235,9 @@ func runRelay(cfg Config, out io.Writer) error {
 				}
 			}
 		}
-		atomic.StoreUint64(&ln.Relay.CompletedSeq, seq)
+		if err := rx.Complete(epoch, seq, staging.CompletionOK); err != nil {
+			return fmt.Errorf("relay: %w", err)
+		}
 	}
 	if _, err := fmt.Fprintln(out, "done"); err != nil {
 		return err
@@ -311,10 +323,11 @@ type Sender struct {
 	copier *gpu.Copier
 	peer   staging.PeerArena
 	mem    []byte
-	ctl    *staging.ControlBlock
+	tx     *staging.SenderLane
 	unreg  func() error
 
 	next    uint64
+	plans   []staging.PlanEntry
 	src     cuda.DevicePtr
 	srcN    int
 	fill    cuda.Stream
@@ -349,7 +362,15 @@ func NewSender(d *cuda.Driver, cfg Config, handle [staging.ArenaHandleSize]byte,
 	if s.peer, err = gpu.NewArenas(g).Open(nil, handle); err != nil {
 		return nil, err
 	}
-	if s.mem, s.ctl, err = mapControl(cfg.ControlPath, false); err != nil {
+	var ctl *staging.ControlBlock
+	if s.mem, ctl, err = mapControl(cfg.ControlPath, false); err != nil {
+		return nil, err
+	}
+	// The ring has one sender and no registry: the sender claims the lane
+	// itself, under an epoch of its own.
+	lane := &ctl.Lanes[cfg.Lane]
+	lane.Claim(staging.Identity{Pid: os.Getpid(), Epoch: ringEpoch}, ringEpoch, 0)
+	if s.tx, err = staging.NewSenderLane(lane, ringEpoch); err != nil {
 		return nil, err
 	}
 	if s.unreg, err = s.copier.RegisterHost(uintptr(unsafe.Pointer(&s.mem[0])), uint64(len(s.mem))); err != nil {
@@ -363,7 +384,32 @@ func NewSender(d *cuda.Driver, cfg Config, handle [staging.ArenaHandleSize]byte,
 		return nil, err
 	}
 	s.entries = make([]relay.CopyEntry, cfg.Entries)
+	chunk := uint64(cfg.PieceLen / cfg.Entries)
+	for i := range cfg.Entries {
+		s.plans = append(s.plans, staging.PlanEntry{Dst: ringTarget + uint64(i)*chunk, Len: chunk})
+	}
 	return s, nil
+}
+
+// ringEpoch is the lane epoch of a ring; ringTarget and ringSession are
+// what its Descs name, which no second hop reads.
+const (
+	ringEpoch   = 1
+	ringTarget  = 1 << 40
+	ringSession = "ringcheck"
+)
+
+// reap consumes every completion the relay has written.
+func (s *Sender) reap() error {
+	for {
+		seq, st, ok := s.tx.Reap()
+		if !ok {
+			return nil
+		}
+		if st != staging.CompletionOK {
+			return fmt.Errorf("sender: seq %d completed with status %d", seq, st)
+		}
+	}
 }
 
 // Copier is the sender's copier.
@@ -408,20 +454,31 @@ func (s *Sender) Run(n int) (time.Duration, error) {
 	if n <= 0 || last > uint64(cfg.Pieces) {
 		return 0, fmt.Errorf("sender: %d more Pieces after %d, the relay expects %d", n, s.next-1, cfg.Pieces)
 	}
-	ln := &s.ctl.Lanes[cfg.Lane]
 	chunk := cfg.PieceLen / cfg.Entries
 	deadline := time.Now().Add(cfg.Timeout)
 	start := time.Now()
 	for seq := s.next; seq <= last; seq++ {
-		// Credit: slot(seq) is free once the relay completed seq-K; the
-		// source buffer of seq was last used by seq-K-1.
-		for spins := 0; seq-atomic.LoadUint64(&ln.Relay.CompletedSeq) > staging.SlotsPerLane; spins++ {
+		// Credit: slot(seq) is free once seq-K was reaped; the source
+		// buffer of seq was last used by seq-K-1.
+		for spins := 0; ; spins++ {
+			if err := s.reap(); err != nil {
+				return 0, err
+			}
+			if t, ok := s.tx.Ticket(); ok {
+				if t != seq {
+					return 0, fmt.Errorf("sender: ticket %d, want seq %d", t, seq)
+				}
+				break
+			}
 			if _, err := s.copier.Poll(); err != nil {
 				return 0, err
 			}
 			if spins%4096 == 0 && time.Now().After(deadline) {
-				return 0, fmt.Errorf("sender: no credit for seq %d after %v (relay completed %d)", seq, cfg.Timeout, atomic.LoadUint64(&ln.Relay.CompletedSeq))
+				return 0, fmt.Errorf("sender: no credit for seq %d after %v (reaped %d)", seq, cfg.Timeout, s.tx.Reaped())
 			}
+		}
+		if err := s.tx.Commit(seq, ringSession, s.plans, uint64(cfg.PieceLen)); err != nil {
+			return 0, fmt.Errorf("sender: %w", err)
 		}
 		src := s.srcAddr(seq)
 		var ready relay.Event
@@ -440,23 +497,29 @@ func (s *Sender) Run(n int) (time.Duration, error) {
 		for i := range s.entries {
 			s.entries[i] = relay.CopyEntry{Src: src + uintptr((cfg.Entries-1-i)*chunk), Dst: dst + uintptr(i*chunk), Len: uint64(chunk)}
 		}
-		err := s.copier.Copy(cfg.Lane, ready, s.entries, &ln.Ready[staging.SlotOf(seq)].Seq, seq)
+		err := s.copier.Copy(cfg.Lane, ready, s.entries, s.tx.ReadyWord(seq), seq)
 		if ready != 0 {
 			s.copier.Release(ready)
 		}
 		if err != nil {
 			return 0, err
 		}
+		if err := s.tx.Publish(seq); err != nil {
+			return 0, fmt.Errorf("sender: %w", err)
+		}
 		if _, err := s.copier.Poll(); err != nil {
 			return 0, err
 		}
 	}
-	for spins := 0; atomic.LoadUint64(&ln.Relay.CompletedSeq) != last; spins++ {
+	for spins := 0; s.tx.Reaped() != last; spins++ {
+		if err := s.reap(); err != nil {
+			return 0, err
+		}
 		if _, err := s.copier.Poll(); err != nil {
 			return 0, err
 		}
 		if spins%4096 == 0 && time.Now().After(deadline) {
-			return 0, fmt.Errorf("sender: relay completed %d of %d Pieces in %v", atomic.LoadUint64(&ln.Relay.CompletedSeq), last, cfg.Timeout)
+			return 0, fmt.Errorf("sender: relay completed %d of %d Pieces in %v", s.tx.Reaped(), last, cfg.Timeout)
 		}
 	}
 	s.next = last + 1

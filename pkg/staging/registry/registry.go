@@ -1,4 +1,10 @@
-package staging
+// Package registry is how the ranks of one job on one node find each other:
+// a private directory per group, a control file per rank (the shared-memory
+// ABI of package staging) and a staging arena, published READY once whole.
+// A Rank lists its peers, claims a lane on a peer (PeerLink, which hands out
+// the lane's staging.SenderLane) and hands out the staging.RelayLane of each
+// of its own inbound lanes. See docs/registry.md.
+package registry
 
 import (
 	"context"
@@ -14,6 +20,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
+
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 const (
@@ -113,12 +121,16 @@ type Options struct {
 	DrainTimeout time.Duration
 	// Arenas allocates this rank's arena and maps peers'; default
 	// HostArenas.
-	Arenas ArenaProvider
+	Arenas staging.ArenaProvider
 	// Memory, when set, registers the arena with the NIC after allocation.
-	Memory MemoryRegistrar
+	Memory staging.MemoryRegistrar
 	// InjectFault, when set, runs before each step of Register; an error
 	// fails that step. For tests.
 	InjectFault func(InitStep) error
+	// Logger receives the registry's few log lines (one per event: a rank
+	// published, PXN turned off, a peer refused, a lane reclaimed); the
+	// zero Logger discards them.
+	Logger klog.Logger
 }
 
 func (o *Options) fill() error {
@@ -127,10 +139,10 @@ func (o *Options) fill() error {
 		return errors.New("registry root is empty")
 	case o.UID != os.Geteuid():
 		return fmt.Errorf("uid %d is not the effective uid %d", o.UID, os.Geteuid())
-	case o.Rail == "" || len(o.Rail) > len(Header{}.Rail) || strings.IndexByte(o.Rail, 0) >= 0:
-		return fmt.Errorf("rail %q: want 1..%d bytes, no NUL", o.Rail, len(Header{}.Rail))
-	case len(o.HCA) > len(Header{}.HCA) || strings.IndexByte(o.HCA, 0) >= 0:
-		return fmt.Errorf("HCA %q: want at most %d bytes, no NUL", o.HCA, len(Header{}.HCA))
+	case o.Rail == "" || len(o.Rail) > len(staging.Header{}.Rail) || strings.IndexByte(o.Rail, 0) >= 0:
+		return fmt.Errorf("rail %q: want 1..%d bytes, no NUL", o.Rail, len(staging.Header{}.Rail))
+	case len(o.HCA) > len(staging.Header{}.HCA) || strings.IndexByte(o.HCA, 0) >= 0:
+		return fmt.Errorf("HCA %q: want at most %d bytes, no NUL", o.HCA, len(staging.Header{}.HCA))
 	case o.HeartbeatTimeout < 0 || o.HeartbeatTimeout > 0 && o.HeartbeatTimeout < 2*heartbeatPeriod:
 		return fmt.Errorf("heartbeat timeout %v: want at least %v", o.HeartbeatTimeout, 2*heartbeatPeriod)
 	case o.DrainTimeout < 0:
@@ -154,14 +166,17 @@ func (o *Options) fill() error {
 // Rank is this process's registration in its group: the registry
 // directory, the staging arena and the control file that peers map.
 type Rank struct {
-	id    Identity
+	id    staging.Identity
 	opts  Options
 	d     *registryDir
-	arena Arena
+	arena staging.Arena
 	// ctl points into the shared mapping ctlMem; the header's State and
 	// Heartbeat and every lane word are read by other processes.
 	ctlMem []byte
-	ctl    *ControlBlock
+	ctl    *staging.ControlBlock
+	// inbound are the relay endpoints of ctl's lanes; their user (the
+	// pump) owns them.
+	inbound [staging.LaneCount]*staging.RelayLane
 	// undo holds the teardown of each completed init step, in order.
 	// Register and Close run it backwards from one goroutine.
 	undo        []func() error
@@ -209,7 +224,7 @@ func Register(ctx context.Context, opts Options) (*Rank, error) {
 		}
 		return nil, err
 	}
-	klog.InfoS("pxn rank published", "registry", r.d.path, "rank", r.Name(), "rail", opts.Rail, "hca", opts.HCA)
+	r.opts.Logger.Info("pxn rank published", "registry", r.d.path, "rank", r.Name(), "rail", opts.Rail, "hca", opts.HCA)
 	return r, nil
 }
 
@@ -261,7 +276,7 @@ func (r *Rank) openRegistry(ctx context.Context) error {
 	return d.withLock(ctx, func() error {
 		removed, err := d.cleanStale(r.id)
 		if len(removed) > 0 {
-			klog.InfoS("pxn removed stale registry entries", "registry", d.path, "entries", removed)
+			r.opts.Logger.Info("pxn removed stale registry entries", "registry", d.path, "entries", removed)
 		}
 		return err
 	})
@@ -272,8 +287,8 @@ func (r *Rank) allocateArena() error {
 	if err != nil {
 		return err
 	}
-	if a.Size() < ArenaSize || a.Kind() != r.opts.Arenas.Kind() {
-		err := fmt.Errorf("arena of kind %d and %d bytes, want kind %d and %d bytes", a.Kind(), a.Size(), r.opts.Arenas.Kind(), uint64(ArenaSize))
+	if a.Size() < staging.ArenaSize || a.Kind() != r.opts.Arenas.Kind() {
+		err := fmt.Errorf("arena of kind %d and %d bytes, want kind %d and %d bytes", a.Kind(), a.Size(), r.opts.Arenas.Kind(), uint64(staging.ArenaSize))
 		return errors.Join(err, a.Close())
 	}
 	r.arena = a
@@ -290,7 +305,7 @@ func (r *Rank) allocateArena() error {
 // until the process exits: a NIC may still hold part of it.
 func (r *Rank) quarantine(why error) {
 	r.quarantined = true
-	klog.ErrorS(why, "pxn arena quarantined until the process exits", "registry", r.d.path, "base", r.arena.Base())
+	r.opts.Logger.Error(why, "pxn arena quarantined until the process exits", "registry", r.d.path, "base", r.arena.Base())
 }
 
 func (r *Rank) registerMemory() error {
@@ -319,18 +334,21 @@ func (r *Rank) createControl() error {
 	if err != nil {
 		return err
 	}
-	mem, err := sizeAndMap(fd, int(ControlSize))
+	mem, err := sizeAndMap(fd, int(staging.ControlSize))
 	unix.Close(fd)
 	if err != nil {
 		unix.Unlinkat(r.d.fd(), name, 0)
 		return fmt.Errorf("control file %s: %w", name, err)
 	}
 	r.ctlMem = mem
-	r.ctl = (*ControlBlock)(unsafe.Pointer(&mem[0]))
+	r.ctl = (*staging.ControlBlock)(unsafe.Pointer(&mem[0]))
+	for i := range r.inbound {
+		r.inbound[i] = staging.NewRelayLane(&r.ctl.Lanes[i])
+	}
 	r.ctl.Header = newHeader(r.id, r.opts.UID, r.opts.Rail, r.opts.HCA, r.arena.Kind())
 	r.pushUndo(func() error {
 		err := unix.Munmap(mem)
-		r.ctl, r.ctlMem = nil, nil
+		r.ctl, r.ctlMem, r.inbound = nil, nil, [staging.LaneCount]*staging.RelayLane{}
 		// Published, the file was renamed; revoked, it was unlinked.
 		if uerr := unix.Unlinkat(r.d.fd(), name, 0); uerr != nil && !errors.Is(uerr, unix.ENOENT) {
 			err = errors.Join(err, uerr)
@@ -364,11 +382,11 @@ func (r *Rank) exportHandle() error {
 // its temporary name, and the rename is the only step peers can observe.
 func (r *Rank) publish(ctx context.Context) error {
 	return r.d.withLock(ctx, func() error {
-		r.beat(MonoNanos())
-		atomic.StoreUint32(&r.ctl.Header.State, StateReady)
+		r.beat(staging.MonoNanos())
+		r.ctl.Header.StoreState(staging.StateReady)
 		tmp, name := tmpFileName(r.id), r.Name()
 		if err := unix.Renameat2(r.d.fd(), tmp, r.d.fd(), name, unix.RENAME_NOREPLACE); err != nil {
-			atomic.StoreUint32(&r.ctl.Header.State, StateInit)
+			r.ctl.Header.StoreState(staging.StateInit)
 			return &os.LinkError{Op: "renameat2", Old: tmp, New: name, Err: err}
 		}
 		return nil
@@ -376,7 +394,7 @@ func (r *Rank) publish(ctx context.Context) error {
 }
 
 // Identity is this registration's identity.
-func (r *Rank) Identity() Identity { return r.id }
+func (r *Rank) Identity() staging.Identity { return r.id }
 
 // Name is the published name of this rank's control file.
 func (r *Rank) Name() string { return rankFileName(r.id) }
@@ -384,16 +402,15 @@ func (r *Rank) Name() string { return rankFileName(r.id) }
 // Dir is the path of the group's registry directory.
 func (r *Rank) Dir() string { return r.d.path }
 
-// Control is this rank's control block, shared with every peer that
-// attached: the relay side reads its inbound lanes here. It is unmapped by
-// Close.
-func (r *Rank) Control() *ControlBlock { return r.ctl }
+// Inbound is the relay endpoint of this rank's inbound lane i, valid until
+// Close. One goroutine (the pump) uses it.
+func (r *Rank) Inbound(i int) *staging.RelayLane { return r.inbound[i] }
 
 // Header is this rank's header inside Control.
-func (r *Rank) Header() *Header { return &r.ctl.Header }
+func (r *Rank) Header() *staging.Header { return &r.ctl.Header }
 
 // Arena is this rank's staging arena, freed by Close.
-func (r *Rank) Arena() Arena { return r.arena }
+func (r *Rank) Arena() staging.Arena { return r.arena }
 
 // Heartbeat stamps the header with now, a MonoNanos reading, unless the last
 // stamp is younger than 100 ms; it reports whether it wrote. The pump calls
@@ -408,7 +425,7 @@ func (r *Rank) Heartbeat(now int64) bool {
 
 func (r *Rank) beat(now int64) {
 	r.lastBeat.Store(now)
-	atomic.StoreUint64(&r.ctl.Header.Heartbeat, uint64(now))
+	r.ctl.Header.StoreHeartbeat(uint64(now))
 }
 
 // Off returns why PXN is off for this process (an unsafe registry, more
@@ -426,7 +443,7 @@ func (r *Rank) turnOff(err error) error {
 	defer r.mu.Unlock()
 	if r.off == nil {
 		r.off = err
-		klog.ErrorS(err, "PXN off for this process, sending direct", "registry", r.d.path, "rank", r.Name())
+		r.opts.Logger.Error(err, "PXN off for this process, sending direct", "registry", r.d.path, "rank", r.Name())
 	}
 	return r.off
 }
@@ -444,7 +461,7 @@ func (r *Rank) usable() error {
 type PeerInfo struct {
 	// Name is the peer's control file in the registry directory.
 	Name string
-	Identity
+	staging.Identity
 	Rail      string
 	HCA       string
 	State     uint32
@@ -487,7 +504,7 @@ func (r *Rank) AppendPeers(ctx context.Context, dst []PeerInfo) ([]PeerInfo, err
 		return dst, r.turnOff(err)
 	}
 	deadOwner := s.checkProcs(r.ctl)
-	now := MonoNanos()
+	now := staging.MonoNanos()
 	sawStale := false
 	for _, e := range s.entries {
 		if e.proc == nil {
@@ -507,7 +524,7 @@ func (r *Rank) AppendPeers(ctx context.Context, dst []PeerInfo) ([]PeerInfo, err
 		p, late, ok := r.readEntry(e, now)
 		switch {
 		case !ok || late:
-		case p.Refused != nil || p.State == StateReady:
+		case p.Refused != nil || p.State == staging.StateReady:
 			dst = append(dst, p)
 		}
 	}
@@ -524,7 +541,7 @@ func (r *Rank) AppendPeers(ctx context.Context, dst []PeerInfo) ([]PeerInfo, err
 			return dst[:start], r.turnOff(err)
 		}
 		if err != nil {
-			klog.V(2).InfoS("pxn stale cleanup deferred", "registry", r.d.path, "err", err)
+			r.opts.Logger.V(2).Info("pxn stale cleanup deferred", "registry", r.d.path, "err", err)
 		}
 	}
 	usable := 0
@@ -535,9 +552,9 @@ func (r *Rank) AppendPeers(ctx context.Context, dst []PeerInfo) ([]PeerInfo, err
 			r.sayRefused(p)
 		}
 	}
-	if usable > LaneCount {
+	if usable > staging.LaneCount {
 		s.release()
-		return dst[:start], r.turnOff(fmt.Errorf("%w: %d valid peers in %s, at most %d", ErrTooManyPeers, usable, r.d.path, LaneCount))
+		return dst[:start], r.turnOff(fmt.Errorf("%w: %d valid peers in %s, at most %d", ErrTooManyPeers, usable, r.d.path, staging.LaneCount))
 	}
 	return dst, nil
 }
@@ -547,7 +564,7 @@ func (r *Rank) sayRefused(p PeerInfo) {
 	defer r.mu.Unlock()
 	if !r.refused[p.Name] {
 		r.refused[p.Name] = true
-		klog.ErrorS(p.Refused, "pxn refusing peer; its rail goes direct", "registry", r.d.path, "peer", p.Name)
+		r.opts.Logger.Error(p.Refused, "pxn refusing peer; its rail goes direct", "registry", r.d.path, "peer", p.Name)
 	}
 }
 
@@ -576,7 +593,7 @@ func (r *Rank) readEntry(e *scanEntry, now int64) (p PeerInfo, late, ok bool) {
 	if e.fd < 0 {
 		return e.info, false, true
 	}
-	s.hdr = Header{}
+	s.hdr = staging.Header{}
 	n, err := preadUpTo(e.fd, s.headerBytes())
 	if err != nil {
 		e.loaded = false
@@ -601,9 +618,9 @@ func (r *Rank) readEntry(e *scanEntry, now int64) (p PeerInfo, late, ok bool) {
 
 // peerInfo validates the first bytes b of control file name, of size
 // bytes, registered as id.
-func (r *Rank) peerInfo(name string, id Identity, size int64, b []byte) PeerInfo {
+func (r *Rank) peerInfo(name string, id staging.Identity, size int64, b []byte) PeerInfo {
 	p := PeerInfo{Name: name, Identity: id}
-	var h Header
+	var h staging.Header
 	err := checkControlSize(name, size)
 	if err == nil && len(b) < int(headerSize) {
 		err = fmt.Errorf("%w: %s: short read", ErrCorruptEntry, name)
@@ -679,7 +696,7 @@ func (r *Rank) Close(ctx context.Context) error {
 // checks READY and claims a lane, so a claim is either seen by waitLeases
 // or never made.
 func (r *Rank) revoke(ctx context.Context) error {
-	atomic.StoreUint32(&r.ctl.Header.State, StateClosing)
+	r.ctl.Header.StoreState(staging.StateClosing)
 	return r.d.withLock(ctx, func() error {
 		err := unix.Unlinkat(r.d.fd(), r.Name(), 0)
 		if err != nil && !errors.Is(err, unix.ENOENT) {
@@ -701,7 +718,7 @@ func (r *Rank) waitLeases(ctx context.Context) error {
 		if r.onLeaseWait != nil {
 			r.onLeaseWait(held)
 		}
-		r.Heartbeat(MonoNanos())
+		r.Heartbeat(staging.MonoNanos())
 		if timer == nil {
 			timer = time.NewTimer(r.leasePoll)
 			defer timer.Stop()

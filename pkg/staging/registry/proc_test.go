@@ -1,4 +1,4 @@
-package staging
+package registry
 
 import (
 	"os"
@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 func statLine(comm string, start string) string {
@@ -78,7 +80,7 @@ func TestIdentityOfThisProcess(t *testing.T) {
 	if why := goneReason(a.Pid, a.StartTime+1); !strings.Contains(why, "reused") {
 		t.Errorf("another start time: %q, want reused", why)
 	}
-	for _, pid := range []int{0, -1, maxPid + 1} {
+	for _, pid := range []int{0, -1, staging.MaxPid + 1} {
 		if why := goneReason(pid, 1); why == "" {
 			t.Errorf("pid %d counts as running", pid)
 		}
@@ -112,9 +114,9 @@ func TestIdentityExitedAndZombieProcessesAreGone(t *testing.T) {
 }
 
 func TestIdentityMonoNanosIsMonotonic(t *testing.T) {
-	prev := MonoNanos()
+	prev := staging.MonoNanos()
 	for i := 0; i < 1000; i++ {
-		now := MonoNanos()
+		now := staging.MonoNanos()
 		if now < prev {
 			t.Fatalf("MonoNanos went back from %d to %d", prev, now)
 		}
@@ -125,7 +127,7 @@ func TestIdentityMonoNanosIsMonotonic(t *testing.T) {
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		t.Fatal(err)
 	}
-	if d := time.Duration(MonoNanos() - ts.Nano()); d < -time.Millisecond || d > 100*time.Millisecond {
+	if d := time.Duration(staging.MonoNanos() - ts.Nano()); d < -time.Millisecond || d > 100*time.Millisecond {
 		t.Errorf("MonoNanos is %v away from clock_gettime(CLOCK_MONOTONIC)", d)
 	}
 }

@@ -1,4 +1,4 @@
-package staging
+package registry
 
 import (
 	"bytes"
@@ -18,6 +18,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 func TestRegistryRanksInOneGroupSeeEachOther(t *testing.T) {
@@ -67,7 +69,7 @@ func TestRegistryPeersReportRailAndHeartbeat(t *testing.T) {
 	}
 	p := ps[0]
 	if p.Name != a.Name() || p.Identity != a.Identity() || p.Rail != "rail-a" || p.HCA != "hca-rail-a" ||
-		p.State != StateReady || p.ArenaKind != ArenaHost || p.Refused != nil {
+		p.State != staging.StateReady || p.ArenaKind != staging.ArenaHost || p.Refused != nil {
 		t.Errorf("peer = %+v, want a (%s) READY on rail-a", p, a.Name())
 	}
 	if p.HeartbeatAge < 0 || p.HeartbeatAge > testHeartbeatTimeout {
@@ -133,18 +135,18 @@ func TestRegistryRankKilledDuringInitIsCleaned(t *testing.T) {
 
 // writeFakeRank writes a control file for id with a valid header changed by
 // mutate, and an arena file next to it.
-func writeFakeRank(t *testing.T, dir string, id Identity, name string, mutate func(h *Header)) {
+func writeFakeRank(t *testing.T, dir string, id staging.Identity, name string, mutate func(h *staging.Header)) {
 	t.Helper()
-	h := newHeader(id, os.Geteuid(), "rail-x", "hca-x", ArenaHost)
-	h.State = StateReady
-	h.Heartbeat = uint64(MonoNanos())
-	handle := [ArenaHandleSize]byte{}
+	h := newHeader(id, os.Geteuid(), "rail-x", "hca-x", staging.ArenaHost)
+	h.State = staging.StateReady
+	h.Heartbeat = uint64(staging.MonoNanos())
+	handle := [staging.ArenaHandleSize]byte{}
 	copy(handle[:], arenaFileName(id))
 	h.IPCHandle = handle
 	if mutate != nil {
 		mutate(&h)
 	}
-	b := make([]byte, ControlSize)
+	b := make([]byte, staging.ControlSize)
 	copy(b, unsafe.Slice((*byte)(unsafe.Pointer(&h)), headerSize))
 	writeFile0600(t, filepath.Join(dir, name), b)
 	writeFile0600(t, filepath.Join(dir, arenaFileName(id)), nil)
@@ -195,26 +197,26 @@ func TestRegistryStaleEntries(t *testing.T) {
 	dead := deadPid(t)
 	tests := []struct {
 		name   string
-		id     Identity
+		id     staging.Identity
 		tmp    bool
-		mutate func(h *Header)
+		mutate func(h *staging.Header)
 		stale  bool
 		// late: left out of Peers, but its process runs, so its files stay.
 		late bool
 	}{
-		{name: "live", id: Identity{me, start, 0x1001}, stale: false},
-		{name: "pid reused", id: Identity{me, start + 1, 0x1002}, stale: true},
-		{name: "pid exited", id: Identity{dead, 12345, 0x1003}, stale: true},
-		{name: "heartbeat older than timeout", id: Identity{me, start, 0x1004}, late: true,
-			mutate: func(h *Header) { h.Heartbeat = uint64(MonoNanos() - int64(2*testHeartbeatTimeout)) }},
-		{name: "heartbeat just inside timeout", id: Identity{me, start, 0x1005}, stale: false,
-			mutate: func(h *Header) { h.Heartbeat = uint64(MonoNanos() - int64(time.Second)) }},
-		{name: "never beat", id: Identity{me, start, 0x1006}, late: true,
-			mutate: func(h *Header) { h.Heartbeat = 0 }},
-		{name: "initializing, live", id: Identity{me, start, 0x1007}, tmp: true, stale: false,
-			mutate: func(h *Header) { h.State, h.Heartbeat = StateInit, 0 }},
-		{name: "initializing, exited", id: Identity{dead, 12345, 0x1008}, tmp: true, stale: true,
-			mutate: func(h *Header) { h.State, h.Heartbeat = StateInit, 0 }},
+		{name: "live", id: staging.Identity{Pid: me, StartTime: start, Epoch: 0x1001}, stale: false},
+		{name: "pid reused", id: staging.Identity{Pid: me, StartTime: start + 1, Epoch: 0x1002}, stale: true},
+		{name: "pid exited", id: staging.Identity{Pid: dead, StartTime: 12345, Epoch: 0x1003}, stale: true},
+		{name: "heartbeat older than timeout", id: staging.Identity{Pid: me, StartTime: start, Epoch: 0x1004}, late: true,
+			mutate: func(h *staging.Header) { h.Heartbeat = uint64(staging.MonoNanos() - int64(2*testHeartbeatTimeout)) }},
+		{name: "heartbeat just inside timeout", id: staging.Identity{Pid: me, StartTime: start, Epoch: 0x1005}, stale: false,
+			mutate: func(h *staging.Header) { h.Heartbeat = uint64(staging.MonoNanos() - int64(time.Second)) }},
+		{name: "never beat", id: staging.Identity{Pid: me, StartTime: start, Epoch: 0x1006}, late: true,
+			mutate: func(h *staging.Header) { h.Heartbeat = 0 }},
+		{name: "initializing, live", id: staging.Identity{Pid: me, StartTime: start, Epoch: 0x1007}, tmp: true, stale: false,
+			mutate: func(h *staging.Header) { h.State, h.Heartbeat = staging.StateInit, 0 }},
+		{name: "initializing, exited", id: staging.Identity{Pid: dead, StartTime: 12345, Epoch: 0x1008}, tmp: true, stale: true,
+			mutate: func(h *staging.Header) { h.State, h.Heartbeat = staging.StateInit, 0 }},
 	}
 	for _, tt := range tests {
 		name := rankFileName(tt.id)
@@ -228,7 +230,7 @@ func TestRegistryStaleEntries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	listed := make(map[Identity]bool)
+	listed := make(map[staging.Identity]bool)
 	for _, p := range ps {
 		listed[p.Identity] = true
 	}
@@ -331,7 +333,7 @@ func TestRegistryNineRanksSendDirect(t *testing.T) {
 	root := regTestRoot(t)
 	var children []*regChild
 	var names []string
-	for i := 0; i < LaneCount+2; i++ {
+	for i := 0; i < staging.LaneCount+2; i++ {
 		children = append(children, startRegChild(t, childOpts{root: root, group: "big", rail: fmt.Sprintf("rail%d", i%8)}))
 	}
 	for _, c := range children {
@@ -340,7 +342,7 @@ func TestRegistryNineRanksSendDirect(t *testing.T) {
 	for i, c := range children {
 		c.send("peers")
 		if got := c.expect("peers-error"); !strings.Contains(got, "8 valid peers") || !strings.Contains(got, ErrTooManyPeers.Error()) {
-			t.Errorf("rank %d: peers-error %q, want more than %d valid peers", i, got, LaneCount)
+			t.Errorf("rank %d: peers-error %q, want more than %d valid peers", i, got, staging.LaneCount)
 		}
 		c.send("peers")
 		c.expect("peers-error")
@@ -403,7 +405,7 @@ type countingRegistrar struct {
 }
 
 func (c *countingRegistrar) Register(base uintptr, size uint64) error {
-	if base == 0 || size != ArenaSize {
+	if base == 0 || size != staging.ArenaSize {
 		return fmt.Errorf("register %#x+%d: not an arena", base, size)
 	}
 	c.registered.Add(1)
@@ -541,7 +543,7 @@ func TestRegistryFailedDeregisterQuarantinesArena(t *testing.T) {
 func TestRegistryHeartbeatIsRateLimited(t *testing.T) {
 	r := mustRegister(t, regOptions(regTestRoot(t), "g", "rail0"))
 	h := r.Header()
-	t0 := MonoNanos() + int64(time.Second)
+	t0 := staging.MonoNanos() + int64(time.Second)
 	if !r.Heartbeat(t0) || atomic.LoadUint64(&h.Heartbeat) != uint64(t0) {
 		t.Fatalf("first heartbeat not written")
 	}
@@ -587,7 +589,7 @@ func TestRegistryOptionsAreChecked(t *testing.T) {
 }
 
 func TestRegistryEntryNames(t *testing.T) {
-	id := Identity{Pid: 4242, StartTime: 987654, Epoch: 0xabcdef}
+	id := staging.Identity{Pid: 4242, StartTime: 987654, Epoch: 0xabcdef}
 	tests := []struct {
 		name string
 		kind entryKind

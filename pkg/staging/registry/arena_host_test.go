@@ -1,4 +1,4 @@
-package staging
+package registry
 
 import (
 	"errors"
@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 func openTestDir(t *testing.T) *os.File {
@@ -26,7 +28,7 @@ func openTestDir(t *testing.T) *os.File {
 
 func TestArenaHostAllocateIsSparseAndShared(t *testing.T) {
 	dir := openTestDir(t)
-	name := arenaFileName(Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 2})
+	name := arenaFileName(staging.Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 2})
 	a, err := HostArenas{}.Allocate(dir, name)
 	if err != nil {
 		t.Fatal(err)
@@ -36,13 +38,13 @@ func TestArenaHostAllocateIsSparseAndShared(t *testing.T) {
 	if err := unix.Stat(path, &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.Size != ArenaSize || st.Mode&0o7777 != 0o600 {
-		t.Errorf("arena file: %d bytes mode %04o, want %d bytes mode 0600", st.Size, st.Mode&0o7777, ArenaSize)
+	if st.Size != staging.ArenaSize || st.Mode&0o7777 != 0o600 {
+		t.Errorf("arena file: %d bytes mode %04o, want %d bytes mode 0600", st.Size, st.Mode&0o7777, staging.ArenaSize)
 	}
 	if used := st.Blocks * 512; used > 1<<20 {
 		t.Errorf("a fresh arena occupies %d bytes; allocation must not touch its pages", used)
 	}
-	if a.Kind() != ArenaHost || a.Size() != ArenaSize || a.Base() == 0 {
+	if a.Kind() != staging.ArenaHost || a.Size() != staging.ArenaSize || a.Base() == 0 {
 		t.Errorf("arena kind %d size %d base %#x", a.Kind(), a.Size(), a.Base())
 	}
 	h, err := a.Export()
@@ -54,7 +56,7 @@ func TestArenaHostAllocateIsSparseAndShared(t *testing.T) {
 		t.Fatal(err)
 	}
 	own, peer := a.(*hostArena).mem, p.(*hostPeerArena).mem
-	off := SlotOffset(LaneCount-1, SlotsPerLane-1) + SlotSize - 1
+	off := staging.SlotOffset(staging.LaneCount-1, staging.SlotsPerLane-1) + staging.SlotSize - 1
 	own[off] = 0xa5
 	if peer[off] != 0xa5 || p.Base() == a.Base() {
 		t.Errorf("peer mapping at %#x reads %#x at the arena's last byte, want 0xa5 through its own mapping", p.Base(), peer[off])
@@ -75,14 +77,14 @@ func TestArenaHostAllocateIsSparseAndShared(t *testing.T) {
 
 func TestArenaHostOpenRefusesBadHandles(t *testing.T) {
 	dir := openTestDir(t)
-	id := Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 3}
+	id := staging.Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 3}
 	short := arenaFileName(id)
 	writeFile0600(t, filepath.Join(dir.Name(), short), make([]byte, 4096))
-	link := arenaFileName(Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 4})
+	link := arenaFileName(staging.Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 4})
 	if err := os.Symlink(short, filepath.Join(dir.Name(), link)); err != nil {
 		t.Fatal(err)
 	}
-	handle := func(s string) (h [ArenaHandleSize]byte) {
+	handle := func(s string) (h [staging.ArenaHandleSize]byte) {
 		copy(h[:], s)
 		return h
 	}
@@ -90,14 +92,14 @@ func TestArenaHostOpenRefusesBadHandles(t *testing.T) {
 	trailing[len(trailing)-1] = 'x'
 	tests := []struct {
 		name   string
-		handle [ArenaHandleSize]byte
+		handle [staging.ArenaHandleSize]byte
 		want   string
 	}{
-		{"zeros", [ArenaHandleSize]byte{}, "not an arena name"},
+		{"zeros", [staging.ArenaHandleSize]byte{}, "not an arena name"},
 		{"path", handle("../../etc/passwd"), "not an arena name"},
 		{"arena in another directory", handle("arena-1-2-0000000000000003/../x"), "not an arena name"},
 		{"bytes after the name", trailing, "bytes after its name"},
-		{"missing file", handle(arenaFileName(Identity{Pid: 1, StartTime: 1, Epoch: 1})), "no such file"},
+		{"missing file", handle(arenaFileName(staging.Identity{Pid: 1, StartTime: 1, Epoch: 1})), "no such file"},
 		{"file shorter than an arena", handle(short), "is 4096 bytes"},
 		{"symlink", handle(link), "is a symlink"},
 	}

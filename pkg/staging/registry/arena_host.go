@@ -1,4 +1,4 @@
-package staging
+package registry
 
 import (
 	"bytes"
@@ -10,6 +10,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // HostArenas provides arenas in host memory, for machines without CUDA: an
@@ -18,13 +20,13 @@ import (
 // and by its peers at the same offsets. Its handle is its file name.
 type HostArenas struct{}
 
-var _ ArenaProvider = HostArenas{}
+var _ staging.ArenaProvider = HostArenas{}
 
 // Kind returns ArenaHost.
-func (HostArenas) Kind() uint32 { return ArenaHost }
+func (HostArenas) Kind() uint32 { return staging.ArenaHost }
 
 // Allocate creates and maps the arena file name in dir.
-func (HostArenas) Allocate(dir *os.File, name string) (Arena, error) {
+func (HostArenas) Allocate(dir *os.File, name string) (staging.Arena, error) {
 	if k, _ := parseEntryName(name); k != entryArena {
 		return nil, fmt.Errorf("host arena: %q is not an arena name", name)
 	}
@@ -44,10 +46,10 @@ func (HostArenas) Allocate(dir *os.File, name string) (Arena, error) {
 
 func newHostArena(dirfd int, dirPath, name string, fd int) (*hostArena, error) {
 	path := filepath.Join(dirPath, name)
-	if err := unix.Ftruncate(fd, ArenaSize); err != nil {
+	if err := unix.Ftruncate(fd, staging.ArenaSize); err != nil {
 		return nil, &os.PathError{Op: "ftruncate", Path: path, Err: err}
 	}
-	mem, err := unix.Mmap(fd, 0, ArenaSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := unix.Mmap(fd, 0, staging.ArenaSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return nil, &os.PathError{Op: "mmap", Path: path, Err: err}
 	}
@@ -62,12 +64,12 @@ func newHostArena(dirfd int, dirPath, name string, fd int) (*hostArena, error) {
 }
 
 // Open maps the peer arena whose file name is in handle.
-func (HostArenas) Open(dir *os.File, handle [ArenaHandleSize]byte) (PeerArena, error) {
+func (HostArenas) Open(dir *os.File, handle [staging.ArenaHandleSize]byte) (staging.PeerArena, error) {
 	name, err := hostHandleName(handle)
 	if err != nil {
 		return nil, err
 	}
-	mem, err := mapPrivate(int(dir.Fd()), dir.Name(), name, os.Geteuid(), ArenaSize, true)
+	mem, err := mapPrivate(int(dir.Fd()), dir.Name(), name, os.Geteuid(), staging.ArenaSize, true)
 	if err != nil {
 		return nil, fmt.Errorf("host arena: %w", err)
 	}
@@ -76,7 +78,7 @@ func (HostArenas) Open(dir *os.File, handle [ArenaHandleSize]byte) (PeerArena, e
 
 // hostHandleName accepts only a NUL-padded canonical arena name: a handle
 // from shared memory never names anything outside the registry directory.
-func hostHandleName(h [ArenaHandleSize]byte) (string, error) {
+func hostHandleName(h [staging.ArenaHandleSize]byte) (string, error) {
 	n := bytes.IndexByte(h[:], 0)
 	if n < 0 {
 		n = len(h)
@@ -101,12 +103,12 @@ type hostArena struct {
 	closed bool
 }
 
-func (a *hostArena) Kind() uint32  { return ArenaHost }
+func (a *hostArena) Kind() uint32  { return staging.ArenaHost }
 func (a *hostArena) Base() uintptr { return uintptr(unsafe.Pointer(&a.mem[0])) }
 func (a *hostArena) Size() uint64  { return uint64(len(a.mem)) }
 
-func (a *hostArena) Export() ([ArenaHandleSize]byte, error) {
-	var h [ArenaHandleSize]byte
+func (a *hostArena) Export() ([staging.ArenaHandleSize]byte, error) {
+	var h [staging.ArenaHandleSize]byte
 	if len(a.name) > len(h) {
 		return h, fmt.Errorf("host arena: name %q is longer than a handle", a.name)
 	}

@@ -1,4 +1,4 @@
-package staging
+package registry
 
 import (
 	"bytes"
@@ -12,6 +12,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 const (
@@ -68,7 +70,7 @@ type peerScan struct {
 	round    uint64
 	polls    []unix.PollFd
 	pollOf   []*procWatch
-	hdr      Header // one header as read by the current call
+	hdr      staging.Header // one header as read by the current call
 	statBuf  [512]byte
 	listings int
 	// test outlives release.
@@ -89,7 +91,7 @@ type scanTest struct {
 type scanEntry struct {
 	name   string
 	kind   entryKind
-	id     Identity
+	id     staging.Identity
 	ino    uint64
 	size   int64
 	listed int
@@ -102,7 +104,7 @@ type scanEntry struct {
 	// derived from it.
 	loaded bool
 	n      int
-	hdr    Header
+	hdr    staging.Header
 	info   PeerInfo
 }
 
@@ -113,7 +115,7 @@ type scanEntry struct {
 // to the registered process by its start time, so a reused pid cannot
 // fool it afterwards.
 type procWatch struct {
-	id     Identity
+	id     staging.Identity
 	pidfd  int
 	statfd int
 	gone   string
@@ -150,7 +152,7 @@ func (s *peerScan) release() {
 // refresh brings the entries up to date: it lists the directory when its
 // stat moved, when the stat was taken too soon after a change to be
 // trusted, and at least every listEvery.
-func (s *peerScan) refresh(d *registryDir, self Identity) error {
+func (s *peerScan) refresh(d *registryDir, self staging.Identity) error {
 	if err := s.init(d); err != nil {
 		return err
 	}
@@ -163,7 +165,7 @@ func (s *peerScan) refresh(d *registryDir, self Identity) error {
 	if s.test.listEvery > 0 {
 		every = s.test.listEvery
 	}
-	stamp, now := stampOf(&st), MonoNanos()
+	stamp, now := stampOf(&st), staging.MonoNanos()
 	if s.trusted && stamp == s.stamp && now-s.listedAt < int64(every) {
 		return nil
 	}
@@ -178,7 +180,7 @@ func (s *peerScan) refresh(d *registryDir, self Identity) error {
 // list reads the directory with getdents into the kept buffer. Names
 // already known cost no allocation. Every entry must be private to the
 // registry's uid and no symlink, as in registryDir.scan.
-func (s *peerScan) list(d *registryDir, self Identity) error {
+func (s *peerScan) list(d *registryDir, self staging.Identity) error {
 	s.listings++
 	if _, err := unix.Seek(s.listFd, 0, 0); err != nil {
 		return &os.PathError{Op: "seek", Path: d.path, Err: err}
@@ -219,7 +221,7 @@ func (s *peerScan) list(d *registryDir, self Identity) error {
 
 // listed checks one listed name, z[:end], and adds it when it is new or
 // another file now has it.
-func (s *peerScan) listed(d *registryDir, self Identity, z []byte, end int) error {
+func (s *peerScan) listed(d *registryDir, self staging.Identity, z []byte, end int) error {
 	var st unix.Stat_t
 	if err := fstatatZ(d.fd(), z, &st); err != nil {
 		if errors.Is(err, unix.ENOENT) {
@@ -282,7 +284,7 @@ func (e *scanEntry) close() {
 }
 
 // watch returns the watch of id, opening one on first sight.
-func (s *peerScan) watch(id Identity) *procWatch {
+func (s *peerScan) watch(id staging.Identity) *procWatch {
 	for _, w := range s.procs {
 		if w.id == id {
 			return w
@@ -297,16 +299,16 @@ func (s *peerScan) watch(id Identity) *procWatch {
 // and of the owners of this rank's lanes), finds out which processes
 // exited, and closes the watches nobody needs any more. It reports whether
 // a lane of ctl is held by a process that is gone.
-func (s *peerScan) checkProcs(ctl *ControlBlock) (deadOwner bool) {
+func (s *peerScan) checkProcs(ctl *staging.ControlBlock) (deadOwner bool) {
 	s.round++
 	for _, e := range s.entries {
 		if e.proc != nil {
 			e.proc.used = s.round
 		}
 	}
-	var owners [LaneCount]*procWatch
+	var owners [staging.LaneCount]*procWatch
 	for i := range ctl.Lanes {
-		if owner, held := loadOwner(&ctl.Lanes[i].Owner); held {
+		if owner, held := ctl.Lanes[i].Owner.Load(); held {
 			owners[i] = s.watch(owner)
 			owners[i].used = s.round
 		}
@@ -373,9 +375,9 @@ func (s *peerScan) poll() {
 // openProcWatch starts watching the process of id. A process already gone
 // is gone for good; one whose state cannot be proven stays watched with
 // kill(pid, 0) alone, as goneReason would judge it.
-func openProcWatch(id Identity, pidfd bool) *procWatch {
+func openProcWatch(id staging.Identity, pidfd bool) *procWatch {
 	w := &procWatch{id: id, pidfd: -1, statfd: -1}
-	if id.Pid <= 0 || id.Pid > maxPid {
+	if id.Pid <= 0 || id.Pid > staging.MaxPid {
 		w.gone = fmt.Sprintf("pid %d is not a valid pid", id.Pid)
 		return w
 	}
@@ -449,7 +451,7 @@ func (s *peerScan) headerBytes() []byte {
 
 // sameHeader compares two headers but for the heartbeat, the one field
 // that changes while a rank runs (besides the state, which is compared).
-func sameHeader(a, b *Header) bool {
+func sameHeader(a, b *staging.Header) bool {
 	x, y := *a, *b
 	x.Heartbeat, y.Heartbeat = 0, 0
 	return x == y

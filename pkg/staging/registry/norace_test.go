@@ -1,5 +1,5 @@
 //go:build !race
 
-package staging
+package registry
 
 const raceEnabled = false

@@ -1,4 +1,4 @@
-package staging
+package registry
 
 import (
 	"bufio"
@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // scanObserver registers a rank of this process that watches the group,
@@ -109,7 +111,7 @@ func fileHeartbeat(t *testing.T, path string) int64 {
 	}
 	defer f.Close()
 	var b [8]byte
-	if _, err := f.ReadAt(b[:], int64(unsafe.Offsetof(Header{}.Heartbeat))); err != nil {
+	if _, err := f.ReadAt(b[:], int64(unsafe.Offsetof(staging.Header{}.Heartbeat))); err != nil {
 		t.Fatal(err)
 	}
 	return int64(binary.NativeEndian.Uint64(b[:]))
@@ -118,14 +120,14 @@ func fileHeartbeat(t *testing.T, path string) int64 {
 func TestPeersSeeInPlaceChangesOnTheNextCall(t *testing.T) {
 	root := regTestRoot(t)
 	r := scanObserver(t, root, "g", 0, scanTest{listEvery: time.Hour})
-	id := Identity{Pid: os.Getpid(), StartTime: selfStart(t), Epoch: 0x5001}
+	id := staging.Identity{Pid: os.Getpid(), StartTime: selfStart(t), Epoch: 0x5001}
 	name := rankFileName(id)
 	path := filepath.Join(r.Dir(), name)
-	writeFakeRank(t, r.Dir(), id, name, func(h *Header) { h.State = StateInit })
+	writeFakeRank(t, r.Dir(), id, name, func(h *staging.Header) { h.State = staging.StateInit })
 	if p, ok := findPeer(settle(t, r), name); ok {
 		t.Fatalf("a rank in INIT is listed: %+v", p)
 	}
-	stateAt := unsafe.Offsetof(Header{}.State)
+	stateAt := unsafe.Offsetof(staging.Header{}.State)
 	steps := []struct {
 		change string
 		poke   func()
@@ -133,18 +135,18 @@ func TestPeersSeeInPlaceChangesOnTheNextCall(t *testing.T) {
 		listed  bool
 		refused string
 	}{
-		{"INIT becomes READY", func() { pokeFile(t, path, stateAt, u32(StateReady)) }, true, ""},
-		{"READY becomes CLOSING", func() { pokeFile(t, path, stateAt, u32(StateClosing)) }, false, ""},
-		{"CLOSING becomes READY", func() { pokeFile(t, path, stateAt, u32(StateReady)) }, true, ""},
+		{"INIT becomes READY", func() { pokeFile(t, path, stateAt, u32(staging.StateReady)) }, true, ""},
+		{"READY becomes CLOSING", func() { pokeFile(t, path, stateAt, u32(staging.StateClosing)) }, false, ""},
+		{"CLOSING becomes READY", func() { pokeFile(t, path, stateAt, u32(staging.StateReady)) }, true, ""},
 		{"the state becomes garbage", func() { pokeFile(t, path, stateAt, u32(9)) }, true, "state 9"},
-		{"the state is READY again", func() { pokeFile(t, path, stateAt, u32(StateReady)) }, true, ""},
-		{"the lane count changes", func() { pokeFile(t, path, unsafe.Offsetof(Header{}.LaneCount), u32(8)) }, true, "lane count 8 differs from ours 7"},
-		{"the lane count is ours again", func() { pokeFile(t, path, unsafe.Offsetof(Header{}.LaneCount), u32(LaneCount)) }, true, ""},
+		{"the state is READY again", func() { pokeFile(t, path, stateAt, u32(staging.StateReady)) }, true, ""},
+		{"the lane count changes", func() { pokeFile(t, path, unsafe.Offsetof(staging.Header{}.LaneCount), u32(8)) }, true, "lane count 8 differs from ours 7"},
+		{"the lane count is ours again", func() { pokeFile(t, path, unsafe.Offsetof(staging.Header{}.LaneCount), u32(staging.LaneCount)) }, true, ""},
 		{"the heartbeat gets older than the timeout", func() {
-			pokeFile(t, path, unsafe.Offsetof(Header{}.Heartbeat), binary.NativeEndian.AppendUint64(nil, uint64(MonoNanos()-int64(2*testHeartbeatTimeout))))
+			pokeFile(t, path, unsafe.Offsetof(staging.Header{}.Heartbeat), binary.NativeEndian.AppendUint64(nil, uint64(staging.MonoNanos()-int64(2*testHeartbeatTimeout))))
 		}, false, ""},
 		{"the heartbeat is fresh again", func() {
-			pokeFile(t, path, unsafe.Offsetof(Header{}.Heartbeat), binary.NativeEndian.AppendUint64(nil, uint64(MonoNanos())))
+			pokeFile(t, path, unsafe.Offsetof(staging.Header{}.Heartbeat), binary.NativeEndian.AppendUint64(nil, uint64(staging.MonoNanos())))
 		}, true, ""},
 		{"the file is cut inside the header", func() {
 			if err := os.Truncate(path, 100); err != nil {
@@ -161,7 +163,7 @@ func TestPeersSeeInPlaceChangesOnTheNextCall(t *testing.T) {
 		case ok != s.listed:
 			t.Errorf("after %s: listed %v, want %v (%+v)", s.change, ok, s.listed, p)
 		case !ok:
-		case s.refused == "" && (p.Refused != nil || p.State != StateReady || p.Rail != "rail-x"):
+		case s.refused == "" && (p.Refused != nil || p.State != staging.StateReady || p.Rail != "rail-x"):
 			t.Errorf("after %s: peer %+v, want it READY on rail-x", s.change, p)
 		case s.refused != "" && (p.Refused == nil || !strings.Contains(p.Refused.Error(), s.refused)):
 			t.Errorf("after %s: refused %v, want %q", s.change, p.Refused, s.refused)
@@ -178,7 +180,7 @@ func TestPeersSeeNewRanksLeavingRanksAndTooManyPeers(t *testing.T) {
 	// Ranks join within milliseconds of each other, several within one
 	// tick of the file system's clock: each is seen on the next call.
 	var in []*Rank
-	for i := 1; i < LaneCount; i++ {
+	for i := 1; i < staging.LaneCount; i++ {
 		p := mustRegister(t, regOptions(root, "g", fmt.Sprintf("rail%d", i)))
 		in = append(in, p)
 		ps, _ := nextPeers(t, r)
@@ -189,24 +191,24 @@ func TestPeersSeeNewRanksLeavingRanksAndTooManyPeers(t *testing.T) {
 	c := startRegChild(t, childOpts{root: root, group: "g", rail: "rail-child"})
 	name := c.expect("ready")
 	ps, _ := nextPeers(t, r)
-	if p, ok := findPeer(ps, name); !ok || len(ps) != LaneCount || p.Pid != c.pid() || p.Rail != "rail-child" {
-		t.Fatalf("the call after a process joined lists %d peers (%v), want %d with %s", len(ps), ok, LaneCount, name)
+	if p, ok := findPeer(ps, name); !ok || len(ps) != staging.LaneCount || p.Pid != c.pid() || p.Rail != "rail-child" {
+		t.Fatalf("the call after a process joined lists %d peers (%v), want %d with %s", len(ps), ok, staging.LaneCount, name)
 	}
 	settle(t, r)
 	if err := in[0].Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	ps, _ = nextPeers(t, r)
-	if _, ok := findPeer(ps, in[0].Name()); ok || len(ps) != LaneCount-1 {
-		t.Fatalf("the call after a rank left lists %d peers, want %d without %s", len(ps), LaneCount-1, in[0].Name())
+	if _, ok := findPeer(ps, in[0].Name()); ok || len(ps) != staging.LaneCount-1 {
+		t.Fatalf("the call after a rank left lists %d peers, want %d without %s", len(ps), staging.LaneCount-1, in[0].Name())
 	}
 	in[0] = mustRegister(t, regOptions(root, "g", "rail1"))
 	settle(t, r)
 	c2 := startRegChild(t, childOpts{root: root, group: "g", rail: "rail-child2"})
 	c2.expect("ready")
 	_, err := r.Peers(context.Background())
-	if !errors.Is(err, ErrTooManyPeers) || !strings.Contains(err.Error(), fmt.Sprintf("%d valid peers", LaneCount+1)) {
-		t.Fatalf("the call after an eighth peer joined: %v, want %v with %d valid peers", err, ErrTooManyPeers, LaneCount+1)
+	if !errors.Is(err, ErrTooManyPeers) || !strings.Contains(err.Error(), fmt.Sprintf("%d valid peers", staging.LaneCount+1)) {
+		t.Fatalf("the call after an eighth peer joined: %v, want %v with %d valid peers", err, ErrTooManyPeers, staging.LaneCount+1)
 	}
 	if _, err := r.Peers(context.Background()); !errors.Is(err, ErrTooManyPeers) {
 		t.Errorf("the call after: %v; PXN stays off", err)
@@ -375,12 +377,12 @@ func TestPeersSeeHeartbeatStopAndResume(t *testing.T) {
 	c.expect("paused")
 	last := fileHeartbeat(t, path)
 	// A call while the heartbeat is inside the timeout lists the rank.
-	if ps, _ := nextPeers(t, r); MonoNanos()-last < int64(timeout)/2 {
+	if ps, _ := nextPeers(t, r); staging.MonoNanos()-last < int64(timeout)/2 {
 		if _, ok := findPeer(ps, name); !ok {
-			t.Errorf("rank listed out %v after its last heartbeat", time.Duration(MonoNanos()-last))
+			t.Errorf("rank listed out %v after its last heartbeat", time.Duration(staging.MonoNanos()-last))
 		}
 	}
-	time.Sleep(time.Duration(last+int64(timeout)-MonoNanos()) + 10*time.Millisecond)
+	time.Sleep(time.Duration(last+int64(timeout)-staging.MonoNanos()) + 10*time.Millisecond)
 	ps, listed := nextPeers(t, r)
 	noListing(t, listed, "the heartbeat went stale")
 	if p, ok := findPeer(ps, name); ok {
@@ -410,7 +412,7 @@ func TestPeersFreeTheLaneOfAKilledSender(t *testing.T) {
 	held := func() int {
 		n := 0
 		for i := range r.ctl.Lanes {
-			if owner, ok := loadOwner(&r.ctl.Lanes[i].Owner); ok && owner.Pid == c.pid() {
+			if owner, ok := r.ctl.Lanes[i].Owner.Load(); ok && owner.Pid == c.pid() {
 				n++
 			}
 		}
@@ -518,12 +520,12 @@ func TestPeersSteadyStateAllocatesNothing(t *testing.T) {
 			c.send("attach " + r.Name())
 			c.expect("attached")
 			me, start := os.Getpid(), selfStart(t)
-			refused := Identity{me, start, 0x6001}
-			writeFakeRank(t, dir, refused, rankFileName(refused), func(h *Header) { h.LaneCount = 8 })
-			late := Identity{me, start, 0x6002}
-			writeFakeRank(t, dir, late, rankFileName(late), func(h *Header) { h.Heartbeat = 1 })
-			initializing := Identity{me, start, 0x6003}
-			writeFakeRank(t, dir, initializing, tmpFileName(initializing), func(h *Header) { h.State = StateInit })
+			refused := staging.Identity{Pid: me, StartTime: start, Epoch: 0x6001}
+			writeFakeRank(t, dir, refused, rankFileName(refused), func(h *staging.Header) { h.LaneCount = 8 })
+			late := staging.Identity{Pid: me, StartTime: start, Epoch: 0x6002}
+			writeFakeRank(t, dir, late, rankFileName(late), func(h *staging.Header) { h.Heartbeat = 1 })
+			initializing := staging.Identity{Pid: me, StartTime: start, Epoch: 0x6003}
+			writeFakeRank(t, dir, initializing, tmpFileName(initializing), func(h *staging.Header) { h.State = staging.StateInit })
 			writeFile0600(t, filepath.Join(dir, "notes"), []byte("x"))
 
 			settle(t, r)
@@ -561,7 +563,7 @@ func BenchmarkPeersListing(b *testing.B) {
 	}
 	defer os.RemoveAll(root)
 	var ranks []*Rank
-	for i := 0; i <= LaneCount; i++ {
+	for i := 0; i <= staging.LaneCount; i++ {
 		r, err := Register(context.Background(), regOptions(root, "g", fmt.Sprintf("rail%d", i)))
 		if err != nil {
 			b.Fatal(err)
@@ -571,10 +573,10 @@ func BenchmarkPeersListing(b *testing.B) {
 	}
 	r := ranks[0]
 	r.scan.test.listEvery = time.Nanosecond
-	buf := make([]PeerInfo, 0, LaneCount)
+	buf := make([]PeerInfo, 0, staging.LaneCount)
 	b.ReportAllocs()
 	for b.Loop() {
-		if buf, err = r.AppendPeers(context.Background(), buf[:0]); err != nil || len(buf) != LaneCount {
+		if buf, err = r.AppendPeers(context.Background(), buf[:0]); err != nil || len(buf) != staging.LaneCount {
 			b.Fatal(len(buf), err)
 		}
 	}

@@ -1,4 +1,4 @@
-package staging
+package registry
 
 import (
 	"bufio"
@@ -17,6 +17,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // The test binary doubles as a rank process: with registryHelperEnv set,
@@ -122,7 +126,7 @@ func helperRank() int {
 			case <-t.C:
 				beatMu.Lock()
 				if beating != nil {
-					beating.Heartbeat(MonoNanos())
+					beating.Heartbeat(staging.MonoNanos())
 				}
 				beatMu.Unlock()
 			}
@@ -378,8 +382,10 @@ func regTestRoot(t *testing.T) string {
 // staleness write heartbeats older than it.
 const testHeartbeatTimeout = 30 * time.Second
 
+// regOptions logs to klog's default (stderr), which the multi-process tests
+// read.
 func regOptions(root, group, rail string) Options {
-	return Options{Root: root, Group: group, UID: os.Geteuid(), Rail: rail, HCA: "hca-" + rail, HeartbeatTimeout: testHeartbeatTimeout}
+	return Options{Root: root, Group: group, UID: os.Geteuid(), Rail: rail, HCA: "hca-" + rail, HeartbeatTimeout: testHeartbeatTimeout, Logger: klog.Background()}
 }
 
 func mustRegister(t *testing.T, o Options) *Rank {

@@ -1,4 +1,4 @@
-package staging
+package registry
 
 import (
 	"fmt"
@@ -11,6 +11,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // GroupReport is what InspectRoot finds in one registry directory.
@@ -69,14 +71,14 @@ type EntryReport struct {
 
 // laneHead is the part of a Lane that inspect reads.
 type laneHead struct {
-	Owner  LaneOwner
-	Sender SenderProgress
-	Relay  RelayProgress
+	Owner  staging.LaneOwner
+	Sender staging.SenderProgress
+	Relay  staging.RelayProgress
 }
 
 var (
-	_ [unsafe.Offsetof(Lane{}.Ready) - unsafe.Sizeof(laneHead{})]struct{}
-	_ [unsafe.Sizeof(laneHead{}) - unsafe.Offsetof(Lane{}.Ready)]struct{}
+	_ [unsafe.Offsetof(staging.Lane{}.Ready) - unsafe.Sizeof(laneHead{})]struct{}
+	_ [unsafe.Sizeof(laneHead{}) - unsafe.Offsetof(staging.Lane{}.Ready)]struct{}
 )
 
 // InspectRoot reports every registry directory (mooncake-pxn-*) under
@@ -134,8 +136,8 @@ func inspectGroup(rootfd int, root, name string, staleAfter time.Duration) Group
 		return g
 	}
 	sort.Strings(names)
-	now := MonoNanos()
-	ranks := make(map[Identity]bool)
+	now := staging.MonoNanos()
+	ranks := make(map[staging.Identity]bool)
 	var arenas []dirEntry
 	for _, n := range names {
 		var est unix.Stat_t
@@ -190,14 +192,14 @@ func groupDirUID(name string) (int, bool) {
 	return uid, err == nil
 }
 
-func inspectRank(dirfd int, dirPath, name string, kind entryKind, id Identity, uid int, now int64, staleAfter time.Duration) (RankReport, error) {
+func inspectRank(dirfd int, dirPath, name string, kind entryKind, id staging.Identity, uid int, now int64, staleAfter time.Duration) (RankReport, error) {
 	fd, st, err := openPrivate(dirfd, dirPath, name, unix.O_RDONLY, uid)
 	if err != nil {
 		return RankReport{}, err
 	}
 	defer unix.Close(fd)
-	if st.Size < int64(ControlSize) {
-		return RankReport{}, fmt.Errorf("%w: %d bytes, want %d", ErrCorruptEntry, st.Size, ControlSize)
+	if st.Size < int64(staging.ControlSize) {
+		return RankReport{}, fmt.Errorf("%w: %d bytes, want %d", ErrCorruptEntry, st.Size, staging.ControlSize)
 	}
 	var buf [headerSize]byte
 	if err := preadFull(fd, buf[:], 0); err != nil {
@@ -234,9 +236,9 @@ func inspectRank(dirfd int, dirPath, name string, kind entryKind, id Identity, u
 	case heartbeatStale(h.Heartbeat, now, staleAfter):
 		rr.Health = fmt.Sprintf("stale: heartbeat older than %v", staleAfter)
 	}
-	for i := 0; i < LaneCount; i++ {
+	for i := 0; i < staging.LaneCount; i++ {
 		var lh laneHead
-		off := int64(unsafe.Offsetof(ControlBlock{}.Lanes) + uintptr(i)*unsafe.Sizeof(Lane{}))
+		off := int64(unsafe.Offsetof(staging.ControlBlock{}.Lanes) + uintptr(i)*unsafe.Sizeof(staging.Lane{}))
 		if err := preadFull(fd, unsafe.Slice((*byte)(unsafe.Pointer(&lh)), unsafe.Sizeof(lh)), off); err != nil {
 			return RankReport{}, fmt.Errorf("%w: lane %d: %v", ErrCorruptEntry, i, err)
 		}
@@ -250,7 +252,7 @@ func inspectRank(dirfd int, dirPath, name string, kind entryKind, id Identity, u
 		if lh.Owner.LaneEpoch != 0 {
 			lr.LaneEpoch = fmt.Sprintf("%016x", lh.Owner.LaneEpoch)
 		}
-		if owner, held := loadOwner(&lh.Owner); held {
+		if owner, held := lh.Owner.Load(); held {
 			lr.OwnerPid, lr.OwnerEpoch, lr.OwnerHealth = owner.Pid, fmt.Sprintf("%016x", owner.Epoch), "live"
 			if why := goneReason(owner.Pid, owner.StartTime); why != "" {
 				lr.OwnerHealth = "stale: " + why
@@ -263,9 +265,9 @@ func inspectRank(dirfd int, dirPath, name string, kind entryKind, id Identity, u
 
 func arenaKindName(k uint32) string {
 	switch k {
-	case ArenaHost:
+	case staging.ArenaHost:
 		return "host"
-	case ArenaCUDA:
+	case staging.ArenaCUDA:
 		return "cuda"
 	}
 	return strconv.Itoa(int(k))

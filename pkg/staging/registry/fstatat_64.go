@@ -1,6 +1,6 @@
 //go:build amd64 || arm64 || loong64 || mips64 || mips64le || ppc64 || ppc64le || riscv64 || s390x
 
-package staging
+package registry
 
 import (
 	"unsafe"

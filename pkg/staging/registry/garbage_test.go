@@ -1,4 +1,4 @@
-package staging
+package registry
 
 import (
 	"context"
@@ -10,11 +10,13 @@ import (
 	"strings"
 	"testing"
 	"unsafe"
+
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 func TestRegistryRefusesUnsafeDirectoriesAndFiles(t *testing.T) {
 	const other = 65534
-	rankName := rankFileName(Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 1})
+	rankName := rankFileName(staging.Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 1})
 	mkdir := func(t *testing.T, dir string, mode os.FileMode) {
 		t.Helper()
 		if err := os.Mkdir(dir, mode); err != nil {
@@ -151,50 +153,50 @@ func TestRegistryGarbageControlFilesAreRefused(t *testing.T) {
 	r := mustRegister(t, regOptions(root, "g", "rail0"))
 	dir := r.Dir()
 	me, start := os.Getpid(), selfStart(t)
-	valid := func(id Identity) []byte {
-		h := newHeader(id, os.Geteuid(), "rail-x", "hca-x", ArenaHost)
-		h.State, h.Heartbeat = StateReady, uint64(MonoNanos())
-		b := make([]byte, ControlSize)
+	valid := func(id staging.Identity) []byte {
+		h := newHeader(id, os.Geteuid(), "rail-x", "hca-x", staging.ArenaHost)
+		h.State, h.Heartbeat = staging.StateReady, uint64(staging.MonoNanos())
+		b := make([]byte, staging.ControlSize)
 		copy(b, unsafe.Slice((*byte)(unsafe.Pointer(&h)), headerSize))
 		return b
 	}
-	mutated := func(f func(h *Header)) func(id Identity) []byte {
-		return func(id Identity) []byte {
+	mutated := func(f func(h *staging.Header)) func(id staging.Identity) []byte {
+		return func(id staging.Identity) []byte {
 			b := valid(id)
-			f((*Header)(unsafe.Pointer(&b[0])))
+			f((*staging.Header)(unsafe.Pointer(&b[0])))
 			return b
 		}
 	}
 	tests := []struct {
 		name  string
-		bytes func(id Identity) []byte
+		bytes func(id staging.Identity) []byte
 		want  string
 	}{
-		{"empty", func(Identity) []byte { return nil }, "is 0 bytes"},
-		{"truncated header", func(id Identity) []byte { return valid(id)[:100] }, "is 100 bytes"},
-		{"one byte short", func(id Identity) []byte { return valid(id)[:ControlSize-1] }, fmt.Sprintf("is %d bytes", ControlSize-1)},
-		{"zeros", func(Identity) []byte { return make([]byte, ControlSize) }, "magic 0x0 differs from ours 0x31304745524e5850"},
-		{"ABI version", mutated(func(h *Header) { h.ABIVersion = 2 }), "ABI version 2 differs from ours 1"},
-		{"header size", mutated(func(h *Header) { h.HeaderSize = 256 }), "header size 256 differs from ours 320"},
-		{"lane count", mutated(func(h *Header) { h.LaneCount = 8 }), "lane count 8 differs from ours 7"},
-		{"slots per lane", mutated(func(h *Header) { h.SlotsPerLane = 16 }), "slots per lane 16 differs from ours 18"},
-		{"slot size", mutated(func(h *Header) { h.SlotSize = 4 << 20 }), "slot size 4194304 differs from ours 8388608"},
-		{"arena size", mutated(func(h *Header) { h.ArenaSize = 1 << 30 }), "arena size 1073741824 differs from ours 1056964608"},
-		{"state", mutated(func(h *Header) { h.State = 9 }), "state 9"},
-		{"pid 0", mutated(func(h *Header) { h.Pid = 0 }), "pid 0"},
-		{"huge pid", mutated(func(h *Header) { h.Pid = 1 << 40 }), "pid 1099511627776"},
-		{"epoch 0", mutated(func(h *Header) { h.BootEpoch = 0 }), "epoch 0"},
-		{"header names another rank", mutated(func(h *Header) { h.BootEpoch = 1 }), "header names"},
-		{"rail length", mutated(func(h *Header) { h.RailLen = 200 }), "rail length 200"},
-		{"HCA length", mutated(func(h *Header) { h.HCALen = 57 }), "HCA length 57"},
-		{"NUL in rail", mutated(func(h *Header) { h.Rail[2] = 0 }), "NUL byte"},
-		{"arena kind", mutated(func(h *Header) { h.ArenaKind = 7 }), "arena kind 7"},
-		{"CUDA arena to a host rank", mutated(func(h *Header) { h.ArenaKind = ArenaCUDA }), "arena kind 2 differs from ours 1"},
-		{"uid", mutated(func(h *Header) { h.UID++ }), "header uid"},
+		{"empty", func(staging.Identity) []byte { return nil }, "is 0 bytes"},
+		{"truncated header", func(id staging.Identity) []byte { return valid(id)[:100] }, "is 100 bytes"},
+		{"one byte short", func(id staging.Identity) []byte { return valid(id)[:staging.ControlSize-1] }, fmt.Sprintf("is %d bytes", staging.ControlSize-1)},
+		{"zeros", func(staging.Identity) []byte { return make([]byte, staging.ControlSize) }, "magic 0x0 differs from ours 0x31304745524e5850"},
+		{"ABI version", mutated(func(h *staging.Header) { h.ABIVersion = 2 }), "ABI version 2 differs from ours 1"},
+		{"header size", mutated(func(h *staging.Header) { h.HeaderSize = 256 }), "header size 256 differs from ours 320"},
+		{"lane count", mutated(func(h *staging.Header) { h.LaneCount = 8 }), "lane count 8 differs from ours 7"},
+		{"slots per lane", mutated(func(h *staging.Header) { h.SlotsPerLane = 16 }), "slots per lane 16 differs from ours 18"},
+		{"slot size", mutated(func(h *staging.Header) { h.SlotSize = 4 << 20 }), "slot size 4194304 differs from ours 8388608"},
+		{"arena size", mutated(func(h *staging.Header) { h.ArenaSize = 1 << 30 }), "arena size 1073741824 differs from ours 1056964608"},
+		{"state", mutated(func(h *staging.Header) { h.State = 9 }), "state 9"},
+		{"pid 0", mutated(func(h *staging.Header) { h.Pid = 0 }), "pid 0"},
+		{"huge pid", mutated(func(h *staging.Header) { h.Pid = 1 << 40 }), "pid 1099511627776"},
+		{"epoch 0", mutated(func(h *staging.Header) { h.BootEpoch = 0 }), "epoch 0"},
+		{"header names another rank", mutated(func(h *staging.Header) { h.BootEpoch = 1 }), "header names"},
+		{"rail length", mutated(func(h *staging.Header) { h.RailLen = 200 }), "rail length 200"},
+		{"HCA length", mutated(func(h *staging.Header) { h.HCALen = 57 }), "HCA length 57"},
+		{"NUL in rail", mutated(func(h *staging.Header) { h.Rail[2] = 0 }), "NUL byte"},
+		{"arena kind", mutated(func(h *staging.Header) { h.ArenaKind = 7 }), "arena kind 7"},
+		{"CUDA arena to a host rank", mutated(func(h *staging.Header) { h.ArenaKind = staging.ArenaCUDA }), "arena kind 2 differs from ours 1"},
+		{"uid", mutated(func(h *staging.Header) { h.UID++ }), "header uid"},
 	}
-	ids := make(map[string]Identity)
+	ids := make(map[string]staging.Identity)
 	for i, tt := range tests {
-		id := Identity{Pid: me, StartTime: start, Epoch: 0x3000 + uint64(i)}
+		id := staging.Identity{Pid: me, StartTime: start, Epoch: 0x3000 + uint64(i)}
 		ids[tt.name] = id
 		writeFile0600(t, filepath.Join(dir, rankFileName(id)), tt.bytes(id))
 	}
@@ -233,7 +235,7 @@ func TestRegistryGarbageControlFilesAreRefused(t *testing.T) {
 }
 
 func validHeaderBytes() []byte {
-	h := newHeader(Identity{Pid: 77, StartTime: 5, Epoch: 9}, 0, "r", "h", ArenaHost)
+	h := newHeader(staging.Identity{Pid: 77, StartTime: 5, Epoch: 9}, 0, "r", "h", staging.ArenaHost)
 	return append([]byte(nil), unsafe.Slice((*byte)(unsafe.Pointer(&h)), headerSize)...)
 }
 
@@ -246,7 +248,7 @@ func FuzzDecodeHeader(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if h.Magic != RegistryMagic || h.LaneCount != LaneCount || h.Pid == 0 || h.Pid > maxPid || h.BootEpoch == 0 {
+		if h.Magic != staging.RegistryMagic || h.LaneCount != staging.LaneCount || h.Pid == 0 || h.Pid > staging.MaxPid || h.BootEpoch == 0 {
 			t.Fatalf("accepted header %+v", h)
 		}
 		if int(h.RailLen) > len(h.Rail) || int(h.HCALen) > len(h.HCA) || h.RailLen == 0 {

@@ -1,4 +1,4 @@
-package staging
+package registry
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // GroupDirPrefix opens the name of every registry directory:
@@ -66,22 +68,22 @@ func (k entryKind) String() string {
 	return "unknown"
 }
 
-func idSuffix(id Identity) string {
+func idSuffix(id staging.Identity) string {
 	return strconv.Itoa(id.Pid) + "-" + strconv.FormatUint(id.StartTime, 10) + "-" + fmt.Sprintf("%016x", id.Epoch)
 }
 
-func rankFileName(id Identity) string  { return rankPrefix + idSuffix(id) }
-func tmpFileName(id Identity) string   { return tmpPrefix + idSuffix(id) + tmpSuffix }
-func arenaFileName(id Identity) string { return arenaPrefix + idSuffix(id) }
+func rankFileName(id staging.Identity) string  { return rankPrefix + idSuffix(id) }
+func tmpFileName(id staging.Identity) string   { return tmpPrefix + idSuffix(id) + tmpSuffix }
+func arenaFileName(id staging.Identity) string { return arenaPrefix + idSuffix(id) }
 
 // parseEntryName classifies a directory entry by its name. Only canonical
 // names count: one identity has exactly one name of each kind.
-func parseEntryName(name string) (entryKind, Identity) {
+func parseEntryName(name string) (entryKind, staging.Identity) {
 	var kind entryKind
 	var s string
 	switch {
 	case name == lockFileName:
-		return entryLock, Identity{}
+		return entryLock, staging.Identity{}
 	case strings.HasPrefix(name, tmpPrefix) && strings.HasSuffix(name, tmpSuffix) && len(name) > len(tmpPrefix)+len(tmpSuffix):
 		kind, s = entryTmp, name[len(tmpPrefix):len(name)-len(tmpSuffix)]
 	case strings.HasPrefix(name, rankPrefix):
@@ -89,35 +91,35 @@ func parseEntryName(name string) (entryKind, Identity) {
 	case strings.HasPrefix(name, arenaPrefix):
 		kind, s = entryArena, name[len(arenaPrefix):]
 	default:
-		return entryOther, Identity{}
+		return entryOther, staging.Identity{}
 	}
 	id, ok := parseIDSuffix(s)
 	if !ok {
-		return entryOther, Identity{}
+		return entryOther, staging.Identity{}
 	}
 	return kind, id
 }
 
-func parseIDSuffix(s string) (Identity, bool) {
+func parseIDSuffix(s string) (staging.Identity, bool) {
 	parts := strings.Split(s, "-")
 	if len(parts) != 3 || len(parts[2]) != 16 {
-		return Identity{}, false
+		return staging.Identity{}, false
 	}
 	pid, err := strconv.Atoi(parts[0])
-	if err != nil || pid <= 0 || pid > maxPid {
-		return Identity{}, false
+	if err != nil || pid <= 0 || pid > staging.MaxPid {
+		return staging.Identity{}, false
 	}
 	start, err := strconv.ParseUint(parts[1], 10, 64)
 	if err != nil {
-		return Identity{}, false
+		return staging.Identity{}, false
 	}
 	epoch, err := strconv.ParseUint(parts[2], 16, 64)
 	if err != nil || epoch == 0 {
-		return Identity{}, false
+		return staging.Identity{}, false
 	}
-	id := Identity{Pid: pid, StartTime: start, Epoch: epoch}
+	id := staging.Identity{Pid: pid, StartTime: start, Epoch: epoch}
 	if idSuffix(id) != s {
-		return Identity{}, false
+		return staging.Identity{}, false
 	}
 	return id, true
 }
@@ -262,26 +264,26 @@ func mapPrivate(dirfd int, dirPath, name string, uid int, size int, writable boo
 // readHeaderFile copies the header of a control file out and validates it.
 // It reads with pread, never through a mapping, so a short file is an error
 // rather than a SIGBUS.
-func readHeaderFile(dirfd int, dirPath, name string, uid int) (Header, error) {
+func readHeaderFile(dirfd int, dirPath, name string, uid int) (staging.Header, error) {
 	fd, st, err := openPrivate(dirfd, dirPath, name, unix.O_RDONLY, uid)
 	if err != nil {
-		return Header{}, err
+		return staging.Header{}, err
 	}
 	defer unix.Close(fd)
 	if err := checkControlSize(name, st.Size); err != nil {
-		return Header{}, err
+		return staging.Header{}, err
 	}
-	var buf [unsafe.Sizeof(Header{})]byte
+	var buf [unsafe.Sizeof(staging.Header{})]byte
 	if err := preadFull(fd, buf[:], 0); err != nil {
-		return Header{}, fmt.Errorf("%w: %s: %v", ErrCorruptEntry, name, err)
+		return staging.Header{}, fmt.Errorf("%w: %s: %v", ErrCorruptEntry, name, err)
 	}
 	return decodeHeader(buf[:])
 }
 
 // checkControlSize refuses a control file shorter than a control block.
 func checkControlSize(name string, size int64) error {
-	if size < int64(ControlSize) {
-		return fmt.Errorf("%w: %s is %d bytes, want %d", ErrCorruptEntry, name, size, ControlSize)
+	if size < int64(staging.ControlSize) {
+		return fmt.Errorf("%w: %s is %d bytes, want %d", ErrCorruptEntry, name, size, staging.ControlSize)
 	}
 	return nil
 }
@@ -413,7 +415,7 @@ func (d *registryDir) withLock(ctx context.Context, fn func() error) error {
 type dirEntry struct {
 	name string
 	kind entryKind
-	id   Identity
+	id   staging.Identity
 }
 
 // scan lists the directory. Every entry must be private to the registry's
@@ -464,12 +466,12 @@ func heartbeatStale(stamp uint64, now int64, timeout time.Duration) bool {
 // and beats again is found again. The caller holds the lock. Files of a live
 // process that is still initializing are left alone; its arena may be
 // quarantined.
-func (d *registryDir) cleanStale(self Identity) ([]string, error) {
+func (d *registryDir) cleanStale(self staging.Identity) ([]string, error) {
 	entries, err := d.scan()
 	if err != nil {
 		return nil, err
 	}
-	stale := make(map[Identity]bool)
+	stale := make(map[staging.Identity]bool)
 	for _, e := range entries {
 		if e.kind == entryOther || e.kind == entryLock || e.id == self {
 			continue

@@ -1,4 +1,4 @@
-package staging
+package registry
 
 import (
 	"context"
@@ -11,7 +11,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
-	"k8s.io/klog/v2"
+
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // PeerLink is this rank's lease on a peer (the relay): one claimed inbound
@@ -24,9 +25,11 @@ type PeerLink struct {
 	lane      int
 	laneEpoch atomic.Uint64
 	ctlMem    []byte
-	ctl       *ControlBlock
-	arena     PeerArena
+	ctl       *staging.ControlBlock
+	arena     staging.PeerArena
 	arenaBase uintptr
+	// sender is the lane's endpoint, owned by whoever uses the lane.
+	sender *staging.SenderLane
 
 	mu     sync.Mutex
 	closed bool
@@ -49,20 +52,23 @@ func (r *Rank) Attach(ctx context.Context, peer PeerInfo) (*PeerLink, error) {
 		return nil, fmt.Errorf("pxn: attach to %s: a rank has no lane on itself", name)
 	}
 	l := &PeerLink{rank: r, peer: peer}
-	var handle [ArenaHandleSize]byte
+	var handle [staging.ArenaHandleSize]byte
 	err := r.d.withLock(ctx, func() error {
-		mem, err := mapPrivate(r.d.fd(), r.d.path, name, r.d.uid, int(ControlSize), true)
+		mem, err := mapPrivate(r.d.fd(), r.d.path, name, r.d.uid, int(staging.ControlSize), true)
 		if errors.Is(err, fs.ErrNotExist) {
 			return ErrPeerGone
 		}
 		if err != nil {
 			return err
 		}
-		ctl := (*ControlBlock)(unsafe.Pointer(&mem[0]))
+		ctl := (*staging.ControlBlock)(unsafe.Pointer(&mem[0]))
 		handle, err = r.checkRelay(ctl, peer.Identity)
 		var epoch uint64
 		if err == nil {
 			l.lane, epoch, err = r.claimLane(ctl, name)
+		}
+		if err == nil {
+			l.sender, err = staging.NewSenderLane(&ctl.Lanes[l.lane], epoch)
 		}
 		if err != nil {
 			unix.Munmap(mem)
@@ -97,12 +103,12 @@ func (r *Rank) Attach(ctx context.Context, peer PeerInfo) (*PeerLink, error) {
 
 // checkRelay validates a copy of the mapped header of the peer we expect
 // and returns its arena handle.
-func (r *Rank) checkRelay(ctl *ControlBlock, want Identity) ([ArenaHandleSize]byte, error) {
+func (r *Rank) checkRelay(ctl *staging.ControlBlock, want staging.Identity) ([staging.ArenaHandleSize]byte, error) {
 	h := ctl.Header
 	if err := checkHeader(&h); err != nil {
 		return h.IPCHandle, err
 	}
-	now := MonoNanos()
+	now := staging.MonoNanos()
 	switch got := headerIdentity(&h); {
 	case got != want:
 		return h.IPCHandle, fmt.Errorf("%w: registered as %v", ErrPeerGone, got)
@@ -111,10 +117,10 @@ func (r *Rank) checkRelay(ctl *ControlBlock, want Identity) ([ArenaHandleSize]by
 	case h.ArenaKind != r.opts.Arenas.Kind():
 		return h.IPCHandle, &MismatchError{Field: "arena kind", Theirs: uint64(h.ArenaKind), Ours: uint64(r.opts.Arenas.Kind())}
 	}
-	if s := atomic.LoadUint32(&ctl.Header.State); s != StateReady {
+	if s := ctl.Header.LoadState(); s != staging.StateReady {
 		return h.IPCHandle, fmt.Errorf("%w: state %s", ErrPeerGone, stateName(s))
 	}
-	if hb := atomic.LoadUint64(&ctl.Header.Heartbeat); heartbeatStale(hb, now, r.opts.HeartbeatTimeout) {
+	if hb := ctl.Header.LoadHeartbeat(); heartbeatStale(hb, now, r.opts.HeartbeatTimeout) {
 		return h.IPCHandle, fmt.Errorf("%w: heartbeat older than %v", ErrPeerGone, r.opts.HeartbeatTimeout)
 	}
 	return h.IPCHandle, nil
@@ -122,11 +128,11 @@ func (r *Rank) checkRelay(ctl *ControlBlock, want Identity) ([ArenaHandleSize]by
 
 // claimLane takes the first free lane of ctl, or the first whose owner is
 // stale. The caller holds the registry lock.
-func (r *Rank) claimLane(ctl *ControlBlock, name string) (int, uint64, error) {
-	now := MonoNanos()
+func (r *Rank) claimLane(ctl *staging.ControlBlock, name string) (int, uint64, error) {
+	now := staging.MonoNanos()
 	free, reclaimed := -1, ""
 	for i := range ctl.Lanes {
-		owner, held := loadOwner(&ctl.Lanes[i].Owner)
+		owner, held := ctl.Lanes[i].Owner.Load()
 		switch {
 		case !held:
 			if free < 0 {
@@ -144,73 +150,32 @@ func (r *Rank) claimLane(ctl *ControlBlock, name string) (int, uint64, error) {
 		return -1, 0, ErrNoFreeLane
 	}
 	lane := &ctl.Lanes[free]
-	epoch, err := newLaneEpoch(&lane.Owner)
+	epoch, err := newLaneEpoch(lane)
 	if err != nil {
 		return -1, 0, err
 	}
 	if reclaimed != "" {
-		klog.InfoS("pxn reclaimed lane of a stale sender", "peer", name, "lane", free, "reason", reclaimed)
+		r.opts.Logger.Info("pxn reclaimed lane of a stale sender", "peer", name, "lane", free, "reason", reclaimed)
 	}
-	claimLaneWords(lane, r.id, epoch, now)
+	lane.Claim(r.id, epoch, now)
 	return free, epoch, nil
 }
 
 // newLaneEpoch draws a lane epoch other than the lane's current one.
-func newLaneEpoch(o *LaneOwner) (uint64, error) {
+func newLaneEpoch(lane *staging.Lane) (uint64, error) {
 	for {
 		epoch, err := randomEpoch()
-		if err != nil || epoch != atomic.LoadUint64(&o.LaneEpoch) {
+		if err != nil || epoch != lane.Epoch() {
 			return epoch, err
 		}
 	}
-}
-
-// claimLaneWords hands lane to owner under a new lane epoch. Owner.Pid is
-// the lane's publication word: it is cleared first and stored last, so a
-// relay that loads a non-zero Pid and then the rest sees a whole owner and
-// progress words already reset (next 1, everything else 0).
-func claimLaneWords(lane *Lane, owner Identity, laneEpoch uint64, now int64) {
-	atomic.StoreUint64(&lane.Owner.Pid, 0)
-	atomic.StoreUint64(&lane.Sender.NextSeq, 1)
-	atomic.StoreUint64(&lane.Sender.PublishedSeq, 0)
-	atomic.StoreUint64(&lane.Sender.ReapedSeq, 0)
-	atomic.StoreUint64(&lane.Relay.CompletedSeq, 0)
-	for s := range lane.Ready {
-		atomic.StoreUint64(&lane.Ready[s].Seq, 0)
-	}
-	for s := range lane.Completions {
-		atomic.StoreUint64(&lane.Completions[s].Seq, 0)
-		atomic.StoreInt32(&lane.Completions[s].Status, 0)
-	}
-	for s := range lane.Descs {
-		atomic.StoreUint64(&lane.Descs[s].CommitSeq, 0)
-	}
-	atomic.StoreUint64(&lane.Owner.StartTime, owner.StartTime)
-	atomic.StoreUint64(&lane.Owner.SenderEpoch, owner.Epoch)
-	atomic.StoreUint64(&lane.Owner.LaneEpoch, laneEpoch)
-	atomic.StoreUint64(&lane.Owner.ClaimedAt, uint64(now))
-	atomic.StoreUint64(&lane.Owner.Pid, uint64(owner.Pid))
-}
-
-// loadOwner reads a lane's owner; held is false for a free lane. A pid out
-// of range (garbage) loads as -1, which no process has.
-func loadOwner(o *LaneOwner) (owner Identity, held bool) {
-	pid := atomic.LoadUint64(&o.Pid)
-	if pid == 0 {
-		return Identity{}, false
-	}
-	owner = Identity{Pid: -1, StartTime: atomic.LoadUint64(&o.StartTime), Epoch: atomic.LoadUint64(&o.SenderEpoch)}
-	if pid <= maxPid {
-		owner.Pid = int(pid)
-	}
-	return owner, true
 }
 
 // ownerStale says why a lane owner no longer holds its lease, or "" while
 // it does (or that cannot be proven): its process exited or its pid was
 // reused, its registration is gone, or its heartbeat is older than the
 // timeout.
-func (r *Rank) ownerStale(owner Identity, now int64) string {
+func (r *Rank) ownerStale(owner staging.Identity, now int64) string {
 	if why := goneReason(owner.Pid, owner.StartTime); why != "" {
 		return why
 	}
@@ -230,9 +195,9 @@ func (r *Rank) ownerStale(owner Identity, now int64) string {
 // lease. The arena is not freed while the list is not empty.
 func (r *Rank) Leases() []int {
 	var held []int
-	now := MonoNanos()
+	now := staging.MonoNanos()
 	for i := range r.ctl.Lanes {
-		owner, ok := loadOwner(&r.ctl.Lanes[i].Owner)
+		owner, ok := r.ctl.Lanes[i].Owner.Load()
 		if ok && r.ownerStale(owner, now) == "" {
 			held = append(held, i)
 		}
@@ -243,9 +208,7 @@ func (r *Rank) Leases() []int {
 // ownsLane reports whether the lane still belongs to this link: same owner,
 // same lane epoch.
 func (l *PeerLink) ownsLane() bool {
-	o := &l.ctl.Lanes[l.lane].Owner
-	owner, held := loadOwner(o)
-	return held && owner == l.rank.id && atomic.LoadUint64(&o.LaneEpoch) == l.laneEpoch.Load()
+	return l.ctl.Lanes[l.lane].Owned(l.rank.id, l.laneEpoch.Load())
 }
 
 // release frees the lane if this link still owns it.
@@ -255,18 +218,9 @@ func (l *PeerLink) release(ctx context.Context) error {
 		if !l.ownsLane() {
 			return nil
 		}
-		clearOwner(&l.ctl.Lanes[l.lane].Owner)
+		l.ctl.Lanes[l.lane].Free()
 		return nil
 	})
-}
-
-// clearOwner frees a lane. The lane epoch stays: a relay keeps its ring
-// until a new claim resets it.
-func clearOwner(o *LaneOwner) {
-	atomic.StoreUint64(&o.Pid, 0)
-	atomic.StoreUint64(&o.StartTime, 0)
-	atomic.StoreUint64(&o.SenderEpoch, 0)
-	atomic.StoreUint64(&o.ClaimedAt, 0)
 }
 
 // freeDeadLanes frees every inbound lane of this rank whose sender exited
@@ -276,14 +230,14 @@ func clearOwner(o *LaneOwner) {
 // the registry lock.
 func (r *Rank) freeDeadLanes() {
 	for i := range r.ctl.Lanes {
-		o := &r.ctl.Lanes[i].Owner
-		owner, held := loadOwner(o)
+		lane := &r.ctl.Lanes[i]
+		owner, held := lane.Owner.Load()
 		if !held {
 			continue
 		}
 		if why := goneReason(owner.Pid, owner.StartTime); why != "" {
-			clearOwner(o)
-			klog.InfoS("pxn freed the lane of a sender that is gone", "registry", r.d.path, "lane", i, "reason", why)
+			lane.Free()
+			r.opts.Logger.Info("pxn freed the lane of a sender that is gone", "registry", r.d.path, "lane", i, "reason", why)
 		}
 	}
 }
@@ -341,46 +295,51 @@ func (l *PeerLink) LaneEpoch() uint64 { return l.laneEpoch.Load() }
 // restarts at seq 1 under the returned epoch; the relay notices the new
 // epoch on its own. Call it from the goroutine that uses the lane.
 func (l *PeerLink) Rollover(ctx context.Context) (uint64, error) {
+	if !l.sender.Drained() {
+		return 0, fmt.Errorf("pxn: roll lane %d of %s over: %w: published %d, reaped %d", l.lane, l.peer.Name, staging.ErrLaneNotDrained, l.sender.Published(), l.sender.Reaped())
+	}
 	var epoch uint64
 	err := l.rank.d.withLock(ctx, func() error {
 		if !l.ownsLane() {
 			return fmt.Errorf("%w: lane %d of %s was reclaimed", ErrPeerGone, l.lane, l.peer.Name)
 		}
-		o := &l.ctl.Lanes[l.lane].Owner
+		lane := &l.ctl.Lanes[l.lane]
 		var err error
-		if epoch, err = newLaneEpoch(o); err != nil {
+		if epoch, err = newLaneEpoch(lane); err != nil {
 			return err
 		}
-		atomic.StoreUint64(&o.LaneEpoch, epoch)
+		lane.Renew(epoch)
 		return nil
 	})
 	if err != nil {
 		return 0, fmt.Errorf("pxn: roll lane %d of %s over: %w", l.lane, l.peer.Name, err)
 	}
 	l.laneEpoch.Store(epoch)
+	if err := l.sender.Rollover(epoch); err != nil {
+		return 0, fmt.Errorf("pxn: roll lane %d of %s over: %w", l.lane, l.peer.Name, err)
+	}
 	return epoch, nil
 }
 
-// Lane is the claimed lane inside the peer's control block, in shared
-// memory: the sender writes its ready words, Descs and progress there.
-func (l *PeerLink) Lane() *Lane { return &l.ctl.Lanes[l.lane] }
+// Sender is the endpoint of the claimed lane, valid until Close.
+func (l *PeerLink) Sender() *staging.SenderLane { return l.sender }
 
 // ArenaBase is the peer's arena as mapped in this process.
 func (l *PeerLink) ArenaBase() uintptr { return l.arenaBase }
 
 // StagingBase is the claimed lane's staging memory in the peer's arena:
 // slot s starts at StagingBase() + s*SlotSize.
-func (l *PeerLink) StagingBase() uintptr { return l.arenaBase + uintptr(LaneOffset(l.lane)) }
+func (l *PeerLink) StagingBase() uintptr { return l.arenaBase + uintptr(staging.LaneOffset(l.lane)) }
 
 // Live returns nil while the peer is READY with a fresh heartbeat at now
 // (a MonoNanos reading) and the lane is still this link's; otherwise an
 // ErrPeerGone saying which. It allocates nothing on success.
 func (l *PeerLink) Live(now int64) error {
 	h := &l.ctl.Header
-	if s := atomic.LoadUint32(&h.State); s != StateReady {
+	if s := h.LoadState(); s != staging.StateReady {
 		return fmt.Errorf("%w: %s is %s", ErrPeerGone, l.peer.Name, stateName(s))
 	}
-	if hb := atomic.LoadUint64(&h.Heartbeat); heartbeatStale(hb, now, l.rank.opts.HeartbeatTimeout) {
+	if hb := h.LoadHeartbeat(); heartbeatStale(hb, now, l.rank.opts.HeartbeatTimeout) {
 		return fmt.Errorf("%w: %s heartbeat older than %v", ErrPeerGone, l.peer.Name, l.rank.opts.HeartbeatTimeout)
 	}
 	if !l.ownsLane() {
@@ -403,7 +362,7 @@ func (l *PeerLink) Health(now int64) error {
 	if err == nil {
 		return nil
 	}
-	if atomic.LoadUint32(&l.ctl.Header.State) != StateReady || !l.ownsLane() {
+	if l.ctl.Header.LoadState() != staging.StateReady || !l.ownsLane() {
 		return err
 	}
 	if r := goneReason(l.peer.Pid, l.peer.StartTime); r != "" {

@@ -1,4 +1,4 @@
-package staging
+package registry
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 func attachByName(t *testing.T, r *Rank, name string) *PeerLink {
@@ -44,33 +46,51 @@ func TestLeaseAttachClaimsLaneAndMapsArena(t *testing.T) {
 	sender := mustRegister(t, regOptions(root, "g", "rail1"))
 	l := attachByName(t, sender, relay.Name())
 
-	lane := &relay.Control().Lanes[0]
-	if l.LaneIndex() != 0 || l.LaneEpoch() == 0 || l.Lane() == nil {
+	lane := &relay.ctl.Lanes[0]
+	if l.LaneIndex() != 0 || l.LaneEpoch() == 0 || l.Sender() == nil {
 		t.Fatalf("lane %d epoch %#x, want lane 0 with an epoch", l.LaneIndex(), l.LaneEpoch())
 	}
-	owner, held := loadOwner(&lane.Owner)
-	if !held || owner != sender.Identity() || atomic.LoadUint64(&lane.Owner.LaneEpoch) != l.LaneEpoch() {
-		t.Errorf("relay sees owner %v (held %v) epoch %#x, want %v epoch %#x", owner, held, lane.Owner.LaneEpoch, sender.Identity(), l.LaneEpoch())
+	owner, held := lane.Owner.Load()
+	if !held || owner != sender.Identity() || lane.Epoch() != l.LaneEpoch() {
+		t.Errorf("relay sees owner %v (held %v) epoch %#x, want %v epoch %#x", owner, held, lane.Epoch(), sender.Identity(), l.LaneEpoch())
 	}
-	if next := atomic.LoadUint64(&l.Lane().Sender.NextSeq); next != 1 {
-		t.Errorf("next seq of a fresh lane = %d, want 1", next)
+	s := l.Sender()
+	if s.Next() != 1 || s.Epoch() != l.LaneEpoch() {
+		t.Errorf("sender endpoint at seq %d epoch %#x, want seq 1 epoch %#x", s.Next(), s.Epoch(), l.LaneEpoch())
 	}
 	// The sender's view of the lane and the relay's are the same memory.
-	atomic.StoreUint64(&l.Lane().Sender.PublishedSeq, 5)
-	if got := atomic.LoadUint64(&lane.Sender.PublishedSeq); got != 5 {
-		t.Errorf("relay reads published seq %d, sender wrote 5", got)
+	seq, ok := s.Ticket()
+	if !ok {
+		t.Fatal("a fresh lane has no ticket")
+	}
+	if err := s.Commit(seq, "session", []staging.PlanEntry{{Dst: 0x1000, Len: 8}}, 8); err != nil {
+		t.Fatal(err)
+	}
+	s.Ring(seq)
+	if err := s.Publish(seq); err != nil {
+		t.Fatal(err)
+	}
+	in := relay.Inbound(0)
+	if epoch, _ := in.Sync(); epoch != l.LaneEpoch() {
+		t.Errorf("relay endpoint follows epoch %#x, want %#x", epoch, l.LaneEpoch())
+	}
+	if got, st := in.Poll(); got != seq || st != staging.TicketReady {
+		t.Errorf("relay polls seq %d state %d, want seq %d ready", got, st, seq)
+	}
+	if got := lane.State().Published; got != seq {
+		t.Errorf("relay reads published seq %d, sender published %d", got, seq)
 	}
 	// So are the two views of the arena, at the lane's offsets.
-	if l.StagingBase() != l.ArenaBase()+uintptr(LaneOffset(0)) {
+	if l.StagingBase() != l.ArenaBase()+uintptr(staging.LaneOffset(0)) {
 		t.Errorf("staging base %#x, want arena base %#x + lane offset", l.StagingBase(), l.ArenaBase())
 	}
 	peerMem := l.arena.(*hostPeerArena).mem
 	ownMem := relay.Arena().(*hostArena).mem
-	peerMem[SlotOffset(0, 1)+7] = 0x5a
-	if got := ownMem[SlotOffset(0, 1)+7]; got != 0x5a {
+	peerMem[staging.SlotOffset(0, 1)+7] = 0x5a
+	if got := ownMem[staging.SlotOffset(0, 1)+7]; got != 0x5a {
 		t.Errorf("relay reads %#x from slot 1, sender wrote 0x5a", got)
 	}
-	if err := l.Live(MonoNanos()); err != nil {
+	if err := l.Live(staging.MonoNanos()); err != nil {
 		t.Errorf("Live = %v", err)
 	}
 	if held := relay.Leases(); !slices.Equal(held, []int{0}) {
@@ -93,7 +113,7 @@ func TestLeaseAttachClaimsLaneAndMapsArena(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, held := loadOwner(&lane.Owner); held {
+	if _, held := lane.Owner.Load(); held {
 		t.Errorf("lane 0 still owned after Close")
 	}
 	if held := relay.Leases(); !slices.Equal(held, []int{1}) {
@@ -221,8 +241,8 @@ func TestLeaseSenderNoticesClosingRelay(t *testing.T) {
 	l := attachByName(t, sender, relay.Name())
 	closed := make(chan error, 1)
 	go func() { closed <- relay.Close(context.Background()) }()
-	pollUntil(t, "the sender to see the relay closing", func() bool { return l.Live(MonoNanos()) != nil })
-	if err := l.Live(MonoNanos()); !errors.Is(err, ErrPeerGone) || !strings.Contains(err.Error(), "CLOSING") {
+	pollUntil(t, "the sender to see the relay closing", func() bool { return l.Live(staging.MonoNanos()) != nil })
+	if err := l.Live(staging.MonoNanos()); !errors.Is(err, ErrPeerGone) || !strings.Contains(err.Error(), "CLOSING") {
 		t.Errorf("Live = %v, want the relay CLOSING", err)
 	}
 	if err := l.Close(); err != nil {
@@ -244,7 +264,7 @@ func TestLeaseStaleOwnerIsReclaimed(t *testing.T) {
 	first.kill()
 
 	// What the dead sender left in its lane.
-	lane := &relay.Control().Lanes[0]
+	lane := &relay.ctl.Lanes[0]
 	atomic.StoreUint64(&lane.Sender.NextSeq, 77)
 	atomic.StoreUint64(&lane.Sender.PublishedSeq, 70)
 	atomic.StoreUint64(&lane.Sender.ReapedSeq, 60)
@@ -261,7 +281,7 @@ func TestLeaseStaleOwnerIsReclaimed(t *testing.T) {
 	if f[1] != "0" || newEpoch == oldEpoch {
 		t.Fatalf("second sender got lane %s epoch %#x, want lane 0 reclaimed under a new epoch (old %#x)", f[1], newEpoch, oldEpoch)
 	}
-	if owner, _ := loadOwner(&lane.Owner); owner.Pid != second.pid() {
+	if owner, _ := lane.Owner.Load(); owner.Pid != second.pid() {
 		t.Errorf("lane 0 owned by pid %d, want %d", owner.Pid, second.pid())
 	}
 	for name, got := range map[string]uint64{
@@ -289,14 +309,14 @@ func TestLeaseNoFreeLaneAndReusedPidOwner(t *testing.T) {
 	relay := mustRegister(t, regOptions(root, "g", "rail0"))
 	sender := mustRegister(t, regOptions(root, "g", "rail1"))
 	holder := mustRegister(t, regOptions(root, "g", "rail2"))
-	for i := range relay.Control().Lanes {
-		claimLaneWords(&relay.Control().Lanes[i], holder.Identity(), uint64(i+1), MonoNanos())
+	for i := range relay.ctl.Lanes {
+		relay.ctl.Lanes[i].Claim(holder.Identity(), uint64(i+1), staging.MonoNanos())
 	}
 	peer := peerByName(t, sender, relay.Name())
 	if _, err := sender.Attach(ctx, peer); !errors.Is(err, ErrNoFreeLane) {
 		t.Fatalf("Attach with every lane held = %v, want ErrNoFreeLane", err)
 	}
-	atomic.StoreUint64(&relay.Control().Lanes[4].Owner.StartTime, holder.Identity().StartTime+1)
+	atomic.StoreUint64(&relay.ctl.Lanes[4].Owner.StartTime, holder.Identity().StartTime+1)
 	l, err := sender.Attach(ctx, peer)
 	if err != nil || l.LaneIndex() != 4 {
 		t.Fatalf("Attach = lane %v, %v; want lane 4, whose owner's pid was reused", l, err)
@@ -311,7 +331,7 @@ func TestLeaseOwnerWithOldHeartbeatHoldsNoLease(t *testing.T) {
 	if held := relay.Leases(); !slices.Equal(held, []int{0}) {
 		t.Fatalf("leases %v, want [0]", held)
 	}
-	atomic.StoreUint64(&sender.Header().Heartbeat, uint64(MonoNanos()-int64(2*testHeartbeatTimeout)))
+	atomic.StoreUint64(&sender.Header().Heartbeat, uint64(staging.MonoNanos()-int64(2*testHeartbeatTimeout)))
 	if held := relay.Leases(); len(held) != 0 {
 		t.Errorf("leases %v, want none: the owner's heartbeat is older than the timeout", held)
 	}
@@ -345,15 +365,15 @@ func TestLeaseRolloverAndReclaimedLane(t *testing.T) {
 	if err != nil || epoch == 0 || epoch == old || l.LaneEpoch() != epoch {
 		t.Fatalf("Rollover = %#x, %v (link epoch %#x); want a new epoch other than %#x", epoch, err, l.LaneEpoch(), old)
 	}
-	if got := atomic.LoadUint64(&relay.Control().Lanes[0].Owner.LaneEpoch); got != epoch {
+	if got := relay.ctl.Lanes[0].Epoch(); got != epoch {
 		t.Errorf("relay sees lane epoch %#x, want %#x", got, epoch)
 	}
-	if err := l.Live(MonoNanos()); err != nil {
+	if err := l.Live(staging.MonoNanos()); err != nil {
 		t.Errorf("Live after Rollover = %v", err)
 	}
 	// Someone else took the lane (as after this process was judged stale).
-	claimLaneWords(&relay.Control().Lanes[0], relay.Identity(), 77, MonoNanos())
-	if err := l.Live(MonoNanos()); !errors.Is(err, ErrPeerGone) || !strings.Contains(err.Error(), "reclaimed") {
+	relay.ctl.Lanes[0].Claim(relay.Identity(), 77, staging.MonoNanos())
+	if err := l.Live(staging.MonoNanos()); !errors.Is(err, ErrPeerGone) || !strings.Contains(err.Error(), "reclaimed") {
 		t.Errorf("Live = %v, want the lane reclaimed", err)
 	}
 	if _, err := l.Rollover(ctx); !errors.Is(err, ErrPeerGone) {
@@ -362,7 +382,7 @@ func TestLeaseRolloverAndReclaimedLane(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if owner, _ := loadOwner(&relay.Control().Lanes[0].Owner); owner != relay.Identity() {
+	if owner, _ := relay.ctl.Lanes[0].Owner.Load(); owner != relay.Identity() {
 		t.Errorf("Close released a lane it no longer owned: owner %v", owner)
 	}
 }
@@ -396,7 +416,7 @@ func BenchmarkLeaseLive(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		now := MonoNanos()
+		now := staging.MonoNanos()
 		sender.Heartbeat(now)
 		if err := l.Live(now); err != nil {
 			b.Fatal(err)

@@ -1,10 +1,12 @@
-package staging
+package registry
 
 import (
 	"bytes"
 	"errors"
 	"fmt"
 	"unsafe"
+
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // ErrCorruptEntry marks a registry entry whose bytes make no sense: short,
@@ -25,23 +27,23 @@ func (e *MismatchError) Error() string {
 	return fmt.Sprintf("%s %d differs from ours %d", e.Field, e.Theirs, e.Ours)
 }
 
-const headerSize = unsafe.Sizeof(Header{})
+const headerSize = unsafe.Sizeof(staging.Header{})
 
 // newHeader fills everything a rank publishes and never changes afterwards.
-func newHeader(id Identity, uid int, rail, hca string, arenaKind uint32) Header {
-	h := Header{
-		Magic:        RegistryMagic,
-		ABIVersion:   ABIVersion,
+func newHeader(id staging.Identity, uid int, rail, hca string, arenaKind uint32) staging.Header {
+	h := staging.Header{
+		Magic:        staging.RegistryMagic,
+		ABIVersion:   staging.ABIVersion,
 		HeaderSize:   uint32(headerSize),
-		State:        StateInit,
+		State:        staging.StateInit,
 		UID:          uint32(uid),
 		Pid:          uint64(id.Pid),
 		StartTime:    id.StartTime,
 		BootEpoch:    id.Epoch,
-		LaneCount:    LaneCount,
-		SlotsPerLane: SlotsPerLane,
-		SlotSize:     SlotSize,
-		ArenaSize:    ArenaSize,
+		LaneCount:    staging.LaneCount,
+		SlotsPerLane: staging.SlotsPerLane,
+		SlotSize:     staging.SlotSize,
+		ArenaSize:    staging.ArenaSize,
 		ArenaKind:    arenaKind,
 		RailLen:      uint32(len(rail)),
 		HCALen:       uint32(len(hca)),
@@ -52,8 +54,8 @@ func newHeader(id Identity, uid int, rail, hca string, arenaKind uint32) Header 
 }
 
 // decodeHeader copies a header out of untrusted bytes and validates it.
-func decodeHeader(b []byte) (Header, error) {
-	var h Header
+func decodeHeader(b []byte) (staging.Header, error) {
+	var h staging.Header
 	if len(b) < int(headerSize) {
 		return h, fmt.Errorf("%w: header is %d bytes, want %d", ErrCorruptEntry, len(b), headerSize)
 	}
@@ -64,31 +66,31 @@ func decodeHeader(b []byte) (Header, error) {
 // checkHeader validates a header copy. The engine numbers must equal ours
 // (a *MismatchError names the first that differs); every other field must
 // be in range.
-func checkHeader(h *Header) error {
+func checkHeader(h *staging.Header) error {
 	for _, f := range [...]struct {
 		name         string
 		theirs, ours uint64
 	}{
-		{"magic", h.Magic, RegistryMagic},
-		{"ABI version", uint64(h.ABIVersion), ABIVersion},
+		{"magic", h.Magic, staging.RegistryMagic},
+		{"ABI version", uint64(h.ABIVersion), staging.ABIVersion},
 		{"header size", uint64(h.HeaderSize), uint64(headerSize)},
-		{"lane count", uint64(h.LaneCount), LaneCount},
-		{"slots per lane", uint64(h.SlotsPerLane), SlotsPerLane},
-		{"slot size", h.SlotSize, SlotSize},
-		{"arena size", h.ArenaSize, ArenaSize},
+		{"lane count", uint64(h.LaneCount), staging.LaneCount},
+		{"slots per lane", uint64(h.SlotsPerLane), staging.SlotsPerLane},
+		{"slot size", h.SlotSize, staging.SlotSize},
+		{"arena size", h.ArenaSize, staging.ArenaSize},
 	} {
 		if f.theirs != f.ours {
 			return &MismatchError{Field: f.name, Theirs: f.theirs, Ours: f.ours}
 		}
 	}
 	switch {
-	case h.State < StateInit || h.State > StateClosing:
+	case h.State < staging.StateInit || h.State > staging.StateClosing:
 		return fmt.Errorf("%w: state %d", ErrCorruptEntry, h.State)
-	case h.Pid == 0 || h.Pid > maxPid:
+	case h.Pid == 0 || h.Pid > staging.MaxPid:
 		return fmt.Errorf("%w: pid %d", ErrCorruptEntry, h.Pid)
 	case h.BootEpoch == 0:
 		return fmt.Errorf("%w: epoch 0", ErrCorruptEntry)
-	case h.ArenaKind != ArenaHost && h.ArenaKind != ArenaCUDA:
+	case h.ArenaKind != staging.ArenaHost && h.ArenaKind != staging.ArenaCUDA:
 		return fmt.Errorf("%w: arena kind %d", ErrCorruptEntry, h.ArenaKind)
 	case h.RailLen == 0 || h.RailLen > uint32(len(h.Rail)):
 		return fmt.Errorf("%w: rail length %d, want 1..%d", ErrCorruptEntry, h.RailLen, len(h.Rail))
@@ -101,20 +103,20 @@ func checkHeader(h *Header) error {
 }
 
 // headerIdentity is the identity a validated header claims.
-func headerIdentity(h *Header) Identity {
-	return Identity{Pid: int(h.Pid), StartTime: h.StartTime, Epoch: h.BootEpoch}
+func headerIdentity(h *staging.Header) staging.Identity {
+	return staging.Identity{Pid: int(h.Pid), StartTime: h.StartTime, Epoch: h.BootEpoch}
 }
 
-func headerRail(h *Header) string { return string(h.Rail[:h.RailLen]) }
-func headerHCA(h *Header) string  { return string(h.HCA[:h.HCALen]) }
+func headerRail(h *staging.Header) string { return string(h.Rail[:h.RailLen]) }
+func headerHCA(h *staging.Header) string  { return string(h.HCA[:h.HCALen]) }
 
 func stateName(s uint32) string {
 	switch s {
-	case StateInit:
+	case staging.StateInit:
 		return "INIT"
-	case StateReady:
+	case staging.StateReady:
 		return "READY"
-	case StateClosing:
+	case staging.StateClosing:
 		return "CLOSING"
 	}
 	return fmt.Sprintf("state(%d)", s)

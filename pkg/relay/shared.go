@@ -1,0 +1,217 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"k8s.io/klog/v2"
+
+	"github.com/pxn-project/pxn/pkg/staging"
+)
+
+// shared is the part of the engine that callers and the pump both reach.
+// Every field is read-only after Open or safe for concurrent use; what only
+// the pump touches lives in its sender and relayer instead.
+type shared struct {
+	cfg       staging.Config
+	hop       Hop
+	dir       Directory
+	copier    Copier
+	localRail string
+	log       klog.Logger
+	hooks     testHooks
+
+	// pxn is true while cross-rail writes may take the PXN path.
+	pxn atomic.Bool
+	// routes maps rails to outbound lanes; the pump replaces it, Submit
+	// reads it.
+	routes   atomic.Pointer[routeTable]
+	tokens   tokenTable
+	counters Counters
+
+	batches *batchPool
+	groups  *groupPool
+	opBufs  *opsPool
+
+	// backlog holds direct writes the hop could not take yet.
+	backlogMu sync.Mutex
+	backlog   []WriteOp
+
+	fallbacks fallbackQueue
+	invals    invalQueue
+
+	// wakeCh wakes the pump; pumpTID and pumpDead are the pump's thread
+	// id and whether it stopped after a panic.
+	wakeCh   chan struct{}
+	pumpTID  atomic.Int64
+	pumpDead atomic.Bool
+}
+
+func (s *shared) wake() {
+	select {
+	case s.wakeCh <- struct{}{}:
+	default:
+	}
+}
+
+// pieceDone counts Piece work of g as over; the last releases the
+// source-ready event and returns g to the pool.
+func (s *shared) pieceDone(g *group) {
+	if g.pending.Add(-1) != 0 {
+		return
+	}
+	if g.ready != 0 {
+		s.copier.Release(g.ready)
+	}
+	s.groups.put(g)
+}
+
+// retryBacklog resubmits direct writes the hop could not take yet.
+func (s *shared) retryBacklog() bool {
+	s.backlogMu.Lock()
+	defer s.backlogMu.Unlock()
+	if len(s.backlog) == 0 {
+		return false
+	}
+	before := len(s.backlog)
+	rest := s.drainOps(s.backlog, nil)
+	n := copy(s.backlog, rest)
+	clear(s.backlog[n:])
+	s.backlog = s.backlog[:n]
+	return n != before
+}
+
+// hopChunk is how many ops go to the hop in one Submit: a Piece can carry
+// 4096 entries, more than a bounded hop queue takes at once.
+const hopChunk = 32
+
+// drainOps submits ops in chunks until the hop is busy and returns those it
+// has not taken. An op the hop refuses on its own (not as busy) fails, with
+// its token, and the rest go on. Relayed writes fail through rly, which
+// only the pump passes.
+func (s *shared) drainOps(ops []WriteOp, rly *relayer) []WriteOp {
+	chunk := hopChunk
+	for len(ops) > 0 {
+		c := min(chunk, len(ops))
+		err := s.hop.Submit(ops[:c])
+		switch {
+		case err == nil:
+			ops = ops[c:]
+			chunk = hopChunk
+		case errors.Is(err, ErrHopBusy):
+			return ops
+		case c > 1:
+			chunk = c / 2
+		default:
+			s.failOps(ops[:1], fmt.Errorf("submit to the hop: %w", err), rly)
+			ops = ops[1:]
+		}
+	}
+	return ops
+}
+
+func (s *shared) failOps(ops []WriteOp, err error, rly *relayer) {
+	for _, op := range ops {
+		if ent, ok := s.tokens.take(op.Token); ok {
+			s.finishToken(ent, err, rly)
+		}
+	}
+}
+
+// finishToken applies one hop completion. A relayed write's completion
+// belongs to the relayer: only the pump has one to pass, and only the pump
+// creates relay tokens.
+func (s *shared) finishToken(ent tokenEntry, err error, rly *relayer) {
+	switch ent.kind {
+	case tokDirect, tokFallback:
+		ent.slice.finish(err)
+	case tokRelay:
+		if rly != nil {
+			rly.finishWrite(ent.rec, err)
+		}
+	}
+}
+
+// fallbackPiece is a Piece that goes direct: Piece i of g until its writes
+// are built (g set), then the writes the hop has not taken yet.
+type fallbackPiece struct {
+	g      *group
+	i      int
+	ops    []WriteOp
+	unsent []WriteOp
+}
+
+// fallbackQueue holds the Pieces that go direct. Callers push (a failed
+// source-ready event) and so does the pump; only the pump pops. n is its
+// length, kept under mu and read without it every round.
+type fallbackQueue struct {
+	mu chanMutex
+	q  fifo[fallbackPiece]
+	n  atomic.Int32
+}
+
+// chanMutex is a mutex that is a channel of one.
+type chanMutex chan struct{}
+
+func (m chanMutex) lock()   { m <- struct{}{} }
+func (m chanMutex) unlock() { <-m }
+
+func (f *fallbackQueue) push(fb fallbackPiece) {
+	f.mu.lock()
+	f.q.push(fb)
+	f.n.Store(int32(f.q.len()))
+	f.mu.unlock()
+}
+
+func (f *fallbackQueue) pop() fallbackPiece {
+	f.mu.lock()
+	defer f.mu.unlock()
+	fb := f.q.pop()
+	f.n.Store(int32(f.q.len()))
+	return fb
+}
+
+func (f *fallbackQueue) len() int { return int(f.n.Load()) }
+
+// takeAll empties the queue and returns what it held.
+func (f *fallbackQueue) takeAll() fifo[fallbackPiece] {
+	f.mu.lock()
+	defer f.mu.unlock()
+	q := f.q
+	f.q = fifo[fallbackPiece]{}
+	f.n.Store(0)
+	return q
+}
+
+// fallback sends Piece i of g direct, after its source-ready event.
+func (s *shared) fallback(g *group, i int) { s.fallbacks.push(fallbackPiece{g: g, i: i}) }
+
+// invalQueue holds the sessions InvalidateTarget named since the pump last
+// looked ("" for all); pending says there are some.
+type invalQueue struct {
+	mu      sync.Mutex
+	names   []string
+	pending atomic.Bool
+}
+
+func (q *invalQueue) add(session string) {
+	q.mu.Lock()
+	q.names = append(q.names, session)
+	q.pending.Store(true)
+	q.mu.Unlock()
+}
+
+// swap hands the queued names out and keeps buf (emptied) in their place.
+func (q *invalQueue) swap(buf []string) []string {
+	if !q.pending.Load() {
+		return nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	names := q.names
+	q.names = buf[:0]
+	q.pending.Store(false)
+	return names
+}

@@ -1,0 +1,371 @@
+package staging
+
+import (
+	"fmt"
+	"sync/atomic"
+	"unsafe"
+)
+
+// The two endpoints of a lane, SenderLane and RelayLane, and the owner words
+// the registry writes under its lock, are the only code that reads or writes
+// a Lane's words. Their ordering rules, stated once:
+//
+//   - Desc: the sender writes every field, then release-stores CommitSeq
+//     (Commit). The relay acquire-loads CommitSeq and trusts nothing else
+//     of the Desc until it equals the seq it expects; it then copies each
+//     field once (ValidateDesc) and uses only the copy.
+//   - Ready word: written once per seq after the copy into the slot, by the
+//     sender's GPU (cuStreamWriteValue64 on the copy's stream, whose
+//     system-scope fence orders the copy first) or, as a fallback, by a
+//     release store on the CPU once the copy's event has completed (Ring).
+//     The relay acquire-loads it; a doorbell may become visible before the
+//     Desc commit (a GPU store against a CPU store), which is not an error.
+//   - Completion: the relay stores Status, then release-stores Seq, for
+//     every seq in order; CompletedSeq is release-stored after them and
+//     advances only over a contiguous run of finished seqs. The sender
+//     acquire-loads Completion.Seq, then reads Status.
+//   - Credit: a sender publishes seq only while seq-reaped ≤ K; the relay
+//     takes seq only while seq-completed ≤ K, so a sender that ignores
+//     credit cannot hand it a slot an earlier seq still uses.
+//   - Owner: Pid is the owner's publication word, cleared first and stored
+//     last at a claim, so a reader that loads a non-zero Pid and then the
+//     rest sees a whole owner and a lane already reset.
+//
+// Progress words (SenderProgress) are for inspect; nobody decides on them.
+
+// LaneState is a moment's copy of a lane's owner and progress words.
+type LaneState struct {
+	Owner     Identity
+	Held      bool
+	LaneEpoch uint64
+	Next      uint64
+	Published uint64
+	Reaped    uint64
+	Completed uint64
+	// Ready are the slots' ready words.
+	Ready [SlotsPerLane]uint64
+}
+
+// Load reads the owner words; held is false for a free lane. A pid out of
+// range (garbage) loads as -1, which no process has.
+func (o *LaneOwner) Load() (owner Identity, held bool) {
+	pid := atomic.LoadUint64(&o.Pid)
+	if pid == 0 {
+		return Identity{}, false
+	}
+	owner = Identity{Pid: -1, StartTime: atomic.LoadUint64(&o.StartTime), Epoch: atomic.LoadUint64(&o.SenderEpoch)}
+	if pid <= MaxPid {
+		owner.Pid = int(pid)
+	}
+	return owner, true
+}
+
+// State reads the lane's owner and progress words.
+func (l *Lane) State() LaneState {
+	owner, held := l.Owner.Load()
+	st := LaneState{
+		Owner:     owner,
+		Held:      held,
+		LaneEpoch: atomic.LoadUint64(&l.Owner.LaneEpoch),
+		Next:      atomic.LoadUint64(&l.Sender.NextSeq),
+		Published: atomic.LoadUint64(&l.Sender.PublishedSeq),
+		Reaped:    atomic.LoadUint64(&l.Sender.ReapedSeq),
+		Completed: atomic.LoadUint64(&l.Relay.CompletedSeq),
+	}
+	for s := range l.Ready {
+		st.Ready[s] = atomic.LoadUint64(&l.Ready[s].Seq)
+	}
+	return st
+}
+
+// Epoch is the lane's current epoch, 0 before its first claim.
+func (l *Lane) Epoch() uint64 { return atomic.LoadUint64(&l.Owner.LaneEpoch) }
+
+// Owned reports whether owner holds the lane under laneEpoch.
+func (l *Lane) Owned(owner Identity, laneEpoch uint64) bool {
+	got, held := l.Owner.Load()
+	return held && got == owner && l.Epoch() == laneEpoch
+}
+
+// Claim hands the lane to owner under laneEpoch (not 0, not the current
+// epoch): ready words, completion seqs and Desc commit seqs are zeroed
+// before the owner is published, since values left by an earlier owner
+// would match seqs 1..K of the new one. The caller holds the registry lock.
+func (l *Lane) Claim(owner Identity, laneEpoch uint64, now int64) {
+	atomic.StoreUint64(&l.Owner.Pid, 0)
+	atomic.StoreUint64(&l.Sender.NextSeq, 1)
+	atomic.StoreUint64(&l.Sender.PublishedSeq, 0)
+	atomic.StoreUint64(&l.Sender.ReapedSeq, 0)
+	atomic.StoreUint64(&l.Relay.CompletedSeq, 0)
+	for s := range l.Ready {
+		atomic.StoreUint64(&l.Ready[s].Seq, 0)
+	}
+	for s := range l.Completions {
+		atomic.StoreUint64(&l.Completions[s].Seq, 0)
+		atomic.StoreInt32(&l.Completions[s].Status, 0)
+	}
+	for s := range l.Descs {
+		atomic.StoreUint64(&l.Descs[s].CommitSeq, 0)
+	}
+	atomic.StoreUint64(&l.Owner.StartTime, owner.StartTime)
+	atomic.StoreUint64(&l.Owner.SenderEpoch, owner.Epoch)
+	atomic.StoreUint64(&l.Owner.LaneEpoch, laneEpoch)
+	atomic.StoreUint64(&l.Owner.ClaimedAt, uint64(now))
+	atomic.StoreUint64(&l.Owner.Pid, uint64(owner.Pid))
+}
+
+// Renew gives a held lane a new epoch (a rollover). The caller holds the
+// registry lock.
+func (l *Lane) Renew(laneEpoch uint64) { atomic.StoreUint64(&l.Owner.LaneEpoch, laneEpoch) }
+
+// Free clears the owner. The lane epoch stays: a relay keeps its ring until
+// a new claim resets it. The caller holds the registry lock.
+func (l *Lane) Free() {
+	atomic.StoreUint64(&l.Owner.Pid, 0)
+	atomic.StoreUint64(&l.Owner.StartTime, 0)
+	atomic.StoreUint64(&l.Owner.SenderEpoch, 0)
+	atomic.StoreUint64(&l.Owner.ClaimedAt, 0)
+}
+
+// SenderLane is the sender's endpoint of one claimed lane: it allocates
+// seqs under credit, commits Descs, hands out the ready word of a seq for
+// the doorbell, and reaps completions in order. It is owned by one
+// goroutine (the pump).
+type SenderLane struct {
+	lane *Lane
+	seq  LaneSeq
+}
+
+// NewSenderLane is the endpoint of lane, claimed under epoch.
+func NewSenderLane(lane *Lane, epoch uint64) (*SenderLane, error) {
+	seq, err := NewLaneSeq(epoch)
+	if err != nil {
+		return nil, err
+	}
+	return &SenderLane{lane: lane, seq: seq}, nil
+}
+
+// Epoch is the lane epoch every Desc of this lane carries.
+func (s *SenderLane) Epoch() uint64 { return s.seq.Epoch() }
+
+// Next is the seq the next Ticket returns.
+func (s *SenderLane) Next() uint64 { return s.seq.Next() }
+
+// Published is the highest seq whose doorbell was submitted.
+func (s *SenderLane) Published() uint64 { return s.seq.Published() }
+
+// Reaped is the highest seq whose completion was consumed (or abandoned).
+func (s *SenderLane) Reaped() uint64 { return s.seq.Reaped() }
+
+// InFlight reports whether published seqs wait for their completion.
+func (s *SenderLane) InFlight() bool { return s.seq.Published() > s.seq.Reaped() }
+
+// Exhausted reports whether the epoch's last seq was used: the lane takes
+// no more tickets until it is drained and rolled over.
+func (s *SenderLane) Exhausted() bool { return s.seq.NeedsRollover() }
+
+// Ticket returns the seq the next Piece gets, or false when the lane has no
+// credit or is exhausted. Nothing changes until Publish.
+func (s *SenderLane) Ticket() (uint64, bool) {
+	n := s.seq.next
+	if n == 0 || n > MaxLaneSeq || !HasCredit(n, s.seq.reaped) {
+		return 0, false
+	}
+	return n, true
+}
+
+// Commit writes the Desc of ticket seq and release-stores its commit seq.
+// On error nothing of the Desc changed.
+func (s *SenderLane) Commit(seq uint64, session string, plans []PlanEntry, pieceLen uint64) error {
+	if seq != s.seq.next {
+		return fmt.Errorf("%w: commit seq %d, ticket %d", ErrSeqOrder, seq, s.seq.next)
+	}
+	d := &s.lane.Descs[SlotOf(seq)]
+	if err := d.Fill(s.seq.epoch, session, plans, pieceLen); err != nil {
+		return err
+	}
+	PublishDesc(d, seq)
+	return nil
+}
+
+// ReadyWord is the address of seq's ready word, for a doorbell that a
+// device writes (cuStreamWriteValue64) or that Ring writes. Only seq may be
+// stored there, once, after the copy of its Piece into the slot.
+func (s *SenderLane) ReadyWord(seq uint64) *uint64 { return &s.lane.Ready[SlotOf(seq)].Seq }
+
+// Ring release-stores seq into its ready word: the CPU doorbell, for a
+// copy whose completion the caller has seen.
+func (s *SenderLane) Ring(seq uint64) { RingDoorbell(s.ReadyWord(seq), seq) }
+
+// RingDoorbell release-stores seq at a ready word handed out by ReadyWord.
+func RingDoorbell(word *uint64, seq uint64) { atomic.StoreUint64(word, seq) }
+
+// Publish records that ticket seq's Desc is committed and its doorbell
+// submitted; the slot is the relay's until Reap returns seq.
+func (s *SenderLane) Publish(seq uint64) error {
+	if got, ok := s.seq.Alloc(); !ok || got != seq {
+		return fmt.Errorf("%w: publish seq %d, ticket %d", ErrSeqOrder, seq, got)
+	}
+	if err := s.seq.MarkPublished(seq); err != nil {
+		return err
+	}
+	atomic.StoreUint64(&s.lane.Sender.NextSeq, s.seq.next)
+	atomic.StoreUint64(&s.lane.Sender.PublishedSeq, seq)
+	return nil
+}
+
+// Reap consumes the completion of the oldest published seq, if the relay
+// has written it, and returns the seq and its status.
+func (s *SenderLane) Reap() (seq uint64, status int32, ok bool) {
+	if s.seq.reaped >= s.seq.published {
+		return 0, 0, false
+	}
+	seq = s.seq.reaped + 1
+	c := &s.lane.Completions[SlotOf(seq)]
+	if atomic.LoadUint64(&c.Seq) != seq {
+		return 0, 0, false
+	}
+	status = atomic.LoadInt32(&c.Status)
+	s.seq.reaped = seq
+	atomic.StoreUint64(&s.lane.Sender.ReapedSeq, seq)
+	return seq, status, true
+}
+
+// Abandon gives up the oldest published seq without its completion, for a
+// lane whose relay is gone: the caller fails its Piece. The lane must not
+// take tickets afterwards, since the relay may still use the slot.
+func (s *SenderLane) Abandon() (uint64, bool) {
+	if s.seq.reaped >= s.seq.published {
+		return 0, false
+	}
+	s.seq.reaped++
+	return s.seq.reaped, true
+}
+
+// StartAt makes a lane that has published nothing start at seq instead of
+// 1, as if seqs 1..seq-1 had been published and reaped. Tests use it to
+// reach MaxLaneSeq.
+func (s *SenderLane) StartAt(seq uint64) error {
+	if s.seq.next != 1 || s.seq.published != 0 || seq == 0 || seq > MaxLaneSeq {
+		return fmt.Errorf("%w: start at %d, next %d, published %d", ErrSeqOrder, seq, s.seq.next, s.seq.published)
+	}
+	s.seq.next, s.seq.published, s.seq.reaped = seq, seq-1, seq-1
+	return nil
+}
+
+// Drained reports whether every published seq was reaped.
+func (s *SenderLane) Drained() bool { return s.seq.Drained() }
+
+// Rollover restarts a drained lane at seq 1 under newEpoch (see
+// LaneSeq.Rollover); the registry has written newEpoch into the owner.
+func (s *SenderLane) Rollover(newEpoch uint64) error { return s.seq.Rollover(newEpoch) }
+
+// Words is the address range of the lane's shared words in this process,
+// for registering it with a device that writes ready words.
+func (s *SenderLane) Words() (base uintptr, size uint64) {
+	return uintptr(unsafe.Pointer(s.lane)), uint64(unsafe.Sizeof(*s.lane))
+}
+
+// TicketState is what RelayLane.Poll finds for the next seq.
+type TicketState uint8
+
+const (
+	// TicketNone: no doorbell for the next seq, or no credit for it.
+	TicketNone TicketState = iota
+	// TicketRung: the doorbell rang but the Desc's commit is not visible
+	// yet. A commit that never comes is a broken sender; the relay takes
+	// the ticket anyway after a bound, and validation fails it.
+	TicketRung
+	// TicketReady: doorbell and commit match the next seq.
+	TicketReady
+)
+
+// RelayLane is the relay's endpoint of one of its inbound lanes: it follows
+// the lane's epoch, takes tickets strictly in seq order and publishes
+// completions in order, whatever order the second hops finish in. It is
+// owned by one goroutine (the pump).
+type RelayLane struct {
+	lane   *Lane
+	epoch  uint64
+	next   uint64
+	window CompletionWindow
+	status [SlotsPerLane]int32
+}
+
+// NewRelayLane is the relay's endpoint of lane.
+func NewRelayLane(lane *Lane) *RelayLane { return &RelayLane{lane: lane} }
+
+// Sync re-reads the lane epoch. A new one restarts the ring at seq 1 with
+// nothing completed; prev is the epoch before (0: none seen yet). An epoch
+// of 0 is a lane never claimed, which has no tickets.
+func (r *RelayLane) Sync() (epoch, prev uint64) {
+	epoch, prev = r.lane.Epoch(), r.epoch
+	if epoch != prev && epoch != 0 {
+		r.epoch, r.next, r.window = epoch, 1, CompletionWindow{}
+	}
+	return epoch, prev
+}
+
+// Epoch is the epoch of the ring the relay follows.
+func (r *RelayLane) Epoch() uint64 { return r.epoch }
+
+// Next is the first seq not yet taken.
+func (r *RelayLane) Next() uint64 { return r.next }
+
+// Completed is the highest seq below which every seq was completed.
+func (r *RelayLane) Completed() uint64 { return r.window.Completed() }
+
+// StartAt makes the current epoch's ring start at seq instead of 1, as if
+// seqs 1..seq-1 had been completed. Tests use it to reach MaxLaneSeq.
+func (r *RelayLane) StartAt(seq uint64) {
+	r.next, r.window = seq, CompletionWindowAt(seq-1)
+}
+
+// Poll looks at the next seq's doorbell and Desc commit, within credit.
+func (r *RelayLane) Poll() (uint64, TicketState) {
+	seq := r.next
+	if r.epoch == 0 || seq-r.window.Completed() > SlotsPerLane {
+		return seq, TicketNone
+	}
+	slot := SlotOf(seq)
+	if atomic.LoadUint64(&r.lane.Ready[slot].Seq) != seq {
+		return seq, TicketNone
+	}
+	if LoadCommitSeq(&r.lane.Descs[slot]) != seq {
+		return seq, TicketRung
+	}
+	return seq, TicketReady
+}
+
+// Take consumes the next seq: it copies and validates its Desc into out
+// and moves on to the following seq, valid or not. An invalid Desc still
+// needs its completion (CompletionInvalidDesc), so credit never leaks.
+func (r *RelayLane) Take(out *ValidDesc) (uint64, error) {
+	seq := r.next
+	r.next++
+	return seq, ValidateDesc(&r.lane.Descs[SlotOf(seq)], DescExpect{Epoch: r.epoch, Seq: seq}, out)
+}
+
+// Complete records that seq of epoch finished with status and publishes
+// every completion that is now contiguous. A finish from an epoch the lane
+// has left writes nothing: the ring belongs to a new sender.
+func (r *RelayLane) Complete(epoch, seq uint64, status int32) error {
+	if epoch != r.epoch {
+		return nil
+	}
+	before := r.window.Completed()
+	r.status[SlotOf(seq)] = status
+	after, err := r.window.MarkDone(seq)
+	if err != nil {
+		return err
+	}
+	for s := before + 1; s <= after; s++ {
+		c := &r.lane.Completions[SlotOf(s)]
+		atomic.StoreInt32(&c.Status, r.status[SlotOf(s)])
+		atomic.StoreUint64(&c.Seq, s)
+	}
+	if after != before {
+		atomic.StoreUint64(&r.lane.Relay.CompletedSeq, after)
+	}
+	return nil
+}

@@ -1,0 +1,227 @@
+package staging
+
+import (
+	"errors"
+	"testing"
+)
+
+func newTestLane(t *testing.T, epoch uint64) (*Lane, *SenderLane, *RelayLane) {
+	t.Helper()
+	lane := new(Lane)
+	lane.Claim(Identity{Pid: 42, StartTime: 7, Epoch: 9}, epoch, 1)
+	tx, err := NewSenderLane(lane, epoch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rx := NewRelayLane(lane)
+	if got, prev := rx.Sync(); got != epoch || prev != 0 {
+		t.Fatalf("Sync = %#x, %#x; want %#x, 0", got, prev, epoch)
+	}
+	return lane, tx, rx
+}
+
+// send runs one ticket through the sender's side: commit, doorbell,
+// publish.
+func send(t *testing.T, tx *SenderLane) uint64 {
+	t.Helper()
+	seq, ok := tx.Ticket()
+	if !ok {
+		t.Fatalf("no ticket at next %d, reaped %d", tx.Next(), tx.Reaped())
+	}
+	if err := tx.Commit(seq, "s", []PlanEntry{{Dst: 0x1000, Len: 64}}, 64); err != nil {
+		t.Fatal(err)
+	}
+	tx.Ring(seq)
+	if err := tx.Publish(seq); err != nil {
+		t.Fatal(err)
+	}
+	return seq
+}
+
+func take(t *testing.T, rx *RelayLane, vd *ValidDesc) uint64 {
+	t.Helper()
+	if seq, st := rx.Poll(); st != TicketReady {
+		t.Fatalf("Poll = %d, state %d; want ready", seq, st)
+	}
+	seq, err := rx.Take(vd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return seq
+}
+
+func TestLaneEndpointsRoundTrip(t *testing.T) {
+	lane, tx, rx := newTestLane(t, 5)
+	var vd ValidDesc
+	// A full ring: K tickets, then none until a reap.
+	for i := 1; i <= SlotsPerLane; i++ {
+		if seq := send(t, tx); seq != uint64(i) {
+			t.Fatalf("ticket %d, want %d", seq, i)
+		}
+	}
+	if _, ok := tx.Ticket(); ok {
+		t.Fatal("a ticket beyond credit")
+	}
+	// The relay takes all and finishes them out of order: nothing is
+	// completed until seq 1 is.
+	for i := 1; i <= SlotsPerLane; i++ {
+		if seq := take(t, rx, &vd); seq != uint64(i) || vd.Epoch() != 5 {
+			t.Fatalf("took seq %d epoch %#x, want %d epoch 5", seq, vd.Epoch(), i)
+		}
+	}
+	if _, st := rx.Poll(); st != TicketNone {
+		t.Fatalf("Poll past the published seqs: state %d", st)
+	}
+	for seq := uint64(SlotsPerLane); seq >= 2; seq-- {
+		if err := rx.Complete(5, seq, CompletionOK); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, ok := tx.Reap(); ok || lane.State().Completed != 0 {
+		t.Fatalf("reaped before seq 1 completed (completed %d)", lane.State().Completed)
+	}
+	if err := rx.Complete(5, 1, CompletionSecondHop); err != nil {
+		t.Fatal(err)
+	}
+	if got := lane.State().Completed; got != SlotsPerLane {
+		t.Fatalf("completed %d, want %d", got, SlotsPerLane)
+	}
+	for i := 1; i <= SlotsPerLane; i++ {
+		seq, st, ok := tx.Reap()
+		want := int32(CompletionOK)
+		if i == 1 {
+			want = CompletionSecondHop
+		}
+		if !ok || seq != uint64(i) || st != want {
+			t.Fatalf("Reap = %d, %d, %v; want %d, %d", seq, st, ok, i, want)
+		}
+	}
+	if seq := send(t, tx); seq != SlotsPerLane+1 {
+		t.Fatalf("ticket after the reap %d, want %d", seq, SlotsPerLane+1)
+	}
+	if st := lane.State(); st.Next != SlotsPerLane+2 || st.Published != SlotsPerLane+1 || st.Reaped != SlotsPerLane || st.Ready[0] != SlotsPerLane+1 {
+		t.Fatalf("progress words %+v", st)
+	}
+}
+
+func TestLaneEndpointRules(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		run  func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane)
+	}{
+		{"doorbell before commit is rung, not ready", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
+			seq, _ := tx.Ticket()
+			tx.Ring(seq)
+			if _, st := rx.Poll(); st != TicketRung {
+				t.Fatalf("state %d, want rung", st)
+			}
+		}},
+		{"commit of another seq than the ticket", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
+			if err := tx.Commit(2, "s", []PlanEntry{{Dst: 1, Len: 1}}, 1); !errors.Is(err, ErrSeqOrder) {
+				t.Fatalf("Commit = %v, want %v", err, ErrSeqOrder)
+			}
+			if err := tx.Publish(2); !errors.Is(err, ErrSeqOrder) {
+				t.Fatalf("Publish = %v, want %v", err, ErrSeqOrder)
+			}
+		}},
+		{"invalid desc is taken and needs a completion", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
+			seq, _ := tx.Ticket()
+			PublishDesc(&lane.Descs[SlotOf(seq)], seq)
+			tx.Ring(seq)
+			var vd ValidDesc
+			got, err := rx.Take(&vd)
+			var de *DescError
+			if got != seq || !errors.As(err, &de) || rx.Next() != seq+1 {
+				t.Fatalf("Take = %d, %v; next %d", got, err, rx.Next())
+			}
+			if err := rx.Complete(rx.Epoch(), seq, CompletionInvalidDesc); err != nil || lane.State().Completed != seq {
+				t.Fatalf("Complete = %v, completed %d", err, lane.State().Completed)
+			}
+		}},
+		{"completion of a left epoch writes nothing", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
+			send(t, tx)
+			var vd ValidDesc
+			take(t, rx, &vd)
+			old := rx.Epoch()
+			lane.Claim(Identity{Pid: 43, Epoch: 1}, old+1, 2)
+			if epoch, prev := rx.Sync(); epoch != old+1 || prev != old || rx.Next() != 1 {
+				t.Fatalf("Sync = %#x, %#x, next %d", epoch, prev, rx.Next())
+			}
+			if err := rx.Complete(old, 1, CompletionOK); err != nil {
+				t.Fatal(err)
+			}
+			if st := lane.State(); st.Completed != 0 || lane.Completions[0].Seq != 0 {
+				t.Fatalf("old epoch's completion landed: %+v", st)
+			}
+		}},
+		{"completion outside the window", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
+			if err := rx.Complete(rx.Epoch(), SlotsPerLane+1, CompletionOK); !errors.Is(err, ErrSeqOrder) {
+				t.Fatalf("Complete = %v, want %v", err, ErrSeqOrder)
+			}
+		}},
+		{"abandon gives up published seqs in order", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
+			send(t, tx)
+			send(t, tx)
+			for want := uint64(1); want <= 2; want++ {
+				if seq, ok := tx.Abandon(); !ok || seq != want {
+					t.Fatalf("Abandon = %d, %v; want %d", seq, ok, want)
+				}
+			}
+			if _, ok := tx.Abandon(); ok || tx.InFlight() {
+				t.Fatal("abandoned more than was published")
+			}
+		}},
+		{"exhausted lane takes no ticket until rolled over", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
+			if err := tx.StartAt(MaxLaneSeq); err != nil {
+				t.Fatal(err)
+			}
+			rx.StartAt(MaxLaneSeq)
+			send(t, tx)
+			if _, ok := tx.Ticket(); ok || !tx.Exhausted() {
+				t.Fatal("a ticket past MaxLaneSeq")
+			}
+			var vd ValidDesc
+			take(t, rx, &vd)
+			if err := tx.Rollover(9); !errors.Is(err, ErrLaneNotDrained) {
+				t.Fatalf("Rollover undrained = %v", err)
+			}
+			if err := rx.Complete(rx.Epoch(), MaxLaneSeq, CompletionOK); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, ok := tx.Reap(); !ok {
+				t.Fatal("no reap of the last seq")
+			}
+			lane.Renew(9)
+			if err := tx.Rollover(9); err != nil {
+				t.Fatal(err)
+			}
+			if epoch, _ := rx.Sync(); epoch != 9 {
+				t.Fatalf("relay epoch %#x after the rollover", epoch)
+			}
+			if seq := send(t, tx); seq != 1 {
+				t.Fatalf("first seq of the new epoch %d", seq)
+			}
+		}},
+		{"claim resets a used lane and publishes the owner", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
+			send(t, tx)
+			owner := Identity{Pid: 77, StartTime: 8, Epoch: 3}
+			lane.Claim(owner, 11, 5)
+			st := lane.State()
+			if !st.Held || st.Owner != owner || st.LaneEpoch != 11 || st.Next != 1 || st.Published != 0 || st.Ready[0] != 0 || lane.Descs[0].CommitSeq != 0 {
+				t.Fatalf("after the claim: %+v", st)
+			}
+			if !lane.Owned(owner, 11) || lane.Owned(owner, 12) {
+				t.Fatal("Owned disagrees with the claim")
+			}
+			lane.Free()
+			if _, held := lane.Owner.Load(); held || lane.Epoch() != 11 {
+				t.Fatal("Free must clear the owner and keep the epoch")
+			}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			lane, tx, rx := newTestLane(t, 5)
+			c.run(t, lane, tx, rx)
+		})
+	}
+}
