@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 
@@ -122,7 +123,7 @@ func compile(t *testing.T, lib, out string, srcs ...string) string {
 func childEnv(extra ...string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "MC_PXN_") {
+		if !strings.HasPrefix(kv, contract.EnvPrefix) {
 			env = append(env, kv)
 		}
 	}
@@ -161,7 +162,7 @@ func TestABIRules(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin)
-	cmd.Env = childEnv("MC_PXN_ENABLE=0")
+	cmd.Env = childEnv(contract.EnvEnable + "=0")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -260,7 +261,7 @@ func TestExampleRanks(t *testing.T) {
 	}{
 		{
 			name:        "pxn",
-			env:         []string{"MC_PXN_ENABLE=1", "MC_PXN_GROUP_ID=ctest", "MC_PXN_RAIL_MAP=" + railMap},
+			env:         []string{contract.EnvEnable + "=1", contract.EnvGroupID + "=ctest", contract.EnvRailMap + "=" + railMap},
 			directories: [ranks]string{"table", "callback"},
 			relayed:     true,
 		},
@@ -268,19 +269,19 @@ func TestExampleRanks(t *testing.T) {
 			// Every other submit, direct or second hop, is refused as
 			// busy and must be retried.
 			name:        "pxn busy transport",
-			env:         []string{"MC_PXN_ENABLE=1", "MC_PXN_GROUP_ID=ctest", "MC_PXN_RAIL_MAP=" + railMap},
+			env:         []string{contract.EnvEnable + "=1", contract.EnvGroupID + "=ctest", contract.EnvRailMap + "=" + railMap},
 			directories: [ranks]string{"callback", "table"},
 			busyEvery:   2,
 			relayed:     true,
 		},
 		{
 			name:        "direct",
-			env:         []string{"MC_PXN_ENABLE=0", "MC_PXN_RAIL_MAP=" + railMap},
+			env:         []string{contract.EnvEnable + "=0", contract.EnvRailMap + "=" + railMap},
 			directories: [ranks]string{"table", "table"},
 		},
 		{
 			name:        "bad rail map",
-			env:         []string{"MC_PXN_ENABLE=1", "MC_PXN_GROUP_ID=ctest", "MC_PXN_RAIL_MAP=not json"},
+			env:         []string{contract.EnvEnable + "=1", contract.EnvGroupID + "=ctest", contract.EnvRailMap + "=not json"},
 			directories: [ranks]string{"callback", "table"},
 			stderrHas:   "PXN configuration refused",
 		},
@@ -294,7 +295,7 @@ func TestExampleRanks(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			env := childEnv(append([]string{"MC_PXN_REGISTRY_ROOT=" + registry}, tc.env...)...)
+			env := childEnv(append([]string{contract.EnvRegistryRoot + "=" + registry}, tc.env...)...)
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 

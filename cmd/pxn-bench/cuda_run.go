@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/hex"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pxn-project/pxn/internal/cuda"
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 )
 
@@ -290,14 +290,17 @@ func (su cudaSetup) exec(r cudaRun) ([]row, error) {
 	if err := writeJSON(nicPath, nics); err != nil {
 		return nil, err
 	}
-	rm, _ := json.Marshal(railMap(r.ranks))
+	rm, err := contract.EncodeRailMap(railMap(r.ranks))
+	if err != nil {
+		return nil, err
+	}
 	env := func(enable, group string) []string {
-		e := []string{"MC_PXN_ENABLE=" + enable, "MC_PXN_GROUP_ID=" + group, "MC_PXN_REGISTRY_ROOT=" + registry, "MC_PXN_RAIL_MAP=" + string(rm)}
+		e := []string{contract.EnvEnable + "=" + enable, contract.EnvGroupID + "=" + group, contract.EnvRegistryRoot + "=" + registry, contract.EnvRailMap + "=" + rm}
 		if o.credit != "" {
-			e = append(e, "MC_PXN_CREDIT_TIMEOUT_MS="+o.credit)
+			e = append(e, contract.EnvCreditTimeout+"="+o.credit)
 		}
 		if o.cuda.copyMode != "" {
-			e = append(e, "MC_PXN_COPY_MODE="+o.cuda.copyMode)
+			e = append(e, contract.EnvCopyMode+"="+o.cuda.copyMode)
 		}
 		return e
 	}

@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 )
 
@@ -62,10 +63,10 @@ func runMain(args []string) int {
 	fs.StringVar(&blockFlag, "block", "0", "request size (0: one request per transfer)")
 	fs.StringVar(&o.pattern, "pattern", "cross-rail", "cross-rail, fan-in, same-rail or all-to-all")
 	fs.StringVar(&o.json, "json", "", "also write the rows as JSON to this file")
-	fs.StringVar(&o.credit, "credit-timeout", "", "MC_PXN_CREDIT_TIMEOUT_MS for the ranks (empty: the engine default, 1000)")
+	fs.StringVar(&o.credit, "credit-timeout", "", contract.EnvCreditTimeout+" for the ranks (empty: the engine default, 1000)")
 	fs.BoolVar(&o.allocPass, "alloc-pass", false, "host: run the PXN phase's transfer a second time and report P5 heap allocations per piece from that warm pass (steady state) rather than from the first")
 	o.cuda.flags(fs)
-	fs.StringVar(&o.registryRoot, "registry-root", os.Getenv("MC_PXN_REGISTRY_ROOT"),
+	fs.StringVar(&o.registryRoot, "registry-root", os.Getenv(contract.EnvRegistryRoot),
 		"folder in which the ranks' registry folder (their MC_PXN_REGISTRY_ROOT) is created; the staging arenas live there, so it must be a large tmpfs. "+
 			"Default: $MC_PXN_REGISTRY_ROOT (in a pod holding pxn.io/relay, the device plugin's group folder), else /dev/shm")
 	if err := fs.Parse(args); err != nil {
@@ -138,11 +139,14 @@ func run(o runOptions) ([]row, error) {
 	if err != nil {
 		return nil, err
 	}
-	rm, _ := json.Marshal(railMap(o.ranks))
+	rm, err := contract.EncodeRailMap(railMap(o.ranks))
+	if err != nil {
+		return nil, err
+	}
 	env := func(enable string, group string) []string {
-		e := []string{"MC_PXN_ENABLE=" + enable, "MC_PXN_GROUP_ID=" + group, "MC_PXN_REGISTRY_ROOT=" + registry, "MC_PXN_RAIL_MAP=" + string(rm)}
+		e := []string{contract.EnvEnable + "=" + enable, contract.EnvGroupID + "=" + group, contract.EnvRegistryRoot + "=" + registry, contract.EnvRailMap + "=" + rm}
 		if o.credit != "" {
-			e = append(e, "MC_PXN_CREDIT_TIMEOUT_MS="+o.credit)
+			e = append(e, contract.EnvCreditTimeout+"="+o.credit)
 		}
 		return e
 	}
