@@ -67,6 +67,11 @@ var rules = []rule{
 		},
 	},
 	{
+		name:   "the engine never links the control plane",
+		from:   append([]string{"cmd/libpxn"}, engine...),
+		forbid: func(_, dep string) bool { return anyMatch(controlPlane, dep) },
+	},
+	{
 		name: "staging never imports the relay, CUDA or the GPU copier",
 		from: []string{"pkg/staging/..."},
 		forbid: func(_, dep string) bool {
