@@ -55,8 +55,10 @@ type GPU struct {
 	// +kubebuilder:validation:Enum=PIX;PXB;PHB;NODE;SYS
 	// +optional
 	Distance string `json:"distance,omitempty"`
-	// Rail is the canonical rail of the GPU's HCA.
-	// +kubebuilder:validation:MaxLength=64
+	// Rail is the canonical rail of the GPU's HCA: 1 to 48 letters, digits
+	// and _ . : / - (the engine's rail-name rule).
+	// +kubebuilder:validation:MaxLength=48
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_.:/-]{1,48}$`
 	// +optional
 	Rail string `json:"rail,omitempty"`
 }
@@ -89,8 +91,10 @@ type HCA struct {
 	// +kubebuilder:validation:MaxLength=64
 	// +optional
 	Netdev string `json:"netdev,omitempty"`
-	// Rail is the HCA's canonical rail; empty when the HCA is on no rail.
-	// +kubebuilder:validation:MaxLength=64
+	// Rail is the HCA's canonical rail, empty when the HCA is on no rail: 1 to
+	// 48 letters, digits and _ . : / - (the engine's rail-name rule).
+	// +kubebuilder:validation:MaxLength=48
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_.:/-]{1,48}$`
 	// +optional
 	Rail string `json:"rail,omitempty"`
 	// Port is the number of the port the other fields describe; 0 when the

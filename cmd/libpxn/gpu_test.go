@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/pxn-project/pxn/pkg/contract"
 )
 
 func TestFirstHopChoice(t *testing.T) {
@@ -86,8 +88,8 @@ func TestGPURanksThroughCABI(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin)
-	cmd.Env = childEnv("MC_PXN_ENABLE=1", "MC_PXN_GROUP_ID=gpu-ranks", "MC_PXN_REGISTRY_ROOT="+reg,
-		`MC_PXN_RAIL_MAP={"mlx5_0":"rail0","mlx5_1":"rail1","rmlx5_0":"rail0","rmlx5_1":"rail1"}`)
+	cmd.Env = childEnv(contract.EnvEnable+"=1", contract.EnvGroupID+"=gpu-ranks", contract.EnvRegistryRoot+"="+reg,
+		contract.EnvRailMap+`={"mlx5_0":"rail0","mlx5_1":"rail1","rmlx5_0":"rail0","rmlx5_1":"rail1"}`)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()

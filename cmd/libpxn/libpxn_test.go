@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/pxn-project/pxn/internal/cuda"
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 
@@ -141,7 +142,7 @@ func compileWith(t *testing.T, lib, include, out string, srcs ...string) string 
 func childEnv(extra ...string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "MC_PXN_") {
+		if !strings.HasPrefix(kv, contract.EnvPrefix) {
 			env = append(env, kv)
 		}
 	}
@@ -177,7 +178,7 @@ func TestHeaderCompilesAlone(t *testing.T) {
 func TestABIRules(t *testing.T) {
 	lib := library(t)
 	bin := compile(t, lib, "abi_check", filepath.Join("testdata", "abi_check.c"))
-	env := childEnv("MC_PXN_ENABLE=0")
+	env := childEnv(contract.EnvEnable + "=0")
 	if haveCUDA() {
 		env = append(env, "PXN_ABI_CHECK_CUDA=1")
 	}
@@ -193,7 +194,7 @@ func TestV2HostRunsUnchanged(t *testing.T) {
 	}
 	lib := library(t)
 	bin := compileWith(t, lib, v2Header, "abi_check_v2", filepath.Join("testdata", "v2", "abi_check.c"))
-	runABICheck(t, bin, childEnv("MC_PXN_ENABLE=0"))
+	runABICheck(t, bin, childEnv(contract.EnvEnable+"=0"))
 }
 
 // haveCUDA reports whether the CUDA driver loads and has a device.
@@ -319,7 +320,7 @@ func TestExampleRanks(t *testing.T) {
 	}{
 		{
 			name:        "pxn",
-			env:         []string{"MC_PXN_ENABLE=1", "MC_PXN_GROUP_ID=ctest", "MC_PXN_RAIL_MAP=" + railMap},
+			env:         []string{contract.EnvEnable + "=1", contract.EnvGroupID + "=ctest", contract.EnvRailMap + "=" + railMap},
 			directories: [ranks]string{"table", "callback"},
 			relayed:     true,
 		},
@@ -327,14 +328,14 @@ func TestExampleRanks(t *testing.T) {
 			// Every other submit, direct or second hop, is refused as
 			// busy and must be retried.
 			name:        "pxn busy transport",
-			env:         []string{"MC_PXN_ENABLE=1", "MC_PXN_GROUP_ID=ctest", "MC_PXN_RAIL_MAP=" + railMap},
+			env:         []string{contract.EnvEnable + "=1", contract.EnvGroupID + "=ctest", contract.EnvRailMap + "=" + railMap},
 			directories: [ranks]string{"callback", "table"},
 			busyEvery:   2,
 			relayed:     true,
 		},
 		{
 			name:        "pxn v2 host",
-			env:         []string{"MC_PXN_ENABLE=1", "MC_PXN_GROUP_ID=ctest", "MC_PXN_RAIL_MAP=" + railMap},
+			env:         []string{contract.EnvEnable + "=1", contract.EnvGroupID + "=ctest", contract.EnvRailMap + "=" + railMap},
 			directories: [ranks]string{"callback", "table"},
 			relayed:     true,
 			v2:          true,
@@ -343,26 +344,26 @@ func TestExampleRanks(t *testing.T) {
 			// Rank 1 cannot register its arena: it does not relay, so
 			// rank 0 writes to rail 1 direct, and says why once.
 			name:        "arena refused",
-			env:         []string{"MC_PXN_ENABLE=1", "MC_PXN_GROUP_ID=ctest", "MC_PXN_RAIL_MAP=" + railMap},
+			env:         []string{contract.EnvEnable + "=1", contract.EnvGroupID + "=ctest", contract.EnvRailMap + "=" + railMap},
 			directories: [ranks]string{"table", "callback"},
 			refuseArena: true,
 			stderrHas:   "register_arena refused the staging arena",
 		},
 		{
 			name:        "stale routes",
-			env:         []string{"MC_PXN_ENABLE=1", "MC_PXN_GROUP_ID=ctest", "MC_PXN_RAIL_MAP=" + railMap},
+			env:         []string{contract.EnvEnable + "=1", contract.EnvGroupID + "=ctest", contract.EnvRailMap + "=" + railMap},
 			directories: [ranks]string{"callback", "callback"},
 			relayed:     true,
 			stale:       true,
 		},
 		{
 			name:        "direct",
-			env:         []string{"MC_PXN_ENABLE=0", "MC_PXN_RAIL_MAP=" + railMap},
+			env:         []string{contract.EnvEnable + "=0", contract.EnvRailMap + "=" + railMap},
 			directories: [ranks]string{"table", "table"},
 		},
 		{
 			name:        "bad rail map",
-			env:         []string{"MC_PXN_ENABLE=1", "MC_PXN_GROUP_ID=ctest", "MC_PXN_RAIL_MAP=not json"},
+			env:         []string{contract.EnvEnable + "=1", contract.EnvGroupID + "=ctest", contract.EnvRailMap + "=not json"},
 			directories: [ranks]string{"callback", "table"},
 			stderrHas:   "PXN configuration refused",
 		},
@@ -376,7 +377,7 @@ func TestExampleRanks(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			env := childEnv(append([]string{"MC_PXN_REGISTRY_ROOT=" + registry}, tc.env...)...)
+			env := childEnv(append([]string{contract.EnvRegistryRoot + "=" + registry}, tc.env...)...)
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 
@@ -459,7 +460,7 @@ func TestExampleRanks(t *testing.T) {
 				if err != nil {
 					t.Fatalf("rank %d: %v\nstderr:\n%s", r, err, rr.stderr.String())
 				}
-				if tc.v2 || tc.env[0] == "MC_PXN_ENABLE=0" || tc.stderrHas == "PXN configuration refused" {
+				if tc.v2 || tc.env[0] == contract.EnvEnable+"=0" || tc.stderrHas == "PXN configuration refused" {
 					// No arena was made.
 				} else if want := "arena_deregistrations=1"; !(tc.refuseArena && r == 1) && !strings.Contains(line, want) {
 					t.Errorf("rank %d: %q lacks %s", r, line, want)

@@ -146,7 +146,7 @@ func TestDiscoverErrors(t *testing.T) {
 	}{
 		{[]string{"--host-root", root, "--rail-strategy", "nearest"}, 1, `pxn-agent discover: rail strategy "nearest": want pci-order, subnet or static`},
 		{[]string{"--host-root", root, "--rail-strategy", "static"}, 1, "static rail strategy needs a static file"},
-		{[]string{"--host-root", root, "--rail-strategy", "static", "--static-file", bad}, 1, "rail must be a string"},
+		{[]string{"--host-root", root, "--rail-strategy", "static", "--static-file", bad}, 1, `HCA "mlx5_0" maps to a number, want a string`},
 		{[]string{"--host-root", root, "--rail-strategy", "subnet", "--subnet-prefix-len", "40"}, 1, "subnet prefix length 40: want 1..32"},
 		{[]string{"--host-root", filepath.Join(dir, "missing")}, 1, "pxn-agent discover: host root: "},
 		{[]string{"--host-root", root, "-o", "yaml"}, 2, `output format "yaml": want table or json`},

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pxn-project/pxn/internal/cuda"
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 )
 
@@ -354,12 +355,12 @@ func (dev *device) exec(o runOptions, s scenario) ([]row, error) {
 	}
 	rm, _ := json.Marshal(railMap(s.ranks))
 	env := func(enable, group string) []string {
-		e := []string{"MC_PXN_ENABLE=" + enable, "MC_PXN_GROUP_ID=" + group, "MC_PXN_REGISTRY_ROOT=" + registry, "MC_PXN_RAIL_MAP=" + string(rm)}
+		e := []string{contract.EnvEnable + "=" + enable, contract.EnvGroupID + "=" + group, contract.EnvRegistryRoot + "=" + registry, contract.EnvRailMap + "=" + string(rm)}
 		if o.credit != "" {
-			e = append(e, "MC_PXN_CREDIT_TIMEOUT_MS="+o.credit)
+			e = append(e, contract.EnvCreditTimeout+"="+o.credit)
 		}
 		if o.cuda.copyMode != "" {
-			e = append(e, "MC_PXN_COPY_MODE="+o.cuda.copyMode)
+			e = append(e, contract.EnvCopyMode+"="+o.cuda.copyMode)
 		}
 		return e
 	}
@@ -379,7 +380,7 @@ func (dev *device) exec(o runOptions, s scenario) ([]row, error) {
 	var bare *phaseResult
 	if s.bare {
 		if bare, err = dev.phase(s, l, targets, args, "bare", env("0", "bench-bare")); err != nil {
-			return nil, fmt.Errorf("baseline phase (MC_PXN_ENABLE=0): %w", err)
+			return nil, fmt.Errorf("baseline phase ("+contract.EnvEnable+"=0): %w", err)
 		}
 	}
 	return dev.summarize(s, pxn, bare), nil
@@ -619,7 +620,7 @@ func (dev *device) summarize(s scenario, pxn, bare *phaseResult) []row {
 	}
 	if bare != nil {
 		bb, bs, bf := bare.span()
-		bareRow = &row{Scenario: prefix + "baseline: same traffic, " + dev.hop + " alone (MC_PXN_ENABLE=0)", Bytes: bb, GBps: gbpsOf(bb, bs), DirectBytes: bb, Failed: bf, Verified: bare.verified, Note: bare.verifyErr}
+		bareRow = &row{Scenario: prefix + "baseline: same traffic, " + dev.hop + " alone (" + contract.EnvEnable + "=0)", Bytes: bb, GBps: gbpsOf(bb, bs), DirectBytes: bb, Failed: bf, Verified: bare.verified, Note: bare.verifyErr}
 	}
 	switch {
 	case s.rate > 0:
@@ -746,12 +747,12 @@ func p6Rows(prefix string, pxn, bare *phaseResult) []row {
 		onMem = max(onMem, o.DeviceBytes)
 	}
 	ok := mem == 0 && threads == 0 && gor == 0 && shm == 0
-	note := fmt.Sprintf("with MC_PXN_ENABLE=1 the same open took %s of device memory", sizeString(uint64(max(onMem, 0))))
+	note := fmt.Sprintf("with "+contract.EnvEnable+"=1 the same open took %s of device memory", sizeString(uint64(max(onMem, 0))))
 	return []row{
-		{Scenario: prefix + "P6 MC_PXN_ENABLE=0: device memory taken by the open (cuMemGetInfo, largest of the ranks)", Value: float64(mem), Unit: "bytes", Verified: ok, Note: note},
-		{Scenario: prefix + "P6 MC_PXN_ENABLE=0: extra threads", Value: float64(threads), Unit: "threads", Verified: ok},
-		{Scenario: prefix + "P6 MC_PXN_ENABLE=0: extra goroutines", Value: float64(gor), Unit: "goroutines", Verified: ok},
-		{Scenario: prefix + "P6 MC_PXN_ENABLE=0: files and folders added under the registry root", Value: float64(shm), Unit: "entries", Verified: ok},
+		{Scenario: prefix + "P6 " + contract.EnvEnable + "=0: device memory taken by the open (cuMemGetInfo, largest of the ranks)", Value: float64(mem), Unit: "bytes", Verified: ok, Note: note},
+		{Scenario: prefix + "P6 " + contract.EnvEnable + "=0: extra threads", Value: float64(threads), Unit: "threads", Verified: ok},
+		{Scenario: prefix + "P6 " + contract.EnvEnable + "=0: extra goroutines", Value: float64(gor), Unit: "goroutines", Verified: ok},
+		{Scenario: prefix + "P6 " + contract.EnvEnable + "=0: files and folders added under the registry root", Value: float64(shm), Unit: "entries", Verified: ok},
 	}
 }
 

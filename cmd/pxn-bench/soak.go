@@ -20,6 +20,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
@@ -195,9 +196,12 @@ func soak(o soakOptions) (*soakSummary, error) {
 	if err := writeJSON(s.dirPath, dir); err != nil {
 		return nil, err
 	}
-	rm, _ := json.Marshal(railMap(o.ranks))
-	s.env = []string{"MC_PXN_ENABLE=1", "MC_PXN_GROUP_ID=soak", "MC_PXN_REGISTRY_ROOT=" + regRoot,
-		"MC_PXN_RAIL_MAP=" + string(rm), "MC_PXN_HEARTBEAT_TIMEOUT_MS=1000", "MC_PXN_CREDIT_TIMEOUT_MS=300"}
+	rm, err := contract.EncodeRailMap(railMap(o.ranks))
+	if err != nil {
+		return nil, err
+	}
+	s.env = []string{contract.EnvEnable + "=1", contract.EnvGroupID + "=soak", contract.EnvRegistryRoot + "=" + regRoot,
+		contract.EnvRailMap + "=" + rm, contract.EnvHeartbeatTimeout + "=1000", contract.EnvCreditTimeout + "=300"}
 
 	start := time.Now()
 	var wg sync.WaitGroup

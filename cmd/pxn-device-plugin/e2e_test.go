@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/pxn-project/pxn/internal/testtools"
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/deviceplugin"
 )
 
@@ -104,15 +105,15 @@ func TestRegisterListAllocatePreStart(t *testing.T) {
 	got := allocate(t, c, "pxn-relay-07", "pxn-relay-03")
 	body, _ := json.Marshal(got)
 	t.Logf("Allocate(pxn-relay-07, pxn-relay-03) = %s", body)
-	railMap := got.Envs["MC_PXN_RAIL_MAP"]
+	railMap := got.Envs[contract.EnvRailMap]
 	var parsed map[string]string
 	if err := json.Unmarshal([]byte(railMap), &parsed); err != nil || len(parsed) == 0 {
-		t.Fatalf("MC_PXN_RAIL_MAP %q is not a non-empty JSON object: %v", railMap, err)
+		t.Fatalf("%s %q is not a non-empty JSON object: %v", contract.EnvRailMap, railMap, err)
 	}
 	if canonical, _ := json.Marshal(parsed); string(canonical) != railMap {
-		t.Fatalf("MC_PXN_RAIL_MAP %q is not compact JSON with sorted keys (%s)", railMap, canonical)
+		t.Fatalf("%s %q is not compact JSON with sorted keys (%s)", contract.EnvRailMap, railMap, canonical)
 	}
-	wantEnv := map[string]string{"MC_PXN_ENABLE": "1", "MC_PXN_RAIL_MAP": railMap, "MC_PXN_GROUP_ID": "k8s", "MC_PXN_REGISTRY_ROOT": "/run/pxn"}
+	wantEnv := map[string]string{contract.EnvEnable: "1", contract.EnvRailMap: railMap, contract.EnvGroupID: "k8s", contract.EnvRegistryRoot: "/run/pxn"}
 	if fmt.Sprint(got.Envs) != fmt.Sprint(wantEnv) {
 		t.Fatalf("envs = %v, want %v", got.Envs, wantEnv)
 	}

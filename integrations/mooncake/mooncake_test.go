@@ -20,6 +20,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/pxn-project/pxn/pkg/contract"
 )
 
 // packages names the Debian packages whose headers Mooncake's headers
@@ -183,7 +185,7 @@ func scratch(t *testing.T) string {
 func env(lib, dir string, extra ...string) []string {
 	var e []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "MC_PXN_") && !strings.HasPrefix(kv, "LD_LIBRARY_PATH=") {
+		if !strings.HasPrefix(kv, contract.EnvPrefix) && !strings.HasPrefix(kv, "LD_LIBRARY_PATH=") {
 			e = append(e, kv)
 		}
 	}
@@ -193,11 +195,11 @@ func env(lib, dir string, extra ...string) []string {
 
 func pxnEnv(dir string) []string {
 	return []string{
-		"MC_PXN_ENABLE=1",
-		"MC_PXN_GROUP_ID=mooncake-test",
-		"MC_PXN_REGISTRY_ROOT=" + filepath.Join(dir, "registry"),
-		`MC_PXN_RAIL_MAP={"mlx5_0":"rail0","mlx5_1":"rail1"}`,
-		"MC_PXN_CREDIT_TIMEOUT_MS=300",
+		contract.EnvEnable + "=1",
+		contract.EnvGroupID + "=mooncake-test",
+		contract.EnvRegistryRoot + "=" + filepath.Join(dir, "registry"),
+		contract.EnvRailMap + `={"mlx5_0":"rail0","mlx5_1":"rail1"}`,
+		contract.EnvCreditTimeout + "=300",
 	}
 }
 

@@ -43,7 +43,10 @@ type Discovery struct {
 	// NotReadyMessage says which ones are not.
 	Ready           bool
 	NotReadyMessage string
-	Warnings        []string
+	// SharedSubnetMessage, when set, says which HCAs the subnet strategy
+	// left without a rail because they share one subnet prefix.
+	SharedSubnetMessage string
+	Warnings            []string
 }
 
 // Discoverer finds the node's rail layout. Fingerprint is called every poll

@@ -18,6 +18,10 @@ const (
 	ReasonPortsNotActive  = "PortsNotActive"
 	ReasonNoRails         = "NoRails"
 	ReasonDiscoveryFailed = "DiscoveryFailed"
+	// ReasonSubnetPrefixShared: the subnet strategy found HCAs sharing one
+	// InfiniBand subnet prefix and railed none of them; the message names
+	// the strategy, the prefix and the HCAs.
+	ReasonSubnetPrefixShared = "SubnetPrefixShared"
 )
 
 // Reasons of the Consistent condition.
@@ -39,6 +43,8 @@ func readyCondition(d *Discovery, err error) metav1.Condition {
 		c.Reason, c.Message = ReasonDiscoveryFailed, err.Error()
 	case d == nil:
 		c.Status, c.Reason, c.Message = metav1.ConditionUnknown, ReasonDiscoveryFailed, "no discovery has completed yet"
+	case d.SharedSubnetMessage != "":
+		c.Reason, c.Message = ReasonSubnetPrefixShared, d.SharedSubnetMessage
 	case d.Layout.Rails == 0:
 		c.Reason, c.Message = ReasonNoRails, "no HCA is on a rail"
 	case !d.Ready:

@@ -132,6 +132,8 @@ func TestReadyCondition(t *testing.T) {
 		{"no rails", &Discovery{}, nil, metav1.ConditionFalse, ReasonNoRails, "no HCA"},
 		{"discovery failed after success", ready, errors.New("host root: gone"), metav1.ConditionFalse, ReasonDiscoveryFailed, "host root: gone"},
 		{"nothing yet", nil, nil, metav1.ConditionUnknown, ReasonDiscoveryFailed, "no discovery"},
+		{"shared subnet prefix", &Discovery{SharedSubnetMessage: "rail strategy subnet: HCAs a, b share InfiniBand subnet prefix fe80:0000:0000:0000"}, nil,
+			metav1.ConditionFalse, ReasonSubnetPrefixShared, "rail strategy subnet: HCAs a, b share InfiniBand subnet prefix fe80:0000:0000:0000"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -39,6 +39,16 @@ func TestCRDValidation(t *testing.T) {
 		{name: "negative GPU index", status: func(s *pxnv1alpha1.PxnRailMapStatus) {
 			s.GPUs = []pxnv1alpha1.GPU{{Index: -2, PCIBusID: "0000:18:00.0"}}
 		}, wantErr: "status.gpus[0].index"},
+		{name: "subnet rail names", status: func(s *pxnv1alpha1.PxnRailMapStatus) {
+			s.Rails, s.Strategy = 2, "subnet"
+			s.HCAs = []pxnv1alpha1.HCA{{Name: "mlx5_0", Rail: "10.1.0.0/24"}, {Name: "mlx5_2", Rail: "fe80:0000:0000:0002"}}
+		}},
+		{name: "rail name with a space", status: func(s *pxnv1alpha1.PxnRailMapStatus) {
+			s.HCAs = []pxnv1alpha1.HCA{{Name: "mlx5_0", Rail: "rail 0"}}
+		}, wantErr: "status.hcas[0].rail"},
+		{name: "rail name longer than the engine takes", status: func(s *pxnv1alpha1.PxnRailMapStatus) {
+			s.GPUs = []pxnv1alpha1.GPU{{PCIBusID: "0000:18:00.0", Rail: strings.Repeat("r", 49)}}
+		}, wantErr: "status.gpus[0].rail"},
 		{name: "HCA name too long", status: func(s *pxnv1alpha1.PxnRailMapStatus) {
 			s.HCAs = []pxnv1alpha1.HCA{{Name: strings.Repeat("m", 65)}}
 		}, wantErr: "status.hcas[0].name"},

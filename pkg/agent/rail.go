@@ -27,7 +27,7 @@ func (r RailDiscoverer) Discover(ctx context.Context) (*Discovery, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Discovery{Layout: LayoutFromRail(l), Warnings: l.Warnings}
+	d := &Discovery{Layout: LayoutFromRail(l), Warnings: l.Warnings, SharedSubnetMessage: l.SharedSubnetMessage()}
 	d.Ready, d.NotReadyMessage = l.Ready()
 	if d.Ready {
 		d.NotReadyMessage = ""

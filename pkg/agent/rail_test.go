@@ -29,6 +29,9 @@ func TestRailDiscovererFixture(t *testing.T) {
 		{name: "hgx static", fixture: "hgx-8gpu", strategy: rail.StrategyStatic, static: railTestdata("static", "hgx-8gpu.json"),
 			wantReady: true, wantRails: 8, wantGPUs: 8, wantHCAs: 10, wantRailOf: map[string]string{"mlx5_0": "rail-a"}},
 		{name: "hgx port down", fixture: "hgx-8gpu-portdown", wantReady: false, wantInMsg: "mlx5_3", wantRails: 8, wantGPUs: 8, wantHCAs: 10},
+		{name: "hgx subnet, one InfiniBand prefix", fixture: "hgx-8gpu-defaultprefix", strategy: rail.StrategySubnet, wantReady: false,
+			wantInMsg: "rail strategy subnet: HCAs mlx5_0, mlx5_2, mlx5_3, mlx5_4, mlx5_5, mlx5_7, mlx5_8, mlx5_9 share InfiniBand subnet prefix fe80:0000:0000:0000",
+			wantRails: 0, wantGPUs: 8, wantHCAs: 10},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -45,6 +48,9 @@ func TestRailDiscovererFixture(t *testing.T) {
 			}
 			if got.Ready != tc.wantReady || !strings.Contains(got.NotReadyMessage, tc.wantInMsg) {
 				t.Errorf("ready = %v %q; want %v containing %q", got.Ready, got.NotReadyMessage, tc.wantReady, tc.wantInMsg)
+			}
+			if shared := strings.Contains(tc.wantInMsg, "subnet prefix"); shared != (got.SharedSubnetMessage != "") || shared && !strings.Contains(got.SharedSubnetMessage, tc.wantInMsg) {
+				t.Errorf("shared subnet message %q, want one containing %q exactly when the strategy refused a prefix", got.SharedSubnetMessage, tc.wantInMsg)
 			}
 			if tc.wantReady && got.NotReadyMessage != "" {
 				t.Errorf("ready layout has not-ready message %q", got.NotReadyMessage)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 	"time"
 
@@ -13,14 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-)
 
-// Environment handed to every container that gets a relay device.
-const (
-	EnvEnable       = "MC_PXN_ENABLE"
-	EnvRailMap      = "MC_PXN_RAIL_MAP"
-	EnvGroupID      = "MC_PXN_GROUP_ID"
-	EnvRegistryRoot = "MC_PXN_REGISTRY_ROOT"
+	"github.com/pxn-project/pxn/pkg/contract"
 )
 
 // StateSource reports the node's discovered state; Monitor is one.
@@ -39,10 +32,10 @@ type Config struct {
 	ResourceName string
 	// DeviceCount is the number of virtual devices advertised.
 	DeviceCount int
-	// GroupID is MC_PXN_GROUP_ID for every container.
+	// GroupID is contract.EnvGroupID for every container.
 	GroupID string
 	// RegistryRoot is the container path of the group directory mount and
-	// MC_PXN_REGISTRY_ROOT.
+	// contract.EnvRegistryRoot.
 	RegistryRoot string
 	// PodLookupTimeout bounds how long PreStartContainer waits for the
 	// kubelet's PodResources to show the devices.
@@ -50,8 +43,6 @@ type Config struct {
 	// APITimeout bounds one pod read from the API server.
 	APITimeout time.Duration
 }
-
-var groupIDPattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
@@ -61,11 +52,11 @@ func (c Config) Validate() error {
 	if c.DeviceCount < 1 || c.DeviceCount > 1000 {
 		return fmt.Errorf("device count %d is outside 1..1000", c.DeviceCount)
 	}
-	if !groupIDPattern.MatchString(c.GroupID) || c.GroupID == "." || c.GroupID == ".." {
-		return fmt.Errorf("group id %q is not 1..64 of [A-Za-z0-9_.-] (and not . or ..)", c.GroupID)
+	if err := contract.ValidateGroupID(c.GroupID); err != nil {
+		return fmt.Errorf("group id %s: %w", contract.Quote(c.GroupID), err)
 	}
-	if !strings.HasPrefix(c.RegistryRoot, "/") {
-		return fmt.Errorf("container registry root %q is not an absolute path", c.RegistryRoot)
+	if err := contract.ValidateRegistryRoot(c.RegistryRoot); err != nil {
+		return fmt.Errorf("container registry root %s: %w", contract.Quote(c.RegistryRoot), err)
 	}
 	if c.PodLookupTimeout <= 0 || c.APITimeout <= 0 {
 		return fmt.Errorf("timeouts must be positive (pod lookup %v, API %v)", c.PodLookupTimeout, c.APITimeout)
@@ -159,10 +150,10 @@ func (r *Relay) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pl
 		}
 		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerAllocateResponse{
 			Envs: map[string]string{
-				EnvEnable:       "1",
-				EnvRailMap:      st.RailMap,
-				EnvGroupID:      r.cfg.GroupID,
-				EnvRegistryRoot: r.cfg.RegistryRoot,
+				contract.EnvEnable:       contract.EnableOn,
+				contract.EnvRailMap:      st.RailMap,
+				contract.EnvGroupID:      r.cfg.GroupID,
+				contract.EnvRegistryRoot: r.cfg.RegistryRoot,
 			},
 			Mounts: []*pluginapi.Mount{{
 				ContainerPath: r.cfg.RegistryRoot,

@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/pxn-project/pxn/pkg/contract"
 )
 
 type fixedState struct{ st NodeState }
@@ -139,7 +141,7 @@ func TestAllocate(t *testing.T) {
 		t.Fatalf("%d container responses", len(resp.ContainerResponses))
 	}
 	wantEnv := map[string]string{
-		EnvEnable: "1", EnvRailMap: `{"mlx5_0":"rail0","mlx5_1":"rail1"}`, EnvGroupID: "k8s", EnvRegistryRoot: "/run/pxn",
+		contract.EnvEnable: "1", contract.EnvRailMap: `{"mlx5_0":"rail0","mlx5_1":"rail1"}`, contract.EnvGroupID: "k8s", contract.EnvRegistryRoot: "/run/pxn",
 	}
 	for i, first := range []string{"pxn-relay-03", "pxn-relay-09"} {
 		c := resp.ContainerResponses[i]

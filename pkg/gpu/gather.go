@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pxn-project/pxn/internal/cuda"
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/gpu/kernel"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -33,30 +34,27 @@ const (
 func (m GatherMode) String() string {
 	switch m {
 	case GatherAuto:
-		return "auto"
+		return contract.CopyModeAuto
 	case GatherCE:
-		return "ce"
+		return contract.CopyModeCE
 	case GatherSM:
-		return "sm"
+		return contract.CopyModeSM
 	}
 	return fmt.Sprintf("gather mode %d", int(m))
 }
 
-// EnvCopyMode overrides the copier's choice between copy engines and SMs:
-// ce, sm or auto (the default).
-const EnvCopyMode = "MC_PXN_COPY_MODE"
-
-// ParseGatherMode reads a MC_PXN_COPY_MODE value; "" is auto.
+// ParseGatherMode reads a contract.EnvCopyMode value, which overrides the
+// copier's choice between copy engines and SMs; "" is auto.
 func ParseGatherMode(s string) (GatherMode, error) {
 	switch strings.TrimSpace(s) {
-	case "", "auto":
+	case "", contract.CopyModeAuto:
 		return GatherAuto, nil
-	case "ce":
+	case contract.CopyModeCE:
 		return GatherCE, nil
-	case "sm":
+	case contract.CopyModeSM:
 		return GatherSM, nil
 	}
-	return GatherAuto, fmt.Errorf("%s=%q: want ce, sm or auto", EnvCopyMode, s)
+	return GatherAuto, fmt.Errorf("%s=%q: want %s, %s or %s", contract.EnvCopyMode, s, contract.CopyModeCE, contract.CopyModeSM, contract.CopyModeAuto)
 }
 
 // GatherModeFromEnv reads MC_PXN_COPY_MODE through lookup (nil: the process
@@ -66,7 +64,7 @@ func GatherModeFromEnv(lookup func(string) (string, bool), warn func(error)) Gat
 	if lookup == nil {
 		lookup = lookupEnv
 	}
-	v, _ := lookup(EnvCopyMode)
+	v, _ := lookup(contract.EnvCopyMode)
 	m, err := ParseGatherMode(v)
 	if err != nil && warn != nil {
 		warn(fmt.Errorf("%w; using auto", err))

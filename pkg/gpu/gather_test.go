@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pxn-project/pxn/internal/cuda"
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/gpu"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -39,7 +40,7 @@ func TestParseGatherMode(t *testing.T) {
 		}
 		var warned []error
 		lookup := func(k string) (string, bool) {
-			if k != gpu.EnvCopyMode {
+			if k != contract.EnvCopyMode {
 				t.Fatalf("looked up %q", k)
 			}
 			return tt.in, true

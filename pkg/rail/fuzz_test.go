@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/pxn-project/pxn/pkg/contract"
 )
 
 func TestParseStaticTable(t *testing.T) {
@@ -16,16 +18,18 @@ func TestParseStaticTable(t *testing.T) {
 		{`{"mlx5_0": "rail0", "mlx5_3": "10.1.0.0/24"}`, map[string]string{"mlx5_0": "rail0", "mlx5_3": "10.1.0.0/24"}, ""},
 		{" {\"a\":\"fe80:0000:0000:0000\"}\n", map[string]string{"a": "fe80:0000:0000:0000"}, ""},
 		{`{}`, nil, "empty"},
-		{`[]`, nil, "want a JSON object"},
-		{``, nil, "want a JSON object"},
-		{`{"mlx5_0": 1}`, nil, "rail must be a string"},
-		{`{"mlx5_0": null}`, nil, `rail name ""`},
-		{`{"mlx5_0": "a", "mlx5_0": "b"}`, nil, "listed twice"},
-		{`{"mlx5 0": "a"}`, nil, "HCA name"},
-		{`{"mlx5_0": "rail 0"}`, nil, "rail name"},
+		{`[]`, nil, "not a JSON object"},
+		{``, nil, "empty"},
+		{`{"mlx5_0": 1}`, nil, `HCA "mlx5_0" maps to a number, want a string`},
+		{`{"mlx5_0": null}`, nil, `HCA "mlx5_0" maps to null`},
+		{`{"mlx5_0": "a", "mlx5_0": "b"}`, nil, `duplicate HCA name "mlx5_0"`},
+		{`{"mlx5 0": "a"}`, nil, `HCA name "mlx5 0": byte 4`},
+		{`{"mlx5_0": "rail 0"}`, nil, `rail name "rail 0": byte 4`},
 		{`{"mlx5_0": "a"} {}`, nil, "data after"},
-		{`{"mlx5_0": "a"`, nil, "bad JSON"},
-		{`{"mlx5_0": "` + strings.Repeat("r", 64) + `"}`, nil, "rail name"},
+		{`{"mlx5_0": "a"`, nil, "invalid JSON"},
+		{`{"mlx5_0": "` + strings.Repeat("r", 48) + `"}`, map[string]string{"mlx5_0": strings.Repeat("r", 48)}, ""},
+		{`{"mlx5_0": "` + strings.Repeat("r", 49) + `"}`, nil, "length 49 not in 1..48"},
+		{`{"` + strings.Repeat("m", 57) + `": "r"}`, nil, "length 57 not in 1..56"},
 	}
 	for _, tc := range tests {
 		got, err := ParseStaticTable([]byte(tc.in))
@@ -54,7 +58,7 @@ func FuzzParseStaticTable(f *testing.F) {
 			t.Fatal("accepted an empty table")
 		}
 		for h, r := range table {
-			if !nameOK(h, 64, "_.-") || !nameOK(r, 63, "._:/-") {
+			if contract.ValidateHCAName(h) != nil || contract.ValidateRailName(r) != nil {
 				t.Fatalf("accepted %q -> %q", h, r)
 			}
 		}

@@ -12,7 +12,6 @@ package rail
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -22,6 +21,8 @@ import (
 	"strings"
 
 	"k8s.io/klog/v2"
+
+	"github.com/pxn-project/pxn/pkg/contract"
 )
 
 // Rail strategies.
@@ -74,7 +75,23 @@ type Layout struct {
 	Strategy  string            `json:"strategy"`
 	GPUSource string            `json:"gpuSource,omitempty"` // nvml or sysfs
 	Pairs     []Pair            `json:"pairs,omitempty"`     // every GPU/HCA pair with a known distance
-	Warnings  []string          `json:"-"`
+	// SharedSubnets lists the subnets the subnet strategy refused to make
+	// rails of; the layout is not ready while there is one.
+	SharedSubnets []SharedSubnet `json:"sharedSubnets,omitempty"`
+	Warnings      []string       `json:"-"`
+}
+
+// SharedSubnet is an InfiniBand subnet prefix that several GPU-facing HCAs of
+// the node carry. The subnet strategy names rails after subnets, so it cannot
+// tell those HCAs' rails apart, and gives them none.
+type SharedSubnet struct {
+	Subnet    string   `json:"subnet"`
+	LinkLayer string   `json:"linkLayer"`
+	HCAs      []string `json:"hcas"`
+}
+
+func (s SharedSubnet) String() string {
+	return fmt.Sprintf("HCAs %s share %s subnet prefix %s", strings.Join(s.HCAs, ", "), s.LinkLayer, s.Subnet)
 }
 
 // GPU is one GPU, in PCI bus order within Layout.GPUs.
@@ -222,9 +239,12 @@ func Discover(ctx context.Context, opts Options) (*Layout, error) {
 	case StrategyPCIOrder:
 		railPCIOrder(l.RailMap, gpus)
 	case StrategySubnet:
-		s.railSubnet(l.RailMap, gpus, hcas, prefixLen)
+		l.SharedSubnets = s.railSubnet(l.RailMap, gpus, hcas, prefixLen)
 	case StrategyStatic:
 		s.railStatic(l.RailMap, hcas, static, opts.StaticFile)
+	}
+	if err := s.keepContractNames(l.RailMap, hcas); err != nil {
+		return nil, err
 	}
 
 	rails := map[string]bool{}
@@ -245,9 +265,14 @@ func Discover(ctx context.Context, opts Options) (*Layout, error) {
 	return l, nil
 }
 
-// Ready reports whether every railed HCA's main port is ACTIVE. When not, the
-// message names each HCA and port that is not, with its state.
+// Ready reports whether every railed HCA's main port is ACTIVE and the
+// strategy left no HCA unrailed for want of a distinct subnet. When not, the
+// message says why: the shared subnets with the strategy, or each HCA and
+// port that is not active, with its state.
 func (l *Layout) Ready() (bool, string) {
+	if len(l.SharedSubnets) > 0 {
+		return false, l.SharedSubnetMessage()
+	}
 	var bad []string
 	railed := 0
 	for _, h := range l.HCAs {
@@ -285,18 +310,64 @@ func (l *Layout) Healthy() bool {
 	return false
 }
 
-// RailMapJSON is the rail map as compact JSON with sorted keys, the value of
-// MC_PXN_RAIL_MAP.
-func (l *Layout) RailMapJSON() string {
-	m := l.RailMap
-	if m == nil {
-		m = map[string]string{}
+// SharedSubnetMessage says which subnets the strategy refused and what to do
+// about it; "" when there are none.
+func (l *Layout) SharedSubnetMessage() string {
+	if len(l.SharedSubnets) == 0 {
+		return ""
 	}
-	b, err := json.Marshal(m)
+	parts := make([]string, len(l.SharedSubnets))
+	for i, s := range l.SharedSubnets {
+		parts[i] = s.String()
+	}
+	return fmt.Sprintf("rail strategy %s: %s, so the prefix cannot tell their rails apart and they get no rail; "+
+		"give each rail's subnet manager its own subnet prefix, or use rail strategy %s or %s",
+		l.Strategy, strings.Join(parts, "; "), StrategyPCIOrder, StrategyStatic)
+}
+
+// RailMapJSON is the rail map as the value of contract.EnvRailMap: compact
+// JSON with sorted keys. Discover leaves only names the contract accepts, so
+// this cannot fail on a discovered layout.
+func (l *Layout) RailMapJSON() string {
+	s, err := contract.EncodeRailMap(l.RailMap)
 	if err != nil {
 		panic(fmt.Sprintf("rail map cannot be encoded: %v", err))
 	}
-	return string(b)
+	return s
+}
+
+// keepContractNames drops the rail of every HCA whose name or rail name the
+// engine would refuse, with a warning each: one bad entry would make the
+// engine refuse the whole map. pci-order and subnet names always pass, and
+// static tables are checked when read, so only kernel HCA names can fail.
+func (s *sysfs) keepContractNames(railMap map[string]string, hcas []hcaInfo) error {
+	dirs := make(map[string]string, len(hcas))
+	for _, h := range hcas {
+		dirs[h.Name] = h.dir
+	}
+	names := make([]string, 0, len(railMap))
+	for hca := range railMap {
+		names = append(names, hca)
+	}
+	sort.Strings(names)
+	for _, hca := range names {
+		rail := railMap[hca]
+		err := contract.ValidateHCAName(hca)
+		if err == nil {
+			err = contract.ValidateRailName(rail)
+			if err != nil {
+				err = fmt.Errorf("rail name %s: %w", contract.Quote(rail), err)
+			}
+		}
+		if err != nil {
+			s.warn(dirs[hca], "%s has no rail: %v", contract.Quote(hca), err)
+			delete(railMap, hca)
+		}
+	}
+	if len(railMap) > contract.MaxRailMapEntries {
+		return fmt.Errorf("%d railed HCAs, more than a rail map holds (%d)", len(railMap), contract.MaxRailMapEntries)
+	}
+	return nil
 }
 
 // railPCIOrder gives rail k to the k-th distinct nearest HCA, walking GPUs in

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/rail/internal/sysfixture"
 )
 
@@ -241,6 +242,75 @@ func TestSubnetStrategy(t *testing.T) {
 	})
 }
 
+// TestSubnetStrategySharedInfiniBandPrefix: on a fabric whose subnet
+// managers keep the default prefix, the subnet strategy must not put every
+// HCA on one rail; it rails none of them and the layout says why.
+func TestSubnetStrategySharedInfiniBandPrefix(t *testing.T) {
+	l, err := Discover(context.Background(), Options{HostRoot: fixture(sysfixture.HGX8GPUDefaultPrefix), Strategy: StrategySubnet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	compute := []string{"mlx5_0", "mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_7", "mlx5_8", "mlx5_9"}
+	want := []SharedSubnet{{Subnet: "fe80:0000:0000:0000", LinkLayer: "InfiniBand", HCAs: compute}}
+	if !reflect.DeepEqual(l.SharedSubnets, want) {
+		t.Errorf("shared subnets %+v, want %+v", l.SharedSubnets, want)
+	}
+	if len(l.RailMap) != 0 || l.Rails != 0 {
+		t.Errorf("rail map %v (%d rails), want none", l.RailMap, l.Rails)
+	}
+	ready, msg := l.Ready()
+	wantMsg := "rail strategy subnet: HCAs " + strings.Join(compute, ", ") +
+		" share InfiniBand subnet prefix fe80:0000:0000:0000, so the prefix cannot tell their rails apart and they get no rail; " +
+		"give each rail's subnet manager its own subnet prefix, or use rail strategy pci-order or static"
+	if ready || msg != wantMsg {
+		t.Errorf("Ready() = %v, %q; want false, %q", ready, msg, wantMsg)
+	}
+	if j := l.RailMapJSON(); j != "{}" {
+		t.Errorf("RailMapJSON() = %s, want {}", j)
+	}
+
+	for _, strategy := range []string{StrategyPCIOrder, StrategySubnet} {
+		root := fixture(sysfixture.HGX8GPU)
+		l, err := Discover(context.Background(), Options{HostRoot: root, Strategy: strategy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(l.SharedSubnets) != 0 || l.Rails != 8 {
+			t.Errorf("%s on %s: shared subnets %v, %d rails; want none and 8", strategy, root, l.SharedSubnets, l.Rails)
+		}
+	}
+}
+
+// TestHCANamesOutsideTheContractGetNoRail: the kernel may name an HCA
+// longer than the registry header holds; that HCA gets no rail and a
+// warning, and the rest of the map stays usable.
+func TestHCANamesOutsideTheContractGetNoRail(t *testing.T) {
+	long := strings.Repeat("h", 57)
+	m := oddBase()
+	m.Roots[2].Devices[0].Devices[0].Devices[1].Devices[0].RDMA.Name = long
+	root := t.TempDir()
+	if err := m.Render().Write(root); err != nil {
+		t.Fatal(err)
+	}
+	l, err := Discover(context.Background(), Options{HostRoot: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]string{"mlx5_0": "rail0", "mlx5_3": "rail2"}; !reflect.DeepEqual(l.RailMap, want) {
+		t.Errorf("rail map %v, want %v", l.RailMap, want)
+	}
+	found := false
+	for _, w := range l.Warnings {
+		found = found || strings.Contains(w, long) && strings.Contains(w, "has no rail: length 57 not in 1..56")
+	}
+	if !found {
+		t.Errorf("warnings %q, want one about HCA %s", l.Warnings, long)
+	}
+	if _, err := contract.ParseRailMap(l.RailMapJSON()); err != nil {
+		t.Errorf("the engine refuses the rail map: %v", err)
+	}
+}
+
 func TestStaticStrategy(t *testing.T) {
 	dir := t.TempDir()
 	table := filepath.Join(dir, "rails.json")
@@ -284,7 +354,7 @@ func TestDiscoverOptionErrors(t *testing.T) {
 		{"prefix negative", Options{HostRoot: root, Strategy: StrategySubnet, SubnetPrefixLen: -1}, "prefix length -1"},
 		{"static without file", Options{HostRoot: root, Strategy: StrategyStatic}, "needs a static file"},
 		{"static file missing", Options{HostRoot: root, Strategy: StrategyStatic, StaticFile: filepath.Join(dir, "nope.json")}, "nope.json"},
-		{"static file not an object", Options{HostRoot: root, Strategy: StrategyStatic, StaticFile: bad}, "want a JSON object"},
+		{"static file not an object", Options{HostRoot: root, Strategy: StrategyStatic, StaticFile: bad}, "not a JSON object"},
 		{"host root missing", Options{HostRoot: filepath.Join(dir, "nowhere")}, "host root"},
 		{"host root is a file", Options{HostRoot: notDir}, "not a directory"},
 	}

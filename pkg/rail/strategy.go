@@ -1,22 +1,24 @@
 package rail
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/pxn-project/pxn/pkg/contract"
 )
 
 // railSubnet names the rail of every HCA that is the nearest HCA of a GPU
 // after its main port's subnet: for RoCE the IPv4 subnet of the first
 // IPv4-mapped GID (10.1.0.0/24), for InfiniBand the GID subnet prefix, the
 // upper 64 bits of the first GID (fe80:0000:0000:0000). HCAs near no GPU
-// (storage NICs) get no rail, as under pci-order.
-func (s *sysfs) railSubnet(railMap map[string]string, gpus []gpuInfo, hcas []hcaInfo, prefixLen int) {
+// (storage NICs) get no rail, as under pci-order. InfiniBand HCAs that share
+// one subnet prefix get no rail either: the prefix does not tell their rails
+// apart (every subnet manager's default is fe80:0000:0000:0000), and the
+// layout reports them in SharedSubnets.
+func (s *sysfs) railSubnet(railMap map[string]string, gpus []gpuInfo, hcas []hcaInfo, prefixLen int) []SharedSubnet {
 	facing := map[string]bool{}
 	for _, g := range gpus {
 		if g.HCA != "" {
@@ -24,6 +26,7 @@ func (s *sysfs) railSubnet(railMap map[string]string, gpus []gpuInfo, hcas []hca
 		}
 	}
 	members := map[string][]string{}
+	linkLayer := map[string]string{}
 	for _, h := range hcas {
 		if !facing[h.Name] {
 			continue
@@ -44,27 +47,43 @@ func (s *sysfs) railSubnet(railMap map[string]string, gpus []gpuInfo, hcas []hca
 			s.warn(gidDir, "%s has no rail: %v", h.Name, err)
 			continue
 		}
-		railMap[h.Name] = rail
 		members[rail] = append(members[rail], h.Name)
+		linkLayer[rail] = port.LinkLayer
 	}
 	rails := make([]string, 0, len(members))
 	for r := range members {
 		rails = append(rails, r)
 	}
 	sort.Strings(rails)
+	var shared []SharedSubnet
 	for _, r := range rails {
-		if hs := members[r]; len(hs) > 1 {
+		hs := members[r]
+		if len(hs) > 1 && linkLayer[r] == linkInfiniBand {
+			shared = append(shared, SharedSubnet{Subnet: r, LinkLayer: linkInfiniBand, HCAs: hs})
+			s.log.Info("HCAs share one InfiniBand subnet prefix; they get no rail", "prefix", r, "hcas", hs)
+			continue
+		}
+		for _, h := range hs {
+			railMap[h] = r
+		}
+		if len(hs) > 1 {
 			msg := fmt.Sprintf("rail %s has %d HCAs on this node (%s); PXN treats it as ambiguous", r, len(hs), strings.Join(hs, ", "))
 			*s.warnings = append(*s.warnings, msg)
 			s.log.Info("Several HCAs on one rail", "rail", r, "hcas", hs)
 		}
 	}
+	return shared
 }
+
+const (
+	linkInfiniBand = "InfiniBand"
+	linkEthernet   = "Ethernet"
+)
 
 // subnetRail is the rail name of a port under the subnet strategy.
 func subnetRail(p Port, prefixLen int) (string, error) {
 	switch p.LinkLayer {
-	case "Ethernet":
+	case linkEthernet:
 		for _, g := range p.GIDs {
 			if ip, ok := v4Mapped(g); ok {
 				mask := uint32(0xffffffff) << (32 - prefixLen)
@@ -73,7 +92,7 @@ func subnetRail(p Port, prefixLen int) (string, error) {
 			}
 		}
 		return "", errors.New("no IPv4-mapped GID (::ffff:a.b.c.d) in the GID table")
-	case "InfiniBand":
+	case linkInfiniBand:
 		if len(p.GIDs) == 0 {
 			return "", errors.New("empty GID table")
 		}
@@ -100,60 +119,16 @@ func v4Mapped(gid string) (uint32, bool) {
 }
 
 // ParseStaticTable parses a static rail table: one JSON object mapping HCA
-// name to rail name, e.g. {"mlx5_0": "rail0", "mlx5_3": "rail1"}. Names are
-// checked (HCA names: letters, digits, '_', '.', '-', at most 64; rail
-// names: letters, digits, '.', '_', ':', '/', '-', at most 63), duplicate
-// HCA names and empty tables are refused.
+// name to rail name, e.g. {"mlx5_0": "rail0", "mlx5_3": "rail1"}, in the
+// rail map's format (contract.ParseRailMap), so every name passes the
+// contract's rules. An empty table is refused.
 func ParseStaticTable(data []byte) (map[string]string, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	tok, err := dec.Token()
-	if err != nil || tok != json.Delim('{') {
-		return nil, errors.New("want a JSON object of HCA name to rail name")
-	}
-	table := map[string]string{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil, fmt.Errorf("bad JSON: %w", err)
-		}
-		hca, _ := tok.(string)
-		var rail string
-		if err := dec.Decode(&rail); err != nil {
-			return nil, fmt.Errorf("HCA %q: rail must be a string: %w", hca, err)
-		}
-		if !nameOK(hca, 64, "_.-") {
-			return nil, fmt.Errorf("HCA name %q: want 1 to 64 letters, digits, '_', '.' or '-'", hca)
-		}
-		if !nameOK(rail, 63, "._:/-") {
-			return nil, fmt.Errorf("HCA %q: rail name %q: want 1 to 63 letters, digits, '.', '_', ':', '/' or '-'", hca, rail)
-		}
-		if _, dup := table[hca]; dup {
-			return nil, fmt.Errorf("HCA %q is listed twice", hca)
-		}
-		table[hca] = rail
-	}
-	if _, err := dec.Token(); err != nil {
-		return nil, fmt.Errorf("bad JSON: %w", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, errors.New("data after the JSON object")
+	table, err := contract.ParseRailMap(string(data))
+	if err != nil {
+		return nil, err
 	}
 	if len(table) == 0 {
 		return nil, errors.New("the table is empty")
 	}
 	return table, nil
-}
-
-func nameOK(s string, max int, punct string) bool {
-	if s == "" || len(s) > max {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || strings.IndexByte(punct, c) >= 0 {
-			continue
-		}
-		return false
-	}
-	return true
 }

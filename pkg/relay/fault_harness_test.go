@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
@@ -118,12 +119,12 @@ func newFaultGroup(t *testing.T, o faultGroupOpts) *faultGroup {
 	rm, _ := json.Marshal(railMap)
 	g.dir = string(dj)
 	settings := map[string]string{
-		staging.EnvEnable:           "1",
-		staging.EnvGroupID:          g.group,
-		staging.EnvRegistryRoot:     g.root,
-		staging.EnvRailMap:          string(rm),
-		staging.EnvHeartbeatTimeout: "3000",
-		staging.EnvCreditTimeout:    "60000",
+		contract.EnvEnable:           "1",
+		contract.EnvGroupID:          g.group,
+		contract.EnvRegistryRoot:     g.root,
+		contract.EnvRailMap:          string(rm),
+		contract.EnvHeartbeatTimeout: "3000",
+		contract.EnvCreditTimeout:    "60000",
 	}
 	for k, v := range o.env {
 		settings[k] = v

@@ -12,6 +12,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
@@ -313,7 +314,7 @@ func scribble(ctls []*staging.ControlBlock, seed uint64, stop <-chan struct{}) u
 // completed task's bytes are right, and afterwards traffic flows again,
 // relayed or direct.
 func TestFaultHostileWriter(t *testing.T) {
-	g := newFaultGroup(t, faultGroupOpts{tgtBytes: 32 * faultMiB, env: map[string]string{staging.EnvCreditTimeout: "300"}})
+	g := newFaultGroup(t, faultGroupOpts{tgtBytes: 32 * faultMiB, env: map[string]string{contract.EnvCreditTimeout: "300"}})
 	ticket := faultTicketEnv + "=1500"
 	r := g.start("relay", 1, faultMiB, ticket)
 	s := g.start("sender", 0, 4*faultMiB, ticket)

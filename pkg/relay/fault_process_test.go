@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
@@ -334,7 +335,7 @@ func TestFaultHeartbeatStall(t *testing.T) {
 // not one timeout per Piece.
 func TestFaultCreditTimeoutSendsQueueDirect(t *testing.T) {
 	const queued = 40
-	g := newFaultGroup(t, faultGroupOpts{env: map[string]string{staging.EnvCreditTimeout: "250"}})
+	g := newFaultGroup(t, faultGroupOpts{env: map[string]string{contract.EnvCreditTimeout: "250"}})
 	s := g.start("sender", 0, 4*faultMiB)
 	r := g.start("relay", 1, faultMiB)
 	s.route(faultRail(1), true, 20*time.Second)

@@ -1,52 +1,23 @@
 package staging
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
+
+	"github.com/pxn-project/pxn/pkg/contract"
 )
 
-// The engine's environment variables.
-const (
-	EnvEnable           = "MC_PXN_ENABLE"
-	EnvGroupID          = "MC_PXN_GROUP_ID"
-	EnvInflightDepth    = "MC_PXN_INFLIGHT_DEPTH"
-	EnvRailMap          = "MC_PXN_RAIL_MAP"
-	EnvCreditTimeout    = "MC_PXN_CREDIT_TIMEOUT_MS"
-	EnvHeartbeatTimeout = "MC_PXN_HEARTBEAT_TIMEOUT_MS"
-	EnvRegistryRoot     = "MC_PXN_REGISTRY_ROOT"
-)
-
-// Defaults and accepted ranges of the configuration.
-const (
-	DefaultInflightDepth = 4
-	MinInflightDepth     = 1
-	MaxInflightDepth     = 64
-
-	DefaultCreditTimeout = 1000 * time.Millisecond
-	MinCreditTimeout     = 1 * time.Millisecond
-	MaxCreditTimeout     = 600000 * time.Millisecond
-
-	DefaultHeartbeatTimeout = 3000 * time.Millisecond
-	// MinHeartbeatTimeout is two periods of the 100 ms heartbeat: a relay
-	// is declared stale only after it missed at least one beat.
-	MinHeartbeatTimeout = 200 * time.Millisecond
-	MaxHeartbeatTimeout = 600000 * time.Millisecond
-
-	DefaultRegistryRoot = "/dev/shm"
-	MaxRegistryRoot     = 1024
-
-	MaxGroupID = 64
-
-	MaxRailMapBytes   = 64 << 10
-	MaxRailMapEntries = 1024
-	// MaxHCAName and MaxRailName are the name fields of a registry Header.
-	MaxHCAName  = len(Header{}.HCA)
-	MaxRailName = len(Header{}.Rail)
+// The registry header stores a rank's rail and HCA names, so the contract's
+// limits must be the header's field sizes (a failing line is a negative
+// array length).
+var (
+	_ [contract.MaxRailName - len(Header{}.Rail)]struct{}
+	_ [len(Header{}.Rail) - contract.MaxRailName]struct{}
+	_ [contract.MaxHCAName - len(Header{}.HCA)]struct{}
+	_ [len(Header{}.HCA) - contract.MaxHCAName]struct{}
 )
 
 // Config is the engine configuration. Only a Config with Enable set may be
@@ -65,10 +36,10 @@ type Config struct {
 // DefaultConfig is PXN off with every default in place.
 func DefaultConfig() Config {
 	return Config{
-		InflightDepth:    DefaultInflightDepth,
-		CreditTimeout:    DefaultCreditTimeout,
-		HeartbeatTimeout: DefaultHeartbeatTimeout,
-		RegistryRoot:     DefaultRegistryRoot,
+		InflightDepth:    contract.DefaultInflightDepth,
+		CreditTimeout:    contract.DefaultCreditTimeout,
+		HeartbeatTimeout: contract.DefaultHeartbeatTimeout,
+		RegistryRoot:     contract.DefaultRegistryRoot,
 	}
 }
 
@@ -91,26 +62,17 @@ func (e *EnvError) Error() string {
 	if !e.Set {
 		return fmt.Sprintf("%s is not set: %v", e.Var, e.Err)
 	}
-	return fmt.Sprintf("%s=%s: %v", e.Var, quoteValue(e.Value), e.Err)
+	return fmt.Sprintf("%s=%s: %v", e.Var, contract.Quote(e.Value), e.Err)
 }
 
 func (e *EnvError) Unwrap() error { return e.Err }
 
-// maxQuoted is how much of an offending value an error message repeats.
-const maxQuoted = 64
-
-func quoteValue(v string) string {
-	if len(v) <= maxQuoted {
-		return strconv.Quote(v)
-	}
-	return fmt.Sprintf("%s... (%d bytes)", strconv.Quote(v[:maxQuoted]), len(v))
-}
-
-var errGroupRequired = fmt.Errorf("required when %s=1", EnvEnable)
+var errGroupRequired = fmt.Errorf("required when %s=%s", contract.EnvEnable, contract.EnableOn)
 
 // ConfigFromEnv reads the configuration through lookup (os.LookupEnv when
-// nil). A variable set to the empty string counts as unset. MC_PXN_ENABLE
-// accepts exactly "0" and "1"; unless it is "1" nothing else is read. With
+// nil): the variables, defaults and ranges of package contract. A variable
+// set to the empty string counts as unset. contract.EnvEnable accepts exactly
+// "0" and "1"; unless it is "1" nothing else is read. With
 // any problem the returned Config has Enable false, holds the default in
 // place of each invalid value, and every problem is one *EnvError.
 func ConfigFromEnv(lookup func(string) (string, bool)) (Config, []error) {
@@ -122,35 +84,36 @@ func ConfigFromEnv(lookup func(string) (string, bool)) (Config, []error) {
 		return v, ok && v != ""
 	}
 	cfg := DefaultConfig()
-	switch v, _ := get(EnvEnable); v {
-	case "", "0":
+	switch v, _ := get(contract.EnvEnable); v {
+	case "", contract.EnableOff:
 		return cfg, nil
-	case "1":
+	case contract.EnableOn:
 	default:
-		return cfg, []error{&EnvError{Var: EnvEnable, Value: v, Set: true, Err: errors.New(`want "0" or "1"`)}}
+		return cfg, []error{&EnvError{Var: contract.EnvEnable, Value: v, Set: true,
+			Err: fmt.Errorf("want %q or %q", contract.EnableOff, contract.EnableOn)}}
 	}
 
 	var errs []error
 	fail := func(name, value string, err error) {
 		errs = append(errs, &EnvError{Var: name, Value: value, Set: true, Err: err})
 	}
-	if v, ok := get(EnvGroupID); !ok {
-		errs = append(errs, &EnvError{Var: EnvGroupID, Err: errGroupRequired})
-	} else if err := ValidateGroupID(v); err != nil {
-		fail(EnvGroupID, v, err)
+	if v, ok := get(contract.EnvGroupID); !ok {
+		errs = append(errs, &EnvError{Var: contract.EnvGroupID, Err: errGroupRequired})
+	} else if err := contract.ValidateGroupID(v); err != nil {
+		fail(contract.EnvGroupID, v, err)
 	} else {
 		cfg.GroupID = v
 	}
-	if v, ok := get(EnvInflightDepth); ok {
-		if n, err := parseRange(v, MinInflightDepth, MaxInflightDepth); err != nil {
-			fail(EnvInflightDepth, v, err)
+	if v, ok := get(contract.EnvInflightDepth); ok {
+		if n, err := parseRange(v, contract.MinInflightDepth, contract.MaxInflightDepth); err != nil {
+			fail(contract.EnvInflightDepth, v, err)
 		} else {
 			cfg.InflightDepth = n
 		}
 	}
-	if v, ok := get(EnvRailMap); ok {
-		if m, err := ParseRailMap(v); err != nil {
-			fail(EnvRailMap, v, err)
+	if v, ok := get(contract.EnvRailMap); ok {
+		if m, err := contract.ParseRailMap(v); err != nil {
+			fail(contract.EnvRailMap, v, err)
 		} else {
 			cfg.RailMap = m
 		}
@@ -160,8 +123,8 @@ func ConfigFromEnv(lookup func(string) (string, bool)) (Config, []error) {
 		min, max time.Duration
 		dst      *time.Duration
 	}{
-		{EnvCreditTimeout, MinCreditTimeout, MaxCreditTimeout, &cfg.CreditTimeout},
-		{EnvHeartbeatTimeout, MinHeartbeatTimeout, MaxHeartbeatTimeout, &cfg.HeartbeatTimeout},
+		{contract.EnvCreditTimeout, contract.MinCreditTimeout, contract.MaxCreditTimeout, &cfg.CreditTimeout},
+		{contract.EnvHeartbeatTimeout, contract.MinHeartbeatTimeout, contract.MaxHeartbeatTimeout, &cfg.HeartbeatTimeout},
 	} {
 		v, ok := get(d.name)
 		if !ok {
@@ -174,9 +137,9 @@ func ConfigFromEnv(lookup func(string) (string, bool)) (Config, []error) {
 		}
 		*d.dst = time.Duration(ms) * time.Millisecond
 	}
-	if v, ok := get(EnvRegistryRoot); ok {
+	if v, ok := get(contract.EnvRegistryRoot); ok {
 		if root, err := checkRegistryRoot(v); err != nil {
-			fail(EnvRegistryRoot, v, err)
+			fail(contract.EnvRegistryRoot, v, err)
 		} else {
 			cfg.RegistryRoot = root
 		}
@@ -212,40 +175,8 @@ func parseRange(s string, lo, hi int) (int, error) {
 }
 
 func checkRegistryRoot(s string) (string, error) {
-	switch {
-	case len(s) > MaxRegistryRoot:
-		return "", fmt.Errorf("longer than %d bytes", MaxRegistryRoot)
-	case strings.IndexByte(s, 0) >= 0:
-		return "", errors.New("contains a NUL byte")
-	case !filepath.IsAbs(s):
-		return "", errors.New("not an absolute path")
+	if err := contract.ValidateRegistryRoot(s); err != nil {
+		return "", err
 	}
 	return filepath.Clean(s), nil
-}
-
-// ValidateGroupID checks a group id: 1..64 bytes of [A-Za-z0-9_.-], and
-// neither "." nor "..", so that it is one safe path element.
-func ValidateGroupID(id string) error {
-	switch {
-	case id == "" || len(id) > MaxGroupID:
-		return fmt.Errorf("length %d not in 1..%d", len(id), MaxGroupID)
-	case id == "." || id == "..":
-		return errors.New(`"." and ".." are not group ids`)
-	}
-	if i := invalidNameByte(id); i >= 0 {
-		return fmt.Errorf("byte %d (%+q) not in [A-Za-z0-9_.-]", i, id[i])
-	}
-	return nil
-}
-
-// invalidNameByte is the index of the first byte of s outside
-// [A-Za-z0-9_.-], or -1.
-func invalidNameByte(s string) int {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == '-') {
-			return i
-		}
-	}
-	return -1
 }

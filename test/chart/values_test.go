@@ -35,6 +35,8 @@ func TestSchemaRejects(t *testing.T) {
 		{"metrics address without port", []string{"--set", "agent.metricsBindAddress=localhost"}, "metricsBindAddress"},
 		{"maxUnavailable 0", []string{"--set", "updateStrategy.maxUnavailable=0"}, "maxUnavailable"},
 		{"nodeSelector value not a string", []string{"--set", "nodeSelector.gpu=true"}, "nodeSelector"},
+		{"staticTable rail name of 49 bytes", []string{"--set", "agent.railStrategy=static", "--set", "devicePlugin.railStrategy=static", "--set", "agent.staticTable.mlx5_0=" + strings.Repeat("r", 49)}, "staticTable"},
+		{"staticTable rail name with a space", []string{"--set", "agent.railStrategy=static", "--set", "devicePlugin.railStrategy=static", "--set", "agent.staticTable.mlx5_0=rail 0"}, "staticTable"},
 		{"staticTable rail not a string", []string{"--set", "agent.railStrategy=static", "--set", "devicePlugin.railStrategy=static", "--set", "agent.staticTable.mlx5_0=3"}, "staticTable"},
 		{"image digest malformed", []string{"--set", "image.digest=sha256:xyz"}, "digest"},
 		{"serviceMonitor interval", []string{"--set", "serviceMonitor.enabled=true", "--set", "serviceMonitor.interval=often"}, "interval"},

@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/pxn-project/pxn/internal/testtools"
+	"github.com/pxn-project/pxn/pkg/contract"
 )
 
 const (
@@ -379,14 +380,14 @@ func (c *cluster) checkWorkloads() {
 		if w == a1 {
 			t.Logf("%s/%s environment:\n%s", w.ns, w.name, out)
 		}
-		for k, want := range map[string]string{"MC_PXN_ENABLE": "1", "MC_PXN_GROUP_ID": groupID, "MC_PXN_REGISTRY_ROOT": registryRoot} {
+		for k, want := range map[string]string{contract.EnvEnable: "1", contract.EnvGroupID: groupID, contract.EnvRegistryRoot: registryRoot} {
 			if env[k] != want {
 				t.Errorf("%s/%s: %s=%q, want %q", w.ns, w.name, k, env[k], want)
 			}
 		}
 		var rm map[string]string
-		if err := json.Unmarshal([]byte(env["MC_PXN_RAIL_MAP"]), &rm); err != nil {
-			t.Errorf("%s/%s: MC_PXN_RAIL_MAP=%q: %v", w.ns, w.name, env["MC_PXN_RAIL_MAP"], err)
+		if err := json.Unmarshal([]byte(env[contract.EnvRailMap]), &rm); err != nil {
+			t.Errorf("%s/%s: MC_PXN_RAIL_MAP=%q: %v", w.ns, w.name, env[contract.EnvRailMap], err)
 		} else if !reflect.DeepEqual(rm, m.Status.RailMap) {
 			t.Errorf("%s/%s: MC_PXN_RAIL_MAP=%v, the node's PxnRailMap says %v", w.ns, w.name, rm, m.Status.RailMap)
 		}

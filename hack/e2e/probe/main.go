@@ -21,6 +21,8 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/pxn-project/pxn/pkg/contract"
 )
 
 func main() {
@@ -49,7 +51,7 @@ func run(args []string) error {
 	case "env":
 		var env []string
 		for _, kv := range os.Environ() {
-			if strings.HasPrefix(kv, "MC_PXN_") {
+			if strings.HasPrefix(kv, contract.EnvPrefix) {
 				env = append(env, kv)
 			}
 		}

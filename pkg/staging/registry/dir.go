@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
@@ -124,17 +125,11 @@ func parseIDSuffix(s string) (staging.Identity, bool) {
 	return id, true
 }
 
-// checkGroupName accepts 1..64 bytes of [A-Za-z0-9_.-], not "." or "..": a
-// name that is one path element and nothing else.
+// checkGroupName accepts a contract group id: a name that is one path
+// element and nothing else.
 func checkGroupName(g string) error {
-	if g == "" || len(g) > 64 || g == "." || g == ".." {
-		return fmt.Errorf("group %q: want 1..64 of [A-Za-z0-9_.-], other than \".\" and \"..\"", g)
-	}
-	for i := 0; i < len(g); i++ {
-		c := g[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == '-') {
-			return fmt.Errorf("group %q: byte %q at %d is not in [A-Za-z0-9_.-]", g, c, i)
-		}
+	if err := contract.ValidateGroupID(g); err != nil {
+		return fmt.Errorf("group %s: %w", contract.Quote(g), err)
 	}
 	return nil
 }

@@ -12,17 +12,21 @@ const (
 	HGX8GPU         = "hgx-8gpu"
 	HGX8GPUPortDown = "hgx-8gpu-portdown"
 	HGX8GPUSRIOV    = "hgx-8gpu-sriov"
-	PCIe8GPU4NIC    = "pcie-8gpu-4nic"
+	// HGX8GPUDefaultPrefix is hgx-8gpu on a fabric whose subnet managers all
+	// keep the default subnet prefix fe80:0000:0000:0000.
+	HGX8GPUDefaultPrefix = "hgx-8gpu-defaultprefix"
+	PCIe8GPU4NIC         = "pcie-8gpu-4nic"
 )
 
 // All returns every layout and static rail table the generator writes.
 func All() Generated {
 	return Generated{
 		Trees: map[string]Tree{
-			HGX8GPU:         HGX(HGXOptions{}).Render(),
-			HGX8GPUPortDown: HGX(HGXOptions{DownNIC: "mlx5_3"}).Render(),
-			HGX8GPUSRIOV:    HGX(HGXOptions{VFs: map[int]int{0: 2, 4: 2}}).Render(),
-			PCIe8GPU4NIC:    PCIe4NIC().Render(),
+			HGX8GPU:              HGX(HGXOptions{}).Render(),
+			HGX8GPUPortDown:      HGX(HGXOptions{DownNIC: "mlx5_3"}).Render(),
+			HGX8GPUSRIOV:         HGX(HGXOptions{VFs: map[int]int{0: 2, 4: 2}}).Render(),
+			HGX8GPUDefaultPrefix: HGX(HGXOptions{DefaultSubnetPrefix: true}).Render(),
+			PCIe8GPU4NIC:         PCIe4NIC().Render(),
 		},
 		Static: map[string]string{
 			HGX8GPU + ".json": staticTable(map[string]string{
@@ -48,6 +52,9 @@ func staticTable(m map[string]string) string {
 type HGXOptions struct {
 	DownNIC string      // compute NIC whose port is down (cable pulled, port disabled)
 	VFs     map[int]int // GPU/NIC pair (0..7) -> number of SR-IOV VFs on its NIC
+	// DefaultSubnetPrefix gives every InfiniBand port the default subnet
+	// prefix instead of one prefix per rail.
+	DefaultSubnetPrefix bool
 }
 
 const gen5 = "32.0 GT/s PCIe"
@@ -90,6 +97,9 @@ func HGX(o HGXOptions) Machine {
 		}
 		nicBus := b + 4
 		nic := IBNIC(bdf(nicBus, 0, 0), names[nicBus], i)
+		if o.DefaultSubnetPrefix {
+			nic.RDMA.Ports[0].GIDs = []string{ibGID(0, nic.RDMA.NodeGUID)}
+		}
 		if o.DownNIC == nic.RDMA.Name {
 			p := &nic.RDMA.Ports[0]
 			p.State, p.PhysState, p.Rate = "1: DOWN", "3: Disabled", "10 Gb/sec (4X SDR)"
