@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -412,6 +413,7 @@ func TestMetrics(t *testing.T) {
 		`pxn_device_plugin_prestarts_total{result="ok"} 1`,
 		`pxn_device_plugin_devices{health="Healthy"} 16`,
 		`pxn_device_plugin_devices{health="Unhealthy"} 0`,
+		`pxn_build_info{goversion="` + runtime.Version() + `",revision=`,
 	}
 	var body string
 	eventually(t, 10*time.Second, "metrics", func() bool {
