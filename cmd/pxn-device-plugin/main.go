@@ -49,6 +49,7 @@ type options struct {
 	groupID            string
 	kubeconfig         string
 	metricsAddr        string
+	healthAddr         string
 	gcInterval         time.Duration
 	gcGrace            time.Duration
 	rediscoverInterval time.Duration
@@ -69,6 +70,7 @@ func (o *options) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&o.groupID, "group-id", "k8s", "MC_PXN_GROUP_ID handed to every container")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for the API server; empty: in-cluster config when in a pod, else no API access")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9641", "address of the Prometheus /metrics endpoint; empty disables it")
+	fs.StringVar(&o.healthAddr, "health-probe-bind-address", ":9643", "address of /healthz (the process serves) and /readyz (registered with the kubelet); empty disables them")
 	fs.DurationVar(&o.gcInterval, "gc-interval", 30*time.Second, "how often unused slot links and group directories are collected")
 	fs.DurationVar(&o.gcGrace, "gc-grace", 5*time.Minute, "how long an unassigned slot link or unreferenced group directory is kept")
 	fs.DurationVar(&o.rediscoverInterval, "rediscover-interval", 30*time.Second, "how often rails and port states are re-read")
@@ -173,7 +175,14 @@ func (o *options) run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	if o.metricsAddr != "" {
-		if err := serveMetrics(ctx, &wg, o.metricsAddr, reg); err != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		if err := serveHTTP(ctx, &wg, "metrics", o.metricsAddr, mux); err != nil {
+			return err
+		}
+	}
+	if o.healthAddr != "" {
+		if err := serveHTTP(ctx, &wg, "health probes", o.healthAddr, probes(server)); err != nil {
 			return err
 		}
 	}
@@ -205,17 +214,30 @@ func apiPods(kubeconfig string) (deviceplugin.PodGetter, error) {
 	return deviceplugin.NewClientPodGetter(client), nil
 }
 
-func serveMetrics(ctx context.Context, wg *sync.WaitGroup, addr string, reg *prometheus.Registry) error {
+// probes answers /healthz while the process serves and /readyz while the
+// kubelet holds the plugin's registration.
+func probes(server *deviceplugin.Server) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !server.Registered() {
+			http.Error(w, "not registered with the kubelet", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
+}
+
+func serveHTTP(ctx context.Context, wg *sync.WaitGroup, what, addr string, h http.Handler) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("metrics listener: %w", err)
+		return fmt.Errorf("%s listener: %w", what, err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	wg.Go(func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			klog.ErrorS(err, "Metrics server ended", "addr", addr)
+			klog.ErrorS(err, "HTTP server ended", "what", what, "addr", addr)
 		}
 	})
 	wg.Go(func() {
@@ -224,6 +246,6 @@ func serveMetrics(ctx context.Context, wg *sync.WaitGroup, addr string, reg *pro
 		defer cancel()
 		srv.Shutdown(sctx)
 	})
-	klog.InfoS("Serving metrics", "addr", ln.Addr().String())
+	klog.InfoS("Serving "+what, "addr", ln.Addr().String())
 	return nil
 }
