@@ -292,7 +292,7 @@ func requireHost(t *testing.T) {
 	}
 	cmd := exec.Command("bash", filepath.Join(testtools.RepoRoot(), "hack", "host-packages.sh"), "check", "cluster")
 	out, err := cmd.Output()
-	report := strings.Join(strings.Fields(strings.ReplaceAll(string(out), "\n", "; ")), " ")
+	report := strings.Join(strings.Split(strings.TrimSpace(string(out)), "\n"), "; ")
 	var exit *exec.ExitError
 	switch {
 	case err == nil:
