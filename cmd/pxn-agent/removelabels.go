@@ -32,7 +32,7 @@ otherwise. Prints one line per node it changed.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := restConfig(kubeconfig)
 			if err != nil {
-				return cli.Failed(fmt.Errorf("Kubernetes client configuration: %w", err))
+				return cli.Failed(fmt.Errorf("no Kubernetes client configuration: %w", err))
 			}
 			cfg.UserAgent = "pxn-agent/" + version.String()
 			cs, err := kubernetes.NewForConfig(cfg)
