@@ -5,14 +5,22 @@ TOOLS := hack/tools.sh
 BIN := bin
 GOTEST_FLAGS ?= -race -timeout 30m
 
-.PHONY: all build test tools generate lint bench bench-baseline fuzz demo demo-host cluster-demo clean
+# The release this tree is; every binary is stamped with it (internal/version).
+VERSION := $(shell cat VERSION)
+REVISION := $(shell git rev-parse HEAD 2>/dev/null)
+VERSION_PKG := github.com/pxn-project/pxn/internal/version
+LDFLAGS := -X $(VERSION_PKG).version=$(VERSION)$(if $(REVISION), -X $(VERSION_PKG).revision=$(REVISION))
+export LDFLAGS
+
+.PHONY: all build test host-packages tools generate lint bench bench-baseline fuzz demo demo-host cluster-demo image release clean
 
 all: build
 
 build:
 	CGO_ENABLED=1 $(GO) build ./...
 	@mkdir -p $(BIN)
-	CGO_ENABLED=1 $(GO) build -o $(BIN)/ ./cmd/...
+	CGO_ENABLED=1 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+	CGO_ENABLED=1 $(GO) build -buildmode=c-shared -ldflags "$(LDFLAGS)" -o $(BIN)/libpxn.so ./cmd/libpxn
 
 tools:
 	@$(TOOLS)
@@ -23,12 +31,21 @@ generate: tools
 lint: tools
 	@hack/lint.sh
 
-# The project's test command: lint, then every test with the race detector.
-# PXN_REQUIRE_TOOLS makes a test that needs a tool fail instead of skip.
-test: lint
+# The project's test command: lint, the packages the end-to-end suite needs
+# (installed when missing, as make demo does), then every test with the race
+# detector. PXN_REQUIRE_TOOLS makes a test that needs a tool fail instead of
+# skip; the end-to-end suite still skips, saying why, when this machine cannot
+# install its packages (not root, no apt-get).
+test: lint host-packages
 	PXN_REQUIRE_TOOLS=1 PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools} \
 	KUBEBUILDER_ASSETS=$$($(TOOLS) assets) \
 	$(GO) test $(GOTEST_FLAGS) ./...
+
+# What the end-to-end suite, make demo, hack/local-cluster.sh and the Mooncake
+# transport need from
+# the machine (hack/host-packages.sh owns the list).
+host-packages:
+	@hack/host-packages.sh ensure cluster mooncake
 
 # The Mooncake transport (integrations/mooncake) against a Mooncake checkout:
 # _output/mooncake/libpxn_mooncake.a and libpxn.so, and the factory patch
@@ -67,5 +84,16 @@ cluster-demo: demo
 demo-host:
 	@hack/demo.sh
 
+# The pxn image for PLATFORMS (default linux/amd64,linux/arm64) as one OCI
+# image index, in _output/images (hack/image/build.sh; docs/images.md).
+PLATFORMS ?= linux/amd64,linux/arm64
+image:
+	PLATFORMS=$(PLATFORMS) FORMAT=oci hack/image/build.sh _output/images
+
+# _output/release: the image index (OCI layout archive), the packaged chart
+# and this version's CHANGELOG entry.
+release:
+	@PLATFORMS=$(PLATFORMS) hack/release.sh _output/release
+
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) _output

@@ -2,7 +2,7 @@
 # A real single-node Kubernetes cluster on this machine, from the tools that
 # hack/tools.sh builds (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubelet, kubectl) and Debian's containerd, runc and CNI
-# plugins. No kube-proxy and no cluster DNS. See docs/local-cluster.md.
+# plugins (installed when missing by hack/host-packages.sh). No kube-proxy and no cluster DNS. See docs/local-cluster.md.
 #
 #   hack/local-cluster.sh up        start it (idempotent); builds and imports the images
 #   hack/local-cluster.sh down      stop it and undo everything it did (safe to repeat)
@@ -22,7 +22,8 @@
 #   PXN_CLUSTER_KUBELET_PORT, PXN_CLUSTER_KUBELET_HEALTHZ_PORT, PXN_CLUSTER_KCM_PORT,
 #   PXN_CLUSTER_SCHED_PORT  (defaults 10250, 10248, 10257, 10259)
 #   PXN_CLUSTER_IMAGE      pxn image name (default pxn:local)
-#   PXN_CLUSTER_INSTALL=0  never apt-get install containerd/runc/CNI; fail instead
+#   PXN_CLUSTER_INSTALL=0  never install missing packages (hack/host-packages.sh
+#                          cluster: containerd, runc, CNI, ...); fail instead
 #   PXN_CLUSTER_BUILD=0    never build missing tools; fail instead
 #   PXN_TOOLS_DIR          tool cache (see hack/tools.sh)
 #
@@ -146,23 +147,16 @@ ensure_tools() {
   bash "$repo/hack/tools.sh" "${missing[@]}"
 }
 
+# ensure_packages: hack/host-packages.sh owns the list (make test and CI use
+# the same one).
 ensure_packages() {
-  local missing=()
-  command -v containerd >/dev/null || missing+=(containerd)
-  command -v runc >/dev/null || missing+=(runc)
-  [ -x "$CNI_BIN/bridge" ] && [ -x "$CNI_BIN/host-local" ] && [ -x "$CNI_BIN/loopback" ] ||
-    missing+=(containernetworking-plugins)
-  command -v openssl >/dev/null || missing+=(openssl)
-  command -v curl >/dev/null || missing+=(curl)
-  [ ${#missing[@]} -eq 0 ] && return 0
-  if [ "${PXN_CLUSTER_INSTALL:-1}" = 0 ]; then
-    die "packages not installed: ${missing[*]} (apt-get install -y ${missing[*]})" 4
+  local out rc=0
+  out=$(bash "$repo/hack/host-packages.sh" check cluster) || rc=$?
+  [ "$rc" = 0 ] && return 0
+  if [ "${PXN_CLUSTER_INSTALL:-1}" = 0 ] || [ "$rc" = 3 ]; then
+    die "$(echo "$out" | tr '\n' ' ')(hack/host-packages.sh install cluster)" 4
   fi
-  log "installing ${missing[*]} (apt-get)"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y --no-install-recommends "${missing[@]}" >&2 ||
-    { apt-get update -qq >&2 && apt-get install -y --no-install-recommends "${missing[@]}" >&2; } ||
-    die "apt-get install ${missing[*]} failed" 4
+  bash "$repo/hack/host-packages.sh" install cluster || die "installing the cluster's packages failed" 4
 }
 
 # check_free: what up is about to take must not be someone else's.

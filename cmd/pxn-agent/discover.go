@@ -3,79 +3,62 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
 	"text/tabwriter"
 
+	"github.com/spf13/cobra"
+
+	"github.com/pxn-project/pxn/internal/cli"
 	"github.com/pxn-project/pxn/pkg/rail"
 )
 
-func discoverMain(args []string) int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	return discoverRun(ctx, args, os.Stdout, os.Stderr)
+type discoverConfig struct {
+	rail   rail.Options
+	output string
 }
 
-// discoverRun prints the node's layout: exit 0 when discovered, 1 when
-// discovery failed, 2 on bad usage.
-func discoverRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("pxn-agent discover", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	hostRoot := fs.String("host-root", "/", "folder where the host's / is visible (its sys/ is read)")
-	strategy := fs.String("rail-strategy", rail.StrategyPCIOrder, "how rails are named: pci-order, subnet or static")
-	prefixLen := fs.Int("subnet-prefix-len", rail.DefaultSubnetPrefixLen, "IPv4 prefix length of the subnet strategy")
-	staticFile := fs.String("static-file", "", "static strategy: JSON object of HCA name to rail name")
-	output := fs.String("o", "table", "output format: table or json")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: pxn-agent discover [--host-root DIR] [--rail-strategy pci-order|subnet|static] [--subnet-prefix-len N] [--static-file F] [-o table|json]")
-		fmt.Fprintln(stderr, "Prints the node's GPUs, HCAs, PCIe distances and rails without contacting Kubernetes.")
-		fs.PrintDefaults()
+func newDiscoverCommand(ctx context.Context) *cobra.Command {
+	c := &discoverConfig{}
+	cmd := &cobra.Command{
+		Use:   "discover",
+		Short: "Print the node's GPUs, HCAs, PCIe distances and rails",
+		Long:  "Prints the node's GPUs, HCAs, PCIe distances and rails without contacting Kubernetes.",
+		Example: `  pxn-agent discover
+  pxn-agent discover --host-root /host -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return c.run(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	bindRailFlags(cmd.Flags(), &c.rail)
+	cmd.Flags().StringVarP(&c.output, "output", "o", "table", "output format: table or json")
+	return cmd
+}
+
+// run prints the node's layout; a failed discovery exits 1.
+func (c *discoverConfig) run(ctx context.Context, stdout, stderr io.Writer) error {
+	if c.output != "table" && c.output != "json" {
+		return fmt.Errorf("output format %q: want table or json", c.output)
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "pxn-agent discover: unexpected argument %q\n", fs.Arg(0))
-		fs.Usage()
-		return 2
-	}
-	if *output != "table" && *output != "json" {
-		fmt.Fprintf(stderr, "pxn-agent discover: output format %q: want table or json\n", *output)
-		return 2
-	}
-	layout, err := rail.Discover(ctx, rail.Options{
-		HostRoot:        *hostRoot,
-		Strategy:        *strategy,
-		SubnetPrefixLen: *prefixLen,
-		StaticFile:      *staticFile,
-	})
+	layout, err := rail.Discover(ctx, c.rail)
 	if err != nil {
-		fmt.Fprintf(stderr, "pxn-agent discover: %v\n", err)
-		return 1
+		return cli.Failed(err)
 	}
 	for _, w := range layout.Warnings {
 		fmt.Fprintf(stderr, "pxn-agent discover: warning: %s\n", w)
 	}
-	if *output == "json" {
+	if c.output == "json" {
 		b, err := json.MarshalIndent(layout, "", "  ")
 		if err != nil {
-			fmt.Fprintf(stderr, "pxn-agent discover: %v\n", err)
-			return 1
+			return cli.Failed(err)
 		}
 		fmt.Fprintf(stdout, "%s\n", b)
-		return 0
+		return nil
 	}
 	discoverTable(stdout, layout)
-	return 0
+	return nil
 }
 
 // discoverTable writes the layout for an operator: GPUs with their nearest

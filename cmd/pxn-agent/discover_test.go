@@ -20,7 +20,7 @@ func railFixture(name string) string {
 func runDiscover(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	code = discoverRun(context.Background(), args, &out, &errOut)
+	code = execute(context.Background(), append([]string{"discover"}, args...), &out, &errOut)
 	return code, out.String(), errOut.String()
 }
 
@@ -150,10 +150,10 @@ func TestDiscoverErrors(t *testing.T) {
 		{[]string{"--host-root", root, "--rail-strategy", "subnet", "--subnet-prefix-len", "40"}, 1, "subnet prefix length 40: want 1..32"},
 		{[]string{"--host-root", filepath.Join(dir, "missing")}, 1, "pxn-agent discover: host root: "},
 		{[]string{"--host-root", root, "-o", "yaml"}, 2, `output format "yaml": want table or json`},
-		{[]string{"--host-root", root, "--subnet-prefix-len", "x"}, 2, "invalid value"},
-		{[]string{"--no-such-flag"}, 2, "flag provided but not defined"},
-		{[]string{"--host-root", root, "extra"}, 2, `unexpected argument "extra"`},
-		{[]string{"-h"}, 0, "usage: pxn-agent discover"},
+		{[]string{"--host-root", root, "--subnet-prefix-len", "x"}, 2, `invalid argument "x" for "--subnet-prefix-len"`},
+		{[]string{"--no-such-flag"}, 2, "pxn-agent discover: unknown flag: --no-such-flag"},
+		{[]string{"--host-root", root, "extra"}, 2, `unknown command "extra" for "pxn-agent discover"`},
+		{[]string{"-h"}, 0, ""},
 	}
 	for _, tc := range tests {
 		code, out, errOut := runDiscover(t, tc.args...)

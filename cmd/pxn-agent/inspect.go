@@ -2,57 +2,64 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+
+	"github.com/pxn-project/pxn/internal/cli"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
-func inspectMain(args []string) int { return inspect(args, os.Stdout, os.Stderr) }
+type inspectConfig struct {
+	root       string
+	output     string
+	staleAfter time.Duration
+}
 
-func inspect(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("pxn-agent inspect", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	root := fs.String("root", "/dev/shm", "folder holding the mooncake-pxn-* registry directories (the engine's MC_PXN_REGISTRY_ROOT)")
-	format := fs.String("o", "table", "output format: table or json")
-	staleAfter := fs.Duration("stale-after", 3*time.Second, "report a rank whose heartbeat is older than this as stale")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+func newInspectCommand() *cobra.Command {
+	c := &inspectConfig{}
+	cmd := &cobra.Command{
+		Use:   "inspect",
+		Short: "Show the live engine registries under a folder",
+		Long: `Shows the ranks, lanes and leftovers of the engine registries (mooncake-pxn-*
+directories) under a folder, read without changing them.`,
+		Example: `  pxn-agent inspect --root /run/pxn/pxn-bench-registry-1
+  pxn-agent inspect -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return c.run(cmd.OutOrStdout())
+		},
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "pxn-agent inspect: unexpected argument %q\n", fs.Arg(0))
-		return 2
+	fs := cmd.Flags()
+	fs.StringVar(&c.root, "root", "/dev/shm", "folder holding the mooncake-pxn-* registry directories (the engine's MC_PXN_REGISTRY_ROOT)")
+	fs.StringVarP(&c.output, "output", "o", "table", "output format: table or json")
+	fs.DurationVar(&c.staleAfter, "stale-after", 3*time.Second, "report a rank whose heartbeat is older than this as stale")
+	return cmd
+}
+
+func (c *inspectConfig) run(stdout io.Writer) error {
+	if c.output != "table" && c.output != "json" {
+		return fmt.Errorf("-o %q: want table or json", c.output)
 	}
-	if *format != "table" && *format != "json" {
-		fmt.Fprintf(stderr, "pxn-agent inspect: -o %q: want table or json\n", *format)
-		return 2
-	}
-	groups, err := registry.InspectRoot(*root, *staleAfter)
+	groups, err := registry.InspectRoot(c.root, c.staleAfter)
 	if err != nil {
-		fmt.Fprintf(stderr, "pxn-agent inspect: %v\n", err)
-		return 1
+		return cli.Failed(err)
 	}
-	if *format == "json" {
+	if c.output == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		err = enc.Encode(groups)
 	} else {
-		err = writeInspectTable(stdout, *root, groups)
+		err = writeInspectTable(stdout, c.root, groups)
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "pxn-agent inspect: %v\n", err)
-		return 1
+		return cli.Failed(err)
 	}
-	return 0
+	return nil
 }
 
 func writeInspectTable(w io.Writer, root string, groups []registry.GroupReport) error {

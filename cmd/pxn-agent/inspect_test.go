@@ -63,7 +63,7 @@ func dirState(t *testing.T, dir string) string {
 func runInspect(t *testing.T, args ...string) (string, string, int) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	code := inspect(args, &out, &errOut)
+	code := execute(context.Background(), append([]string{"inspect"}, args...), &out, &errOut)
 	return out.String(), errOut.String(), code
 }
 

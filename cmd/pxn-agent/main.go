@@ -1,36 +1,74 @@
 // Command pxn-agent is PXN's node agent. Subcommands:
 //
-//	pxn-agent [run] [flags]   discover the node's rails and publish its PxnRailMap
-//	pxn-agent discover        print the node's layout without contacting Kubernetes
-//	pxn-agent inspect         show the live engine registries under a folder
+//	pxn-agent run         discover the node's rails and publish its PxnRailMap (the default)
+//	pxn-agent discover    print the node's layout without contacting Kubernetes
+//	pxn-agent inspect     show the live engine registries under a folder
+//	pxn-agent remove-labels   remove PXN's labels from every node (the chart's post-delete hook)
+//	pxn-agent version     print the version
+//
+// Every flag can also be set from the environment, PXN_AGENT_<FLAG> (see
+// docs/operations.md); --node-name reads NODE_NAME.
 package main
 
 import (
-	"fmt"
+	"context"
+	"io"
 	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pxn-project/pxn/internal/cli"
 )
 
+// envPrefix is the prefix of the agent's environment variables.
+const envPrefix = "PXN_AGENT"
+
+// envOverride names the variables that do not follow PXN_AGENT_<FLAG>.
+var envOverride = map[string]string{"node-name": "NODE_NAME"}
+
 func main() {
-	os.Exit(dispatch(os.Args[1:]))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := execute(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
-func dispatch(args []string) int {
-	cmd, rest := "run", args
-	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
-		cmd, rest = args[0], args[1:]
+// execute runs the command line args: exit 0, 1 when the command failed, 2
+// on bad usage. No arguments, or flags without a subcommand, are run's, as
+// before subcommands existed.
+func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		args = []string{"run"}
+	} else if len(args[0]) > 1 && args[0][0] == '-' {
+		switch args[0] {
+		case "-h", "--help", "--version":
+		default:
+			args = append([]string{"run"}, args...)
+		}
 	}
-	switch cmd {
-	case "run":
-		return runMain(rest)
-	case "discover":
-		return discoverMain(rest)
-	case "inspect":
-		return inspectMain(rest)
-	case "help":
-		fmt.Println("usage: pxn-agent [run|discover|inspect] [flags]; pxn-agent SUBCOMMAND -h for its flags")
-		return 0
-	default:
-		fmt.Fprintf(os.Stderr, "pxn-agent: unknown subcommand %q (want run, discover or inspect)\n", cmd)
-		return 2
+	return cli.Execute(newRootCommand(ctx, stdout, stderr, nil), args, stderr)
+}
+
+// newRootCommand builds the command tree; onRun, when not nil, receives run's
+// configuration instead of running the agent.
+func newRootCommand(ctx context.Context, stdout, stderr io.Writer, onRun func(*runConfig) error) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "pxn-agent",
+		Short: "PXN's node agent",
+		Long: `pxn-agent discovers a GPU node's rails (which HCA serves which GPU), publishes
+them as the node's PxnRailMap and labels the node. Without a subcommand it runs
+the agent (pxn-agent run).`,
 	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.AddCommand(
+		newRunCommand(ctx, onRun),
+		newDiscoverCommand(ctx),
+		newInspectCommand(),
+		newRemoveLabelsCommand(ctx),
+	)
+	cli.Setup(root, envPrefix, envOverride)
+	return root
 }

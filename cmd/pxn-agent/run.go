@@ -3,30 +3,25 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
-	"os"
-	"os/signal"
-	"runtime/debug"
-	"syscall"
+	"runtime"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/pxn-project/pxn/internal/buildinfo"
+	"github.com/pxn-project/pxn/internal/cli"
+	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/agent"
 	"github.com/pxn-project/pxn/pkg/rail"
 )
-
-func runMain(args []string) int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	return runAgent(ctx, args, os.Stderr)
-}
 
 // runConfig is what the run flags say.
 type runConfig struct {
@@ -35,67 +30,79 @@ type runConfig struct {
 	rail       rail.Options
 }
 
-func parseRunFlags(args []string, stderr io.Writer) (*runConfig, error) {
-	fs := flag.NewFlagSet("pxn-agent run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	klog.InitFlags(fs)
-	c := &runConfig{}
-	fs.StringVar(&c.opts.NodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node (default $NODE_NAME)")
-	fs.StringVar(&c.rail.HostRoot, "host-root", "/", "folder where the host's / is visible (its sys/ is read)")
-	fs.StringVar(&c.rail.Strategy, "rail-strategy", rail.StrategyPCIOrder, "how rails are named: pci-order, subnet or static")
-	fs.IntVar(&c.rail.SubnetPrefixLen, "subnet-prefix-len", rail.DefaultSubnetPrefixLen, "IPv4 prefix length of the subnet strategy")
-	fs.StringVar(&c.rail.StaticFile, "static-file", "", "static strategy: JSON object of HCA name to rail name")
+func (c *runConfig) bind(fs *pflag.FlagSet) {
+	fs.StringVar(&c.opts.NodeName, "node-name", "", "name of this node")
+	bindRailFlags(fs, &c.rail)
 	fs.DurationVar(&c.opts.Resync, "resync", 60*time.Second, "period of unconditional rediscovery and reconciliation")
 	fs.DurationVar(&c.opts.PollInterval, "poll-interval", 2*time.Second, "period of the cheap sysfs check that triggers a rediscovery when HCAs, GPUs or port states change")
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster or $KUBECONFIG")
 	fs.StringVar(&c.opts.MetricsBindAddress, "metrics-bind-address", ":9640", `address of the Prometheus /metrics endpoint; "0" disables it`)
 	fs.StringVar(&c.opts.HealthProbeBindAddress, "health-probe-bind-address", ":9642", `address of /healthz and /readyz; "0" disables them`)
-	fs.StringVar(&c.opts.AgentVersion, "agent-version", buildVersion(), "version written to status.agentVersion")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: pxn-agent [run] [flags]")
-		fmt.Fprintln(stderr, "Discovers the node's rails, publishes its PxnRailMap and labels the node.")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	if c.opts.NodeName == "" {
-		return nil, errors.New("--node-name is empty and NODE_NAME is not set")
-	}
-	if c.opts.Resync <= 0 || c.opts.PollInterval <= 0 {
-		return nil, fmt.Errorf("--resync %v and --poll-interval %v must be positive", c.opts.Resync, c.opts.PollInterval)
-	}
-	c.opts.Discoverer = agent.RailDiscoverer{Options: c.rail}
-	return c, nil
+	fs.StringVar(&c.opts.AgentVersion, "agent-version", version.String(), "version written to status.agentVersion")
 }
 
-// runAgent runs the agent until ctx is done: exit 0 then, 1 when it fails,
-// 2 on bad usage.
-func runAgent(ctx context.Context, args []string, stderr io.Writer) int {
-	c, err := parseRunFlags(args, stderr)
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintf(stderr, "pxn-agent run: %v\n", err)
-		return 2
+// bindRailFlags binds the rail discovery flags that run and discover share.
+func bindRailFlags(fs *pflag.FlagSet, o *rail.Options) {
+	fs.StringVar(&o.HostRoot, "host-root", "/", "folder where the host's / is visible (its sys/ is read)")
+	fs.StringVar(&o.Strategy, "rail-strategy", rail.StrategyPCIOrder, "how rails are named: pci-order, subnet or static")
+	fs.IntVar(&o.SubnetPrefixLen, "subnet-prefix-len", rail.DefaultSubnetPrefixLen, "IPv4 prefix length of the subnet strategy")
+	fs.StringVar(&o.StaticFile, "static-file", "", "static strategy: JSON object of HCA name to rail name")
+}
+
+// complete checks the flags and fills what they imply.
+func (c *runConfig) complete() error {
+	if c.opts.NodeName == "" {
+		return errors.New("--node-name is empty and NODE_NAME is not set")
 	}
+	if c.opts.Resync <= 0 || c.opts.PollInterval <= 0 {
+		return fmt.Errorf("--resync %v and --poll-interval %v must be positive", c.opts.Resync, c.opts.PollInterval)
+	}
+	c.opts.Discoverer = agent.RailDiscoverer{Options: c.rail}
+	return nil
+}
+
+func newRunCommand(ctx context.Context, onRun func(*runConfig) error) *cobra.Command {
+	c := &runConfig{}
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Discover the node's rails, publish its PxnRailMap and label the node",
+		Long: `Discovers the node's rails, publishes its PxnRailMap and labels the node; keeps
+both current until it is stopped (SIGTERM).`,
+		Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if err := c.complete(); err != nil {
+				return err
+			}
+			if onRun != nil {
+				return onRun(c)
+			}
+			return c.run(ctx)
+		},
+	}
+	c.bind(cmd.Flags())
+	return cmd
+}
+
+// run runs the agent until ctx is done.
+func (c *runConfig) run(ctx context.Context) error {
 	ctrllog.SetLogger(klog.NewKlogr())
 	defer klog.Flush()
+	klog.InfoS("Starting pxn-agent", "version", version.String(), "revision", version.Revision(), "goVersion", runtime.Version(),
+		"node", klog.KRef("", c.opts.NodeName))
+	if err := buildinfo.Register(ctrlmetrics.Registry); err != nil {
+		return cli.Failed(fmt.Errorf("register pxn_build_info: %w", err))
+	}
 	cfg, err := restConfig(c.kubeconfig)
 	if err != nil {
 		klog.ErrorS(err, "no Kubernetes client configuration")
-		return 1
+		return cli.ExitError{Code: 1}
 	}
 	cfg.UserAgent = "pxn-agent/" + c.opts.AgentVersion
 	if err := agent.Run(ctx, cfg, c.opts); err != nil {
 		klog.ErrorS(err, "agent failed", "node", klog.KRef("", c.opts.NodeName))
-		return 1
+		return cli.ExitError{Code: 1}
 	}
-	return 0
+	return nil
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {
@@ -103,23 +110,4 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 		return clientcmd.BuildConfigFromFlags("", kubeconfig)
 	}
 	return ctrlconfig.GetConfig()
-}
-
-// buildVersion is the module version the binary was built from, with the VCS
-// revision when the build recorded one; "devel" when neither is known.
-func buildVersion() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "devel"
-	}
-	v := bi.Main.Version
-	if v == "" || v == "(devel)" {
-		v = "devel"
-	}
-	for _, s := range bi.Settings {
-		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-			v += "+" + s.Value[:12]
-		}
-	}
-	return v
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"strings"
 	"testing"
 	"time"
@@ -21,20 +22,34 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	pxnv1alpha1 "github.com/pxn-project/pxn/api/v1alpha1"
+	"github.com/pxn-project/pxn/internal/cli"
 	"github.com/pxn-project/pxn/internal/testtools"
+	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/agent"
 	"github.com/pxn-project/pxn/pkg/rail"
 )
 
+// parseRun runs `pxn-agent run ARGS` up to the point where the agent would
+// start and returns its configuration, or stderr as the error.
+func parseRun(args ...string) (*runConfig, error) {
+	var got *runConfig
+	var stderr bytes.Buffer
+	root := newRootCommand(context.Background(), io.Discard, &stderr, func(c *runConfig) error { got = c; return nil })
+	if code := cli.Execute(root, append([]string{"run"}, args...), &stderr); code != 0 {
+		return nil, fmt.Errorf("exit %d: %s", code, stderr.String())
+	}
+	return got, nil
+}
+
 func TestRunFlags(t *testing.T) {
 	t.Setenv("NODE_NAME", "from-env")
-	c, err := parseRunFlags(nil, io.Discard)
+	c, err := parseRun()
 	if err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
 	o := c.opts
 	if o.NodeName != "from-env" || o.Resync != time.Minute || o.PollInterval != 2*time.Second ||
-		o.MetricsBindAddress != ":9640" || o.HealthProbeBindAddress != ":9642" || o.AgentVersion == "" || c.kubeconfig != "" {
+		o.MetricsBindAddress != ":9640" || o.HealthProbeBindAddress != ":9642" || o.AgentVersion != version.String() || c.kubeconfig != "" {
 		t.Errorf("defaults: %+v kubeconfig %q", o, c.kubeconfig)
 	}
 	want := rail.Options{HostRoot: "/", Strategy: rail.StrategyPCIOrder, SubnetPrefixLen: rail.DefaultSubnetPrefixLen}
@@ -43,9 +58,9 @@ func TestRunFlags(t *testing.T) {
 		t.Errorf("discoverer %#v, want rail options %+v", o.Discoverer, want)
 	}
 
-	c, err = parseRunFlags([]string{"--node-name=n1", "--host-root=/host", "--rail-strategy=static", "--static-file=/etc/rails.json",
+	c, err = parseRun("--node-name=n1", "--host-root=/host", "--rail-strategy=static", "--static-file=/etc/rails.json",
 		"--subnet-prefix-len=16", "--resync=5s", "--kubeconfig=/kc", "--metrics-bind-address=0",
-		"--health-probe-bind-address=127.0.0.1:1", "--agent-version=v9", "-v=0"}, io.Discard)
+		"--health-probe-bind-address=127.0.0.1:1", "--agent-version=v9", "-v=0")
 	if err != nil {
 		t.Fatalf("flags: %v", err)
 	}
@@ -63,19 +78,78 @@ func TestRunFlags(t *testing.T) {
 		want string
 	}{
 		{nil, "", "--node-name is empty"},
-		{[]string{"--node-name=a", "extra"}, "", `unexpected argument "extra"`},
+		{[]string{"--node-name=a", "extra"}, "", `unknown command "extra"`},
 		{[]string{"--node-name=a", "--resync=0s"}, "", "must be positive"},
-		{[]string{"--no-such-flag"}, "x", "flag provided but not defined"},
+		{[]string{"frobnicate"}, "", `unknown command "frobnicate" for "pxn-agent"`},
+		{[]string{"--no-such-flag"}, "x", "unknown flag: --no-such-flag"},
 	} {
 		t.Setenv("NODE_NAME", tc.env)
 		var stderr bytes.Buffer
-		if code := runAgent(context.Background(), tc.args, &stderr); code != 2 || !strings.Contains(stderr.String(), tc.want) {
+		if code := execute(context.Background(), tc.args, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), tc.want) {
 			t.Errorf("run %q: exit %d, stderr %q; want 2 and %q", tc.args, code, stderr.String(), tc.want)
 		}
 	}
-	var stderr bytes.Buffer
-	if code := runAgent(context.Background(), []string{"-h"}, &stderr); code != 0 || !strings.Contains(stderr.String(), "-rail-strategy") {
-		t.Errorf("-h: exit %d, stderr %q", code, stderr.String())
+}
+
+// TestRunEnvironment: every run flag reads PXN_AGENT_<FLAG> when the command
+// line does not give it; the command line wins; a bad value names the
+// variable.
+func TestRunEnvironment(t *testing.T) {
+	t.Setenv("NODE_NAME", "env-node")
+	t.Setenv("PXN_AGENT_HOST_ROOT", "/env-host")
+	t.Setenv("PXN_AGENT_RAIL_STRATEGY", "subnet")
+	t.Setenv("PXN_AGENT_SUBNET_PREFIX_LEN", "20")
+	t.Setenv("PXN_AGENT_RESYNC", "7s")
+	t.Setenv("PXN_AGENT_METRICS_BIND_ADDRESS", ":1234")
+	c, err := parseRun("--resync=9s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := c.opts.Discoverer.(agent.RailDiscoverer)
+	if c.opts.NodeName != "env-node" || d.Options.HostRoot != "/env-host" || d.Options.Strategy != "subnet" ||
+		d.Options.SubnetPrefixLen != 20 || c.opts.Resync != 9*time.Second || c.opts.MetricsBindAddress != ":1234" {
+		t.Errorf("parsed %+v %+v", c.opts, d.Options)
+	}
+
+	t.Setenv("PXN_AGENT_POLL_INTERVAL", "soon")
+	_, err = parseRun()
+	if err == nil || !strings.Contains(err.Error(), `PXN_AGENT_POLL_INTERVAL="soon" (for --poll-interval)`) {
+		t.Errorf("bad variable: %v", err)
+	}
+}
+
+func TestHelpAndVersion(t *testing.T) {
+	for _, tc := range []struct {
+		args    []string
+		want    []string
+		notWant []string
+	}{
+		{[]string{"--help"}, []string{"Available Commands:", "discover", "inspect", "remove-labels", "run", "version"}, nil},
+		{[]string{"run", "--help"}, []string{"Flags:\n", "--rail-strategy string", "[$PXN_AGENT_RAIL_STRATEGY]", "[$NODE_NAME]",
+			"Logging flags:\n", "-v, --v Level"}, []string{"PXN_AGENT_V]", "PXN_AGENT_NODE_NAME"}},
+		{[]string{"discover", "-h"}, []string{"--output string", "[$PXN_AGENT_OUTPUT]", "--host-root"}, nil},
+		{[]string{"--version"}, []string{"pxn-agent " + version.String() + " (revision "}, nil},
+		{[]string{"version"}, []string{"pxn-agent " + version.String() + " (revision "}, nil},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := execute(context.Background(), tc.args, &stdout, &stderr)
+		if code != 0 {
+			t.Errorf("%q: exit %d, stderr %q", tc.args, code, stderr.String())
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(stdout.String(), w) {
+				t.Errorf("%q: stdout lacks %q:\n%s", tc.args, w, stdout.String())
+			}
+		}
+		for _, w := range tc.notWant {
+			if strings.Contains(stdout.String(), w) {
+				t.Errorf("%q: stdout has %q:\n%s", tc.args, w, stdout.String())
+			}
+		}
+		if i, j := strings.Index(stdout.String(), "Logging flags:"), strings.Index(stdout.String(), "--host-root"); i >= 0 && j > i {
+			t.Errorf("%q: a tool flag is listed among the logging flags:\n%s", tc.args, stdout.String())
+		}
 	}
 }
 
@@ -118,7 +192,8 @@ func TestRunPublishesAndServesEndpoints(t *testing.T) {
 	defer cancel()
 	exit := make(chan int, 1)
 	go func() {
-		exit <- runAgent(runCtx, []string{
+		exit <- execute(runCtx, []string{
+			"run",
 			"--node-name=" + node.Name,
 			"--kubeconfig=" + kubeconfig,
 			"--host-root=" + filepath.Join(testtools.RepoRoot(), "pkg", "rail", "testdata", "sysfs", "hgx-8gpu"),
@@ -126,7 +201,7 @@ func TestRunPublishesAndServesEndpoints(t *testing.T) {
 			"--metrics-bind-address=" + metricsAddr,
 			"--health-probe-bind-address=" + healthAddr,
 			"--agent-version=v0.0.0-test",
-		}, io.Discard)
+		}, io.Discard, io.Discard)
 	}()
 
 	waitHTTP(t, "http://"+healthAddr+"/readyz", "ok")
@@ -143,6 +218,7 @@ func TestRunPublishesAndServesEndpoints(t *testing.T) {
 		`pxn_agent_publishes_total{target="status"} `,
 		`pxn_agent_errors_total{op="publish"} 0`,
 		"pxn_agent_rails 8",
+		`pxn_build_info{goversion="` + goruntime.Version() + `",revision=`,
 		`controller_runtime_reconcile_total{controller="pxn-agent",result="success"}`,
 	} {
 		waitHTTP(t, "http://"+metricsAddr+"/metrics", series)

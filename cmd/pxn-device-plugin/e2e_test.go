@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -395,8 +396,14 @@ func TestMetrics(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close()
+	l, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	health := l.Addr().String()
+	l.Close()
 	k := startKubelet(t)
-	startPlugin(t, k, pluginOpts{metrics: addr})
+	startPlugin(t, k, pluginOpts{metrics: addr, health: health})
 	c := k.dial(k.waitRegistration(30 * time.Second).Endpoint)
 	stream, err := c.ListAndWatch(contextFor(t, 30*time.Second), &pluginapi.Empty{})
 	if err != nil {
@@ -413,6 +420,17 @@ func TestMetrics(t *testing.T) {
 		`pxn_device_plugin_prestarts_total{result="ok"} 1`,
 		`pxn_device_plugin_devices{health="Healthy"} 16`,
 		`pxn_device_plugin_devices{health="Unhealthy"} 0`,
+		`pxn_build_info{goversion="` + runtime.Version() + `",revision=`,
+	}
+	for _, probe := range []string{"/healthz", "/readyz"} {
+		eventually(t, 10*time.Second, probe, func() bool {
+			resp, err := http.Get("http://" + health + probe)
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusOK
+		})
 	}
 	var body string
 	eventually(t, 10*time.Second, "metrics", func() bool {

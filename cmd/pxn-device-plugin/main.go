@@ -1,17 +1,21 @@
 // Command pxn-device-plugin is the kubelet device plugin for PXN's relay
 // resource (pxn.io/relay): every container that requests it gets the engine's
 // environment and its job's registry directory. See docs/device-plugin.md.
+//
+// Every flag can also be set from the environment, PXN_DEVICE_PLUGIN_<FLAG>
+// (see docs/operations.md).
 package main
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -19,11 +23,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/pxn-project/pxn/internal/buildinfo"
+	"github.com/pxn-project/pxn/internal/cli"
+	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/deviceplugin"
 )
@@ -41,6 +50,7 @@ type options struct {
 	groupID            string
 	kubeconfig         string
 	metricsAddr        string
+	healthAddr         string
 	gcInterval         time.Duration
 	gcGrace            time.Duration
 	rediscoverInterval time.Duration
@@ -48,7 +58,7 @@ type options struct {
 	rail               railFlags
 }
 
-func (o *options) bind(fs *flag.FlagSet) {
+func (o *options) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&o.resourceName, "resource-name", "pxn.io/relay", "extended resource to advertise")
 	fs.IntVar(&o.devices, "devices", 16, "number of virtual devices (shared and counted, no topology)")
 	fs.StringVar(&o.devicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "kubelet's device plugin directory, holding kubelet.sock")
@@ -61,6 +71,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.groupID, "group-id", "k8s", contract.EnvGroupID+" handed to every container")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for the API server; empty: in-cluster config when in a pod, else no API access")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9641", "address of the Prometheus /metrics endpoint; empty disables it")
+	fs.StringVar(&o.healthAddr, "health-probe-bind-address", ":9643", "address of /healthz (the process serves) and /readyz (registered with the kubelet); empty disables them")
 	fs.DurationVar(&o.gcInterval, "gc-interval", 30*time.Second, "how often unused slot links and group directories are collected")
 	fs.DurationVar(&o.gcGrace, "gc-grace", 5*time.Minute, "how long an unassigned slot link or unreferenced group directory is kept")
 	fs.DurationVar(&o.rediscoverInterval, "rediscover-interval", 30*time.Second, "how often rails and port states are re-read")
@@ -78,42 +89,54 @@ func (o *options) validate() error {
 	return nil
 }
 
+// envPrefix is the prefix of the plugin's environment variables.
+const envPrefix = "PXN_DEVICE_PLUGIN"
+
 func main() {
-	os.Exit(run(os.Args[1:]))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	code := execute(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
-func run(args []string) int {
-	fs := flag.NewFlagSet("pxn-device-plugin", flag.ContinueOnError)
+// execute runs the command line args: exit 0, 1 when the plugin failed, 2 on
+// bad usage.
+func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return cli.Execute(newRootCommand(ctx, stdout, stderr), args, stderr)
+}
+
+func newRootCommand(ctx context.Context, stdout, stderr io.Writer) *cobra.Command {
 	var o options
-	o.bind(fs)
-	klog.InitFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	root := &cobra.Command{
+		Use:   "pxn-device-plugin",
+		Short: "Kubelet device plugin for PXN's relay resource",
+		Long: `pxn-device-plugin advertises PXN's relay resource (pxn.io/relay) to the kubelet.
+Every container that requests it gets the engine's environment (MC_PXN_*) and
+its job's registry folder. It runs until it is stopped (SIGTERM).`,
+		Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if err := o.validate(); err != nil {
+				return err
+			}
+			defer klog.Flush()
+			if err := o.run(ctx); err != nil {
+				klog.ErrorS(err, "pxn-device-plugin failed")
+				return cli.ExitError{Code: 1}
+			}
+			return nil
+		},
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "pxn-device-plugin: unexpected arguments %q\n", fs.Args())
-		return 2
-	}
-	if err := o.validate(); err != nil {
-		fmt.Fprintf(os.Stderr, "pxn-device-plugin: %v\n", err)
-		return 2
-	}
-	defer klog.Flush()
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	if err := o.run(ctx); err != nil {
-		klog.ErrorS(err, "pxn-device-plugin failed")
-		return 1
-	}
-	return 0
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	o.bind(root.Flags())
+	cli.Setup(root, envPrefix, nil)
+	return root
 }
 
 func (o *options) run(ctx context.Context) error {
+	klog.InfoS("Starting pxn-device-plugin", "version", version.String(), "revision", version.Revision(), "goVersion", runtime.Version())
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector())
 	metrics := deviceplugin.NewMetrics(reg)
 
 	discoverer, err := o.rail.discoverer(o.hostRoot, o.railStrategy)
@@ -153,13 +176,20 @@ func (o *options) run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	if o.metricsAddr != "" {
-		if err := serveMetrics(ctx, &wg, o.metricsAddr, reg); err != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		if err := serveHTTP(ctx, &wg, "metrics", o.metricsAddr, mux); err != nil {
+			return err
+		}
+	}
+	if o.healthAddr != "" {
+		if err := serveHTTP(ctx, &wg, "health probes", o.healthAddr, probes(server)); err != nil {
 			return err
 		}
 	}
 	wg.Go(func() { monitor.Run(ctx) })
 	wg.Go(func() { relay.RunGarbageCollector(ctx, o.gcInterval, o.gcGrace) })
-	klog.InfoS("Starting pxn-device-plugin", "resource", o.resourceName, "devices", o.devices,
+	klog.InfoS("Serving the device plugin", "resource", o.resourceName, "devices", o.devices,
 		"socket", server.SocketPath(), "stateDir", o.stateDir, "shmDir", o.shmDir, "apiAccess", api != nil)
 	return server.Run(ctx)
 }
@@ -177,7 +207,7 @@ func apiPods(kubeconfig string) (deviceplugin.PodGetter, error) {
 		klog.InfoS("No API server access; groups are keyed by pod name", "reason", err.Error())
 		return nil, nil
 	}
-	cfg.UserAgent = "pxn-device-plugin"
+	cfg.UserAgent = "pxn-device-plugin/" + version.String()
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("API client: %w", err)
@@ -185,17 +215,30 @@ func apiPods(kubeconfig string) (deviceplugin.PodGetter, error) {
 	return deviceplugin.NewClientPodGetter(client), nil
 }
 
-func serveMetrics(ctx context.Context, wg *sync.WaitGroup, addr string, reg *prometheus.Registry) error {
+// probes answers /healthz while the process serves and /readyz while the
+// kubelet holds the plugin's registration.
+func probes(server *deviceplugin.Server) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !server.Registered() {
+			http.Error(w, "not registered with the kubelet", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
+}
+
+func serveHTTP(ctx context.Context, wg *sync.WaitGroup, what, addr string, h http.Handler) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("metrics listener: %w", err)
+		return fmt.Errorf("%s listener: %w", what, err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	wg.Go(func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			klog.ErrorS(err, "Metrics server ended", "addr", addr)
+			klog.ErrorS(err, "HTTP server ended", "what", what, "addr", addr)
 		}
 	})
 	wg.Go(func() {
@@ -204,6 +247,6 @@ func serveMetrics(ctx context.Context, wg *sync.WaitGroup, addr string, reg *pro
 		defer cancel()
 		srv.Shutdown(sctx)
 	})
-	klog.InfoS("Serving metrics", "addr", ln.Addr().String())
+	klog.InfoS("Serving "+what, "addr", ln.Addr().String())
 	return nil
 }

@@ -85,6 +85,7 @@ type pluginOpts struct {
 	hostRoot   string
 	kubeconfig string
 	metrics    string
+	health     string // empty: the probes are off
 	extra      []string
 }
 
@@ -105,6 +106,7 @@ func startPlugin(t testing.TB, k *kubelet, o pluginOpts) *plugin {
 		"--state-dir=" + p.stateDir,
 		"--shm-dir=" + p.shmDir,
 		"--metrics-addr=" + o.metrics,
+		"--health-probe-bind-address=" + o.health,
 		"--rediscover-interval=100ms",
 		"--gc-interval=100ms",
 		"--gc-grace=400ms",

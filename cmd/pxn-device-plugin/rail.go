@@ -2,11 +2,11 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"slices"
 	"sync"
 
+	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
 	"github.com/pxn-project/pxn/pkg/deviceplugin"
@@ -19,7 +19,7 @@ type railFlags struct {
 	staticFile      string
 }
 
-func (r *railFlags) bind(fs *flag.FlagSet) {
+func (r *railFlags) bind(fs *pflag.FlagSet) {
 	fs.IntVar(&r.subnetPrefixLen, "subnet-prefix-len", rail.DefaultSubnetPrefixLen, "IPv4 prefix length of the subnet rail strategy")
 	fs.StringVar(&r.staticFile, "static-file", "", "static rail strategy: JSON object of HCA name to rail name")
 }

@@ -3,19 +3,24 @@
 //
 //	pxn-gpucheck info                 driver, devices, entry points
 //	pxn-gpucheck ring [flags]         raw copy-engine rate vs the copier's ring
+//	pxn-gpucheck version              the version (also --version)
 //
 // ring re-executes itself as the relay process of each run.
 package main
 
 import (
+	"context"
 	"errors"
-	"flag"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+
+	"github.com/pxn-project/pxn/internal/cli"
 	"github.com/pxn-project/pxn/internal/cuda"
 	"github.com/pxn-project/pxn/pkg/gpu"
 	"github.com/pxn-project/pxn/pkg/sim/ringcheck"
@@ -30,23 +35,58 @@ func main() {
 		}
 		return
 	}
-	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: pxn-gpucheck info | ring [flags]")
-		os.Exit(2)
+	os.Exit(cli.Execute(newRootCommand(context.Background(), os.Stdout, os.Stderr), os.Args[1:], os.Stderr))
+}
+
+// ringConfig is what the ring flags say.
+type ringConfig struct {
+	pieces, warm int
+	shm          string
+	timeout      time.Duration
+}
+
+func newRootCommand(_ context.Context, stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "pxn-gpucheck",
+		Short: "Report and measure PXN's CUDA first hop on a GPU machine",
+		Long: `pxn-gpucheck reports what PXN's CUDA first hop finds on a GPU machine (driver,
+devices, entry points) and measures the copier's ring against raw copies.`,
 	}
-	var err error
-	switch os.Args[1] {
-	case "info":
-		err = info()
-	case "ring":
-		err = ring(os.Args[2:])
-	default:
-		err = fmt.Errorf("unknown command %q", os.Args[1])
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.AddCommand(&cobra.Command{
+		Use:   "info",
+		Short: "Print the driver, the devices and the entry points the first hop uses",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if err := info(); err != nil {
+				return cli.Failed(err)
+			}
+			return nil
+		},
+	})
+	var rc ringConfig
+	ringCmd := &cobra.Command{
+		Use:   "ring",
+		Short: "Measure the copy engine's raw rate against the copier's ring",
+		Long: `Measures the copy engine's raw rate against the copier's ring, on one GPU and
+between two. It re-executes itself as the relay process of each run.`,
+		Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if err := ring(rc); err != nil {
+				return cli.Failed(err)
+			}
+			return nil
+		},
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "pxn-gpucheck:", err)
-		os.Exit(1)
-	}
+	fs := ringCmd.Flags()
+	fs.IntVar(&rc.pieces, "pieces", 2048, "measured Pieces per run")
+	fs.IntVar(&rc.warm, "warmup", 64, "Pieces before measuring")
+	fs.StringVar(&rc.shm, "shm", "/dev/shm", "tmpfs folder for the relay's control block")
+	fs.DurationVar(&rc.timeout, "timeout", 60*time.Second, "per run")
+	root.AddCommand(ringCmd)
+	cli.Setup(root, "PXN_GPUCHECK", nil)
+	return root
 }
 
 func info() error {
@@ -97,15 +137,8 @@ type row struct {
 
 func gbps(b uint64, d time.Duration) float64 { return float64(b) / d.Seconds() / 1e9 }
 
-func ring(args []string) error {
-	fs := flag.NewFlagSet("ring", flag.ContinueOnError)
-	pieces := fs.Int("pieces", 2048, "measured Pieces per run")
-	warm := fs.Int("warmup", 64, "Pieces before measuring")
-	shm := fs.String("shm", "/dev/shm", "tmpfs folder for the relay's control block")
-	timeout := fs.Duration("timeout", 60*time.Second, "per run")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
+func ring(rc ringConfig) error {
+	pieces, warm, shm, timeout := &rc.pieces, &rc.warm, &rc.shm, &rc.timeout
 	d, err := cuda.Load()
 	if err != nil {
 		return err

@@ -9,6 +9,8 @@
 //	    -add bin/pxn-device-plugin:/usr/local/bin/pxn-device-plugin \
 //	    -entrypoint /usr/local/bin/pxn-agent
 //	go run ./hack/image -o pause.tar -name pause:3.10 -pause
+//	go run ./hack/image -index -o pxn.oci.tar -name pxn:0.1.0 pxn-amd64.tar pxn-arm64.tar
+//	go run ./hack/image -verify pxn.oci.tar
 //
 // See docs/images.md.
 package main
@@ -46,7 +48,8 @@ func run(args []string) error {
 	var (
 		out, name, format, user, workdir, arch string
 		adds, entrypoint, cmd, env, labels     listFlag
-		ldd, pause, etc                        bool
+		sysroot                                string
+		ldd, pause, etc, mkIndex, verify       bool
 		epoch                                  int64
 	)
 	fs.StringVar(&out, "o", "", "archive to write (required)")
@@ -55,6 +58,9 @@ func run(args []string) error {
 	fs.Var(&adds, "add", "SRC:DST[:MODE] file to put at absolute path DST, MODE in octal (default: SRC's permissions); repeatable")
 	fs.BoolVar(&ldd, "ldd", false, "also add the shared libraries and the loader that each added dynamic ELF file needs, as ldd resolves them on this machine")
 	fs.BoolVar(&etc, "etc", true, "add a minimal /etc/passwd, /etc/group and /etc/nsswitch.conf (root and nonroot 65532) and /tmp")
+	fs.StringVar(&sysroot, "sysroot", "", "with -ldd, for a foreign architecture: take the libraries from DIR/lib (e.g. /usr/aarch64-linux-gnu) by the files' DT_NEEDED entries instead of ldd")
+	fs.BoolVar(&mkIndex, "index", false, "combine the one-platform OCI archives given as arguments into one multi-platform image -name at -o")
+	fs.BoolVar(&verify, "verify", false, "check the multi-platform archive given as the argument: platforms agree with the configs, every ELF file matches its platform")
 	fs.BoolVar(&pause, "pause", false, "build "+pausePackage+" with CGO_ENABLED=0 and make a pause image of it (/pause); run inside the module")
 	fs.Var(&entrypoint, "entrypoint", "entrypoint argument; repeat for each element")
 	fs.Var(&cmd, "cmd", "cmd argument; repeat for each element")
@@ -66,6 +72,30 @@ func run(args []string) error {
 	fs.Int64Var(&epoch, "epoch", sourceDateEpoch(), "modification time of every entry and the image's creation time, in Unix seconds (default: $SOURCE_DATE_EPOCH or 0)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if verify {
+		if fs.NArg() != 1 {
+			return errors.New("-verify takes one archive")
+		}
+		report, err := VerifyIndex(fs.Arg(0))
+		if err != nil {
+			return fmt.Errorf("%s: %w", fs.Arg(0), err)
+		}
+		for _, l := range report {
+			fmt.Printf("%s: %s\n", fs.Arg(0), l)
+		}
+		return nil
+	}
+	if mkIndex {
+		if out == "" || name == "" || fs.NArg() == 0 {
+			return errors.New("-index needs -o, -name and the one-platform archives")
+		}
+		digest, err := WriteIndex(out, name, fs.Args(), time.Unix(epoch, 0).UTC())
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%s: %s %s (%d platforms)\n", out, name, digest, fs.NArg())
+		return nil
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -131,7 +161,13 @@ func run(args []string) error {
 	if len(files) == 0 {
 		return errors.New("nothing to pack: give -add or -pause")
 	}
-	if ldd {
+	if ldd && sysroot != "" {
+		libs, err := sysrootLibraries(files, sysroot, arch)
+		if err != nil {
+			return err
+		}
+		files = append(files, libs...)
+	} else if ldd {
 		libs, err := sharedLibraries(files)
 		if err != nil {
 			return err

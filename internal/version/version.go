@@ -5,6 +5,10 @@
 //
 //	go build -ldflags "-X github.com/pxn-project/pxn/internal/version.version=$(cat VERSION)"
 //
+// and the revision, when the build has no VCS information of its own (a
+// source tree without .git, or -buildvcs=false), with
+// -X github.com/pxn-project/pxn/internal/version.revision=$(git rev-parse HEAD).
+//
 // An unstamped build (go build, go test) reports the VERSION file's release
 // with "-devel" appended, so it never claims to be a release it is not.
 package version
@@ -15,8 +19,11 @@ import (
 	"runtime/debug"
 )
 
-// version is set at link time; see the package comment.
-var version string
+// version and revision are set at link time; see the package comment.
+var (
+	version  string
+	revision string
+)
 
 // Release is the release this source tree is (the VERSION file); a test
 // keeps the two equal.
@@ -33,6 +40,9 @@ func String() string {
 // Revision is the VCS revision the binary was built from, or "" when the
 // build recorded none.
 func Revision() string {
+	if revision != "" {
+		return revision
+	}
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		return ""

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -47,6 +48,9 @@ type Server struct {
 	socket        string
 	kubeletSocket string
 
+	// registered is written by Run's goroutine, read by probes.
+	registered atomic.Bool
+
 	// Set while serving; owned by Run's goroutine.
 	grpc   *grpc.Server
 	stop   chan struct{}
@@ -74,6 +78,10 @@ func NewServer(cfg ServerConfig, resource Resource, m *Metrics) *Server {
 
 // SocketPath is the plugin socket's path.
 func (s *Server) SocketPath() string { return s.socket }
+
+// Registered reports whether the kubelet holds the plugin's current
+// registration.
+func (s *Server) Registered() bool { return s.registered.Load() }
 
 // fileID tells a re-created file from the old one: a new socket often gets
 // the freed inode number back, but not the same change time.
@@ -126,12 +134,14 @@ func (s *Server) Run(ctx context.Context) error {
 				}
 			} else {
 				registered, failures = true, 0
+				s.registered.Store(true)
 			}
 		}
 
 		restart := false
 		select {
 		case <-ctx.Done():
+			s.registered.Store(false)
 			s.teardown()
 			klog.InfoS("Device plugin stopped", "socket", s.socket)
 			return nil
@@ -148,6 +158,7 @@ func (s *Server) Run(ctx context.Context) error {
 		if restart {
 			s.teardown()
 			registered = false
+			s.registered.Store(false)
 		}
 	}
 }

@@ -92,7 +92,7 @@ func TestServerDryRun(t *testing.T) {
 	}{
 		{"defaults", nil},
 		{"custom", []string{"-f", customFile}},
-		{"agent only", []string{"--set", "devicePlugin.enabled=false", "--set", "agent.railStrategy=subnet", "--set", "rbac.create=false",
+		{"agent only", []string{"--set", "devicePlugin.enabled=false", "--set", "rails.strategy=subnet", "--set", "rbac.create=false",
 			"--set", "agent.serviceAccount.create=false", "--set", "agent.serviceAccount.name=pxn-agent"}},
 		{"plugin only", []string{"--set", "agent.enabled=false", "--set", "devicePlugin.podResourcesSocket=/var/lib/kubelet/device-plugins/pr.sock",
 			"--set", "serviceMonitor.enabled=true", "--set", "updateStrategy.maxUnavailable=25%"}},

@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -24,10 +25,11 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/pxn-project/pxn/internal/testtools"
+	"github.com/pxn-project/pxn/internal/version"
 )
 
-// kubeVersion is passed to helm template: the chart needs >=1.28 and a helm
-// built from the module proxy assumes an old default.
+// kubeVersion is passed to helm template, as helm install would learn it from
+// the cluster; TestTemplateWithoutKubeVersion renders without it.
 const kubeVersion = "v1.37.2"
 
 const namespace = "pxn-system"
@@ -146,7 +148,8 @@ func TestLint(t *testing.T) {
 	}{
 		{"defaults", nil},
 		{"custom", []string{"-f", customFile}},
-		{"agent only, subnet", []string{"--set", "devicePlugin.enabled=false", "--set", "agent.railStrategy=subnet"}},
+		{"agent only, subnet", []string{"--set", "devicePlugin.enabled=false", "--set", "rails.strategy=subnet"}},
+		{"cleanup hook", []string{"--set", "cleanup.removeNodeLabels=true"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"lint", "--strict", chartDir}, tc.args...)
@@ -154,6 +157,87 @@ func TestLint(t *testing.T) {
 				t.Fatalf("helm %v: %v\n%s", args, err, out)
 			}
 		})
+	}
+}
+
+// TestTemplateWithoutKubeVersion renders the chart the way Argo CD and
+// `helm template | kubectl apply` do: no cluster, helm's built-in default
+// capabilities. It must render what an install against v1.37 renders.
+func TestTemplateWithoutKubeVersion(t *testing.T) {
+	h := newHelm(t)
+	for _, args := range [][]string{nil, {"-f", customFile}} {
+		plain, err := h.run(append([]string{"template", "pxn", chartDir, "--namespace", namespace}, args...)...)
+		if err != nil {
+			t.Fatalf("helm template %v without --kube-version: %v", args, err)
+		}
+		withVersion, err := h.run(h.templateArgs(args)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if plain != withVersion {
+			t.Errorf("helm template %v renders differently without --kube-version", args)
+		}
+	}
+}
+
+// TestVersionsAgree: the chart's version and appVersion are the VERSION file's
+// release, which the binaries report (internal/version) and the image is
+// tagged with.
+func TestVersionsAgree(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(testtools.RepoRoot(), "VERSION"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := strings.TrimSpace(string(b))
+	c, err := os.ReadFile(filepath.Join(chartDir, "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chart struct {
+		Version     string `json:"version"`
+		AppVersion  string `json:"appVersion"`
+		KubeVersion string `json:"kubeVersion"`
+	}
+	if err := yaml.Unmarshal(c, &chart); err != nil {
+		t.Fatal(err)
+	}
+	if chart.Version != release || chart.AppVersion != release || version.Release != release {
+		t.Errorf("VERSION %q, Chart.yaml version %q appVersion %q, version.Release %q: keep them equal",
+			release, chart.Version, chart.AppVersion, version.Release)
+	}
+	if chart.KubeVersion != "" {
+		t.Errorf("Chart.yaml kubeVersion %q: helm template checks it against helm's default, not the cluster", chart.KubeVersion)
+	}
+}
+
+// checkCleanupHook: the post-delete hook's Job runs remove-labels under its
+// own service account, which may only list and patch nodes; every part is a
+// post-delete hook, the RBAC created before the Job.
+func checkCleanupHook(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
+	weights := map[string]string{}
+	for _, kind := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"} {
+		o := find(objs, kind, "pxn-cleanup")
+		if o == nil {
+			t.Errorf("no %s/pxn-cleanup rendered; have %v", kind, names(objs))
+			continue
+		}
+		a := o.GetAnnotations()
+		if a["helm.sh/hook"] != "post-delete" || !strings.Contains(a["helm.sh/hook-delete-policy"], "hook-succeeded") {
+			t.Errorf("%s/pxn-cleanup annotations %v, want a post-delete hook deleted on success", kind, a)
+		}
+		weights[kind] = a["helm.sh/hook-weight"]
+	}
+	if len(weights) == 4 && !(weights["ClusterRole"] < weights["Job"] && weights["ClusterRoleBinding"] < weights["Job"] && weights["ServiceAccount"] < weights["Job"]) {
+		t.Errorf("hook weights %v: the RBAC must come before the Job", weights)
+	}
+	role := typed[rbacv1.ClusterRole](t, objs, "ClusterRole", "pxn-cleanup")
+	checkRules(t, "cleanup", role.Rules, map[string][]string{"/nodes": {"list", "patch"}})
+	job := typed[batchv1.Job](t, objs, "Job", "pxn-cleanup")
+	spec := job.Spec.Template.Spec
+	if spec.ServiceAccountName != "pxn-cleanup" || len(spec.Containers) != 1 ||
+		!slices.Equal(spec.Containers[0].Command, []string{"/usr/local/bin/pxn-agent", "remove-labels"}) {
+		t.Errorf("cleanup Job: serviceAccount %q containers %+v", spec.ServiceAccountName, spec.Containers)
 	}
 }
 
@@ -208,13 +292,17 @@ func TestTemplateDefaults(t *testing.T) {
 		"--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
 		"--host-root=/host", "--rail-strategy=pci-order",
 		"--state-dir=/run/pxn", "--shm-dir=/dev/shm/pxn", "--container-registry-root=/run/pxn",
-		"--group-id=k8s", "--metrics-addr=:9641", "--gc-interval=30s", "--gc-grace=5m",
+		"--group-id=k8s", "--metrics-addr=:9641", "--health-probe-bind-address=:9643", "--gc-interval=30s", "--gc-grace=5m",
 		"--rediscover-interval=30s", "--pod-lookup-timeout=5s",
 	}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("device plugin args:\n got %q\nwant %q", c.Args, wantArgs)
 	}
-	checkPorts(t, c, map[string]int32{"metrics": 9641})
+	checkPorts(t, c, map[string]int32{"metrics": 9641, "health": 9643})
+	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" || c.LivenessProbe.HTTPGet.Port.String() != "health" ||
+		c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
+		t.Errorf("device plugin probes: liveness %+v readiness %+v", c.LivenessProbe, c.ReadinessProbe)
+	}
 	checkHostMount(t, plugin, "/sys", "/host/sys", true)
 	checkHostMount(t, plugin, "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/device-plugins", false)
 	checkHostMount(t, plugin, "/var/lib/kubelet/pod-resources", "/var/lib/kubelet/pod-resources", true)
@@ -283,7 +371,7 @@ func TestTemplateCustom(t *testing.T) {
 	if c.Image != "registry.example.com/gpu/pxn:0.1.0-rc.1" || c.ImagePullPolicy != corev1.PullNever {
 		t.Errorf("agent image %q pullPolicy %q", c.Image, c.ImagePullPolicy)
 	}
-	wantArgs := []string{"run", "--host-root=/host", "--rail-strategy=static", "--static-file=/etc/pxn/rails/agent.json",
+	wantArgs := []string{"run", "--host-root=/host", "--rail-strategy=static", "--static-file=/etc/pxn/rails/rails.json",
 		"--resync=2m30s", "--poll-interval=500ms", "--metrics-bind-address=:19640", "--health-probe-bind-address=:19642", "-v=4"}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("agent args:\n got %q\nwant %q", c.Args, wantArgs)
@@ -295,6 +383,9 @@ func TestTemplateCustom(t *testing.T) {
 		t.Errorf("agent cpu request %s", c.Resources.Requests.Cpu())
 	}
 	checkPorts(t, c, map[string]int32{"metrics": 19640, "health": 19642})
+	if c.LivenessProbe == nil || c.LivenessProbe.PeriodSeconds != 60 || c.LivenessProbe.TimeoutSeconds != 5 || c.ReadinessProbe != nil {
+		t.Errorf("agent probes: liveness %+v readiness %+v, want the custom liveness probe and no readiness probe", c.LivenessProbe, c.ReadinessProbe)
+	}
 	checkHostMount(t, agent, "/mnt/host-sys", "/host/sys", true)
 
 	plugin := typed[appsv1.DaemonSet](t, objs, "DaemonSet", "pxn-device-plugin")
@@ -304,13 +395,16 @@ func TestTemplateCustom(t *testing.T) {
 		"--resource-name=example.com/relay", "--devices=64",
 		"--device-plugin-dir=/var/lib/k0s/kubelet/device-plugins",
 		"--pod-resources-socket=/var/lib/k0s/kubelet/pod-resources/kubelet.sock",
-		"--host-root=/host", "--rail-strategy=static", "--static-file=/etc/pxn/rails/device-plugin.json",
+		"--host-root=/host", "--rail-strategy=static", "--static-file=/etc/pxn/rails/rails.json",
 		"--state-dir=/run/pxn-test", "--shm-dir=/dev/shm/pxn-test", "--container-registry-root=/var/run/pxn-registry",
-		"--group-id=team-a", "--metrics-addr=:19641", "--gc-interval=10s", "--gc-grace=90s",
+		"--group-id=team-a", "--metrics-addr=:19641", "--health-probe-bind-address=127.0.0.1:19643", "--gc-interval=10s", "--gc-grace=90s",
 		"--rediscover-interval=1m", "--pod-lookup-timeout=2s", "-v=2",
 	}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("device plugin args:\n got %q\nwant %q", c.Args, wantArgs)
+	}
+	if c.LivenessProbe != nil || c.ReadinessProbe == nil || c.ReadinessProbe.InitialDelaySeconds != 3 {
+		t.Errorf("device plugin probes: liveness %+v readiness %+v, want no liveness probe and the custom readiness probe", c.LivenessProbe, c.ReadinessProbe)
 	}
 	checkHostMount(t, plugin, "/mnt/host-sys", "/host/sys", true)
 	checkHostMount(t, plugin, "/var/lib/k0s/kubelet/device-plugins", "/var/lib/k0s/kubelet/device-plugins", false)
@@ -322,11 +416,13 @@ func TestTemplateCustom(t *testing.T) {
 	}
 
 	cm := typed[corev1.ConfigMap](t, objs, "ConfigMap", "pxn-rails")
-	for _, key := range []string{"agent.json", "device-plugin.json"} {
-		if cm.Data[key] != `{"mlx5_0":"rail0","mlx5_1":"rail1"}` {
-			t.Errorf("rails ConfigMap %s = %q", key, cm.Data[key])
-		}
+	if len(cm.Data) != 1 || cm.Data["rails.json"] != `{"mlx5_0":"rail0","mlx5_1":"rail1"}` {
+		t.Errorf("rails ConfigMap data %q, want one rails.json", cm.Data)
 	}
+	if a, p := agent.Spec.Template.Annotations["checksum/rails"], plugin.Spec.Template.Annotations["checksum/rails"]; a == "" || a != p {
+		t.Errorf("checksum/rails: agent %q, device plugin %q; want one, equal", a, p)
+	}
+	checkCleanupHook(t, objs)
 
 	for comp, port := range map[string]int32{"agent": 19640, "device-plugin": 19641} {
 		svc := typed[corev1.Service](t, objs, "Service", "pxn-"+comp+"-metrics")
@@ -358,19 +454,19 @@ func TestTemplateVariants(t *testing.T) {
 	}{
 		{
 			name:       "subnet strategy passes the prefix length",
-			args:       []string{"--set", "agent.railStrategy=subnet", "--set", "devicePlugin.railStrategy=subnet", "--set", "agent.subnetPrefixLen=20", "--set", "devicePlugin.subnetPrefixLen=20"},
+			args:       []string{"--set", "rails.strategy=subnet", "--set", "rails.subnetPrefixLen=20"},
 			agentArgs:  []string{"--rail-strategy=subnet", "--subnet-prefix-len=20"},
 			pluginArgs: []string{"--rail-strategy=subnet", "--subnet-prefix-len=20"},
 		},
 		{
 			name:      "agent only, static file, metrics and probes off",
-			args:      []string{"--set", "devicePlugin.enabled=false", "--set", "agent.railStrategy=static", "--set", "agent.staticFile=/etc/rails/table.json", "--set", "agent.metricsBindAddress=0", "--set", "agent.healthProbeBindAddress=0", "--set", "agent.kubeconfig=/etc/kube/config"},
+			args:      []string{"--set", "devicePlugin.enabled=false", "--set", "rails.strategy=static", "--set", "rails.staticFile=/etc/rails/table.json", "--set", "agent.metricsBindAddress=0", "--set", "agent.healthProbeBindAddress=0", "--set", "agent.kubeconfig=/etc/kube/config"},
 			agentArgs: []string{"--static-file=/etc/rails/table.json", "--metrics-bind-address=0", "--kubeconfig=/etc/kube/config"},
 		},
 		{
 			name:       "plugin only, digest, pod-resources inside the plugin dir",
-			args:       []string{"--set", "agent.enabled=false", "--set", "image.digest=sha256:" + strings.Repeat("ab", 32), "--set", "devicePlugin.podResourcesSocket=/var/lib/kubelet/device-plugins/pr.sock", "--set", "devicePlugin.metricsAddr="},
-			pluginArgs: []string{"--pod-resources-socket=/var/lib/kubelet/device-plugins/pr.sock", "--metrics-addr="},
+			args:       []string{"--set", "agent.enabled=false", "--set", "image.digest=sha256:" + strings.Repeat("ab", 32), "--set", "devicePlugin.podResourcesSocket=/var/lib/kubelet/device-plugins/pr.sock", "--set", "devicePlugin.metricsAddr=", "--set", "devicePlugin.healthProbeBindAddress="},
+			pluginArgs: []string{"--pod-resources-socket=/var/lib/kubelet/device-plugins/pr.sock", "--metrics-addr=", "--health-probe-bind-address="},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -403,6 +499,9 @@ func TestTemplateVariants(t *testing.T) {
 					if !slices.Contains(c.Args, a) {
 						t.Errorf("device plugin args %q lack %q", c.Args, a)
 					}
+				}
+				if slices.Contains(tc.pluginArgs, "--health-probe-bind-address=") && (len(c.Ports) != 0 || c.LivenessProbe != nil || c.ReadinessProbe != nil) {
+					t.Errorf("device plugin with endpoints off has ports %+v / probes %+v %+v", c.Ports, c.LivenessProbe, c.ReadinessProbe)
 				}
 				if strings.Contains(tc.name, "digest") && c.Image != "ghcr.io/pxn-project/pxn@sha256:"+strings.Repeat("ab", 32) {
 					t.Errorf("image %q, want the digest reference", c.Image)

@@ -280,31 +280,33 @@ type node struct {
 	} `json:"status"`
 }
 
-// requireHost skips the suite when it cannot run here: not root, or no
-// containerd, runc and CNI plugins (which fails instead under
-// PXN_REQUIRE_TOOLS=1, like a missing tool).
+// requireHost skips the suite when it cannot run here: not root, or the
+// packages of hack/host-packages.sh's cluster group are missing and this
+// machine cannot install them (no apt-get). Packages that are missing but
+// installable fail under PXN_REQUIRE_TOOLS=1 (make test installs them first)
+// and skip otherwise.
 func requireHost(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("skipping: the end-to-end suite needs root (it starts containerd, a kubelet and a CNI bridge)")
 	}
-	var missing []string
-	for _, bin := range []string{"containerd", "runc", "ctr"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			missing = append(missing, bin)
-		}
-	}
-	for _, plugin := range []string{"bridge", "host-local", "loopback"} {
-		if _, err := os.Stat(filepath.Join("/usr/lib/cni", plugin)); err != nil {
-			missing = append(missing, "/usr/lib/cni/"+plugin)
-		}
-	}
-	if len(missing) > 0 {
-		msg := fmt.Sprintf("containerd cannot start: %s not installed (apt-get install -y containerd runc containernetworking-plugins)", strings.Join(missing, ", "))
+	cmd := exec.Command("bash", filepath.Join(testtools.RepoRoot(), "hack", "host-packages.sh"), "check", "cluster")
+	out, err := cmd.Output()
+	report := strings.Join(strings.Split(strings.TrimSpace(string(out)), "\n"), "; ")
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return
+	case errors.As(err, &exit) && exit.ExitCode() == 3:
+		t.Skipf("skipping: %s", report)
+	case errors.As(err, &exit) && exit.ExitCode() == 4:
+		msg := report + " (make test installs them; or hack/host-packages.sh install cluster)"
 		if os.Getenv("PXN_REQUIRE_TOOLS") == "1" {
 			t.Fatal(msg)
 		}
 		t.Skip("skipping: " + msg)
+	default:
+		t.Fatalf("hack/host-packages.sh check cluster: %v: %s", err, out)
 	}
 }
 

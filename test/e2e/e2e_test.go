@@ -4,9 +4,11 @@
 // installs charts/pxn with helm and checks, through the cluster, what a user
 // of the chart relies on. See docs/local-cluster.md.
 //
-// It needs root and Debian's containerd, runc and CNI plugins; it skips when
-// not root or when containerd cannot start or run a container here, with the
-// reason. Tools come from hack/tools.sh (missing ones skip, or fail under
+// It needs root and Debian's containerd, runc and CNI plugins (the cluster
+// group of hack/host-packages.sh, which make test installs); it skips, with
+// the reason, when not root, when those packages are missing and this machine
+// cannot install them (no apt-get), or when containerd cannot start or run a
+// container here. Tools come from hack/tools.sh (missing ones skip, or fail under
 // PXN_REQUIRE_TOOLS=1 like every other test that needs a tool).
 //
 //	PXN_E2E_CLUSTER_DIR=DIR  use the cluster already up in DIR; leave it up

@@ -67,23 +67,25 @@ app.kubernetes.io/component: {{ .component }}
 {{/* Where a staticTable ConfigMap key is mounted in a container. */}}
 {{- define "pxn.railsMountPath" -}}/etc/pxn/rails{{- end -}}
 
-{{/*
-pxn.railArgs: the rail discovery flags of one component,
-(dict "root" $ "values" .Values.agent "key" "agent.json").
-*/}}
+{{/* pxn.railArgs: the rail discovery flags, from .Values.rails. */}}
 {{- define "pxn.railArgs" -}}
-{{- $v := .values -}}
-- --rail-strategy={{ $v.railStrategy }}
-{{- if eq $v.railStrategy "subnet" }}
-- --subnet-prefix-len={{ $v.subnetPrefixLen }}
+{{- $r := .Values.rails -}}
+- --rail-strategy={{ $r.strategy }}
+{{- if eq $r.strategy "subnet" }}
+- --subnet-prefix-len={{ $r.subnetPrefixLen }}
 {{- end }}
-{{- if eq $v.railStrategy "static" }}
-{{- if $v.staticFile }}
-- --static-file={{ $v.staticFile }}
+{{- if eq $r.strategy "static" }}
+{{- if $r.staticFile }}
+- --static-file={{ $r.staticFile }}
 {{- else }}
-- --static-file={{ include "pxn.railsMountPath" . }}/{{ .key }}
+- --static-file={{ include "pxn.railsMountPath" . }}/rails.json
 {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* pxn.railsTable: the rails ConfigMap is mounted. */}}
+{{- define "pxn.railsTable" -}}
+{{- if and (eq .Values.rails.strategy "static") .Values.rails.staticTable -}}true{{- end -}}
 {{- end -}}
 
 {{/* Scheduling fields shared by both DaemonSets. */}}
