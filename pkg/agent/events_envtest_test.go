@@ -101,10 +101,12 @@ func TestEventsExplainChanges(t *testing.T) {
 	}
 	settled("Normal PortsActive", "Normal RailsAgree", "Warning PortsNotActive")
 
-	// Discovery fails: the host root is gone.
-	if err := os.RemoveAll(root); err != nil {
+	// Discovery fails: the host root is gone, at once (a rename; removing
+	// the tree file by file would show a discovery a half-removed host).
+	if err := os.Rename(root, root+".gone"); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { os.RemoveAll(root + ".gone") })
 	cond := mapCondition(t, c, node.Name, pxnv1alpha1.ConditionReady, metav1.ConditionFalse, 10*time.Second)
 	eventually(t, 10*time.Second, func() error {
 		cond = mapCondition(t, c, node.Name, pxnv1alpha1.ConditionReady, metav1.ConditionFalse, time.Second)

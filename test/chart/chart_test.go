@@ -246,7 +246,7 @@ func TestTemplateDefaults(t *testing.T) {
 		"/nodes":                    {"list", "patch", "watch"},
 	})
 	eventsRole := typed[rbacv1.Role](t, objs, "Role", "pxn-agent-events")
-	checkRules(t, "agent events", eventsRole.Rules, map[string][]string{"events.k8s.io/events": {"create", "patch"}})
+	checkRules(t, "agent events", eventsRole.Rules, map[string][]string{"events.k8s.io/events": {"create"}})
 	pluginRole := typed[rbacv1.ClusterRole](t, objs, "ClusterRole", "pxn-device-plugin")
 	checkRules(t, "device plugin", pluginRole.Rules, map[string][]string{"/pods": {"get"}})
 	for _, comp := range []string{"agent", "device-plugin"} {
