@@ -40,6 +40,10 @@ type GPU struct {
 	// +kubebuilder:validation:MaxLength=64
 	// +optional
 	UUID string `json:"uuid,omitempty"`
+	// Name is the GPU's product name from NVML, e.g. NVIDIA H200.
+	// +kubebuilder:validation:MaxLength=96
+	// +optional
+	Name string `json:"name,omitempty"`
 	// PCIBusID is the normalized PCI address, domain:bus:device.function.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=32
@@ -193,6 +197,7 @@ type PxnRailMapStatus struct {
 // +kubebuilder:printcolumn:name="GPUs",type=integer,JSONPath=`.status.gpuCount`
 // +kubebuilder:printcolumn:name="HCAs",type=integer,JSONPath=`.status.hcaCount`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Consistent",type=string,JSONPath=`.status.conditions[?(@.type=="Consistent")].status`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type PxnRailMap struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -16,7 +16,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
@@ -73,6 +75,10 @@ type Options struct {
 	// Registerer receives the agent's metrics; nil means controller-runtime's
 	// registry, which the metrics endpoint serves.
 	Registerer prometheus.Registerer
+	// Events receives the Events on the node and its PxnRailMap; nil means
+	// a recorder writing events.k8s.io/v1 Events through cfg, as
+	// ReportingController, for as long as Run runs.
+	Events events.EventRecorder
 	// MinBackoff and MaxBackoff bound the exponential backoff after a failed
 	// reconciliation.
 	MinBackoff, MaxBackoff time.Duration
@@ -109,6 +115,20 @@ func (o *Options) defaults() error {
 	return nil
 }
 
+// newEventRecorder returns a recorder that writes Events through cfg until
+// stop is called.
+func newEventRecorder(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme) (events.EventRecorder, func(), error) {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("events client: %w", err)
+	}
+	b := events.NewBroadcaster(&events.EventSinkImpl{Interface: cs.EventsV1()})
+	if err := b.StartRecordingToSinkWithContext(ctx); err != nil {
+		return nil, nil, fmt.Errorf("start event recording: %w", err)
+	}
+	return b.NewRecorder(scheme, ReportingController), b.Shutdown, nil
+}
+
 // Run runs the agent until ctx is done.
 func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if err := opts.defaults(); err != nil {
@@ -139,6 +159,15 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		return fmt.Errorf("create manager: %w", err)
 	}
 
+	if opts.Events == nil {
+		rec, stop, err := newEventRecorder(ctx, cfg, scheme)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		opts.Events = rec
+	}
+
 	loop := newDiscoveryLoop(opts, m)
 	r := &reconciler{
 		node:         opts.NodeName,
@@ -147,6 +176,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		writer:       mgr.GetClient(),
 		state:        loop,
 		metrics:      m,
+		events:       opts.Events,
 	}
 	c, err := controller.New("pxn-agent", mgr, controller.Options{
 		Reconciler:              r,

@@ -57,8 +57,8 @@ func TestAgentPublishesFixtureNode(t *testing.T) {
 
 	table := kubectl(t, "get", "pxnrailmaps", node.Name)
 	t.Logf("kubectl get pxnrailmaps %s:\n%s", node.Name, table)
-	header := regexp.MustCompile(`^NAME\s+RAILS\s+GPUS\s+HCAS\s+READY\s+AGE\n`)
-	row := regexp.MustCompile(`\n` + node.Name + `\s+8\s+8\s+10\s+True\s+\d+s\n`)
+	header := regexp.MustCompile(`^NAME\s+RAILS\s+GPUS\s+HCAS\s+READY\s+CONSISTENT\s+AGE\n`)
+	row := regexp.MustCompile(`\n` + node.Name + `\s+8\s+8\s+10\s+True\s+True\s+\d+s\n`)
 	if !header.MatchString(table) || !row.MatchString(table) {
 		t.Errorf("kubectl table does not show the columns and values:\n%s", table)
 	}

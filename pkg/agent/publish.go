@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -36,6 +37,7 @@ type reconciler struct {
 	writer       client.Client
 	state        interface{ snapshot() (*Discovery, error) }
 	metrics      *metrics
+	events       events.EventRecorder
 
 	synced atomic.Bool
 }
@@ -85,9 +87,15 @@ func (r *reconciler) sync(ctx context.Context) error {
 	}
 	status := r.desiredStatus(d, discErr, all.Items, existing)
 	if existing == nil || !equality.Semantic.DeepEqual(existing.Status, status) {
-		if err := r.applyStatus(ctx, status, rv); err != nil {
+		applied, err := r.applyStatus(ctx, status, rv)
+		if err != nil {
 			return err
 		}
+		var old []metav1.Condition
+		if existing != nil {
+			old = existing.Status.Conditions
+		}
+		recordConditionChanges(r.events, node, applied, old, status.Conditions)
 	}
 	if err := r.applyLabels(ctx, node, status); err != nil {
 		return err
@@ -160,10 +168,12 @@ func (r *reconciler) applyMap(ctx context.Context, node *corev1.Node, rv string)
 	return u.GetResourceVersion(), nil
 }
 
-func (r *reconciler) applyStatus(ctx context.Context, s pxnv1alpha1.PxnRailMapStatus, rv string) error {
+// applyStatus applies the map's status and returns the map as the API
+// server answered.
+func (r *reconciler) applyStatus(ctx context.Context, s pxnv1alpha1.PxnRailMapStatus, rv string) (*unstructured.Unstructured, error) {
 	status, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&s)
 	if err != nil {
-		return fmt.Errorf("convert status of PxnRailMap %s: %w", r.node, err)
+		return nil, fmt.Errorf("convert status of PxnRailMap %s: %w", r.node, err)
 	}
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": pxnv1alpha1.GroupVersion.String(),
@@ -172,7 +182,7 @@ func (r *reconciler) applyStatus(ctx context.Context, s pxnv1alpha1.PxnRailMapSt
 		"status":     status,
 	}}
 	if err := r.writer.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
-		return fmt.Errorf("apply status of PxnRailMap %s: %w", r.node, err)
+		return nil, fmt.Errorf("apply status of PxnRailMap %s: %w", r.node, err)
 	}
 	r.metrics.publishes.WithLabelValues("status").Inc()
 	r.awaitCache(ctx, &pxnv1alpha1.PxnRailMap{}, r.node, rv, u.GetResourceVersion())
@@ -180,7 +190,7 @@ func (r *reconciler) applyStatus(ctx context.Context, s pxnv1alpha1.PxnRailMapSt
 	consistent := meta.FindStatusCondition(s.Conditions, pxnv1alpha1.ConditionConsistent)
 	klog.InfoS("published", "prm", klog.KRef("", r.node), "rails", s.Rails, "gpus", s.GPUCount, "hcas", s.HCACount,
 		"ready", ready.Status, "readyReason", ready.Reason, "consistent", consistent.Status, "consistentReason", consistent.Reason)
-	return nil
+	return u, nil
 }
 
 // applyLabels sets pxn.io/capable and pxn.io/rails on the node when they

@@ -44,7 +44,7 @@ func LayoutFromRail(l *rail.Layout) pxnv1alpha1.RailLayout {
 	}
 	for _, g := range l.GPUs {
 		out.GPUs = append(out.GPUs, pxnv1alpha1.GPU{
-			Index: int32(g.Index), UUID: g.UUID, PCIBusID: g.PCIBusID, NUMANode: int32(g.NUMANode),
+			Index: int32(g.Index), UUID: g.UUID, Name: g.Name, PCIBusID: g.PCIBusID, NUMANode: int32(g.NUMANode),
 			HCA: g.HCA, Distance: g.Distance, Rail: g.Rail,
 		})
 	}

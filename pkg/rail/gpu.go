@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,6 +22,7 @@ type GPULister interface {
 type DriverGPU struct {
 	Index    int
 	UUID     string
+	Name     string // product name, e.g. NVIDIA H200
 	PCIBusID string // any form NormalizeBusID accepts, e.g. NVML's 00000000:18:00.0
 }
 
@@ -43,13 +45,31 @@ const (
 )
 
 // gpus lists the GPUs in PCI bus order: from the driver library when there
-// is one that loads, else from a scan of the PCI bus.
+// is one that loads and at least one of its GPUs is in this sysfs tree, else
+// from a scan of the PCI bus. A library that lists no GPU, or only GPUs this
+// tree does not show (a host root that is not the library's host), gives way
+// to the scan, with a warning when the scan finds GPUs.
 func (s *sysfs) gpus(ctx context.Context, lister GPULister) ([]gpuInfo, string, error) {
 	if lister != nil {
 		list, err := lister.ListGPUs(ctx)
 		switch {
 		case err == nil:
-			return s.driverGPUs(list), GPUSourceNVML, nil
+			mark := len(*s.warnings)
+			gpus := s.driverGPUs(list)
+			if slices.ContainsFunc(gpus, func(g gpuInfo) bool { return g.path != nil }) {
+				return gpus, GPUSourceNVML, nil
+			}
+			*s.warnings = (*s.warnings)[:mark]
+			scanned, err := s.scanGPUs(ctx)
+			if err == nil && (len(scanned) > 0 || len(list) > 0) {
+				why := "lists no GPU (a container runtime that hides the GPUs, e.g. NVIDIA_VISIBLE_DEVICES=none?)"
+				if len(list) > 0 {
+					why = fmt.Sprintf("lists %d GPUs, none of them under %s", len(list), s.host(busPCIDevices))
+				}
+				*s.warnings = append(*s.warnings, fmt.Sprintf("GPU driver library %s; the PCI scan found %d GPUs and is used instead", why, len(scanned)))
+				s.log.Info("GPU driver library disagrees with sysfs; using the PCI scan", "why", why, "scanned", len(scanned))
+			}
+			return scanned, GPUSourceSysfs, err
 		case ctx.Err() != nil:
 			return nil, "", ctx.Err()
 		case errors.Is(err, ErrNoDriver):
@@ -73,7 +93,7 @@ func (s *sysfs) driverGPUs(list []DriverGPU) []gpuInfo {
 			s.log.Info("GPU skipped", "index", d.Index, "uuid", d.UUID, "err", err.Error())
 			continue
 		}
-		g := gpuInfo{GPU: GPU{Index: d.Index, UUID: d.UUID, PCIBusID: id, NUMANode: -1}}
+		g := gpuInfo{GPU: GPU{Index: d.Index, UUID: d.UUID, Name: d.Name, PCIBusID: id, NUMANode: -1}}
 		link := busPCIDevices + "/" + id
 		dir, err := s.resolve(link)
 		if err == nil {

@@ -42,11 +42,15 @@ func (nvmlLister) ListGPUs(ctx context.Context) ([]DriverGPU, error) {
 		if ret != nvml.SUCCESS {
 			return nil, fmt.Errorf("nvml GPU %d UUID: %s", i, lib.ErrorString(ret))
 		}
+		name, ret := dev.GetName()
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("nvml GPU %d name: %s", i, lib.ErrorString(ret))
+		}
 		pci, ret := dev.GetPciInfo()
 		if ret != nvml.SUCCESS {
 			return nil, fmt.Errorf("nvml GPU %d PCI info: %s", i, lib.ErrorString(ret))
 		}
-		out = append(out, DriverGPU{Index: i, UUID: uuid, PCIBusID: cString(pci.BusId[:])})
+		out = append(out, DriverGPU{Index: i, UUID: uuid, Name: name, PCIBusID: cString(pci.BusId[:])})
 	}
 	return out, nil
 }

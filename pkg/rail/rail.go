@@ -3,8 +3,8 @@
 //
 // Everything is read from sysfs under an injectable host root, so every
 // machine layout is a test fixture (see testdata/sysfs, written by
-// internal/genfixtures). GPUs come from NVML when the host root is "/" and
-// the library loads, otherwise from a scan of the PCI bus. docs/rails.md
+// internal/genfixtures). GPUs come from NVML when the library loads and its
+// GPUs are in the sysfs tree, otherwise from a scan of the PCI bus. docs/rails.md
 // explains the sources, the distance classes and the rail strategies.
 package rail
 
@@ -59,7 +59,8 @@ type Options struct {
 	// name to rail name.
 	StaticFile string
 	// GPUs, when set, lists the GPUs instead of NVML. When nil, NVML is
-	// used if the host root is "/" and FS is nil.
+	// used unless FS is set, whatever the host root: the driver library is
+	// found through the dynamic loader, not under the host root.
 	GPUs GPULister
 	// Logger receives one line per warning, with the offending path. The
 	// zero Logger discards.
@@ -98,7 +99,8 @@ func (s SharedSubnet) String() string {
 type GPU struct {
 	Index    int    `json:"index"` // NVML index, or position in bus order when scanned from sysfs
 	UUID     string `json:"uuid,omitempty"`
-	PCIBusID string `json:"pciBusID"` // sysfs form, 0000:18:00.0
+	Name     string `json:"name,omitempty"` // product name from NVML
+	PCIBusID string `json:"pciBusID"`       // sysfs form, 0000:18:00.0
 	NUMANode int    `json:"numaNode"`
 	HCA      string `json:"hca,omitempty"`      // nearest HCA
 	Distance string `json:"distance,omitempty"` // to HCA: PIX|PXB|PHB|NODE|SYS
@@ -198,7 +200,7 @@ func Discover(ctx context.Context, opts Options) (*Layout, error) {
 		fsys, dir = os.DirFS(root), root
 	}
 	lister := opts.GPUs
-	if lister == nil && opts.FS == nil && root == "/" {
+	if lister == nil && opts.FS == nil {
 		lister = NVML()
 	}
 

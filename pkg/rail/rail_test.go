@@ -496,7 +496,7 @@ func TestDriverGPUs(t *testing.T) {
 	t.Run("NVML bus ids are normalised and placed", func(t *testing.T) {
 		var list []DriverGPU
 		for i, id := range []string{"00000000:D8:00.0", "00000000:C9:00.0", "00000000:BA:00.0", "00000000:9A:00.0", "00000000:5C:00.0", "00000000:4B:00.0", "00000000:3A:00.0", "00000000:18:00.0"} {
-			list = append(list, DriverGPU{Index: i, UUID: fmt.Sprintf("GPU-%d", i), PCIBusID: id})
+			list = append(list, DriverGPU{Index: i, UUID: fmt.Sprintf("GPU-%d", i), Name: "NVIDIA H200", PCIBusID: id})
 		}
 		l, err := Discover(context.Background(), Options{HostRoot: root, GPUs: fakeGPUs{gpus: list}})
 		if err != nil {
@@ -506,7 +506,7 @@ func TestDriverGPUs(t *testing.T) {
 			t.Fatalf("source %s, %d GPUs, warnings %q", l.GPUSource, len(l.GPUs), l.Warnings)
 		}
 		g := l.GPUs[0]
-		want := GPU{Index: 7, UUID: "GPU-7", PCIBusID: "0000:18:00.0", NUMANode: 0, HCA: "mlx5_0", Distance: DistancePIX, Rail: "rail0"}
+		want := GPU{Index: 7, UUID: "GPU-7", Name: "NVIDIA H200", PCIBusID: "0000:18:00.0", NUMANode: 0, HCA: "mlx5_0", Distance: DistancePIX, Rail: "rail0"}
 		if g != want {
 			t.Errorf("first GPU in bus order %+v, want %+v", g, want)
 		}
@@ -537,6 +537,29 @@ func TestDriverGPUs(t *testing.T) {
 		}
 		if l.RailMapJSON() != `{"mlx5_0":"rail0"}` {
 			t.Errorf("rail map %s", l.RailMapJSON())
+		}
+	})
+	t.Run("a driver that sees no GPU or other GPUs gives way to the scan", func(t *testing.T) {
+		tests := []struct {
+			name     string
+			list     []DriverGPU
+			wantWarn string
+		}{
+			{name: "none visible", wantWarn: "GPU driver library lists no GPU"},
+			{name: "another host's GPUs", list: []DriverGPU{{Index: 0, UUID: "GPU-x", Name: "NVIDIA H200", PCIBusID: "00000000:01:00.0"}},
+				wantWarn: "GPU driver library lists 1 GPUs, none of them under " + filepath.Join(root, "sys/bus/pci/devices")},
+		}
+		for _, tc := range tests {
+			t.Run(tc.name, func(t *testing.T) {
+				l, err := Discover(context.Background(), Options{HostRoot: root, GPUs: fakeGPUs{gpus: tc.list}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if l.GPUSource != GPUSourceSysfs || len(l.GPUs) != 8 || len(l.Warnings) != 1 ||
+					!strings.HasPrefix(l.Warnings[0], tc.wantWarn) || !strings.HasSuffix(l.Warnings[0], "the PCI scan found 8 GPUs and is used instead") {
+					t.Errorf("source %s, %d GPUs, warnings %q; want 8 GPUs from sysfs and one warning starting %q", l.GPUSource, len(l.GPUs), l.Warnings, tc.wantWarn)
+				}
+			})
 		}
 	})
 	t.Run("no driver falls back to the PCI scan quietly", func(t *testing.T) {
@@ -571,8 +594,8 @@ func TestNVML(t *testing.T) {
 		t.Fatalf("NVML: %v", err)
 	}
 	for _, g := range gpus {
-		if _, err := NormalizeBusID(g.PCIBusID); err != nil || g.UUID == "" {
-			t.Errorf("GPU %+v: bus id error %v, or no UUID", g, err)
+		if _, err := NormalizeBusID(g.PCIBusID); err != nil || g.UUID == "" || g.Name == "" {
+			t.Errorf("GPU %+v: bus id error %v, or no UUID or name", g, err)
 		}
 	}
 	t.Logf("NVML GPUs: %+v", gpus)

@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -247,14 +248,23 @@ func TestTemplateDefaults(t *testing.T) {
 		"ClusterRole/pxn-agent", "ClusterRole/pxn-device-plugin",
 		"ClusterRoleBinding/pxn-agent", "ClusterRoleBinding/pxn-device-plugin",
 		"DaemonSet/pxn-agent", "DaemonSet/pxn-device-plugin",
+		"Role/pxn-agent-events", "RoleBinding/pxn-agent-events",
 		"ServiceAccount/pxn-agent", "ServiceAccount/pxn-device-plugin",
+		"ValidatingAdmissionPolicy/pxn-agent-node-restriction", "ValidatingAdmissionPolicyBinding/pxn-agent-node-restriction",
 	}
 	if got := names(objs); !slices.Equal(got, want) {
 		t.Errorf("rendered objects:\n got %v\nwant %v", got, want)
 	}
 	for _, o := range objs {
-		if o.GetKind() != "ClusterRole" && o.GetKind() != "ClusterRoleBinding" && o.GetNamespace() != namespace {
-			t.Errorf("%s/%s: namespace %q, want %q", o.GetKind(), o.GetName(), o.GetNamespace(), namespace)
+		wantNS := namespace
+		switch o.GetKind() {
+		case "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
+			wantNS = ""
+		case "Role", "RoleBinding":
+			wantNS = "default" // where Events about cluster-scoped objects go
+		}
+		if o.GetNamespace() != wantNS {
+			t.Errorf("%s/%s: namespace %q, want %q", o.GetKind(), o.GetName(), o.GetNamespace(), wantNS)
 		}
 	}
 
@@ -275,6 +285,11 @@ func TestTemplateDefaults(t *testing.T) {
 	if env := envVar(c, "NODE_NAME"); env == nil || env.ValueFrom == nil || env.ValueFrom.FieldRef == nil ||
 		env.ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
 		t.Errorf("agent NODE_NAME env %+v, want fieldRef spec.nodeName", env)
+	}
+	for name, value := range map[string]string{"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"} {
+		if env := envVar(c, name); env == nil || env.Value != value {
+			t.Errorf("agent %s env %+v, want %q (agent.nvml.mode runtime)", name, env, value)
+		}
 	}
 	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" ||
 		c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
@@ -314,12 +329,14 @@ func TestTemplateDefaults(t *testing.T) {
 
 	agentRole := typed[rbacv1.ClusterRole](t, objs, "ClusterRole", "pxn-agent")
 	checkRules(t, "agent", agentRole.Rules, map[string][]string{
-		"pxn.io/pxnrailmaps":        {"create", "get", "list", "patch", "update", "watch"},
-		"pxn.io/pxnrailmaps/status": {"get", "patch", "update"},
-		"/nodes":                    {"get", "list", "patch", "watch"},
+		"pxn.io/pxnrailmaps":        {"create", "list", "patch", "watch"},
+		"pxn.io/pxnrailmaps/status": {"patch"},
+		"/nodes":                    {"list", "patch", "watch"},
 	})
+	eventsRole := typed[rbacv1.Role](t, objs, "Role", "pxn-agent-events")
+	checkRules(t, "agent events", eventsRole.Rules, map[string][]string{"events.k8s.io/events": {"create"}})
 	pluginRole := typed[rbacv1.ClusterRole](t, objs, "ClusterRole", "pxn-device-plugin")
-	checkRules(t, "device plugin", pluginRole.Rules, map[string][]string{"/pods": {"get", "list", "watch"}})
+	checkRules(t, "device plugin", pluginRole.Rules, map[string][]string{"/pods": {"get"}})
 	for _, comp := range []string{"agent", "device-plugin"} {
 		b := typed[rbacv1.ClusterRoleBinding](t, objs, "ClusterRoleBinding", "pxn-"+comp)
 		if b.RoleRef.Name != "pxn-"+comp || len(b.Subjects) != 1 || b.Subjects[0].Name != "pxn-"+comp ||
@@ -628,5 +645,104 @@ func checkRules(t *testing.T, who string, rules []rbacv1.PolicyRule, want map[st
 		if !slices.Equal(got[k], verbs) {
 			t.Errorf("%s rules for %s: %v, want %v", who, k, got[k], verbs)
 		}
+	}
+}
+
+// TestTemplateNVML checks how each agent.nvml mode makes the driver's NVML
+// library reachable in the agent.
+func TestTemplateNVML(t *testing.T) {
+	h := newHelm(t)
+	for _, tc := range []struct {
+		name         string
+		args         []string
+		wantEnv      map[string]string // and no other of NVIDIA_*, LD_LIBRARY_PATH
+		wantRuntime  string
+		wantHostLibs string // host folder mounted at /usr/local/nvidia/lib64
+	}{
+		{name: "runtime on the default runtime", wantEnv: map[string]string{"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}},
+		{name: "runtime class of the agent", args: []string{"--set", "agent.nvml.runtimeClassName=nvidia"},
+			wantEnv: map[string]string{"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}, wantRuntime: "nvidia"},
+		{name: "the top-level runtime class wins", args: []string{"--set", "agent.nvml.runtimeClassName=nvidia", "--set", "runtimeClassName=nvidia-cdi"},
+			wantEnv: map[string]string{"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}, wantRuntime: "nvidia-cdi"},
+		{name: "host library folder", args: []string{"--set", "agent.nvml.mode=hostPath", "--set", "agent.nvml.hostLibraryDir=/home/kubernetes/bin/nvidia/lib64"},
+			wantEnv: map[string]string{"LD_LIBRARY_PATH": "/usr/local/lib:/usr/local/nvidia/lib64"}, wantHostLibs: "/home/kubernetes/bin/nvidia/lib64"},
+		{name: "none", args: []string{"--set", "agent.nvml.mode=none", "--set", "agent.nvml.runtimeClassName=nvidia"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ds := typed[appsv1.DaemonSet](t, h.template(t, tc.args...), "DaemonSet", "pxn-agent")
+			c := onlyContainer(t, ds)
+			for _, e := range c.Env {
+				if strings.HasPrefix(e.Name, "NVIDIA_") || e.Name == "LD_LIBRARY_PATH" {
+					if want, ok := tc.wantEnv[e.Name]; !ok || e.Value != want {
+						t.Errorf("env %s=%q, want %q (set: %v)", e.Name, e.Value, want, ok)
+					}
+				}
+			}
+			for name := range tc.wantEnv {
+				if envVar(c, name) == nil {
+					t.Errorf("no %s env", name)
+				}
+			}
+			if got := ptrValue(ds.Spec.Template.Spec.RuntimeClassName); got != tc.wantRuntime {
+				t.Errorf("runtimeClassName %q, want %q", got, tc.wantRuntime)
+			}
+			if tc.wantHostLibs != "" {
+				checkHostMount(t, ds, tc.wantHostLibs, "/usr/local/nvidia/lib64", true)
+			} else {
+				for _, m := range c.VolumeMounts {
+					if m.MountPath == "/usr/local/nvidia/lib64" {
+						t.Errorf("driver library folder mounted in mode %s", tc.name)
+					}
+				}
+			}
+		})
+	}
+}
+
+func ptrValue(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}
+
+// TestTemplateNodeRestriction checks when the chart renders its
+// ValidatingAdmissionPolicy: where the API server serves it, by default.
+func TestTemplateNodeRestriction(t *testing.T) {
+	h := newHelm(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want bool
+	}{
+		{"default", nil, true},
+		{"turned off", []string{"--set", "rbac.nodeRestriction=false"}, false},
+		{"no RBAC", []string{"--set", "rbac.create=false"}, false},
+		{"no agent", []string{"--set", "agent.enabled=false"}, false},
+		{"an API server without the v1 policy API", []string{"--kube-version", "v1.29.0"}, false},
+		{"a server that lists the API", []string{"--kube-version", "v1.29.0", "--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := h.run(append([]string{"template", "pxn", chartDir, "--namespace", namespace, "--kube-version", kubeVersion}, tc.args...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			objs, err := decodeObjects(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			policy := find(objs, "ValidatingAdmissionPolicy", "pxn-agent-node-restriction")
+			binding := find(objs, "ValidatingAdmissionPolicyBinding", "pxn-agent-node-restriction")
+			if (policy != nil) != tc.want || (binding != nil) != tc.want {
+				t.Fatalf("policy rendered %v, binding %v; want %v", policy != nil, binding != nil, tc.want)
+			}
+			if !tc.want {
+				return
+			}
+			cond, _, _ := unstructured.NestedSlice(policy.Object, "spec", "matchConditions")
+			if len(cond) != 1 || !strings.Contains(fmt.Sprint(cond[0]), "'system:serviceaccount:"+namespace+":pxn-agent'") {
+				t.Errorf("matchConditions %v, want the agent's service account", cond)
+			}
+		})
 	}
 }

@@ -217,9 +217,12 @@ func (c *cluster) checkRailMap() {
 	})
 	table := c.mustKC("get", "pxnrailmaps")
 	t.Logf("kubectl get pxnrailmaps:\n%s", table)
-	if !strings.Contains(table, c.node) {
+	if cols := tableColumns(table, c.node); cols == nil {
 		t.Errorf("kubectl get pxnrailmaps does not list node %s", c.node)
+	} else if cols["READY"] != "True" || cols["CONSISTENT"] != "True" {
+		t.Errorf("kubectl get pxnrailmaps: READY %q CONSISTENT %q for %s, want True and True", cols["READY"], cols["CONSISTENT"], c.node)
 	}
+	c.checkEvents()
 	if m.Status.GPUCount != 8 || len(m.Status.GPUs) != 8 {
 		t.Errorf("PxnRailMap: %d GPUs (gpuCount %d), want the fixture's 8", len(m.Status.GPUs), m.Status.GPUCount)
 	}
@@ -235,6 +238,67 @@ func (c *cluster) checkRailMap() {
 	nodeLabels := c.mustKC("get", "node", c.node, "-o", "jsonpath={.metadata.labels}")
 	if !strings.Contains(nodeLabels, `"pxn.io/capable"`) {
 		t.Errorf("node %s is not labelled pxn.io/capable: %s", c.node, nodeLabels)
+	}
+}
+
+// tableColumns returns the row of a kubectl table whose first column is
+// name, by column header; nil when there is none.
+func tableColumns(table, name string) map[string]string {
+	lines := strings.Split(strings.TrimSpace(table), "\n")
+	if len(lines) < 2 {
+		return nil
+	}
+	header := strings.Fields(lines[0])
+	for _, l := range lines[1:] {
+		f := strings.Fields(l)
+		if len(f) != len(header) || f[0] != name {
+			continue
+		}
+		row := map[string]string{}
+		for i, h := range header {
+			row[h] = f[i]
+		}
+		return row
+	}
+	return nil
+}
+
+// checkEvents waits for the agent's Events of the first publish, on the
+// node's PxnRailMap and on the Node, and checks that the node-restriction
+// policy it published under is installed.
+func (c *cluster) checkEvents() {
+	t := c.t
+	type eventList struct {
+		Items []struct {
+			Reason              string `json:"reason"`
+			Type                string `json:"type"`
+			Note                string `json:"note"`
+			ReportingController string `json:"reportingController"`
+			Regarding           struct {
+				Kind string `json:"kind"`
+				Name string `json:"name"`
+			} `json:"regarding"`
+		} `json:"items"`
+	}
+	c.poll("the agent's PortsActive Events on the PxnRailMap and the Node", time.Minute, func() (bool, string) {
+		var l eventList
+		if err := c.getJSON(&l, "events.v1.events.k8s.io", "-n", "default"); err != nil {
+			return false, err.Error()
+		}
+		seen := map[string]bool{}
+		var all []string
+		for _, e := range l.Items {
+			all = append(all, e.Regarding.Kind+"/"+e.Regarding.Name+" "+e.Type+" "+e.Reason)
+			if e.ReportingController == "pxn.io/agent" && e.Regarding.Name == c.node && e.Reason == "PortsActive" && e.Type == "Normal" &&
+				strings.HasPrefix(e.Note, "Ready is True") {
+				seen[e.Regarding.Kind] = true
+			}
+		}
+		return seen["PxnRailMap"] && seen["Node"], fmt.Sprintf("Events in default: %v", all)
+	})
+	t.Logf("kubectl get events -n default:\n%s", c.mustKC("get", "events", "-n", "default"))
+	if _, err := c.kc("get", "validatingadmissionpolicy", "pxn-agent-node-restriction"); err != nil {
+		t.Errorf("the chart's node-restriction ValidatingAdmissionPolicy is not installed: %v", err)
 	}
 }
 
