@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # syntax=docker/dockerfile:1
 # One image holding every PXN binary: pxn-agent, pxn-device-plugin, pxn-bench,
 # pxn-gpucheck and libpxn.so, stamped with the VERSION file's release:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # PXN — see README.md.
 SHELL := /bin/bash
 GO ?= go

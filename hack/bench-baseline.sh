@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Before/after benchmarks in one run: the package's benchmarks on a baseline
 # commit and on this tree, alternately, then a Markdown table of both.
 #

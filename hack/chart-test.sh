@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Tests the packaging: the chart (lint, rendering, schema, validation, a
 # server-side dry run against a real kube-apiserver) and the image builder.
 # Builds the tools it needs into the cache first (hack/tools.sh).

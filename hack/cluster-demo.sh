@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # make cluster-demo: PXN on a real single-node Kubernetes cluster on this
 # machine (hack/local-cluster.sh). Brings the cluster up from the cached tools,
 # builds and imports the images, installs charts/pxn with helm, shows the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # A local demo of PXN on an embedded default: the rails of a bundled 8-GPU
 # node, then eight ranks (one per simulated GPU and HCA) writing cross-rail
 # through each other's staging rings on this machine's host path, with the

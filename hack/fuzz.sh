@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs every fuzz target of the module, one after another.
 #   FUZZTIME   how long each target runs (default 200000x: a count, since
 #              timed runs can stall under heavy load on Go 1.26)

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Generates pkg/gpu/kernel/gather.ptx from gather.cu with nvcc. Needs the CUDA
 # toolkit (not a GPU). The flags are pinned so that the committed PTX comes
 # out byte for byte; --check regenerates into a temporary file and compares.

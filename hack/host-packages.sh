@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The one list of Debian packages that PXN's builds and its local cluster need
 # from the machine, and the one place that installs them.
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # gofmt, go vet and staticcheck over the whole module; fails on any finding.
 set -euo pipefail
 cd "$(dirname "$0")/.."

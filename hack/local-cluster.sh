@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # A real single-node Kubernetes cluster on this machine, from the tools that
 # hack/tools.sh builds (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubelet, kubectl) and Debian's containerd, runc and CNI

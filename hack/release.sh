@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # make release: what a release of this tree ships, in OUTDIR (default
 # _output/release):
 #   pxn-<VERSION>.oci.tar   the pxn image for PLATFORMS (default linux/amd64,linux/arm64),

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Copies the generated CRDs (config/crd/*.yaml, from controller-gen) into the
 # chart's crds/ folder, which Helm installs before the templates. Run it after
 # hack/generate.sh; test/chart fails while the two folders differ.

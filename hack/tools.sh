@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds the project's tools from the Go module proxy into a cache folder keyed
 # by tool and version, and reuses what is already there.
 #

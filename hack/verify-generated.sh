@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Fails, showing the difference, when a generated file in the working tree is
 # not what hack/generate.sh produces from the sources. It regenerates into a
 # temporary copy of the tree and leaves the working tree alone.

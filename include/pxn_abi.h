@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 #ifndef PXN_ABI_H
 #define PXN_ABI_H
 

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package v1alpha1 holds the pxn.io/v1alpha1 API: PxnRailMap, the per-node
 // record of GPUs, HCAs and canonical rails that pxn-agent publishes.
 //

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command libpxn is the PXN engine as a C shared library:
 //
 //	CGO_ENABLED=1 go build -buildmode=c-shared -o libpxn.so ./cmd/libpxn

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 #ifndef PXN_LIBPXN_SHIM_H
 #define PXN_LIBPXN_SHIM_H
 

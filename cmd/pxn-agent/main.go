@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command pxn-agent is PXN's node agent. Subcommands:
 //
 //	pxn-agent run         discover the node's rails and publish its PxnRailMap (the default)

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command pxn-bench measures the PXN engine with real ranks as separate
 // processes and checks every byte it moves. One scenario engine runs every
 // traffic pattern on either device: host memory with a TCP hop standing in

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command pxn-device-plugin is the kubelet device plugin for PXN's relay
 // resource (pxn.io/relay): every container that requests it gets the engine's
 // environment and its job's registry directory. See docs/device-plugin.md.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command pxn-gpucheck reports what PXN's CUDA first hop finds on a GPU
 // machine and measures it.
 //

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 /*
  * pxn_example: one rank of a PXN group on the host path, through the C ABI
  * only. Rank r uses HCA mlx5_<r> on rail<r>; target k is a shared-memory file

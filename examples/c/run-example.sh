@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs N ranks of pxn_example (default 2) on one host and releases them only
 # when all have printed DONE, so that no rank withdraws while another still
 # relays through it. Usage: run-example.sh [BUILD_DIR] [N]

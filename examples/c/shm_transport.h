@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 /*
  * shm_transport: a small host transport for libpxn's callback table. Its
  * "remote" targets are files in shared memory (tmpfs) mapped into this

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command benchtable reads `go test -bench` outputs of a baseline ("before")
 // and of the current tree ("after"), one file per round, and prints a
 // Markdown table of medians and ratios per benchmark.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds PXN's binaries, stamped with the VERSION file's release, and packs
 # them into the pxn image, plus a pause image, without a container engine.
 #

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command image packs files into a single-layer container image archive
 // without a container engine: a docker-archive (the `docker save` layout) or
 // an OCI image layout tarball, both accepted by `ctr -n k8s.io images import`.

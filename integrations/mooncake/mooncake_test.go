@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package mooncake holds the PXN transport for Mooncake's transfer engine
 // (C++, built by this directory's Makefile against a Mooncake checkout).
 // These tests build it against MOONCAKE_SRC, with the factory patch applied

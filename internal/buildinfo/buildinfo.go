@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package buildinfo exports a binary's version as a Prometheus metric.
 package buildinfo
 

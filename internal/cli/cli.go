@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package cli gives PXN's commands one shape: cobra commands with pflag long
 // flags, every flag of the tool readable from an environment variable, klog's
 // flags in their own help section, and --version / a version subcommand.

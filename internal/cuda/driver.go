@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package cuda is the CUDA driver API, loaded at run time with
 // dlopen("libcuda.so.1"): nothing of CUDA is needed to build or link a
 // binary that imports it, and a machine without a driver gets an error from

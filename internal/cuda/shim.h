@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 /*
  * The CUDA driver API as this package uses it, declared by hand: no CUDA
  * header or library is needed at build time. Every entry point is resolved

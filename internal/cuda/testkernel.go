@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package cuda
 
 // SpinKernelPTX is a kernel for tests, in PTX that the driver compiles at

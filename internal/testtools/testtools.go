@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package testtools finds the tools that tests need (etcd, kube-apiserver,
 // kubectl, helm, controller-gen), built by hack/tools.sh into its cache.
 package testtools

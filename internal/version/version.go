@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package version is the one place a PXN binary learns its release version.
 //
 // The Makefile and the Dockerfile stamp it from the VERSION file at the

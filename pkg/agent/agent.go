@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package agent publishes a node's rail layout as its PxnRailMap, keeps the
 // map's conditions current and labels the node. It runs as a
 // controller-runtime manager: one controller with a single key (the node),

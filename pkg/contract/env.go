@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package contract is what PXN's control plane (the node agent, the device
 // plugin, the PxnRailMap CRD, the Helm chart) and its engine (libpxn) agree
 // on: the MC_PXN_* environment with its defaults and ranges, the rules for

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package gpu is PXN's first hop on CUDA GPUs: a staging arena in device
 // memory shared with peers through CUDA IPC (Arenas), and a relay.Copier
 // that moves Pieces into a peer's arena with the copy engines or, for

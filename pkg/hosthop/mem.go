@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package hosthop is PXN's first hop on the host CPU: HostCopier, the
 // relay.Copier that libpxn ships for hosts whose sources are in host memory,
 // copying Pieces into a peer's staging arena with the CPU and ringing the

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package rail discovers a node's GPUs and RDMA NICs (HCAs), how far apart
 // they sit on PCIe, and which rail each HCA is on.
 //

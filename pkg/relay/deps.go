@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package relay is the engine's data path: classification of requests, the
 // sender pipeline that stages cross-rail pieces in a relay's ring, the relay
 // pipeline that forwards them on its own rail, and the pump that drives both.

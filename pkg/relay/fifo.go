@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package relay
 
 // fifo is a ring-buffer queue. Its memory grows to the largest length it has

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package staging holds the engine's fixed numbers, the shared-memory ABI
 // between ranks with the two endpoints of a lane (SenderLane, RelayLane),
 // the Desc and sequence rules, the piece planner and the engine

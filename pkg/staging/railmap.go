@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package staging
 
 // CanonicalRail is the rail of hca under railMap (a map that

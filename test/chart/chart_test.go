@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package chart_test checks the charts/pxn Helm chart: lint, rendering,
 // values schema, validation template, and acceptance of every rendered object
 // by a real kube-apiserver.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package contract_test holds the tests that feed what the control plane
 // publishes through what the engine parses.
 package contract_test

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package e2e runs PXN on a real single-node Kubernetes cluster on this
 // machine: hack/local-cluster.sh starts etcd, kube-apiserver,
 // kube-controller-manager, kube-scheduler, a kubelet and containerd; the test

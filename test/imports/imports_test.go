@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package imports_test enforces the package map of docs/architecture.md:
 // which packages of the module each package may link.
 package imports_test

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 /*
  * abi_check: libpxn's error, handle, status and thread rules, checked through
  * the C ABI alone in one process with PXN off. Its transport holds every op

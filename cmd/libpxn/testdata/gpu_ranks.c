@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 /*
  * gpu_ranks: cross-rail writes of GPU memory through libpxn's C ABI alone,
  * on a CUDA machine. The parent starts four processes of this program:

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command probe is the only program of the end-to-end tests' workload image
 // (the pxn image has no shell). It runs as the container's main process and is
 // run again through kubectl exec to look around inside the container:

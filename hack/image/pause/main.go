@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command pause is the sandbox ("pause") container's process: it holds the
 // pod's namespaces, reaps orphaned children when it is the PID namespace's
 // init, and exits 0 on SIGTERM or SIGINT.

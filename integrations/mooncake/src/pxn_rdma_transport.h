@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // PxnRdmaTransport: Mooncake's RDMA transport with PXN's rail-aligned relay
 // for cross-rail writes from GPU memory. docs/integration-mooncake.md is the
 // reference.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds the test program and libpxn.so into OUT, and copies into OUT/lib the
 # shared libraries they load that are not glibc's, for a machine without
 # Mooncake's packages. Run the bundle with run-pair.sh OUT.

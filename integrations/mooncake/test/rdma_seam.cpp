@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // The link seam: what the transport and MultiTransport call in Mooncake's
 // own .cpp files, implemented for tests. RdmaTransport posts one slice per
 // request to an emulated NIC, which copies the bytes into the target's

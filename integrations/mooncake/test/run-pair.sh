@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs the transport's test program outside go test: the PXN-off cases, then
 # a relay and a sender sharing a fresh registry and target buffers under
 # /dev/shm. DIR holds pxn_transport_test and libpxn.so, and in DIR/lib the

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // The link seam's controls: a test implementation of what Mooncake's
 // rdma_transport.cpp, transfer_metadata.cpp, topology.cpp, config.cpp and
 // status.cpp provide, with an emulated NIC that records every post and

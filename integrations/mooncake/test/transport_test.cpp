@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // The transport's test program, one rank per process, driven by
 // mooncake_test.go:
 //

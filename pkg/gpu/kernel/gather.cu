@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // PXN's SM gather copy: one launch copies one Piece's entries from local
 // device memory into a relay's staging slot (peer memory over NVLink).
 //

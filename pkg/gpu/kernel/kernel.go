@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package kernel holds PXN's CUDA kernels as PTX, embedded in the binary and
 // JIT-compiled by the driver when pkg/gpu loads them (cuModuleLoadData).
 // The PTX is generated from the .cu sources by hack/gen-ptx.sh with nvcc

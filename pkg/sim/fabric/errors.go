@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package fabric is a simulated RDMA fabric for tests and benchmarks on
 // machines without HCAs: relay.Hop implementations that stand in for the
 // second hop (Loopback in one process; TCPHop writing to a TargetServer in

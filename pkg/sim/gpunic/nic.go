@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package gpunic is an emulated RDMA NIC on CUDA GPUs, for benchmarks and
 // tests on machines without HCAs: a relay.Hop whose writes are copy-engine
 // copies into other processes' device buffers. It is a simulation, not a

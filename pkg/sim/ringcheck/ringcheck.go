@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package ringcheck runs PXN's GPU first hop through a real two-process
 // ring: a relay process owns a gpu arena and a control block in shared
 // memory, and a sender process opens both and pushes Pieces into one lane

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package registry is how the ranks of one job on one node find each other:
 // a private directory per group, a control file per rank (the shared-memory
 // ABI of package staging) and a staging arena, published READY once whole.

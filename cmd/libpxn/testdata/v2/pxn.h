@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 /*
  * pxn.h: the C ABI of libpxn, the PXN engine as a shared library.
  *

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command genfixtures writes pkg/rail's sysfs fixture trees and static rail
 // tables under a testdata folder, replacing what was there. pkg/rail's tests
 // check that the committed files are exactly what it writes.

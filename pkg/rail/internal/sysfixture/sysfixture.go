@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package sysfixture describes machines (PCIe hierarchy, GPUs, RDMA devices,
 // network interfaces) and renders them as the sysfs tree Linux shows for
 // them, so that pkg/rail's tests run against realistic layouts. Every symlink
