@@ -55,6 +55,7 @@ type options struct {
 	healthAddr         string
 	gcInterval         time.Duration
 	gcGrace            time.Duration
+	gcKubeletSettle    time.Duration
 	rediscoverInterval time.Duration
 	podLookupTimeout   time.Duration
 	rail               railFlags
@@ -76,13 +77,14 @@ func (o *options) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&o.healthAddr, "health-probe-bind-address", ":9643", "address of /healthz (the process serves) and /readyz (registered with the kubelet); empty disables them")
 	fs.DurationVar(&o.gcInterval, "gc-interval", 30*time.Second, "how often unused slot links and group directories are collected")
 	fs.DurationVar(&o.gcGrace, "gc-grace", 5*time.Minute, "how long an unassigned slot link or unreferenced group directory is kept")
+	fs.DurationVar(&o.gcKubeletSettle, "gc-kubelet-settle", deviceplugin.DefaultKubeletSettle, "how long collection waits after a kubelet (re)starts watching the plugin, while the kubelet re-admits running pods")
 	fs.DurationVar(&o.rediscoverInterval, "rediscover-interval", 30*time.Second, "how often rails and port states are re-read")
 	fs.DurationVar(&o.podLookupTimeout, "pod-lookup-timeout", 5*time.Second, "how long PreStartContainer waits for PodResources to show the devices")
 	o.rail.bind(fs)
 }
 
 func (o *options) validate() error {
-	for name, d := range map[string]time.Duration{"gc-interval": o.gcInterval, "gc-grace": o.gcGrace,
+	for name, d := range map[string]time.Duration{"gc-interval": o.gcInterval, "gc-grace": o.gcGrace, "gc-kubelet-settle": o.gcKubeletSettle,
 		"rediscover-interval": o.rediscoverInterval, "pod-lookup-timeout": o.podLookupTimeout} {
 		if d <= 0 {
 			return fmt.Errorf("--%s=%v: must be positive", name, d)
@@ -190,7 +192,7 @@ func (o *options) run(ctx context.Context) error {
 		}
 	}
 	wg.Go(func() { monitor.Run(ctx) })
-	wg.Go(func() { relay.RunGarbageCollector(ctx, o.gcInterval, o.gcGrace) })
+	wg.Go(func() { relay.RunGarbageCollector(ctx, o.gcInterval, o.gcGrace, o.gcKubeletSettle) })
 	klog.InfoS("Serving the device plugin", "resource", o.resourceName, "devices", o.devices,
 		"socket", server.SocketPath(), "stateDir", o.stateDir, "shmDir", o.shmDir, "apiAccess", api != nil)
 	return server.Run(ctx)

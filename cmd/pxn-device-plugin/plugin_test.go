@@ -112,6 +112,7 @@ func startPlugin(t testing.TB, k *kubelet, o pluginOpts) *plugin {
 		"--rediscover-interval=100ms",
 		"--gc-interval=100ms",
 		"--gc-grace=400ms",
+		"--gc-kubelet-settle=400ms",
 		"-v=2",
 	}
 	if o.kubeconfig != "" {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -77,7 +78,22 @@ type Relay struct {
 	pods    PodResourcesLister
 	api     PodGetter
 	metrics *Metrics
+
+	// watched is when a kubelet last started ListAndWatch (UnixNano; 0:
+	// never). Garbage collection waits the settle time after it.
+	watched atomic.Int64
 }
+
+// DefaultKubeletSettle is how long garbage collection waits, by default,
+// after a kubelet starts watching the plugin (at start and after every
+// kubelet restart) before it trusts the kubelet's list of running pods: a
+// restarted kubelet lists pods, with their devices, only once it has
+// admitted them again, and a slot link or group directory removed in that
+// window would be pulled from under a running job.
+const DefaultKubeletSettle = 30 * time.Second
+
+// KubeletWatching records that a kubelet started watching the devices.
+func (r *Relay) KubeletWatching(at time.Time) { r.watched.Store(at.UnixNano()) }
 
 // NewRelay returns the resource. api may be nil when the API server is not
 // reachable; groups are then keyed by pod name.
@@ -241,8 +257,13 @@ func (r *Relay) groupKey(ctx context.Context, ref containerRef) (key, source str
 
 // CollectGarbage removes slot links of unassigned devices and group
 // directories unused for longer than grace. Nothing is removed when the
-// kubelet cannot be asked.
-func (r *Relay) CollectGarbage(ctx context.Context, grace time.Duration) error {
+// kubelet cannot be asked, before any kubelet watches the plugin, or within
+// settle of a kubelet starting to watch it.
+func (r *Relay) CollectGarbage(ctx context.Context, grace, settle time.Duration) error {
+	if w := r.watched.Load(); w == 0 || time.Since(time.Unix(0, w)) < settle {
+		klog.V(2).InfoS("Garbage collection waits for the kubelet's view of running pods to settle", "kubeletWatchingSince", time.Unix(0, w))
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	resp, err := r.pods.List(ctx)
@@ -255,7 +276,7 @@ func (r *Relay) CollectGarbage(ctx context.Context, grace time.Duration) error {
 }
 
 // RunGarbageCollector calls CollectGarbage every interval until ctx ends.
-func (r *Relay) RunGarbageCollector(ctx context.Context, interval, grace time.Duration) {
+func (r *Relay) RunGarbageCollector(ctx context.Context, interval, grace, settle time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -264,7 +285,7 @@ func (r *Relay) RunGarbageCollector(ctx context.Context, interval, grace time.Du
 			return
 		case <-t.C:
 		}
-		if err := r.CollectGarbage(ctx, grace); err != nil && !errors.Is(ctx.Err(), context.Canceled) {
+		if err := r.CollectGarbage(ctx, grace, settle); err != nil && !errors.Is(ctx.Err(), context.Canceled) {
 			klog.ErrorS(err, "Garbage collection incomplete")
 		}
 	}

@@ -254,10 +254,57 @@ func TestCollectGarbageKeepsEverythingWhenKubeletIsDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.pods = failingPods{}
-	if err := r.CollectGarbage(context.Background(), 0); err == nil {
+	r.KubeletWatching(time.Now().Add(-time.Hour))
+	if err := r.CollectGarbage(context.Background(), 0, time.Minute); err == nil {
 		t.Fatal("collection succeeded without PodResources")
 	}
 	assertLink(t, store, "pxn-relay-00", GroupKey("a", SourcePodName, "p0"))
+}
+
+// TestCollectGarbageWaitsForARestartedKubelet: a kubelet that has just
+// started watching the plugin lists no running pod yet; collection leaves
+// their slot links and group folders alone until the settle time has passed.
+func TestCollectGarbageWaitsForARestartedKubelet(t *testing.T) {
+	pods := &fakePods{}
+	pods.set(podRes("a", "p0", "pxn.io/relay", "pxn-relay-00"))
+	r, store := newTestRelay(t, pods, nil)
+	if err := r.PreStartContainer(context.Background(), []string{"pxn-relay-00"}); err != nil {
+		t.Fatal(err)
+	}
+	key := GroupKey("a", SourcePodName, "p0")
+	pods.set() // the restarted kubelet has not admitted p0 again
+	for _, tc := range []struct {
+		name    string
+		watched time.Time
+	}{
+		{"no kubelet watching yet", time.Time{}},
+		{"kubelet watching for a second", time.Now().Add(-time.Second)},
+	} {
+		if !tc.watched.IsZero() {
+			r.KubeletWatching(tc.watched)
+		}
+		for range 3 {
+			if err := r.CollectGarbage(context.Background(), 0, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+		}
+		assertLink(t, store, "pxn-relay-00", key)
+		if _, err := os.Stat(store.GroupPath(key)); err != nil {
+			t.Fatalf("%s: group folder of a running pod: %v", tc.name, err)
+		}
+	}
+	r.KubeletWatching(time.Now().Add(-2 * time.Minute))
+	for range 3 {
+		if err := r.CollectGarbage(context.Background(), 0, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := os.Lstat(store.SlotPath("pxn-relay-00")); err == nil {
+		t.Error("slot link of an unassigned device kept after the kubelet settled")
+	}
+	if _, err := os.Stat(store.GroupPath(key)); err == nil {
+		t.Error("unreferenced group folder kept after the kubelet settled")
+	}
 }
 
 type failingPods struct{}

@@ -28,6 +28,13 @@ type ContainerPreStarter interface {
 	PreStartContainer(ctx context.Context, deviceIDs []string) error
 }
 
+// KubeletWatcher is implemented by a Resource that wants to know when a
+// kubelet starts watching it: after a kubelet restart the kubelet's view of
+// running pods (the PodResources API) is incomplete for a while.
+type KubeletWatcher interface {
+	KubeletWatching(at time.Time)
+}
+
 // service adapts a Resource to the kubelet's DevicePlugin gRPC service.
 type service struct {
 	pluginapi.UnimplementedDevicePluginServer
@@ -47,6 +54,9 @@ func (s *service) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*pl
 }
 
 func (s *service) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingServer[pluginapi.ListAndWatchResponse]) error {
+	if w, ok := s.resource.(KubeletWatcher); ok {
+		w.KubeletWatching(time.Now())
+	}
 	var last []*pluginapi.Device
 	sent := false
 	for {
