@@ -33,7 +33,7 @@ func TestStatusJSONFieldNames(t *testing.T) {
 		want []string
 	}{
 		{pxnv1alpha1.PxnRailMapStatus{}, []string{"agentVersion", "conditions", "gpuCount", "gpuSource", "gpus", "hcaCount", "hcas", "pairs", "railMap", "rails", "strategy"}},
-		{pxnv1alpha1.GPU{}, []string{"distance", "hca", "index", "numaNode", "pciBusID", "rail", "uuid"}},
+		{pxnv1alpha1.GPU{}, []string{"distance", "hca", "index", "name", "numaNode", "pciBusID", "rail", "uuid"}},
 		{pxnv1alpha1.HCA{}, []string{"linkLayer", "name", "netdev", "numaNode", "pciBusID", "physState", "port", "rail", "rate", "state"}},
 		{pxnv1alpha1.Pair{}, []string{"distance", "gpu", "hca"}},
 	}
