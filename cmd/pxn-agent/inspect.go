@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pxn-project/pxn/internal/cli"
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
@@ -37,7 +38,7 @@ directories) under a folder, read without changing them.`,
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&c.root, "root", "/dev/shm", "folder holding the mooncake-pxn-* registry directories (the engine's MC_PXN_REGISTRY_ROOT)")
+	fs.StringVar(&c.root, "root", "/dev/shm", "folder holding the mooncake-pxn-* registry directories (the engine's "+contract.EnvRegistryRoot+")")
 	fs.StringVarP(&c.output, "output", "o", "table", "output format: table or json")
 	fs.DurationVar(&c.staleAfter, "stale-after", 3*time.Second, "report a rank whose heartbeat is older than this as stale")
 	return cmd

@@ -70,7 +70,7 @@ func (o *options) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&o.railStrategy, "rail-strategy", "pci-order", "canonical rail strategy: pci-order, subnet or static")
 	fs.StringVar(&o.stateDir, "state-dir", "/run/pxn", "host folder for the per-device slot links (<state-dir>/slots)")
 	fs.StringVar(&o.shmDir, "shm-dir", "/dev/shm/pxn", "host tmpfs folder for group directories (<shm-dir>/groups)")
-	fs.StringVar(&o.registryRoot, "container-registry-root", "/run/pxn", "container path of the group directory mount, and MC_PXN_REGISTRY_ROOT")
+	fs.StringVar(&o.registryRoot, "container-registry-root", "/run/pxn", "container path of the group directory mount, and "+contract.EnvRegistryRoot)
 	fs.StringVar(&o.groupID, "group-id", "k8s", contract.EnvGroupID+" handed to every container")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for the API server; empty: in-cluster config when in a pod, else no API access")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9641", "address of the Prometheus /metrics endpoint; empty disables it")

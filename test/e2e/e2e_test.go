@@ -455,9 +455,9 @@ func (c *cluster) checkWorkloads() {
 		}
 		var rm map[string]string
 		if err := json.Unmarshal([]byte(env[contract.EnvRailMap]), &rm); err != nil {
-			t.Errorf("%s/%s: MC_PXN_RAIL_MAP=%q: %v", w.ns, w.name, env[contract.EnvRailMap], err)
+			t.Errorf("%s/%s: %s=%q: %v", w.ns, w.name, contract.EnvRailMap, env[contract.EnvRailMap], err)
 		} else if !reflect.DeepEqual(rm, m.Status.RailMap) {
-			t.Errorf("%s/%s: MC_PXN_RAIL_MAP=%v, the node's PxnRailMap says %v", w.ns, w.name, rm, m.Status.RailMap)
+			t.Errorf("%s/%s: %s=%v, the node's PxnRailMap says %v", w.ns, w.name, contract.EnvRailMap, rm, m.Status.RailMap)
 		}
 		if out, err := c.exec(w.ns, w.name, "writable", registryRoot); err != nil || strings.TrimSpace(out) != "writable" {
 			t.Errorf("%s/%s: registry root %s not writable: %v %s", w.ns, w.name, registryRoot, err, out)
