@@ -34,6 +34,7 @@ type kubelet struct {
 type registrar struct {
 	pluginapi.UnimplementedRegistrationServer
 	regs chan<- *pluginapi.RegisterRequest
+	dir  string
 }
 
 func (r registrar) Register(_ context.Context, req *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
@@ -42,7 +43,27 @@ func (r registrar) Register(_ context.Context, req *pluginapi.RegisterRequest) (
 	default:
 		return nil, errors.New("stub kubelet: too many unread registrations")
 	}
+	go r.watch(req.Endpoint)
 	return &pluginapi.Empty{}, nil
+}
+
+// watch does what a kubelet does after a registration: it watches the
+// plugin's devices until the plugin goes away.
+func (r registrar) watch(endpoint string) {
+	conn, err := grpc.NewClient("unix://"+filepath.Join(r.dir, endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	stream, err := pluginapi.NewDevicePluginClient(conn).ListAndWatch(context.Background(), &pluginapi.Empty{})
+	if err != nil {
+		return
+	}
+	for {
+		if _, err := stream.Recv(); err != nil {
+			return
+		}
+	}
 }
 
 type podLister struct {
@@ -93,7 +114,7 @@ func (k *kubelet) serveRegistration() {
 		k.t.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	pluginapi.RegisterRegistrationServer(srv, registrar{regs: k.regs})
+	pluginapi.RegisterRegistrationServer(srv, registrar{regs: k.regs, dir: k.dir})
 	go srv.Serve(l)
 	k.mu.Lock()
 	k.regSrv = srv
