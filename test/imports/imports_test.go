@@ -74,6 +74,16 @@ var rules = []rule{
 		forbid: func(_, dep string) bool { return anyMatch(controlPlane, dep) },
 	},
 	{
+		name:   "the staging ABI imports nothing of the module but the contract",
+		from:   []string{"pkg/staging"},
+		forbid: func(_, dep string) bool { return !matches("pkg/contract/...", dep) },
+	},
+	{
+		name:   "the release helpers never link the engine",
+		from:   []string{"internal/version/...", "internal/buildinfo/...", "internal/cli/..."},
+		forbid: func(_, dep string) bool { return anyMatch(engine, dep) },
+	},
+	{
 		name: "staging never imports the relay, CUDA or the GPU copier",
 		from: []string{"pkg/staging/..."},
 		forbid: func(_, dep string) bool {
