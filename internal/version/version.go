@@ -27,8 +27,8 @@ var (
 	revision string
 )
 
-// Release is the release this source tree is (the VERSION file); a test
-// keeps the two equal.
+// Release is the release this source tree is (the VERSION file);
+// test/chart's TestVersionsAgree keeps it equal to VERSION and the chart.
 const Release = "0.1.0"
 
 // String is the binary's version: the stamped one, or Release+"-devel".

@@ -3,20 +3,9 @@
 package version
 
 import (
-	"os"
 	"strings"
 	"testing"
 )
-
-func TestReleaseMatchesVersionFile(t *testing.T) {
-	b, err := os.ReadFile("../../VERSION")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := strings.TrimSpace(string(b)); got != Release {
-		t.Fatalf("VERSION holds %q, version.Release is %q: keep them equal", got, Release)
-	}
-}
 
 func TestUnstampedIsDevel(t *testing.T) {
 	if version != "" {
