@@ -256,9 +256,7 @@ func (e *Engine) submitDirect(b *Batch, reqs []Request, idx []int32) {
 	e.backlog = append(e.backlog, rest...)
 	e.backlogMu.Unlock()
 	e.opBufs.put(ops)
-	if e.pump != nil {
-		e.wake()
-	}
+	e.wake()
 }
 
 // Progress polls the hop and retries busy direct writes. The pump does this
@@ -326,9 +324,7 @@ func (e *Engine) Close(ctx context.Context) error {
 // round.
 func (e *Engine) InvalidateTarget(session string) {
 	e.invals.add(session)
-	if e.pump != nil {
-		e.wake()
-	}
+	e.wake()
 }
 
 // HasRelay reports whether cross-rail writes to rail currently have a relay.

@@ -46,8 +46,6 @@ type pump struct {
 	poller     CopyPoller
 	// spin is the copier's BusyPoller window (0: sleep at once).
 	spin time.Duration
-	// manual is set when tests run the rounds (testHooks.manualPump).
-	manual bool
 }
 
 // stopResult is what a stopped pump hands back: why the drain ended badly,
@@ -78,7 +76,6 @@ func newPump(s *shared, reg Registry) *pump {
 		done:   make(chan stopResult, 1),
 		spin:   spin,
 		poller: poller,
-		manual: s.hooks.manualPump,
 	}
 }
 
@@ -108,7 +105,7 @@ func (p *pump) run() {
 	for {
 		now := time.Now()
 		if by := p.drainBy.Load(); by != 0 {
-			if (!p.busy() && p.s.tokens.len() == 0) || now.UnixNano() > by {
+			if !p.busy() || now.UnixNano() > by {
 				res = p.finishStop()
 				return
 			}
@@ -232,7 +229,7 @@ func (p *pump) stop(ctx context.Context) stopResult {
 		deadline = time.Now().Add(5 * time.Second)
 	}
 	p.drainBy.Store(deadline.UnixNano())
-	if p.manual {
+	if p.s.hooks.manualPump {
 		// The caller is the goroutine that runs the rounds.
 		return p.finishStop()
 	}
@@ -244,7 +241,7 @@ func (p *pump) stop(ctx context.Context) stopResult {
 func (p *pump) finishStop() stopResult {
 	s := p.s
 	var res stopResult
-	if p.busy() || s.tokens.len() > 0 {
+	if p.busy() {
 		res.err = errors.New("relay: shutdown drain timed out; unfinished work failed")
 	}
 	errShutdown := errors.New("engine closed before the transfer completed")

@@ -168,13 +168,7 @@ func (s *SenderLane) Exhausted() bool { return s.seq.NeedsRollover() }
 
 // Ticket returns the seq the next Piece gets, or false when the lane has no
 // credit or is exhausted. Nothing changes until Publish.
-func (s *SenderLane) Ticket() (uint64, bool) {
-	n := s.seq.next
-	if n == 0 || n > MaxLaneSeq || !HasCredit(n, s.seq.reaped) {
-		return 0, false
-	}
-	return n, true
-}
+func (s *SenderLane) Ticket() (uint64, bool) { return s.seq.peek() }
 
 // Commit writes the Desc of ticket seq and release-stores its commit seq.
 // On error nothing of the Desc changed.

@@ -60,12 +60,19 @@ func (l *LaneSeq) Reaped() uint64 { return l.reaped }
 // Alloc returns the next seq, or false when the lane has no credit or must
 // roll over first. It never returns 0.
 func (l *LaneSeq) Alloc() (uint64, bool) {
+	seq, ok := l.peek()
+	if ok {
+		l.next++
+	}
+	return seq, ok
+}
+
+// peek is the seq Alloc would return, without taking it.
+func (l *LaneSeq) peek() (uint64, bool) {
 	if l.next == 0 || l.next > MaxLaneSeq || !HasCredit(l.next, l.reaped) {
 		return 0, false
 	}
-	seq := l.next
-	l.next++
-	return seq, true
+	return l.next, true
 }
 
 // MarkPublished records that seq's doorbell was submitted.
