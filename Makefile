@@ -11,7 +11,6 @@ VERSION := $(shell cat VERSION)
 REVISION := $(shell git rev-parse HEAD 2>/dev/null)
 VERSION_PKG := github.com/pxn-project/pxn/internal/version
 LDFLAGS := -X $(VERSION_PKG).version=$(VERSION)$(if $(REVISION), -X $(VERSION_PKG).revision=$(REVISION))
-export LDFLAGS
 
 .PHONY: all build test host-packages tools generate lint bench bench-baseline fuzz demo demo-host cluster-demo image release clean
 

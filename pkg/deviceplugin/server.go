@@ -50,7 +50,8 @@ type Server struct {
 	socket        string
 	kubeletSocket string
 
-	// registered is written by Run's goroutine, read by probes.
+	// registered is written by Run's goroutine only, read by it and by
+	// probes.
 	registered atomic.Bool
 
 	// Set while serving; owned by Run's goroutine.
@@ -118,9 +119,8 @@ func (s *Server) Run(ctx context.Context) error {
 	defer tick.Stop()
 
 	var (
-		kubeletID  fileID
-		registered bool
-		failures   int
+		kubeletID fileID
+		failures  int
 	)
 	for {
 		if s.grpc == nil {
@@ -128,14 +128,14 @@ func (s *Server) Run(ctx context.Context) error {
 				klog.ErrorS(err, "Cannot serve device plugin", "socket", s.socket)
 			}
 		}
-		if s.grpc != nil && !registered {
+		if s.grpc != nil && !s.registered.Load() {
 			kubeletID, _ = statID(s.kubeletSocket)
 			if err := s.register(ctx); err != nil {
 				if failures++; failures == 1 || failures%60 == 0 {
 					klog.ErrorS(err, "Cannot register with kubelet; retrying", "kubeletSocket", s.kubeletSocket, "attempts", failures)
 				}
 			} else {
-				registered, failures = true, 0
+				failures = 0
 				s.registered.Store(true)
 			}
 		}
@@ -151,15 +151,15 @@ func (s *Server) Run(ctx context.Context) error {
 			if !ok {
 				return errors.New("device plugin directory watch closed")
 			}
-			restart = s.changed(filepath.Clean(ev.Name), kubeletID, registered)
+			restart = s.changed(filepath.Clean(ev.Name), kubeletID, s.registered.Load())
 		case err := <-w.Errors:
 			klog.ErrorS(err, "Watching device plugin directory", "dir", s.cfg.PluginDir)
 		case <-tick.C:
+			registered := s.registered.Load()
 			restart = s.changed(s.socket, kubeletID, registered) || s.changed(s.kubeletSocket, kubeletID, registered)
 		}
 		if restart {
 			s.teardown()
-			registered = false
 			s.registered.Store(false)
 		}
 	}

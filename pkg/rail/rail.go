@@ -368,8 +368,9 @@ func (s *sysfs) keepContractNames(railMap map[string]string, hcas []hcaInfo) err
 			delete(railMap, hca)
 		}
 	}
-	if len(railMap) > contract.MaxRailMapEntries {
-		return fmt.Errorf("%d railed HCAs, more than a rail map holds (%d)", len(railMap), contract.MaxRailMapEntries)
+	// The map is published as MC_PXN_RAIL_MAP: the encoder owns its limits.
+	if _, err := contract.EncodeRailMap(railMap); err != nil {
+		return fmt.Errorf("%d railed HCAs: %w", len(railMap), err)
 	}
 	return nil
 }
