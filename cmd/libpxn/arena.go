@@ -136,9 +136,5 @@ func (b *routeBook) get(session string) (uint64, bool) {
 func (b *routeBook) forget(session string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if session == "" {
-		clear(b.m)
-		return
-	}
 	delete(b.m, session)
 }

@@ -3,7 +3,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -355,9 +354,12 @@ func (dev *device) exec(o runOptions, s scenario) ([]row, error) {
 	if err := writeJSON(nicPath, nics); err != nil {
 		return nil, err
 	}
-	rm, _ := json.Marshal(railMap(s.ranks))
+	rm, err := contract.EncodeRailMap(railMap(s.ranks))
+	if err != nil {
+		return nil, err
+	}
 	env := func(enable, group string) []string {
-		e := []string{contract.EnvEnable + "=" + enable, contract.EnvGroupID + "=" + group, contract.EnvRegistryRoot + "=" + registry, contract.EnvRailMap + "=" + string(rm)}
+		e := []string{contract.EnvEnable + "=" + enable, contract.EnvGroupID + "=" + group, contract.EnvRegistryRoot + "=" + registry, contract.EnvRailMap + "=" + rm}
 		if o.credit != "" {
 			e = append(e, contract.EnvCreditTimeout+"="+o.credit)
 		}
