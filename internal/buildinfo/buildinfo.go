@@ -13,14 +13,10 @@ import (
 
 // Collector is the pxn_build_info gauge: always 1, its labels say what runs.
 func Collector() prometheus.Collector {
-	rev := version.Revision()
-	if rev == "" {
-		rev = "unknown"
-	}
 	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name:        "pxn_build_info",
 		Help:        "Always 1; the labels are the PXN release, the VCS revision and the Go version the binary was built from.",
-		ConstLabels: prometheus.Labels{"version": version.String(), "revision": rev, "goversion": runtime.Version()},
+		ConstLabels: prometheus.Labels{"version": version.String(), "revision": version.Revision(), "goversion": runtime.Version()},
 	}, func() float64 { return 1 })
 }
 

@@ -30,11 +30,7 @@ func TestBuildInfoGauge(t *testing.T) {
 	if v := m.GetGauge().GetValue(); v != 1 {
 		t.Errorf("value %v, want 1", v)
 	}
-	rev := version.Revision()
-	if rev == "" {
-		rev = "unknown"
-	}
-	want := map[string]string{"version": version.String(), "revision": rev, "goversion": runtime.Version()}
+	want := map[string]string{"version": version.String(), "revision": version.Revision(), "goversion": runtime.Version()}
 	got := map[string]string{}
 	for _, l := range m.GetLabel() {
 		got[l.GetName()] = l.GetValue()

@@ -39,29 +39,25 @@ func String() string {
 	return Release + "-devel"
 }
 
-// Revision is the VCS revision the binary was built from, or "" when the
-// build recorded none.
+// Revision is the VCS revision the binary was built from, or "unknown" when
+// the build recorded none.
 func Revision() string {
 	if revision != "" {
 		return revision
 	}
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
-		return ""
+		return "unknown"
 	}
 	for _, s := range info.Settings {
 		if s.Key == "vcs.revision" {
 			return s.Value
 		}
 	}
-	return ""
+	return "unknown"
 }
 
 // Line is the one-line answer of a binary's --version.
 func Line(binary string) string {
-	rev := Revision()
-	if rev == "" {
-		rev = "unknown"
-	}
-	return fmt.Sprintf("%s %s (revision %s, %s, %s/%s)", binary, String(), rev, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	return fmt.Sprintf("%s %s (revision %s, %s, %s/%s)", binary, String(), Revision(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
 }

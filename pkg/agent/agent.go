@@ -202,6 +202,6 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if err := mgr.AddReadyzCheck("published", r.published); err != nil {
 		return err
 	}
-	klog.InfoS("starting agent", "node", klog.KRef("", opts.NodeName), "resync", opts.Resync, "version", opts.AgentVersion)
+	klog.InfoS("Watching the node and its PxnRailMap", "node", klog.KRef("", opts.NodeName), "resync", opts.Resync)
 	return mgr.Start(ctx)
 }

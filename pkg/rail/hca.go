@@ -168,7 +168,7 @@ func (s *sysfs) port(dir string, num int, netdevs []netdev) Port {
 		}
 	}
 	if v, ok := s.attr(dir + "/link_layer"); ok {
-		if v == "InfiniBand" || v == "Ethernet" {
+		if v == linkInfiniBand || v == linkEthernet {
 			p.LinkLayer = v
 		} else {
 			s.warn(dir+"/link_layer", "%q is neither InfiniBand nor Ethernet", v)
