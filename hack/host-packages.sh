@@ -116,20 +116,17 @@ case $cmd in
         ;;
       install)
         [ -z "$why" ] || { echo "host-packages: cannot install ${need[*]}: $why" >&2; exit 1; }
-        install_pkgs "${need[@]}" || { echo "host-packages: apt-get install ${need[*]} failed" >&2; exit 1; }
-        left=$(missing "$@")
-        [ -z "$left" ] || { echo "host-packages: still missing after apt-get: $left" >&2; exit 1; }
         ;;
       ensure)
         if [ -n "$why" ]; then
           echo "host-packages: cannot install ${need[*]} ($why); what needs them skips, saying so" >&2
           exit 0
         fi
-        install_pkgs "${need[@]}" || { echo "host-packages: apt-get install ${need[*]} failed" >&2; exit 1; }
-        left=$(missing "$@")
-        [ -z "$left" ] || { echo "host-packages: still missing after apt-get: $left" >&2; exit 1; }
         ;;
     esac
+    install_pkgs "${need[@]}" || { echo "host-packages: apt-get install ${need[*]} failed" >&2; exit 1; }
+    left=$(missing "$@")
+    [ -z "$left" ] || { echo "host-packages: still missing after apt-get: $left" >&2; exit 1; }
     ;;
   *) echo "host-packages: unknown command $cmd (want check, install, ensure or packages)" >&2; exit 2 ;;
 esac
