@@ -11,7 +11,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -37,7 +36,7 @@ func main() {
 		}
 		return
 	}
-	os.Exit(cli.Execute(newRootCommand(context.Background(), os.Stdout, os.Stderr), os.Args[1:], os.Stderr))
+	os.Exit(cli.Execute(newRootCommand(os.Stdout, os.Stderr), os.Args[1:], os.Stderr))
 }
 
 // ringConfig is what the ring flags say.
@@ -47,7 +46,7 @@ type ringConfig struct {
 	timeout      time.Duration
 }
 
-func newRootCommand(_ context.Context, stdout, stderr io.Writer) *cobra.Command {
+func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "pxn-gpucheck",
 		Short: "Report and measure PXN's CUDA first hop on a GPU machine",

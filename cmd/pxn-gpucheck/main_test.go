@@ -4,7 +4,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"strings"
 	"testing"
 
@@ -34,7 +33,7 @@ func TestCommandLine(t *testing.T) {
 			t.Setenv(k, v)
 		}
 		var stdout, stderr bytes.Buffer
-		code := cli.Execute(newRootCommand(context.Background(), &stdout, &stderr), tc.args, &stderr)
+		code := cli.Execute(newRootCommand(&stdout, &stderr), tc.args, &stderr)
 		if code != tc.code || !strings.Contains(stdout.String(), tc.stdout) || !strings.Contains(stderr.String(), tc.stderr) {
 			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit %d, %q, %q", tc.args, code, stdout.String(), stderr.String(), tc.code, tc.stdout, tc.stderr)
 		}
