@@ -175,8 +175,6 @@ struct PxnRdmaTransport::Engine {
     std::vector<OpBatch *> live;
     std::vector<pxn_transport_completion> refused;
 
-    void *arena = nullptr;
-    uint64_t arena_len = 0;
     bool arena_offered = false;
 
     // Opens libpxn, or returns null and says why in why.
@@ -270,12 +268,21 @@ struct PxnRdmaTransport::Engine {
 
     // Memory classification.
 
-    std::string registeredLocation(void *addr) {
+    // localBuffer copies the local segment's buffer that starts at addr.
+    bool localBuffer(void *addr, TransferMetadata::BufferDesc &out) {
         auto local = owner.metadata_->getSegmentDescByID(LOCAL_SEGMENT_ID);
-        if (!local) return "";
-        for (const auto &b : local->buffers)
-            if (b.addr == reinterpret_cast<uint64_t>(addr)) return b.name;
-        return "";
+        if (!local) return false;
+        for (const auto &b : local->buffers) {
+            if (b.addr != reinterpret_cast<uint64_t>(addr)) continue;
+            out = b;
+            return true;
+        }
+        return false;
+    }
+
+    std::string registeredLocation(void *addr) {
+        TransferMetadata::BufferDesc b;
+        return localBuffer(addr, b) ? b.name : "";
     }
 
     void noteMemory(void *addr, size_t length, const std::string &location) {
@@ -411,16 +418,10 @@ struct PxnRdmaTransport::Engine {
                          << "); this rank does not relay";
             return PXN_EIO;
         }
-        auto local = e->owner.metadata_->getSegmentDescByID(LOCAL_SEGMENT_ID);
-        if (local) {
-            for (const auto &b : local->buffers) {
-                if (b.addr != reinterpret_cast<uint64_t>(addr)) continue;
-                if (e->local_hca_index >= b.lkey.size()) break;
-                *local_key = b.lkey[e->local_hca_index];
-                e->arena = addr;
-                e->arena_len = len;
-                return PXN_OK;
-            }
+        TransferMetadata::BufferDesc b;
+        if (e->localBuffer(addr, b) && e->local_hca_index < b.lkey.size()) {
+            *local_key = b.lkey[e->local_hca_index];
+            return PXN_OK;
         }
         LOG(WARNING) << "PXN: the staging arena " << addr
                      << " has no local key on NIC " << e->local_hca
@@ -434,7 +435,6 @@ struct PxnRdmaTransport::Engine {
         auto *e = static_cast<Engine *>(user);
         if (e->owner.RdmaTransport::unregisterLocalMemory(addr, false) != 0)
             return PXN_EIO;
-        e->arena = nullptr;
         return PXN_OK;
     }
 
