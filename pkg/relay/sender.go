@@ -141,8 +141,10 @@ func (ol *outLane) queued() bool {
 // lane's endpoint and the Pieces in its slots. Only the pump touches it.
 type senderLane struct {
 	*outLane
-	link      Link
-	tx        *staging.SenderLane
+	link Link
+	tx   *staging.SenderLane
+	// relayWake is the relay's wake word, rung after each Publish.
+	relayWake *staging.WakeWord
 	inflight  [staging.SlotsPerLane]pieceRef
 	broken    bool
 	waitSince time.Time
@@ -181,6 +183,15 @@ func (sn *sender) busy() bool {
 		}
 	}
 	return false
+}
+
+// inflight counts the Pieces published and not yet reaped, on every lane.
+func (sn *sender) inflight() int {
+	n := 0
+	for _, sl := range sn.lanes {
+		n += int(sl.tx.Published() - sl.tx.Reaped())
+	}
+	return n
 }
 
 // errRelayGone fails Pieces published to a relay that died or restarted.
@@ -302,6 +313,7 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 		return true
 	}
 	sl.inflight[slot] = pr
+	sl.relayWake.Wake()
 	return true
 }
 
@@ -470,7 +482,7 @@ func (sn *sender) attach(pr Peer) *senderLane {
 		s.log.V(1).Info("cannot attach to relay", "pid", pr.Pid, "rail", pr.Rail, "err", err.Error())
 		return nil
 	}
-	sl := &senderLane{outLane: &outLane{peer: pr}, link: link, tx: link.Sender()}
+	sl := &senderLane{outLane: &outLane{peer: pr}, link: link, tx: link.Sender(), relayWake: link.Wake()}
 	if first := s.hooks.firstSeq; first > 1 && !sn.seqHooked {
 		sn.seqHooked = true
 		if err := sl.tx.StartAt(first); err != nil {
