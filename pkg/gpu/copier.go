@@ -98,6 +98,14 @@ type CopierOptions struct {
 	Logger klog.Logger
 }
 
+// DefaultPollPolicy is the pump's poll policy on GPUs (relay.PollTuner).
+// A single Piece's next step (its doorbell, its second hop, its
+// completion) comes within a few hundred microseconds, and a pump woken
+// from a futex sleep starts tens of microseconds late: while at most one
+// Piece moves the pump polls through Spin. A deeper pipeline naps, at most
+// Nap. See docs/engine.md for the measured trade-off.
+var DefaultPollPolicy = relay.PollPolicy{Spin: 250 * time.Microsecond, Nap: 50 * time.Microsecond}
+
 // Copier is a relay.Copier over CUDA copy engines and, for Pieces of small
 // entries, the SM gather kernel (GatherMode). Each lane has two non-blocking
 // streams in the GPU's primary context, and its Pieces alternate between
@@ -182,7 +190,7 @@ var (
 // form and the doorbell path (probing both unless forced), and logs the
 // choice once.
 func NewCopier(g *GPU, opts CopierOptions) (*Copier, error) {
-	c := &Copier{g: g, log: opts.Logger, poll: relay.DefaultPollPolicy}
+	c := &Copier{g: g, log: opts.Logger, poll: DefaultPollPolicy}
 	if c.log.GetSink() == nil {
 		c.log = klog.Background()
 	}

@@ -29,6 +29,9 @@ const (
 	// timerSlack is the pump thread's timer slack: its naps are tens of
 	// microseconds, and the default slack (50 µs) would double them.
 	timerSlack = time.Microsecond
+	// napFloor is the shortest nap: below it a sleep costs more than the
+	// poll it saves.
+	napFloor = 5 * time.Microsecond
 )
 
 // DefaultPollPolicy is how the pump waits when the copier sets no policy.
@@ -54,9 +57,14 @@ type pump struct {
 	// lastActive is the last round that made progress or the last wake
 	// by a waker: the spin window runs from it.
 	lastActive time.Time
-	polled     [64]HopCompletion
-	poller     CopyPoller
-	poll       PollPolicy
+	// gap is a moving average of the time between rounds that made
+	// progress while work was in flight; a nap is half of it, within
+	// napFloor..poll.Nap, so that a fast pipeline (a short hop queue
+	// draining in tens of microseconds) is not left idle by a long nap.
+	gap    time.Duration
+	polled [64]HopCompletion
+	poller CopyPoller
+	poll   PollPolicy
 }
 
 // stopResult is what a stopped pump hands back: why the drain ended badly,
@@ -125,7 +133,7 @@ func (p *pump) run() {
 			}
 		}
 		if p.round(now) {
-			p.lastActive = now
+			p.progressed(now)
 			continue
 		}
 		if now.Sub(p.lastActive) < p.poll.Spin && p.shallow() {
@@ -146,12 +154,12 @@ func (p *pump) wait() {
 	now := time.Now()
 	if p.round(now) {
 		w.Retract()
-		p.lastActive = now
+		p.progressed(now)
 		return
 	}
 	timeout := heartbeatInterval - now.Sub(p.lastBeat)
 	if p.busy() || p.expecting(now) || p.drainBy.Load() != 0 {
-		timeout = min(timeout, p.poll.Nap)
+		timeout = min(timeout, max(p.gap/2, napFloor), p.poll.Nap)
 	}
 	if timeout <= 0 {
 		w.Retract()
@@ -162,6 +170,14 @@ func (p *pump) wait() {
 		p.s.counters.pumpWakes.Add(1)
 		p.lastActive = time.Now()
 	}
+}
+
+// progressed records a round that made progress at now.
+func (p *pump) progressed(now time.Time) {
+	if gap := now.Sub(p.lastActive); gap <= 4*p.poll.Nap {
+		p.gap += (gap - p.gap) / 8
+	}
+	p.lastActive = now
 }
 
 // shallow reports whether at most one Piece is moving through this rank,
