@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pxn-project/pxn/pkg/relay"
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // threadSched is a thread's schedstat: CPU time and how many times it was
@@ -43,10 +44,11 @@ func readSched(t *testing.T, tid int) threadSched {
 }
 
 // An idle pump sleeps on its wake word and wakes for its heartbeat only:
-// over 15 heartbeats both pumps of a pair run a few times a heartbeat, far
+// over 15 heartbeats each pump of a pair runs about once a heartbeat, far
 // from the thousand wake-ups a second of a 1 ms poll.
 func TestIdlePumpSleepsUntilItsHeartbeat(t *testing.T) {
-	p := newPair(t, pairOpts{tgtSize: mib, srcSize: mib})
+	// A heartbeat timeout of 1 s makes an idle pump beat every 100 ms.
+	p := newPair(t, pairOpts{tgtSize: mib, srcSize: mib, cfg: func(c *staging.Config) { c.HeartbeatTimeout = time.Second }})
 	ranks := []struct {
 		name string
 		e    *relay.Engine
