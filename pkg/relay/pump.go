@@ -23,10 +23,11 @@ const (
 	// heartbeat. An idle pump's only timed wake-up is its heartbeat,
 	// every tenth of the heartbeat timeout (idleBeat).
 	heartbeatInterval = 100 * time.Millisecond
-	// idleRefresh is how often an idle pump lists its peers (a registry
-	// scan, the costliest part of an idle wake-up). A pump with work
-	// queued or in flight lists them every heartbeat, so no ticket goes
-	// to a relay on a view older than heartbeatInterval.
+	// idleRefresh is how often an idle pump checks its lanes' relays and
+	// lists its peers (a registry scan, the costliest part of an idle
+	// wake-up). A pump with work queued or in flight does both every
+	// heartbeatInterval, the check before publishing, so no ticket goes
+	// to a relay on a view older than that.
 	idleRefresh = time.Second
 	// expectFor bounds how long an inbound lane whose sender announced a
 	// ticket keeps the relay polling without any progress: a sender that
@@ -250,17 +251,20 @@ func (p *pump) busy() bool {
 	return p.rly.inflight > 0 || p.s.fallbacks.len() > 0 || p.s.tokens.len() > 0 || p.snd.busy()
 }
 
-// round is one pass of the fixed order: heartbeat, outbound reaps, inbound
-// reaps, inbound tickets, outbound tickets, fallbacks.
+// round is one pass of the fixed order: heartbeat and lane health,
+// outbound reaps, inbound reaps, inbound tickets, outbound tickets,
+// fallbacks, peer listing.
 func (p *pump) round(now time.Time) bool {
 	progressed := false
 	if now.Sub(p.lastBeat) >= heartbeatInterval {
 		p.lastBeat = now
 		p.reg.Heartbeat(now)
 	}
-	if since := now.Sub(p.lastRefresh); since >= idleRefresh || since >= heartbeatInterval && p.busy() {
+	since := now.Sub(p.lastRefresh)
+	refresh := since >= idleRefresh || since >= heartbeatInterval && p.busy()
+	if refresh {
 		p.lastRefresh = now
-		p.snd.refresh()
+		p.snd.checkLanes()
 	}
 	if p.poller != nil {
 		if n, err := p.poller.Poll(); err != nil {
@@ -291,6 +295,11 @@ func (p *pump) round(now time.Time) bool {
 	}
 	if p.snd.runFallbacks() {
 		progressed = true
+	}
+	if refresh {
+		// Last in the round: the first Piece after a quiet spell is
+		// published before the scan, on lanes checkLanes has just read.
+		p.snd.listPeers()
 	}
 	return progressed
 }

@@ -393,28 +393,11 @@ func completionReason(status int32) string {
 	return "unknown"
 }
 
-// refresh reconciles outbound lanes with the registry: new relays get a
-// lane, stale ones stop taking tickets, gone ones fail what they had.
-func (sn *sender) refresh() {
+// checkLanes reads the health of the relays behind the outbound lanes
+// from their mapped control blocks: stale ones stop taking tickets, gone
+// ones fail what they had. It makes no system call for a live relay.
+func (sn *sender) checkLanes() {
 	s := sn.s
-	peers, err := sn.reg.Peers()
-	if err != nil {
-		if errors.Is(err, ErrTooManyPeers) {
-			if !sn.peersOff {
-				sn.peersOff = true
-				s.log.Info("more than 7 peers in the group; PXN off, sending direct", "err", err.Error())
-			}
-			s.pxn.Store(false)
-			for _, sl := range sn.lanes {
-				sn.retire(sl, errRelayGone)
-			}
-			sn.lanes = nil
-			s.routes.Store(&routeTable{})
-			return
-		}
-		s.log.Error(err, "registry scan failed")
-		return
-	}
 	if sn.peersOff || sn.noSend {
 		return
 	}
@@ -457,6 +440,37 @@ func (sn *sender) refresh() {
 		live = append(live, sl)
 	}
 	sn.lanes = live
+	if changed {
+		sn.publishRoutes()
+	}
+}
+
+// listPeers lists the group (a registry scan): new relays get a lane, and
+// more peers than lanes turn PXN off.
+func (sn *sender) listPeers() {
+	s := sn.s
+	peers, err := sn.reg.Peers()
+	if err != nil {
+		if errors.Is(err, ErrTooManyPeers) {
+			if !sn.peersOff {
+				sn.peersOff = true
+				s.log.Info("more than 7 peers in the group; PXN off, sending direct", "err", err.Error())
+			}
+			s.pxn.Store(false)
+			for _, sl := range sn.lanes {
+				sn.retire(sl, errRelayGone)
+			}
+			sn.lanes = nil
+			s.routes.Store(&routeTable{})
+			return
+		}
+		s.log.Error(err, "registry scan failed")
+		return
+	}
+	if sn.peersOff || sn.noSend {
+		return
+	}
+	changed := false
 	for _, pr := range peers {
 		if pr.Rail == s.localRail || pr.Rail == "" {
 			continue
