@@ -101,9 +101,9 @@ type CopierOptions struct {
 // DefaultPollPolicy is the pump's poll policy on GPUs (relay.PollTuner).
 // A single Piece's next step (its doorbell, its second hop, its
 // completion) comes within a few hundred microseconds, and a pump woken
-// from a futex sleep starts tens of microseconds late: while at most one
-// Piece moves the pump polls through Spin. A deeper pipeline naps, at most
-// Nap. See docs/engine.md for the measured trade-off.
+// from a nap is up to a nap late: while at most one Piece moves the pump
+// polls through Spin. A deeper pipeline naps for Nap. See docs/engine.md
+// for the measured trade-off.
 var DefaultPollPolicy = relay.PollPolicy{Spin: 250 * time.Microsecond, Nap: 50 * time.Microsecond}
 
 // Copier is a relay.Copier over CUDA copy engines and, for Pieces of small

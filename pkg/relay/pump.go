@@ -36,9 +36,6 @@ const (
 	// timerSlack is the pump thread's timer slack: its naps are tens of
 	// microseconds, and the default slack (50 µs) would double them.
 	timerSlack = time.Microsecond
-	// napFloor is the shortest nap: below it a sleep costs more than the
-	// poll it saves.
-	napFloor = 5 * time.Microsecond
 )
 
 // DefaultPollPolicy is how the pump waits when the copier sets no policy.
@@ -65,14 +62,9 @@ type pump struct {
 	// lastActive is the last round that made progress or the last wake
 	// by a waker: the spin window runs from it.
 	lastActive time.Time
-	// gap is a moving average of the time between rounds that made
-	// progress while work was in flight; a nap is half of it, within
-	// napFloor..poll.Nap, so that a fast pipeline (a short hop queue
-	// draining in tens of microseconds) is not left idle by a long nap.
-	gap    time.Duration
-	polled [64]HopCompletion
-	poller CopyPoller
-	poll   PollPolicy
+	polled     [64]HopCompletion
+	poller     CopyPoller
+	poll       PollPolicy
 }
 
 // stopResult is what a stopped pump hands back: why the drain ended badly,
@@ -141,7 +133,7 @@ func (p *pump) run() {
 			}
 		}
 		if p.round(now) {
-			p.progressed(now)
+			p.lastActive = now
 			continue
 		}
 		if now.Sub(p.lastActive) < p.poll.Spin && p.shallow() {
@@ -162,12 +154,12 @@ func (p *pump) wait() {
 	now := time.Now()
 	if p.round(now) {
 		w.Retract()
-		p.progressed(now)
+		p.lastActive = now
 		return
 	}
 	timeout := p.idleBeat() - now.Sub(p.lastBeat)
 	if p.busy() || p.expecting(now) || p.drainBy.Load() != 0 {
-		timeout = min(timeout, max(p.gap/2, napFloor), p.poll.Nap)
+		timeout = min(timeout, p.poll.Nap)
 	}
 	if timeout <= 0 {
 		w.Retract()
@@ -186,14 +178,6 @@ func (p *pump) wait() {
 // the machines measured, so ten a second alone would be 0.1 % of a core.
 func (p *pump) idleBeat() time.Duration {
 	return max(heartbeatInterval, p.s.cfg.HeartbeatTimeout/10)
-}
-
-// progressed records a round that made progress at now.
-func (p *pump) progressed(now time.Time) {
-	if gap := now.Sub(p.lastActive); gap <= 4*p.poll.Nap {
-		p.gap += (gap - p.gap) / 8
-	}
-	p.lastActive = now
 }
 
 // shallow reports whether at most one Piece is moving through this rank,
