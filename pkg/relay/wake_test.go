@@ -116,3 +116,31 @@ func TestSubmitAfterIdleWakesBothPumps(t *testing.T) {
 		}
 	}
 }
+
+// Two processes of a real registry: the relay's pump sleeps on the wake
+// word in its control file, and the sender's Publish, in another process,
+// wakes it through that shared word. Each write goes to idle pumps.
+func TestWakeAcrossProcesses(t *testing.T) {
+	g := newFaultGroup(t, faultGroupOpts{})
+	s := g.start("sender", 0, 4*faultMiB)
+	r := g.start("relay", 1, faultMiB)
+	s.route(faultRail(1), true, 20*time.Second)
+	sw, rw := &g.control(s, false).Header.Wake, &g.control(r, false).Header.Wake
+	for i := range 3 {
+		eventually(t, 20*time.Second, "both pumps asleep", func() bool { return sw.SleepingNow() && rw.SleepingNow() })
+		s0, r0 := s.counters().Counters, r.counters().Counters
+		s.submit(true, faultWrites(1, 1, 64<<10, uint64(i)*64<<10, uint64(i)*64<<10)...)
+		checkStates(t, s.wait(20*time.Second)[i:], map[string]int{"completed": 1})
+		s1, r1 := s.counters().Counters, r.counters().Counters
+		if r1.ForwardedPieces != r0.ForwardedPieces+1 {
+			t.Fatalf("write %d: the relay forwarded %d pieces, want 1", i, r1.ForwardedPieces-r0.ForwardedPieces)
+		}
+		if s1.PumpWakes == s0.PumpWakes {
+			t.Errorf("write %d: Submit did not wake the sender's pump", i)
+		}
+		if r1.PumpWakes == r0.PumpWakes {
+			t.Errorf("write %d: the sender's Publish did not wake the relay's pump in the other process", i)
+		}
+	}
+	g.verify(0, s.tasks())
+}
