@@ -130,7 +130,7 @@ func TestWakeAcrossProcesses(t *testing.T) {
 		eventually(t, 20*time.Second, "both pumps asleep", func() bool { return sw.SleepingNow() && rw.SleepingNow() })
 		s0, r0 := s.counters().Counters, r.counters().Counters
 		s.submit(true, faultWrites(1, 1, 64<<10, uint64(i)*64<<10, uint64(i)*64<<10)...)
-		checkStates(t, s.wait(20*time.Second)[i:], map[string]int{"completed": 1})
+		checkStates(t, s.wait(20 * time.Second)[i:], map[string]int{"completed": 1})
 		s1, r1 := s.counters().Counters, r.counters().Counters
 		if r1.ForwardedPieces != r0.ForwardedPieces+1 {
 			t.Fatalf("write %d: the relay forwarded %d pieces, want 1", i, r1.ForwardedPieces-r0.ForwardedPieces)
