@@ -12,7 +12,7 @@
 #define PXN_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
 #endif
 
-#define PXN_ABI_VERSION 1
+#define PXN_ABI_VERSION 2
 
 #define PXN_LANE_COUNT 7
 #define PXN_SLOTS_PER_LANE 18
@@ -121,8 +121,22 @@ typedef struct pxn_lane {
 } pxn_lane;
 
 /*
+ * A rank's wake word: its pump sleeps on seq (a shared futex, no
+ * FUTEX_PRIVATE_FLAG) after storing sleeping = 1, loading seq and checking
+ * for work once more. A waker makes its work visible, atomically adds 1 to
+ * seq, then issues FUTEX_WAKE only when it loads sleeping != 0. Every
+ * access is sequentially consistent.
+ */
+typedef struct pxn_wake_word {
+	uint32_t seq;
+	uint32_t sleeping;
+	uint8_t pad0[56];
+} pxn_wake_word;
+
+/*
  * Written by the owning rank before it is published READY and never changed
- * afterwards, except state and heartbeat (release stores by the owner).
+ * afterwards, except state and heartbeat (release stores by the owner) and
+ * the wake word.
  */
 typedef struct pxn_header {
 	uint64_t magic;
@@ -146,6 +160,7 @@ typedef struct pxn_header {
 	uint8_t ipc_handle[64];
 	uint64_t heartbeat;
 	uint8_t pad1[56];
+	pxn_wake_word wake;
 } pxn_header;
 
 typedef struct pxn_control_block {
@@ -202,6 +217,11 @@ PXN_STATIC_ASSERT(offsetof(pxn_lane, completions) == 1344, "pxn_lane.completions
 PXN_STATIC_ASSERT(offsetof(pxn_lane, descs) == 2496, "pxn_lane.descs");
 PXN_STATIC_ASSERT(sizeof(pxn_lane) == 1187904, "sizeof pxn_lane");
 
+PXN_STATIC_ASSERT(offsetof(pxn_wake_word, seq) == 0, "pxn_wake_word.seq");
+PXN_STATIC_ASSERT(offsetof(pxn_wake_word, sleeping) == 4, "pxn_wake_word.sleeping");
+PXN_STATIC_ASSERT(offsetof(pxn_wake_word, pad0) == 8, "pxn_wake_word.pad0");
+PXN_STATIC_ASSERT(sizeof(pxn_wake_word) == 64, "sizeof pxn_wake_word");
+
 PXN_STATIC_ASSERT(offsetof(pxn_header, magic) == 0, "pxn_header.magic");
 PXN_STATIC_ASSERT(offsetof(pxn_header, abi_version) == 8, "pxn_header.abi_version");
 PXN_STATIC_ASSERT(offsetof(pxn_header, header_size) == 12, "pxn_header.header_size");
@@ -223,11 +243,12 @@ PXN_STATIC_ASSERT(offsetof(pxn_header, hca) == 136, "pxn_header.hca");
 PXN_STATIC_ASSERT(offsetof(pxn_header, ipc_handle) == 192, "pxn_header.ipc_handle");
 PXN_STATIC_ASSERT(offsetof(pxn_header, heartbeat) == 256, "pxn_header.heartbeat");
 PXN_STATIC_ASSERT(offsetof(pxn_header, pad1) == 264, "pxn_header.pad1");
-PXN_STATIC_ASSERT(sizeof(pxn_header) == 320, "sizeof pxn_header");
+PXN_STATIC_ASSERT(offsetof(pxn_header, wake) == 320, "pxn_header.wake");
+PXN_STATIC_ASSERT(sizeof(pxn_header) == 384, "sizeof pxn_header");
 
 PXN_STATIC_ASSERT(offsetof(pxn_control_block, header) == 0, "pxn_control_block.header");
-PXN_STATIC_ASSERT(offsetof(pxn_control_block, lanes) == 320, "pxn_control_block.lanes");
-PXN_STATIC_ASSERT(sizeof(pxn_control_block) == 8315648, "sizeof pxn_control_block");
+PXN_STATIC_ASSERT(offsetof(pxn_control_block, lanes) == 384, "pxn_control_block.lanes");
+PXN_STATIC_ASSERT(sizeof(pxn_control_block) == 8315712, "sizeof pxn_control_block");
 
 PXN_STATIC_ASSERT(PXN_ARENA_SIZE == (UINT64_C(1008) << 20), "arena size");
 PXN_STATIC_ASSERT(PXN_SLOT_OF(1) == 0, "seq 1 is slot 0");

@@ -73,6 +73,24 @@ func mapBuffer(n uint64) ([]byte, error) {
 	return b, nil
 }
 
+// threadRuns is how many times thread tid was put on a CPU (its
+// schedstat's third field): one per wake-up, and one per preemption.
+func threadRuns(tid int) uint64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/schedstat", tid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	var n uint64
+	if len(f) < 3 {
+		return 0
+	}
+	if _, err := fmt.Sscan(f[2], &n); err != nil {
+		return 0
+	}
+	return n
+}
+
 // cpuTime is the CPU time in seconds of one thread (tid > 0, from its
 // schedstat, in nanoseconds) or of the whole process (tid 0, getrusage).
 func cpuTime(tid int) (float64, error) {

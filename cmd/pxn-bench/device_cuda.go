@@ -28,6 +28,9 @@ type cudaRank struct {
 	nic  *gpunic.NIC
 	src  cuda.DevicePtr
 	ptx  []byte
+	// pollSpin and pollNap are the pump's poll policy (zero: the copier's
+	// default).
+	pollSpin, pollNap time.Duration
 }
 
 func newCUDARank(o rankOptions) (_ *cudaRank, err error) {
@@ -38,7 +41,7 @@ func newCUDARank(o rankOptions) (_ *cudaRank, err error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &cudaRank{}
+	r := &cudaRank{pollSpin: o.pollSpin, pollNap: o.pollNap}
 	if o.gatherPTX != "" {
 		if r.ptx, err = os.ReadFile(o.gatherPTX); err != nil {
 			return nil, err
@@ -87,7 +90,7 @@ func (r *cudaRank) newHop() (relay.Hop, error) { return gpunic.New(r.g, r.maps, 
 func (r *cudaRank) firstHop(deps *relay.HostDeps, _ uintptr, _ uint64) (string, error) {
 	log := klog.Background()
 	warn := func(err error) { log.Info("pxn-bench: configuration", "err", err.Error()) }
-	c, err := gpu.NewCopier(r.g, gpu.CopierOptions{Gather: gpu.GatherModeFromEnv(nil, warn), GatherPTX: r.ptx})
+	c, err := gpu.NewCopier(r.g, gpu.CopierOptions{Gather: gpu.GatherModeFromEnv(nil, warn), GatherPTX: r.ptx, PollSpin: r.pollSpin, PollNap: r.pollNap})
 	if err != nil {
 		return "", err
 	}

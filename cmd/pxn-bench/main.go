@@ -146,6 +146,8 @@ func runFlags(fs *pflag.FlagSet) func() int {
 	fs.IntVar(&o.cuda.latency, "latency", 0, "also time this many 10 KiB writes through PXN and direct")
 	fs.StringVar(&o.cuda.gatherPTX, "gather-ptx", "", "cuda: load the gather kernel from this PTX file instead of the embedded one (kernel development)")
 	fs.StringVar(&o.cuda.copyMode, "copy-mode", "", "cuda: "+contract.EnvCopyMode+" for the ranks (ce, sm or auto)")
+	fs.DurationVar(&o.cuda.pollSpin, "poll-spin", 0, "cuda: how long the pump polls without sleeping after progress while one Piece moves (0: the default, negative: never)")
+	fs.DurationVar(&o.cuda.pollNap, "poll-nap", 0, "cuda: the longest sleep of the pump while work is in flight (0: the default, negative: never sleep while busy)")
 	return func() int {
 		var err error
 		if o.bytes, err = parseSize(bytesFlag); err != nil {
@@ -188,6 +190,8 @@ func rankFlags(fs *pflag.FlagSet) func() int {
 	fs.IntVar(&o.latency, "latency", 0, "10 KiB writes to time each way")
 	fs.IntVar(&o.reps, "reps", 1, "times the timed transfer (and the raw copy) is repeated back to back")
 	fs.StringVar(&o.gatherPTX, "gather-ptx", "", "cuda: gather kernel PTX file (default: embedded)")
+	fs.DurationVar(&o.pollSpin, "poll-spin", 0, "cuda: the pump's spin window (0: default)")
+	fs.DurationVar(&o.pollNap, "poll-nap", 0, "cuda: the pump's longest sleep while busy (0: default)")
 	return func() int {
 		if err := runRank(o); err != nil {
 			emit(event{Event: "error", Error: err.Error()})

@@ -28,20 +28,31 @@ type rankResult struct {
 	FirstError string                `json:"firstError,omitempty"`
 	Counters   relay.CounterSnapshot `json:"counters"`
 	PumpCPU    float64               `json:"pumpCPU"`
-	ProcessCPU float64               `json:"processCPU"`
-	Mallocs    uint64                `json:"mallocs"`
-	PXNActive  bool                  `json:"pxnActive"`
+	// PumpRuns is how many times the pump thread was put on a CPU.
+	PumpRuns   uint64  `json:"pumpRuns,omitempty"`
+	ProcessCPU float64 `json:"processCPU"`
+	Mallocs    uint64  `json:"mallocs"`
+	PXNActive  bool    `json:"pxnActive"`
 	// StartNs and EndNs bound the timed transfer (Unix nanoseconds) where
 	// the parent times ranks that ran at once as one transfer.
 	StartNs int64 `json:"startNs,omitempty"`
 	EndNs   int64 `json:"endNs,omitempty"`
 }
 
-// idleResult is CPU use over an idle second.
+// idleResult is CPU use over idleWindow, and the first 10 KiB write after
+// it (µs; 0 for a rank without transfers of its own).
 type idleResult struct {
 	PumpPercent    float64 `json:"pumpPercent"`
 	ProcessPercent float64 `json:"processPercent"`
+	PumpRuns       uint64  `json:"pumpRuns"`
+	Seconds        float64 `json:"seconds"`
+	FirstWriteUS   float64 `json:"firstWriteUs,omitempty"`
+	FirstError     string  `json:"firstError,omitempty"`
 }
+
+// idleWindow is how long ranks stay idle before the first write after
+// idle, their pumps' CPU measured over it (P4, P5).
+const idleWindow = 10 * time.Second
 
 // openResult is what opening the engine cost a rank (P6).
 type openResult struct {
@@ -88,6 +99,8 @@ type rankOptions struct {
 	latency   int
 	reps      int
 	gatherPTX string
+	// pollSpin and pollNap replace the pump's poll policy (zero: default).
+	pollSpin, pollNap time.Duration
 }
 
 // rankDevice is what a rank needs of its device: source memory filled with
@@ -195,6 +208,7 @@ func runRank(o rankOptions) (err error) {
 			res := &rankResult{Rank: o.index}
 			if eng != nil {
 				res.PumpCPU, _ = cpuTime(eng.PumpThreadID())
+				res.PumpRuns = threadRuns(eng.PumpThreadID())
 				res.Counters = eng.Counters()
 			}
 			emit(event{Event: "stats", Result: res})
@@ -212,7 +226,7 @@ func runRank(o rankOptions) (err error) {
 			}
 			emit(event{Event: "latency", Latency: res})
 		case "idle":
-			emit(event{Event: "idle", Idle: measureIdle(eng)})
+			emit(event{Event: "idle", Idle: measureIdle(eng, mine, base)})
 		case "exit":
 			if err := closeEngine(); err != nil {
 				return fmt.Errorf("close: %w", err)
@@ -393,6 +407,7 @@ func diffCounters(a, b relay.CounterSnapshot) relay.CounterSnapshot {
 		ForwardedBytes:    a.ForwardedBytes - b.ForwardedBytes, ForwardedPieces: a.ForwardedPieces - b.ForwardedPieces,
 		InvalidDescs: a.InvalidDescs - b.InvalidDescs, FailedPieces: a.FailedPieces - b.FailedPieces,
 		LaneQuarantines: a.LaneQuarantines - b.LaneQuarantines,
+		PumpSleeps:      a.PumpSleeps - b.PumpSleeps, PumpWakes: a.PumpWakes - b.PumpWakes,
 	}
 }
 
@@ -440,21 +455,40 @@ func transferBare(hop relay.Hop, mine []transfer, base uintptr) (*rankResult, er
 	return res, nil
 }
 
-func measureIdle(eng *relay.Engine) *idleResult {
-	const window = time.Second
+func measureIdle(eng *relay.Engine, mine []transfer, base uintptr) *idleResult {
 	tid := 0
 	if eng != nil {
 		tid = eng.PumpThreadID()
 	}
 	pump0, _ := cpuTime(tid)
 	proc0, _ := cpuTime(0)
-	time.Sleep(window)
+	runs0 := threadRuns(tid)
+	time.Sleep(idleWindow)
 	pump1, _ := cpuTime(tid)
 	proc1, _ := cpuTime(0)
-	res := &idleResult{ProcessPercent: 100 * (proc1 - proc0) / window.Seconds()}
+	res := &idleResult{ProcessPercent: 100 * (proc1 - proc0) / idleWindow.Seconds(), Seconds: idleWindow.Seconds()}
 	if tid != 0 {
-		res.PumpPercent = 100 * (pump1 - pump0) / window.Seconds()
+		res.PumpPercent = 100 * (pump1 - pump0) / idleWindow.Seconds()
+		res.PumpRuns = threadRuns(tid) - runs0
 	}
+	if eng == nil || len(mine) == 0 {
+		return res
+	}
+	t := mine[0]
+	req := []relay.Request{{Op: relay.Write, Src: base + uintptr(t.Src), Len: min(uint64(10<<10), t.Len), Target: t.Remote, Dst: targetBase + t.Dst}}
+	t0 := time.Now()
+	b, err := eng.Submit(req)
+	if err != nil {
+		res.FirstError = err.Error()
+		return res
+	}
+	for !b.Done() {
+	}
+	res.FirstWriteUS = float64(time.Since(t0).Nanoseconds()) / 1e3
+	if st, _ := b.Status(0); st.State != relay.Completed && st.Err != nil {
+		res.FirstError = st.Err.Error()
+	}
+	_ = b.Release()
 	return res
 }
 

@@ -43,6 +43,9 @@ type cudaOptions struct {
 	latency   int
 	gatherPTX string
 	copyMode  string
+	// pollSpin and pollNap replace the pump's poll policy (zero: the
+	// copier's default), to measure the trade-off of CPU and latency.
+	pollSpin, pollNap time.Duration
 }
 
 // scenario is one traffic pattern run on a device: the ranks and targets
@@ -277,6 +280,9 @@ type busyWindow struct {
 	seconds   float64
 	relayed   uint64
 	forwarded uint64
+	// runs counts the pump thread's wake-ups; sleeps and wakes are its
+	// sleeps on the wake word and those a waker ended.
+	runs, sleeps, wakes uint64
 }
 
 // phaseResult is one phase's reports.
@@ -374,6 +380,9 @@ func (dev *device) exec(o runOptions, s scenario) ([]row, error) {
 			"--registry", registry, "--latency", strconv.Itoa(s.latency), "--reps", strconv.Itoa(max(s.reps, 1))}
 		if o.cuda.gatherPTX != "" {
 			a = append(a, "--gather-ptx", o.cuda.gatherPTX)
+		}
+		if o.cuda.pollSpin != 0 || o.cuda.pollNap != 0 {
+			a = append(a, "--poll-spin", o.cuda.pollSpin.String(), "--poll-nap", o.cuda.pollNap.String())
 		}
 		return a
 	}
@@ -475,6 +484,7 @@ func (dev *device) phase(s scenario, l *layout, targets []*child, args func(int,
 	for k := range after {
 		a, b := after[k].Result, before[k].Result
 		res.busy = append(res.busy, busyWindow{pumpCPU: a.PumpCPU - b.PumpCPU, seconds: window,
+			runs: a.PumpRuns - b.PumpRuns, sleeps: a.Counters.PumpSleeps - b.Counters.PumpSleeps, wakes: a.Counters.PumpWakes - b.Counters.PumpWakes,
 			relayed: a.Counters.RelayedPieces - b.Counters.RelayedPieces, forwarded: a.Counters.ForwardedPieces - b.Counters.ForwardedPieces})
 	}
 	engine := mode == "engine"
@@ -690,14 +700,39 @@ func pumpRows(prefix string, p *phaseResult, pieces, forwarded uint64) []row {
 	var rows []row
 	if len(p.idle) > 0 {
 		var idle float64
+		var runs uint64
+		var first float64
+		var firstErr string
 		for _, i := range p.idle {
 			idle = max(idle, i.PumpPercent)
+			runs = max(runs, i.PumpRuns)
+			first = max(first, i.FirstWriteUS)
+			if firstErr == "" {
+				firstErr = i.FirstError
+			}
 		}
-		rows = append(rows, row{Scenario: prefix + "P5 pump CPU while idle (busiest rank, 1 s)", Value: idle, Unit: "% of a core", Verified: true})
+		rows = append(rows, row{Scenario: prefix + fmt.Sprintf("P5 pump CPU while idle (busiest rank, %v)", idleWindow), Value: idle, Unit: "% of a core", Verified: true,
+			Note: fmt.Sprintf("%d pump wake-ups in the window (schedstat)", runs)})
+		if first > 0 {
+			var steady float64
+			for _, l := range p.lats {
+				steady = max(steady, l.PXN[0])
+			}
+			r := row{Scenario: prefix + fmt.Sprintf("P4 first 10KiB write through PXN after %v idle", idleWindow), Value: first, Unit: "µs", Verified: firstErr == "", Note: firstErr}
+			if steady > 0 {
+				r.Baseline, r.Ratio = fmt.Sprintf("steady-state p50 of the same write, %.1f µs", steady), first/steady
+				r.Note = strings.TrimPrefix(r.Note+fmt.Sprintf("; %.2f × the steady-state p50 of the same write (%.1f µs); one write per sender", first/steady, steady), "; ")
+			}
+			rows = append(rows, r)
+		}
 	}
 	var relayBusy, sendBusy, cpu float64
+	var runs, sleeps, wakes uint64
 	for _, b := range p.busy {
 		cpu += b.pumpCPU
+		runs += b.runs
+		sleeps += b.sleeps
+		wakes += b.wakes
 		if b.seconds <= 0 {
 			continue
 		}
@@ -717,7 +752,9 @@ func pumpRows(prefix string, p *phaseResult, pieces, forwarded uint64) []row {
 		rows = append(rows, row{Scenario: prefix + "P5 pump CPU while busy, busiest sender", Value: sendBusy, Unit: "% of a core", Verified: true})
 	}
 	if n := pieces + forwarded; n > 0 {
-		rows = append(rows, row{Scenario: prefix + "P5 pump CPU per piece (sender and relay pieces)", Value: cpu * 1e6 / float64(n), Unit: "µs", Pieces: n, Verified: true})
+		rows = append(rows, row{Scenario: prefix + "P5 pump CPU per piece (sender and relay pieces)", Value: cpu * 1e6 / float64(n), Unit: "µs", Pieces: n, Verified: true},
+			row{Scenario: prefix + "P5 pump wake-ups per piece (sender and relay, schedstat)", Value: float64(runs) / float64(n), Unit: "runs", Pieces: n, Verified: true,
+				Note: fmt.Sprintf("sleeps on the wake word %.2f a piece, %.2f of them ended by a waker", float64(sleeps)/float64(n), float64(wakes)/float64(n))})
 	}
 	var mallocs uint64
 	for _, r := range p.ranks {

@@ -90,20 +90,21 @@ type CopierOptions struct {
 	// GatherBlocks and GatherThreads replace the launch shape; zero keeps
 	// the default.
 	GatherBlocks, GatherThreads int
-	// PollWindow is how long the pump keeps polling without sleeping after
-	// it made progress (relay.BusyPoller); zero means DefaultPollWindow,
-	// negative none.
-	PollWindow time.Duration
+	// PollSpin and PollNap replace the fields of relay.DefaultPollPolicy
+	// for the pump (relay.PollTuner); zero keeps the default, negative
+	// means none.
+	PollSpin, PollNap time.Duration
 	// Logger receives the copier's one start-up line; klog by default.
 	Logger klog.Logger
 }
 
-// DefaultPollWindow is the copier's relay.BusyPoller window: the next event
-// of a transfer on GPUs (a doorbell, a completion) typically comes a few
-// microseconds after the last, while a pump that sleeps wakes about a
-// millisecond later (Go rounds sub-millisecond timer sleeps of an idle
-// process up to its netpoller's millisecond).
-const DefaultPollWindow = time.Millisecond
+// DefaultPollPolicy is the pump's poll policy on GPUs (relay.PollTuner).
+// A single Piece's next step (its doorbell, its second hop, its
+// completion) comes within a few hundred microseconds, and a pump woken
+// from a nap is up to a nap late: while at most one Piece moves the pump
+// polls through Spin. A deeper pipeline naps for Nap. See docs/engine.md
+// for the measured trade-off.
+var DefaultPollPolicy = relay.PollPolicy{Spin: 250 * time.Microsecond, Nap: 50 * time.Microsecond}
 
 // Copier is a relay.Copier over CUDA copy engines and, for Pieces of small
 // entries, the SM gather kernel (GatherMode). Each lane has two non-blocking
@@ -132,7 +133,7 @@ type Copier struct {
 	hosts  hostMap
 	lanes  [staging.LaneCount]lane
 	gather gatherState
-	window time.Duration
+	poll   relay.PollPolicy
 
 	pending  atomic.Int64
 	copies   atomic.Uint64
@@ -171,7 +172,7 @@ var (
 	_ relay.ThreadBinder  = (*Copier)(nil)
 	_ relay.HostRegistrar = (*Copier)(nil)
 	_ relay.CopyPoller    = (*Copier)(nil)
-	_ relay.BusyPoller    = (*Copier)(nil)
+	_ relay.PollTuner     = (*Copier)(nil)
 )
 
 // relay.CopyEntry and cuda.CopyEntry share a layout, so Copy passes the
@@ -189,12 +190,17 @@ var (
 // form and the doorbell path (probing both unless forced), and logs the
 // choice once.
 func NewCopier(g *GPU, opts CopierOptions) (*Copier, error) {
-	c := &Copier{g: g, log: opts.Logger, window: opts.PollWindow}
+	c := &Copier{g: g, log: opts.Logger, poll: DefaultPollPolicy}
 	if c.log.GetSink() == nil {
 		c.log = klog.Background()
 	}
-	if c.window == 0 {
-		c.window = DefaultPollWindow
+	for _, o := range []struct {
+		set time.Duration
+		to  *time.Duration
+	}{{opts.PollSpin, &c.poll.Spin}, {opts.PollNap, &c.poll.Nap}} {
+		if o.set != 0 {
+			*o.to = max(o.set, 0)
+		}
 	}
 	c.ready.g = g
 	d := g.d
@@ -389,9 +395,8 @@ func (c *Copier) GPUDoorbell() bool { return c.gpuBell }
 // CopyMode is the copy form in use.
 func (c *Copier) CopyMode() cuda.CopyMode { return c.mode }
 
-// PollWindow implements relay.BusyPoller: how long the pump polls without
-// sleeping after progress (zero: not at all).
-func (c *Copier) PollWindow() time.Duration { return max(c.window, 0) }
+// PollPolicy implements relay.PollTuner.
+func (c *Copier) PollPolicy() relay.PollPolicy { return c.poll }
 
 // BindThread makes the copier's context current on the calling OS thread.
 // The pump calls it once, after runtime.LockOSThread, before its first

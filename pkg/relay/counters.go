@@ -20,6 +20,8 @@ type Counters struct {
 	laneQuarantine atomic.Uint64
 	routeResolves  atomic.Uint64
 	routeDrops     atomic.Uint64
+	pumpSleeps     atomic.Uint64
+	pumpWakes      atomic.Uint64
 }
 
 // CounterSnapshot is a copy of the counters at one moment.
@@ -53,6 +55,10 @@ type CounterSnapshot struct {
 	// or InvalidateTarget.
 	RouteResolves uint64 `json:"route_resolves"`
 	RouteDrops    uint64 `json:"route_drops"`
+	// PumpSleeps counts the pump's sleeps on its wake word; PumpWakes
+	// those a waker ended (the others ran to their timeout).
+	PumpSleeps uint64 `json:"pump_sleeps"`
+	PumpWakes  uint64 `json:"pump_wakes"`
 }
 
 func (c *Counters) snapshot() CounterSnapshot {
@@ -71,5 +77,7 @@ func (c *Counters) snapshot() CounterSnapshot {
 		LaneQuarantines:   c.laneQuarantine.Load(),
 		RouteResolves:     c.routeResolves.Load(),
 		RouteDrops:        c.routeDrops.Load(),
+		PumpSleeps:        c.pumpSleeps.Load(),
+		PumpWakes:         c.pumpWakes.Load(),
 	}
 }

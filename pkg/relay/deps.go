@@ -152,11 +152,17 @@ type (
 	// after a copy's event). Called every round; an error means enqueued
 	// copies will never ring their doorbells.
 	CopyPoller interface{ Poll() (int, error) }
-	// BusyPoller asks the pump to keep polling, without sleeping, while
-	// anything is in flight and for PollWindow after a round that made
-	// progress: on GPUs the next step of a transfer (a completion, the
-	// next doorbell) is microseconds away, and a Go timer shorter than a
-	// millisecond sleeps about a millisecond in an otherwise idle process.
-	// An idle pump still sleeps.
-	BusyPoller interface{ PollWindow() time.Duration }
+	// PollTuner replaces DefaultPollPolicy for the copier's engine.
+	PollTuner interface{ PollPolicy() PollPolicy }
 )
+
+// PollPolicy is how the pump waits for work in flight that wakes no one (a
+// GPU doorbell, a completion in a peer's control block, a hop
+// completion). Spin is how long it polls without sleeping after a round
+// that made progress, or after a wake, while at most one Piece moves
+// through the rank (a transfer bound by latency). Otherwise it sleeps on
+// its wake word, at most Nap while anything is in flight; with nothing in
+// flight, until a waker or its next heartbeat. See docs/engine.md.
+type PollPolicy struct {
+	Spin, Nap time.Duration
+}

@@ -32,7 +32,7 @@ type Deps struct {
 // Engine routes a host's transfers: cross-rail device writes through a relay
 // on the target's rail, everything else straight to the hop. Its methods run
 // on the callers' goroutines and reach the pump only through what shared
-// holds (queues, atomics, the wake channel); the pump's sender and relayer
+// holds (queues, atomics, the wake word); the pump's sender and relayer
 // are its own.
 type Engine struct {
 	*shared
@@ -84,7 +84,7 @@ func open(cfg staging.Config, deps Deps, hooks testHooks) (*Engine, error) {
 			groups:    newGroupPool(),
 			opBufs:    newOpsPool(),
 			fallbacks: fallbackQueue{mu: make(chanMutex, 1)},
-			wakeCh:    make(chan struct{}, 1),
+			wakeWord:  new(staging.WakeWord),
 		},
 		reg:     deps.Registry,
 		scratch: newScratchPool(),
@@ -100,6 +100,9 @@ func open(cfg staging.Config, deps Deps, hooks testHooks) (*Engine, error) {
 		return nil, errors.New("relay: PXN needs the local HCA name")
 	}
 	e.localRail = staging.CanonicalRail(cfg.RailMap, deps.LocalHCA)
+	if w := deps.Registry.Wake(); w != nil {
+		e.wakeWord = w
+	}
 	e.pump = newPump(e.shared, deps.Registry)
 	e.pxn.Store(true)
 	if !hooks.manualPump {

@@ -83,6 +83,10 @@ func (r *memRank) ArenaBase() uintptr { return uintptr(unsafe.Pointer(&r.arena[0
 
 func (r *memRank) Heartbeat(time.Time) {}
 
+func (r *memRank) Wake() *staging.WakeWord {
+	return &(*staging.ControlBlock)(unsafe.Pointer(&r.ctlMem[0])).Header.Wake
+}
+
 func (r *memRank) Peers() ([]relay.Peer, error) {
 	r.g.mu.Lock()
 	defer r.g.mu.Unlock()
@@ -155,6 +159,8 @@ func (l *memLink) Health(time.Time) relay.Health {
 	}
 	return relay.Live
 }
+
+func (l *memLink) Wake() *staging.WakeWord { return l.relay.Wake() }
 
 func (l *memLink) Close() error {
 	l.lane.Free()

@@ -14,21 +14,38 @@ import (
 	"golang.org/x/sys/unix"
 
 	"k8s.io/klog/v2"
+
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 const (
+	// heartbeatInterval is how often a pump with work writes its
+	// heartbeat. An idle pump's only timed wake-up is its heartbeat,
+	// every tenth of the heartbeat timeout (idleBeat).
 	heartbeatInterval = 100 * time.Millisecond
-	idleWait          = 50 * time.Microsecond
-	// idleDeep is how long the pump sleeps once it has had nothing to do
-	// for idleDeepAfter: no queued Piece, no ticket in flight either way.
-	idleDeep      = 1 * time.Millisecond
-	idleDeepAfter = 20 * time.Millisecond
+	// idleRefresh is how often an idle pump checks its lanes' relays and
+	// lists its peers (a registry scan, the costliest part of an idle
+	// wake-up). A pump with work queued or in flight does both every
+	// heartbeatInterval, the check before publishing, so no ticket goes
+	// to a relay on a view older than that.
+	idleRefresh = time.Second
+	// expectFor bounds how long an inbound lane whose sender announced a
+	// ticket keeps the relay polling without any progress: a sender that
+	// publishes and never rings would otherwise keep it from going idle.
+	expectFor = heartbeatInterval
+	// timerSlack is the pump thread's timer slack: its naps are tens of
+	// microseconds, and the default slack (50 µs) would double them.
+	timerSlack = time.Microsecond
 )
+
+// DefaultPollPolicy is how the pump waits when the copier sets no policy.
+var DefaultPollPolicy = PollPolicy{Spin: 20 * time.Microsecond, Nap: 50 * time.Microsecond}
 
 // pump is the engine's one thread: it holds the sender and the relayer and
 // drives both in rounds. Its fields, and everything the sender and the
 // relayer hold, are touched only by the goroutine that runs the rounds;
-// callers reach the pump through the shared queues, wakeCh and drainBy.
+// callers reach the pump through the shared queues, the wake word and
+// drainBy.
 type pump struct {
 	s   *shared
 	reg Registry
@@ -40,12 +57,14 @@ type pump struct {
 	// drainBy is when Close's drain ends (UnixNano; 0 while running).
 	drainBy atomic.Int64
 
-	lastBeat   time.Time
+	lastBeat    time.Time
+	lastRefresh time.Time
+	// lastActive is the last round that made progress or the last wake
+	// by a waker: the spin window runs from it.
 	lastActive time.Time
 	polled     [64]HopCompletion
 	poller     CopyPoller
-	// spin is the copier's BusyPoller window (0: sleep at once).
-	spin time.Duration
+	poll       PollPolicy
 }
 
 // stopResult is what a stopped pump hands back: why the drain ended badly,
@@ -64,9 +83,9 @@ func (r stopResult) release(log klog.Logger) {
 
 func newPump(s *shared, reg Registry) *pump {
 	poller, _ := s.copier.(CopyPoller)
-	var spin time.Duration
-	if bp, ok := s.copier.(BusyPoller); ok {
-		spin = bp.PollWindow()
+	poll := DefaultPollPolicy
+	if t, ok := s.copier.(PollTuner); ok {
+		poll = t.PollPolicy()
 	}
 	return &pump{
 		s:      s,
@@ -74,17 +93,22 @@ func newPump(s *shared, reg Registry) *pump {
 		snd:    &sender{s: s, reg: reg},
 		rly:    newRelayer(s, reg),
 		done:   make(chan stopResult, 1),
-		spin:   spin,
+		poll:   poll,
 		poller: poller,
 	}
 }
 
 func (p *pump) start() { go p.run() }
 
+// run drives the rounds. The goroutine keeps its OS thread to the end (the
+// thread dies with it): the copier's context and the timer slack are set on
+// that thread only.
 func (p *pump) run() {
 	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	p.s.pumpTID.Store(int64(unix.Gettid()))
+	if err := staging.SetTimerSlack(timerSlack); err != nil {
+		p.s.log.V(1).Info("pump keeps the default timer slack", "err", err)
+	}
 	if b, ok := p.s.copier.(ThreadBinder); ok {
 		if err := b.BindThread(); err != nil {
 			p.s.log.Error(err, "pump cannot use the copier; PXN off for sending, relaying goes on")
@@ -99,8 +123,6 @@ func (p *pump) run() {
 			res = p.panicked(r)
 		}
 	}()
-	timer := time.NewTimer(idleWait)
-	defer timer.Stop()
 	p.lastActive = time.Now()
 	for {
 		now := time.Now()
@@ -114,23 +136,81 @@ func (p *pump) run() {
 			p.lastActive = now
 			continue
 		}
-		if p.spin > 0 && (now.Sub(p.lastActive) < p.spin || p.busy()) {
+		if now.Sub(p.lastActive) < p.poll.Spin && p.shallow() {
 			continue
 		}
-		wait := idleWait
-		if now.Sub(p.lastActive) > idleDeepAfter && !p.busy() && p.drainBy.Load() == 0 {
-			wait = idleDeep
-		}
-		timer.Reset(wait)
-		select {
-		case <-p.s.wakeCh:
-			p.lastActive = time.Now()
-			if !timer.Stop() {
-				<-timer.C
-			}
-		case <-timer.C:
+		p.wait()
+	}
+}
+
+// wait sleeps on the wake word: with no timer but the heartbeat's when
+// nothing is in flight or expected, at most a nap otherwise. It announces
+// the sleep and then runs one more round (the waiter's re-check of the
+// word's rule): work a waker published before the announcement is found
+// there, work published after it comes with a wake.
+func (p *pump) wait() {
+	w := p.s.wakeWord
+	seen := w.Announce()
+	now := time.Now()
+	if p.round(now) {
+		w.Retract()
+		p.lastActive = now
+		return
+	}
+	timeout := p.idleBeat() - now.Sub(p.lastBeat)
+	if p.busy() || p.expecting(now) || p.drainBy.Load() != 0 {
+		timeout = min(timeout, p.poll.Nap)
+	}
+	if timeout <= 0 {
+		w.Retract()
+		return
+	}
+	p.s.counters.pumpSleeps.Add(1)
+	if w.Sleep(seen, timeout) {
+		p.s.counters.pumpWakes.Add(1)
+		p.lastActive = time.Now()
+	}
+}
+
+// idleBeat is the heartbeat interval of an idle pump: a tenth of the
+// heartbeat timeout (300 ms by default), never less than
+// heartbeatInterval. A wake-up costs the pump thread about 100 µs of CPU on
+// the machines measured, so ten a second alone would be 0.1 % of a core.
+func (p *pump) idleBeat() time.Duration {
+	return max(heartbeatInterval, p.s.cfg.HeartbeatTimeout/10)
+}
+
+// shallow reports whether at most one Piece is moving through this rank,
+// either way: a transfer bound by latency, whose next step is microseconds
+// away, so the pump polls through the spin window instead of sleeping.
+// With more in flight the rings' depth hides a nap.
+func (p *pump) shallow() bool {
+	n := p.rly.inflight + p.snd.inflight()
+	if n > 1 {
+		return false
+	}
+	for i := range staging.LaneCount {
+		n += p.reg.Inbound(i).Announced()
+		if n > 1 {
+			return false
 		}
 	}
+	return true
+}
+
+// expecting reports whether a sender announced a ticket this relay has not
+// taken yet (its GPU doorbell may still be on the way), within expectFor
+// of the pump's last progress.
+func (p *pump) expecting(now time.Time) bool {
+	if now.Sub(p.lastActive) > expectFor {
+		return false
+	}
+	for i := range staging.LaneCount {
+		if p.reg.Inbound(i).Announced() > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // panicked keeps a bug in the pump from ending the host process: PXN
@@ -155,14 +235,20 @@ func (p *pump) busy() bool {
 	return p.rly.inflight > 0 || p.s.fallbacks.len() > 0 || p.s.tokens.len() > 0 || p.snd.busy()
 }
 
-// round is one pass of the fixed order: heartbeat, outbound reaps, inbound
-// reaps, inbound tickets, outbound tickets, fallbacks.
+// round is one pass of the fixed order: heartbeat and lane health,
+// outbound reaps, inbound reaps, inbound tickets, outbound tickets,
+// fallbacks, peer listing.
 func (p *pump) round(now time.Time) bool {
 	progressed := false
 	if now.Sub(p.lastBeat) >= heartbeatInterval {
 		p.lastBeat = now
 		p.reg.Heartbeat(now)
-		p.snd.refresh()
+	}
+	since := now.Sub(p.lastRefresh)
+	refresh := since >= idleRefresh || since >= heartbeatInterval && p.busy()
+	if refresh {
+		p.lastRefresh = now
+		p.snd.checkLanes()
 	}
 	if p.poller != nil {
 		if n, err := p.poller.Poll(); err != nil {
@@ -194,6 +280,11 @@ func (p *pump) round(now time.Time) bool {
 	if p.snd.runFallbacks() {
 		progressed = true
 	}
+	if refresh {
+		// Last in the round: the first Piece after a quiet spell is
+		// published before the scan, on lanes checkLanes has just read.
+		p.snd.listPeers()
+	}
 	return progressed
 }
 
@@ -219,7 +310,7 @@ func (p *pump) pollHop() bool {
 // stop ends the pump: no new Pieces are taken, what is in flight drains
 // until ctx's deadline (5 s without one), and whatever is left fails. It
 // runs on the caller's goroutine and reaches the pump only through
-// drainBy, wakeCh and done.
+// drainBy, the wake word and done.
 func (p *pump) stop(ctx context.Context) stopResult {
 	s := p.s
 	s.pxn.Store(false)

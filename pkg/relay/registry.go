@@ -45,6 +45,9 @@ type Link interface {
 	Staging() uintptr
 	// Health reads the relay's liveness from its control block.
 	Health(now time.Time) Health
+	// Wake is the relay's wake word: the sender wakes the relay's pump
+	// through it after publishing a ticket.
+	Wake() *staging.WakeWord
 	Close() error
 }
 
@@ -57,6 +60,10 @@ type Registry interface {
 	Inbound(i int) *staging.RelayLane
 	// ArenaBase is the local address of this rank's own staging arena.
 	ArenaBase() uintptr
+	// Wake is this rank's wake word, in its control block: the pump
+	// sleeps on it; the engine's callers and the senders of other ranks
+	// wake it.
+	Wake() *staging.WakeWord
 	Heartbeat(now time.Time)
 	// Peers lists the other ranks of the group. The slice stays valid
 	// until the next call of Peers, which may reuse it. It fails with an

@@ -141,8 +141,10 @@ func (ol *outLane) queued() bool {
 // lane's endpoint and the Pieces in its slots. Only the pump touches it.
 type senderLane struct {
 	*outLane
-	link      Link
-	tx        *staging.SenderLane
+	link Link
+	tx   *staging.SenderLane
+	// relayWake is the relay's wake word, rung after each Publish.
+	relayWake *staging.WakeWord
 	inflight  [staging.SlotsPerLane]pieceRef
 	broken    bool
 	waitSince time.Time
@@ -181,6 +183,15 @@ func (sn *sender) busy() bool {
 		}
 	}
 	return false
+}
+
+// inflight counts the Pieces published and not yet reaped, on every lane.
+func (sn *sender) inflight() int {
+	n := 0
+	for _, sl := range sn.lanes {
+		n += int(sl.tx.Published() - sl.tx.Reaped())
+	}
+	return n
 }
 
 // errRelayGone fails Pieces published to a relay that died or restarted.
@@ -302,6 +313,7 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 		return true
 	}
 	sl.inflight[slot] = pr
+	sl.relayWake.Wake()
 	return true
 }
 
@@ -381,28 +393,11 @@ func completionReason(status int32) string {
 	return "unknown"
 }
 
-// refresh reconciles outbound lanes with the registry: new relays get a
-// lane, stale ones stop taking tickets, gone ones fail what they had.
-func (sn *sender) refresh() {
+// checkLanes reads the health of the relays behind the outbound lanes
+// from their mapped control blocks: stale ones stop taking tickets, gone
+// ones fail what they had. It makes no system call for a live relay.
+func (sn *sender) checkLanes() {
 	s := sn.s
-	peers, err := sn.reg.Peers()
-	if err != nil {
-		if errors.Is(err, ErrTooManyPeers) {
-			if !sn.peersOff {
-				sn.peersOff = true
-				s.log.Info("more than 7 peers in the group; PXN off, sending direct", "err", err.Error())
-			}
-			s.pxn.Store(false)
-			for _, sl := range sn.lanes {
-				sn.retire(sl, errRelayGone)
-			}
-			sn.lanes = nil
-			s.routes.Store(&routeTable{})
-			return
-		}
-		s.log.Error(err, "registry scan failed")
-		return
-	}
 	if sn.peersOff || sn.noSend {
 		return
 	}
@@ -445,6 +440,37 @@ func (sn *sender) refresh() {
 		live = append(live, sl)
 	}
 	sn.lanes = live
+	if changed {
+		sn.publishRoutes()
+	}
+}
+
+// listPeers lists the group (a registry scan): new relays get a lane, and
+// more peers than lanes turn PXN off.
+func (sn *sender) listPeers() {
+	s := sn.s
+	peers, err := sn.reg.Peers()
+	if err != nil {
+		if errors.Is(err, ErrTooManyPeers) {
+			if !sn.peersOff {
+				sn.peersOff = true
+				s.log.Info("more than 7 peers in the group; PXN off, sending direct", "err", err.Error())
+			}
+			s.pxn.Store(false)
+			for _, sl := range sn.lanes {
+				sn.retire(sl, errRelayGone)
+			}
+			sn.lanes = nil
+			s.routes.Store(&routeTable{})
+			return
+		}
+		s.log.Error(err, "registry scan failed")
+		return
+	}
+	if sn.peersOff || sn.noSend {
+		return
+	}
+	changed := false
 	for _, pr := range peers {
 		if pr.Rail == s.localRail || pr.Rail == "" {
 			continue
@@ -470,7 +496,7 @@ func (sn *sender) attach(pr Peer) *senderLane {
 		s.log.V(1).Info("cannot attach to relay", "pid", pr.Pid, "rail", pr.Rail, "err", err.Error())
 		return nil
 	}
-	sl := &senderLane{outLane: &outLane{peer: pr}, link: link, tx: link.Sender()}
+	sl := &senderLane{outLane: &outLane{peer: pr}, link: link, tx: link.Sender(), relayWake: link.Wake()}
 	if first := s.hooks.firstSeq; first > 1 && !sn.seqHooked {
 		sn.seqHooked = true
 		if err := sl.tx.StartAt(first); err != nil {

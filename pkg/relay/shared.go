@@ -44,19 +44,17 @@ type shared struct {
 	fallbacks fallbackQueue
 	invals    invalQueue
 
-	// wakeCh wakes the pump; pumpTID and pumpDead are the pump's thread
-	// id and whether it stopped after a panic.
-	wakeCh   chan struct{}
+	// wakeWord is what the pump sleeps on (the registry's word, in the
+	// control block; a word of its own without a pump). Everything that
+	// queues work for the pump wakes it after the work is queued.
+	wakeWord *staging.WakeWord
+	// pumpTID and pumpDead are the pump's thread id and whether it
+	// stopped after a panic.
 	pumpTID  atomic.Int64
 	pumpDead atomic.Bool
 }
 
-func (s *shared) wake() {
-	select {
-	case s.wakeCh <- struct{}{}:
-	default:
-	}
-}
+func (s *shared) wake() { s.wakeWord.Wake() }
 
 // pieceDone counts Piece work of g as over; the last releases the
 // source-ready event and returns g to the pool.

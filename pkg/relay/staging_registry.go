@@ -38,6 +38,8 @@ func (s *StagingRegistry) Inbound(i int) *staging.RelayLane { return s.rank.Inbo
 
 func (s *StagingRegistry) ArenaBase() uintptr { return s.rank.Arena().Base() }
 
+func (s *StagingRegistry) Wake() *staging.WakeWord { return s.rank.Wake() }
+
 func (s *StagingRegistry) Heartbeat(time.Time) { s.rank.Heartbeat(staging.MonoNanos()) }
 
 // Peers returns a slice of its own, valid until the next call of Peers.
@@ -91,6 +93,7 @@ func (l stagingLink) Sender() *staging.SenderLane { return l.l.Sender() }
 func (l stagingLink) LaneIndex() int              { return l.l.LaneIndex() }
 func (l stagingLink) Staging() uintptr            { return l.l.StagingBase() }
 func (l stagingLink) Close() error                { return l.l.Close() }
+func (l stagingLink) Wake() *staging.WakeWord     { return l.l.Wake() }
 
 func (l stagingLink) Health(time.Time) Health {
 	err := l.l.Health(staging.MonoNanos())

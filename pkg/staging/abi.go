@@ -16,7 +16,8 @@ import (
 // whose numbers differ from a peer's refuses that peer (see the registry).
 const (
 	// ABIVersion changes whenever a shared-memory layout below changes.
-	ABIVersion = 1
+	// Version 2 added the header's wake word.
+	ABIVersion = 2
 
 	// LaneCount is the number of inbound lanes of a relay: one per other
 	// local rank, none for itself.
@@ -109,6 +110,33 @@ type ReadyWord struct {
 	_   [56]byte
 }
 
+// A WakeWord has one waiter, the pump of the rank that owns it, and any
+// number of wakers: the rank's own callers (Submit and everything else that
+// queues work for the pump) and the senders of other ranks that publish
+// tickets into its lanes. Seq is the futex word; Sleeping says the waiter
+// may be in, or on its way into, FUTEX_WAIT. The word lives in a MAP_SHARED
+// control file, so the futex is a shared one (no FUTEX_PRIVATE_FLAG); a
+// process-local word works the same way.
+//
+// Ordering rule (Go's atomics are sequentially consistent):
+//
+//   - the waiter stores Sleeping=1 (Announce), loads Seq, checks every
+//     source of work once more, then waits while Seq still holds the value
+//     it loaded (Sleep), and clears Sleeping when it is up again;
+//   - a waker first makes its work visible (any store the waiter's check
+//     reads), then adds 1 to Seq, then loads Sleeping and issues FUTEX_WAKE
+//     only when it is set (Wake).
+//
+// Either the waker's load sees Sleeping=1, and its FUTEX_WAKE, or the Seq
+// that no longer matches, ends the sleep; or that load came first, so the
+// waiter's load of Seq reads the waker's add and its check sees the work.
+// A waker pays a system call only while the waiter sleeps.
+type WakeWord struct {
+	Seq      uint32
+	Sleeping uint32
+	_        [56]byte
+}
+
 // LaneOwner names the sender that holds a lane. It is written only under the
 // registry lock, at claim and release.
 type LaneOwner struct {
@@ -146,8 +174,9 @@ type Lane struct {
 	Descs       [SlotsPerLane]Desc
 }
 
-// Header opens a rank's control file. Everything but Heartbeat and State is
-// written before the rank is published READY and never changes afterwards.
+// Header opens a rank's control file. Everything but Heartbeat, State and
+// Wake is written before the rank is published READY and never changes
+// afterwards. Wake is the rank's pump's wake word (see WakeWord).
 type Header struct {
 	Magic        uint64
 	ABIVersion   uint32
@@ -170,6 +199,7 @@ type Header struct {
 	IPCHandle    [64]byte
 	Heartbeat    uint64
 	_            [56]byte
+	Wake         WakeWord
 }
 
 // LoadState acquire-loads the rank's state.
@@ -223,8 +253,12 @@ var (
 	_ [64 - unsafe.Offsetof(Desc{}.Session)]struct{}
 	_ [-(unsafe.Sizeof(Desc{}) % CacheLine)]struct{}
 	_ [unsafe.Sizeof(Desc{}) - (64 + MaxSession + 16*MaxPlans)]struct{}
-	_ [unsafe.Sizeof(Header{}) - 320]struct{}
-	_ [320 - unsafe.Sizeof(Header{})]struct{}
+	_ [unsafe.Sizeof(WakeWord{}) - CacheLine]struct{}
+	_ [CacheLine - unsafe.Sizeof(WakeWord{})]struct{}
+	_ [unsafe.Sizeof(Header{}) - 384]struct{}
+	_ [384 - unsafe.Sizeof(Header{})]struct{}
+	_ [unsafe.Offsetof(Header{}.Wake) - 320]struct{}
+	_ [320 - unsafe.Offsetof(Header{}.Wake)]struct{}
 	_ [unsafe.Offsetof(Header{}.Heartbeat) - 256]struct{}
 	_ [256 - unsafe.Offsetof(Header{}.Heartbeat)]struct{}
 	_ [-(unsafe.Offsetof(Header{}.IPCHandle) % CacheLine)]struct{}

@@ -158,6 +158,7 @@ var sharedTypes = []reflect.Type{
 	reflect.TypeFor[SenderProgress](),
 	reflect.TypeFor[RelayProgress](),
 	reflect.TypeFor[Lane](),
+	reflect.TypeFor[WakeWord](),
 	reflect.TypeFor[Header](),
 	reflect.TypeFor[ControlBlock](),
 }
@@ -209,6 +210,8 @@ func TestPolledWordsOwnTheirCacheLine(t *testing.T) {
 		{reflect.TypeFor[Completion](), "Seq", []string{"Status"}},
 		{reflect.TypeFor[RelayProgress](), "CompletedSeq", nil},
 		{reflect.TypeFor[Header](), "Heartbeat", nil},
+		{reflect.TypeFor[Header](), "Wake", nil},
+		{reflect.TypeFor[WakeWord](), "Seq", []string{"Sleeping"}},
 		{reflect.TypeFor[Lane](), "Owner", nil},
 		{reflect.TypeFor[Lane](), "Sender", nil},
 		{reflect.TypeFor[Lane](), "Relay", nil},

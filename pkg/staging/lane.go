@@ -33,7 +33,9 @@ import (
 //     last at a claim, so a reader that loads a non-zero Pid and then the
 //     rest sees a whole owner and a lane already reset.
 //
-// Progress words (SenderProgress) are for inspect; nobody decides on them.
+// Progress words (SenderProgress) are for inspect, and PublishedSeq is the
+// relay's hint that doorbells are on their way (Announced): it decides how
+// soon the relay looks again, never what it takes.
 
 // LaneState is a moment's copy of a lane's owner and progress words.
 type LaneState struct {
@@ -331,6 +333,20 @@ func (r *RelayLane) Poll() (uint64, TicketState) {
 		return seq, TicketRung
 	}
 	return seq, TicketReady
+}
+
+// Announced is how many seqs past the last one taken the sender says it
+// has published (its progress word, untrusted), at most K: doorbells that
+// may still be on their way.
+func (r *RelayLane) Announced() int {
+	if r.epoch == 0 {
+		return 0
+	}
+	pub := atomic.LoadUint64(&r.lane.Sender.PublishedSeq)
+	if pub < r.next {
+		return 0
+	}
+	return int(min(pub-r.next+1, SlotsPerLane))
 }
 
 // Take consumes the next seq: it copies and validates its Desc into out

@@ -326,6 +326,10 @@ func (l *PeerLink) Rollover(ctx context.Context) (uint64, error) {
 // Sender is the endpoint of the claimed lane, valid until Close.
 func (l *PeerLink) Sender() *staging.SenderLane { return l.sender }
 
+// Wake is the peer's wake word as mapped in this process, valid until
+// Close.
+func (l *PeerLink) Wake() *staging.WakeWord { return &l.ctl.Header.Wake }
+
 // ArenaBase is the peer's arena as mapped in this process.
 func (l *PeerLink) ArenaBase() uintptr { return l.arenaBase }
 

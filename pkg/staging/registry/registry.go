@@ -411,6 +411,9 @@ func (r *Rank) Inbound(i int) *staging.RelayLane { return r.inbound[i] }
 // Header is this rank's header inside Control.
 func (r *Rank) Header() *staging.Header { return &r.ctl.Header }
 
+// Wake is this rank's wake word, in its control file's header.
+func (r *Rank) Wake() *staging.WakeWord { return &r.ctl.Header.Wake }
+
 // Arena is this rank's staging arena, freed by Close.
 func (r *Rank) Arena() staging.Arena { return r.arena }
 
