@@ -143,7 +143,8 @@ func pollAll(t *testing.T, n *gpunic.NIC, want int) []relay.HopCompletion {
 
 // TestNIC writes into another process's device buffer through the emulated
 // NIC: completions in order, errors for what it cannot do, the rate cap as
-// a lower bound on completion time, back-pressure, and the bytes.
+// a lower bound on completion time, back-pressure, batches of small ops on
+// the SM kernel and on the copy engines, and the bytes.
 func TestNIC(t *testing.T) {
 	g := openGPU(t)
 	d := g.Driver()
@@ -233,6 +234,38 @@ func TestNIC(t *testing.T) {
 	done := pollAll(t, slow, 2)
 	if el := time.Since(start); el < 1500*time.Microsecond || done[0].Err != nil || done[1].Err != nil {
 		t.Fatalf("3 MiB at 2 GB/s completed after %v: %+v", el, done)
+	}
+	// Batches of small ops, unaligned and in reverse order, through each
+	// way the NIC can move them; each pass sees the previous one's bytes
+	// overwritten.
+	for _, mode := range []gpu.GatherMode{gpu.GatherSM, gpu.GatherAuto, gpu.GatherCE} {
+		sn, err := gpunic.New(g, maps, gpunic.Options{Copy: mode, RateGBps: 50})
+		if err != nil {
+			t.Fatalf("%v: %v", mode, err)
+		}
+		if used, why := sn.Scatter(); used != (mode != gpu.GatherCE) {
+			t.Fatalf("%v: scatter kernel %v (%s)", mode, used, why)
+		}
+		var batch []relay.WriteOp
+		shift := uint64(mode) * 13
+		for i := uint64(0); i < 600; i++ {
+			s, d, l := (599-i)*5003+7+shift, i*4099+1, 3001+i%5
+			batch = append(batch, relay.WriteOp{Src: uintptr(src) + uintptr(s), Len: l, Target: "t0", Dst: base + d, Token: 100 + i})
+			copy(want[d:d+l], host[s:s+l])
+		}
+		for off := 0; off < len(batch); off += 32 {
+			if err := sn.Submit(batch[off:min(off+32, len(batch))]); err != nil {
+				t.Fatalf("%v: %v", mode, err)
+			}
+		}
+		for i, c := range pollAll(t, sn, len(batch)) {
+			if c.Token != 100+uint64(i) || c.Err != nil {
+				t.Fatalf("%v: completion %d: token %d, err %v", mode, i, c.Token, c.Err)
+			}
+		}
+		if err := sn.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := errors.Join(slow.Close(), nic.Close(), maps.Close()); err != nil {
 		t.Fatal(err)
