@@ -132,19 +132,20 @@ func runFlags(fs *pflag.FlagSet) func() int {
 	fs.IntVar(&o.ranks, "ranks", 8, "ranks, one per GPU and HCA (2..8)")
 	fs.StringVar(&bytesFlag, "bytes", "256MiB", "bytes each rank writes")
 	fs.StringVar(&blockFlag, "block", "0", "request size (0: one request per transfer)")
-	fs.StringVar(&o.pattern, "pattern", "cross-rail", "cross-rail, fan-in, same-rail or all-to-all")
+	fs.StringVar(&o.pattern, "pattern", "cross-rail", "cross-rail, fan-in, same-rail, all-to-all, or kv (KV-cache-shaped requests: --kv-*)")
 	fs.StringVar(&o.json, "json", "", "also write the rows as JSON to this file")
 	fs.StringVar(&o.credit, "credit-timeout", "", contract.EnvCreditTimeout+" for the ranks (empty: the engine default, 1000)")
 	fs.BoolVar(&o.allocPass, "alloc-pass", false, "run the PXN phase's transfer a second time and report P5 heap allocations per piece from that warm pass (steady state) rather than from the first")
 	fs.StringVar(&o.registryRoot, "registry-root", os.Getenv(contract.EnvRegistryRoot),
 		"folder in which the ranks' registry folder (their "+contract.EnvRegistryRoot+") is created; the staging arenas live there, so it must be a large tmpfs. "+
 			"Default: $"+contract.EnvRegistryRoot+" (in a pod holding pxn.io/relay, the device plugin's group folder), else /dev/shm")
-	fs.StringVar(&o.cuda.suite, "suite", "", "cuda: run the performance scenarios instead of one pattern: all, or a comma list of p1 (with P4, P5, P6), p2, p3")
+	fs.StringVar(&o.cuda.suite, "suite", "", "cuda: run the performance scenarios instead of one pattern: all (p1, p2, p3), or a comma list of p1 (with P4, P5, P6), p2, p3, p9 (KV-shaped throughput), p10 (kv-small completion time)")
 	fs.StringVar(&o.cuda.gpus, "gpus", "", "cuda: GPU of each rank, comma-separated (default: rank r on GPU r % number of GPUs)")
 	fs.Float64Var(&o.cuda.rate, "rate", 0, "cuda: the emulated NIC's rate cap in GB/s (0: the copy engine's own rate)")
 	fs.BoolVar(&o.cuda.raw, "raw", false, "cuda: also time a raw copy-engine copy of the same traffic")
 	fs.IntVar(&o.cuda.latency, "latency", 0, "also time this many 10 KiB writes through PXN and direct")
 	fs.StringVar(&o.cuda.gatherPTX, "gather-ptx", "", "cuda: load the gather kernel from this PTX file instead of the embedded one (kernel development)")
+	kvFlags(fs, &o.kv)
 	fs.StringVar(&o.cuda.copyMode, "copy-mode", "", "cuda: "+contract.EnvCopyMode+" for the ranks (ce, sm or auto)")
 	return func() int {
 		var err error
