@@ -139,7 +139,7 @@ func (e *Engine) Submit(reqs []Request) (*Batch, error) {
 		if r.Len == 0 {
 			continue
 		}
-		ol := e.classify(r, routes)
+		ol := e.classify(r, routes, sc)
 		if ol == nil {
 			sc.direct = append(sc.direct, int32(i))
 			continue
@@ -211,11 +211,11 @@ type groupKey struct {
 
 // classify returns the outbound lane a request goes through, or nil for the
 // direct path.
-func (e *Engine) classify(r *Request, routes *routeTable) *outLane {
+func (e *Engine) classify(r *Request, routes *routeTable, sc *submitScratch) *outLane {
 	if !e.pxn.Load() || r.Op != Write || len(routes.byRail) == 0 {
 		return nil
 	}
-	if e.copier.Classify(r.Src, r.Len) != Device {
+	if !e.onDevice(r.Src, r.Len, sc) {
 		return nil
 	}
 	t, err := e.dir.Resolve(r.Target, r.Dst)
@@ -231,6 +231,26 @@ func (e *Engine) classify(r *Request, routes *routeTable) *outLane {
 		return nil
 	}
 	return ol
+}
+
+// onDevice reports whether addr..addr+n is device memory, asking the copier
+// only outside the device allocation it last reported in this Submit.
+func (e *Engine) onDevice(addr uintptr, n uint64, sc *submitScratch) bool {
+	if end := addr + uintptr(n); sc.devHi != 0 && addr >= sc.devLo && end >= addr && end <= sc.devHi {
+		return true
+	}
+	rc, ok := e.copier.(RangeClassifier)
+	if !ok {
+		return e.copier.Classify(addr, n) == Device
+	}
+	k, start, size := rc.ClassifyRange(addr, n)
+	if k != Device {
+		return false
+	}
+	if end := start + uintptr(size); size > 0 && end > start && start <= addr && addr+uintptr(n) <= end {
+		sc.devLo, sc.devHi = start, end
+	}
+	return true
 }
 
 // submitDirect hands direct tasks to the hop; what the hop cannot take now

@@ -137,9 +137,12 @@ func (p *opsPool) put(v []WriteOp) {
 
 // submitScratch is the working memory of one Submit call.
 type submitScratch struct {
-	direct []int32
-	groups map[groupKey]*group
-	order  []*group
+	// devLo and devHi bound the last device allocation a RangeClassifier
+	// reported in this call (empty when devHi is 0).
+	devLo, devHi uintptr
+	direct       []int32
+	groups       map[groupKey]*group
+	order        []*group
 }
 
 type scratchPool struct{ list freeList[*submitScratch] }
@@ -157,6 +160,7 @@ func (p *scratchPool) get() *submitScratch {
 }
 
 func (p *scratchPool) put(s *submitScratch) {
+	s.devLo, s.devHi = 0, 0
 	s.direct = s.direct[:0]
 	clear(s.groups)
 	clear(s.order)
