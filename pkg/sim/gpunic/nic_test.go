@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -85,6 +86,9 @@ func alloc(t testing.TB, g *gpu.GPU, n uint64) cuda.DevicePtr {
 	return p
 }
 
+// targetGPUEnv places the target process on another GPU than device 0.
+const targetGPUEnv = "PXN_GPUNIC_TARGET_GPU"
+
 // nicTarget is the child of TestNIC: a zeroed device buffer whose handle it
 // prints, then the FNV-64a hash of its bytes once stdin closes.
 func nicTarget() error {
@@ -92,7 +96,13 @@ func nicTarget() error {
 	if err != nil {
 		return err
 	}
-	g, err := gpu.Open(d, 0)
+	ordinal := 0
+	if v := os.Getenv(targetGPUEnv); v != "" {
+		if ordinal, err = strconv.Atoi(v); err != nil {
+			return fmt.Errorf("%s=%q: %w", targetGPUEnv, v, err)
+		}
+	}
+	g, err := gpu.Open(d, ordinal)
 	if err != nil {
 		return err
 	}
@@ -145,9 +155,12 @@ func pollAll(t *testing.T, n *gpunic.NIC, want int) []relay.HopCompletion {
 // NIC: completions in order, errors for what it cannot do, the rate cap as
 // a lower bound on completion time, back-pressure, batches of small ops on
 // the SM kernel and on the copy engines, and the bytes.
-func TestNIC(t *testing.T) {
-	g := openGPU(t)
-	d := g.Driver()
+const base = 0x7e0000000000
+
+// startTarget starts a target process and maps its buffer as session t0.
+// finish closes the mappings, then the target, and returns its hash line.
+func startTarget(t testing.TB, g *gpu.GPU) (maps *gpunic.Targets, finish func() string) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"=nic-target")
 	stdin, _ := cmd.StdinPipe()
@@ -157,7 +170,7 @@ func TestNIC(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer cmd.Process.Kill()
+	t.Cleanup(func() { cmd.Process.Kill() })
 	lines := bufio.NewReader(stdout)
 	line, err := lines.ReadString('\n')
 	if err != nil {
@@ -169,12 +182,31 @@ func TestNIC(t *testing.T) {
 	}
 	var h cuda.IPCMemHandle
 	copy(h[:], raw)
-	const base = 0x7e0000000000
-	maps, err := gpunic.OpenTargets(g, []gpunic.Target{{Session: "t0", Addr: base, Len: nicTargetLen, Handle: h}})
+	maps, err = gpunic.OpenTargets(g, []gpunic.Target{{Session: "t0", Addr: base, Len: nicTargetLen, Handle: h}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer maps.Close()
+	t.Cleanup(func() { maps.Close() })
+	return maps, func() string {
+		if err := maps.Close(); err != nil {
+			t.Fatal(err)
+		}
+		stdin.Close()
+		line, err := lines.ReadString('\n')
+		if err != nil {
+			t.Fatalf("target: %v\n%s", err, stderr.String())
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("target: %v\n%s", err, stderr.String())
+		}
+		return strings.TrimSpace(line)
+	}
+}
+
+func TestNIC(t *testing.T) {
+	g := openGPU(t)
+	d := g.Driver()
+	maps, finish := startTarget(t, g)
 	src := alloc(t, g, nicTargetLen)
 	host := make([]byte, nicTargetLen)
 	for i := range host {
@@ -267,20 +299,12 @@ func TestNIC(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := errors.Join(slow.Close(), nic.Close(), maps.Close()); err != nil {
+	if err := errors.Join(slow.Close(), nic.Close()); err != nil {
 		t.Fatal(err)
-	}
-	stdin.Close()
-	line, err = lines.ReadString('\n')
-	if err != nil {
-		t.Fatalf("target: %v\n%s", err, stderr.String())
 	}
 	sum := fnv.New64a()
 	sum.Write(want)
-	if strings.TrimSpace(line) != fmt.Sprintf("hash %x", sum.Sum64()) {
+	if line := finish(); line != fmt.Sprintf("hash %x", sum.Sum64()) {
 		t.Fatalf("target bytes differ: %s, want hash %x", line, sum.Sum64())
-	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("target: %v\n%s", err, stderr.String())
 	}
 }
