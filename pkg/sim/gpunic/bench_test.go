@@ -4,6 +4,7 @@ package gpunic_test
 
 import (
 	"errors"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -16,8 +17,9 @@ import (
 
 // BenchmarkNICWrite10KiB times one 10 KiB write from Submit to its
 // completion, polled without sleeping, into another process's buffer (on
-// GPU 0, or the GPU PXN_GPUNIC_TARGET_GPU names), beside a plain
-// cuMemcpyAsync into this process's own memory with its event polled.
+// GPU 0, or the GPU PXN_GPUNIC_TARGET_GPU names), alone and with a
+// neighbour process keeping the GPU busy, beside a plain cuMemcpyAsync
+// into this process's own memory with its event polled.
 func BenchmarkNICWrite10KiB(b *testing.B) {
 	g := openGPU(b)
 	d := g.Driver()
@@ -28,6 +30,23 @@ func BenchmarkNICWrite10KiB(b *testing.B) {
 		slices.Sort(lat)
 		b.ReportMetric(lat[len(lat)/2], "p50-µs")
 		b.ReportMetric(lat[len(lat)*99/100], "p99-µs")
+	}
+	timeWrites := func(b *testing.B, nic *gpunic.NIC) {
+		var out [4]relay.HopCompletion
+		lat := make([]float64, 0, b.N)
+		for i := 0; b.Loop(); i++ {
+			t0 := time.Now()
+			if err := nic.Submit([]relay.WriteOp{{Src: uintptr(src), Len: 10 << 10, Target: "t0", Dst: base, Token: uint64(i)}}); err != nil {
+				b.Fatal(err)
+			}
+			for nic.Poll(out[:]) == 0 {
+			}
+			lat = append(lat, float64(time.Since(t0).Nanoseconds())/1e3)
+			if out[0].Err != nil {
+				b.Fatal(out[0].Err)
+			}
+		}
+		report(b, lat)
 	}
 	for _, c := range []struct {
 		name string
@@ -42,24 +61,24 @@ func BenchmarkNICWrite10KiB(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer nic.Close()
-			var out [4]relay.HopCompletion
-			lat := make([]float64, 0, b.N)
-			for i := 0; b.Loop(); i++ {
-				t0 := time.Now()
-				if err := nic.Submit([]relay.WriteOp{{Src: uintptr(src), Len: 10 << 10, Target: "t0", Dst: base, Token: uint64(i)}}); err != nil {
-					b.Fatal(err)
-				}
-				for nic.Poll(out[:]) == 0 {
-				}
-				lat = append(lat, float64(time.Since(t0).Nanoseconds())/1e3)
-				if out[0].Err != nil {
-					b.Fatal(out[0].Err)
-				}
-			}
-			report(b, lat)
+			timeWrites(b, nic)
 		})
 	}
+	b.Run("emulated NIC uncapped, a busy neighbour process", func(b *testing.B) {
+		startTarget(b, g, busyEnv+"=1")
+		nic, err := gpunic.New(g, maps, gpunic.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer nic.Close()
+		timeWrites(b, nic)
+	})
 	b.Run("cuMemcpyAsync within this process", func(b *testing.B) {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := d.CtxSetCurrent(g.Context()); err != nil {
+			b.Fatal(err)
+		}
 		st, err := d.StreamCreate(cuda.StreamNonBlocking)
 		if err != nil {
 			b.Fatal(err)

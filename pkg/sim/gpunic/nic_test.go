@@ -86,12 +86,18 @@ func alloc(t testing.TB, g *gpu.GPU, n uint64) cuda.DevicePtr {
 	return p
 }
 
-// targetGPUEnv places the target process on another GPU than device 0.
-const targetGPUEnv = "PXN_GPUNIC_TARGET_GPU"
+// targetGPUEnv places the target process on another GPU than device 0;
+// busyEnv makes it keep its GPU busy with small memsets until stdin closes
+// (a neighbour process with work on the same GPU).
+const (
+	targetGPUEnv = "PXN_GPUNIC_TARGET_GPU"
+	busyEnv      = "PXN_GPUNIC_TARGET_BUSY"
+)
 
 // nicTarget is the child of TestNIC: a zeroed device buffer whose handle it
 // prints, then the FNV-64a hash of its bytes once stdin closes.
 func nicTarget() error {
+	runtime.LockOSThread()
 	d, err := cuda.Load()
 	if err != nil {
 		return err
@@ -124,7 +130,34 @@ func nicTarget() error {
 			return err
 		}
 		fmt.Printf("handle %s\n", hex.EncodeToString(h[:]))
-		io.Copy(io.Discard, os.Stdin)
+		closed := make(chan struct{})
+		go func() {
+			io.Copy(io.Discard, os.Stdin)
+			close(closed)
+		}()
+		if os.Getenv(busyEnv) == "1" {
+			scratch, err := d.MemAlloc(4 << 20)
+			if err != nil {
+				return err
+			}
+			defer d.MemFree(scratch)
+			for busy := true; busy; {
+				select {
+				case <-closed:
+					busy = false
+				default:
+				}
+				for range 8 {
+					if err := d.MemsetD32Async(scratch, 1, 1<<20, 0); err != nil {
+						return err
+					}
+				}
+				if err := d.StreamSynchronize(0); err != nil {
+					return err
+				}
+			}
+		}
+		<-closed
 		host := make([]byte, nicTargetLen)
 		if err := d.MemcpyDtoH(host, buf); err != nil {
 			return err
@@ -159,10 +192,10 @@ const base = 0x7e0000000000
 
 // startTarget starts a target process and maps its buffer as session t0.
 // finish closes the mappings, then the target, and returns its hash line.
-func startTarget(t testing.TB, g *gpu.GPU) (maps *gpunic.Targets, finish func() string) {
+func startTarget(t testing.TB, g *gpu.GPU, env ...string) (maps *gpunic.Targets, finish func() string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=nic-target")
+	cmd.Env = append(append(os.Environ(), childEnv+"=nic-target"), env...)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	var stderr strings.Builder
