@@ -109,3 +109,45 @@ func TestSubmitClassifiesEachAllocationOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestSubmitInterleavedTargetsAndStreams interleaves blocks to a same-rail
+// and a cross-rail session, on two source streams, in one Submit: each
+// block takes its own session's route and every byte lands, whatever the
+// block before it resolved to.
+func TestSubmitInterleavedTargetsAndStreams(t *testing.T) {
+	const block, blocks = 4 << 10, 512
+	p := newPair(t, pairOpts{tgtSize: 4 * mib, srcSize: 4 * mib})
+	clear(p.tgt[sessRail0])
+	clear(p.tgt[sessRail1])
+	want := map[string][]byte{sessRail0: make([]byte, 4*mib), sessRail1: make([]byte, 4*mib)}
+	var reqs []relay.Request
+	for i := 0; i < blocks; i++ {
+		sess := sessRail1
+		if i%3 == 1 {
+			sess = sessRail0
+		}
+		s, d := (i*37%blocks)*block, (i*101%blocks)*block
+		reqs = append(reqs, relay.Request{Op: relay.Write, Src: p.src(s), Len: block, Target: sess, Dst: tgtBase + uint64(d), Stream: uintptr(i % 2)})
+		copy(want[sess][d:d+block], p.srcBytes[s:s+block])
+	}
+	b, err := p.a.Submit(reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitBatch(t, b)
+	for i, r := range reqs {
+		wantRoute := relay.RoutePXN
+		if r.Target == sessRail0 {
+			wantRoute = relay.RouteDirect
+		}
+		if st := statusOf(t, b, i); st.State != relay.Completed || b.Route(i) != wantRoute {
+			t.Fatalf("request %d to %s: %+v, route %v, want %v", i, r.Target, st, b.Route(i), wantRoute)
+		}
+	}
+	_ = b.Release()
+	for sess, w := range want {
+		if !bytes.Equal(p.tgt[sess], w) {
+			t.Fatalf("%s: target bytes differ", sess)
+		}
+	}
+}

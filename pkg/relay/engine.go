@@ -145,12 +145,15 @@ func (e *Engine) Submit(reqs []Request) (*Batch, error) {
 			continue
 		}
 		k := groupKey{lane: ol, session: r.Target, stream: r.Stream}
-		g := sc.groups[k]
-		if g == nil {
-			g = e.groups.get()
-			g.key, g.batch = k, b
-			sc.groups[k] = g
-			sc.order = append(sc.order, g)
+		g := sc.last
+		if g == nil || g.key != k {
+			if g = sc.groups[k]; g == nil {
+				g = e.groups.get()
+				g.key, g.batch = k, b
+				sc.groups[k] = g
+				sc.order = append(sc.order, g)
+			}
+			sc.last = g
 		}
 		g.tasks = append(g.tasks, int32(i))
 	}
@@ -218,6 +221,12 @@ func (e *Engine) classify(r *Request, routes *routeTable, sc *submitScratch) *ou
 	if !e.onDevice(r.Src, r.Len, sc) {
 		return nil
 	}
+	if end := r.Dst + r.Len; sc.toLane != nil && r.Target == sc.toSession && r.Dst >= sc.toLo && end >= r.Dst && end <= sc.toHi {
+		if !sc.toLane.accepting() {
+			return nil
+		}
+		return sc.toLane
+	}
 	t, err := e.dir.Resolve(r.Target, r.Dst)
 	if err != nil || len(t.HCAs) != 1 {
 		return nil
@@ -229,6 +238,12 @@ func (e *Engine) classify(r *Request, routes *routeTable, sc *submitScratch) *ou
 	ol := routes.byRail[rail]
 	if ol == nil || !ol.accepting() {
 		return nil
+	}
+	for _, rg := range t.Ranges {
+		if end := r.Dst + r.Len; r.Dst >= rg.Addr && end >= r.Dst && end <= rg.Addr+rg.Len && rg.Addr+rg.Len >= rg.Addr {
+			sc.toSession, sc.toLo, sc.toHi, sc.toLane = r.Target, rg.Addr, rg.Addr+rg.Len, ol
+			break
+		}
 	}
 	return ol
 }
