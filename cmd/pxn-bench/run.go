@@ -191,7 +191,7 @@ func openDevice(o runOptions) (*device, error) {
 		names = append(names, name)
 	}
 	drv := d.Version()
-	fmt.Fprintf(o.out, "pxn-bench: CUDA path: %d GPUs (%s), driver CUDA %d.%d; ranks and targets are processes, rails are simulated, the second hop is an emulated NIC (copy-engine writes into the target processes' device buffers, optionally rate-capped)\n",
+	fmt.Fprintf(o.out, "pxn-bench: CUDA path: %d GPUs (%s), driver CUDA %d.%d; ranks and targets are processes, rails are simulated, the second hop is an emulated NIC (writes into the target processes' device buffers, one GPU operation per batch of ops, completions paced by a wire of --rate GB/s)\n",
 		n, strings.Join(names, ", "), drv/1000, drv%1000/10)
 	root := o.registryRoot
 	if root == "" {

@@ -137,9 +137,14 @@ const DefaultDepth = 4 * staging.MaxPlans
 const DefaultOpCost = 10 * time.Nanosecond
 
 // batchOps is the most ops one GPU operation of the NIC carries, and
-// nicBatches how many such operations it has in flight.
+// nicBatches how many such operations it has in flight. While the GPU is
+// still busy with the NIC's last operation, Poll starts the waiting ops only
+// once there are flushOps of them: each operation costs a few µs of driver
+// calls, so a NIC polled after every few ops would otherwise cap itself at
+// that cost per batch.
 const (
 	batchOps   = 512
+	flushOps   = 128
 	nicBatches = 64
 	nicStreams = 2
 )
@@ -181,6 +186,8 @@ type NIC struct {
 	bHead    int
 	bN       int
 	curBatch int
+	// lastBatch is the batch enqueued last, or -1.
+	lastBatch int
 }
 
 type nicOp struct {
@@ -221,7 +228,7 @@ func New(g *gpu.GPU, targets *Targets, opts Options) (*NIC, error) {
 		cost = 0
 	}
 	n := &NIC{g: g, targets: targets, rate: opts.RateGBps, opCost: cost.Nanoseconds(), depth: depth, epoch: time.Now(),
-		ops: make([]nicOp, depth), entries: make([]cuda.CopyEntry, 0, batchOps), ceMode: g.Driver().BestCopyMode(), curBatch: -1}
+		ops: make([]nicOp, depth), entries: make([]cuda.CopyEntry, 0, batchOps), ceMode: g.Driver().BestCopyMode(), curBatch: -1, lastBatch: -1}
 	err := g.Do(func() error {
 		var err error
 		for i := range n.streams {
@@ -341,20 +348,24 @@ func (n *NIC) flush() {
 	if err := n.op.Enqueue(p); err != nil {
 		b.done, b.err = true, fmt.Errorf("gpunic: %w", err)
 	}
+	n.lastBatch = n.curBatch
 	p.Entries = nil
 	n.entries = n.entries[:0]
 	n.curBatch = -1
 }
 
-// Poll starts the ops submitted since the last Poll and moves up to
-// len(out) completions into out, in submission order.
+// Poll starts the ops submitted since the last Poll (when the GPU is done
+// with the NIC's previous operation, or flushOps of them wait) and moves up
+// to len(out) completions into out, in submission order.
 func (n *NIC) Poll(out []relay.HopCompletion) int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
 		return 0
 	}
-	n.flush()
+	if n.curBatch >= 0 && (len(n.entries) >= flushOps || !n.busy()) {
+		n.flush()
+	}
 	now := time.Since(n.epoch).Nanoseconds()
 	k := 0
 	for k < len(out) && n.opN > 0 {
@@ -394,6 +405,19 @@ func (n *NIC) Poll(out []relay.HopCompletion) int {
 		n.opN--
 	}
 	return k
+}
+
+// busy reports whether the GPU has not finished the NIC's last operation.
+func (n *NIC) busy() bool {
+	if n.lastBatch < 0 {
+		return false
+	}
+	b := &n.batches[n.lastBatch]
+	if b.done || b.ops == 0 {
+		return false
+	}
+	done, err := n.g.Driver().QueryEvent(n.g.Context(), b.ev)
+	return err == nil && !done
 }
 
 // Close waits for the NIC's GPU work and frees its streams, events and
