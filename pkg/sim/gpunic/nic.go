@@ -371,6 +371,10 @@ func (n *NIC) Poll(out []relay.HopCompletion) int {
 	for k < len(out) && n.opN > 0 {
 		o := &n.ops[n.opHead]
 		var err error
+		if o.batch >= 0 && o.batch == n.curBatch {
+			// Not yet enqueued: its event still holds an earlier record.
+			break
+		}
 		if o.batch >= 0 {
 			b := &n.batches[o.batch]
 			if !b.done {
