@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package gpunic is an emulated RDMA NIC on CUDA GPUs, for benchmarks and
-// tests on machines without HCAs: a relay.Hop whose writes are copy-engine
-// copies into other processes' device buffers. It is a simulation, not a
-// transport; nothing PXN ships imports it.
+// tests on machines without HCAs: a relay.Hop whose writes land in other
+// processes' device buffers, batched into GPU operations, and complete on
+// the schedule of a modelled wire. It is a simulation, not a transport;
+// nothing PXN ships imports it.
 package gpunic
 
 import (
