@@ -160,3 +160,33 @@ func TestParseKVShape(t *testing.T) {
 		}
 	}
 }
+
+func TestKVBaseline(t *testing.T) {
+	fanIn, err := newKVLayout(8, kvOptions{shape: "2x2x64", traffic: "fan-in", requests: 1, inflight: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := newKVLayout(4, kvOptions{shape: "2x2x64", traffic: "all-to-all", requests: 1, inflight: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name     string
+		l        *layout
+		rate     float64
+		direct   float64
+		want     float64
+		wantName string
+	}{
+		{"seven senders into one target's NIC", fanIn, 50, 206.2, 50, "capped at the 1 receiving NICs' 50 GB/s"},
+		{"all-to-all under four targets' NICs", all, 50, 127.6, 127.6, "direct (emulated NIC alone)"},
+		{"all-to-all above them", all, 50, 230, 200, "capped at the 4 receiving NICs' 200 GB/s"},
+		{"no wire, no cap", fanIn, 0, 206.2, 206.2, "direct (emulated NIC alone)"},
+	}
+	for _, c := range cases {
+		name, got := kvBaseline(scenario{rate: c.rate}, c.l, "emulated NIC", c.direct)
+		if got != c.want || !strings.Contains(name, c.wantName) {
+			t.Errorf("%s: %q %.1f, want %.1f (%q)", c.name, name, got, c.want, c.wantName)
+		}
+	}
+}
