@@ -116,3 +116,43 @@ func TestBenchAllocPass(t *testing.T) {
 		t.Errorf("%.2f heap allocations per Piece in the warm pass", allocs.Value)
 	}
 }
+
+// TestBenchKV runs KV-shaped requests end to end on the host path: scattered
+// blocks through PXN and through the hop alone, every byte of every target
+// pool checked, and per-request completion times reported.
+func TestBenchKV(t *testing.T) {
+	cases := []struct {
+		name        string
+		args        []string
+		wantRelayed uint64
+	}{
+		{"kv-small 1 to 1", []string{"--ranks", "2", "--kv-shape", "kv-small", "--kv-requests", "3", "--kv-inflight", "2"}, 3 * 32 * 2 * 4 * 16 << 10},
+		{"all-to-all, 4 KiB blocks", []string{"--ranks", "3", "--kv-traffic", "all-to-all", "--kv-shape", "4x8x4KiB", "--kv-requests", "2"}, 3 * 2 * 2 * 4 * 2 * 8 * 4 << 10},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rows := runBench(t, append([]string{"--pattern", "kv"}, c.args...)...)
+			main, base := rows[0], rows[1]
+			if !main.Verified || !base.Verified || main.Failed != 0 || base.Failed != 0 {
+				t.Fatalf("not verified or failed tasks: %+v / %+v", main, base)
+			}
+			if main.RelayedBytes != c.wantRelayed || main.FallbackBytes != 0 || base.DirectBytes != c.wantRelayed {
+				t.Errorf("relayed %d, fallback %d, direct baseline %d bytes; want %d relayed and sent direct", main.RelayedBytes, main.FallbackBytes, base.DirectBytes, c.wantRelayed)
+			}
+			if main.Ratio <= 0 || main.BaselineGBps != base.GBps {
+				t.Errorf("ratio %.3f against %.3f GB/s, want a ratio against the direct row's %.3f", main.Ratio, main.BaselineGBps, base.GBps)
+			}
+			seen := map[string]float64{}
+			for _, r := range rows {
+				if strings.HasPrefix(r.Scenario, "request completion") {
+					seen[r.Scenario] = r.Value
+				}
+			}
+			for _, want := range []string{"through PXN, p50", "through PXN, p99", "direct, p50", "direct, p99"} {
+				if v, ok := seen["request completion "+want]; !ok || v <= 0 {
+					t.Errorf("row %q: %v (present %v)", want, v, ok)
+				}
+			}
+		})
+	}
+}

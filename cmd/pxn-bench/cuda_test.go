@@ -62,8 +62,28 @@ func TestSuite(t *testing.T) {
 	if err != nil || !want["p1"] || !want["p2"] || !want["p3"] {
 		t.Fatalf("all = %v, %v", want, err)
 	}
-	if _, err := parseSuite("p1,p9"); err == nil {
-		t.Fatal("p9 accepted")
+	if _, err := parseSuite("p1,p11"); err == nil {
+		t.Fatal("p11 accepted")
+	}
+	kv, err := parseSuite("p9,p10")
+	if err != nil || !kv["p9"] || !kv["p10"] || kv["p1"] {
+		t.Fatalf("p9,p10 = %v, %v", kv, err)
+	}
+	shapes := map[string]int{}
+	for _, r := range suiteRuns(kv, 2) {
+		if r.kv == nil || r.rate != 50 || !r.bare || len(r.gpus) != r.ranks {
+			t.Fatalf("%s: %+v", r.id, r)
+		}
+		if r.kv.traffic == "fan-in" && !slices.Equal(r.gpus[1:], slices.Repeat([]int{1}, r.ranks-1)) || r.gpus[0] != 0 {
+			t.Errorf("%s %s: GPUs %v, want the relay on 0 and the senders on 1", r.id, r.kv.shape, r.gpus)
+		}
+		if _, err := newKVLayout(r.ranks, *r.kv); err != nil {
+			t.Fatalf("%s: %v", r.id, err)
+		}
+		shapes[r.id+" "+r.kv.shape]++
+	}
+	if shapes["P9 kv-medium"] != 3 || shapes["P9 kv-large"] != 3 || shapes["P10 kv-small"] != 1 {
+		t.Fatalf("kv scenarios %v, want kv-medium and kv-large 1→1, 7→1 and all-to-all, and kv-small", shapes)
 	}
 	runs := suiteRuns(map[string]bool{"p1": true, "p3": true}, 2)
 	var seven *scenario

@@ -30,6 +30,9 @@ type layout struct {
 	Ranks       int        `json:"ranks"`
 	Transfers   []transfer `json:"transfers"`
 	TargetBytes []uint64   `json:"targetBytes"`
+	// KV, when set, makes the transfers KV-cache-shaped requests (kv.go).
+	KV *kvLayout `json:"kv,omitempty"`
+	kv *kvPlan
 }
 
 func rankHCA(r int) string     { return fmt.Sprintf("mlx5_%d", r) }
@@ -124,6 +127,9 @@ func (l *layout) ofTarget(k int) []transfer {
 }
 
 func (l *layout) sourceBytes(r int) uint64 {
+	if l.KV != nil {
+		return l.kvSourceBytes(r)
+	}
 	var n uint64
 	for _, t := range l.ofRank(r) {
 		n = max(n, t.Src+t.Len)

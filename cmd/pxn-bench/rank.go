@@ -37,6 +37,10 @@ type rankResult struct {
 	// the parent times ranks that ran at once as one transfer.
 	StartNs int64 `json:"startNs,omitempty"`
 	EndNs   int64 `json:"endNs,omitempty"`
+	// CompletionsUS and SubmitUS are, for KV traffic, each request's time
+	// from its submission to its completion and its Submit call's own time.
+	CompletionsUS []float64 `json:"completionsUs,omitempty"`
+	SubmitUS      []float64 `json:"submitUs,omitempty"`
 }
 
 // idleResult is CPU use over idleWindow, and the first 10 KiB write after
@@ -190,6 +194,13 @@ func runRank(o rankOptions) (err error) {
 				reps = max(o.reps, 1)
 			}
 			res, err := repeat(reps, func() (*rankResult, error) {
+				if l.KV != nil {
+					reqs, total := l.kvRequests(o.index, base)
+					if o.mode == "engine" && eng != nil {
+						return transferKVEngine(eng, reqs, total, l.KV.Inflight, dev.spin())
+					}
+					return transferKVBare(dev.hop(), reqs, total, l.KV.Inflight, dev.spin())
+				}
 				if o.mode == "engine" && eng != nil {
 					return transferEngine(eng, mine, base, dev.spin())
 				}
@@ -524,6 +535,8 @@ func repeat(n int, fn func() (*rankResult, error)) (*rankResult, error) {
 		all.ProcessCPU += r.ProcessCPU
 		all.Mallocs += r.Mallocs
 		all.EndNs = r.EndNs
+		all.CompletionsUS = append(all.CompletionsUS, r.CompletionsUS...)
+		all.SubmitUS = append(all.SubmitUS, r.SubmitUS...)
 		all.Seconds = float64(all.EndNs-all.StartNs) / 1e9
 	}
 	return all, nil

@@ -26,6 +26,7 @@ type runOptions struct {
 	json    string
 	credit  string
 	cuda    cudaOptions
+	kv      kvOptions
 	// registryRoot is the folder the ranks' registry folder is made in.
 	registryRoot string
 	// allocPass repeats the engine phase's transfer once more, only to
@@ -74,6 +75,8 @@ type scenario struct {
 	// the rate is the steady state rather than a fill and a drain.
 	reps int
 	note string
+	// kv, when set, makes the requests KV-cache-shaped (pattern "kv").
+	kv *kvOptions
 }
 
 // device is the parent's view of where the ranks' sources and the
@@ -101,6 +104,12 @@ func run(o runOptions) ([]row, error) {
 	if o.cuda.suite == "" {
 		s := scenario{pattern: o.pattern, ranks: o.ranks, bytes: o.bytes, block: o.block, rate: o.cuda.rate,
 			raw: o.cuda.raw, bare: true, idle: true, again: o.allocPass, latency: o.cuda.latency}
+		if o.pattern == "kv" {
+			if o.cuda.raw || o.cuda.latency > 0 || o.allocPass {
+				return nil, fmt.Errorf("--pattern kv: --raw, --latency and --alloc-pass time other traffic; the kv rows time each request")
+			}
+			s.kv, s.idle = &o.kv, false
+		}
 		if dev.kind == "cuda" {
 			s.warm, s.p6 = true, true
 			if s.gpus, err = rankGPUs(o.cuda.gpus, o.ranks, dev.ngpu); err != nil {
@@ -185,7 +194,7 @@ func openDevice(o runOptions) (*device, error) {
 		names = append(names, name)
 	}
 	drv := d.Version()
-	fmt.Fprintf(o.out, "pxn-bench: CUDA path: %d GPUs (%s), driver CUDA %d.%d; ranks and targets are processes, rails are simulated, the second hop is an emulated NIC (copy-engine writes into the target processes' device buffers, optionally rate-capped)\n",
+	fmt.Fprintf(o.out, "pxn-bench: CUDA path: %d GPUs (%s), driver CUDA %d.%d; ranks and targets are processes, rails are simulated, the second hop is an emulated NIC (writes into the target processes' device buffers, one GPU operation per batch of ops, completions paced by a wire of --rate GB/s)\n",
 		n, strings.Join(names, ", "), drv/1000, drv%1000/10)
 	root := o.registryRoot
 	if root == "" {
@@ -200,10 +209,10 @@ func parseSuite(s string) (map[string]bool, error) {
 		switch p = strings.ToLower(strings.TrimSpace(p)); p {
 		case "all":
 			want["p1"], want["p2"], want["p3"] = true, true, true
-		case "p1", "p2", "p3":
+		case "p1", "p2", "p3", "p9", "p10":
 			want[p] = true
 		default:
-			return nil, fmt.Errorf("--suite %q: want all or a list of p1, p2, p3", s)
+			return nil, fmt.Errorf("--suite %q: want all (p1, p2, p3) or a list of p1, p2, p3, p9, p10", s)
 		}
 	}
 	return want, nil
@@ -238,7 +247,7 @@ func suiteRuns(want map[string]bool, ngpu int) []scenario {
 				note: fmt.Sprintf("the seven senders share GPU %d", other)},
 		)
 	}
-	return runs
+	return append(runs, kvSuiteRuns(want, ngpu)...)
 }
 
 // rankGPUs is --gpus, or rank r on GPU r % ngpu.
@@ -302,7 +311,13 @@ type phaseResult struct {
 // exec runs one scenario: the targets, then the engine phase and the
 // baseline phase against the same targets.
 func (dev *device) exec(o runOptions, s scenario) ([]row, error) {
-	l, err := newLayout(s.pattern, s.ranks, s.bytes, s.block)
+	var l *layout
+	var err error
+	if s.kv != nil {
+		l, err = newKVLayout(s.ranks, *s.kv)
+	} else {
+		l, err = newLayout(s.pattern, s.ranks, s.bytes, s.block)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -396,7 +411,7 @@ func (dev *device) exec(o runOptions, s scenario) ([]row, error) {
 			return nil, fmt.Errorf("baseline phase ("+contract.EnvEnable+"=0): %w", err)
 		}
 	}
-	return dev.summarize(s, pxn, bare), nil
+	return dev.summarize(s, l, pxn, bare), nil
 }
 
 // gpu is the GPU of rank and target k (0 where the scenario names none).
@@ -584,7 +599,14 @@ func (dev *device) title(s scenario) string {
 	if block == 0 || block > s.bytes {
 		block = s.bytes
 	}
+	what := fmt.Sprintf("%s requests", sizeString(block))
+	if s.kv != nil {
+		what = kvTitle(*s.kv)
+	}
 	if dev.kind == "host" {
+		if s.kv != nil {
+			return fmt.Sprintf("%s %d ranks, %s", s.pattern, s.ranks, what)
+		}
 		return fmt.Sprintf("%s %d ranks, block %s", s.pattern, s.ranks, sizeString(block))
 	}
 	label := ""
@@ -599,10 +621,10 @@ func (dev *device) title(s scenario) string {
 	if s.rate > 0 {
 		nic = fmt.Sprintf("NIC capped at %g GB/s", s.rate)
 	}
-	return fmt.Sprintf("%s%s %d ranks on GPUs [%s], %s requests, %s", label, s.pattern, s.ranks, strings.Join(where, " "), sizeString(block), nic)
+	return fmt.Sprintf("%s%s %d ranks on GPUs [%s], %s, %s", label, s.pattern, s.ranks, strings.Join(where, " "), what, nic)
 }
 
-func (dev *device) summarize(s scenario, pxn, bare *phaseResult) []row {
+func (dev *device) summarize(s scenario, l *layout, pxn, bare *phaseResult) []row {
 	prefix := ""
 	if s.id != "" {
 		prefix = s.id + " "
@@ -637,6 +659,8 @@ func (dev *device) summarize(s scenario, pxn, bare *phaseResult) []row {
 		bareRow = &row{Scenario: prefix + "baseline: same traffic, " + dev.hop + " alone (" + contract.EnvEnable + "=0)", Bytes: bb, GBps: gbpsOf(bb, bs), DirectBytes: bb, Failed: bf, Verified: bare.verified, Note: bare.verifyErr}
 	}
 	switch {
+	case s.kv != nil && bareRow != nil:
+		main.Baseline, main.BaselineGBps = kvBaseline(s, l, dev.hop, bareRow.GBps)
 	case s.rate > 0:
 		main.Baseline, main.BaselineGBps = "R, the emulated NIC's cap", s.rate
 	case rawRow != nil:
@@ -663,6 +687,9 @@ func (dev *device) summarize(s scenario, pxn, bare *phaseResult) []row {
 	}
 	if bareRow != nil {
 		rows = append(rows, *bareRow)
+	}
+	if s.kv != nil {
+		rows = append(rows, kvRows(prefix, pxn, bare)...)
 	}
 	rows = append(rows, latencyRows(prefix, dev.hop, pxn.lats)...)
 	rows = append(rows, pumpRows(prefix, pxn, pieces, forwarded)...)

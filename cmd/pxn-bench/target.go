@@ -69,6 +69,9 @@ func runTarget(device string, k, ordinal int, layoutPath string) (err error) {
 
 // verifyTarget checks every transfer into target k, on every CPU.
 func verifyTarget(l *layout, k int, buf []byte) error {
+	if l.KV != nil {
+		return verifyKV(l, k, buf)
+	}
 	for _, t := range l.ofTarget(k) {
 		err := parallel(t.Len, 64<<20, func(a, e uint64) error {
 			return checkPattern(buf[t.Dst+a:t.Dst+e], t.Seed, t.Src+a)

@@ -386,6 +386,17 @@ func (d *Driver) Classify(ctx Context, p DevicePtr, n uint64) MemoryType {
 	return MemoryHost
 }
 
+// ClassifyRange is Classify and, for MemoryDevice, the allocation
+// [start, start+size) holding p..p+n.
+func (d *Driver) ClassifyRange(ctx Context, p DevicePtr, n uint64) (MemoryType, DevicePtr, uint64) {
+	var start C.CUdeviceptr
+	var size C.uint64_t
+	if C.pxn_classify_range(d.t, C.pxn_handle(ctx), C.CUdeviceptr(p), C.uint64_t(n), &start, &size) == 2 {
+		return MemoryDevice, DevicePtr(start), uint64(size)
+	}
+	return MemoryHost, 0, 0
+}
+
 // ModuleLoadData is cuModuleLoadData of a PTX text or a cubin/fatbin image
 // (current context).
 func (d *Driver) ModuleLoadData(image []byte) (Module, error) {

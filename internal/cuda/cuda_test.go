@@ -466,6 +466,12 @@ func TestClassify(t *testing.T) {
 		if got := g.d.Classify(0, tt.p, tt.n); got != tt.want {
 			t.Errorf("%s: Classify = %d, want %d", tt.name, got, tt.want)
 		}
+		// The allocation holds the range, and is the one made above.
+		got, start, size := g.d.ClassifyRange(0, tt.p, tt.n)
+		held := start <= tt.p && uint64(tt.p-start)+tt.n <= size
+		if got != tt.want || (got == MemoryDevice && (start != p || !held)) || (got != MemoryDevice && (start != 0 || size != 0)) {
+			t.Errorf("%s: ClassifyRange = %d, %#x+%d, want %d (allocation %#x)", tt.name, got, start, size, tt.want, p)
+		}
 	}
 	if mt, err := g.d.PointerMemoryType(p); err != nil || mt != MemoryDevice {
 		t.Errorf("PointerMemoryType(device) = %d, %v", mt, err)

@@ -601,8 +601,16 @@ out:
 }
 
 int pxn_classify(pxn_cu_table *t, pxn_handle ctx, CUdeviceptr p, uint64_t n) {
+	CUdeviceptr start = 0;
+	uint64_t size = 0;
+	return pxn_classify_range(t, ctx, p, n, &start, &size);
+}
+
+int pxn_classify_range(pxn_cu_table *t, pxn_handle ctx, CUdeviceptr p, uint64_t n, CUdeviceptr *range_start, uint64_t *range_size) {
 	pxn_handle prev;
 	int kind = 1;
+	*range_start = 0;
+	*range_size = 0;
 	if (p == 0) {
 		return 1;
 	}
@@ -623,6 +631,8 @@ int pxn_classify(pxn_cu_table *t, pxn_handle ctx, CUdeviceptr p, uint64_t n) {
 		goto out;
 	}
 	kind = 2;
+	*range_start = start;
+	*range_size = size;
 out:
 	ctx_leave(t, ctx, prev);
 	return kind;

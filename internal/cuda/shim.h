@@ -264,5 +264,8 @@ CUresult pxn_enqueue_piece(pxn_cu_table *t, pxn_piece_op *op, const pxn_copy_ent
 
 /* Classifies [p, p+n): 2 when it lies in one device allocation, 1 for host. */
 int pxn_classify(pxn_cu_table *t, pxn_handle ctx, CUdeviceptr p, uint64_t n);
+/* pxn_classify, and for device memory the allocation holding p..p+n
+ * (range_start and range_size are 0 otherwise). */
+int pxn_classify_range(pxn_cu_table *t, pxn_handle ctx, CUdeviceptr p, uint64_t n, CUdeviceptr *range_start, uint64_t *range_size);
 
 #endif

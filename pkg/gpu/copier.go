@@ -460,6 +460,17 @@ func (c *Copier) Classify(addr uintptr, n uint64) relay.Kind {
 	return relay.Host
 }
 
+var _ relay.RangeClassifier = (*Copier)(nil)
+
+// ClassifyRange is Classify and, for device memory, the allocation holding
+// addr..addr+n (relay.RangeClassifier).
+func (c *Copier) ClassifyRange(addr uintptr, n uint64) (relay.Kind, uintptr, uint64) {
+	if t, start, size := c.g.d.ClassifyRange(c.g.ctx, cuda.DevicePtr(addr), n); t == cuda.MemoryDevice {
+		return relay.Device, uintptr(start), size
+	}
+	return relay.Host, 0, 0
+}
+
 // RecordReady records a pooled event on the caller's stream. Stream 0 is
 // the legacy default stream (CU_STREAM_LEGACY), which waits for all prior
 // work of every blocking stream of the context, the per-thread default

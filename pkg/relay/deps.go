@@ -34,6 +34,17 @@ type CopyEntry struct {
 	Len uint64
 }
 
+// RangeClassifier is a Copier that can also say which allocation a device
+// address lies in. Submit then asks once per allocation of a call instead
+// of once per request: a KV-cache transfer is thousands of blocks of one
+// pool. The answer is used only within the Submit call that asked, while
+// the caller keeps its buffers alive.
+type RangeClassifier interface {
+	// ClassifyRange is Classify and, for Device, the allocation
+	// [start, start+size) holding addr..addr+n.
+	ClassifyRange(addr uintptr, n uint64) (k Kind, start uintptr, size uint64)
+}
+
 // Copier moves Pieces over the first hop (NVLink on GPUs, memcpy on the host
 // path). All methods are called from the pump except Classify and
 // RecordReady, which run on the caller's thread and must not block.

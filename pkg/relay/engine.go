@@ -142,18 +142,21 @@ func (e *Engine) Submit(reqs []Request) (*Batch, error) {
 		if r.Len == 0 {
 			continue
 		}
-		ol := e.classify(r, routes)
+		ol := e.classify(r, routes, sc)
 		if ol == nil {
 			sc.direct = append(sc.direct, int32(i))
 			continue
 		}
 		k := groupKey{lane: ol, session: r.Target, stream: r.Stream}
-		g := sc.groups[k]
-		if g == nil {
-			g = e.groups.get()
-			g.key, g.batch = k, b
-			sc.groups[k] = g
-			sc.order = append(sc.order, g)
+		g := sc.last
+		if g == nil || g.key != k {
+			if g = sc.groups[k]; g == nil {
+				g = e.groups.get()
+				g.key, g.batch = k, b
+				sc.groups[k] = g
+				sc.order = append(sc.order, g)
+			}
+			sc.last = g
 		}
 		g.tasks = append(g.tasks, int32(i))
 	}
@@ -214,12 +217,18 @@ type groupKey struct {
 
 // classify returns the outbound lane a request goes through, or nil for the
 // direct path.
-func (e *Engine) classify(r *Request, routes *routeTable) *outLane {
+func (e *Engine) classify(r *Request, routes *routeTable, sc *submitScratch) *outLane {
 	if !e.pxn.Load() || r.Op != Write || len(routes.byRail) == 0 {
 		return nil
 	}
-	if e.copier.Classify(r.Src, r.Len) != Device {
+	if !e.onDevice(r.Src, r.Len, sc) {
 		return nil
+	}
+	if end := r.Dst + r.Len; sc.toLane != nil && r.Target == sc.toSession && r.Dst >= sc.toLo && end >= r.Dst && end <= sc.toHi {
+		if !sc.toLane.accepting() {
+			return nil
+		}
+		return sc.toLane
 	}
 	t, err := e.dir.Resolve(r.Target, r.Dst)
 	if err != nil || len(t.HCAs) != 1 {
@@ -233,7 +242,33 @@ func (e *Engine) classify(r *Request, routes *routeTable) *outLane {
 	if ol == nil || !ol.accepting() {
 		return nil
 	}
+	for _, rg := range t.Ranges {
+		if end := r.Dst + r.Len; r.Dst >= rg.Addr && end >= r.Dst && end <= rg.Addr+rg.Len && rg.Addr+rg.Len >= rg.Addr {
+			sc.toSession, sc.toLo, sc.toHi, sc.toLane = r.Target, rg.Addr, rg.Addr+rg.Len, ol
+			break
+		}
+	}
 	return ol
+}
+
+// onDevice reports whether addr..addr+n is device memory, asking the copier
+// only outside the device allocation it last reported in this Submit.
+func (e *Engine) onDevice(addr uintptr, n uint64, sc *submitScratch) bool {
+	if end := addr + uintptr(n); sc.devHi != 0 && addr >= sc.devLo && end >= addr && end <= sc.devHi {
+		return true
+	}
+	rc, ok := e.copier.(RangeClassifier)
+	if !ok {
+		return e.copier.Classify(addr, n) == Device
+	}
+	k, start, size := rc.ClassifyRange(addr, n)
+	if k != Device {
+		return false
+	}
+	if end := start + uintptr(size); size > 0 && end > start && start <= addr && addr+uintptr(n) <= end {
+		sc.devLo, sc.devHi = start, end
+	}
+	return true
 }
 
 // submitDirect hands direct tasks to the hop; what the hop cannot take now

@@ -59,6 +59,9 @@ type pairOpts struct {
 	// its rank still registered, for a test that plays its part.
 	manual  bool
 	without string
+	// copierA, when set, gives engine a the copier it returns instead of
+	// its host copier.
+	copierA func(*hosthop.HostCopier) relay.Copier
 }
 
 func enabledConfig() staging.Config {
@@ -100,7 +103,11 @@ func newPairTB(t testing.TB, o pairOpts) *pair {
 	hooks := relay.FaultHooks{ManualPump: o.manual}
 	var err error
 	if o.without != "a" {
-		p.a, err = relay.OpenWithFaultHooks(cfg, relay.Deps{Hop: p.hopA, Directory: p.hopA, Copier: p.copA, Registry: p.rankA, LocalHCA: "mlx5_0"}, hooks)
+		var copA relay.Copier = p.copA
+		if o.copierA != nil {
+			copA = o.copierA(p.copA)
+		}
+		p.a, err = relay.OpenWithFaultHooks(cfg, relay.Deps{Hop: p.hopA, Directory: p.hopA, Copier: copA, Registry: p.rankA, LocalHCA: "mlx5_0"}, hooks)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -137,6 +137,17 @@ func (p *opsPool) put(v []WriteOp) {
 
 // submitScratch is the working memory of one Submit call.
 type submitScratch struct {
+	// devLo and devHi bound the last device allocation a RangeClassifier
+	// reported in this call (empty when devHi is 0).
+	devLo, devHi uintptr
+	// toSession's registered range [toLo, toHi) was last resolved, in
+	// this call, to the outbound lane toLane: a later request into the
+	// same range takes the same lane without asking the directory again.
+	toSession  string
+	toLo, toHi uint64
+	toLane     *outLane
+	// last is the group the previous PXN request joined.
+	last   *group
 	direct []int32
 	groups map[groupKey]*group
 	order  []*group
@@ -157,6 +168,8 @@ func (p *scratchPool) get() *submitScratch {
 }
 
 func (p *scratchPool) put(s *submitScratch) {
+	s.devLo, s.devHi = 0, 0
+	s.toSession, s.toLo, s.toHi, s.toLane, s.last = "", 0, 0, nil, nil
 	s.direct = s.direct[:0]
 	clear(s.groups)
 	clear(s.order)

@@ -5,6 +5,7 @@ package relay
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,7 +53,7 @@ func (g *group) finishPiece(i int, err error) {
 // planGroup cuts a group's requests into Pieces and sets every task's slice
 // count. Nothing is enqueued here.
 func (e *Engine) planGroup(b *Batch, reqs []Request, g *group) error {
-	g.blocks = g.blocks[:0]
+	g.blocks = slices.Grow(g.blocks[:0], len(g.tasks))
 	for j, i := range g.tasks {
 		r := &reqs[i]
 		g.blocks = append(g.blocks, staging.Block{Src: uint64(r.Src), Dst: r.Dst, Len: r.Len, Task: j})

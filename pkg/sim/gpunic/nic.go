@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package gpunic is an emulated RDMA NIC on CUDA GPUs, for benchmarks and
-// tests on machines without HCAs: a relay.Hop whose writes are copy-engine
-// copies into other processes' device buffers. It is a simulation, not a
-// transport; nothing PXN ships imports it.
+// tests on machines without HCAs: a relay.Hop whose writes land in other
+// processes' device buffers, batched into GPU operations, and complete on
+// the schedule of a modelled wire. It is a simulation, not a transport;
+// nothing PXN ships imports it.
 package gpunic
 
 import (
@@ -107,42 +108,73 @@ func (t *Targets) Close() error {
 
 // Options configures an emulated NIC.
 type Options struct {
-	// RateGBps caps the wire at this many GB/s (10^9 bytes a second);
-	// zero leaves the copy engine's own rate.
+	// RateGBps is the wire's rate R in GB/s (10^9 bytes a second); zero
+	// models no wire: completions come when the GPU work is done.
 	RateGBps float64
+	// OpCost is the wire time each op takes besides its bytes (the NIC
+	// fetching and executing its WQE), when RateGBps is set. Zero means
+	// DefaultOpCost; a negative value models none.
+	OpCost time.Duration
 	// QueueDepth bounds the ops accepted and not yet polled; beyond it
 	// Submit returns relay.ErrHopBusy. Zero means DefaultDepth.
 	QueueDepth int
+	// Copy chooses who moves a batch: gpu.GatherAuto (the SM scatter
+	// kernel for batches of ops shorter on average than
+	// gpu.GatherThreshold, the copy engines otherwise, as the first hop
+	// chooses), gpu.GatherCE or gpu.GatherSM.
+	Copy gpu.GatherMode
+	// GatherPTX replaces the embedded kernel (kernel development only).
+	GatherPTX []byte
 }
 
 // DefaultDepth is an emulated NIC's default send-queue depth: four
 // Pieces of MaxPlans entries, what the default in-flight cap can submit.
 const DefaultDepth = 4 * staging.MaxPlans
 
-// nicBatches is how many copy submissions (each up to MaxPlans ops, one
-// completion event) a NIC has in flight.
-const nicBatches = 256
+// DefaultOpCost is the default per-op wire cost: a 400 Gb/s NIC executes on
+// the order of 100 million RDMA writes a second on one queue pair, 10 ns
+// each; a 16 KiB write at 50 GB/s holds the wire 328 ns, so the cost is
+// 3 % of it, and 11 % of a 4 KiB write's.
+const DefaultOpCost = 10 * time.Nanosecond
+
+// batchOps is the most ops one GPU operation of the NIC carries, and
+// nicBatches how many such operations it has in flight. While the GPU is
+// still busy with the NIC's last operation, Poll starts the waiting ops only
+// once there are flushOps of them: each operation costs a few µs of driver
+// calls, so a NIC polled after every few ops would otherwise cap itself at
+// that cost per batch.
+const (
+	batchOps   = 512
+	flushOps   = 128
+	nicBatches = 64
+	nicStreams = 2
+)
 
 // NIC is an emulated RDMA NIC for machines without HCAs: a relay.Hop whose
-// writes are copy-engine copies on one stream of this process's GPU into
-// targets' device buffers (Targets), and whose completions are reported,
-// in submission order, once the copy's event has completed and not before a
-// wire of RateGBps would have carried the bytes (a token bucket: an op
-// starts when the wire is free and occupies it for Len/RateGBps). Reads
-// fail. It emulates a NIC's timing for benchmarks and tests; it is not a
-// transport.
+// writes land in targets' device buffers (Targets) and whose timing follows
+// a model of a NIC's wire. The ops it accepts between two Polls (at most
+// batchOps) become one GPU operation: the SM scatter kernel of pkg/gpu for
+// batches of small ops, one batch copy on the copy engines for large ones.
+// Each op holds the wire for OpCost + Len/RateGBps from when the wire is
+// free (a NIC sends its queue in order); its completion is reported, in
+// submission order, no earlier than that and no earlier than the GPU
+// operation's event. Reads fail. It emulates a NIC's timing for benchmarks
+// and tests; it is not a transport.
 type NIC struct {
 	g       *gpu.GPU
 	targets *Targets
 	rate    float64
+	opCost  int64
 	depth   int
 	epoch   time.Time
 
 	mu      sync.Mutex
 	closed  bool
-	stream  cuda.Stream
+	streams [nicStreams]cuda.Stream
+	next    int
 	op      *cuda.CopyOp
-	mode    cuda.CopyMode
+	ceMode  cuda.CopyMode
+	scatter scatter
 	piece   cuda.Piece
 	entries []cuda.CopyEntry
 	// wire is when (ns since epoch) the emulated wire is next free.
@@ -155,6 +187,8 @@ type NIC struct {
 	bHead    int
 	bN       int
 	curBatch int
+	// lastBatch is the batch enqueued last, or -1.
+	lastBatch int
 }
 
 type nicOp struct {
@@ -169,12 +203,16 @@ type nicBatch struct {
 	done bool
 	err  error
 	ops  int
+	// plan is the batch's gather plan, used when the kernel moves it.
+	plan planSlot
 }
 
 var _ relay.Hop = (*NIC)(nil)
 
-// NewNIC creates a NIC over targets on g: a non-blocking stream, its
-// completion events and a copy op, in g's primary context.
+// New creates a NIC over targets on g: its streams, completion events,
+// copy op and, unless opts.Copy is gpu.GatherCE, the scatter kernel and its
+// plan memory, in g's primary context. A kernel that does not load leaves
+// gpu.GatherAuto on the copy engines and fails gpu.GatherSM.
 func New(g *gpu.GPU, targets *Targets, opts Options) (*NIC, error) {
 	if opts.RateGBps < 0 {
 		return nil, fmt.Errorf("gpunic: rate %g GB/s", opts.RateGBps)
@@ -183,14 +221,23 @@ func New(g *gpu.GPU, targets *Targets, opts Options) (*NIC, error) {
 	if depth <= 0 {
 		depth = DefaultDepth
 	}
-	n := &NIC{g: g, targets: targets, rate: opts.RateGBps, depth: depth, epoch: time.Now(),
-		ops: make([]nicOp, depth), entries: make([]cuda.CopyEntry, 0, staging.MaxPlans), mode: g.Driver().BestCopyMode()}
+	cost := opts.OpCost
+	switch {
+	case cost == 0:
+		cost = DefaultOpCost
+	case cost < 0:
+		cost = 0
+	}
+	n := &NIC{g: g, targets: targets, rate: opts.RateGBps, opCost: cost.Nanoseconds(), depth: depth, epoch: time.Now(),
+		ops: make([]nicOp, depth), entries: make([]cuda.CopyEntry, 0, batchOps), ceMode: g.Driver().BestCopyMode(), curBatch: -1, lastBatch: -1}
 	err := g.Do(func() error {
 		var err error
-		if n.stream, err = g.Driver().StreamCreate(cuda.StreamNonBlocking); err != nil {
-			return err
+		for i := range n.streams {
+			if n.streams[i], err = g.Driver().StreamCreate(cuda.StreamNonBlocking); err != nil {
+				return err
+			}
 		}
-		if n.op, err = g.Driver().NewCopyOp(staging.MaxPlans); err != nil {
+		if n.op, err = g.Driver().NewCopyOp(batchOps); err != nil {
 			return err
 		}
 		for i := range n.batches {
@@ -198,7 +245,7 @@ func New(g *gpu.GPU, targets *Targets, opts Options) (*NIC, error) {
 				return err
 			}
 		}
-		return nil
+		return n.scatter.setup(g, opts.Copy, opts.GatherPTX, n.batches[:])
 	})
 	if err != nil {
 		return nil, errors.Join(err, n.destroy())
@@ -206,13 +253,18 @@ func New(g *gpu.GPU, targets *Targets, opts Options) (*NIC, error) {
 	return n, nil
 }
 
+// Scatter reports whether batches of small ops go to the SM kernel, and
+// why not where they do not.
+func (n *NIC) Scatter() (bool, string) { return n.scatter.fn != 0, n.scatter.why }
+
 // errNICRead fails read ops: the emulated NIC only writes.
 var errNICRead = errors.New("gpunic: the emulated NIC cannot read")
 
 // Submit accepts every op or, when the queue has no room for all of them,
 // none and returns relay.ErrHopBusy. An op that cannot be performed
 // (unknown session, range outside the target, a read) is accepted and
-// completes with an error.
+// completes with an error. The ops start on the GPU at the next Poll, or
+// once batchOps of them are waiting.
 func (n *NIC) Submit(ops []relay.WriteOp) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -222,11 +274,10 @@ func (n *NIC) Submit(ops []relay.WriteOp) error {
 	if len(ops) > n.depth {
 		return fmt.Errorf("gpunic: batch of %d ops, more than the queue depth %d", len(ops), n.depth)
 	}
-	if n.opN+len(ops) > n.depth || n.bN+(len(ops)+staging.MaxPlans-1)/staging.MaxPlans > nicBatches {
+	if n.opN+len(ops) > n.depth || n.bN+(len(ops)+batchOps-1)/batchOps+1 > nicBatches {
 		return relay.ErrHopBusy
 	}
 	now := time.Since(n.epoch).Nanoseconds()
-	n.curBatch = -1
 	for i := range ops {
 		op := &ops[i]
 		o := nicOp{token: op.Token, batch: -1}
@@ -235,18 +286,14 @@ func (n *NIC) Submit(ops []relay.WriteOp) error {
 		case op.Read:
 			o.err = fmt.Errorf("token %d: %w", op.Token, errNICRead)
 		default:
-			var err error
 			if dst, o.err = n.targets.Translate(op.Target, op.Dst, op.Len); o.err == nil && op.Len > 0 && op.Src == 0 {
-				err = fmt.Errorf("gpunic: token %d has no source", op.Token)
-			}
-			if err != nil {
-				o.err = err
+				o.err = fmt.Errorf("gpunic: token %d has no source", op.Token)
 			}
 		}
 		if o.err == nil {
 			o.finish = n.pace(now, op.Len)
 			if op.Len > 0 {
-				if len(n.entries) == staging.MaxPlans {
+				if len(n.entries) == batchOps {
 					n.flush()
 				}
 				n.entries = append(n.entries, cuda.CopyEntry{Src: uint64(op.Src), Dst: uint64(dst), Len: op.Len})
@@ -257,17 +304,16 @@ func (n *NIC) Submit(ops []relay.WriteOp) error {
 		n.ops[(n.opHead+n.opN)%n.depth] = o
 		n.opN++
 	}
-	n.flush()
 	return nil
 }
 
-// pace books n bytes on the wire and returns when they are through.
+// pace books an op of n bytes on the wire and returns when it is through.
 func (n *NIC) pace(now int64, bytes uint64) int64 {
 	if n.rate == 0 {
 		return 0
 	}
 	start := max(now, n.wire)
-	n.wire = start + int64(float64(bytes)/n.rate)
+	n.wire = start + n.opCost + int64(float64(bytes)/n.rate)
 	return n.wire
 }
 
@@ -282,36 +328,54 @@ func (n *NIC) openBatch() int {
 	return n.curBatch
 }
 
-// flush enqueues the batch's copies and its completion event. A failed
-// enqueue fails the batch's ops (the batch is then done, with the error).
+// flush enqueues the open batch as one GPU operation and its completion
+// event, alternating the NIC's streams so that one batch's launch overlaps
+// the previous one's tail. A failed enqueue fails the batch's ops (the
+// batch is then done, with the error).
 func (n *NIC) flush() {
 	if n.curBatch < 0 {
 		return
 	}
 	b := &n.batches[n.curBatch]
 	p := &n.piece
-	p.Ctx = n.g.Context()
-	p.Stream = n.stream
-	p.Mode = n.mode
-	p.Entries = n.entries
-	p.Done = b.ev
+	*p = cuda.Piece{Ctx: n.g.Context(), Stream: n.streams[n.next], Mode: n.ceMode, Entries: n.entries, Done: b.ev}
+	n.next = (n.next + 1) % nicStreams
+	if n.scatter.use(n.entries) {
+		p.Mode = cuda.CopyGather
+		p.Gather = n.scatter.launch(&b.plan)
+	} else if len(n.entries) == 1 {
+		p.Mode = cuda.CopyPerEntry
+	}
 	if err := n.op.Enqueue(p); err != nil {
 		b.done, b.err = true, fmt.Errorf("gpunic: %w", err)
 	}
+	n.lastBatch = n.curBatch
 	p.Entries = nil
 	n.entries = n.entries[:0]
 	n.curBatch = -1
 }
 
-// Poll moves up to len(out) completions into out, in submission order.
+// Poll starts the ops submitted since the last Poll (when the GPU is done
+// with the NIC's previous operation, or flushOps of them wait) and moves up
+// to len(out) completions into out, in submission order.
 func (n *NIC) Poll(out []relay.HopCompletion) int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.closed {
+		return 0
+	}
+	if n.curBatch >= 0 && (len(n.entries) >= flushOps || !n.busy()) {
+		n.flush()
+	}
 	now := time.Since(n.epoch).Nanoseconds()
 	k := 0
 	for k < len(out) && n.opN > 0 {
 		o := &n.ops[n.opHead]
 		var err error
+		if o.batch >= 0 && o.batch == n.curBatch {
+			// Not yet enqueued: its event still holds an earlier record.
+			break
+		}
 		if o.batch >= 0 {
 			b := &n.batches[o.batch]
 			if !b.done {
@@ -348,8 +412,21 @@ func (n *NIC) Poll(out []relay.HopCompletion) int {
 	return k
 }
 
-// Close waits for the NIC's copies and frees its stream and events. It does
-// not close the targets.
+// busy reports whether the GPU has not finished the NIC's last operation.
+func (n *NIC) busy() bool {
+	if n.lastBatch < 0 {
+		return false
+	}
+	b := &n.batches[n.lastBatch]
+	if b.done || b.ops == 0 {
+		return false
+	}
+	done, err := n.g.Driver().QueryEvent(n.g.Context(), b.ev)
+	return err == nil && !done
+}
+
+// Close waits for the NIC's GPU work and frees its streams, events and
+// kernel. Ops not yet polled are dropped. It does not close the targets.
 func (n *NIC) Close() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -362,14 +439,18 @@ func (n *NIC) Close() error {
 
 func (n *NIC) destroy() error {
 	return n.g.Do(func() error {
+		d := n.g.Driver()
 		var errs []error
-		if n.stream != 0 {
-			errs = append(errs, n.g.Driver().StreamSynchronize(n.stream), n.g.Driver().StreamDestroy(n.stream))
-			n.stream = 0
+		for i, s := range n.streams {
+			if s != 0 {
+				errs = append(errs, d.StreamSynchronize(s), d.StreamDestroy(s))
+				n.streams[i] = 0
+			}
 		}
+		errs = append(errs, n.scatter.free(d, n.batches[:]))
 		for i := range n.batches {
 			if ev := n.batches[i].ev; ev != 0 {
-				errs = append(errs, n.g.Driver().EventDestroy(ev))
+				errs = append(errs, d.EventDestroy(ev))
 				n.batches[i].ev = 0
 			}
 		}

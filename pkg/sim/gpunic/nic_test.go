@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -85,14 +86,29 @@ func alloc(t testing.TB, g *gpu.GPU, n uint64) cuda.DevicePtr {
 	return p
 }
 
+// targetGPUEnv places the target process on another GPU than device 0;
+// busyEnv makes it keep its GPU busy with small memsets until stdin closes
+// (a neighbour process with work on the same GPU).
+const (
+	targetGPUEnv = "PXN_GPUNIC_TARGET_GPU"
+	busyEnv      = "PXN_GPUNIC_TARGET_BUSY"
+)
+
 // nicTarget is the child of TestNIC: a zeroed device buffer whose handle it
 // prints, then the FNV-64a hash of its bytes once stdin closes.
 func nicTarget() error {
+	runtime.LockOSThread()
 	d, err := cuda.Load()
 	if err != nil {
 		return err
 	}
-	g, err := gpu.Open(d, 0)
+	ordinal := 0
+	if v := os.Getenv(targetGPUEnv); v != "" {
+		if ordinal, err = strconv.Atoi(v); err != nil {
+			return fmt.Errorf("%s=%q: %w", targetGPUEnv, v, err)
+		}
+	}
+	g, err := gpu.Open(d, ordinal)
 	if err != nil {
 		return err
 	}
@@ -114,7 +130,34 @@ func nicTarget() error {
 			return err
 		}
 		fmt.Printf("handle %s\n", hex.EncodeToString(h[:]))
-		io.Copy(io.Discard, os.Stdin)
+		closed := make(chan struct{})
+		go func() {
+			io.Copy(io.Discard, os.Stdin)
+			close(closed)
+		}()
+		if os.Getenv(busyEnv) == "1" {
+			scratch, err := d.MemAlloc(4 << 20)
+			if err != nil {
+				return err
+			}
+			defer d.MemFree(scratch)
+			for busy := true; busy; {
+				select {
+				case <-closed:
+					busy = false
+				default:
+				}
+				for range 8 {
+					if err := d.MemsetD32Async(scratch, 1, 1<<20, 0); err != nil {
+						return err
+					}
+				}
+				if err := d.StreamSynchronize(0); err != nil {
+					return err
+				}
+			}
+		}
+		<-closed
 		host := make([]byte, nicTargetLen)
 		if err := d.MemcpyDtoH(host, buf); err != nil {
 			return err
@@ -143,12 +186,16 @@ func pollAll(t *testing.T, n *gpunic.NIC, want int) []relay.HopCompletion {
 
 // TestNIC writes into another process's device buffer through the emulated
 // NIC: completions in order, errors for what it cannot do, the rate cap as
-// a lower bound on completion time, back-pressure, and the bytes.
-func TestNIC(t *testing.T) {
-	g := openGPU(t)
-	d := g.Driver()
+// a lower bound on completion time, back-pressure, batches of small ops on
+// the SM kernel and on the copy engines, and the bytes.
+const base = 0x7e0000000000
+
+// startTarget starts a target process and maps its buffer as session t0.
+// finish closes the mappings, then the target, and returns its hash line.
+func startTarget(t testing.TB, g *gpu.GPU, env ...string) (maps *gpunic.Targets, finish func() string) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=nic-target")
+	cmd.Env = append(append(os.Environ(), childEnv+"=nic-target"), env...)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	var stderr strings.Builder
@@ -156,7 +203,7 @@ func TestNIC(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer cmd.Process.Kill()
+	t.Cleanup(func() { cmd.Process.Kill() })
 	lines := bufio.NewReader(stdout)
 	line, err := lines.ReadString('\n')
 	if err != nil {
@@ -168,12 +215,31 @@ func TestNIC(t *testing.T) {
 	}
 	var h cuda.IPCMemHandle
 	copy(h[:], raw)
-	const base = 0x7e0000000000
-	maps, err := gpunic.OpenTargets(g, []gpunic.Target{{Session: "t0", Addr: base, Len: nicTargetLen, Handle: h}})
+	maps, err = gpunic.OpenTargets(g, []gpunic.Target{{Session: "t0", Addr: base, Len: nicTargetLen, Handle: h}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer maps.Close()
+	t.Cleanup(func() { maps.Close() })
+	return maps, func() string {
+		if err := maps.Close(); err != nil {
+			t.Fatal(err)
+		}
+		stdin.Close()
+		line, err := lines.ReadString('\n')
+		if err != nil {
+			t.Fatalf("target: %v\n%s", err, stderr.String())
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("target: %v\n%s", err, stderr.String())
+		}
+		return strings.TrimSpace(line)
+	}
+}
+
+func TestNIC(t *testing.T) {
+	g := openGPU(t)
+	d := g.Driver()
+	maps, finish := startTarget(t, g)
 	src := alloc(t, g, nicTargetLen)
 	host := make([]byte, nicTargetLen)
 	for i := range host {
@@ -234,20 +300,87 @@ func TestNIC(t *testing.T) {
 	if el := time.Since(start); el < 1500*time.Microsecond || done[0].Err != nil || done[1].Err != nil {
 		t.Fatalf("3 MiB at 2 GB/s completed after %v: %+v", el, done)
 	}
-	if err := errors.Join(slow.Close(), nic.Close(), maps.Close()); err != nil {
+	// Batches of small ops, unaligned and in reverse order, through each
+	// way the NIC can move them; each pass sees the previous one's bytes
+	// overwritten.
+	for _, mode := range []gpu.GatherMode{gpu.GatherSM, gpu.GatherAuto, gpu.GatherCE} {
+		sn, err := gpunic.New(g, maps, gpunic.Options{Copy: mode, RateGBps: 50})
+		if err != nil {
+			t.Fatalf("%v: %v", mode, err)
+		}
+		if used, why := sn.Scatter(); used != (mode != gpu.GatherCE) {
+			t.Fatalf("%v: scatter kernel %v (%s)", mode, used, why)
+		}
+		var batch []relay.WriteOp
+		shift := uint64(mode) * 13
+		for i := uint64(0); i < 600; i++ {
+			s, d, l := (599-i)*5003+7+shift, i*4099+1, 3001+i%5
+			batch = append(batch, relay.WriteOp{Src: uintptr(src) + uintptr(s), Len: l, Target: "t0", Dst: base + d, Token: 100 + i})
+			copy(want[d:d+l], host[s:s+l])
+		}
+		for off := 0; off < len(batch); off += 32 {
+			if err := sn.Submit(batch[off:min(off+32, len(batch))]); err != nil {
+				t.Fatalf("%v: %v", mode, err)
+			}
+		}
+		for i, c := range pollAll(t, sn, len(batch)) {
+			if c.Token != 100+uint64(i) || c.Err != nil {
+				t.Fatalf("%v: completion %d: token %d, err %v", mode, i, c.Token, c.Err)
+			}
+		}
+		if err := sn.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Ops submitted while the NIC's GPU work runs wait for more (fewer
+	// than flushOps); they complete only after their own GPU work, in
+	// order, however often the NIC is polled meanwhile. Each round's 1 MiB
+	// writes cover the whole buffer, so only the last round's small
+	// writes remain.
+	busy, err := gpunic.New(g, maps, gpunic.Options{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	stdin.Close()
-	line, err = lines.ReadString('\n')
-	if err != nil {
-		t.Fatalf("target: %v\n%s", err, stderr.String())
+	token := uint64(1000)
+	for round := 0; round < 8; round++ {
+		var ops []relay.WriteOp
+		for i := 0; i < 400; i++ {
+			ops = append(ops, relay.WriteOp{Src: uintptr(src) + uintptr(i%4)<<20, Len: 1 << 20, Target: "t0", Dst: base + uint64(i%4)<<20, Token: token})
+			token++
+		}
+		if err := busy.Submit(ops); err != nil {
+			t.Fatal(err)
+		}
+		var done []relay.HopCompletion
+		out := make([]relay.HopCompletion, 7)
+		for k := 0; k < 5; k++ {
+			if err := busy.Submit([]relay.WriteOp{{Src: uintptr(src) + uintptr(k)*4096, Len: 4096, Target: "t0", Dst: base + uint64(round*5+k)*4096, Token: token}}); err != nil {
+				t.Fatal(err)
+			}
+			token++
+			n := busy.Poll(out)
+			done = append(done, out[:n]...)
+		}
+		done = append(done, pollAll(t, busy, 405-len(done))...)
+		for i, c := range done {
+			if c.Err != nil || c.Token != token-405+uint64(i) {
+				t.Fatalf("round %d: completion %d: token %d (want %d), %v", round, i, c.Token, token-405+uint64(i), c.Err)
+			}
+		}
+	}
+	for i := 0; i < 4; i++ {
+		copy(want[i<<20:(i+1)<<20], host[i<<20:(i+1)<<20])
+	}
+	for k := 0; k < 5; k++ {
+		d := (7*5 + k) * 4096
+		copy(want[d:d+4096], host[k*4096:k*4096+4096])
+	}
+	if err := errors.Join(slow.Close(), nic.Close(), busy.Close()); err != nil {
+		t.Fatal(err)
 	}
 	sum := fnv.New64a()
 	sum.Write(want)
-	if strings.TrimSpace(line) != fmt.Sprintf("hash %x", sum.Sum64()) {
+	if line := finish(); line != fmt.Sprintf("hash %x", sum.Sum64()) {
 		t.Fatalf("target bytes differ: %s, want hash %x", line, sum.Sum64())
-	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("target: %v\n%s", err, stderr.String())
 	}
 }

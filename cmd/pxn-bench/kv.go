@@ -1,0 +1,646 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/pxn-project/pxn/pkg/relay"
+)
+
+// kvShape is one request's KV cache: Layers × 2 (K and V) × Pages blocks
+// of Block bytes.
+type kvShape struct {
+	Name   string `json:"name"`
+	Layers int    `json:"layers"`
+	Pages  int    `json:"pages"`
+	Block  uint64 `json:"block"`
+}
+
+func (s kvShape) blocks() int   { return s.Layers * 2 * s.Pages }
+func (s kvShape) bytes() uint64 { return uint64(s.blocks()) * s.Block }
+
+func (s kvShape) String() string {
+	return fmt.Sprintf("%s (%d layers × 2 × %d pages of %s)", s.Name, s.Layers, s.Pages, sizeString(s.Block))
+}
+
+// kvShapes are the named shapes: one short prompt's cache, a long one's,
+// a very long one's, and the long one with small and large pages.
+var kvShapes = []kvShape{
+	{Name: "kv-small", Layers: 32, Pages: 4, Block: 16 << 10},
+	{Name: "kv-medium", Layers: 80, Pages: 64, Block: 16 << 10},
+	{Name: "kv-large", Layers: 80, Pages: 512, Block: 16 << 10},
+	{Name: "kv-medium-4k", Layers: 80, Pages: 64, Block: 4 << 10},
+	{Name: "kv-medium-128k", Layers: 80, Pages: 64, Block: 128 << 10},
+}
+
+func kvShapeNames() string {
+	var n []string
+	for _, s := range kvShapes {
+		n = append(n, s.Name)
+	}
+	return strings.Join(n, ", ")
+}
+
+// parseKVShape reads a named shape or LxPxB (layers, pages, block size:
+// "8x2x4KiB").
+func parseKVShape(s string) (kvShape, error) {
+	for _, k := range kvShapes {
+		if s == k.Name {
+			return k, nil
+		}
+	}
+	f := strings.Split(s, "x")
+	bad := fmt.Errorf("--kv-shape %q: want one of %s, or LAYERSxPAGESxBLOCK (8x2x4KiB)", s, kvShapeNames())
+	if len(f) != 3 {
+		return kvShape{}, bad
+	}
+	l, err1 := strconv.Atoi(f[0])
+	p, err2 := strconv.Atoi(f[1])
+	b, err3 := parseSize(f[2])
+	if err1 != nil || err2 != nil || err3 != nil || l <= 0 || p <= 0 || b == 0 {
+		return kvShape{}, bad
+	}
+	if b%8 != 0 {
+		return kvShape{}, fmt.Errorf("--kv-shape %q: block of %d bytes, want a multiple of 8", s, b)
+	}
+	if l*2*p > 1<<20 {
+		return kvShape{}, fmt.Errorf("--kv-shape %q: %d blocks a request, at most %d", s, l*2*p, 1<<20)
+	}
+	return kvShape{Name: s, Layers: l, Pages: p, Block: b}, nil
+}
+
+// kvOptions are run's flags for KV-shaped traffic.
+type kvOptions struct {
+	shape    string
+	traffic  string
+	requests int
+	inflight int
+}
+
+// kvLayout is the KV traffic of a run. Each rank's and each target's pool
+// is a paged KV cache: per layer a K and a V region of pool pages of
+// Block bytes, so block (layer l, K/V h, page p) of a pool of n pages is at
+// ((2l+h)·n + p)·Block. A request takes Pages pages of the sender's pool
+// and Pages of the target's, both drawn at random from pools a quarter
+// larger than all requests need.
+type kvLayout struct {
+	Shape   kvShape `json:"shape"`
+	Traffic string  `json:"traffic"`
+	// Requests is how many requests each sender sends each of its targets.
+	Requests int `json:"requests"`
+	// Inflight is how many requests a rank has submitted and not seen
+	// complete at most.
+	Inflight int    `json:"inflight"`
+	Seed     uint64 `json:"seed"`
+}
+
+// kvRequest is one request: its target and its pages in the two pools.
+type kvRequest struct {
+	rank, target int
+	src, dst     []uint32
+}
+
+// kvPlan is the whole run's requests, derived from the layout alike in
+// every process.
+type kvPlan struct {
+	shape    kvShape
+	byRank   [][]kvRequest
+	srcPages []int
+	dstPages []int
+}
+
+// kvPool is a pool's pages for need pages of requests: a quarter more, so
+// that requests take scattered pages and leave gaps.
+func kvPool(need int) int {
+	if need == 0 {
+		return 0
+	}
+	return need + need/4 + 1
+}
+
+func (p *kvPlan) blockOffset(pool int, layer, h int, page uint32) uint64 {
+	return (uint64(2*layer+h)*uint64(pool) + uint64(page)) * p.shape.Block
+}
+
+func (p *kvPlan) poolBytes(pool int) uint64 { return uint64(2*p.shape.Layers*pool) * p.shape.Block }
+
+// kvTargets are the targets rank r sends to.
+func kvTargets(traffic string, ranks, r int) []int {
+	var ks []int
+	switch traffic {
+	case "fan-in":
+		if r != 0 {
+			ks = append(ks, 0)
+		}
+	case "all-to-all":
+		for k := 0; k < ranks; k++ {
+			if k != r {
+				ks = append(ks, k)
+			}
+		}
+	}
+	return ks
+}
+
+func newKVPlan(ranks int, kv *kvLayout) *kvPlan {
+	p := &kvPlan{shape: kv.Shape, byRank: make([][]kvRequest, ranks), srcPages: make([]int, ranks), dstPages: make([]int, ranks)}
+	pages := kv.Shape.Pages
+	for r := 0; r < ranks; r++ {
+		for j := 0; j < kv.Requests; j++ {
+			for _, k := range kvTargets(kv.Traffic, ranks, r) {
+				p.byRank[r] = append(p.byRank[r], kvRequest{rank: r, target: k, src: make([]uint32, pages), dst: make([]uint32, pages)})
+				p.dstPages[k] += pages
+			}
+		}
+		p.srcPages[r] = len(p.byRank[r]) * pages
+	}
+	srcPerm := make([][]int, ranks)
+	dstPerm := make([][]int, ranks)
+	next := make([]int, ranks)
+	for k := 0; k < ranks; k++ {
+		p.srcPages[k] = kvPool(p.srcPages[k])
+		p.dstPages[k] = kvPool(p.dstPages[k])
+		srcPerm[k] = rand.New(rand.NewPCG(kv.Seed, uint64(2*k))).Perm(p.srcPages[k])
+		dstPerm[k] = rand.New(rand.NewPCG(kv.Seed, uint64(2*k+1))).Perm(p.dstPages[k])
+	}
+	for r := range p.byRank {
+		for i := range p.byRank[r] {
+			q := &p.byRank[r][i]
+			for pg := range q.src {
+				q.src[pg] = uint32(srcPerm[r][i*pages+pg])
+				q.dst[pg] = uint32(dstPerm[q.target][next[q.target]])
+				next[q.target]++
+			}
+		}
+	}
+	return p
+}
+
+// newKVLayout places KV traffic: every sender's requests, its source pool
+// and every target's pool. Its transfers are one per sender and target,
+// for the routes and the byte counts; the plan says where each block goes.
+func newKVLayout(ranks int, o kvOptions) (*layout, error) {
+	if ranks < 2 || ranks > 8 {
+		return nil, fmt.Errorf("--ranks %d: want 2..8 (one rank per GPU of a node)", ranks)
+	}
+	shape, err := parseKVShape(o.shape)
+	if err != nil {
+		return nil, err
+	}
+	switch o.traffic {
+	case "fan-in", "all-to-all":
+	default:
+		return nil, fmt.Errorf("--kv-traffic %q: want fan-in (every other rank to rank 0's rail) or all-to-all", o.traffic)
+	}
+	if o.requests <= 0 || o.inflight <= 0 {
+		return nil, fmt.Errorf("--kv-requests %d, --kv-inflight %d: want both > 0", o.requests, o.inflight)
+	}
+	kv := &kvLayout{Shape: shape, Traffic: o.traffic, Requests: o.requests, Inflight: o.inflight, Seed: 22}
+	plan := newKVPlan(ranks, kv)
+	l := &layout{Ranks: ranks, TargetBytes: make([]uint64, ranks), KV: kv, kv: plan}
+	for k := range l.TargetBytes {
+		l.TargetBytes[k] = plan.poolBytes(plan.dstPages[k])
+	}
+	for r := 0; r < ranks; r++ {
+		for _, k := range kvTargets(o.traffic, ranks, r) {
+			l.Transfers = append(l.Transfers, transfer{Rank: r, Target: k, Len: uint64(o.requests) * shape.bytes(), Block: shape.Block,
+				Seed: rankSeed(r), Remote: sessionName(k)})
+		}
+	}
+	return l, nil
+}
+
+// kvPlanOf returns the layout's KV plan, derived once per process.
+func (l *layout) kvPlanOf() *kvPlan {
+	if l.kv == nil {
+		l.kv = newKVPlan(l.Ranks, l.KV)
+	}
+	return l.kv
+}
+
+// kvSourceBytes is rank r's source pool.
+func (l *layout) kvSourceBytes(r int) uint64 {
+	p := l.kvPlanOf()
+	if len(p.byRank[r]) == 0 {
+		return 0
+	}
+	return p.poolBytes(p.srcPages[r])
+}
+
+// kvRequests are rank r's requests, each a list of block writes in layer
+// order, with sources in its pool at base.
+func (l *layout) kvRequests(r int, base uintptr) ([][]relay.Request, uint64) {
+	p := l.kvPlanOf()
+	var out [][]relay.Request
+	var total uint64
+	s := p.shape
+	for _, q := range p.byRank[r] {
+		reqs := make([]relay.Request, 0, s.blocks())
+		for layer := 0; layer < s.Layers; layer++ {
+			for h := 0; h < 2; h++ {
+				for pg := range q.src {
+					reqs = append(reqs, relay.Request{Op: relay.Write, Len: s.Block, Target: sessionName(q.target),
+						Src: base + uintptr(p.blockOffset(p.srcPages[r], layer, h, q.src[pg])),
+						Dst: targetBase + p.blockOffset(p.dstPages[q.target], layer, h, q.dst[pg])})
+				}
+			}
+		}
+		total += s.bytes()
+		out = append(out, reqs)
+	}
+	return out, total
+}
+
+// verifyKV checks target k's pool: every block a request wrote holds its
+// sender's pattern at the block's source offset, and every page no request
+// took is still zero.
+func verifyKV(l *layout, k int, buf []byte) error {
+	p := l.kvPlanOf()
+	s := p.shape
+	pool := p.dstPages[k]
+	if uint64(len(buf)) < p.poolBytes(pool) {
+		return fmt.Errorf("target %s: %d bytes, the pool is %d", sessionName(k), len(buf), p.poolBytes(pool))
+	}
+	var reqs []kvRequest
+	used := make([]bool, pool)
+	for r := range p.byRank {
+		for _, q := range p.byRank[r] {
+			if q.target == k {
+				reqs = append(reqs, q)
+				for _, pg := range q.dst {
+					used[pg] = true
+				}
+			}
+		}
+	}
+	var mu sync.Mutex
+	var first error
+	fail := func(err error) {
+		mu.Lock()
+		if first == nil {
+			first = err
+		}
+		mu.Unlock()
+	}
+	want := make([]byte, s.Block)
+	zero := make([]byte, s.Block)
+	check := func(i int, want []byte) error {
+		if i < len(reqs) {
+			q := reqs[i]
+			srcPool := p.srcPages[q.rank]
+			for layer := 0; layer < s.Layers; layer++ {
+				for h := 0; h < 2; h++ {
+					for pg := range q.dst {
+						so := p.blockOffset(srcPool, layer, h, q.src[pg])
+						do := p.blockOffset(pool, layer, h, q.dst[pg])
+						fillPattern(want, rankSeed(q.rank), so)
+						if got := buf[do : do+s.Block]; !bytes.Equal(got, want) {
+							return fmt.Errorf("target %s, rank %d's block (layer %d, %s, page %d → %d) at offset %d: %w",
+								sessionName(k), q.rank, layer, "KV"[h:h+1], q.src[pg], q.dst[pg], do, checkPattern(got, rankSeed(q.rank), so))
+						}
+					}
+				}
+			}
+			return nil
+		}
+		pg := uint32(i - len(reqs))
+		if used[pg] {
+			return nil
+		}
+		for b := 0; b < 2*s.Layers; b++ {
+			do := p.blockOffset(pool, b/2, b%2, pg)
+			if !bytes.Equal(buf[do:do+s.Block], zero) {
+				return fmt.Errorf("target %s: page %d of layer %d %s, which no request took, was written (offset %d)",
+					sessionName(k), pg, b/2, "KV"[b%2:b%2+1], do)
+			}
+		}
+		return nil
+	}
+	work := make(chan int, runtime.GOMAXPROCS(0))
+	var wg sync.WaitGroup
+	for w := range runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mine := want
+			if w > 0 {
+				mine = make([]byte, s.Block)
+			}
+			for i := range work {
+				if err := check(i, mine); err != nil {
+					fail(err)
+				}
+			}
+		}()
+	}
+	for i := 0; i < len(reqs)+pool; i++ {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	return first
+}
+
+// kvTally is a KV transfer's per-request outcome.
+type kvTally struct {
+	res   *rankResult
+	start time.Time
+}
+
+func newKVTally(n int) *kvTally {
+	return &kvTally{res: &rankResult{CompletionsUS: make([]float64, 0, n), SubmitUS: make([]float64, 0, n)}, start: time.Now()}
+}
+
+func (t *kvTally) failed(err error) {
+	t.res.Failed++
+	if t.res.FirstError == "" && err != nil {
+		t.res.FirstError = err.Error()
+	}
+}
+
+func (t *kvTally) end(total uint64, reqs int) *rankResult {
+	end := time.Now()
+	t.res.Bytes, t.res.Requests = total, reqs
+	t.res.Seconds = end.Sub(t.start).Seconds()
+	t.res.StartNs, t.res.EndNs = t.start.UnixNano(), end.UnixNano()
+	return t.res
+}
+
+func micros(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+
+// transferKVEngine submits each request as one batch through the engine,
+// with up to inflight batches outstanding, and times each from its Submit
+// to the moment it is seen done.
+func transferKVEngine(eng *relay.Engine, reqs [][]relay.Request, total uint64, inflight int, spin bool) (*rankResult, error) {
+	type active struct {
+		b  *relay.Batch
+		t0 time.Time
+	}
+	before := eng.Counters()
+	var ms0, ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	pump0, _ := cpuTime(eng.PumpThreadID())
+	proc0, _ := cpuTime(0)
+	t := newKVTally(len(reqs))
+	var act []active
+	defer func() {
+		for _, a := range act {
+			_ = a.b.Release()
+		}
+	}()
+	for next := 0; next < len(reqs) || len(act) > 0; {
+		for len(act) < inflight && next < len(reqs) {
+			t0 := time.Now()
+			b, err := eng.Submit(reqs[next])
+			if err != nil {
+				return nil, fmt.Errorf("request %d: %w", next, err)
+			}
+			t.res.SubmitUS = append(t.res.SubmitUS, micros(time.Since(t0)))
+			act = append(act, active{b: b, t0: t0})
+			next++
+		}
+		progressed := false
+		for i := 0; i < len(act); {
+			a := act[i]
+			if !a.b.Done() {
+				i++
+				continue
+			}
+			t.res.CompletionsUS = append(t.res.CompletionsUS, micros(time.Since(a.t0)))
+			for j := 0; j < a.b.Len(); j++ {
+				if st, _ := a.b.Status(j); st.State != relay.Completed {
+					t.failed(st.Err)
+				}
+			}
+			_ = a.b.Release()
+			act = append(act[:i], act[i+1:]...)
+			progressed = true
+		}
+		if !progressed {
+			if spin {
+				runtime.Gosched()
+			} else {
+				time.Sleep(20 * time.Microsecond)
+			}
+		}
+	}
+	res := t.end(total, len(reqs))
+	pump1, _ := cpuTime(eng.PumpThreadID())
+	proc1, _ := cpuTime(0)
+	runtime.ReadMemStats(&ms1)
+	res.PXNActive = eng.PXNActive()
+	res.PumpCPU, res.ProcessCPU, res.Mallocs = pump1-pump0, proc1-proc0, ms1.Mallocs-ms0.Mallocs
+	res.Counters = diffCounters(eng.Counters(), before)
+	return res, nil
+}
+
+// kvHopChunk is how many ops the direct path hands the hop in one Submit,
+// as the engine does.
+const kvHopChunk = 32
+
+// transferKVBare sends the same requests through the hop alone, as a host
+// transport without PXN would: a request's writes are posted in order as
+// the send queue has room, up to inflight requests at once, and a request
+// is complete when its last write is.
+func transferKVBare(hop relay.Hop, reqs [][]relay.Request, total uint64, inflight int, spin bool) (*rankResult, error) {
+	type active struct {
+		i, posted, done int
+		t0              time.Time
+	}
+	t := newKVTally(len(reqs))
+	var act []*active
+	byReq := make(map[int]*active, inflight)
+	var ops [kvHopChunk]relay.WriteOp
+	var comp [256]relay.HopCompletion
+	for next := 0; next < len(reqs) || len(act) > 0; {
+		for len(act) < inflight && next < len(reqs) {
+			a := &active{i: next, t0: time.Now()}
+			act = append(act, a)
+			byReq[next] = a
+			next++
+		}
+		busy := false
+		for _, a := range act {
+			q := reqs[a.i]
+			for !busy && a.posted < len(q) {
+				n := min(kvHopChunk, len(q)-a.posted)
+				for j := range n {
+					r := &q[a.posted+j]
+					ops[j] = relay.WriteOp{Src: r.Src, Len: r.Len, Target: r.Target, Dst: r.Dst, Token: uint64(a.i)<<32 | uint64(a.posted+j)}
+				}
+				err := hop.Submit(ops[:n])
+				if errors.Is(err, relay.ErrHopBusy) {
+					busy = true
+					break
+				}
+				if err != nil {
+					return nil, fmt.Errorf("request %d: %w", a.i, err)
+				}
+				a.posted += n
+			}
+		}
+		n := hop.Poll(comp[:])
+		for _, c := range comp[:n] {
+			a := byReq[int(c.Token>>32)]
+			if a == nil {
+				return nil, fmt.Errorf("hop completed token %#x of no request in flight", c.Token)
+			}
+			if c.Err != nil {
+				t.failed(c.Err)
+			}
+			a.done++
+		}
+		for i := 0; i < len(act); {
+			a := act[i]
+			if a.done < len(reqs[a.i]) {
+				i++
+				continue
+			}
+			t.res.CompletionsUS = append(t.res.CompletionsUS, micros(time.Since(a.t0)))
+			delete(byReq, a.i)
+			act = append(act[:i], act[i+1:]...)
+		}
+		if n == 0 {
+			if spin {
+				runtime.Gosched()
+			} else {
+				time.Sleep(20 * time.Microsecond)
+			}
+		}
+	}
+	res := t.end(total, len(reqs))
+	res.Counters.DirectBytes = total
+	return res, nil
+}
+
+// kvRows are a KV scenario's request completion times, through PXN and
+// direct: p50 and p99 over every request of every rank.
+func kvRows(prefix string, pxn, bare *phaseResult) []row {
+	collect := func(p *phaseResult, sub bool) []float64 {
+		var xs []float64
+		if p == nil {
+			return nil
+		}
+		for _, r := range p.ranks {
+			if sub {
+				xs = append(xs, r.SubmitUS...)
+			} else {
+				xs = append(xs, r.CompletionsUS...)
+			}
+		}
+		return xs
+	}
+	pc, dc, ps := collect(pxn, false), collect(bare, false), collect(pxn, true)
+	if len(pc) == 0 {
+		return nil
+	}
+	p := percentiles(pc)
+	ok := pxn.verified && (bare == nil || bare.verified)
+	note := fmt.Sprintf("%d requests; through PXN mean/p90/max %.0f/%.0f/%.0f µs; Submit itself p50/p99 %.0f/%.0f µs",
+		len(pc), p[2], p[3], p[5], percentiles(ps)[0], percentiles(ps)[1])
+	rows := []row{
+		{Scenario: prefix + "request completion through PXN, p50", Value: p[0], Unit: "µs", Verified: ok, Note: note},
+		{Scenario: prefix + "request completion through PXN, p99", Value: p[1], Unit: "µs", Verified: ok},
+	}
+	if len(dc) > 0 {
+		d := percentiles(dc)
+		rows = append(rows,
+			row{Scenario: prefix + "request completion direct, p50", Value: d[0], Unit: "µs", Verified: ok},
+			row{Scenario: prefix + "request completion direct, p99", Value: d[1], Unit: "µs", Verified: ok},
+			row{Scenario: prefix + "request completion added by PXN, p50", Value: p[0] - d[0], Unit: "µs", Verified: ok},
+			row{Scenario: prefix + "request completion added by PXN, p99", Value: p[1] - d[1], Unit: "µs", Verified: ok},
+		)
+	}
+	return rows
+}
+
+func kvFlags(fs *pflag.FlagSet, o *kvOptions) {
+	fs.StringVar(&o.shape, "kv-shape", "kv-small", "kv: each request's shape: "+kvShapeNames()+", or LAYERSxPAGESxBLOCK")
+	fs.StringVar(&o.traffic, "kv-traffic", "fan-in", "kv: fan-in (every other rank sends to rank 0's rail: 1→1 with --ranks 2, 7→1 with 8) or all-to-all")
+	fs.IntVar(&o.requests, "kv-requests", 8, "kv: requests each sender sends each of its targets")
+	fs.IntVar(&o.inflight, "kv-inflight", 4, "kv: requests a rank has in flight at most")
+}
+
+func kvTitle(o kvOptions) string {
+	shape, err := parseKVShape(o.shape)
+	if err != nil {
+		return o.shape
+	}
+	return fmt.Sprintf("%s %s, %d requests per sender and target, %d in flight", o.traffic, shape, o.requests, o.inflight)
+}
+
+// kvBaseline is what a KV scenario's PXN row is compared with: the same
+// requests sent direct, where each sender's emulated NIC models its own
+// wire only. A real target's NIC receives at most R, so with a wire rate
+// the direct rate is capped at R times the targets that receive.
+func kvBaseline(s scenario, l *layout, hop string, direct float64) (string, float64) {
+	name := "the same requests direct (" + hop + " alone)"
+	if s.rate <= 0 {
+		return name, direct
+	}
+	receivers := 0
+	for _, n := range l.TargetBytes {
+		if n > 0 {
+			receivers++
+		}
+	}
+	if limit := s.rate * float64(receivers); direct > limit {
+		return fmt.Sprintf("%s, capped at the %d receiving NICs' %g GB/s", name, receivers, limit), limit
+	}
+	return name, direct
+}
+
+// kvSuiteRuns are the KV scenarios of the performance contract, at
+// R = 50 GB/s: P9 (kv-medium and kv-large, 1→1, 7→1 and all-to-all,
+// through PXN against direct) and P10 (kv-small, one request at a time,
+// completion time through PXN against direct). With two GPUs the relay of
+// fan-in traffic (rank 0) has GPU 0 and every sender GPU 1, and
+// all-to-all ranks alternate between them.
+func kvSuiteRuns(want map[string]bool, ngpu int) []scenario {
+	other := min(1, ngpu-1)
+	fanIn := func(n int) []int {
+		g := []int{0}
+		for range n {
+			g = append(g, other)
+		}
+		return g
+	}
+	alternate := func(n int) []int {
+		g := make([]int, n)
+		for i := range g {
+			g[i] = i % ngpu
+		}
+		return g
+	}
+	kv := func(id, shape, traffic string, gpus []int, requests, inflight int, note string) scenario {
+		return scenario{id: id, pattern: "kv", ranks: len(gpus), gpus: gpus, rate: 50, bare: true, warm: true, note: note,
+			kv: &kvOptions{shape: shape, traffic: traffic, requests: requests, inflight: inflight}}
+	}
+	var runs []scenario
+	if want["p9"] {
+		shared := fmt.Sprintf("the seven senders share GPU %d", other)
+		runs = append(runs,
+			kv("P9", "kv-medium", "fan-in", fanIn(1), 32, 4, ""),
+			kv("P9", "kv-medium", "fan-in", fanIn(7), 8, 4, shared),
+			kv("P9", "kv-medium", "all-to-all", alternate(8), 3, 4, ""),
+			kv("P9", "kv-large", "fan-in", fanIn(1), 4, 2, ""),
+			kv("P9", "kv-large", "fan-in", fanIn(7), 1, 1, shared),
+			kv("P9", "kv-large", "all-to-all", alternate(4), 1, 2, "four ranks: eight would need 150 GB of pools"),
+		)
+	}
+	if want["p10"] {
+		runs = append(runs, kv("P10", "kv-small", "fan-in", fanIn(1), 400, 1, "one request at a time: completion time without queueing"))
+	}
+	return runs
+}

@@ -1,0 +1,183 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package gpunic_test
+
+import (
+	"errors"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/pxn-project/pxn/internal/cuda"
+	"github.com/pxn-project/pxn/pkg/gpu"
+	"github.com/pxn-project/pxn/pkg/relay"
+	"github.com/pxn-project/pxn/pkg/sim/gpunic"
+)
+
+// BenchmarkNICWrite10KiB times one 10 KiB write from Submit to its
+// completion, polled without sleeping, into another process's buffer (on
+// GPU 0, or the GPU PXN_GPUNIC_TARGET_GPU names), alone and with a
+// neighbour process keeping the GPU busy, beside a plain cuMemcpyAsync
+// into this process's own memory with its event polled.
+func BenchmarkNICWrite10KiB(b *testing.B) {
+	g := openGPU(b)
+	d := g.Driver()
+	maps, _ := startTarget(b, g)
+	src := alloc(b, g, 1<<20)
+	own := alloc(b, g, 1<<20)
+	report := func(b *testing.B, lat []float64) {
+		slices.Sort(lat)
+		b.ReportMetric(lat[len(lat)/2], "p50-µs")
+		b.ReportMetric(lat[len(lat)*99/100], "p99-µs")
+	}
+	timeWrites := func(b *testing.B, nic *gpunic.NIC) {
+		var out [4]relay.HopCompletion
+		lat := make([]float64, 0, b.N)
+		for i := 0; b.Loop(); i++ {
+			t0 := time.Now()
+			if err := nic.Submit([]relay.WriteOp{{Src: uintptr(src), Len: 10 << 10, Target: "t0", Dst: base, Token: uint64(i)}}); err != nil {
+				b.Fatal(err)
+			}
+			for nic.Poll(out[:]) == 0 {
+			}
+			lat = append(lat, float64(time.Since(t0).Nanoseconds())/1e3)
+			if out[0].Err != nil {
+				b.Fatal(out[0].Err)
+			}
+		}
+		report(b, lat)
+	}
+	for _, c := range []struct {
+		name string
+		opts gpunic.Options
+	}{
+		{"emulated NIC uncapped", gpunic.Options{}},
+		{"emulated NIC at 50 GB/s", gpunic.Options{RateGBps: 50}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			nic, err := gpunic.New(g, maps, c.opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer nic.Close()
+			timeWrites(b, nic)
+		})
+	}
+	b.Run("emulated NIC uncapped, a busy neighbour process", func(b *testing.B) {
+		startTarget(b, g, busyEnv+"=1")
+		nic, err := gpunic.New(g, maps, gpunic.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer nic.Close()
+		timeWrites(b, nic)
+	})
+	b.Run("cuMemcpyAsync within this process", func(b *testing.B) {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := d.CtxSetCurrent(g.Context()); err != nil {
+			b.Fatal(err)
+		}
+		st, err := d.StreamCreate(cuda.StreamNonBlocking)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer d.StreamDestroy(st)
+		ev, err := d.EventCreate(cuda.EventDisableTiming)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer d.EventDestroy(ev)
+		lat := make([]float64, 0, b.N)
+		for b.Loop() {
+			t0 := time.Now()
+			if err := d.MemcpyAsync(own, src, 10<<10, st); err != nil {
+				b.Fatal(err)
+			}
+			if err := d.EventRecord(ev, st); err != nil {
+				b.Fatal(err)
+			}
+			for {
+				done, err := d.EventQuery(ev)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if done {
+					break
+				}
+			}
+			lat = append(lat, float64(time.Since(t0).Nanoseconds())/1e3)
+		}
+		report(b, lat)
+	})
+}
+
+// BenchmarkNICSmallOps sends scattered writes of one size through a NIC at
+// R = 50 GB/s the way the engine does (Submits of 32 ops, a Poll after
+// each) and reports the rate and its fraction of R.
+func BenchmarkNICSmallOps(b *testing.B) {
+	g := openGPU(b)
+	maps, _ := startTarget(b, g)
+	src := alloc(b, g, nicTargetLen)
+	for _, c := range []struct {
+		name string
+		size uint64
+		copy gpu.GatherMode
+	}{
+		{"16KiB auto", 16 << 10, gpu.GatherAuto},
+		{"16KiB copy engines", 16 << 10, gpu.GatherCE},
+		{"4KiB auto", 4 << 10, gpu.GatherAuto},
+		{"128KiB auto", 128 << 10, gpu.GatherAuto},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			nic, err := gpunic.New(g, maps, gpunic.Options{RateGBps: 50, Copy: c.copy})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer nic.Close()
+			const ops = 32
+			slots := nicTargetLen / c.size
+			var batch [ops]relay.WriteOp
+			var out [256]relay.HopCompletion
+			var sent, done uint64
+			submit := func() error {
+				for j := range batch {
+					k := (sent + uint64(j)) * 7919 % slots
+					batch[j] = relay.WriteOp{Src: uintptr(src) + uintptr(k*c.size), Len: c.size, Target: "t0", Dst: base + (slots-1-k)*c.size, Token: sent + uint64(j)}
+				}
+				return nic.Submit(batch[:])
+			}
+			poll := func() {
+				n := nic.Poll(out[:])
+				for _, c := range out[:n] {
+					if c.Err != nil {
+						b.Fatal(c.Err)
+					}
+				}
+				done += uint64(n)
+			}
+			start := time.Now()
+			for b.Loop() {
+				for {
+					err := submit()
+					if err == nil {
+						sent += ops
+						break
+					}
+					if !errors.Is(err, relay.ErrHopBusy) {
+						b.Fatal(err)
+					}
+					poll()
+				}
+				poll()
+			}
+			for done < sent {
+				poll()
+			}
+			gbps := float64(sent*c.size) / time.Since(start).Seconds() / 1e9
+			b.ReportMetric(gbps, "GB/s")
+			b.ReportMetric(gbps/50, "of-R")
+		})
+	}
+}
