@@ -25,7 +25,10 @@ type runOptions struct {
 	pattern string
 	json    string
 	credit  string
-	cuda    cudaOptions
+	// perSubmit is the number of requests per Submit (0: the device's
+	// default).
+	perSubmit int
+	cuda      cudaOptions
 	// registryRoot is the folder the ranks' registry folder is made in.
 	registryRoot string
 	// allocPass repeats the engine phase's transfer once more, only to
@@ -371,7 +374,7 @@ func (dev *device) exec(o runOptions, s scenario) ([]row, error) {
 	args := func(k int, mode string) []string {
 		a := []string{"rank", "--device", dev.kind, "--index", strconv.Itoa(k), "--gpu", strconv.Itoa(s.gpu(k)), "--layout", layoutPath,
 			"--directory", dirPath, "--nic", nicPath, "--mode", mode, "--rate", strconv.FormatFloat(s.rate, 'g', -1, 64),
-			"--registry", registry, "--latency", strconv.Itoa(s.latency), "--reps", strconv.Itoa(max(s.reps, 1))}
+			"--registry", registry, "--latency", strconv.Itoa(s.latency), "--reps", strconv.Itoa(max(s.reps, 1)), "--per-submit", strconv.Itoa(o.perSubmit)}
 		if o.cuda.gatherPTX != "" {
 			a = append(a, "--gather-ptx", o.cuda.gatherPTX)
 		}
@@ -654,6 +657,7 @@ func (dev *device) summarize(s scenario, pxn, bare *phaseResult) []row {
 	if bareRow != nil {
 		rows = append(rows, *bareRow)
 	}
+	rows = append(rows, fairRows(prefix, s.pattern, pxn.ranks, pxn.verified)...)
 	rows = append(rows, latencyRows(prefix, dev.hop, pxn.lats)...)
 	rows = append(rows, pumpRows(prefix, pxn, pieces, forwarded)...)
 	if s.p6 && bare != nil {

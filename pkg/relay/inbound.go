@@ -38,6 +38,9 @@ type relayer struct {
 	reg Registry
 
 	in [staging.LaneCount]inLane
+	// turn is the inbound lane served first in the next pass: the one
+	// after the last lane that had a ticket taken.
+	turn int
 	// inflight counts relayed Pieces whose second hop has not finished.
 	inflight int
 	vd       staging.ValidDesc
@@ -54,12 +57,19 @@ func newRelayer(s *shared, reg Registry) *relayer {
 	return &relayer{s: s, reg: reg, routes: make(map[string]*route)}
 }
 
-// consumeAll takes at most one ticket from each inbound lane.
+// consumeAll takes at most one ticket from each inbound lane, starting
+// with rl.turn. A lane whose ticket was taken goes last in the next pass,
+// so a slot freed under the inflight cap goes to the next lane in turn, not
+// to the lowest-numbered one with a ticket.
 func (rl *relayer) consumeAll() bool {
 	progressed := false
-	for i := range rl.in {
+	n := len(rl.in)
+	start := rl.turn
+	for k := range n {
+		i := (start + k) % n
 		if rl.consume(i) {
 			progressed = true
+			rl.turn = (i + 1) % n
 		}
 	}
 	return progressed
