@@ -45,6 +45,8 @@ type Link interface {
 	Staging() uintptr
 	// Health reads the relay's liveness from its control block.
 	Health(now time.Time) Health
+	// Close releases the claim. It never waits on another process: a
+	// release that needs a busy lock is finished later by the registry.
 	Close() error
 }
 
@@ -61,10 +63,19 @@ type Registry interface {
 	// Peers lists the other ranks of the group. The slice stays valid
 	// until the next call of Peers, which may reuse it. It fails with an
 	// error wrapping ErrTooManyPeers when more than LaneCount are valid.
+	// It never waits on another process: housekeeping that needs a lock
+	// held elsewhere is left for a later call.
 	Peers() ([]Peer, error)
+	// Attach claims a lane on p. It never waits on another process: a
+	// registry lock held elsewhere fails it with an error wrapping
+	// ErrRegistryBusy, and the pump tries again at a later refresh.
 	Attach(p Peer) (Link, error)
 	Close(ctx context.Context) error
 }
+
+// ErrRegistryBusy means a registry operation needed a lock that another
+// process holds; the pump never waits for it and tries again later.
+var ErrRegistryBusy = errors.New("registry busy")
 
 // ErrTooManyPeers means the group holds more valid ranks than a relay has
 // lanes: PXN turns off for this process and everything goes direct.

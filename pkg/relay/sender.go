@@ -467,7 +467,10 @@ func (sn *sender) attach(pr Peer) *senderLane {
 	s := sn.s
 	link, err := sn.reg.Attach(pr)
 	if err != nil {
-		s.log.V(1).Info("cannot attach to relay", "pid", pr.Pid, "rail", pr.Rail, "err", err.Error())
+		// A busy registry lock is retried at the next refresh, silently.
+		if !errors.Is(err, ErrRegistryBusy) {
+			s.log.V(1).Info("cannot attach to relay", "pid", pr.Pid, "rail", pr.Rail, "err", err.Error())
+		}
 		return nil
 	}
 	sl := &senderLane{outLane: &outLane{peer: pr}, link: link, tx: link.Sender()}
