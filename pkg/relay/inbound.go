@@ -28,6 +28,8 @@ type inflightRec struct {
 	// sending is set while the rec is being handed to the hop or waits in
 	// the relayer's unsent queue: it may not return to the pool then.
 	sending bool
+	// closing is set when the relay closed before the writes finished.
+	closing bool
 }
 
 // relayer is the inbound pipeline: it takes tickets from this rank's
@@ -236,8 +238,11 @@ func (rl *relayer) finishWrite(rec *inflightRec, err error) {
 	if err != nil && !rec.failed {
 		rec.failed = true
 		rec.timedOut = errors.Is(err, ErrTimedOut)
-		rl.dropRoute(rec.route)
-		rl.s.log.V(2).Info("second hop failed", "lane", rec.lane, "seq", rec.seq, "err", err)
+		rec.closing = err == errRelayClosing
+		if !rec.closing {
+			rl.dropRoute(rec.route)
+			rl.s.log.V(2).Info("second hop failed", "lane", rec.lane, "seq", rec.seq, "err", err)
+		}
 	}
 	rec.remaining--
 	if rec.remaining > 0 {
@@ -245,13 +250,16 @@ func (rl *relayer) finishWrite(rec *inflightRec, err error) {
 	}
 	rl.inflight--
 	status := int32(staging.CompletionOK)
-	if rec.failed {
+	switch {
+	case rec.closing:
+		status = staging.CompletionRelayClosing
+	case rec.failed:
 		status = staging.CompletionSecondHop
 		if rec.timedOut {
 			status = staging.CompletionTimeout
 		}
 		rl.s.counters.secondHopFails.Add(1)
-	} else {
+	default:
 		rl.s.counters.forwardedBytes.Add(rec.bytes)
 		rl.s.counters.forwardedPiece.Add(1)
 	}
@@ -259,6 +267,34 @@ func (rl *relayer) finishWrite(rec *inflightRec, err error) {
 	// this completion: the old sender is gone, and the endpoint drops it.
 	rl.complete(rec.lane, rec.epoch, rec.seq, status)
 	rl.freeRec(rec)
+}
+
+// errRelayClosing ends the second hop of a relayed Piece that was still in
+// flight when the relay's drain ran out.
+var errRelayClosing = errors.New("relay closed before the second hop finished")
+
+// failWaiting completes, as failed with CompletionRelayClosing, every ticket
+// whose doorbell rang but which the relayer has not taken, so that no
+// sender waits for a relay that stopped. The pump calls it last, after
+// failing its Pieces in flight, so that completions stay contiguous.
+func (rl *relayer) failWaiting() {
+	for i := range rl.in {
+		il := &rl.in[i]
+		if il.rx == nil {
+			il.rx = rl.reg.Inbound(i)
+		}
+		epoch, _ := il.rx.Sync()
+		if epoch == 0 {
+			continue
+		}
+		for {
+			if _, st := il.rx.Poll(); st == staging.TicketNone {
+				break
+			}
+			seq, _ := il.rx.Take(&rl.vd)
+			rl.complete(i, epoch, seq, staging.CompletionRelayClosing)
+		}
+	}
 }
 
 // complete records the end of seq of epoch on inbound lane i; the endpoint

@@ -27,9 +27,13 @@ const (
 	// Stale: the relay's heartbeat is older than the timeout. No new
 	// tickets go to it; published ones still complete.
 	Stale
-	// Gone: the relay exited, restarted (new epoch), is closing, or the
-	// lane was taken from us. Published tickets fail.
+	// Gone: the relay exited, restarted (new epoch), or the lane was
+	// taken from us. Published tickets fail.
 	Gone
+	// Closing: the relay is closing gracefully. No new tickets go to it;
+	// it completes or fails the published ones, and the sender releases
+	// the lane as soon as none is left.
+	Closing
 )
 
 // Link is a sender's claim of one inbound lane on a relay, with the relay's
@@ -70,6 +74,13 @@ type Registry interface {
 	// registry lock held elsewhere fails it with an error wrapping
 	// ErrRegistryBusy, and the pump tries again at a later refresh.
 	Attach(p Peer) (Link, error)
+	// BeginClose tells the group that this rank is closing, before its
+	// pump drains: senders publish no new tickets to it and release their
+	// lanes once their published tickets have completed.
+	BeginClose()
+	// Leased reports whether a live sender still holds one of this rank's
+	// inbound lanes. It reads the lanes' owners, and /proc for each.
+	Leased() bool
 	Close(ctx context.Context) error
 }
 

@@ -87,6 +87,10 @@ func (s *StagingRegistry) Attach(p Peer) (Link, error) {
 	return nil, registry.ErrPeerGone
 }
 
+func (s *StagingRegistry) BeginClose() { s.rank.BeginClose() }
+
+func (s *StagingRegistry) Leased() bool { return len(s.rank.Leases()) > 0 }
+
 func (s *StagingRegistry) Close(ctx context.Context) error { return s.rank.Close(ctx) }
 
 type stagingLink struct{ l *registry.PeerLink }
@@ -103,6 +107,8 @@ func (l stagingLink) Health(time.Time) Health {
 		return Live
 	case errors.Is(err, registry.ErrPeerStale):
 		return Stale
+	case errors.Is(err, registry.ErrPeerClosing):
+		return Closing
 	}
 	return Gone
 }

@@ -433,21 +433,32 @@ func (l *PeerLink) Live(now int64) error {
 // nothing shows it gone: published tickets may still complete.
 var ErrPeerStale = errors.New("peer heartbeat is late")
 
+// ErrPeerClosing is wrapped by Health when the relay is closing but still
+// runs and the lane is still ours: it takes no new tickets, completes or
+// fails the published ones, and waits for the lane to be released.
+var ErrPeerClosing = errors.New("peer is closing")
+
 // Health is Live, except that a relay whose only fault is a late heartbeat
 // (its process still runs, its header is READY and the lane still ours)
-// returns an error wrapping ErrPeerStale instead of ErrPeerGone. A sender
-// stops giving such a relay new tickets and keeps waiting for published
-// ones. It takes no lock; it reads /proc only when the heartbeat is late.
+// returns an error wrapping ErrPeerStale instead of ErrPeerGone, and one
+// that is closing (still running, the lane still ours) one wrapping
+// ErrPeerClosing. A sender stops giving such a relay new tickets and keeps
+// waiting for published ones. It takes no lock; it reads /proc only when
+// the heartbeat is late or the relay is closing.
 func (l *PeerLink) Health(now int64) error {
 	err := l.Live(now)
 	if err == nil {
 		return nil
 	}
-	if l.ctl.Header.LoadState() != staging.StateReady || !l.ownsLane() {
+	state := l.ctl.Header.LoadState()
+	if (state != staging.StateReady && state != staging.StateClosing) || !l.ownsLane() {
 		return err
 	}
 	if r := goneReason(l.peer.Pid, l.peer.StartTime); r != "" {
 		return fmt.Errorf("%w: %s: %s", ErrPeerGone, l.peer.Name, r)
+	}
+	if state == staging.StateClosing {
+		return fmt.Errorf("%w: %s", ErrPeerClosing, l.peer.Name)
 	}
 	return fmt.Errorf("%w: %s heartbeat older than %v", ErrPeerStale, l.peer.Name, l.rank.opts.HeartbeatTimeout)
 }

@@ -716,6 +716,12 @@ func (r *Rank) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// BeginClose marks the rank CLOSING ahead of Close, while its pump still
+// runs: no sender attaches any more, attached senders publish no new
+// tickets, wait for the ones they published and release their lanes, which
+// Leases then shows.
+func (r *Rank) BeginClose() { r.ctl.Header.StoreState(staging.StateClosing) }
+
 // revoke withdraws READY. CLOSING is stored first so attached senders stop
 // at once; the unlink happens under the lock that Attach holds while it
 // checks READY and claims a lane, so a claim is either seen by waitLeases
