@@ -105,15 +105,24 @@ func (h *lockHolder) do(cmd string) {
 	}
 }
 
+// Rounds of crossTraffic write into one of crossDstSlots target regions
+// from one of crossSrcSlots source regions; the two counts are coprime, so
+// a region always gets other bytes than it held and every round is checked.
+const (
+	crossDstSlots = 4
+	crossSrcSlots = 3
+)
+
 // crossTraffic has a and b write n Pieces each through each other (a to
 // rail 1 relayed by b, b to rail 0 relayed by a) and returns how long the
 // slower took. Every task must complete through PXN.
 func crossTraffic(t *testing.T, g *faultGroup, a, b *faultProc, n int, round int) time.Duration {
 	t.Helper()
-	off := uint64(round*n) * faultPiece
+	size := uint64(n) * faultPiece
+	dst, src := uint64(round%crossDstSlots)*size, uint64(round%crossSrcSlots)*size
 	start := time.Now()
-	a.submit(true, faultWrites(1, n, faultPiece, 0, off)...)
-	b.submit(true, faultWrites(0, n, faultPiece, 0, off)...)
+	a.submit(true, faultWrites(1, n, faultPiece, src, dst)...)
+	b.submit(true, faultWrites(0, n, faultPiece, src, dst)...)
 	ta := a.wait(faultCallTimeout)
 	tb := b.wait(faultCallTimeout)
 	took := time.Since(start)
@@ -134,42 +143,63 @@ func crossTraffic(t *testing.T, g *faultGroup, a, b *faultProc, n int, round int
 	return took
 }
 
-// A process holding the group's registry lock, stopped, while a peer dies:
-// the live ranks' pumps need the lock for stale cleanup, freeing the dead
-// sender's lanes and releasing their own lanes on the dead relay, and must
-// not wait for it. Their transfers go on at the undisturbed rate; once the
-// lock is free the cleanup finishes within the heartbeat timeout. Runs
-// with and without a frozen holder alternate, each frozen one with a peer
-// of its own dying, so that a loaded machine slows both kinds alike.
+// staleEntry leaves an arena file that the next registrant to hold the lock
+// removes: it names a running pid (the test's) under another start time, a
+// reused pid.
+func staleEntry(t *testing.T, g *faultGroup, k int) string {
+	t.Helper()
+	name := fmt.Sprintf("arena-%d-1-%016x", os.Getpid(), k+1)
+	f, err := os.OpenFile(filepath.Join(g.registryDir(), name), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	return name
+}
+
+func hasFile(g *faultGroup, name string) bool {
+	for _, f := range g.files() {
+		if f == name {
+			return true
+		}
+	}
+	return false
+}
+
+// A process holding the group's registry lock, stopped, while the live
+// ranks' pumps need it: first a peer dies (stale cleanup, freeing the dead
+// sender's lanes, releasing their own lanes on the dead relay), then, run
+// after run, a stale file appears. The pumps must not wait for the lock:
+// their transfers go on at the undisturbed rate, and once the lock is free
+// the cleanup finishes within the heartbeat timeout. Runs with and without
+// a frozen holder alternate, in turn first and second, so that a loaded
+// machine slows both kinds alike; their total times are compared. When
+// the machine is so noisy that the totals come out below the bound, more
+// pairs are run, up to batches of them, and the totals of all are judged.
 func TestFaultFrozenLockHolder(t *testing.T) {
 	const (
 		hbTimeout = time.Second
 		pieces    = 300
-		runs      = 3
+		pairs     = 8
+		batches   = 3
 	)
-	g := newFaultGroup(t, faultGroupOpts{rails: 2 + runs, tgtBytes: (2*runs + 1) * pieces * faultPiece,
+	g := newFaultGroup(t, faultGroupOpts{rails: 3, tgtBytes: crossDstSlots * pieces * faultPiece,
 		env: map[string]string{contract.EnvHeartbeatTimeout: fmt.Sprint(hbTimeout.Milliseconds())}})
-	a := g.start("a", 0, pieces*faultPiece)
-	b := g.start("b", 1, pieces*faultPiece)
-	var victims []*faultProc
-	for k := range runs {
-		victims = append(victims, g.start(fmt.Sprintf("victim %d", k), 2+k, faultMiB))
-	}
-	for k := range 2 + runs {
-		if k != 0 {
-			a.route(faultRail(k), true, 20*time.Second)
-		}
-		if k != 1 {
-			b.route(faultRail(k), true, 20*time.Second)
+	a := g.start("a", 0, crossSrcSlots*pieces*faultPiece)
+	b := g.start("b", 1, crossSrcSlots*pieces*faultPiece)
+	c := g.start("c", 2, faultMiB)
+	for _, r := range []struct {
+		p     *faultProc
+		rails []int
+	}{{a, []int{1, 2}}, {b, []int{0, 2}}} {
+		for _, k := range r.rails {
+			r.p.route(faultRail(k), true, 20*time.Second)
 		}
 	}
-	for _, v := range victims {
-		eventually(t, 20*time.Second, v.name+" attached to a and b", func() bool {
-			return g.laneOf(a.pid, v.pid) != nil && g.laneOf(b.pid, v.pid) != nil
-		})
-	}
+	eventually(t, 20*time.Second, "c attached to a and b", func() bool {
+		return g.laneOf(a.pid, c.pid) != nil && g.laneOf(b.pid, c.pid) != nil
+	})
 	holder := startLockHolder(t, g)
-
 	round := 0
 	cross := func() time.Duration {
 		d := crossTraffic(t, g, a, b, pieces, round)
@@ -177,34 +207,53 @@ func TestFaultFrozenLockHolder(t *testing.T) {
 		return d
 	}
 	cross()
-	var undisturbed, frozen time.Duration
-	for k, v := range victims {
-		if d := cross(); undisturbed == 0 || d < undisturbed {
-			undisturbed = d
-		}
-		holder.do("lock")
-		v.kill()
-		// Each live rank notices the dead relay at its next refresh and
-		// stops routing to it, lock or no lock.
-		a.route(faultRail(2+k), false, 10*time.Second)
-		b.route(faultRail(2+k), false, 10*time.Second)
-		if d := cross(); frozen == 0 || d < frozen {
-			frozen = d
-		}
-		if fs := filesOf(g, v.pid); len(fs) == 0 {
-			t.Fatal("a dead rank's files went while the lock was held: the test did not hold the lock")
-		}
-		holder.do("unlock")
-		freed := time.Now()
-		eventually(t, hbTimeout, "the dead rank's files removed", func() bool { return len(filesOf(g, v.pid)) == 0 })
-		eventually(t, hbTimeout, "the dead rank's lanes freed", func() bool {
-			return g.laneOf(a.pid, v.pid) == nil && g.laneOf(b.pid, v.pid) == nil
-		})
-		t.Logf("cleanup finished %v after the lock was freed", time.Since(freed).Round(time.Millisecond))
+
+	holder.do("lock")
+	c.kill()
+	// Each live rank notices the dead relay at its next refresh and stops
+	// routing to it, lock or no lock.
+	a.route(faultRail(2), false, 10*time.Second)
+	b.route(faultRail(2), false, 10*time.Second)
+	cross()
+	if len(filesOf(g, c.pid)) == 0 {
+		t.Fatal("the dead rank's files went while the lock was held: the test did not hold the lock")
 	}
-	ratio := float64(undisturbed) / float64(frozen)
-	t.Logf("%d Pieces each way, best of %d: undisturbed %v, under a frozen lock holder %v: %.2f of the undisturbed rate", pieces, runs, undisturbed, frozen, ratio)
-	if ratio < 0.9 {
-		t.Errorf("under a frozen lock holder the live ranks ran at %.2f of the undisturbed rate, want at least 0.9", ratio)
+	holder.do("unlock")
+	freed := time.Now()
+	eventually(t, hbTimeout, "the dead rank's files removed", func() bool { return len(filesOf(g, c.pid)) == 0 })
+	eventually(t, hbTimeout, "the dead rank's lanes freed", func() bool {
+		return g.laneOf(a.pid, c.pid) == nil && g.laneOf(b.pid, c.pid) == nil
+	})
+	t.Logf("the dead rank cleaned up %v after the lock was freed", time.Since(freed).Round(time.Millisecond))
+
+	var total [2]time.Duration
+	var slowest time.Duration
+	ratio := 0.0
+	for batch := 1; batch <= batches; batch++ {
+		for i := range pairs {
+			for j := range 2 {
+				if frozen := (i + j) % 2; frozen == 0 {
+					total[0] += cross()
+					continue
+				}
+				holder.do("lock")
+				name := staleEntry(t, g, (batch-1)*pairs+i)
+				total[1] += cross()
+				if !hasFile(g, name) {
+					t.Fatal("a stale file went while the lock was held: the test did not hold the lock")
+				}
+				holder.do("unlock")
+				freed := time.Now()
+				eventually(t, hbTimeout, "the stale file removed", func() bool { return !hasFile(g, name) })
+				slowest = max(slowest, time.Since(freed))
+			}
+		}
+		ratio = float64(total[0]) / float64(total[1])
+		t.Logf("%d pairs of runs of %d Pieces each way: undisturbed %v, under a frozen lock holder %v: %.2f of the undisturbed rate; stale files cleaned up at most %v after the lock was freed",
+			batch*pairs, pieces, total[0], total[1], ratio, slowest.Round(time.Millisecond))
+		if ratio >= 0.9 {
+			return
+		}
 	}
+	t.Errorf("under a frozen lock holder the live ranks ran at %.2f of the undisturbed rate, want at least 0.9", ratio)
 }
