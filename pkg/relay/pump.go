@@ -239,11 +239,10 @@ func (p *pump) pollHop() bool {
 
 // stop ends the pump: no new Pieces are taken, what is in flight drains
 // until shortly before ctx's deadline (5 s without one), and whatever is
-// left fails. The
-// relayer keeps serving inbound tickets until no sender holds a lane (the
-// registry marked the rank closing first, so they publish no more). It
-// runs on the caller's goroutine and reaches the pump only through
-// drainBy, wakeCh and done.
+// left fails. The relayer keeps serving inbound tickets until no sender
+// holds a lane (the registry marked the rank closing first, so they publish
+// no more). It runs on the caller's goroutine and reaches the pump only
+// through drainBy, wakeCh and done.
 func (p *pump) stop(ctx context.Context) stopResult {
 	s := p.s
 	s.pxn.Store(false)
