@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/pxn-project/pxn/pkg/contract"
 )
 
 var benchBin string
@@ -33,10 +35,17 @@ func TestMain(m *testing.M) {
 
 func runBench(t *testing.T, args ...string) []row {
 	t.Helper()
+	return runBenchEnv(t, nil, args...)
+}
+
+// runBenchEnv is runBench with env added to the ranks' environment.
+func runBenchEnv(t *testing.T, env []string, args ...string) []row {
+	t.Helper()
 	out := filepath.Join(t.TempDir(), "rows.json")
 	// A healthy run must not fall back; on a starved test machine the 1 s
 	// default credit timeout can fire, so the healthy cases allow a minute.
 	cmd := exec.Command(benchBin, append([]string{"run", "--device", "host", "--credit-timeout", "60000", "--json", out}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
 	b, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("pxn-bench %v: %v\n%s", args, err, b)
@@ -152,6 +161,43 @@ func TestBenchKV(t *testing.T) {
 				if v, ok := seen["request completion "+want]; !ok || v <= 0 {
 					t.Errorf("row %q: %v (present %v)", want, v, ok)
 				}
+			}
+		})
+	}
+}
+
+// TestBenchFanInFairness runs seven senders into one relay with equal
+// demand: every sender's rate, measured while all of them are backlogged,
+// must be at least 0.9 of the mean (P12), whatever lane it holds, with a
+// second hop of one Piece at a time and of four. Pieces of 1 MiB give each
+// sender enough of them in the window that one Piece more or less is a few
+// percent.
+func TestBenchFanInFairness(t *testing.T) {
+	for _, depth := range []string{"1", "4"} {
+		t.Run("inflight depth "+depth, func(t *testing.T) {
+			rows := runBenchEnv(t, []string{contract.EnvInflightDepth + "=" + depth},
+				"--ranks", "8", "--bytes", "48MiB", "--block", "1MiB", "--per-submit", "1", "--pattern", "fan-in")
+			if main := rows[0]; !main.Verified || main.Failed != 0 || main.FallbackBytes != 0 {
+				t.Fatalf("main row %+v", main)
+			}
+			senders := 0
+			var fair *row
+			for i, r := range rows {
+				switch {
+				case strings.HasPrefix(r.Scenario, "fan-in sender rank "):
+					senders++
+					if strings.Contains(r.Note, "whole transfer (") {
+						t.Fatalf("no backlogged window was measured: %s", r.Note)
+					}
+				case strings.HasPrefix(r.Scenario, "P12 "):
+					fair = &rows[i]
+				}
+			}
+			if senders != 7 || fair == nil {
+				t.Fatalf("%d sender rows, fairness row %v; want 7 and one", senders, fair)
+			}
+			if fair.Value < 0.9 {
+				t.Errorf("slowest sender got %.3f of the mean rate, want at least 0.9", fair.Value)
 			}
 		})
 	}

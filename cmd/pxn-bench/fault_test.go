@@ -10,12 +10,14 @@ import (
 	"testing"
 )
 
-// A short soak with a fault every half second on average: the soak itself
-// must find no violation, and must have checked bytes and injected faults.
-// The long runs are in docs/reliability.md.
+// A short soak of six ranks with a fault every second on average: the soak
+// itself must find no violation (graceful restarts included, which must
+// close without error), and must have checked bytes and injected every
+// kind of fault. The seed fixes the faults' kinds and ranks, not their
+// timing. The long runs are in docs/reliability.md.
 func TestSoakShort(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "soak.json")
-	cmd := exec.Command(benchBin, "soak", "--ranks", "3", "--duration", "6s", "--fault-every", "500ms", "--per-target", "2", "--json", out)
+	cmd := exec.Command(benchBin, "soak", "--ranks", "6", "--duration", "30s", "--fault-every", "1s", "--per-target", "2", "--seed", "21", "--json", out)
 	b, err := cmd.CombinedOutput()
 	data, rerr := os.ReadFile(out)
 	if rerr != nil {
@@ -31,6 +33,11 @@ func TestSoakShort(t *testing.T) {
 	}
 	if sum.Rounds == 0 || sum.VerifiedBytes == 0 || sum.ViaPXN == 0 {
 		t.Errorf("soak checked nothing: %+v", sum)
+	}
+	for _, f := range []string{"kill", "restart", "stall"} {
+		if sum.Faults[f] == 0 {
+			t.Errorf("no %s fault injected: %v", f, sum.Faults)
+		}
 	}
 	if sum.Completed+sum.Failed != sum.Tasks {
 		t.Errorf("%d completed + %d failed != %d tasks", sum.Completed, sum.Failed, sum.Tasks)

@@ -135,6 +135,7 @@ func runFlags(fs *pflag.FlagSet) func() int {
 	fs.StringVar(&o.pattern, "pattern", "cross-rail", "cross-rail, fan-in, same-rail, all-to-all, or kv (KV-cache-shaped requests: --kv-*)")
 	fs.StringVar(&o.json, "json", "", "also write the rows as JSON to this file")
 	fs.StringVar(&o.credit, "credit-timeout", "", contract.EnvCreditTimeout+" for the ranks (empty: the engine default, 1000)")
+	fs.IntVar(&o.perSubmit, "per-submit", 0, "requests per Submit (0: all at once; with --device cuda 16); a Piece never spans two Submits, so with --block under 8MiB this sets the Piece size")
 	fs.BoolVar(&o.allocPass, "alloc-pass", false, "run the PXN phase's transfer a second time and report P5 heap allocations per piece from that warm pass (steady state) rather than from the first")
 	fs.StringVar(&o.registryRoot, "registry-root", os.Getenv(contract.EnvRegistryRoot),
 		"folder in which the ranks' registry folder (their "+contract.EnvRegistryRoot+") is created; the staging arenas live there, so it must be a large tmpfs. "+
@@ -190,6 +191,7 @@ func rankFlags(fs *pflag.FlagSet) func() int {
 	fs.StringVar(&o.registry, "registry", "", "the registry root (counted for P6)")
 	fs.IntVar(&o.latency, "latency", 0, "10 KiB writes to time each way")
 	fs.IntVar(&o.reps, "reps", 1, "times the timed transfer (and the raw copy) is repeated back to back")
+	fs.IntVar(&o.perSubmit, "per-submit", 0, "requests per Submit (0: the device's default)")
 	fs.StringVar(&o.gatherPTX, "gather-ptx", "", "cuda: gather kernel PTX file (default: embedded)")
 	fs.DurationVar(&o.pollSpin, "poll-spin", 0, "cuda: the pump's spin window (0: default)")
 	fs.DurationVar(&o.pollNap, "poll-nap", 0, "cuda: the pump's longest sleep while busy (0: default)")

@@ -41,6 +41,46 @@ type rankResult struct {
 	// from its submission to its completion and its Submit call's own time.
 	CompletionsUS []float64 `json:"completionsUs,omitempty"`
 	SubmitUS      []float64 `json:"submitUs,omitempty"`
+	// Progress is the engine transfer's completed bytes over time, a
+	// sample at most every progressEvery, for shares over a window.
+	Progress []progressSample `json:"progress,omitempty"`
+}
+
+// progressSample is a rank's completed bytes at a moment (Unix
+// nanoseconds).
+type progressSample struct {
+	Ns    int64  `json:"ns"`
+	Bytes uint64 `json:"bytes"`
+}
+
+// progressEvery is the spacing of progress samples.
+const progressEvery = time.Millisecond
+
+// progress records the completed bytes of batches as they change.
+type progress struct {
+	batches []*relay.Batch
+	last    time.Time
+	samples []progressSample
+}
+
+// sample adds a sample when progressEvery has passed and the bytes moved.
+func (p *progress) sample(now time.Time) {
+	if now.Sub(p.last) < progressEvery {
+		return
+	}
+	p.last = now
+	var done uint64
+	for _, b := range p.batches {
+		for i := range b.Len() {
+			if st, err := b.Status(i); err == nil {
+				done += st.Transferred
+			}
+		}
+	}
+	if n := len(p.samples); n > 0 && p.samples[n-1].Bytes == done {
+		return
+	}
+	p.samples = append(p.samples, progressSample{Ns: now.UnixNano(), Bytes: done})
 }
 
 // idleResult is CPU use over idleWindow, and the first 10 KiB write after
@@ -102,6 +142,7 @@ type rankOptions struct {
 	registry  string
 	latency   int
 	reps      int
+	perSubmit int
 	gatherPTX string
 	// pollSpin and pollNap replace the pump's poll policy (zero: default).
 	pollSpin, pollNap time.Duration
@@ -202,7 +243,7 @@ func runRank(o rankOptions) (err error) {
 					return transferKVBare(dev.hop(), reqs, total, l.KV.Inflight, dev.spin())
 				}
 				if o.mode == "engine" && eng != nil {
-					return transferEngine(eng, mine, base, dev.spin())
+					return transferEngine(eng, mine, base, dev.spin(), o.perSubmit)
 				}
 				return transferBare(dev.hop(), mine, base)
 			})
@@ -352,11 +393,14 @@ func requests(mine []transfer, base uintptr) ([]relay.Request, uint64) {
 // overlaps the transfer of the first (a pipelined caller), and polls Done
 // without sleeping (on GPUs, where a sleep is a visible part of a short
 // run).
-func transferEngine(eng *relay.Engine, mine []transfer, base uintptr, spin bool) (*rankResult, error) {
+func transferEngine(eng *relay.Engine, mine []transfer, base uintptr, spin bool, perSubmit int) (*rankResult, error) {
 	reqs, total := requests(mine, base)
 	batch := len(reqs)
 	if spin {
 		batch = min(batch, spinBatch)
+	}
+	if perSubmit > 0 {
+		batch = min(len(reqs), perSubmit)
 	}
 	before := eng.Counters()
 	var ms0, ms1 runtime.MemStats
@@ -372,8 +416,10 @@ func transferEngine(eng *relay.Engine, mine []transfer, base uintptr, spin bool)
 		}
 		batches = append(batches, b)
 	}
+	prog := progress{batches: batches, samples: []progressSample{{Ns: start.UnixNano()}}}
 	for _, b := range batches {
 		for !b.Done() {
+			prog.sample(time.Now())
 			if spin {
 				runtime.Gosched()
 				continue
@@ -382,13 +428,15 @@ func transferEngine(eng *relay.Engine, mine []transfer, base uintptr, spin bool)
 		}
 	}
 	end := time.Now()
+	prog.last = time.Time{}
+	prog.sample(end)
 	secs := end.Sub(start).Seconds()
 	pump1, _ := cpuTime(eng.PumpThreadID())
 	proc1, _ := cpuTime(0)
 	runtime.ReadMemStats(&ms1)
 	res := &rankResult{Bytes: total, Requests: len(reqs), Seconds: secs, PXNActive: eng.PXNActive(),
 		PumpCPU: pump1 - pump0, ProcessCPU: proc1 - proc0, Mallocs: ms1.Mallocs - ms0.Mallocs,
-		StartNs: start.UnixNano(), EndNs: end.UnixNano()}
+		StartNs: start.UnixNano(), EndNs: end.UnixNano(), Progress: prog.samples}
 	defer func() {
 		for _, b := range batches {
 			_ = b.Release()
@@ -515,6 +563,13 @@ func repeat(n int, fn func() (*rankResult, error)) (*rankResult, error) {
 		if all == nil {
 			all = r
 			continue
+		}
+		var off uint64
+		if k := len(all.Progress); k > 0 {
+			off = all.Progress[k-1].Bytes
+		}
+		for _, p := range r.Progress {
+			all.Progress = append(all.Progress, progressSample{Ns: p.Ns, Bytes: off + p.Bytes})
 		}
 		all.Bytes += r.Bytes
 		all.Requests += r.Requests

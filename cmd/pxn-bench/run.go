@@ -25,8 +25,11 @@ type runOptions struct {
 	pattern string
 	json    string
 	credit  string
-	cuda    cudaOptions
-	kv      kvOptions
+	// perSubmit is the number of requests per Submit (0: the device's
+	// default).
+	perSubmit int
+	cuda      cudaOptions
+	kv        kvOptions
 	// registryRoot is the folder the ranks' registry folder is made in.
 	registryRoot string
 	// allocPass repeats the engine phase's transfer once more, only to
@@ -392,7 +395,7 @@ func (dev *device) exec(o runOptions, s scenario) ([]row, error) {
 	args := func(k int, mode string) []string {
 		a := []string{"rank", "--device", dev.kind, "--index", strconv.Itoa(k), "--gpu", strconv.Itoa(s.gpu(k)), "--layout", layoutPath,
 			"--directory", dirPath, "--nic", nicPath, "--mode", mode, "--rate", strconv.FormatFloat(s.rate, 'g', -1, 64),
-			"--registry", registry, "--latency", strconv.Itoa(s.latency), "--reps", strconv.Itoa(max(s.reps, 1))}
+			"--registry", registry, "--latency", strconv.Itoa(s.latency), "--reps", strconv.Itoa(max(s.reps, 1)), "--per-submit", strconv.Itoa(o.perSubmit)}
 		if o.cuda.gatherPTX != "" {
 			a = append(a, "--gather-ptx", o.cuda.gatherPTX)
 		}
@@ -691,6 +694,7 @@ func (dev *device) summarize(s scenario, l *layout, pxn, bare *phaseResult) []ro
 	if s.kv != nil {
 		rows = append(rows, kvRows(prefix, pxn, bare)...)
 	}
+	rows = append(rows, fairRows(prefix, s.pattern, pxn.ranks, pxn.verified)...)
 	rows = append(rows, latencyRows(prefix, dev.hop, pxn.lats)...)
 	rows = append(rows, pumpRows(prefix, pxn, pieces, forwarded)...)
 	if s.p6 && bare != nil {

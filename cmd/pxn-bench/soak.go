@@ -32,7 +32,9 @@ import (
 // it kills, restarts and stalls ranks at random, and checks every round:
 // no task lost (every task of a finished round is final), none completed
 // twice (the engine's piece counters add up, no task moved more than its
-// bytes), and every completed task's bytes right at the target. Each rank
+// bytes), and every completed task's bytes right at the target; and every
+// graceful close (a restart, the end) returns no error, so no sender kept
+// a closing relay's lane past its drain. Each rank
 // writes each round into its own slot of every target, so a failed task's
 // bytes never land where a later round is checked.
 //
@@ -557,6 +559,12 @@ func (c *soakChild) exit(timeout time.Duration) error {
 		c.kill()
 		return err
 	}
+	// A graceful close completes or fails everything and gets every lane
+	// back within the drain: any error from it is a violation.
+	if m.Error != "" {
+		c.kill()
+		return fmt.Errorf("close: %s", m.Error)
+	}
 	select {
 	case <-c.exited:
 	case <-time.After(timeout):
@@ -672,7 +680,7 @@ func runSoakRank(out *json.Encoder, r, ranks int, dirPath string, block uint64, 
 			err := eng.Close(ctx)
 			cancel()
 			msg := soakMsg{Event: "closed"}
-			if err != nil && !errors.Is(err, registry.ErrLeaseHeld) {
+			if err != nil {
 				msg.Error = err.Error()
 			}
 			return out.Encode(msg)

@@ -334,21 +334,20 @@ func (e *Engine) Close(ctx context.Context) error {
 	var err error
 	var stopped stopResult
 	if e.pump != nil {
+		// Senders stop publishing to this rank and release their lanes
+		// while the pump still serves what they published.
+		e.reg.BeginClose()
 		stopped = e.pump.stop(ctx)
 		err = stopped.err
 	}
 	// The copier drains before any relay memory is unmapped: a retired
 	// lane may still have copies or doorbells queued into it.
 	if e.copier != nil {
-		if cerr := e.copier.Close(); cerr != nil && err == nil {
-			err = cerr
-		}
+		err = errors.Join(err, e.copier.Close())
 	}
 	stopped.release(e.log)
 	if e.reg != nil {
-		if rerr := e.reg.Close(ctx); rerr != nil && err == nil {
-			err = rerr
-		}
+		err = errors.Join(err, e.reg.Close(ctx))
 	}
 	e.closed.Store(true)
 	return err

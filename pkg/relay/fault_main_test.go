@@ -38,6 +38,8 @@ const (
 	faultSrcEnv      = "PXN_FAULT_SRC_BYTES"
 	faultFirstSeqEnv = "PXN_FAULT_FIRST_SEQ"
 	faultTicketEnv   = "PXN_FAULT_TICKET_TIMEOUT_MS"
+	// faultLockEnv names the file the "lock" role holds an flock on.
+	faultLockEnv = "PXN_FAULT_LOCK"
 )
 
 func TestMain(m *testing.M) {
@@ -48,6 +50,13 @@ func TestMain(m *testing.M) {
 }
 
 func runFaultRole(role string) int {
+	if role == "lock" {
+		if err := faultLockHolder(os.Getenv(faultLockEnv)); err != nil {
+			fmt.Fprintln(os.Stderr, "lock holder:", err)
+			return 1
+		}
+		return 0
+	}
 	if role != "rank" {
 		fmt.Fprintf(os.Stderr, "unknown fault role %q\n", role)
 		return 2
@@ -303,6 +312,9 @@ func faultRank() error {
 			}
 		case "tasks":
 			resp.Tasks, resp.Done = tasks()
+		case "forget":
+			// Later answers list only batches submitted from now on.
+			batches = nil
 		case "wait":
 			deadline := time.Now().Add(timeout)
 			for {

@@ -28,6 +28,8 @@ type inflightRec struct {
 	// sending is set while the rec is being handed to the hop or waits in
 	// the relayer's unsent queue: it may not return to the pool then.
 	sending bool
+	// closing is set when the relay closed before the writes finished.
+	closing bool
 }
 
 // relayer is the inbound pipeline: it takes tickets from this rank's
@@ -38,6 +40,9 @@ type relayer struct {
 	reg Registry
 
 	in [staging.LaneCount]inLane
+	// turn is the inbound lane served first in the next pass: the one
+	// after the last lane that had a ticket taken.
+	turn int
 	// inflight counts relayed Pieces whose second hop has not finished.
 	inflight int
 	vd       staging.ValidDesc
@@ -54,12 +59,19 @@ func newRelayer(s *shared, reg Registry) *relayer {
 	return &relayer{s: s, reg: reg, routes: make(map[string]*route)}
 }
 
-// consumeAll takes at most one ticket from each inbound lane.
+// consumeAll takes at most one ticket from each inbound lane, starting
+// with rl.turn. A lane whose ticket was taken goes last in the next pass,
+// so a slot freed under the inflight cap goes to the next lane in turn, not
+// to the lowest-numbered one with a ticket.
 func (rl *relayer) consumeAll() bool {
 	progressed := false
-	for i := range rl.in {
+	n := len(rl.in)
+	start := rl.turn
+	for k := range n {
+		i := (start + k) % n
 		if rl.consume(i) {
 			progressed = true
+			rl.turn = (i + 1) % n
 		}
 	}
 	return progressed
@@ -226,8 +238,11 @@ func (rl *relayer) finishWrite(rec *inflightRec, err error) {
 	if err != nil && !rec.failed {
 		rec.failed = true
 		rec.timedOut = errors.Is(err, ErrTimedOut)
-		rl.dropRoute(rec.route)
-		rl.s.log.V(2).Info("second hop failed", "lane", rec.lane, "seq", rec.seq, "err", err)
+		rec.closing = err == errRelayClosing
+		if !rec.closing {
+			rl.dropRoute(rec.route)
+			rl.s.log.V(2).Info("second hop failed", "lane", rec.lane, "seq", rec.seq, "err", err)
+		}
 	}
 	rec.remaining--
 	if rec.remaining > 0 {
@@ -235,13 +250,16 @@ func (rl *relayer) finishWrite(rec *inflightRec, err error) {
 	}
 	rl.inflight--
 	status := int32(staging.CompletionOK)
-	if rec.failed {
+	switch {
+	case rec.closing:
+		status = staging.CompletionRelayClosing
+	case rec.failed:
 		status = staging.CompletionSecondHop
 		if rec.timedOut {
 			status = staging.CompletionTimeout
 		}
 		rl.s.counters.secondHopFails.Add(1)
-	} else {
+	default:
 		rl.s.counters.forwardedBytes.Add(rec.bytes)
 		rl.s.counters.forwardedPiece.Add(1)
 	}
@@ -249,6 +267,34 @@ func (rl *relayer) finishWrite(rec *inflightRec, err error) {
 	// this completion: the old sender is gone, and the endpoint drops it.
 	rl.complete(rec.lane, rec.epoch, rec.seq, status)
 	rl.freeRec(rec)
+}
+
+// errRelayClosing ends the second hop of a relayed Piece that was still in
+// flight when the relay's drain ran out.
+var errRelayClosing = errors.New("relay closed before the second hop finished")
+
+// failWaiting completes, as failed with CompletionRelayClosing, every ticket
+// whose doorbell rang but which the relayer has not taken, so that no
+// sender waits for a relay that stopped. The pump calls it last, after
+// failing its Pieces in flight, so that completions stay contiguous.
+func (rl *relayer) failWaiting() {
+	for i := range rl.in {
+		il := &rl.in[i]
+		if il.rx == nil {
+			il.rx = rl.reg.Inbound(i)
+		}
+		epoch, _ := il.rx.Sync()
+		if epoch == 0 {
+			continue
+		}
+		for {
+			if _, st := il.rx.Poll(); st == staging.TicketNone {
+				break
+			}
+			seq, _ := il.rx.Take(&rl.vd)
+			rl.complete(i, epoch, seq, staging.CompletionRelayClosing)
+		}
+	}
 }
 
 // complete records the end of seq of epoch on inbound lane i; the endpoint

@@ -30,17 +30,18 @@ type memGroup struct {
 }
 
 type memRank struct {
-	g      *memGroup
-	pid    int
-	epoch  uint64
-	rail   string
-	hca    string
-	ctlMem []byte
-	arena  []byte
-	gone   atomic.Bool
-	stale  atomic.Bool
-	claims [staging.LaneCount]atomic.Int32
-	in     [staging.LaneCount]*staging.RelayLane
+	g       *memGroup
+	pid     int
+	epoch   uint64
+	rail    string
+	hca     string
+	ctlMem  []byte
+	arena   []byte
+	gone    atomic.Bool
+	stale   atomic.Bool
+	closing atomic.Bool
+	claims  [staging.LaneCount]atomic.Int32
+	in      [staging.LaneCount]*staging.RelayLane
 	// peers is reused by Peers, as the real registry's adapter does: the
 	// engine reads the slice only until its next call.
 	peers []relay.Peer
@@ -136,6 +137,12 @@ func (r *memRank) Attach(p relay.Peer) (relay.Link, error) {
 	return nil, errors.New("no free lane")
 }
 
+func (r *memRank) BeginClose() { r.closing.Store(true) }
+
+// Leased is false: the in-memory group's tests that close a relay under
+// load run in real processes, over the real registry.
+func (r *memRank) Leased() bool { return false }
+
 func (r *memRank) Close(context.Context) error { return nil }
 
 type memLink struct {
@@ -156,6 +163,8 @@ func (l *memLink) Health(time.Time) relay.Health {
 		return relay.Gone
 	case l.relay.stale.Load():
 		return relay.Stale
+	case l.relay.closing.Load():
+		return relay.Closing
 	}
 	return relay.Live
 }

@@ -65,6 +65,11 @@ type pump struct {
 	polled     [64]HopCompletion
 	poller     CopyPoller
 	poll       PollPolicy
+
+	// leaseAt is when the drain last asked the registry whether a sender
+	// still holds an inbound lane, and leasedNow its answer.
+	leaseAt   time.Time
+	leasedNow bool
 }
 
 // stopResult is what a stopped pump hands back: why the drain ended badly,
@@ -127,7 +132,7 @@ func (p *pump) run() {
 	for {
 		now := time.Now()
 		if by := p.drainBy.Load(); by != 0 {
-			if !p.busy() || now.UnixNano() > by {
+			if now.UnixNano() > by || (!p.busy() && !p.leased(now)) {
 				res = p.finishStop()
 				return
 			}
@@ -235,6 +240,22 @@ func (p *pump) busy() bool {
 	return p.rly.inflight > 0 || p.s.fallbacks.len() > 0 || p.s.tokens.len() > 0 || p.snd.busy()
 }
 
+// releaseGrace is the most of Close's time kept after the drain for the
+// senders to release their lanes (a quarter of it when that is less).
+const releaseGrace = 500 * time.Millisecond
+
+// leaseCheckEvery spaces a draining pump's lease checks, which read /proc.
+const leaseCheckEvery = 5 * time.Millisecond
+
+// leased reports whether a live sender still holds an inbound lane; the
+// drain serves their tickets until none does.
+func (p *pump) leased(now time.Time) bool {
+	if now.Sub(p.leaseAt) >= leaseCheckEvery {
+		p.leaseAt, p.leasedNow = now, p.reg.Leased()
+	}
+	return p.leasedNow
+}
+
 // round is one pass of the fixed order: heartbeat and lane health,
 // outbound reaps, inbound reaps, inbound tickets, outbound tickets,
 // fallbacks, peer listing.
@@ -308,17 +329,25 @@ func (p *pump) pollHop() bool {
 }
 
 // stop ends the pump: no new Pieces are taken, what is in flight drains
-// until ctx's deadline (5 s without one), and whatever is left fails. It
-// runs on the caller's goroutine and reaches the pump only through
-// drainBy, the wake word and done.
+// until shortly before ctx's deadline (5 s without one), and whatever is
+// left fails. The relayer keeps serving inbound tickets until no sender
+// holds a lane (the registry marked the rank closing first, so they publish
+// no more). It runs on the caller's goroutine and reaches the pump only
+// through drainBy, the wake word and done.
 func (p *pump) stop(ctx context.Context) stopResult {
 	s := p.s
 	s.pxn.Store(false)
 	s.routes.Store(&routeTable{})
+	now := time.Now()
 	deadline, ok := ctx.Deadline()
 	if !ok {
-		deadline = time.Now().Add(5 * time.Second)
+		deadline = now.Add(5 * time.Second)
 	}
+	// The last part of the time is the senders': the tickets still
+	// published when the drain ends fail then, and they need a refresh or
+	// two to see it and give their lanes back before the registry's close
+	// gives up on them.
+	deadline = deadline.Add(-min(releaseGrace, max(deadline.Sub(now), 0)/4))
 	p.drainBy.Store(deadline.UnixNano())
 	if p.s.hooks.manualPump {
 		// The caller is the goroutine that runs the rounds.
@@ -354,7 +383,10 @@ func (p *pump) finishStop() stopResult {
 		switch ent.kind {
 		case tokDirect, tokFallback:
 			ent.slice.finish(errShutdown)
+		case tokRelay:
+			p.rly.finishWrite(ent.rec, errRelayClosing)
 		}
 	}
+	p.rly.failWaiting()
 	return res
 }

@@ -27,9 +27,13 @@ const (
 	// Stale: the relay's heartbeat is older than the timeout. No new
 	// tickets go to it; published ones still complete.
 	Stale
-	// Gone: the relay exited, restarted (new epoch), is closing, or the
-	// lane was taken from us. Published tickets fail.
+	// Gone: the relay exited, restarted (new epoch), or the lane was
+	// taken from us. Published tickets fail.
 	Gone
+	// Closing: the relay is closing gracefully. No new tickets go to it;
+	// it completes or fails the published ones, and the sender releases
+	// the lane as soon as none is left.
+	Closing
 )
 
 // Link is a sender's claim of one inbound lane on a relay, with the relay's
@@ -48,6 +52,8 @@ type Link interface {
 	// Wake is the relay's wake word: the sender wakes the relay's pump
 	// through it after publishing a ticket.
 	Wake() *staging.WakeWord
+	// Close releases the claim. It never waits on another process: a
+	// release that needs a busy lock is finished later by the registry.
 	Close() error
 }
 
@@ -68,10 +74,26 @@ type Registry interface {
 	// Peers lists the other ranks of the group. The slice stays valid
 	// until the next call of Peers, which may reuse it. It fails with an
 	// error wrapping ErrTooManyPeers when more than LaneCount are valid.
+	// It never waits on another process: housekeeping that needs a lock
+	// held elsewhere is left for a later call.
 	Peers() ([]Peer, error)
+	// Attach claims a lane on p. It never waits on another process: a
+	// registry lock held elsewhere fails it with an error wrapping
+	// ErrRegistryBusy, and the pump tries again at a later refresh.
 	Attach(p Peer) (Link, error)
+	// BeginClose tells the group that this rank is closing, before its
+	// pump drains: senders publish no new tickets to it and release their
+	// lanes once their published tickets have completed.
+	BeginClose()
+	// Leased reports whether a live sender still holds one of this rank's
+	// inbound lanes. It reads the lanes' owners, and /proc for each.
+	Leased() bool
 	Close(ctx context.Context) error
 }
+
+// ErrRegistryBusy means a registry operation needed a lock that another
+// process holds; the pump never waits for it and tries again later.
+var ErrRegistryBusy = errors.New("registry busy")
 
 // ErrTooManyPeers means the group holds more valid ranks than a relay has
 // lanes: PXN turns off for this process and everything goes direct.

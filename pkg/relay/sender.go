@@ -153,6 +153,11 @@ type senderLane struct {
 	// published, or the one before it reaped.
 	progressAt time.Time
 	unreg      func() error
+	// copiedFrom..copiedTo are the seqs in flight when the lane was
+	// retired: their copies may still be landing in the relay's memory.
+	copiedFrom, copiedTo uint64
+	// keepClaim keeps a retired lane's claim until stop.
+	keepClaim bool
 }
 
 // sender is the outbound pipeline: lanes on the group's relays, publishing
@@ -412,6 +417,17 @@ func (sn *sender) checkLanes() {
 			changed = true
 			continue
 		}
+		if h == Closing {
+			// The relay completes or fails what was published; the lane
+			// goes back as soon as nothing is left, so that its close
+			// need not wait for us.
+			if !sl.tx.InFlight() {
+				sn.retire(sl, nil)
+				changed = true
+				continue
+			}
+			h = Stale
+		}
 		if stale := h == Stale; stale != sl.stale.Load() {
 			sl.stale.Store(stale)
 			changed = true
@@ -422,6 +438,7 @@ func (sn *sender) checkLanes() {
 			// meanwhile: this relay gets no more tickets from us.
 			s.log.Error(errTicketTimeout, "published tickets failed; relay not used again", "relayPid", sl.peer.Pid, "lane", sl.link.LaneIndex(), "seq", sl.tx.Reaped()+1, "timeout", d)
 			s.counters.laneQuarantine.Add(1)
+			sl.keepClaim = true
 			sn.retire(sl, fmt.Errorf("%w within %v", errTicketTimeout, d))
 			changed = true
 			continue
@@ -441,6 +458,7 @@ func (sn *sender) checkLanes() {
 		live = append(live, sl)
 	}
 	sn.lanes = live
+	sn.releaseLanded()
 	if changed {
 		sn.publishRoutes()
 	}
@@ -494,7 +512,10 @@ func (sn *sender) attach(pr Peer) *senderLane {
 	s := sn.s
 	link, err := sn.reg.Attach(pr)
 	if err != nil {
-		s.log.V(1).Info("cannot attach to relay", "pid", pr.Pid, "rail", pr.Rail, "err", err.Error())
+		// A busy registry lock is retried at the next refresh, silently.
+		if !errors.Is(err, ErrRegistryBusy) {
+			s.log.V(1).Info("cannot attach to relay", "pid", pr.Pid, "rail", pr.Rail, "err", err.Error())
+		}
 		return nil
 	}
 	sl := &senderLane{outLane: &outLane{peer: pr}, link: link, tx: link.Sender(), relayWake: link.Wake()}
@@ -523,6 +544,7 @@ func (sn *sender) attach(pr Peer) *senderLane {
 func (sn *sender) retire(sl *senderLane, err error) {
 	sl.gone.Store(true)
 	inFlight := sl.tx.InFlight()
+	sl.copiedFrom, sl.copiedTo = sl.tx.Reaped()+1, sl.tx.Published()
 	if err != nil {
 		sn.failPublished(sl, err)
 	}
@@ -532,6 +554,33 @@ func (sn *sender) retire(sl *senderLane, err error) {
 		return
 	}
 	sl.release(sn.s.log)
+}
+
+// releaseLanded releases the retired lanes whose copies have all landed:
+// every seq abandoned at retire has its doorbell in the ready word, and a
+// doorbell is written only after its copy. A lane kept for a relay that
+// stopped making progress (keepClaim) waits for the copier's drain at stop,
+// so that the relay gets no lane from us again.
+func (sn *sender) releaseLanded() {
+	kept := sn.zombies[:0]
+	for _, sl := range sn.zombies {
+		if !sl.keepClaim && sl.landed() {
+			sl.release(sn.s.log)
+			continue
+		}
+		kept = append(kept, sl)
+	}
+	clear(sn.zombies[len(kept):])
+	sn.zombies = kept
+}
+
+func (sl *senderLane) landed() bool {
+	for seq := sl.copiedFrom; seq <= sl.copiedTo; seq++ {
+		if atomic.LoadUint64(sl.tx.ReadyWord(seq)) != seq {
+			return false
+		}
+	}
+	return true
 }
 
 func (sl *senderLane) release(log klog.Logger) {

@@ -13,10 +13,11 @@ import (
 
 // StagingRegistry adapts a rank of the shared-memory registry to the
 // engine's Registry. Peers reuses its buffers, so that the pump's refresh
-// allocates nothing while the group stays the same.
+// allocates nothing while the group stays the same. What the pump calls
+// never waits on another process: the registry lock is only tried, and
+// whatever needs it and finds it busy is retried at a later refresh.
 type StagingRegistry struct {
 	rank *registry.Rank
-	ctx  context.Context
 	// infos is the rank's last answer, for Peers and Attach; peers is
 	// what Peers returned last, which Attach leaves alone.
 	infos []registry.PeerInfo
@@ -28,7 +29,7 @@ type StagingRegistry struct {
 
 // NewStagingRegistry wraps r; the engine's Close closes it.
 func NewStagingRegistry(r *registry.Rank) *StagingRegistry {
-	return &StagingRegistry{rank: r, ctx: context.Background()}
+	return &StagingRegistry{rank: r}
 }
 
 // Rank returns the wrapped rank.
@@ -45,7 +46,7 @@ func (s *StagingRegistry) Heartbeat(time.Time) { s.rank.Heartbeat(staging.MonoNa
 // Peers returns a slice of its own, valid until the next call of Peers.
 func (s *StagingRegistry) Peers() ([]Peer, error) {
 	var err error
-	s.infos, err = s.rank.AppendPeers(s.ctx, s.infos[:0])
+	s.infos, err = s.rank.TryAppendPeers(s.infos[:0])
 	if err != nil {
 		if errors.Is(err, registry.ErrTooManyPeers) {
 			if err != s.offErr {
@@ -69,13 +70,16 @@ func (s *StagingRegistry) Peers() ([]Peer, error) {
 // slice Peers returned stays as it was.
 func (s *StagingRegistry) Attach(p Peer) (Link, error) {
 	var err error
-	s.infos, err = s.rank.AppendPeers(s.ctx, s.infos[:0])
+	s.infos, err = s.rank.TryAppendPeers(s.infos[:0])
 	if err != nil {
 		return nil, err
 	}
 	for _, info := range s.infos {
 		if info.Pid == p.Pid && info.Epoch == p.Epoch {
-			l, err := s.rank.Attach(s.ctx, info)
+			l, err := s.rank.TryAttach(info)
+			if errors.Is(err, registry.ErrLockBusy) {
+				return nil, ErrRegistryBusy
+			}
 			if err != nil {
 				return nil, err
 			}
@@ -85,6 +89,10 @@ func (s *StagingRegistry) Attach(p Peer) (Link, error) {
 	return nil, registry.ErrPeerGone
 }
 
+func (s *StagingRegistry) BeginClose() { s.rank.BeginClose() }
+
+func (s *StagingRegistry) Leased() bool { return len(s.rank.Leases()) > 0 }
+
 func (s *StagingRegistry) Close(ctx context.Context) error { return s.rank.Close(ctx) }
 
 type stagingLink struct{ l *registry.PeerLink }
@@ -92,7 +100,7 @@ type stagingLink struct{ l *registry.PeerLink }
 func (l stagingLink) Sender() *staging.SenderLane { return l.l.Sender() }
 func (l stagingLink) LaneIndex() int              { return l.l.LaneIndex() }
 func (l stagingLink) Staging() uintptr            { return l.l.StagingBase() }
-func (l stagingLink) Close() error                { return l.l.Close() }
+func (l stagingLink) Close() error                { return l.l.CloseNoWait() }
 func (l stagingLink) Wake() *staging.WakeWord     { return l.l.Wake() }
 
 func (l stagingLink) Health(time.Time) Health {
@@ -102,6 +110,8 @@ func (l stagingLink) Health(time.Time) Health {
 		return Live
 	case errors.Is(err, registry.ErrPeerStale):
 		return Stale
+	case errors.Is(err, registry.ErrPeerClosing):
+		return Closing
 	}
 	return Gone
 }

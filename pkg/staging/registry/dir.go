@@ -409,6 +409,40 @@ func (d *registryDir) withLock(ctx context.Context, fn func() error) error {
 	return fn()
 }
 
+// tryLock runs fn holding the directory's flock if it can take it at once,
+// and returns ErrLockBusy otherwise: one non-blocking flock, nothing that
+// waits on another holder. It is the only lock a pump may take.
+func (d *registryDir) tryLock(fn func() error) error {
+	if !d.mu.TryLock() {
+		return ErrLockBusy
+	}
+	defer d.mu.Unlock()
+	fd := int(d.lock.Fd())
+	for {
+		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return ErrLockBusy
+		}
+		return &os.PathError{Op: "flock", Path: d.lock.Name(), Err: err}
+	}
+	defer unix.Flock(fd, unix.LOCK_UN)
+	return fn()
+}
+
+// lockFor is withLock when wait is set and tryLock otherwise.
+func (d *registryDir) lockFor(ctx context.Context, wait bool, fn func() error) error {
+	if wait {
+		return d.withLock(ctx, fn)
+	}
+	return d.tryLock(fn)
+}
+
 type dirEntry struct {
 	name string
 	kind entryKind

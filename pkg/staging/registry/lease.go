@@ -43,6 +43,18 @@ type PeerLink struct {
 // never attached to. A lane whose owner is stale is reclaimed. The link is
 // closed by PeerLink.Close or by the rank's Close.
 func (r *Rank) Attach(ctx context.Context, peer PeerInfo) (*PeerLink, error) {
+	return r.attach(ctx, peer, true)
+}
+
+// TryAttach is Attach for a caller that must never wait on another process
+// (the pump): when the registry lock is not free at once it claims nothing
+// and returns an error wrapping ErrLockBusy, and the caller tries again
+// later. A claim it must undo is released the same way (see CloseNoWait).
+func (r *Rank) TryAttach(peer PeerInfo) (*PeerLink, error) {
+	return r.attach(context.Background(), peer, false)
+}
+
+func (r *Rank) attach(ctx context.Context, peer PeerInfo, wait bool) (*PeerLink, error) {
 	if err := r.usable(); err != nil {
 		return nil, err
 	}
@@ -55,7 +67,7 @@ func (r *Rank) Attach(ctx context.Context, peer PeerInfo) (*PeerLink, error) {
 	}
 	l := &PeerLink{rank: r, peer: peer}
 	var handle [staging.ArenaHandleSize]byte
-	err := r.d.withLock(ctx, func() error {
+	err := r.d.lockFor(ctx, wait, func() error {
 		mem, err := mapPrivate(r.d.fd(), r.d.path, name, r.d.uid, int(staging.ControlSize), true)
 		if errors.Is(err, fs.ErrNotExist) {
 			return ErrPeerGone
@@ -88,7 +100,7 @@ func (r *Rank) Attach(ctx context.Context, peer PeerInfo) (*PeerLink, error) {
 	pa, err := r.opts.Arenas.Open(r.d.dir, handle)
 	if err != nil {
 		err = fmt.Errorf("pxn: attach to %s: map arena: %w", name, err)
-		return nil, errors.Join(err, l.releaseBounded(), unix.Munmap(l.ctlMem))
+		return nil, errors.Join(err, l.releaseLane(wait))
 	}
 	l.arena, l.arenaBase = pa, pa.Base()
 	r.mu.Lock()
@@ -98,7 +110,7 @@ func (r *Rank) Attach(ctx context.Context, peer PeerInfo) (*PeerLink, error) {
 	}
 	r.mu.Unlock()
 	if closed {
-		return nil, errors.Join(ErrRankClosed, l.Close())
+		return nil, errors.Join(ErrRankClosed, l.close(wait))
 	}
 	return l, nil
 }
@@ -215,14 +227,7 @@ func (l *PeerLink) ownsLane() bool {
 
 // release frees the lane if this link still owns it.
 func (l *PeerLink) release(ctx context.Context) error {
-	r := l.rank
-	return r.d.withLock(ctx, func() error {
-		if !l.ownsLane() {
-			return nil
-		}
-		l.ctl.Lanes[l.lane].Free()
-		return nil
-	})
+	return l.rank.d.withLock(ctx, l.freeLane)
 }
 
 // freeDeadLanes frees every inbound lane of this rank whose sender exited
@@ -259,7 +264,15 @@ func (l *PeerLink) releaseBounded() error {
 // control file, in that order. If the arena cannot be unmapped the lane
 // stays claimed, so the relay keeps its memory until this process is stale.
 // Lane, ArenaBase and StagingBase are invalid afterwards.
-func (l *PeerLink) Close() error {
+func (l *PeerLink) Close() error { return l.close(true) }
+
+// CloseNoWait is Close for a caller that must never wait on another
+// process (the pump): when the registry lock is busy, the lane's release
+// and the control file's unmap are left to the rank's next TryAppendPeers
+// or its Close.
+func (l *PeerLink) CloseNoWait() error { return l.close(false) }
+
+func (l *PeerLink) close(wait bool) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -270,16 +283,82 @@ func (l *PeerLink) Close() error {
 	r.mu.Lock()
 	delete(r.links, l)
 	r.mu.Unlock()
-	var errs []error
 	if err := l.arena.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("pxn: unmap arena of %s: %w; lane %d stays claimed", l.peer.Name, err, l.lane))
-	} else if err := l.releaseBounded(); err != nil {
-		errs = append(errs, err)
+		err = fmt.Errorf("pxn: unmap arena of %s: %w; lane %d stays claimed", l.peer.Name, err, l.lane)
+		return errors.Join(err, l.unmapControl())
 	}
-	if err := unix.Munmap(l.ctlMem); err != nil {
-		errs = append(errs, fmt.Errorf("pxn: unmap control file of %s: %w", l.peer.Name, err))
+	return l.releaseLane(wait)
+}
+
+// releaseLane frees the lane and unmaps the peer's control file. Without
+// wait, a busy lock queues the link on its rank instead, mapping and claim
+// kept, for flushReleases.
+func (l *PeerLink) releaseLane(wait bool) error {
+	r := l.rank
+	if !wait {
+		err := r.d.tryLock(l.freeLane)
+		if err == ErrLockBusy {
+			r.mu.Lock()
+			r.unreleased = append(r.unreleased, l)
+			r.mu.Unlock()
+			return nil
+		}
+		if err != nil {
+			err = fmt.Errorf("pxn: release lane %d of %s: %w", l.lane, l.peer.Name, err)
+		}
+		return errors.Join(err, l.unmapControl())
 	}
+	return errors.Join(l.releaseBounded(), l.unmapControl())
+}
+
+// freeLane frees the lane if this link still owns it. The caller holds the
+// registry lock.
+func (l *PeerLink) freeLane() error {
+	if l.ownsLane() {
+		l.ctl.Lanes[l.lane].Free()
+	}
+	return nil
+}
+
+func (l *PeerLink) unmapControl() error {
+	err := unix.Munmap(l.ctlMem)
 	l.ctl, l.ctlMem = nil, nil
+	if err != nil {
+		return fmt.Errorf("pxn: unmap control file of %s: %w", l.peer.Name, err)
+	}
+	return nil
+}
+
+// flushReleases releases the lanes that CloseNoWait left claimed, waiting
+// for the lock with wait set and only if it is free at once otherwise. A
+// busy lock keeps them for a later call.
+func (r *Rank) flushReleases(ctx context.Context, wait bool) error {
+	r.mu.Lock()
+	ls := r.unreleased
+	r.unreleased = nil
+	r.mu.Unlock()
+	if len(ls) == 0 {
+		return nil
+	}
+	err := r.d.lockFor(ctx, wait, func() error {
+		for _, l := range ls {
+			l.freeLane()
+		}
+		return nil
+	})
+	if err != nil {
+		r.mu.Lock()
+		r.unreleased = append(ls, r.unreleased...)
+		r.mu.Unlock()
+		if err == ErrLockBusy {
+			return nil
+		}
+		return fmt.Errorf("pxn: release %d lanes of closed links: %w", len(ls), err)
+	}
+	var errs []error
+	for _, l := range ls {
+		errs = append(errs, l.unmapControl())
+	}
 	return errors.Join(errs...)
 }
 
@@ -358,21 +437,32 @@ func (l *PeerLink) Live(now int64) error {
 // nothing shows it gone: published tickets may still complete.
 var ErrPeerStale = errors.New("peer heartbeat is late")
 
+// ErrPeerClosing is wrapped by Health when the relay is closing but still
+// runs and the lane is still ours: it takes no new tickets, completes or
+// fails the published ones, and waits for the lane to be released.
+var ErrPeerClosing = errors.New("peer is closing")
+
 // Health is Live, except that a relay whose only fault is a late heartbeat
 // (its process still runs, its header is READY and the lane still ours)
-// returns an error wrapping ErrPeerStale instead of ErrPeerGone. A sender
-// stops giving such a relay new tickets and keeps waiting for published
-// ones. It takes no lock; it reads /proc only when the heartbeat is late.
+// returns an error wrapping ErrPeerStale instead of ErrPeerGone, and one
+// that is closing (still running, the lane still ours) one wrapping
+// ErrPeerClosing. A sender stops giving such a relay new tickets and keeps
+// waiting for published ones. It takes no lock; it reads /proc only when
+// the heartbeat is late or the relay is closing.
 func (l *PeerLink) Health(now int64) error {
 	err := l.Live(now)
 	if err == nil {
 		return nil
 	}
-	if l.ctl.Header.LoadState() != staging.StateReady || !l.ownsLane() {
+	state := l.ctl.Header.LoadState()
+	if (state != staging.StateReady && state != staging.StateClosing) || !l.ownsLane() {
 		return err
 	}
 	if r := goneReason(l.peer.Pid, l.peer.StartTime); r != "" {
 		return fmt.Errorf("%w: %s: %s", ErrPeerGone, l.peer.Name, r)
+	}
+	if state == staging.StateClosing {
+		return fmt.Errorf("%w: %s", ErrPeerClosing, l.peer.Name)
 	}
 	return fmt.Errorf("%w: %s heartbeat older than %v", ErrPeerStale, l.peer.Name, l.rank.opts.HeartbeatTimeout)
 }

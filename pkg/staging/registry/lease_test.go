@@ -10,9 +10,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -423,5 +426,80 @@ func BenchmarkLeaseLive(b *testing.B) {
 		if err := l.Live(now); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// holdLock takes the group's flock through a descriptor of its own, as
+// another process would, until the returned func.
+func holdLock(t *testing.T, root, group string) func() {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(groupDir(root, group), lockFileName), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	unlock := func() { once.Do(func() { f.Close() }) }
+	t.Cleanup(unlock)
+	return unlock
+}
+
+// The no-wait calls never wait for a lock held elsewhere: TryAttach claims
+// nothing and says so, CloseNoWait keeps the lane claimed for later, and the
+// next TryAppendPeers once the lock is free releases it. Close releases what
+// is left, waiting.
+func TestLeaseNoWaitCallsUnderAHeldLock(t *testing.T) {
+	root := regTestRoot(t)
+	relay := mustRegister(t, regOptions(root, "g", "rail0"))
+	sender := mustRegister(t, regOptions(root, "g", "rail1"))
+	peer := peerByName(t, sender, relay.Name())
+	l := attachByName(t, sender, relay.Name())
+	owned := func() bool { return len(relay.Leases()) > 0 }
+
+	unlock := holdLock(t, root, "g")
+	start := time.Now()
+	if _, err := sender.TryAttach(peer); !errors.Is(err, ErrLockBusy) {
+		t.Fatalf("TryAttach under a held lock: %v, want ErrLockBusy", err)
+	}
+	if err := l.CloseNoWait(); err != nil {
+		t.Fatalf("CloseNoWait under a held lock: %v", err)
+	}
+	if !owned() {
+		t.Fatal("the lane was released under a lock held elsewhere")
+	}
+	if _, err := sender.TryAppendPeers(nil); err != nil {
+		t.Fatalf("TryAppendPeers under a held lock: %v", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("the no-wait calls took %v under a held lock", took)
+	}
+	if !owned() {
+		t.Fatal("the lane was released under a lock held elsewhere")
+	}
+	if got := relay.ctl.Lanes[0].Epoch(); got != l.LaneEpoch() {
+		t.Fatalf("a lane was claimed under a held lock: epoch %#x, want %#x", got, l.LaneEpoch())
+	}
+
+	unlock()
+	if _, err := sender.TryAppendPeers(nil); err != nil {
+		t.Fatal(err)
+	}
+	if owned() {
+		t.Fatalf("lanes %v still leased after the lock was freed", relay.Leases())
+	}
+
+	l2 := attachByName(t, sender, relay.Name())
+	unlock = holdLock(t, root, "g")
+	if err := l2.CloseNoWait(); err != nil {
+		t.Fatal(err)
+	}
+	unlock()
+	if err := sender.Close(context.Background()); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if owned() {
+		t.Fatalf("lanes %v still leased after the sender closed", relay.Leases())
 	}
 }

@@ -51,6 +51,10 @@ var (
 	ErrLeaseHeld = errors.New("inbound lanes are still leased")
 	// ErrRankClosed: the Rank was closed.
 	ErrRankClosed = errors.New("rank is closed")
+	// ErrLockBusy: a no-wait call (TryAppendPeers, TryAttach) found the
+	// registry lock held by someone else and did nothing that needs it;
+	// the caller tries again later.
+	ErrLockBusy = errors.New("registry lock is busy")
 )
 
 // InitStep is one step of Register, in order. Close undoes them in reverse.
@@ -190,6 +194,9 @@ type Rank struct {
 	off     error
 	links   map[*PeerLink]struct{}
 	refused map[string]bool
+	// unreleased are closed links whose lane release found the lock busy:
+	// their control mapping stays until a later call releases the lane.
+	unreleased []*PeerLink
 
 	// scanMu serializes Peers calls and guards what they keep in scan.
 	scanMu sync.Mutex
@@ -496,6 +503,19 @@ func (r *Rank) Peers(ctx context.Context) ([]PeerInfo, error) {
 // only when its stat moved, or at least every second. Calls are
 // serialized.
 func (r *Rank) AppendPeers(ctx context.Context, dst []PeerInfo) ([]PeerInfo, error) {
+	return r.appendPeers(ctx, dst, true)
+}
+
+// TryAppendPeers is AppendPeers for a caller that must never wait on
+// another process (the pump): the stale cleanup and the lane releases left
+// over from CloseNoWait run only when the registry lock is free at once,
+// and are otherwise left for a later call; the list itself needs no lock.
+func (r *Rank) TryAppendPeers(dst []PeerInfo) ([]PeerInfo, error) {
+	r.flushReleases(context.Background(), false)
+	return r.appendPeers(context.Background(), dst, false)
+}
+
+func (r *Rank) appendPeers(ctx context.Context, dst []PeerInfo, wait bool) ([]PeerInfo, error) {
 	r.scanMu.Lock()
 	defer r.scanMu.Unlock()
 	s := &r.scan
@@ -534,7 +554,7 @@ func (r *Rank) AppendPeers(ctx context.Context, dst []PeerInfo) ([]PeerInfo, err
 		}
 	}
 	if sawStale || deadOwner {
-		err := r.d.withLock(ctx, func() error {
+		err := r.d.lockFor(ctx, wait, func() error {
 			r.freeDeadLanes()
 			_, err := r.d.cleanStale(r.id)
 			return err
@@ -545,7 +565,7 @@ func (r *Rank) AppendPeers(ctx context.Context, dst []PeerInfo) ([]PeerInfo, err
 			s.release()
 			return dst[:start], r.turnOff(err)
 		}
-		if err != nil {
+		if err != nil && err != ErrLockBusy {
 			r.opts.Logger.V(2).Info("pxn stale cleanup deferred", "registry", r.d.path, "err", err)
 		}
 	}
@@ -683,6 +703,9 @@ func (r *Rank) Close(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.opts.DrainTimeout)
 	defer cancel()
+	if err := r.flushReleases(ctx, true); err != nil {
+		errs = append(errs, err)
+	}
 	if err := r.revoke(ctx); err != nil {
 		return errors.Join(append(errs, err)...)
 	}
@@ -695,6 +718,12 @@ func (r *Rank) Close(ctx context.Context) error {
 	}
 	return errors.Join(errs...)
 }
+
+// BeginClose marks the rank CLOSING ahead of Close, while its pump still
+// runs: no sender attaches any more, attached senders publish no new
+// tickets, wait for the ones they published and release their lanes, which
+// Leases then shows.
+func (r *Rank) BeginClose() { r.ctl.Header.StoreState(staging.StateClosing) }
 
 // revoke withdraws READY. CLOSING is stored first so attached senders stop
 // at once; the unlink happens under the lock that Attach holds while it
