@@ -23,11 +23,13 @@ const (
 	// heartbeat. An idle pump's only timed wake-up is its heartbeat,
 	// every tenth of the heartbeat timeout (idleBeat).
 	heartbeatInterval = 100 * time.Millisecond
-	// idleRefresh is how often an idle pump checks its lanes' relays and
-	// lists its peers (a registry scan, the costliest part of an idle
-	// wake-up). A pump with work queued or in flight does both every
-	// heartbeatInterval, the check before publishing, so no ticket goes
-	// to a relay on a view older than that.
+	// idleRefresh is how often an idle pump lists its peers (a registry
+	// scan, the costliest part of an idle wake-up); a pump with work
+	// queued or in flight lists them every heartbeatInterval. The lanes'
+	// relays are checked every heartbeatInterval (at every wake-up of an
+	// idle pump), before publishing, so no ticket goes to a relay on a
+	// view older than that, and a closing relay gets its lanes back
+	// without waiting for a scan.
 	idleRefresh = time.Second
 	// expectFor bounds how long an inbound lane whose sender announced a
 	// ticket keeps the relay polling without any progress: a sender that
@@ -57,8 +59,9 @@ type pump struct {
 	// drainBy is when Close's drain ends (UnixNano; 0 while running).
 	drainBy atomic.Int64
 
-	lastBeat    time.Time
-	lastRefresh time.Time
+	lastBeat  time.Time
+	lastCheck time.Time
+	lastList  time.Time
 	// lastActive is the last round that made progress or the last wake
 	// by a waker: the spin window runs from it.
 	lastActive time.Time
@@ -265,12 +268,13 @@ func (p *pump) round(now time.Time) bool {
 		p.lastBeat = now
 		p.reg.Heartbeat(now)
 	}
-	since := now.Sub(p.lastRefresh)
-	refresh := since >= idleRefresh || since >= heartbeatInterval && p.busy()
-	if refresh {
-		p.lastRefresh = now
+	if now.Sub(p.lastCheck) >= heartbeatInterval || p.snd.recheck {
+		p.lastCheck = now
+		p.snd.recheck = false
 		p.snd.checkLanes()
 	}
+	since := now.Sub(p.lastList)
+	list := since >= idleRefresh || since >= heartbeatInterval && p.busy()
 	if p.poller != nil {
 		if n, err := p.poller.Poll(); err != nil {
 			p.snd.copierFailed(err)
@@ -301,9 +305,10 @@ func (p *pump) round(now time.Time) bool {
 	if p.snd.runFallbacks() {
 		progressed = true
 	}
-	if refresh {
+	if list {
 		// Last in the round: the first Piece after a quiet spell is
 		// published before the scan, on lanes checkLanes has just read.
+		p.lastList = now
 		p.snd.listPeers()
 	}
 	return progressed

@@ -179,6 +179,8 @@ type sender struct {
 	peersOff  bool
 	// noSend is set when the pump cannot use the copier: no lanes.
 	noSend bool
+	// recheck asks the next round to check the lanes' relays.
+	recheck bool
 }
 
 // busy reports whether a lane has Pieces published or queued.
@@ -349,6 +351,9 @@ func (sn *sender) finishPublished(pr pieceRef, status int32) {
 	s := sn.s
 	var err error
 	if status != staging.CompletionOK {
+		// A closing relay waits for its lanes: check them in the next
+		// round rather than at the next heartbeat.
+		sn.recheck = sn.recheck || status == staging.CompletionRelayClosing
 		err = fmt.Errorf("relay completion status %d (%s)", status, completionReason(status))
 		if status == staging.CompletionTimeout {
 			err = fmt.Errorf("%w: %w", err, ErrTimedOut)
