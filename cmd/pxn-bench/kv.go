@@ -632,6 +632,8 @@ func kvSuiteRuns(want map[string]bool, ngpu int) []scenario {
 		shared := fmt.Sprintf("the seven senders share GPU %d", other)
 		runs = append(runs,
 			kv("P9", "kv-medium", "fan-in", fanIn(1), 32, 4, ""),
+			kv("P9", "kv-medium-4k", "fan-in", fanIn(1), 32, 4, "4 KiB blocks: the emulated NIC's own rate for 4 KiB ops is below R"),
+			kv("P9", "kv-medium-128k", "fan-in", fanIn(1), 4, 2, ""),
 			kv("P9", "kv-medium", "fan-in", fanIn(7), 8, 4, shared),
 			kv("P9", "kv-medium", "all-to-all", alternate(8), 3, 4, ""),
 			kv("P9", "kv-large", "fan-in", fanIn(1), 4, 2, ""),
