@@ -12,7 +12,7 @@ REVISION := $(shell git rev-parse HEAD 2>/dev/null)
 VERSION_PKG := github.com/pxn-project/pxn/internal/version
 LDFLAGS := -X $(VERSION_PKG).version=$(VERSION)$(if $(REVISION), -X $(VERSION_PKG).revision=$(REVISION))
 
-.PHONY: all build test host-packages tools generate lint bench bench-baseline fuzz demo demo-host cluster-demo image release clean
+.PHONY: all build test host-packages tools generate lint bench bench-baseline fuzz gpu-kit demo demo-host cluster-demo image release clean
 
 all: build
 
@@ -70,6 +70,11 @@ bench-baseline:
 
 fuzz:
 	@hack/fuzz.sh
+
+# Binaries for a GPU machine without Go, and the script that takes every GPU
+# figure there (GPU_BASELINE: a commit whose pxn-bench gives the before rows).
+gpu-kit:
+	@hack/gpu-kit.sh build $(GPU_BASELINE)
 
 # The README's main command: a real single-node Kubernetes cluster on this
 # machine (root; see docs/local-cluster.md) with the chart installed, the
