@@ -176,4 +176,12 @@ type (
 // flight, until a waker or its next heartbeat. See docs/engine.md.
 type PollPolicy struct {
 	Spin, Nap time.Duration
+	// TimerNap makes a nap a sleep on the Go runtime's timer instead of a
+	// wait on the wake word: no waker ends it, it often lasts about a
+	// millisecond whatever Nap says, and the runtime gets the thread's
+	// processor back at once rather than after a blocking system call.
+	// For copiers whose events come milliseconds apart and whose copies
+	// share the CPU with the pump (the host path), where precise naps cost
+	// the copies more CPU than their wake-ups save.
+	TimerNap bool
 }

@@ -40,8 +40,9 @@ const (
 	timerSlack = time.Microsecond
 )
 
-// DefaultPollPolicy is how the pump waits when the copier sets no policy.
-var DefaultPollPolicy = PollPolicy{Spin: 20 * time.Microsecond, Nap: 50 * time.Microsecond}
+// DefaultPollPolicy is how the pump waits when the copier sets no policy:
+// host-path copiers, whose Pieces take milliseconds.
+var DefaultPollPolicy = PollPolicy{Spin: 20 * time.Microsecond, Nap: 50 * time.Microsecond, TimerNap: true}
 
 // pump is the engine's one thread: it holds the sender and the relayer and
 // drives both in rounds. Its fields, and everything the sender and the
@@ -167,6 +168,12 @@ func (p *pump) wait() {
 	}
 	timeout := p.idleBeat() - now.Sub(p.lastBeat)
 	if p.busy() || p.expecting(now) || p.drainBy.Load() != 0 {
+		if p.poll.TimerNap {
+			w.Retract()
+			p.s.counters.pumpSleeps.Add(1)
+			time.Sleep(p.poll.Nap)
+			return
+		}
 		timeout = min(timeout, p.poll.Nap)
 	}
 	if timeout <= 0 {
