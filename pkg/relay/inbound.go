@@ -56,7 +56,21 @@ type relayer struct {
 }
 
 func newRelayer(s *shared, reg Registry) *relayer {
-	return &relayer{s: s, reg: reg, routes: make(map[string]*route)}
+	rl := &relayer{s: s, reg: reg, routes: make(map[string]*route)}
+	for i := range rl.in {
+		rl.in[i].rx = reg.Inbound(i)
+	}
+	return rl
+}
+
+// announced counts the tickets the senders say they have published on
+// this rank's lanes and the relayer has not taken (RelayLane.Announced).
+func (rl *relayer) announced() int {
+	n := 0
+	for i := range rl.in {
+		n += rl.in[i].rx.Announced()
+	}
+	return n
 }
 
 // consumeAll takes at most one ticket from each inbound lane, starting
@@ -135,9 +149,6 @@ const commitWaitLimit = 100 * time.Millisecond
 // it made progress.
 func (rl *relayer) consume(i int) bool {
 	il := &rl.in[i]
-	if il.rx == nil {
-		il.rx = rl.reg.Inbound(i)
-	}
 	epoch, prev := il.rx.Sync()
 	if epoch == 0 {
 		return false
@@ -280,9 +291,6 @@ var errRelayClosing = errors.New("relay closed before the second hop finished")
 func (rl *relayer) failWaiting() {
 	for i := range rl.in {
 		il := &rl.in[i]
-		if il.rx == nil {
-			il.rx = rl.reg.Inbound(i)
-		}
 		epoch, _ := il.rx.Sync()
 		if epoch == 0 {
 			continue

@@ -202,31 +202,14 @@ func (p *pump) idleBeat() time.Duration {
 // With more in flight the rings' depth hides a nap.
 func (p *pump) shallow() bool {
 	n := p.rly.inflight + p.snd.inflight()
-	if n > 1 {
-		return false
-	}
-	for i := range staging.LaneCount {
-		n += p.reg.Inbound(i).Announced()
-		if n > 1 {
-			return false
-		}
-	}
-	return true
+	return n <= 1 && n+p.rly.announced() <= 1
 }
 
 // expecting reports whether a sender announced a ticket this relay has not
 // taken yet (its GPU doorbell may still be on the way), within expectFor
 // of the pump's last progress.
 func (p *pump) expecting(now time.Time) bool {
-	if now.Sub(p.lastActive) > expectFor {
-		return false
-	}
-	for i := range staging.LaneCount {
-		if p.reg.Inbound(i).Announced() > 0 {
-			return true
-		}
-	}
-	return false
+	return now.Sub(p.lastActive) <= expectFor && p.rly.announced() > 0
 }
 
 // panicked keeps a bug in the pump from ending the host process: PXN
