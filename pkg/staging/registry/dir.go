@@ -383,15 +383,14 @@ func (d *registryDir) close() error {
 func (d *registryDir) withLock(ctx context.Context, fn func() error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	fd := int(d.lock.Fd())
 	var timer *time.Timer
 	for {
-		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			break
+		got, err := d.flockNow()
+		if err != nil {
+			return err
 		}
-		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			return &os.PathError{Op: "flock", Path: d.lock.Name(), Err: err}
+		if got {
+			break
 		}
 		if timer == nil {
 			timer = time.NewTimer(lockPoll)
@@ -405,7 +404,7 @@ func (d *registryDir) withLock(ctx context.Context, fn func() error) error {
 		case <-timer.C:
 		}
 	}
-	defer unix.Flock(fd, unix.LOCK_UN)
+	defer unix.Flock(int(d.lock.Fd()), unix.LOCK_UN)
 	return fn()
 }
 
@@ -417,22 +416,32 @@ func (d *registryDir) tryLock(fn func() error) error {
 		return ErrLockBusy
 	}
 	defer d.mu.Unlock()
-	fd := int(d.lock.Fd())
-	for {
-		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			break
-		}
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return ErrLockBusy
-		}
-		return &os.PathError{Op: "flock", Path: d.lock.Name(), Err: err}
+	got, err := d.flockNow()
+	if err != nil {
+		return err
 	}
-	defer unix.Flock(fd, unix.LOCK_UN)
+	if !got {
+		return ErrLockBusy
+	}
+	defer unix.Flock(int(d.lock.Fd()), unix.LOCK_UN)
 	return fn()
+}
+
+// flockNow takes the directory's flock if no other holder has it, without
+// waiting; false means another holder has it. d.mu is held.
+func (d *registryDir) flockNow() (bool, error) {
+	for {
+		err := unix.Flock(int(d.lock.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		switch {
+		case err == nil:
+			return true, nil
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EWOULDBLOCK):
+			return false, nil
+		}
+		return false, &os.PathError{Op: "flock", Path: d.lock.Name(), Err: err}
+	}
 }
 
 // lockFor is withLock when wait is set and tryLock otherwise.

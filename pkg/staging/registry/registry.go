@@ -511,7 +511,9 @@ func (r *Rank) AppendPeers(ctx context.Context, dst []PeerInfo) ([]PeerInfo, err
 // over from CloseNoWait run only when the registry lock is free at once,
 // and are otherwise left for a later call; the list itself needs no lock.
 func (r *Rank) TryAppendPeers(dst []PeerInfo) ([]PeerInfo, error) {
-	r.flushReleases(context.Background(), false)
+	if err := r.flushReleases(context.Background(), false); err != nil {
+		r.opts.Logger.Error(err, "pxn lane release of a closed link failed", "registry", r.d.path)
+	}
 	return r.appendPeers(context.Background(), dst, false)
 }
 
