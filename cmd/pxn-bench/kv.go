@@ -362,13 +362,6 @@ func newKVTally(n int) *kvTally {
 	return &kvTally{res: &rankResult{CompletionsUS: make([]float64, 0, n), SubmitUS: make([]float64, 0, n)}, start: time.Now()}
 }
 
-func (t *kvTally) failed(err error) {
-	t.res.Failed++
-	if t.res.FirstError == "" && err != nil {
-		t.res.FirstError = err.Error()
-	}
-}
-
 func (t *kvTally) end(total uint64, reqs int) *rankResult {
 	end := time.Now()
 	t.res.Bytes, t.res.Requests = total, reqs
@@ -387,11 +380,7 @@ func transferKVEngine(eng *relay.Engine, reqs [][]relay.Request, total uint64, i
 		b  *relay.Batch
 		t0 time.Time
 	}
-	before := eng.Counters()
-	var ms0, ms1 runtime.MemStats
-	runtime.ReadMemStats(&ms0)
-	pump0, _ := cpuTime(eng.PumpThreadID())
-	proc0, _ := cpuTime(0)
+	cost := startCost(eng)
 	t := newKVTally(len(reqs))
 	var act []active
 	defer func() {
@@ -420,7 +409,7 @@ func transferKVEngine(eng *relay.Engine, reqs [][]relay.Request, total uint64, i
 			t.res.CompletionsUS = append(t.res.CompletionsUS, micros(time.Since(a.t0)))
 			for j := 0; j < a.b.Len(); j++ {
 				if st, _ := a.b.Status(j); st.State != relay.Completed {
-					t.failed(st.Err)
+					t.res.fail(st.Err)
 				}
 			}
 			_ = a.b.Release()
@@ -428,20 +417,11 @@ func transferKVEngine(eng *relay.Engine, reqs [][]relay.Request, total uint64, i
 			progressed = true
 		}
 		if !progressed {
-			if spin {
-				runtime.Gosched()
-			} else {
-				time.Sleep(20 * time.Microsecond)
-			}
+			pause(spin)
 		}
 	}
 	res := t.end(total, len(reqs))
-	pump1, _ := cpuTime(eng.PumpThreadID())
-	proc1, _ := cpuTime(0)
-	runtime.ReadMemStats(&ms1)
-	res.PXNActive = eng.PXNActive()
-	res.PumpCPU, res.ProcessCPU, res.Mallocs = pump1-pump0, proc1-proc0, ms1.Mallocs-ms0.Mallocs
-	res.Counters = diffCounters(eng.Counters(), before)
+	cost.record(res)
 	return res, nil
 }
 
@@ -497,7 +477,7 @@ func transferKVBare(hop relay.Hop, reqs [][]relay.Request, total uint64, infligh
 				return nil, fmt.Errorf("hop completed token %#x of no request in flight", c.Token)
 			}
 			if c.Err != nil {
-				t.failed(c.Err)
+				t.res.fail(c.Err)
 			}
 			a.done++
 		}
@@ -512,11 +492,7 @@ func transferKVBare(hop relay.Hop, reqs [][]relay.Request, total uint64, infligh
 			act = append(act[:i], act[i+1:]...)
 		}
 		if n == 0 {
-			if spin {
-				runtime.Gosched()
-			} else {
-				time.Sleep(20 * time.Microsecond)
-			}
+			pause(spin)
 		}
 	}
 	res := t.end(total, len(reqs))
@@ -608,14 +584,7 @@ func kvBaseline(s scenario, l *layout, hop string, direct float64) (string, floa
 // fan-in traffic (rank 0) has GPU 0 and every sender GPU 1, and
 // all-to-all ranks alternate between them.
 func kvSuiteRuns(want map[string]bool, ngpu int) []scenario {
-	other := min(1, ngpu-1)
-	fanIn := func(n int) []int {
-		g := []int{0}
-		for range n {
-			g = append(g, other)
-		}
-		return g
-	}
+	fanIn := func(n int) []int { return fanInGPUs(n, ngpu) }
 	alternate := func(n int) []int {
 		g := make([]int, n)
 		for i := range g {
@@ -629,7 +598,7 @@ func kvSuiteRuns(want map[string]bool, ngpu int) []scenario {
 	}
 	var runs []scenario
 	if want["p9"] {
-		shared := fmt.Sprintf("the seven senders share GPU %d", other)
+		shared := fmt.Sprintf("the seven senders share GPU %d", otherGPU(ngpu))
 		runs = append(runs,
 			kv("P9", "kv-medium", "fan-in", fanIn(1), 32, 4, ""),
 			kv("P9", "kv-medium-4k", "fan-in", fanIn(1), 32, 4, "4 KiB blocks: the emulated NIC's own rate for 4 KiB ops is below R"),

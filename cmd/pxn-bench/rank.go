@@ -46,6 +46,56 @@ type rankResult struct {
 	Progress []progressSample `json:"progress,omitempty"`
 }
 
+// fail counts one failed task; the first error is kept.
+func (r *rankResult) fail(err error) {
+	r.Failed++
+	if r.FirstError == "" && err != nil {
+		r.FirstError = err.Error()
+	}
+}
+
+// pause is a transfer loop's wait when nothing completed: a yield for a
+// spinning device, else 20 µs.
+func pause(spin bool) {
+	if spin {
+		runtime.Gosched()
+		return
+	}
+	time.Sleep(20 * time.Microsecond)
+}
+
+// engineCost is what an engine transfer costs its process from start to
+// record: the engine's counters, the pump thread's and the process's CPU,
+// and heap allocations.
+type engineCost struct {
+	eng        *relay.Engine
+	counters   relay.CounterSnapshot
+	mallocs    uint64
+	pump, proc float64
+}
+
+func startCost(eng *relay.Engine) engineCost {
+	c := engineCost{eng: eng, counters: eng.Counters()}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	c.mallocs = ms.Mallocs
+	c.pump, _ = cpuTime(eng.PumpThreadID())
+	c.proc, _ = cpuTime(0)
+	return c
+}
+
+// record puts the costs since startCost into res, which must exist before
+// startCost so that its allocation is not counted.
+func (c engineCost) record(res *rankResult) {
+	pump, _ := cpuTime(c.eng.PumpThreadID())
+	proc, _ := cpuTime(0)
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	res.PXNActive = c.eng.PXNActive()
+	res.PumpCPU, res.ProcessCPU, res.Mallocs = pump-c.pump, proc-c.proc, ms.Mallocs-c.mallocs
+	res.Counters = diffCounters(c.eng.Counters(), c.counters)
+}
+
 // progressSample is a rank's completed bytes at a moment (Unix
 // nanoseconds).
 type progressSample struct {
@@ -402,11 +452,8 @@ func transferEngine(eng *relay.Engine, mine []transfer, base uintptr, spin bool,
 	if perSubmit > 0 {
 		batch = min(len(reqs), perSubmit)
 	}
-	before := eng.Counters()
-	var ms0, ms1 runtime.MemStats
-	runtime.ReadMemStats(&ms0)
-	pump0, _ := cpuTime(eng.PumpThreadID())
-	proc0, _ := cpuTime(0)
+	res := &rankResult{Bytes: total, Requests: len(reqs)}
+	cost := startCost(eng)
 	start := time.Now()
 	var batches []*relay.Batch
 	for i := 0; i < len(reqs) || i == 0; i += max(batch, 1) {
@@ -420,23 +467,15 @@ func transferEngine(eng *relay.Engine, mine []transfer, base uintptr, spin bool,
 	for _, b := range batches {
 		for !b.Done() {
 			prog.sample(time.Now())
-			if spin {
-				runtime.Gosched()
-				continue
-			}
-			time.Sleep(20 * time.Microsecond)
+			pause(spin)
 		}
 	}
 	end := time.Now()
 	prog.last = time.Time{}
 	prog.sample(end)
-	secs := end.Sub(start).Seconds()
-	pump1, _ := cpuTime(eng.PumpThreadID())
-	proc1, _ := cpuTime(0)
-	runtime.ReadMemStats(&ms1)
-	res := &rankResult{Bytes: total, Requests: len(reqs), Seconds: secs, PXNActive: eng.PXNActive(),
-		PumpCPU: pump1 - pump0, ProcessCPU: proc1 - proc0, Mallocs: ms1.Mallocs - ms0.Mallocs,
-		StartNs: start.UnixNano(), EndNs: end.UnixNano(), Progress: prog.samples}
+	cost.record(res)
+	res.Seconds = end.Sub(start).Seconds()
+	res.StartNs, res.EndNs, res.Progress = start.UnixNano(), end.UnixNano(), prog.samples
 	defer func() {
 		for _, b := range batches {
 			_ = b.Release()
@@ -444,16 +483,11 @@ func transferEngine(eng *relay.Engine, mine []transfer, base uintptr, spin bool,
 	}()
 	for _, b := range batches {
 		for i := 0; i < b.Len(); i++ {
-			st, _ := b.Status(i)
-			if st.State != relay.Completed {
-				res.Failed++
-				if res.FirstError == "" && st.Err != nil {
-					res.FirstError = st.Err.Error()
-				}
+			if st, _ := b.Status(i); st.State != relay.Completed {
+				res.fail(st.Err)
 			}
 		}
 	}
-	res.Counters = diffCounters(eng.Counters(), before)
 	return res, nil
 }
 
@@ -495,14 +529,11 @@ func transferBare(hop relay.Hop, mine []transfer, base uintptr) (*rankResult, er
 		for _, c := range done[:n] {
 			finished++
 			if c.Err != nil {
-				res.Failed++
-				if res.FirstError == "" {
-					res.FirstError = c.Err.Error()
-				}
+				res.fail(c.Err)
 			}
 		}
 		if n == 0 {
-			time.Sleep(20 * time.Microsecond)
+			pause(false)
 		}
 	}
 	end := time.Now()

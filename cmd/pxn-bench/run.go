@@ -221,18 +221,27 @@ func parseSuite(s string) (map[string]bool, error) {
 	return want, nil
 }
 
+// otherGPU is the senders' GPU in the suites: GPU 1, or GPU 0 when it is
+// the only one.
+func otherGPU(ngpu int) int { return min(1, ngpu-1) }
+
+// fanInGPUs places a relay (rank 0) and n senders: the relay on GPU 0,
+// every sender on otherGPU, so the first hop crosses NVLink when there
+// are two GPUs.
+func fanInGPUs(n, ngpu int) []int {
+	g := []int{0}
+	for range n {
+		g = append(g, otherGPU(ngpu))
+	}
+	return g
+}
+
 // suiteRuns are the scenarios of the performance contract. With two GPUs
 // the relay (rank 0) has GPU 0 and every sender GPU 1, so the first hop
 // crosses NVLink and the seven senders of P3 share one GPU.
 func suiteRuns(want map[string]bool, ngpu int) []scenario {
-	other := min(1, ngpu-1)
-	senders := func(n int) []int {
-		g := []int{0}
-		for range n {
-			g = append(g, other)
-		}
-		return g
-	}
+	other := otherGPU(ngpu)
+	senders := func(n int) []int { return fanInGPUs(n, ngpu) }
 	var runs []scenario
 	if want["p1"] {
 		runs = append(runs,
