@@ -12,7 +12,7 @@
 #define PXN_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
 #endif
 
-#define PXN_ABI_VERSION 2
+#define PXN_ABI_VERSION 3
 
 #define PXN_LANE_COUNT 7
 #define PXN_SLOTS_PER_LANE 18
@@ -29,6 +29,9 @@
 #define PXN_STATE_INIT 1
 #define PXN_STATE_READY 2
 #define PXN_STATE_CLOSING 3
+
+#define PXN_SHARE_IPC_HANDLE 1
+#define PXN_SHARE_FD 2
 
 #define PXN_ARENA_HOST 1
 #define PXN_ARENA_CUDA 2
@@ -91,7 +94,9 @@ typedef struct pxn_lane_owner {
 	uint64_t sender_epoch;
 	uint64_t lane_epoch;
 	uint64_t claimed_at;
-	uint8_t pad0[24];
+	uint64_t pid_ns_dev;
+	uint64_t pid_ns_ino;
+	uint8_t pad0[8];
 } pxn_lane_owner;
 
 /* Written only by the lane's sender; read by inspect. */
@@ -155,16 +160,58 @@ typedef struct pxn_header {
 	uint32_t rail_len;
 	uint8_t rail[48];
 	uint32_t hca_len;
-	uint32_t pad0;
+	uint32_t arena_shares;
 	uint8_t hca[56];
 	uint8_t ipc_handle[64];
 	uint64_t heartbeat;
-	uint8_t pad1[56];
+	uint8_t pad0[56];
 	pxn_wake_word wake;
+	uint64_t pid_ns_dev;
+	uint64_t pid_ns_ino;
+	uint8_t pad1[48];
 } pxn_header;
+
+#define PXN_FALLBACK_CREDIT_TIMEOUT 0
+#define PXN_FALLBACK_RELAY_STALE 1
+#define PXN_FALLBACK_RELAY_GONE 2
+#define PXN_FALLBACK_LANE_BROKEN 3
+#define PXN_FALLBACK_SOURCE_EVENT 4
+#define PXN_FALLBACK_NO_LANE 5
+#define PXN_FALLBACK_OTHER 6
+#define PXN_FALLBACK_REASONS 7
+
+/*
+ * A rank's counters, published by its pump at most once a heartbeat. gen is
+ * a sequence lock: odd while the pump writes; a reader copies the block
+ * between two equal, even loads of gen. device is written before READY.
+ */
+typedef struct pxn_rank_stats {
+	uint64_t gen;
+	uint64_t updated_at;
+	uint64_t relayed_bytes;
+	uint64_t relayed_pieces;
+	uint64_t forwarded_bytes;
+	uint64_t forwarded_pieces;
+	uint64_t direct_bytes;
+	uint64_t failed_pieces;
+	uint64_t second_hop_failures;
+	uint64_t invalid_descs;
+	uint64_t credit_waits;
+	uint64_t lane_quarantines;
+	uint64_t pump_cpu_nanos;
+	uint32_t outbound_lanes;
+	uint32_t inbound_lanes;
+	uint64_t fallback_bytes[8];
+	uint64_t fallback_pieces[8];
+	uint32_t device_len;
+	uint32_t pad0;
+	uint8_t device[48];
+	uint8_t pad1[88];
+} pxn_rank_stats;
 
 typedef struct pxn_control_block {
 	pxn_header header;
+	pxn_rank_stats stats;
 	pxn_lane lanes[PXN_LANE_COUNT];
 } pxn_control_block;
 
@@ -196,7 +243,9 @@ PXN_STATIC_ASSERT(offsetof(pxn_lane_owner, start_time) == 8, "pxn_lane_owner.sta
 PXN_STATIC_ASSERT(offsetof(pxn_lane_owner, sender_epoch) == 16, "pxn_lane_owner.sender_epoch");
 PXN_STATIC_ASSERT(offsetof(pxn_lane_owner, lane_epoch) == 24, "pxn_lane_owner.lane_epoch");
 PXN_STATIC_ASSERT(offsetof(pxn_lane_owner, claimed_at) == 32, "pxn_lane_owner.claimed_at");
-PXN_STATIC_ASSERT(offsetof(pxn_lane_owner, pad0) == 40, "pxn_lane_owner.pad0");
+PXN_STATIC_ASSERT(offsetof(pxn_lane_owner, pid_ns_dev) == 40, "pxn_lane_owner.pid_ns_dev");
+PXN_STATIC_ASSERT(offsetof(pxn_lane_owner, pid_ns_ino) == 48, "pxn_lane_owner.pid_ns_ino");
+PXN_STATIC_ASSERT(offsetof(pxn_lane_owner, pad0) == 56, "pxn_lane_owner.pad0");
 PXN_STATIC_ASSERT(sizeof(pxn_lane_owner) == 64, "sizeof pxn_lane_owner");
 
 PXN_STATIC_ASSERT(offsetof(pxn_sender_progress, next_seq) == 0, "pxn_sender_progress.next_seq");
@@ -238,17 +287,44 @@ PXN_STATIC_ASSERT(offsetof(pxn_header, arena_kind) == 72, "pxn_header.arena_kind
 PXN_STATIC_ASSERT(offsetof(pxn_header, rail_len) == 76, "pxn_header.rail_len");
 PXN_STATIC_ASSERT(offsetof(pxn_header, rail) == 80, "pxn_header.rail");
 PXN_STATIC_ASSERT(offsetof(pxn_header, hca_len) == 128, "pxn_header.hca_len");
-PXN_STATIC_ASSERT(offsetof(pxn_header, pad0) == 132, "pxn_header.pad0");
+PXN_STATIC_ASSERT(offsetof(pxn_header, arena_shares) == 132, "pxn_header.arena_shares");
 PXN_STATIC_ASSERT(offsetof(pxn_header, hca) == 136, "pxn_header.hca");
 PXN_STATIC_ASSERT(offsetof(pxn_header, ipc_handle) == 192, "pxn_header.ipc_handle");
 PXN_STATIC_ASSERT(offsetof(pxn_header, heartbeat) == 256, "pxn_header.heartbeat");
-PXN_STATIC_ASSERT(offsetof(pxn_header, pad1) == 264, "pxn_header.pad1");
+PXN_STATIC_ASSERT(offsetof(pxn_header, pad0) == 264, "pxn_header.pad0");
 PXN_STATIC_ASSERT(offsetof(pxn_header, wake) == 320, "pxn_header.wake");
-PXN_STATIC_ASSERT(sizeof(pxn_header) == 384, "sizeof pxn_header");
+PXN_STATIC_ASSERT(offsetof(pxn_header, pid_ns_dev) == 384, "pxn_header.pid_ns_dev");
+PXN_STATIC_ASSERT(offsetof(pxn_header, pid_ns_ino) == 392, "pxn_header.pid_ns_ino");
+PXN_STATIC_ASSERT(offsetof(pxn_header, pad1) == 400, "pxn_header.pad1");
+PXN_STATIC_ASSERT(sizeof(pxn_header) == 448, "sizeof pxn_header");
+
+PXN_STATIC_ASSERT(offsetof(pxn_rank_stats, gen) == 0, "pxn_rank_stats.gen");
+PXN_STATIC_ASSERT(offsetof(pxn_rank_stats, updated_at) == 8, "pxn_rank_stats.updated_at");
+PXN_STATIC_ASSERT(offsetof(pxn_rank_stats, relayed_bytes) == 16, "pxn_rank_stats.relayed_bytes");
+PXN_STATIC_ASSERT(offsetof(pxn_rank_stats, relayed_pieces) == 24, "pxn_rank_stats.relayed_pieces");
+PXN_STATIC_ASSERT(offsetof(pxn_rank_stats, forwarded_bytes) == 32, "pxn_rank_stats.forwarded_bytes");
+PXN_STATIC_ASSERT(offsetof(pxn_rank_stats, forwarded_pieces) == 40, "pxn_rank_stats.forwarded_pieces");
+PXN_STATIC_ASSERT(offsetof(pxn_rank_stats, direct_bytes) == 48, "pxn_rank_stats.direct_bytes");
+PXN_STATIC_ASSERT(offsetof(pxn_rank_stats, failed_pieces) == 56, "pxn_rank_stats.failed_pieces");
+PXN_STATIC_ASSERT(offsetof(pxn_rank_stats, second_hop_failures) == 64, "pxn_rank_stats.second_hop_failures");
+PXN_STATIC_ASSERT(offsetof(pxn_rank_stats, invalid_descs) == 72, "pxn_rank_stats.invalid_descs");
+PXN_STATIC_ASSERT(offsetof(pxn_rank_stats, credit_waits) == 80, "pxn_rank_stats.credit_waits");
+PXN_STATIC_ASSERT(offsetof(pxn_rank_stats, lane_quarantines) == 88, "pxn_rank_stats.lane_quarantines");
+PXN_STATIC_ASSERT(offsetof(pxn_rank_stats, pump_cpu_nanos) == 96, "pxn_rank_stats.pump_cpu_nanos");
+PXN_STATIC_ASSERT(offsetof(pxn_rank_stats, outbound_lanes) == 104, "pxn_rank_stats.outbound_lanes");
+PXN_STATIC_ASSERT(offsetof(pxn_rank_stats, inbound_lanes) == 108, "pxn_rank_stats.inbound_lanes");
+PXN_STATIC_ASSERT(offsetof(pxn_rank_stats, fallback_bytes) == 112, "pxn_rank_stats.fallback_bytes");
+PXN_STATIC_ASSERT(offsetof(pxn_rank_stats, fallback_pieces) == 176, "pxn_rank_stats.fallback_pieces");
+PXN_STATIC_ASSERT(offsetof(pxn_rank_stats, device_len) == 240, "pxn_rank_stats.device_len");
+PXN_STATIC_ASSERT(offsetof(pxn_rank_stats, pad0) == 244, "pxn_rank_stats.pad0");
+PXN_STATIC_ASSERT(offsetof(pxn_rank_stats, device) == 248, "pxn_rank_stats.device");
+PXN_STATIC_ASSERT(offsetof(pxn_rank_stats, pad1) == 296, "pxn_rank_stats.pad1");
+PXN_STATIC_ASSERT(sizeof(pxn_rank_stats) == 384, "sizeof pxn_rank_stats");
 
 PXN_STATIC_ASSERT(offsetof(pxn_control_block, header) == 0, "pxn_control_block.header");
-PXN_STATIC_ASSERT(offsetof(pxn_control_block, lanes) == 384, "pxn_control_block.lanes");
-PXN_STATIC_ASSERT(sizeof(pxn_control_block) == 8315712, "sizeof pxn_control_block");
+PXN_STATIC_ASSERT(offsetof(pxn_control_block, stats) == 448, "pxn_control_block.stats");
+PXN_STATIC_ASSERT(offsetof(pxn_control_block, lanes) == 832, "pxn_control_block.lanes");
+PXN_STATIC_ASSERT(sizeof(pxn_control_block) == 8316160, "sizeof pxn_control_block");
 
 PXN_STATIC_ASSERT(PXN_ARENA_SIZE == (UINT64_C(1008) << 20), "arena size");
 PXN_STATIC_ASSERT(PXN_SLOT_OF(1) == 0, "seq 1 is slot 0");

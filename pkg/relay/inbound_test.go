@@ -55,7 +55,7 @@ func TestInboundLanesServedInTurnAcrossTheCap(t *testing.T) {
 			var txs []*staging.SenderLane
 			for i := range staging.LaneCount {
 				lane, epoch := rank.lane(i), uint64(0x100+i)
-				lane.Claim(staging.Identity{Pid: 2000 + i, StartTime: 1, Epoch: uint64(i + 1)}, epoch, 0)
+				lane.Claim(staging.Identity{Pid: 2000 + i, StartTime: 1, Epoch: uint64(i + 1)}, staging.PidNS{}, epoch, 0)
 				tx, err := staging.NewSenderLane(lane, epoch)
 				if err != nil {
 					t.Fatal(err)

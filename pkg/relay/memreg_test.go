@@ -126,7 +126,7 @@ func (r *memRank) Attach(p relay.Peer) (relay.Link, error) {
 		if relayRank.claims[i].CompareAndSwap(-1, int32(r.pid)) {
 			lane := relayRank.lane(i)
 			epoch := laneEpochs.Add(1)
-			lane.Claim(staging.Identity{Pid: r.pid, Epoch: r.epoch}, epoch, 0)
+			lane.Claim(staging.Identity{Pid: r.pid, Epoch: r.epoch}, staging.PidNS{}, epoch, 0)
 			tx, err := staging.NewSenderLane(lane, epoch)
 			if err != nil {
 				return nil, err

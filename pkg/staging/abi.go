@@ -16,8 +16,9 @@ import (
 // whose numbers differ from a peer's refuses that peer (see the registry).
 const (
 	// ABIVersion changes whenever a shared-memory layout below changes.
-	// Version 2 added the header's wake word.
-	ABIVersion = 2
+	// Version 2 added the header's wake word; version 3 the PID namespace
+	// of a rank and of a lane's owner, and the rank's counters block.
+	ABIVersion = 3
 
 	// LaneCount is the number of inbound lanes of a relay: one per other
 	// local rank, none for itself.
@@ -54,6 +55,18 @@ const (
 	StateInit    = 1
 	StateReady   = 2
 	StateClosing = 3
+)
+
+// Ways to map a rank's arena, or-ed in Header.ArenaShares.
+const (
+	// ShareIPCHandle: Header.IPCHandle holds the handle ArenaProvider.Open
+	// maps (a shm file name, or a legacy CUDA IPC handle, which opens only
+	// inside one PID namespace).
+	ShareIPCHandle = 1
+	// ShareFD: the rank hands a descriptor of its arena (a cuMem POSIX file
+	// descriptor) to the holder of one of its lanes, over its unix socket
+	// in the group folder (SCM_RIGHTS); it works across PID namespaces.
+	ShareFD = 2
 )
 
 // Arena kinds stored in Header.ArenaKind.
@@ -147,7 +160,10 @@ type LaneOwner struct {
 	// anew and when a sequence number would wrap. Desc.Epoch must match it.
 	LaneEpoch uint64
 	ClaimedAt uint64
-	_         [24]byte
+	// PidNSDev and PidNSIno name the owner's PID namespace (PidNS).
+	PidNSDev uint64
+	PidNSIno uint64
+	_        [8]byte
 }
 
 // SenderProgress is written only by the lane's sender and read by inspect.
@@ -194,12 +210,19 @@ type Header struct {
 	RailLen      uint32
 	Rail         [48]byte
 	HCALen       uint32
-	_            uint32
-	HCA          [56]byte
-	IPCHandle    [64]byte
-	Heartbeat    uint64
-	_            [56]byte
-	Wake         WakeWord
+	// ArenaShares says how a peer may map the arena (ShareIPCHandle,
+	// ShareFD, or both).
+	ArenaShares uint32
+	HCA         [56]byte
+	IPCHandle   [64]byte
+	Heartbeat   uint64
+	_           [56]byte
+	Wake        WakeWord
+	// PidNSDev and PidNSIno name the PID namespace Pid and StartTime
+	// belong to (PidNS).
+	PidNSDev uint64
+	PidNSIno uint64
+	_        [48]byte
 }
 
 // LoadState acquire-loads the rank's state.
@@ -214,9 +237,79 @@ func (h *Header) LoadHeartbeat() uint64 { return atomic.LoadUint64(&h.Heartbeat)
 // StoreHeartbeat release-stores the heartbeat; only the owning rank calls it.
 func (h *Header) StoreHeartbeat(now uint64) { atomic.StoreUint64(&h.Heartbeat, now) }
 
+// Fallback reasons: the index of a Piece's counts in RankStats'
+// FallbackBytes and FallbackPieces, the cause for which a Piece meant for a
+// relay went direct before its doorbell.
+const (
+	// FallbackCreditTimeout: the lane had no credit for longer than the
+	// credit timeout.
+	FallbackCreditTimeout = iota
+	// FallbackRelayStale: the relay's heartbeat went stale.
+	FallbackRelayStale
+	// FallbackRelayGone: the relay closed, exited or restarted (a new
+	// epoch) while the Piece was queued for it.
+	FallbackRelayGone
+	// FallbackLaneBroken: the lane was quarantined after a first-hop copy
+	// or doorbell failure.
+	FallbackLaneBroken
+	// FallbackSourceEvent: the source-ready event could not be recorded.
+	FallbackSourceEvent
+	// FallbackNoLane: the lane would not take the Piece (closed, or not
+	// attached).
+	FallbackNoLane
+	// FallbackOther is any other cause.
+	FallbackOther
+	// FallbackReasons is the number of reasons; RankStats has room for 8.
+	FallbackReasons
+)
+
+// RankStats are a rank's engine counters as its pump last published them,
+// at most once a heartbeat, for readers outside the process (the node
+// agent's metrics, inspect). Every count is a running total since the
+// rank registered. The pump is the only writer; Gen is a sequence lock:
+// odd while the pump writes, so a reader copies the block between two
+// equal, even loads of Gen and retries otherwise. Device is written once,
+// before the rank is published READY.
+type RankStats struct {
+	Gen       uint64
+	UpdatedAt uint64
+	// RelayedBytes and RelayedPieces: this rank's Pieces that a relay
+	// staged and completed.
+	RelayedBytes  uint64
+	RelayedPieces uint64
+	// ForwardedBytes and ForwardedPieces: Pieces this rank relayed for
+	// others.
+	ForwardedBytes  uint64
+	ForwardedPieces uint64
+	// DirectBytes went direct at classification (same rail, no relay).
+	DirectBytes       uint64
+	FailedPieces      uint64
+	SecondHopFailures uint64
+	InvalidDescs      uint64
+	CreditWaits       uint64
+	LaneQuarantines   uint64
+	// PumpCPUNanos is the CPU time the pump's thread has used.
+	PumpCPUNanos uint64
+	// OutboundLanes are the lanes this rank holds on relays; InboundLanes
+	// the lanes of its own that senders hold.
+	OutboundLanes uint32
+	InboundLanes  uint32
+	// FallbackBytes and FallbackPieces, by reason (FallbackCreditTimeout
+	// and the rest).
+	FallbackBytes  [8]uint64
+	FallbackPieces [8]uint64
+	// Device names the memory the rank's arena lives in: a GPU's UUID or
+	// PCI bus id, or "host".
+	DeviceLen uint32
+	_         uint32
+	Device    [48]byte
+	_         [88]byte
+}
+
 // ControlBlock is the whole control file of one rank.
 type ControlBlock struct {
 	Header Header
+	Stats  RankStats
 	Lanes  [LaneCount]Lane
 }
 
@@ -255,8 +348,8 @@ var (
 	_ [unsafe.Sizeof(Desc{}) - (64 + MaxSession + 16*MaxPlans)]struct{}
 	_ [unsafe.Sizeof(WakeWord{}) - CacheLine]struct{}
 	_ [CacheLine - unsafe.Sizeof(WakeWord{})]struct{}
-	_ [unsafe.Sizeof(Header{}) - 384]struct{}
-	_ [384 - unsafe.Sizeof(Header{})]struct{}
+	_ [unsafe.Sizeof(Header{}) - 448]struct{}
+	_ [448 - unsafe.Sizeof(Header{})]struct{}
 	_ [unsafe.Offsetof(Header{}.Wake) - 320]struct{}
 	_ [320 - unsafe.Offsetof(Header{}.Wake)]struct{}
 	_ [unsafe.Offsetof(Header{}.Heartbeat) - 256]struct{}
@@ -267,6 +360,9 @@ var (
 	_ [-(unsafe.Offsetof(Lane{}.Ready) % CacheLine)]struct{}
 	_ [-(unsafe.Offsetof(Lane{}.Completions) % CacheLine)]struct{}
 	_ [-(unsafe.Offsetof(Lane{}.Descs) % CacheLine)]struct{}
+	_ [unsafe.Sizeof(RankStats{}) - 384]struct{}
+	_ [384 - unsafe.Sizeof(RankStats{})]struct{}
+	_ [8 - FallbackReasons]struct{}
 	_ [ArenaSize - 1008<<20]struct{}
 	_ [1008<<20 - ArenaSize]struct{}
 )

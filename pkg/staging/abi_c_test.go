@@ -122,6 +122,8 @@ var goMacros = []cMacro{
 	{"PXN_STATE_INIT", StateInit},
 	{"PXN_STATE_READY", StateReady},
 	{"PXN_STATE_CLOSING", StateClosing},
+	{"PXN_SHARE_IPC_HANDLE", ShareIPCHandle},
+	{"PXN_SHARE_FD", ShareFD},
 	{"PXN_ARENA_HOST", ArenaHost},
 	{"PXN_ARENA_CUDA", ArenaCUDA},
 	{"PXN_COMPLETION_OK", CompletionOK},
@@ -130,6 +132,14 @@ var goMacros = []cMacro{
 	{"PXN_COMPLETION_UNRESOLVED", CompletionUnresolved},
 	{"PXN_COMPLETION_RELAY_CLOSING", CompletionRelayClosing},
 	{"PXN_COMPLETION_TIMEOUT", CompletionTimeout},
+	{"PXN_FALLBACK_CREDIT_TIMEOUT", FallbackCreditTimeout},
+	{"PXN_FALLBACK_RELAY_STALE", FallbackRelayStale},
+	{"PXN_FALLBACK_RELAY_GONE", FallbackRelayGone},
+	{"PXN_FALLBACK_LANE_BROKEN", FallbackLaneBroken},
+	{"PXN_FALLBACK_SOURCE_EVENT", FallbackSourceEvent},
+	{"PXN_FALLBACK_NO_LANE", FallbackNoLane},
+	{"PXN_FALLBACK_OTHER", FallbackOther},
+	{"PXN_FALLBACK_REASONS", FallbackReasons},
 }
 
 // slotProbes are the seqs whose PXN_SLOT_OF the C program prints.
@@ -468,7 +478,7 @@ func TestABIDocLayout(t *testing.T) {
 	var lane Lane
 	for _, want := range []string{
 		fmt.Sprintf("`pxn_control_block` of %d bytes", ControlSize),
-		fmt.Sprintf("the %d-byte\nheader, then %d lanes of %d bytes", unsafe.Sizeof(Header{}), LaneCount, unsafe.Sizeof(lane)),
+		fmt.Sprintf("the %d-byte\nheader, the %d-byte counters block, then %d lanes of %d bytes", unsafe.Sizeof(Header{}), unsafe.Sizeof(RankStats{}), LaneCount, unsafe.Sizeof(lane)),
 		fmt.Sprintf("| lane `l` | %d + l × %d |", unsafe.Offsetof(ControlBlock{}.Lanes), unsafe.Sizeof(lane)),
 		fmt.Sprintf("| lane + %d + s × %d |", unsafe.Offsetof(lane.Ready), unsafe.Sizeof(lane.Ready[0])),
 		fmt.Sprintf("| lane + %d + s × %d |", unsafe.Offsetof(lane.Completions), unsafe.Sizeof(lane.Completions[0])),

@@ -160,6 +160,7 @@ var sharedTypes = []reflect.Type{
 	reflect.TypeFor[Lane](),
 	reflect.TypeFor[WakeWord](),
 	reflect.TypeFor[Header](),
+	reflect.TypeFor[RankStats](),
 	reflect.TypeFor[ControlBlock](),
 }
 

@@ -24,6 +24,30 @@ func (id Identity) String() string {
 	return fmt.Sprintf("pid %d start %d epoch %016x", id.Pid, id.StartTime, id.Epoch)
 }
 
+// PidNS names a PID namespace by the device and inode of its nsfs file
+// (/proc/<pid>/ns/pid), as rank headers and lane owners store it. A pid and
+// a process start time mean something only to a reader in the same PID
+// namespace; the zero PidNS is no namespace.
+type PidNS struct {
+	Dev uint64
+	Ino uint64
+}
+
+func (ns PidNS) String() string { return fmt.Sprintf("pid:[%d] on dev %d", ns.Ino, ns.Dev) }
+
+// ReadPidNS identifies the PID namespace that path (a /proc/<pid>/ns/pid
+// file) stands for.
+func ReadPidNS(path string) (PidNS, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return PidNS{}, fmt.Errorf("PID namespace of %s: %w", path, err)
+	}
+	return PidNS{Dev: st.Dev, Ino: st.Ino}, nil
+}
+
+// SelfPidNS identifies the caller's PID namespace.
+func SelfPidNS() (PidNS, error) { return ReadPidNS("/proc/self/ns/pid") }
+
 // monoAnchor pairs one CLOCK_MONOTONIC reading with the same instant on the
 // Go clock, whose monotonic part is CLOCK_MONOTONIC read through the vDSO.
 var monoAnchor = sync.OnceValues(func() (int64, time.Time) {

@@ -95,7 +95,7 @@ func (l *Lane) Owned(owner Identity, laneEpoch uint64) bool {
 // epoch): ready words, completion seqs and Desc commit seqs are zeroed
 // before the owner is published, since values left by an earlier owner
 // would match seqs 1..K of the new one. The caller holds the registry lock.
-func (l *Lane) Claim(owner Identity, laneEpoch uint64, now int64) {
+func (l *Lane) Claim(owner Identity, ns PidNS, laneEpoch uint64, now int64) {
 	atomic.StoreUint64(&l.Owner.Pid, 0)
 	atomic.StoreUint64(&l.Sender.NextSeq, 1)
 	atomic.StoreUint64(&l.Sender.PublishedSeq, 0)
@@ -112,6 +112,8 @@ func (l *Lane) Claim(owner Identity, laneEpoch uint64, now int64) {
 		atomic.StoreUint64(&l.Descs[s].CommitSeq, 0)
 	}
 	atomic.StoreUint64(&l.Owner.StartTime, owner.StartTime)
+	atomic.StoreUint64(&l.Owner.PidNSDev, ns.Dev)
+	atomic.StoreUint64(&l.Owner.PidNSIno, ns.Ino)
 	atomic.StoreUint64(&l.Owner.SenderEpoch, owner.Epoch)
 	atomic.StoreUint64(&l.Owner.LaneEpoch, laneEpoch)
 	atomic.StoreUint64(&l.Owner.ClaimedAt, uint64(now))
@@ -127,6 +129,8 @@ func (l *Lane) Renew(laneEpoch uint64) { atomic.StoreUint64(&l.Owner.LaneEpoch, 
 func (l *Lane) Free() {
 	atomic.StoreUint64(&l.Owner.Pid, 0)
 	atomic.StoreUint64(&l.Owner.StartTime, 0)
+	atomic.StoreUint64(&l.Owner.PidNSDev, 0)
+	atomic.StoreUint64(&l.Owner.PidNSIno, 0)
 	atomic.StoreUint64(&l.Owner.SenderEpoch, 0)
 	atomic.StoreUint64(&l.Owner.ClaimedAt, 0)
 }

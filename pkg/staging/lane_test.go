@@ -10,7 +10,7 @@ import (
 func newTestLane(t *testing.T, epoch uint64) (*Lane, *SenderLane, *RelayLane) {
 	t.Helper()
 	lane := new(Lane)
-	lane.Claim(Identity{Pid: 42, StartTime: 7, Epoch: 9}, epoch, 1)
+	lane.Claim(Identity{Pid: 42, StartTime: 7, Epoch: 9}, PidNS{Dev: 3, Ino: 4}, epoch, 1)
 	tx, err := NewSenderLane(lane, epoch)
 	if err != nil {
 		t.Fatal(err)
@@ -145,7 +145,7 @@ func TestLaneEndpointRules(t *testing.T) {
 			var vd ValidDesc
 			take(t, rx, &vd)
 			old := rx.Epoch()
-			lane.Claim(Identity{Pid: 43, Epoch: 1}, old+1, 2)
+			lane.Claim(Identity{Pid: 43, Epoch: 1}, PidNS{}, old+1, 2)
 			if epoch, prev := rx.Sync(); epoch != old+1 || prev != old || rx.Next() != 1 {
 				t.Fatalf("Sync = %#x, %#x, next %d", epoch, prev, rx.Next())
 			}
@@ -207,7 +207,7 @@ func TestLaneEndpointRules(t *testing.T) {
 		{"claim resets a used lane and publishes the owner", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
 			send(t, tx)
 			owner := Identity{Pid: 77, StartTime: 8, Epoch: 3}
-			lane.Claim(owner, 11, 5)
+			lane.Claim(owner, PidNS{}, 11, 5)
 			st := lane.State()
 			if !st.Held || st.Owner != owner || st.LaneEpoch != 11 || st.Next != 1 || st.Published != 0 || st.Ready[0] != 0 || lane.Descs[0].CommitSeq != 0 {
 				t.Fatalf("after the claim: %+v", st)

@@ -371,7 +371,7 @@ func NewSender(d *cuda.Driver, cfg Config, handle [staging.ArenaHandleSize]byte,
 	// The ring has one sender and no registry: the sender claims the lane
 	// itself, under an epoch of its own.
 	lane := &ctl.Lanes[cfg.Lane]
-	lane.Claim(staging.Identity{Pid: os.Getpid(), Epoch: ringEpoch}, ringEpoch, 0)
+	lane.Claim(staging.Identity{Pid: os.Getpid(), Epoch: ringEpoch}, staging.PidNS{}, ringEpoch, 0)
 	if s.tx, err = staging.NewSenderLane(lane, ringEpoch); err != nil {
 		return nil, err
 	}

@@ -156,7 +156,7 @@ func TestRegistryGarbageControlFilesAreRefused(t *testing.T) {
 	dir := r.Dir()
 	me, start := os.Getpid(), selfStart(t)
 	valid := func(id staging.Identity) []byte {
-		h := newHeader(id, os.Geteuid(), "rail-x", "hca-x", staging.ArenaHost)
+		h := newHeader(id, staging.PidNS{Dev: 1, Ino: 2}, os.Geteuid(), "rail-x", "hca-x", staging.ArenaHost)
 		h.State, h.Heartbeat = staging.StateReady, uint64(staging.MonoNanos())
 		b := make([]byte, staging.ControlSize)
 		copy(b, unsafe.Slice((*byte)(unsafe.Pointer(&h)), headerSize))
@@ -178,9 +178,13 @@ func TestRegistryGarbageControlFilesAreRefused(t *testing.T) {
 		{"truncated header", func(id staging.Identity) []byte { return valid(id)[:100] }, "is 100 bytes"},
 		{"one byte short", func(id staging.Identity) []byte { return valid(id)[:staging.ControlSize-1] }, fmt.Sprintf("is %d bytes", staging.ControlSize-1)},
 		{"zeros", func(staging.Identity) []byte { return make([]byte, staging.ControlSize) }, "magic 0x0 differs from ours 0x31304745524e5850"},
-		{"ABI version 1, before the wake word", mutated(func(h *staging.Header) { h.ABIVersion = 1; h.HeaderSize = 320 }), "ABI version 1 differs from ours 2"},
-		{"newer ABI version", mutated(func(h *staging.Header) { h.ABIVersion = 3 }), "ABI version 3 differs from ours 2"},
-		{"header size", mutated(func(h *staging.Header) { h.HeaderSize = 320 }), "header size 320 differs from ours 384"},
+		{"ABI version 1, before the wake word", mutated(func(h *staging.Header) { h.ABIVersion = 1; h.HeaderSize = 320 }), "ABI version 1 differs from ours 3"},
+		{"ABI version 2, before PID namespaces and counters", mutated(func(h *staging.Header) { h.ABIVersion = 2; h.HeaderSize = 384 }), "ABI version 2 differs from ours 3"},
+		{"newer ABI version", mutated(func(h *staging.Header) { h.ABIVersion = 4 }), "ABI version 4 differs from ours 3"},
+		{"header size", mutated(func(h *staging.Header) { h.HeaderSize = 384 }), "header size 384 differs from ours 448"},
+		{"no PID namespace", mutated(func(h *staging.Header) { h.PidNSIno = 0 }), "no PID namespace"},
+		{"no way to map the arena", mutated(func(h *staging.Header) { h.ArenaShares = 0 }), "arena shares 0x0"},
+		{"unknown arena share", mutated(func(h *staging.Header) { h.ArenaShares |= 8 }), "arena shares 0x9"},
 		{"lane count", mutated(func(h *staging.Header) { h.LaneCount = 8 }), "lane count 8 differs from ours 7"},
 		{"slots per lane", mutated(func(h *staging.Header) { h.SlotsPerLane = 16 }), "slots per lane 16 differs from ours 18"},
 		{"slot size", mutated(func(h *staging.Header) { h.SlotSize = 4 << 20 }), "slot size 4194304 differs from ours 8388608"},
@@ -238,7 +242,7 @@ func TestRegistryGarbageControlFilesAreRefused(t *testing.T) {
 }
 
 func validHeaderBytes() []byte {
-	h := newHeader(staging.Identity{Pid: 77, StartTime: 5, Epoch: 9}, 0, "r", "h", staging.ArenaHost)
+	h := newHeader(staging.Identity{Pid: 77, StartTime: 5, Epoch: 9}, staging.PidNS{Dev: 1, Ino: 2}, 0, "r", "h", staging.ArenaHost)
 	return append([]byte(nil), unsafe.Slice((*byte)(unsafe.Pointer(&h)), headerSize)...)
 }
 

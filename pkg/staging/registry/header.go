@@ -32,7 +32,7 @@ func (e *MismatchError) Error() string {
 const headerSize = unsafe.Sizeof(staging.Header{})
 
 // newHeader fills everything a rank publishes and never changes afterwards.
-func newHeader(id staging.Identity, uid int, rail, hca string, arenaKind uint32) staging.Header {
+func newHeader(id staging.Identity, ns staging.PidNS, uid int, rail, hca string, arenaKind uint32) staging.Header {
 	h := staging.Header{
 		Magic:        staging.RegistryMagic,
 		ABIVersion:   staging.ABIVersion,
@@ -49,6 +49,9 @@ func newHeader(id staging.Identity, uid int, rail, hca string, arenaKind uint32)
 		ArenaKind:    arenaKind,
 		RailLen:      uint32(len(rail)),
 		HCALen:       uint32(len(hca)),
+		ArenaShares:  staging.ShareIPCHandle,
+		PidNSDev:     ns.Dev,
+		PidNSIno:     ns.Ino,
 	}
 	copy(h.Rail[:], rail)
 	copy(h.HCA[:], hca)
@@ -92,6 +95,10 @@ func checkHeader(h *staging.Header) error {
 		return fmt.Errorf("%w: pid %d", ErrCorruptEntry, h.Pid)
 	case h.BootEpoch == 0:
 		return fmt.Errorf("%w: epoch 0", ErrCorruptEntry)
+	case h.PidNSIno == 0:
+		return fmt.Errorf("%w: no PID namespace", ErrCorruptEntry)
+	case h.ArenaShares == 0 || h.ArenaShares&^(staging.ShareIPCHandle|staging.ShareFD) != 0:
+		return fmt.Errorf("%w: arena shares %#x", ErrCorruptEntry, h.ArenaShares)
 	case h.ArenaKind != staging.ArenaHost && h.ArenaKind != staging.ArenaCUDA:
 		return fmt.Errorf("%w: arena kind %d", ErrCorruptEntry, h.ArenaKind)
 	case h.RailLen == 0 || h.RailLen > uint32(len(h.Rail)):

@@ -171,7 +171,7 @@ func (r *Rank) claimLane(ctl *staging.ControlBlock, name string) (int, uint64, e
 	if reclaimed != "" {
 		r.opts.Logger.Info("pxn reclaimed lane of a stale sender", "peer", name, "lane", free, "reason", reclaimed)
 	}
-	lane.Claim(r.id, epoch, now)
+	lane.Claim(r.id, r.ns, epoch, now)
 	return free, epoch, nil
 }
 

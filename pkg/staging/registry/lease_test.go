@@ -315,7 +315,7 @@ func TestLeaseNoFreeLaneAndReusedPidOwner(t *testing.T) {
 	sender := mustRegister(t, regOptions(root, "g", "rail1"))
 	holder := mustRegister(t, regOptions(root, "g", "rail2"))
 	for i := range relay.ctl.Lanes {
-		relay.ctl.Lanes[i].Claim(holder.Identity(), uint64(i+1), staging.MonoNanos())
+		relay.ctl.Lanes[i].Claim(holder.Identity(), holder.ns, uint64(i+1), staging.MonoNanos())
 	}
 	peer := peerByName(t, sender, relay.Name())
 	if _, err := sender.Attach(ctx, peer); !errors.Is(err, ErrNoFreeLane) {
@@ -377,7 +377,7 @@ func TestLeaseRolloverAndReclaimedLane(t *testing.T) {
 		t.Errorf("Live after Rollover = %v", err)
 	}
 	// Someone else took the lane (as after this process was judged stale).
-	relay.ctl.Lanes[0].Claim(relay.Identity(), 77, staging.MonoNanos())
+	relay.ctl.Lanes[0].Claim(relay.Identity(), relay.ns, 77, staging.MonoNanos())
 	if err := l.Live(staging.MonoNanos()); !errors.Is(err, ErrPeerGone) || !strings.Contains(err.Error(), "reclaimed") {
 		t.Errorf("Live = %v, want the lane reclaimed", err)
 	}

@@ -172,7 +172,9 @@ func (o *Options) fill() error {
 // Rank is this process's registration in its group: the registry
 // directory, the staging arena and the control file that peers map.
 type Rank struct {
-	id    staging.Identity
+	id staging.Identity
+	// ns is the PID namespace id's pid and start time belong to.
+	ns    staging.PidNS
 	opts  Options
 	d     *registryDir
 	arena staging.Arena
@@ -220,8 +222,13 @@ func Register(ctx context.Context, opts Options) (*Rank, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pxn registry: %w", err)
 	}
+	ns, err := staging.SelfPidNS()
+	if err != nil {
+		return nil, fmt.Errorf("pxn registry: %w", err)
+	}
 	r := &Rank{
 		id:        id,
+		ns:        ns,
 		opts:      opts,
 		links:     make(map[*PeerLink]struct{}),
 		refused:   make(map[string]bool),
@@ -354,7 +361,7 @@ func (r *Rank) createControl() error {
 	for i := range r.inbound {
 		r.inbound[i] = staging.NewRelayLane(&r.ctl.Lanes[i])
 	}
-	r.ctl.Header = newHeader(r.id, r.opts.UID, r.opts.Rail, r.opts.HCA, r.arena.Kind())
+	r.ctl.Header = newHeader(r.id, r.ns, r.opts.UID, r.opts.Rail, r.opts.HCA, r.arena.Kind())
 	r.pushUndo(func() error {
 		err := unix.Munmap(mem)
 		r.ctl, r.ctlMem, r.inbound = nil, nil, [staging.LaneCount]*staging.RelayLane{}

@@ -139,7 +139,7 @@ func TestRegistryRankKilledDuringInitIsCleaned(t *testing.T) {
 // mutate, and an arena file next to it.
 func writeFakeRank(t *testing.T, dir string, id staging.Identity, name string, mutate func(h *staging.Header)) {
 	t.Helper()
-	h := newHeader(id, os.Geteuid(), "rail-x", "hca-x", staging.ArenaHost)
+	h := newHeader(id, staging.PidNS{Dev: 1, Ino: 2}, os.Geteuid(), "rail-x", "hca-x", staging.ArenaHost)
 	h.State = staging.StateReady
 	h.Heartbeat = uint64(staging.MonoNanos())
 	handle := [staging.ArenaHandleSize]byte{}
