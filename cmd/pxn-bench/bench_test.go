@@ -167,37 +167,42 @@ func TestBenchKV(t *testing.T) {
 }
 
 // TestBenchFanInFairness runs seven senders into one relay with equal
-// demand: every sender's rate, measured while all of them are backlogged,
-// must be at least 0.9 of the mean (P12), whatever lane it holds, with a
-// second hop of one Piece at a time and of four. Pieces of 1 MiB give each
-// sender enough of them in the window that one Piece more or less is a few
-// percent.
+// demand, with a second hop of one Piece at a time and of four, and judges
+// the relay's order, not the senders' rates (those depend on how busy the
+// machine is; pxn-bench reports them as the P12 row, a benchmark): the
+// relay must take Pieces while other lanes wait, and never one out of turn.
+// A fixed lane order (lane 0 first in every pass) takes lane 0's Pieces
+// out of turn as soon as two lanes wait.
 func TestBenchFanInFairness(t *testing.T) {
 	for _, depth := range []string{"1", "4"} {
 		t.Run("inflight depth "+depth, func(t *testing.T) {
 			rows := runBenchEnv(t, []string{contract.EnvInflightDepth + "=" + depth},
-				"--ranks", "8", "--bytes", "48MiB", "--block", "1MiB", "--per-submit", "1", "--pattern", "fan-in")
+				"--ranks", "8", "--bytes", "24MiB", "--block", "1MiB", "--per-submit", "1", "--pattern", "fan-in")
 			if main := rows[0]; !main.Verified || main.Failed != 0 || main.FallbackBytes != 0 {
 				t.Fatalf("main row %+v", main)
 			}
 			senders := 0
-			var fair *row
-			for i, r := range rows {
-				switch {
-				case strings.HasPrefix(r.Scenario, "fan-in sender rank "):
+			byScenario := map[string]row{}
+			for _, r := range rows {
+				if strings.HasPrefix(r.Scenario, "fan-in sender rank ") {
 					senders++
-					if strings.Contains(r.Note, "whole transfer (") {
-						t.Fatalf("no backlogged window was measured: %s", r.Note)
-					}
-				case strings.HasPrefix(r.Scenario, "P12 "):
-					fair = &rows[i]
 				}
+				byScenario[r.Scenario] = r
 			}
-			if senders != 7 || fair == nil {
-				t.Fatalf("%d sender rows, fairness row %v; want 7 and one", senders, fair)
+			_, fair := byScenario["P12 fan-in fairness: slowest sender over the mean"]
+			contended, okc := byScenario["fan-in relay: Pieces taken while another lane had a ticket ready"]
+			outOfTurn, oko := byScenario["fan-in relay: Pieces taken out of turn"]
+			if senders != 7 || !fair || !okc || !oko {
+				t.Fatalf("%d sender rows, P12 row %v, turn rows %v %v; want 7 and all three", senders, fair, okc, oko)
 			}
-			if fair.Value < 0.9 {
-				t.Errorf("slowest sender got %.3f of the mean rate, want at least 0.9", fair.Value)
+			// Seven senders of 24 Pieces each keep the relay's lanes full:
+			// a run in which no Piece met another lane's ticket judged
+			// nothing.
+			if contended.Value < 1 {
+				t.Fatalf("the relay never took a Piece while another lane waited (%s)", contended.Note)
+			}
+			if outOfTurn.Value != 0 {
+				t.Errorf("the relay took %v Pieces out of turn (of %v taken while another lane waited)", outOfTurn.Value, contended.Value)
 			}
 		})
 	}

@@ -92,9 +92,12 @@ func minOverMean(ss []senderShare) float64 {
 	return least / (sum / float64(len(ss)))
 }
 
-// fairRows are a fan-in's rows per sender and the ratio of the slowest to
-// the mean (P12). Every rank but the relay (rank 0) is a sender.
-func fairRows(prefix, pattern string, ranks []rankResult, verified bool) []row {
+// fairRows are a fan-in's rows per sender, the ratio of the slowest to the
+// mean (P12), and the relay's turn counters: how many Pieces it took while
+// another lane had a ticket ready, and how many of those out of turn.
+// Every rank but the relay (rank 0) is a sender; busy holds each rank's
+// counters over the measured phase, the relay's first.
+func fairRows(prefix, pattern string, ranks []rankResult, busy []busyWindow, verified bool) []row {
 	if pattern != "fan-in" {
 		return nil
 	}
@@ -102,6 +105,16 @@ func fairRows(prefix, pattern string, ranks []rankResult, verified bool) []row {
 	for _, r := range ranks {
 		if r.Rank != 0 && r.Bytes > 0 {
 			senders = append(senders, r)
+		}
+	}
+	var turns []row
+	if len(busy) > 0 {
+		b := busy[0]
+		turns = []row{
+			{Scenario: prefix + "fan-in relay: Pieces taken while another lane had a ticket ready", Value: float64(b.contended), Unit: "Pieces", Verified: verified,
+				Note: fmt.Sprintf("%d of the %d Pieces the relay forwarded", b.contended, b.forwarded)},
+			{Scenario: prefix + "fan-in relay: Pieces taken out of turn", Value: float64(b.outOfTurn), Unit: "Pieces", Verified: verified,
+				Note: "taken from a lane already served since another lane's ticket became ready, while that ticket still waited; 0 when lanes are served in turn"},
 		}
 	}
 	if len(senders) < 2 {
@@ -119,5 +132,5 @@ func fairRows(prefix, pattern string, ranks []rankResult, verified bool) []row {
 	}
 	rows = append(rows, row{Scenario: prefix + "P12 fan-in fairness: slowest sender over the mean", Value: minOverMean(ss), Unit: "min/mean",
 		Verified: verified, Note: fmt.Sprintf("%d senders, rates %s", len(ss), over)})
-	return rows
+	return append(rows, turns...)
 }

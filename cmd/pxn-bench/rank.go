@@ -501,6 +501,7 @@ func diffCounters(a, b relay.CounterSnapshot) relay.CounterSnapshot {
 		InvalidDescs: a.InvalidDescs - b.InvalidDescs, FailedPieces: a.FailedPieces - b.FailedPieces,
 		LaneQuarantines: a.LaneQuarantines - b.LaneQuarantines,
 		PumpSleeps:      a.PumpSleeps - b.PumpSleeps, PumpWakes: a.PumpWakes - b.PumpWakes,
+		InboundContended: a.InboundContended - b.InboundContended, InboundOutOfTurn: a.InboundOutOfTurn - b.InboundOutOfTurn,
 	}
 }
 

@@ -304,6 +304,9 @@ type busyWindow struct {
 	// runs counts the pump thread's wake-ups; sleeps and wakes are its
 	// sleeps on the wake word and those a waker ended.
 	runs, sleeps, wakes uint64
+	// contended and outOfTurn are the relay's turn counters
+	// (relay.CounterSnapshot's InboundContended and InboundOutOfTurn).
+	contended, outOfTurn uint64
 }
 
 // phaseResult is one phase's reports.
@@ -512,7 +515,8 @@ func (dev *device) phase(s scenario, l *layout, targets []*child, args func(int,
 		a, b := after[k].Result, before[k].Result
 		res.busy = append(res.busy, busyWindow{pumpCPU: a.PumpCPU - b.PumpCPU, seconds: window,
 			runs: a.PumpRuns - b.PumpRuns, sleeps: a.Counters.PumpSleeps - b.Counters.PumpSleeps, wakes: a.Counters.PumpWakes - b.Counters.PumpWakes,
-			relayed: a.Counters.RelayedPieces - b.Counters.RelayedPieces, forwarded: a.Counters.ForwardedPieces - b.Counters.ForwardedPieces})
+			relayed: a.Counters.RelayedPieces - b.Counters.RelayedPieces, forwarded: a.Counters.ForwardedPieces - b.Counters.ForwardedPieces,
+			contended: a.Counters.InboundContended - b.Counters.InboundContended, outOfTurn: a.Counters.InboundOutOfTurn - b.Counters.InboundOutOfTurn})
 	}
 	engine := mode == "engine"
 	steps := []struct {
@@ -703,7 +707,7 @@ func (dev *device) summarize(s scenario, l *layout, pxn, bare *phaseResult) []ro
 	if s.kv != nil {
 		rows = append(rows, kvRows(prefix, pxn, bare)...)
 	}
-	rows = append(rows, fairRows(prefix, s.pattern, pxn.ranks, pxn.verified)...)
+	rows = append(rows, fairRows(prefix, s.pattern, pxn.ranks, pxn.busy, pxn.verified)...)
 	rows = append(rows, latencyRows(prefix, dev.hop, pxn.lats)...)
 	rows = append(rows, pumpRows(prefix, pxn, pieces, forwarded)...)
 	if s.p6 && bare != nil {

@@ -22,6 +22,8 @@ type Counters struct {
 	routeDrops     atomic.Uint64
 	pumpSleeps     atomic.Uint64
 	pumpWakes      atomic.Uint64
+	contended      atomic.Uint64
+	outOfTurn      atomic.Uint64
 }
 
 // CounterSnapshot is a copy of the counters at one moment.
@@ -59,6 +61,13 @@ type CounterSnapshot struct {
 	// those a waker ended (the others ran to their timeout).
 	PumpSleeps uint64 `json:"pump_sleeps"`
 	PumpWakes  uint64 `json:"pump_wakes"`
+	// InboundContended counts the Pieces this relay took from a lane while
+	// another inbound lane also had a ticket ready. InboundOutOfTurn counts
+	// those taken from a lane that had already been served since another
+	// lane's ticket became ready, while that ticket still waited: with
+	// inbound lanes served in turn it stays 0.
+	InboundContended uint64 `json:"inbound_contended"`
+	InboundOutOfTurn uint64 `json:"inbound_out_of_turn"`
 }
 
 func (c *Counters) snapshot() CounterSnapshot {
@@ -79,5 +88,7 @@ func (c *Counters) snapshot() CounterSnapshot {
 		RouteDrops:        c.routeDrops.Load(),
 		PumpSleeps:        c.pumpSleeps.Load(),
 		PumpWakes:         c.pumpWakes.Load(),
+		InboundContended:  c.contended.Load(),
+		InboundOutOfTurn:  c.outOfTurn.Load(),
 	}
 }

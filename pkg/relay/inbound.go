@@ -43,6 +43,9 @@ type relayer struct {
 	// turn is the inbound lane served first in the next pass: the one
 	// after the last lane that had a ticket taken.
 	turn int
+	// lead[j][i] counts the tickets taken from lane i since lane j was
+	// last served or last found without a ready ticket (InboundOutOfTurn).
+	lead [staging.LaneCount][staging.LaneCount]uint32
 	// inflight counts relayed Pieces whose second hop has not finished.
 	inflight int
 	vd       staging.ValidDesc
@@ -77,12 +80,27 @@ func (rl *relayer) announced() int {
 // with rl.turn. A lane whose ticket was taken goes last in the next pass,
 // so a slot freed under the inflight cap goes to the next lane in turn, not
 // to the lowest-numbered one with a ticket.
+//
+// Every lane is synced to its epoch first, so that the turn counters see
+// every lane's ready ticket. Once the inflight cap refuses a lane, no later
+// lane of the pass is served, even if a write failing on submit freed a
+// place meanwhile: the refused lane keeps its turn.
 func (rl *relayer) consumeAll() bool {
 	progressed := false
+	var claimed [staging.LaneCount]bool
+	for i := range rl.in {
+		claimed[i] = rl.sync(i)
+	}
 	n := len(rl.in)
 	start := rl.turn
 	for k := range n {
 		i := (start + k) % n
+		if !claimed[i] {
+			continue
+		}
+		if rl.inflight >= rl.s.cfg.InflightDepth {
+			break
+		}
 		if rl.consume(i) {
 			progressed = true
 			rl.turn = (i + 1) % n
@@ -90,6 +108,33 @@ func (rl *relayer) consumeAll() bool {
 	}
 	return progressed
 }
+
+// served records a ticket taken from lane i for the turn counters.
+func (rl *relayer) served(i int) {
+	contended, outOfTurn := false, false
+	for j := range rl.in {
+		if j == i {
+			continue
+		}
+		if _, st := rl.in[j].rx.Poll(); st != staging.TicketReady {
+			rl.lead[j] = [staging.LaneCount]uint32{}
+			continue
+		}
+		contended = true
+		rl.lead[j][i]++
+		outOfTurn = outOfTurn || rl.lead[j][i] > 1
+	}
+	rl.lead[i] = [staging.LaneCount]uint32{}
+	if contended {
+		rl.s.counters.contended.Add(1)
+	}
+	if outOfTurn {
+		rl.s.counters.outOfTurn.Add(1)
+	}
+}
+
+// notReady records that lane i had no ready ticket when its turn came.
+func (rl *relayer) notReady(i int) { rl.lead[i] = [staging.LaneCount]uint32{} }
 
 // sendRecord gives a relayed Piece's writes to the hop, as many as it takes.
 func (rl *relayer) sendRecord(rec *inflightRec) {
@@ -145,9 +190,9 @@ type inLane struct {
 // commitWaitLimit bounds how long a rung doorbell may wait for its Desc.
 const commitWaitLimit = 100 * time.Millisecond
 
-// consume takes at most one ticket from inbound lane i. It returns true when
-// it made progress.
-func (rl *relayer) consume(i int) bool {
+// sync follows inbound lane i to its current epoch; it returns false while
+// no sender has ever claimed the lane.
+func (rl *relayer) sync(i int) bool {
 	il := &rl.in[i]
 	epoch, prev := il.rx.Sync()
 	if epoch == 0 {
@@ -155,15 +200,22 @@ func (rl *relayer) consume(i int) bool {
 	}
 	if epoch != prev {
 		il.commitWait = time.Time{}
+		rl.notReady(i)
 		if s := rl.s.hooks.firstSeq; prev == 0 && s > 1 {
 			il.rx.StartAt(s)
 		}
 	}
-	if rl.inflight >= rl.s.cfg.InflightDepth {
-		return false
-	}
+	return true
+}
+
+// consume takes at most one ticket from inbound lane i, synced and under
+// the inflight cap. It returns true when it made progress.
+func (rl *relayer) consume(i int) bool {
+	il := &rl.in[i]
+	epoch := il.rx.Epoch()
 	switch _, st := il.rx.Poll(); st {
 	case staging.TicketNone:
+		rl.notReady(i)
 		return false
 	case staging.TicketRung:
 		// The doorbell can become visible before the Desc's commit seq
@@ -171,6 +223,7 @@ func (rl *relayer) consume(i int) bool {
 		// that never comes is a broken sender; after a bound the ticket is
 		// validated as it is, fails, and the credit returns.
 		now := time.Now()
+		rl.notReady(i)
 		if il.commitWait.IsZero() {
 			il.commitWait = now
 			return false
@@ -180,6 +233,7 @@ func (rl *relayer) consume(i int) bool {
 		}
 	}
 	il.commitWait = time.Time{}
+	rl.served(i)
 	vd := &rl.vd
 	seq, err := il.rx.Take(vd)
 	if err != nil {

@@ -88,6 +88,11 @@ func TestInboundLanesServedInTurnAcrossTheCap(t *testing.T) {
 					t.Fatalf("ticket %d served came from lane %d, want lane %d (lanes in service order: %v)", n, lane, n%staging.LaneCount, lanesOf(hop.dsts, perLane, size))
 				}
 			}
+			// Every ticket but the last was taken while another lane had
+			// one ready, and none out of turn.
+			if c := e.Counters(); c.InboundContended != staging.LaneCount*perLane-1 || c.InboundOutOfTurn != 0 {
+				t.Errorf("inbound contended %d, out of turn %d; want %d and 0", c.InboundContended, c.InboundOutOfTurn, staging.LaneCount*perLane-1)
+			}
 			for e.RunRound() {
 			}
 			for i, tx := range txs {
