@@ -10,7 +10,8 @@
 #   hack/host-packages.sh packages GROUP...  print the package names of the groups
 #
 # Groups:
-#   build    gcc, make, git: building the binaries with cgo
+#   build    gcc, make, git: building the binaries with cgo; gcc brings the
+#            ASan and UBSan runtimes (libasan8, libubsan1) the sanitized tests use
 #   cluster  containerd, runc, CNI plugins, openssl, curl, iptables, iproute2:
 #            hack/local-cluster.sh, make demo and the end-to-end suite (test/e2e)
 #   cross    gcc-aarch64-linux-gnu and the arm64 C library: hack/image for linux/arm64

@@ -47,16 +47,21 @@ type firstHop struct {
 	arenas    staging.ArenaProvider
 	arenaKind int
 	gpu       *gpu.GPU
+	// driver is the one the GPU was opened with; it is closed after it.
+	driver *cuda.Driver
 }
 
-// close releases the GPU once the engine has closed the copier.
+// close releases the GPU and the driver once the engine has closed the
+// copier and the arenas.
 func (f *firstHop) close() error {
 	if f.gpu == nil {
 		return nil
 	}
-	g := f.gpu
-	f.gpu = nil
-	return g.Close()
+	g, d := f.gpu, f.driver
+	f.gpu, f.driver = nil, nil
+	err := g.Close()
+	d.Close()
+	return err
 }
 
 func hostFirstHop(kind uint32) *firstHop {
@@ -93,10 +98,12 @@ func newFirstHop(kind uint32, pxnOn bool, dev deviceChoice, lookup func(string) 
 		return hostFirstHop(copierDefault), nil
 	}
 	if !pxnOn {
+		d.Close()
 		return hostFirstHop(copierDefault), nil
 	}
 	f, err := cudaFirstHop(d, ordinal, lookup, log)
 	if err != nil {
+		d.Close()
 		if explicit {
 			return nil, fail(codeIO, "copier PXN_COPIER_CUDA on device %d: %w", ordinal, err)
 		}
@@ -107,23 +114,25 @@ func newFirstHop(kind uint32, pxnOn bool, dev deviceChoice, lookup func(string) 
 	return f, nil
 }
 
-// cudaDevice loads the driver and picks the GPU.
+// cudaDevice loads the driver and picks the GPU. The caller closes the
+// driver it returns.
 func cudaDevice(dev deviceChoice) (*cuda.Driver, int, error) {
 	d, err := cuda.Load()
 	if err != nil {
 		return nil, 0, err
 	}
 	n, err := d.DeviceCount()
+	if err == nil && n == 0 {
+		err = errors.New("the CUDA driver reports no device")
+	}
+	if err == nil && dev.set && (dev.ordinal < 0 || dev.ordinal >= n) {
+		err = fmt.Errorf("cuda_device %d: the driver reports devices 0..%d", dev.ordinal, n-1)
+	}
 	if err != nil {
+		d.Close()
 		return nil, 0, err
 	}
-	if n == 0 {
-		return nil, 0, errors.New("the CUDA driver reports no device")
-	}
 	if dev.set {
-		if dev.ordinal < 0 || dev.ordinal >= n {
-			return nil, 0, fmt.Errorf("cuda_device %d: the driver reports devices 0..%d", dev.ordinal, n-1)
-		}
 		return d, dev.ordinal, nil
 	}
 	if ctx, err := d.CtxGetCurrent(); err == nil && ctx != 0 {
@@ -144,7 +153,7 @@ func cudaFirstHop(d *cuda.Driver, ordinal int, lookup func(string) (string, bool
 	if err != nil {
 		return nil, errors.Join(err, g.Close())
 	}
-	return &firstHop{kind: copierCUDA, copier: c, mem: &cudaMemory{g: g}, arenas: gpu.NewArenas(g), arenaKind: memDevice, gpu: g}, nil
+	return &firstHop{kind: copierCUDA, copier: c, mem: &cudaMemory{g: g}, arenas: gpu.NewArenas(g), arenaKind: memDevice, gpu: g, driver: d}, nil
 }
 
 // cudaMemory checks device ranges for pxn_register_memory: the CUDA copier

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/pxn-project/pxn/internal/cuda"
+	"github.com/pxn-project/pxn/internal/sanitize"
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
@@ -26,16 +27,55 @@ import (
 // The C tests build libpxn.so once, with the command docs/c-abi.md gives:
 //
 //	CGO_ENABLED=1 go build -buildmode=c-shared -o libpxn.so ./cmd/libpxn
-var (
-	libOnce sync.Once
-	libDir  string
-	libErr  error
-)
+//
+// and once more with Go's AddressSanitizer mode for the sanitized tests
+// (sanitize_test.go).
+var plainLib, sanitizedLib libBuild
+
+// A libBuild is one build of libpxn.so, made the first time a test asks.
+type libBuild struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// A libpxn is a built libpxn.so and how C programs are compiled against it
+// and run: sanitized ones with the sanitizers, and their reports checked.
+type libpxn struct {
+	dir       string
+	sanitized bool
+}
+
+func (l libpxn) cflags() []string {
+	if l.sanitized {
+		return append(sanitize.CFlags(), sanitize.LDFlags()...)
+	}
+	return []string{"-O2"}
+}
+
+// env is a program's environment: environ, with the sanitizers' options
+// for a sanitized build.
+func (l libpxn) env(environ []string) []string {
+	if l.sanitized {
+		return sanitize.RunEnv(environ)
+	}
+	return environ
+}
+
+// check fails t for every sanitizer report in a sanitized program's output.
+func (l libpxn) check(t testing.TB, who, out string) {
+	t.Helper()
+	if l.sanitized {
+		sanitize.Check(t, who, out)
+	}
+}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if libDir != "" {
-		os.RemoveAll(libDir)
+	for _, b := range []*libBuild{&plainLib, &sanitizedLib} {
+		if b.dir != "" {
+			os.RemoveAll(b.dir)
+		}
 	}
 	os.Exit(code)
 }
@@ -54,20 +94,10 @@ func needTool(t *testing.T, name string) string {
 	return p
 }
 
-func goTool() (string, error) {
-	if p, err := exec.LookPath("go"); err == nil {
-		return p, nil
-	}
-	if root := os.Getenv("GOROOT"); root != "" {
-		return filepath.Join(root, "bin", "go"), nil
-	}
-	return "", errors.New("no go command: neither in PATH nor under $GOROOT")
-}
-
-// library builds libpxn.so and returns the directory that holds it.
+// library builds libpxn.so and returns it.
 // PXN_LIBPXN_DIR names a folder with a libpxn.so built already, for
 // machines without a Go toolchain (the GPU machine).
-func library(t *testing.T) string {
+func library(t *testing.T) libpxn {
 	t.Helper()
 	needTool(t, "gcc")
 	if dir := os.Getenv("PXN_LIBPXN_DIR"); dir != "" {
@@ -75,30 +105,52 @@ func library(t *testing.T) string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return abs
+		return libpxn{dir: abs}
 	}
-	libOnce.Do(func() {
+	plainLib.build(t, "plain", append(os.Environ(), "CGO_ENABLED=1", "GOFLAGS="+withoutRace(os.Getenv("GOFLAGS"))))
+	return libpxn{dir: plainLib.dir}
+}
+
+// sanitizedLibrary builds libpxn.so with go build -asan, its cgo C code
+// under ASan and UBSan, and returns it; C programs built against it are
+// sanitized too. Without the sanitizers' runtimes the test skips, or fails
+// under PXN_REQUIRE_TOOLS=1.
+func sanitizedLibrary(t *testing.T) libpxn {
+	t.Helper()
+	needTool(t, "gcc")
+	if os.Getenv("PXN_LIBPXN_DIR") != "" {
+		t.Skip("PXN_LIBPXN_DIR names a prebuilt libpxn.so; the sanitized tests build their own with go build -asan")
+	}
+	sanitize.Require(t, "gcc")
+	sanitizedLib.build(t, "-asan, cgo C code with UBSan", sanitize.GoEnv(os.Environ()))
+	return libpxn{dir: sanitizedLib.dir, sanitized: true}
+}
+
+// build runs go build -buildmode=c-shared with env once, into a fresh
+// directory; what names the build in its error.
+func (b *libBuild) build(t *testing.T, what string, env []string) {
+	t.Helper()
+	b.once.Do(func() {
 		dir, err := os.MkdirTemp("", "libpxn-test-")
 		if err != nil {
-			libErr = err
+			b.err = err
 			return
 		}
-		libDir = dir
-		gocmd, err := goTool()
+		b.dir = dir
+		gocmd, err := sanitize.GoTool()
 		if err != nil {
-			libErr = err
+			b.err = err
 			return
 		}
 		cmd := exec.Command(gocmd, "build", "-buildmode=c-shared", "-o", filepath.Join(dir, "libpxn.so"), ".")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=1", "GOFLAGS="+withoutRace(os.Getenv("GOFLAGS")))
+		cmd.Env = env
 		if out, err := cmd.CombinedOutput(); err != nil {
-			libErr = fmt.Errorf("go build -buildmode=c-shared: %w\n%s", err, out)
+			b.err = fmt.Errorf("go build -buildmode=c-shared (%s): %w\n%s", what, err, out)
 		}
 	})
-	if libErr != nil {
-		t.Fatal(libErr)
+	if b.err != nil {
+		t.Fatal(b.err)
 	}
-	return libDir
 }
 
 // withoutRace drops -race from GOFLAGS: a race-enabled libpxn.so cannot
@@ -118,7 +170,7 @@ func repoPath(parts ...string) string {
 }
 
 // compile builds a C program from srcs against pxn.h and libpxn.so.
-func compile(t *testing.T, lib, out string, srcs ...string) string {
+func compile(t *testing.T, lib libpxn, out string, srcs ...string) string {
 	t.Helper()
 	return compileWith(t, lib, repoPath("include"), out, srcs...)
 }
@@ -127,13 +179,13 @@ func compile(t *testing.T, lib, out string, srcs ...string) string {
 var v2Header = filepath.Join("testdata", "v2")
 
 // compileWith is compile against the pxn.h in include.
-func compileWith(t *testing.T, lib, include, out string, srcs ...string) string {
+func compileWith(t *testing.T, lib libpxn, include, out string, srcs ...string) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), out)
-	args := []string{"-std=c11", "-O2", "-Wall", "-Wextra", "-Werror",
-		"-I", include, "-I", repoPath("examples", "c")}
+	args := append([]string{"-std=c11"}, lib.cflags()...)
+	args = append(args, "-Wall", "-Wextra", "-Werror", "-I", include, "-I", repoPath("examples", "c"))
 	args = append(args, srcs...)
-	args = append(args, "-L", lib, "-lpxn", "-Wl,-rpath,"+lib, "-lpthread", "-o", bin)
+	args = append(args, "-L", lib.dir, "-lpxn", "-Wl,-rpath,"+lib.dir, "-lpthread", "-o", bin)
 	if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
 		t.Fatalf("gcc %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
@@ -178,25 +230,32 @@ func TestHeaderCompilesAlone(t *testing.T) {
 // TestABIRules runs testdata/abi_check.c: handles, errors, status mapping,
 // batch freeing, per-thread messages and concurrent calls, PXN off.
 func TestABIRules(t *testing.T) {
-	lib := library(t)
+	testABIRules(t, library(t))
+}
+
+func testABIRules(t *testing.T, lib libpxn) {
 	bin := compile(t, lib, "abi_check", filepath.Join("testdata", "abi_check.c"))
 	env := childEnv(contract.EnvEnable + "=0")
 	if haveCUDA() {
 		env = append(env, "PXN_ABI_CHECK_CUDA=1")
 	}
-	runABICheck(t, bin, env)
+	runABICheck(t, lib, bin, env)
 }
 
 // TestV2HostRunsUnchanged builds the ABI check of API version 2 against
 // that version's header and runs it against this library: options version
 // 1, the 48-byte transport op, PENDING for unfinished tasks.
 func TestV2HostRunsUnchanged(t *testing.T) {
+	testV2HostRunsUnchanged(t, library)
+}
+
+func testV2HostRunsUnchanged(t *testing.T, library func(*testing.T) libpxn) {
 	if haveCUDA() {
 		t.Skip("the version-2 check expects PXN_COPIER_CUDA to fail, as it does only on a machine without a CUDA driver")
 	}
 	lib := library(t)
 	bin := compileWith(t, lib, v2Header, "abi_check_v2", filepath.Join("testdata", "v2", "abi_check.c"))
-	runABICheck(t, bin, childEnv(contract.EnvEnable+"=0"))
+	runABICheck(t, lib, bin, childEnv(contract.EnvEnable+"=0"))
 }
 
 // haveCUDA reports whether the CUDA driver loads and has a device.
@@ -209,15 +268,17 @@ func haveCUDA() bool {
 	return err == nil && n > 0
 }
 
-func runABICheck(t *testing.T, bin string, env []string) {
+func runABICheck(t *testing.T, lib libpxn, bin string, env []string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin)
-	cmd.Env = env
+	cmd.Env = lib.env(env)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
+	err := cmd.Run()
+	lib.check(t, "abi_check", stderr.String())
+	if err != nil {
 		t.Fatalf("abi_check: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
 	}
 	if strings.TrimSpace(stdout.String()) != "PASS" {
@@ -297,7 +358,10 @@ func scratchDir(t *testing.T) string {
 // path, with the transport callbacks in C, and checks every byte that lands
 // in the targets and the counters of every rank.
 func TestExampleRanks(t *testing.T) {
-	lib := library(t)
+	testExampleRanks(t, library(t))
+}
+
+func testExampleRanks(t *testing.T, lib libpxn) {
 	srcs := []string{repoPath("examples", "c", "pxn_example.c"), repoPath("examples", "c", "shm_transport.c")}
 	bin := compile(t, lib, "pxn_example", srcs...)
 	binV2 := compileWith(t, lib, v2Header, "pxn_example_v2", srcs...)
@@ -379,7 +443,7 @@ func TestExampleRanks(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			env := childEnv(append([]string{contract.EnvRegistryRoot + "=" + registry}, tc.env...)...)
+			env := lib.env(childEnv(append([]string{contract.EnvRegistryRoot + "=" + registry}, tc.env...)...))
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 
@@ -401,10 +465,11 @@ func TestExampleRanks(t *testing.T) {
 				runs[r] = startRank(ctx, t, b, env, r, ranks, targets, tc.directories[r], tc.busyEvery, extra...)
 			}
 			defer func() {
-				for _, rr := range runs {
+				for r, rr := range runs {
 					rr.stdin.Close()
 					rr.cmd.Process.Kill()
 					rr.cmd.Wait()
+					lib.check(t, fmt.Sprintf("rank %d", r), rr.stderr.String())
 				}
 			}()
 

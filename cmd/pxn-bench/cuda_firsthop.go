@@ -81,6 +81,7 @@ func runFirsthop(relayGPU, senderGPU int, sizeList, shapeList string, pieces, wa
 	if err != nil {
 		return nil, err
 	}
+	defer d.Close()
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err

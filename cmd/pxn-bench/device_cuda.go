@@ -170,6 +170,9 @@ func (r *cudaRank) close() error {
 	if r.g != nil {
 		errs = append(errs, r.g.Close())
 	}
+	if r.d != nil {
+		r.d.Close()
+	}
 	return errors.Join(errs...)
 }
 
@@ -284,6 +287,9 @@ func (t *cudaTarget) close() error {
 	}
 	if t.g != nil {
 		errs = append(errs, t.g.Close())
+	}
+	if t.d != nil {
+		t.d.Close()
 	}
 	return errors.Join(errs...)
 }

@@ -180,6 +180,7 @@ func openDevice(o runOptions) (*device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--device cuda: %w; this machine cannot run the CUDA path (--device host runs without a GPU)", err)
 	}
+	defer d.Close()
 	n, err := d.DeviceCount()
 	if err != nil {
 		return nil, fmt.Errorf("--device cuda: %w", err)

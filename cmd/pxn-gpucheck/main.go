@@ -95,6 +95,7 @@ func info() error {
 	if err != nil {
 		return err
 	}
+	defer d.Close()
 	n, err := d.DeviceCount()
 	if err != nil {
 		return err
@@ -144,6 +145,7 @@ func ring(rc ringConfig) error {
 	if err != nil {
 		return err
 	}
+	defer d.Close()
 	n, err := d.DeviceCount()
 	if err != nil {
 		return err

@@ -125,8 +125,10 @@ static int reserve(shm_transport *t, size_t n)
 {
 	if (t->head + t->count + n <= t->alloc)
 		return 0;
-	memmove(t->q, t->q + t->head, t->count * sizeof(*t->q));
-	t->head = 0;
+	if (t->head > 0) {
+		memmove(t->q, t->q + t->head, t->count * sizeof(*t->q));
+		t->head = 0;
+	}
 	if (t->count + n <= t->alloc)
 		return 0;
 	size_t alloc = t->alloc ? t->alloc : 64;
@@ -204,6 +206,10 @@ size_t shm_transport_poll(void *user, pxn_transport_completion *out, size_t capa
 	shm_transport *t = user;
 	pthread_mutex_lock(&t->mu);
 	size_t n = t->count < capacity ? t->count : capacity;
+	if (n == 0) {
+		pthread_mutex_unlock(&t->mu);
+		return 0;
+	}
 	if (n > t->batch_alloc) {
 		queued_op *b = realloc(t->batch, n * sizeof(*b));
 		if (b == NULL) {

@@ -4,7 +4,9 @@
 // (C++, built by this directory's Makefile against a Mooncake checkout).
 // These tests build it against MOONCAKE_SRC, with the factory patch applied
 // to a copy of the checkout's multi_transport.cpp, link it against the link
-// seam in test/, and run it as real processes sharing a PXN registry.
+// seam in test/, and run it as real processes sharing a PXN registry; the
+// Sanitized tests do the same with everything in those processes built
+// under ASan and UBSan.
 package mooncake
 
 import (
@@ -23,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pxn-project/pxn/internal/sanitize"
 	"github.com/pxn-project/pxn/pkg/contract"
 )
 
@@ -124,35 +127,79 @@ func withoutRace(goflags string) string {
 	return strings.Join(keep, " ")
 }
 
+// A testBuild is one build of the test program, made once per test binary:
+// libpxn.so, the transport, the patched multi_transport.cpp, the seam and
+// the program, by the Makefile's test-bin target. A sanitized one compiles
+// the C++ (the checkout's files it links included) with ASan and UBSan and
+// builds libpxn.so with go build -asan, its cgo C code under both.
+type testBuild struct {
+	sanitized bool
+	once      sync.Once
+	err       error
+}
+
 var (
-	buildOnce sync.Once
-	buildErr  error
+	plainBuild     testBuild
+	sanitizedBuild = testBuild{sanitized: true}
 )
 
-// build runs the Makefile's test-bin target once per test binary:
-// libpxn.so, the transport, the patched multi_transport.cpp, the seam and
-// the test program.
-func build(t *testing.T) (bin, lib string) {
+// A program is a built test program and the folder that holds it and
+// libpxn.so; a sanitized one runs with the sanitizers' options and its
+// reports fail the test.
+type program struct {
+	bin, lib  string
+	sanitized bool
+}
+
+func (p program) env(environ []string) []string {
+	if p.sanitized {
+		return sanitize.RunEnv(environ)
+	}
+	return environ
+}
+
+func (p program) check(t *testing.T, who, stderr string) {
+	t.Helper()
+	if p.sanitized {
+		sanitize.Check(t, who, stderr)
+	}
+}
+
+// build builds the test program b describes, or skips the test saying what
+// is missing (failing instead under PXN_REQUIRE_TOOLS=1).
+func (b *testBuild) build(t *testing.T) program {
 	t.Helper()
 	root := repoRoot(t)
 	src := mooncakeSrc(t, root)
 	needBuildTools(t)
 	out := buildDir(t, src)
-	buildOnce.Do(func() {
+	vars := []string{"CXXFLAGS=-O1 -g"}
+	env := append(os.Environ(), "CGO_ENABLED=1", "GOFLAGS="+withoutRace(os.Getenv("GOFLAGS")))
+	if b.sanitized {
+		sanitize.Require(t, "g++")
+		out += "-asan-ubsan"
+		vars = []string{
+			"CXXFLAGS=" + strings.Join(sanitize.CFlags(), " "),
+			"LDFLAGS=" + strings.Join(sanitize.LDFlags(), " "),
+		}
+		env = sanitize.GoEnv(os.Environ())
+	}
+	b.once.Do(func() {
 		start := time.Now()
-		cmd := exec.Command("make", "-C", filepath.Join(root, "integrations", "mooncake"), "-j2", "test-bin",
-			"MOONCAKE_SRC="+src, "OUT="+out, "CXXFLAGS=-O1 -g")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=1", "GOFLAGS="+withoutRace(os.Getenv("GOFLAGS")))
-		if b, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("make test-bin MOONCAKE_SRC=%s: %w\n%s", src, err, b)
+		args := append([]string{"-C", filepath.Join(root, "integrations", "mooncake"), "-j2", "test-bin",
+			"MOONCAKE_SRC=" + src, "OUT=" + out}, vars...)
+		cmd := exec.Command("make", args...)
+		cmd.Env = env
+		if o, err := cmd.CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("make %s: %w\n%s", strings.Join(args, " "), err, o)
 			return
 		}
 		t.Logf("built against %s in %s (%s)", src, out, time.Since(start).Round(time.Millisecond))
 	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	if b.err != nil {
+		t.Fatal(b.err)
 	}
-	return filepath.Join(out, "pxn_transport_test"), out
+	return program{bin: filepath.Join(out, "pxn_transport_test"), lib: out, sanitized: b.sanitized}
 }
 
 // scratch holds the two decode buffers both ranks map, and the registry.
@@ -248,11 +295,27 @@ func (r *results) report(t *testing.T, stderr func() string) {
 	}
 }
 
-type tail struct{ b strings.Builder }
+// tail keeps a process's stderr: String is its last 8000 bytes, for a
+// failure's message; all of it goes to the sanitizer check.
+type tail struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
 
-func (l *tail) Write(p []byte) (int, error) { return l.b.Write(p) }
+func (l *tail) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *tail) all() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 func (l *tail) String() string {
-	s := l.b.String()
+	s := l.all()
 	if len(s) > 8000 {
 		s = s[len(s)-8000:]
 	}
@@ -263,15 +326,25 @@ func (l *tail) String() string {
 // RdmaTransport, and PxnRdmaTransport posts what RdmaTransport posts, with
 // no libpxn loaded and no thread of its own.
 func TestPxnOffIsRdmaTransport(t *testing.T) {
-	bin, lib := build(t)
+	testPxnOff(t, plainBuild.build(t))
+}
+
+// TestPxnOffIsRdmaTransportSanitized is TestPxnOffIsRdmaTransport under
+// ASan and UBSan.
+func TestPxnOffIsRdmaTransportSanitized(t *testing.T) {
+	testPxnOff(t, sanitizedBuild.build(t))
+}
+
+func testPxnOff(t *testing.T, p program) {
 	dir := scratch(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "off")
-	cmd.Env = env(lib, dir)
+	cmd := exec.CommandContext(ctx, p.bin, "off")
+	cmd.Env = p.env(env(p.lib, dir))
 	var stderr tail
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
+	p.check(t, "pxn_transport_test off", stderr.all())
 	var r results
 	for _, line := range strings.Split(string(out), "\n") {
 		r.add(line)
@@ -286,14 +359,23 @@ func TestPxnOffIsRdmaTransport(t *testing.T) {
 // runs its cases through the patched MultiTransport, and asks the relay to
 // hold, release or fail its NIC, or to check what it posted.
 func TestTransportThroughRelay(t *testing.T) {
-	bin, lib := build(t)
+	testThroughRelay(t, plainBuild.build(t))
+}
+
+// TestTransportThroughRelaySanitized is TestTransportThroughRelay with both
+// ranks under ASan and UBSan.
+func TestTransportThroughRelaySanitized(t *testing.T) {
+	testThroughRelay(t, sanitizedBuild.build(t))
+}
+
+func testThroughRelay(t *testing.T, p program) {
 	dir := scratch(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 
 	var relayErr, senderErr tail
-	relay := exec.CommandContext(ctx, bin, "relay")
-	relay.Env = env(lib, dir, pxnEnv(dir)...)
+	relay := exec.CommandContext(ctx, p.bin, "relay")
+	relay.Env = p.env(env(p.lib, dir, pxnEnv(dir)...))
 	relay.Stderr = &relayErr
 	relayIn, err := relay.StdinPipe()
 	if err != nil {
@@ -306,8 +388,14 @@ func TestTransportThroughRelay(t *testing.T) {
 	if err := relay.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer relay.Wait()
-	defer relayIn.Close()
+	relayDone := false
+	defer func() {
+		if !relayDone {
+			relayIn.Close()
+			relay.Wait()
+			p.check(t, "relay", relayErr.all())
+		}
+	}()
 	relayOut := bufio.NewScanner(relayOutPipe)
 	relayOut.Scan()
 	if why, ok := strings.CutPrefix(relayOut.Text(), "SKIP "); ok {
@@ -317,8 +405,8 @@ func TestTransportThroughRelay(t *testing.T) {
 		t.Fatalf("relay did not start: %q\n%s", relayOut.Text(), relayErr.String())
 	}
 
-	sender := exec.CommandContext(ctx, bin, "sender")
-	sender.Env = env(lib, dir, pxnEnv(dir)...)
+	sender := exec.CommandContext(ctx, p.bin, "sender")
+	sender.Env = p.env(env(p.lib, dir, pxnEnv(dir)...))
 	sender.Stderr = &senderErr
 	senderIn, err := sender.StdinPipe()
 	if err != nil {
@@ -350,12 +438,20 @@ func TestTransportThroughRelay(t *testing.T) {
 	}
 	senderIn.Close()
 	serr := sender.Wait()
+	p.check(t, "sender", senderErr.all())
 	io.WriteString(relayIn, "quit\n")
+	relayIn.Close()
+	rerr := relay.Wait()
+	relayDone = true
+	p.check(t, "relay", relayErr.all())
 	r.report(t, func() string {
 		return "sender:\n" + senderErr.String() + "\nrelay:\n" + relayErr.String()
 	})
 	if serr != nil && !t.Failed() {
 		t.Errorf("sender: %v\n%s", serr, senderErr.String())
+	}
+	if rerr != nil && !t.Failed() {
+		t.Errorf("relay: %v\n%s", rerr, relayErr.String())
 	}
 	if ctx.Err() != nil {
 		t.Errorf("ran past its deadline")

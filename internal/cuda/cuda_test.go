@@ -55,6 +55,7 @@ func loadDriver(t testing.TB) *Driver {
 		}
 		t.Fatalf("Load: %v", err)
 	}
+	t.Cleanup(d.Close)
 	return d
 }
 
@@ -229,6 +230,7 @@ func TestLoad(t *testing.T) {
 func TestMissingEntryPoint(t *testing.T) {
 	g := openGPU(t, 0)
 	old := g.d.withoutEntryPoint("cuMemAlloc")
+	defer old.Close()
 	_, err := old.MemAlloc(4096)
 	if !errors.Is(err, ErrNotAvailable) {
 		t.Fatalf("MemAlloc without cuMemAlloc: err = %v, want ErrNotAvailable", err)
@@ -237,6 +239,7 @@ func TestMissingEntryPoint(t *testing.T) {
 		t.Fatalf("error %q does not name the call", err)
 	}
 	nb := g.d.withoutEntryPoint("cuMemcpyBatchAsync")
+	defer nb.Close()
 	if nb.BestCopyMode() != CopyPerEntry {
 		t.Fatalf("without batch entry points BestCopyMode = %v", nb.BestCopyMode())
 	}

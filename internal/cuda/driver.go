@@ -70,7 +70,8 @@ type Function uintptr
 type IPCMemHandle [64]byte
 
 // Driver is a loaded libcuda. Its methods may be called from any goroutine;
-// those that need a current context say so.
+// those that need a current context say so. It owns its table of entry
+// points, C memory, until Close.
 type Driver struct {
 	t       *C.pxn_cu_table
 	version int
@@ -124,6 +125,18 @@ func LoadLibrary(name string) (*Driver, error) {
 	}
 	C.free(unsafe.Pointer(t))
 	return nil, err
+}
+
+// Close frees the driver's table of entry points; libcuda itself stays
+// loaded (pxn_cu_unload says why). Everything made through d must be
+// released first, and d is not used afterwards.
+func (d *Driver) Close() {
+	if d.t == nil {
+		return
+	}
+	C.pxn_cu_unload(d.t)
+	C.free(unsafe.Pointer(d.t))
+	d.t = nil
 }
 
 // Version is the driver's CUDA version, 1000×major + 10×minor (13000 for

@@ -212,8 +212,19 @@ bool holdsAny(const char *p, uint64_t len, uint32_t seed) {
     return holds(tmp.data(), len, seed);
 }
 
+struct FreeBytes {
+    void operator()(char *p) const { std::free(p); }
+};
+using HostBuffer = std::unique_ptr<char, FreeBytes>;
+
+HostBuffer hostBuffer(size_t n) {
+    return HostBuffer(static_cast<char *>(aligned_alloc(4096, n)));
+}
+
 struct Rank {
     int rank;
+    // Outlive mt, whose transports have them registered.
+    HostBuffer deviceMem, hostMem;
     std::shared_ptr<TransferMetadata> meta;
     std::shared_ptr<Topology> topo;
     std::unique_ptr<MultiTransport> mt;
@@ -265,8 +276,8 @@ void setUp(Rank &r, int rank) {
     if (cuda.on)
         r.device = cuda.alloc(kSrcLen);
     else
-        r.device = static_cast<char *>(aligned_alloc(4096, kSrcLen));
-    r.host = static_cast<char *>(aligned_alloc(4096, kHostLen));
+        r.device = (r.deviceMem = hostBuffer(kSrcLen)).get();
+    r.host = (r.hostMem = hostBuffer(kHostLen)).get();
     if (r.rdma->registerLocalMemory(r.device, kSrcLen, "cuda:0", true, true) ||
         r.rdma->registerLocalMemory(r.host, kHostLen, "cpu:0", true, true))
         throw CaseFailed{"registerLocalMemory failed"};
@@ -846,8 +857,8 @@ int runOff() {
                "with MC_PXN_ENABLE unset the factory built a PxnRdmaTransport");
     });
     check("off_like_rdma", [&] {
-        char *device = static_cast<char *>(aligned_alloc(4096, kSrcLen));
-        char *host = static_cast<char *>(aligned_alloc(4096, kHostLen));
+        HostBuffer deviceMem = hostBuffer(kSrcLen), hostMem = hostBuffer(kHostLen);
+        char *device = deviceMem.get(), *host = hostMem.get();
         std::memset(device, 1, kSrcLen);
         std::memset(host, 2, kHostLen);
         auto topo = localTopology(0);

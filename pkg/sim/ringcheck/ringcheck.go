@@ -176,6 +176,7 @@ func runRelay(cfg Config, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	defer d.Close()
 	g, err := gpu.Open(d, cfg.RelayDevice)
 	if err != nil {
 		return err

@@ -1,0 +1,625 @@
+// SPDX-License-Identifier: Apache-2.0
+
+/*
+ * A CUDA driver for TestShimOnFakeDriver, so that shim.c runs on machines
+ * without a GPU (and under the sanitizers there): device memory is host
+ * memory, every call has completed when it returns, and the one kernel it
+ * runs is the gather kernel's contract, pxn_gather(plan, prefix, u32 n).
+ * Entry points come from cuGetProcAddress_v2 by name and CUDA version, as
+ * from a real driver. PXN_FAKECUDA_VERSION sets the driver version
+ * (default 13000); PXN_FAKECUDA_INIT makes cuInit return that result.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+
+enum {
+	OK = 0,
+	INVALID_VALUE = 1,
+	OUT_OF_MEMORY = 2,
+	INVALID_DEVICE = 101,
+	INVALID_CONTEXT = 201,
+	INVALID_HANDLE = 400,
+	NOT_FOUND = 500,
+	LAUNCH_FAILED = 719,
+};
+
+#define NDEV 2
+#define MAGIC_STREAM 0x5757u
+#define MAGIC_EVENT 0xe7e7u
+#define MAGIC_MODULE 0x3030u
+#define MAGIC_FUNCTION 0xf0f0u
+
+/* Streams, events, modules and functions are heap objects, checked on use. */
+typedef struct {
+	unsigned magic;
+	char name[64];
+} object;
+
+typedef struct block {
+	uintptr_t base;
+	size_t size;
+	int device;
+	struct block *next;
+} block;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static block *blocks;
+static int contexts[NDEV];
+/*
+ * Static TLS: at exit of a Go test binary built with -asan, gcc 12's
+ * LeakSanitizer crashes walking a thread's dynamic TLS (a dlopened
+ * library's default model).
+ */
+static __thread int *current __attribute__((tls_model("initial-exec")));
+
+static void *new_object(unsigned magic, const char *name)
+{
+	object *o = calloc(1, sizeof(*o));
+	if (o != NULL) {
+		o->magic = magic;
+		if (name != NULL)
+			strncpy(o->name, name, sizeof(o->name) - 1);
+	}
+	return o;
+}
+
+static int is(const void *h, unsigned magic)
+{
+	return h != NULL && ((const object *)h)->magic == magic;
+}
+
+static CUresult free_object(void *h, unsigned magic)
+{
+	if (!is(h, magic))
+		return INVALID_HANDLE;
+	((object *)h)->magic = 0;
+	free(h);
+	return OK;
+}
+
+static int stream_ok(void *s)
+{
+	return s == NULL || s == (void *)0x1 || s == (void *)0x2 || is(s, MAGIC_STREAM);
+}
+
+/* The allocation holding [p, p+n), or NULL; called with mu held. */
+static block *find(uintptr_t p, size_t n)
+{
+	for (block *b = blocks; b != NULL; b = b->next)
+		if (p >= b->base && p - b->base < b->size && n <= b->size - (p - b->base))
+			return b;
+	return NULL;
+}
+
+static const char *const names[][2] = {
+	{"CUDA_SUCCESS", "no error"},
+	{"CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+	{"CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+};
+
+static CUresult cuGetErrorName(CUresult r, const char **s)
+{
+	if (r == 100) {
+		*s = "CUDA_ERROR_NO_DEVICE";
+		return OK;
+	}
+	if (r < 0 || r > 2)
+		return INVALID_VALUE;
+	*s = names[r][0];
+	return OK;
+}
+
+static CUresult cuGetErrorString(CUresult r, const char **s)
+{
+	if (r == 100) {
+		*s = "no CUDA-capable device is detected";
+		return OK;
+	}
+	if (r < 0 || r > 2)
+		return INVALID_VALUE;
+	*s = names[r][1];
+	return OK;
+}
+
+static CUresult cuDeviceGetCount(int *n)
+{
+	*n = NDEV;
+	return OK;
+}
+
+static CUresult cuDeviceGet(int *d, int ordinal)
+{
+	if (ordinal < 0 || ordinal >= NDEV)
+		return INVALID_DEVICE;
+	*d = ordinal;
+	return OK;
+}
+
+static CUresult cuDeviceGetAttribute(int *v, int attr, int d)
+{
+	if (d < 0 || d >= NDEV)
+		return INVALID_DEVICE;
+	*v = attr == 16 ? 132 : attr == 33 ? 0x18 + d : attr == 75 ? 9 : 1;
+	return OK;
+}
+
+static CUresult cuDeviceGetName(char *name, int len, int d)
+{
+	if (d < 0 || d >= NDEV || len <= 0)
+		return INVALID_VALUE;
+	strncpy(name, "Fake GPU", (size_t)len - 1);
+	name[len - 1] = 0;
+	return OK;
+}
+
+static CUresult cuDeviceGetPCIBusId(char *id, int len, int d)
+{
+	static const char *const ids[NDEV] = {"0000:18:00.0", "0000:19:00.0"};
+	if (d < 0 || d >= NDEV || len <= 0)
+		return INVALID_VALUE;
+	strncpy(id, ids[d], (size_t)len - 1);
+	id[len - 1] = 0;
+	return OK;
+}
+
+static CUresult cuDeviceCanAccessPeer(int *can, int d, int peer)
+{
+	*can = d != peer;
+	return OK;
+}
+
+static CUresult cuDevicePrimaryCtxRetain(void **c, int d)
+{
+	if (d < 0 || d >= NDEV)
+		return INVALID_DEVICE;
+	*c = &contexts[d];
+	return OK;
+}
+
+static CUresult cuDevicePrimaryCtxRelease(int d)
+{
+	return d < 0 || d >= NDEV ? INVALID_DEVICE : OK;
+}
+
+static CUresult cuCtxSetCurrent(void *c)
+{
+	if (c != NULL && (c < (void *)&contexts[0] || c > (void *)&contexts[NDEV - 1]))
+		return INVALID_CONTEXT;
+	current = c;
+	return OK;
+}
+
+static CUresult cuCtxGetCurrent(void **c)
+{
+	*c = current;
+	return OK;
+}
+
+static CUresult cuCtxGetDevice(int *d)
+{
+	if (current == NULL)
+		return INVALID_CONTEXT;
+	*d = (int)(current - contexts);
+	return OK;
+}
+
+static CUresult cuCtxEnablePeerAccess(void *peer, unsigned flags)
+{
+	(void)flags;
+	return peer == NULL ? INVALID_CONTEXT : OK;
+}
+
+static CUresult cuMemAlloc(CUdeviceptr *p, size_t n)
+{
+	if (current == NULL)
+		return INVALID_CONTEXT;
+	block *b = malloc(sizeof(*b));
+	void *mem = n > 0 ? calloc(1, n) : NULL;
+	if (b == NULL || mem == NULL) {
+		free(b);
+		free(mem);
+		return n > 0 ? OUT_OF_MEMORY : INVALID_VALUE;
+	}
+	b->base = (uintptr_t)mem;
+	b->size = n;
+	b->device = (int)(current - contexts);
+	pthread_mutex_lock(&mu);
+	b->next = blocks;
+	blocks = b;
+	pthread_mutex_unlock(&mu);
+	*p = (CUdeviceptr)b->base;
+	return OK;
+}
+
+static CUresult cuMemFree(CUdeviceptr p)
+{
+	pthread_mutex_lock(&mu);
+	for (block **at = &blocks; *at != NULL; at = &(*at)->next) {
+		block *b = *at;
+		if (b->base == (uintptr_t)p) {
+			*at = b->next;
+			pthread_mutex_unlock(&mu);
+			free((void *)b->base);
+			free(b);
+			return OK;
+		}
+	}
+	pthread_mutex_unlock(&mu);
+	return INVALID_VALUE;
+}
+
+static CUresult cuMemHostRegister(void *p, size_t n, unsigned flags)
+{
+	(void)flags;
+	return p == NULL || n == 0 ? INVALID_VALUE : OK;
+}
+
+static CUresult cuMemHostUnregister(void *p)
+{
+	return p == NULL ? INVALID_VALUE : OK;
+}
+
+static CUresult cuMemHostGetDevicePointer(CUdeviceptr *d, void *p, unsigned flags)
+{
+	(void)flags;
+	*d = (CUdeviceptr)(uintptr_t)p;
+	return OK;
+}
+
+static CUresult copy(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+	if (n == 0)
+		return OK;
+	if (dst == 0 || src == 0)
+		return INVALID_VALUE;
+	memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+	return OK;
+}
+
+static CUresult cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n)
+{
+	return copy(dst, (CUdeviceptr)(uintptr_t)src, n);
+}
+
+static CUresult cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n)
+{
+	return copy((CUdeviceptr)(uintptr_t)dst, src, n);
+}
+
+static CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, void *s)
+{
+	return stream_ok(s) ? copy(dst, (CUdeviceptr)(uintptr_t)src, n) : INVALID_HANDLE;
+}
+
+static CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned v, size_t n, void *s)
+{
+	if (!stream_ok(s))
+		return INVALID_HANDLE;
+	uint32_t *p = (uint32_t *)(uintptr_t)dst;
+	for (size_t i = 0; i < n; i++)
+		p[i] = v;
+	return OK;
+}
+
+static CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, void *s)
+{
+	return stream_ok(s) ? copy(dst, src, n) : INVALID_HANDLE;
+}
+
+static CUresult cuMemcpyPeerAsync(CUdeviceptr dst, void *dctx, CUdeviceptr src, void *sctx, size_t n, void *s)
+{
+	if (dctx == NULL || sctx == NULL)
+		return INVALID_CONTEXT;
+	return stream_ok(s) ? copy(dst, src, n) : INVALID_HANDLE;
+}
+
+typedef struct {
+	int srcAccessOrder;
+	int loc[4];
+	unsigned flags;
+} attributes;
+
+static CUresult batch(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, attributes *attrs,
+		      size_t *idxs, size_t nattrs, size_t *fail, void *s)
+{
+	if (count == 0 || nattrs != 1 || idxs[0] != 0 || attrs[0].srcAccessOrder != 1 || !stream_ok(s))
+		return INVALID_VALUE;
+	for (size_t i = 0; i < count; i++) {
+		CUresult r = copy(dsts[i], srcs[i], sizes[i]);
+		if (r != OK) {
+			if (fail != NULL)
+				*fail = i;
+			return r;
+		}
+	}
+	return OK;
+}
+
+static CUresult cuMemcpyBatchAsync_v13000(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+					  attributes *attrs, size_t *idxs, size_t nattrs, void *s)
+{
+	return batch(dsts, srcs, sizes, count, attrs, idxs, nattrs, NULL, s);
+}
+
+static CUresult cuMemcpyBatchAsync_v12080(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+					  attributes *attrs, size_t *idxs, size_t nattrs, size_t *fail, void *s)
+{
+	return batch(dsts, srcs, sizes, count, attrs, idxs, nattrs, fail, s);
+}
+
+static CUresult cuStreamCreate(void **s, unsigned flags)
+{
+	(void)flags;
+	*s = new_object(MAGIC_STREAM, NULL);
+	return *s == NULL ? OUT_OF_MEMORY : OK;
+}
+
+static CUresult cuStreamDestroy(void *s)
+{
+	return free_object(s, MAGIC_STREAM);
+}
+
+static CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags)
+{
+	(void)flags;
+	return stream_ok(s) && is(e, MAGIC_EVENT) ? OK : INVALID_HANDLE;
+}
+
+static CUresult cuStreamSynchronize(void *s)
+{
+	return stream_ok(s) ? OK : INVALID_HANDLE;
+}
+
+static CUresult cuStreamWriteValue64(void *s, CUdeviceptr addr, uint64_t v, unsigned flags)
+{
+	(void)flags;
+	if (!stream_ok(s))
+		return INVALID_HANDLE;
+	if (addr == 0 || addr % 8 != 0)
+		return INVALID_VALUE;
+	__atomic_store_n((uint64_t *)(uintptr_t)addr, v, __ATOMIC_RELEASE);
+	return OK;
+}
+
+static CUresult cuEventCreate(void **e, unsigned flags)
+{
+	(void)flags;
+	*e = new_object(MAGIC_EVENT, NULL);
+	return *e == NULL ? OUT_OF_MEMORY : OK;
+}
+
+static CUresult cuEventRecord(void *e, void *s)
+{
+	return is(e, MAGIC_EVENT) && stream_ok(s) ? OK : INVALID_HANDLE;
+}
+
+static CUresult cuEventQuery(void *e)
+{
+	return is(e, MAGIC_EVENT) ? OK : INVALID_HANDLE;
+}
+
+static CUresult cuEventSynchronize(void *e)
+{
+	return is(e, MAGIC_EVENT) ? OK : INVALID_HANDLE;
+}
+
+static CUresult cuEventDestroy(void *e)
+{
+	return free_object(e, MAGIC_EVENT);
+}
+
+/* A handle names the allocation's base; this driver opens its own. */
+static CUresult cuIpcGetMemHandle(char h[64], CUdeviceptr p)
+{
+	pthread_mutex_lock(&mu);
+	block *b = find((uintptr_t)p, 1);
+	pthread_mutex_unlock(&mu);
+	if (b == NULL || b->base != (uintptr_t)p)
+		return INVALID_VALUE;
+	memset(h, 0, 64);
+	memcpy(h, "fakeipc", 8);
+	memcpy(h + 8, &p, sizeof(p));
+	return OK;
+}
+
+typedef struct {
+	char reserved[64];
+} ipc_handle;
+
+static CUresult cuIpcOpenMemHandle(CUdeviceptr *p, ipc_handle h, unsigned flags)
+{
+	(void)flags;
+	if (memcmp(h.reserved, "fakeipc", 8) != 0)
+		return INVALID_VALUE;
+	memcpy(p, h.reserved + 8, sizeof(*p));
+	return OK;
+}
+
+static CUresult cuIpcCloseMemHandle(CUdeviceptr p)
+{
+	return p == 0 ? INVALID_VALUE : OK;
+}
+
+static CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
+{
+	pthread_mutex_lock(&mu);
+	block *b = find((uintptr_t)p, 1);
+	block found = b != NULL ? *b : (block){0};
+	pthread_mutex_unlock(&mu);
+	if (b == NULL)
+		return INVALID_VALUE;
+	switch (attr) {
+	case 2:
+		*(unsigned *)data = 2;
+		return OK;
+	case 9:
+		*(int *)data = found.device;
+		return OK;
+	case 11:
+		*(CUdeviceptr *)data = (CUdeviceptr)found.base;
+		return OK;
+	case 12:
+		*(size_t *)data = found.size;
+		return OK;
+	}
+	return INVALID_VALUE;
+}
+
+static CUresult cuModuleLoadData(void **m, const void *image)
+{
+	if (image == NULL || ((const char *)image)[0] == 0)
+		return INVALID_VALUE;
+	*m = new_object(MAGIC_MODULE, NULL);
+	return *m == NULL ? OUT_OF_MEMORY : OK;
+}
+
+static CUresult cuModuleGetFunction(void **f, void *m, const char *name)
+{
+	if (!is(m, MAGIC_MODULE))
+		return INVALID_HANDLE;
+	if (strcmp(name, "pxn_gather") != 0)
+		return NOT_FOUND;
+	*f = new_object(MAGIC_FUNCTION, name);
+	return *f == NULL ? OUT_OF_MEMORY : OK;
+}
+
+static CUresult cuModuleUnload(void *m)
+{
+	return free_object(m, MAGIC_MODULE);
+}
+
+typedef struct {
+	uint64_t src, dst, len;
+} entry;
+
+/* pxn_gather(const entry *plan, const u64 *prefix, u32 n). */
+static CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+			       unsigned shmem, void *s, void **params, void **extra)
+{
+	(void)shmem;
+	if (!is(f, MAGIC_FUNCTION) || !stream_ok(s))
+		return INVALID_HANDLE;
+	if (gx == 0 || gy != 1 || gz != 1 || bx == 0 || by != 1 || bz != 1 || params == NULL || extra != NULL)
+		return INVALID_VALUE;
+	const entry *plan = *(const entry *const *)params[0];
+	const uint64_t *prefix = *(const uint64_t *const *)params[1];
+	uint32_t n = *(const uint32_t *)params[2];
+	uint64_t total = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		if (prefix[i] != total || plan[i].len == 0)
+			return LAUNCH_FAILED;
+		total += plan[i].len;
+		CUresult r = copy(plan[i].dst, plan[i].src, plan[i].len);
+		if (r != OK)
+			return LAUNCH_FAILED;
+	}
+	return prefix[n] == total ? OK : LAUNCH_FAILED;
+}
+
+static CUresult cuMemGetInfo(size_t *free_bytes, size_t *total_bytes)
+{
+	*free_bytes = (size_t)1 << 36;
+	*total_bytes = (size_t)1 << 37;
+	return OK;
+}
+
+static int driver_version(void)
+{
+	const char *v = getenv("PXN_FAKECUDA_VERSION");
+	return v != NULL ? atoi(v) : 13000;
+}
+
+CUresult cuDriverGetVersion(int *v)
+{
+	*v = driver_version();
+	return OK;
+}
+
+CUresult cuInit(unsigned flags)
+{
+	const char *r = getenv("PXN_FAKECUDA_INIT");
+	if (flags != 0)
+		return INVALID_VALUE;
+	return r != NULL ? atoi(r) : OK;
+}
+
+#define ENTRY(fn, min) {#fn, min, (void *)fn}
+
+static const struct {
+	const char *name;
+	int version;
+	void *fn;
+} entries[] = {
+	ENTRY(cuGetErrorName, 6000),
+	ENTRY(cuGetErrorString, 6000),
+	ENTRY(cuDeviceGetCount, 2000),
+	ENTRY(cuDeviceGet, 2000),
+	ENTRY(cuDeviceGetAttribute, 2000),
+	ENTRY(cuDeviceGetName, 2000),
+	ENTRY(cuDeviceGetPCIBusId, 4010),
+	ENTRY(cuDeviceCanAccessPeer, 4000),
+	ENTRY(cuDevicePrimaryCtxRetain, 7000),
+	ENTRY(cuDevicePrimaryCtxRelease, 11000),
+	ENTRY(cuCtxSetCurrent, 4000),
+	ENTRY(cuCtxGetCurrent, 4000),
+	ENTRY(cuCtxGetDevice, 2000),
+	ENTRY(cuCtxEnablePeerAccess, 4000),
+	ENTRY(cuMemAlloc, 3020),
+	ENTRY(cuMemFree, 3020),
+	ENTRY(cuMemHostRegister, 6050),
+	ENTRY(cuMemHostUnregister, 4000),
+	ENTRY(cuMemHostGetDevicePointer, 3020),
+	ENTRY(cuMemcpyHtoD, 3020),
+	ENTRY(cuMemcpyDtoH, 3020),
+	ENTRY(cuMemcpyHtoDAsync, 3020),
+	ENTRY(cuMemsetD32Async, 3020),
+	ENTRY(cuMemcpyAsync, 4000),
+	{"cuMemcpyDtoDAsync", 3020, (void *)cuMemcpyAsync},
+	ENTRY(cuMemcpyPeerAsync, 4000),
+	{"cuMemcpyBatchAsync", 13000, (void *)cuMemcpyBatchAsync_v13000},
+	{"cuMemcpyBatchAsync", 12080, (void *)cuMemcpyBatchAsync_v12080},
+	ENTRY(cuStreamCreate, 2000),
+	ENTRY(cuStreamDestroy, 4000),
+	ENTRY(cuStreamWaitEvent, 3020),
+	ENTRY(cuStreamSynchronize, 2000),
+	ENTRY(cuStreamWriteValue64, 12000),
+	ENTRY(cuEventCreate, 2000),
+	ENTRY(cuEventRecord, 2000),
+	ENTRY(cuEventQuery, 2000),
+	ENTRY(cuEventSynchronize, 2000),
+	ENTRY(cuEventDestroy, 4000),
+	ENTRY(cuIpcGetMemHandle, 4010),
+	ENTRY(cuIpcOpenMemHandle, 11000),
+	ENTRY(cuIpcCloseMemHandle, 4010),
+	ENTRY(cuPointerGetAttribute, 4000),
+	ENTRY(cuModuleLoadData, 2000),
+	ENTRY(cuModuleGetFunction, 2000),
+	ENTRY(cuModuleUnload, 2000),
+	ENTRY(cuLaunchKernel, 4000),
+	ENTRY(cuMemGetInfo, 3020),
+};
+
+/*
+ * The newest form of name no newer than version and the driver: what a
+ * real driver hands out (cuMemcpyBatchAsync has a 12.8 and a 13.0 form).
+ */
+CUresult cuGetProcAddress_v2(const char *name, void **fn, int version, uint64_t flags, int *status)
+{
+	int best = -1;
+	if (name == NULL || fn == NULL || flags != 1)
+		return INVALID_VALUE;
+	for (size_t i = 0; i < sizeof(entries) / sizeof(entries[0]); i++)
+		if (strcmp(entries[i].name, name) == 0 && entries[i].version <= version &&
+		    entries[i].version <= driver_version() && (best < 0 || entries[i].version > entries[best].version))
+			best = (int)i;
+	*fn = best < 0 ? NULL : entries[best].fn;
+	if (status != NULL)
+		*status = best < 0 ? 1 : 0;
+	return best < 0 ? NOT_FOUND : OK;
+}
