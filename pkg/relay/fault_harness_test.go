@@ -293,6 +293,13 @@ func (p *faultProc) counters() faultResp {
 	return p.call(faultReq{Op: "counters"})
 }
 
+// asleep reports whether the rank's pump is in its sleep on the wake word
+// (pumpAsleep).
+func (p *faultProc) asleep() bool {
+	p.t.Helper()
+	return p.call(faultReq{Op: "asleep"}).Asleep
+}
+
 // route waits until the rank has (want) or has not (!want) a relay on rail.
 func (p *faultProc) route(rail string, want bool, timeout time.Duration) {
 	p.t.Helper()

@@ -113,6 +113,8 @@ type faultResp struct {
 	CloseErr  string                `json:"close_err,omitempty"`
 	ElapsedMS float64               `json:"elapsed_ms,omitempty"`
 	Released  int                   `json:"released,omitempty"`
+	// Asleep: the pump thread is in its sleep on the wake word.
+	Asleep bool `json:"asleep,omitempty"`
 }
 
 // gateHop is the rank's hop with a gate: while held, writes are accepted but
@@ -326,6 +328,12 @@ func faultRank() error {
 			}
 		case "counters":
 			resp.Counters, resp.PXN = eng.Counters(), eng.PXNActive()
+		case "asleep":
+			if stall == nil {
+				resp.OK, resp.Err = false, "no registry"
+				break
+			}
+			resp.Asleep = pumpAsleep(eng, stall.Wake())
 		case "route":
 			deadline := time.Now().Add(timeout)
 			for {
