@@ -394,7 +394,9 @@ func (s *soaker) check(r, round int, seed uint64, res *soakMsg) {
 	}
 }
 
-// inject picks a rank and a fault every faultEvery on average.
+// inject picks a rank and a fault every faultEvery on average. The seed
+// fixes the sequence of kinds whatever the timing: a fault whose rank is
+// down (killed, restarting) goes to the next rank up.
 func (s *soaker) inject() {
 	if s.o.faultEvery <= 0 || len(s.o.faults) == 0 {
 		<-s.stop
@@ -409,13 +411,21 @@ func (s *soaker) inject() {
 		case <-time.After(wait):
 		}
 		r := rng.IntN(s.o.ranks)
+		f := s.o.faults[rng.IntN(len(s.o.faults))]
+		stall := time.Duration(200+rng.IntN(2300)) * time.Millisecond
+		var c *soakChild
 		s.mu.Lock()
-		c := s.procs[r]
+		for i := range s.o.ranks {
+			if p := s.procs[(r+i)%s.o.ranks]; p != nil && p.alive() {
+				r, c = (r+i)%s.o.ranks, p
+				break
+			}
+		}
 		s.mu.Unlock()
-		if c == nil || !c.alive() {
+		if c == nil {
 			continue
 		}
-		switch f := s.o.faults[rng.IntN(len(s.o.faults))]; f {
+		switch f {
 		case "kill":
 			s.mu.Lock()
 			s.killed[c.pid] = true
@@ -430,9 +440,8 @@ func (s *soaker) inject() {
 		case "stall":
 			// A rank that stops: no heartbeat, no pump, no progress, for
 			// longer or shorter than the heartbeat timeout.
-			d := time.Duration(200+rng.IntN(2300)) * time.Millisecond
 			if c.cmd.Process.Signal(syscall.SIGSTOP) == nil {
-				time.Sleep(d)
+				time.Sleep(stall)
 				_ = c.cmd.Process.Signal(syscall.SIGCONT)
 				s.count(f)
 			}

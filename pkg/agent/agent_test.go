@@ -44,7 +44,7 @@ func TestAgentPublishesFixtureNode(t *testing.T) {
 		t.Errorf("status = rails %d gpuCount %d hcaCount %d gpus %d hcas %d railMap %v strategy %q agentVersion %q pairs %d",
 			s.Rails, s.GPUCount, s.HCACount, len(s.GPUs), len(s.HCAs), s.RailMap, s.Strategy, s.AgentVersion, len(s.Pairs))
 	}
-	mapCondition(t, c, node.Name, pxnv1alpha1.ConditionConsistent, metav1.ConditionTrue, 5*time.Second)
+	mapCondition(t, c, node.Name, pxnv1alpha1.ConditionConsistent, metav1.ConditionTrue, agentSettle)
 	waitLabels(t, c, node.Name, "true", "8")
 	for _, f := range m.ManagedFields {
 		if f.Manager != agent.FieldManager || f.Operation != metav1.ManagedFieldsOperationApply {
@@ -76,7 +76,7 @@ func TestAgentPublishesFixtureNode(t *testing.T) {
 	readySince := mapCondition(t, c, node.Name, pxnv1alpha1.ConditionReady, metav1.ConditionTrue, time.Second).LastTransitionTime
 	setPortState(t, root, "mlx5_4", "1: DOWN")
 	changed := time.Now()
-	cond := mapCondition(t, c, node.Name, pxnv1alpha1.ConditionReady, metav1.ConditionFalse, resync+10*time.Second)
+	cond := mapCondition(t, c, node.Name, pxnv1alpha1.ConditionReady, metav1.ConditionFalse, resync+agentSettle)
 	t.Logf("Ready flipped %v after the port went down (resync %v): %s %s: %s",
 		time.Since(changed).Round(10*time.Millisecond), resync, cond.Status, cond.Reason, cond.Message)
 	if cond.Reason != agent.ReasonPortsNotActive || !strings.Contains(cond.Message, "mlx5_4") || !strings.Contains(cond.Message, "DOWN") {
@@ -113,12 +113,12 @@ func TestPortChangeSeenByFingerprintPoll(t *testing.T) {
 	discoveries := a.metric(t, "pxn_agent_discoveries_total")
 
 	setPortState(t, root, "mlx5_0", "1: DOWN")
-	cond := mapCondition(t, c, node.Name, pxnv1alpha1.ConditionReady, metav1.ConditionFalse, 10*time.Second)
+	cond := mapCondition(t, c, node.Name, pxnv1alpha1.ConditionReady, metav1.ConditionFalse, agentSettle)
 	if !strings.Contains(cond.Message, "mlx5_0") {
 		t.Errorf("Ready message %q does not name mlx5_0", cond.Message)
 	}
 	setPortState(t, root, "mlx5_0", "4: ACTIVE")
-	mapCondition(t, c, node.Name, pxnv1alpha1.ConditionReady, metav1.ConditionTrue, 10*time.Second)
+	mapCondition(t, c, node.Name, pxnv1alpha1.ConditionReady, metav1.ConditionTrue, agentSettle)
 	if got := a.metric(t, "pxn_agent_discoveries_total"); got < discoveries+2 {
 		t.Errorf("discoveries went from %v to %v, want two more", discoveries, got)
 	}
@@ -136,7 +136,7 @@ func TestNodeRecreatedReownsMap(t *testing.T) {
 	if err := c.Delete(ctx, old); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, func() error {
+	eventually(t, agentSettle, func() error {
 		err := c.Get(ctx, types.NamespacedName{Name: old.Name}, &corev1.Node{})
 		if err == nil {
 			return fmt.Errorf("node %s still there", old.Name)

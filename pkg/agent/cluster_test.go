@@ -73,7 +73,7 @@ func TestAgentSurvivesAPIServerRestart(t *testing.T) {
 	})
 	setPortState(t, root, "mlx5_7", "1: DOWN")
 	errs := a.metric(t, "pxn_agent_errors_total", "op", "publish")
-	eventually(t, 20*time.Second, func() error {
+	eventually(t, agentSettle, func() error {
 		if got := a.metric(t, "pxn_agent_errors_total", "op", "publish"); got <= errs {
 			return fmt.Errorf("no failed publish while the API server is down (errors %v)", got)
 		}
@@ -111,7 +111,7 @@ func TestUnchangedNodeMakesNoRequests(t *testing.T) {
 	const resync = 200 * time.Millisecond
 	a := startAgent(t, counter.wrap(cfg), railAgent(node.Name, root, resync, 50*time.Millisecond))
 	mapCondition(t, c, node.Name, pxnv1alpha1.ConditionReady, metav1.ConditionTrue, 30*time.Second)
-	mapCondition(t, c, node.Name, pxnv1alpha1.ConditionConsistent, metav1.ConditionTrue, 5*time.Second)
+	mapCondition(t, c, node.Name, pxnv1alpha1.ConditionConsistent, metav1.ConditionTrue, agentSettle)
 	waitLabels(t, c, node.Name, "true", "8")
 
 	reconciles := func() float64 {
@@ -121,7 +121,7 @@ func TestUnchangedNodeMakesNoRequests(t *testing.T) {
 	waitResyncs := func(n int) {
 		t.Helper()
 		discoveries, reconciled := a.metric(t, "pxn_agent_discoveries_total"), reconciles()
-		eventually(t, time.Duration(n)*resync+20*time.Second, func() error {
+		eventually(t, time.Duration(n)*resync+agentSettle, func() error {
 			d, r := a.metric(t, "pxn_agent_discoveries_total")-discoveries, reconciles()-reconciled
 			if d < float64(n) || r < float64(n) {
 				return fmt.Errorf("%v discoveries and %v reconciles, waiting for %d of each", d, r, n)
@@ -133,7 +133,7 @@ func TestUnchangedNodeMakesNoRequests(t *testing.T) {
 	// The first publish settles, and its Events (Ready and Consistent, on
 	// the map and the node) are written.
 	waitResyncs(2)
-	eventually(t, 10*time.Second, func() error {
+	eventually(t, agentSettle, func() error {
 		if n := counter.snapshot()["post events"]; n < 4 {
 			return fmt.Errorf("%d Events posted, waiting for the first publish's 4", n)
 		}
@@ -159,12 +159,12 @@ func TestUnchangedNodeMakesNoRequests(t *testing.T) {
 	// One real change costs one status apply, one label patch and one Event
 	// on each of the map and the node (written asynchronously).
 	setPortState(t, root, "mlx5_2", "1: DOWN")
-	mapCondition(t, c, node.Name, pxnv1alpha1.ConditionReady, metav1.ConditionFalse, 10*time.Second)
+	mapCondition(t, c, node.Name, pxnv1alpha1.ConditionReady, metav1.ConditionFalse, agentSettle)
 	waitLabels(t, c, node.Name, "false", "8")
 	waitResyncs(3)
 	want := map[string]int{"apply pxnrailmaps/status": 1, "patch nodes": 1, "post events": 2}
 	var change map[string]int
-	eventually(t, 10*time.Second, func() error {
+	eventually(t, agentSettle, func() error {
 		change = diffCounts(quiet, counter.snapshot())
 		if change["post events"] < want["post events"] {
 			return fmt.Errorf("requests %v, waiting for the Events", change)

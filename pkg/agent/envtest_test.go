@@ -45,6 +45,12 @@ var shared struct {
 	kubeconfig string
 }
 
+// agentSettle bounds the waits for what the agent does at its next
+// discovery, poll or resync and the API server shows next: a fraction of a
+// second on a quiet machine; the rest is for a loaded 2-core machine under
+// -race, with the API server and etcd on the same cores.
+const agentSettle = 30 * time.Second
+
 func TestMain(m *testing.M) {
 	ctrllog.SetLogger(klog.NewKlogr())
 	code := m.Run()

@@ -61,7 +61,7 @@ func TestEventsExplainChanges(t *testing.T) {
 	waitEvents := func(want ...string) []eventsv1.Event {
 		t.Helper()
 		var all []eventsv1.Event
-		eventually(t, 20*time.Second, func() error {
+		eventually(t, agentSettle, func() error {
 			var onMap, onNode []string
 			onMap, onNode, all = eventsAbout()
 			for _, got := range [][]string{onMap, onNode} {
@@ -77,7 +77,7 @@ func TestEventsExplainChanges(t *testing.T) {
 	settled := func(want ...string) {
 		t.Helper()
 		n := a.metric(t, "pxn_agent_discoveries_total")
-		eventually(t, 20*time.Second, func() error {
+		eventually(t, agentSettle, func() error {
 			if d := a.metric(t, "pxn_agent_discoveries_total") - n; d < 5 {
 				return fmt.Errorf("%v discoveries, waiting for 5", d)
 			}
@@ -94,7 +94,7 @@ func TestEventsExplainChanges(t *testing.T) {
 	settled("Normal PortsActive", "Normal RailsAgree")
 
 	setPortState(t, root, "mlx5_2", "1: DOWN")
-	mapCondition(t, c, node.Name, pxnv1alpha1.ConditionReady, metav1.ConditionFalse, 10*time.Second)
+	mapCondition(t, c, node.Name, pxnv1alpha1.ConditionReady, metav1.ConditionFalse, agentSettle)
 	all := waitEvents("Normal PortsActive", "Normal RailsAgree", "Warning PortsNotActive")
 	for _, e := range all {
 		if e.Reason == agent.ReasonPortsNotActive && (e.Action != agent.ActionDiscover || !strings.Contains(e.Note, "mlx5_2 port 1 DOWN")) {
@@ -109,8 +109,8 @@ func TestEventsExplainChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(root + ".gone") })
-	cond := mapCondition(t, c, node.Name, pxnv1alpha1.ConditionReady, metav1.ConditionFalse, 10*time.Second)
-	eventually(t, 10*time.Second, func() error {
+	cond := mapCondition(t, c, node.Name, pxnv1alpha1.ConditionReady, metav1.ConditionFalse, agentSettle)
+	eventually(t, agentSettle, func() error {
 		cond = mapCondition(t, c, node.Name, pxnv1alpha1.ConditionReady, metav1.ConditionFalse, time.Second)
 		if cond.Reason != agent.ReasonDiscoveryFailed {
 			return fmt.Errorf("Ready reason %s", cond.Reason)

@@ -15,20 +15,20 @@ import (
 // completes or fails every published ticket, so the sender gives its lane
 // back and the relay's close never waits out the drain for a lease: with a
 // second hop that moves, every published Piece is relayed and the close
-// takes a fraction of the drain; with one that is held, the drain runs out
-// and the published Pieces fail, but the lease still comes back.
+// ends without error, before its deadline; with one that is held, the
+// drain runs out and the published Pieces fail, but the lease still comes
+// back.
 func TestFaultRelayClosesGracefully(t *testing.T) {
 	const writes = 120
 	cases := []struct {
 		name string
 		hold bool
-		// bound is the relay's close deadline; took the most its close
-		// may take.
-		bound, took time.Duration
-		want        map[string]int
+		// bound is the relay's close deadline.
+		bound time.Duration
+		want  map[string]int
 	}{
-		{"second hop moving", false, 10 * time.Second, 5 * time.Second, map[string]int{"completed": writes}},
-		{"second hop held", true, 2 * time.Second, 5 * time.Second,
+		{"second hop moving", false, 10 * time.Second, map[string]int{"completed": writes}},
+		{"second hop held", true, 2 * time.Second,
 			map[string]int{"failed": staging.SlotsPerLane, "completed": writes - staging.SlotsPerLane}},
 	}
 	for _, c := range cases {
@@ -45,13 +45,9 @@ func TestFaultRelayClosesGracefully(t *testing.T) {
 			})
 			r.call(faultReq{Op: "hold", On: c.hold})
 			cl := r.close(c.bound)
-			took := time.Duration(cl.ElapsedMS * float64(time.Millisecond))
-			t.Logf("relay closed in %v (%s)", took, cl.CloseErr)
+			checkClosed(t, "relay", cl, c.bound)
 			if strings.Contains(cl.CloseErr, registry.ErrLeaseHeld.Error()) {
 				t.Errorf("the relay's close waited out the drain for a lease: %s", cl.CloseErr)
-			}
-			if took > c.took {
-				t.Errorf("the relay took %v to close, want at most %v", took, c.took)
 			}
 			if !c.hold && cl.CloseErr != "" {
 				t.Errorf("close with a moving second hop failed: %s", cl.CloseErr)

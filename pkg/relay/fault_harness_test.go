@@ -47,7 +47,7 @@ func faultBase(k int) uint64    { return 0x7d0000000000 + uint64(k)<<32 }
 // a target server (the remote node) with one registered buffer per rail, and
 // the rank processes the test starts.
 type faultGroup struct {
-	t     *testing.T
+	t     testing.TB
 	root  string
 	group string
 	srv   *fabric.TargetServer
@@ -69,7 +69,7 @@ type faultGroupOpts struct {
 	env map[string]string
 }
 
-func newFaultGroup(t *testing.T, o faultGroupOpts) *faultGroup {
+func newFaultGroup(t testing.TB, o faultGroupOpts) *faultGroup {
 	t.Helper()
 	if o.rails == 0 {
 		o.rails = 2
@@ -145,7 +145,7 @@ func (g *faultGroup) registryDir() string {
 
 // faultProc is one rank process.
 type faultProc struct {
-	t      *testing.T
+	t      testing.TB
 	name   string
 	index  int
 	cmd    *exec.Cmd
@@ -291,6 +291,13 @@ func (p *faultProc) tasks() []faultTask {
 func (p *faultProc) counters() faultResp {
 	p.t.Helper()
 	return p.call(faultReq{Op: "counters"})
+}
+
+// asleep reports whether the rank's pump is in its sleep on the wake word
+// (pumpAsleep).
+func (p *faultProc) asleep() bool {
+	p.t.Helper()
+	return p.call(faultReq{Op: "asleep"}).Asleep
 }
 
 // route waits until the rank has (want) or has not (!want) a relay on rail.
@@ -478,7 +485,7 @@ func (g *faultGroup) files() []string {
 }
 
 // eventually polls cond until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {

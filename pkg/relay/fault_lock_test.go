@@ -41,13 +41,13 @@ func faultLockHolder(path string) error {
 
 // lockHolder is a process that takes the group's registry lock when told.
 type lockHolder struct {
-	t     *testing.T
+	t     testing.TB
 	cmd   *exec.Cmd
 	in    io.Writer
 	lines chan string
 }
 
-func startLockHolder(t *testing.T, g *faultGroup) *lockHolder {
+func startLockHolder(t testing.TB, g *faultGroup) *lockHolder {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -116,7 +116,7 @@ const (
 // crossTraffic has a and b write n Pieces each through each other (a to
 // rail 1 relayed by b, b to rail 0 relayed by a) and returns how long the
 // slower took. Every task must complete through PXN.
-func crossTraffic(t *testing.T, g *faultGroup, a, b *faultProc, n int, round int) time.Duration {
+func crossTraffic(t testing.TB, g *faultGroup, a, b *faultProc, n int, round int) time.Duration {
 	t.Helper()
 	size := uint64(n) * faultPiece
 	dst, src := uint64(round%crossDstSlots)*size, uint64(round%crossSrcSlots)*size
@@ -146,7 +146,7 @@ func crossTraffic(t *testing.T, g *faultGroup, a, b *faultProc, n int, round int
 // staleEntry leaves an arena file that the next registrant to hold the lock
 // removes: it names a running pid (the test's) under another start time, a
 // reused pid.
-func staleEntry(t *testing.T, g *faultGroup, k int) string {
+func staleEntry(t testing.TB, g *faultGroup, k int) string {
 	t.Helper()
 	name := fmt.Sprintf("arena-%d-1-%016x", os.Getpid(), k+1)
 	f, err := os.OpenFile(filepath.Join(g.registryDir(), name), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
@@ -166,23 +166,35 @@ func hasFile(g *faultGroup, name string) bool {
 	return false
 }
 
+// lockContention is a rank's registry.LockContention: its calls that found
+// the registry lock held and gave up (busy) or waited for it (waited).
+func lockContention(p *faultProc) (busy, waited uint64) {
+	p.t.Helper()
+	r := p.counters()
+	return r.LockBusy, r.LockWaited
+}
+
 // A process holding the group's registry lock, stopped, while the live
 // ranks' pumps need it: first a peer dies (stale cleanup, freeing the dead
 // sender's lanes, releasing their own lanes on the dead relay), then, run
 // after run, a stale file appears. The pumps must not wait for the lock:
-// their transfers go on at the undisturbed rate, and once the lock is free
-// the cleanup finishes within the heartbeat timeout, also when the holder
-// dies instead of unlocking. Runs with and without
-// a frozen holder alternate, in turn first and second, so that a loaded
-// machine slows both kinds alike; their total times are compared. When
-// the machine is so noisy that the totals come out below the bound, more
-// pairs are run, up to batches of them, and the totals of all are judged.
+// each finds it held, gives up and leaves the work for a later refresh
+// (their registry calls count no-wait attempts that found it busy, and
+// none that waited), and their transfers complete through PXN while the
+// holder is still stopped. Once the lock is free the cleanup finishes,
+// also when the holder dies instead of unlocking. The test judges counts
+// and states; the transfer rate under a frozen holder against the
+// undisturbed one is BenchmarkFaultFrozenLockHolder's figure.
 func TestFaultFrozenLockHolder(t *testing.T) {
 	const (
-		hbTimeout = time.Second
-		pieces    = 300
-		pairs     = 8
-		batches   = 3
+		hbTimeout  = time.Second
+		pieces     = 300
+		frozenRuns = 3
+		// settle bounds the waits for what a refresh does: a pump's next
+		// try of the lock, and the cleanup once the lock is free, both
+		// within the 1 s heartbeat timeout on a quiet machine
+		// (docs/registry.md); the rest of it is for a loaded one.
+		settle = 20 * time.Second
 	)
 	g := newFaultGroup(t, faultGroupOpts{rails: 3, tgtBytes: crossDstSlots * pieces * faultPiece,
 		env: map[string]string{contract.EnvHeartbeatTimeout: fmt.Sprint(hbTimeout.Milliseconds())}})
@@ -202,72 +214,118 @@ func TestFaultFrozenLockHolder(t *testing.T) {
 	})
 	holder := startLockHolder(t, g)
 	round := 0
-	cross := func() time.Duration {
-		d := crossTraffic(t, g, a, b, pieces, round)
+	cross := func() {
+		crossTraffic(t, g, a, b, pieces, round)
 		round++
-		return d
 	}
 	cross()
 
-	holder.do("lock")
+	// freeze has the stopped holder take the lock; frozenChecks, while it
+	// still holds it, that both live ranks found it held since and never
+	// waited for it.
+	live := []*faultProc{a, b}
+	var busy0, waited0 [2]uint64
+	freeze := func() {
+		for i, p := range live {
+			busy0[i], waited0[i] = lockContention(p)
+		}
+		holder.do("lock")
+	}
+	frozenChecks := func(when string) {
+		t.Helper()
+		for i, p := range live {
+			eventually(t, settle, fmt.Sprintf("%s: %s's pump finding the lock held", when, p.name), func() bool {
+				busy, _ := lockContention(p)
+				return busy > busy0[i]
+			})
+			if _, waited := lockContention(p); waited != waited0[i] {
+				t.Errorf("%s: %s waited %d times for the lock that a stopped process holds", when, p.name, waited-waited0[i])
+			}
+		}
+	}
+
+	freeze()
 	c.kill()
 	// Each live rank notices the dead relay at its next refresh and stops
 	// routing to it, lock or no lock.
 	a.route(faultRail(2), false, 10*time.Second)
 	b.route(faultRail(2), false, 10*time.Second)
 	cross()
+	frozenChecks("a peer dead")
 	if len(filesOf(g, c.pid)) == 0 {
 		t.Fatal("the dead rank's files went while the lock was held: the test did not hold the lock")
 	}
 	holder.do("unlock")
 	freed := time.Now()
-	eventually(t, hbTimeout, "the dead rank's files removed", func() bool { return len(filesOf(g, c.pid)) == 0 })
-	eventually(t, hbTimeout, "the dead rank's lanes freed", func() bool {
+	eventually(t, settle, "the dead rank's files removed", func() bool { return len(filesOf(g, c.pid)) == 0 })
+	eventually(t, settle, "the dead rank's lanes freed", func() bool {
 		return g.laneOf(a.pid, c.pid) == nil && g.laneOf(b.pid, c.pid) == nil
 	})
 	t.Logf("the dead rank cleaned up %v after the lock was freed", time.Since(freed).Round(time.Millisecond))
 
-	var total [2]time.Duration
-	var slowest time.Duration
-	ratio := 0.0
-	for batch := 1; batch <= batches; batch++ {
-		for i := range pairs {
-			for j := range 2 {
-				if frozen := (i + j) % 2; frozen == 0 {
-					total[0] += cross()
-					continue
-				}
-				holder.do("lock")
-				name := staleEntry(t, g, (batch-1)*pairs+i)
-				total[1] += cross()
-				if !hasFile(g, name) {
-					t.Fatal("a stale file went while the lock was held: the test did not hold the lock")
-				}
-				holder.do("unlock")
-				freed := time.Now()
-				eventually(t, hbTimeout, "the stale file removed", func() bool { return !hasFile(g, name) })
-				slowest = max(slowest, time.Since(freed))
-			}
+	for i := range frozenRuns {
+		freeze()
+		name := staleEntry(t, g, i)
+		cross()
+		frozenChecks(fmt.Sprintf("stale file %d", i))
+		if !hasFile(g, name) {
+			t.Fatal("a stale file went while the lock was held: the test did not hold the lock")
 		}
-		ratio = float64(total[0]) / float64(total[1])
-		t.Logf("%d pairs of runs of %d Pieces each way: undisturbed %v, under a frozen lock holder %v: %.2f of the undisturbed rate; stale files cleaned up at most %v after the lock was freed",
-			batch*pairs, pieces, total[0], total[1], ratio, slowest.Round(time.Millisecond))
-		if ratio >= 0.9 {
-			break
-		}
-	}
-	if ratio < 0.9 {
-		t.Errorf("under a frozen lock holder the live ranks ran at %.2f of the undisturbed rate, want at least 0.9", ratio)
+		holder.do("unlock")
+		freed := time.Now()
+		eventually(t, settle, "the stale file removed", func() bool { return !hasFile(g, name) })
+		t.Logf("stale file %d cleaned up %v after the lock was freed", i, time.Since(freed).Round(time.Millisecond))
 	}
 
 	// A holder that dies frozen frees the lock with it.
-	holder.do("lock")
-	name := staleEntry(t, g, batches*pairs)
+	freeze()
+	name := staleEntry(t, g, frozenRuns)
 	cross()
+	frozenChecks("before the holder died")
 	if err := holder.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	eventually(t, hbTimeout, "the stale file removed after the holder died", func() bool { return !hasFile(g, name) })
+	eventually(t, settle, "the stale file removed after the holder died", func() bool { return !hasFile(g, name) })
 	t.Logf("stale file cleaned up %v after the holder was killed", time.Since(killed).Round(time.Millisecond))
+}
+
+// BenchmarkFaultFrozenLockHolder is the rate that TestFaultFrozenLockHolder
+// does not judge: two ranks relay for each other, each iteration a run of
+// 300 Pieces of 64 KiB each way undisturbed and one while a stopped process
+// holds the registry lock and a stale file waits for it, in turn first and
+// second, so that a loaded machine slows both kinds alike. It reports both
+// rates and the frozen runs' share of the undisturbed rate: the pumps never
+// wait for the lock, so about 1 (docs/reliability.md).
+func BenchmarkFaultFrozenLockHolder(b *testing.B) {
+	const pieces = 300
+	g := newFaultGroup(b, faultGroupOpts{tgtBytes: crossDstSlots * pieces * faultPiece})
+	x := g.start("a", 0, crossSrcSlots*pieces*faultPiece)
+	y := g.start("b", 1, crossSrcSlots*pieces*faultPiece)
+	x.route(faultRail(1), true, 20*time.Second)
+	y.route(faultRail(0), true, 20*time.Second)
+	holder := startLockHolder(b, g)
+	var took [2]time.Duration
+	round, runs := 0, 0
+	for b.Loop() {
+		for j := range 2 {
+			frozen := (runs + j) % 2
+			if frozen == 0 {
+				took[0] += crossTraffic(b, g, x, y, pieces, round)
+				round++
+				continue
+			}
+			holder.do("lock")
+			name := staleEntry(b, g, runs)
+			took[1] += crossTraffic(b, g, x, y, pieces, round)
+			round++
+			holder.do("unlock")
+			eventually(b, 20*time.Second, "the stale file removed", func() bool { return !hasFile(g, name) })
+		}
+		runs++
+	}
+	mb := float64(runs*2*pieces*faultPiece) / 1e6
+	b.ReportMetric(mb/took[0].Seconds(), "undisturbed-MB/s")
+	b.ReportMetric(mb/took[1].Seconds(), "frozen-MB/s")
+	b.ReportMetric(took[0].Seconds()/took[1].Seconds(), "frozen/undisturbed")
 }

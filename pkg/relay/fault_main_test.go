@@ -113,6 +113,11 @@ type faultResp struct {
 	CloseErr  string                `json:"close_err,omitempty"`
 	ElapsedMS float64               `json:"elapsed_ms,omitempty"`
 	Released  int                   `json:"released,omitempty"`
+	// LockBusy and LockWaited are the rank's registry.LockContention.
+	LockBusy   uint64 `json:"lock_busy,omitempty"`
+	LockWaited uint64 `json:"lock_waited,omitempty"`
+	// Asleep: the pump thread is in its sleep on the wake word.
+	Asleep bool `json:"asleep,omitempty"`
 }
 
 // gateHop is the rank's hop with a gate: while held, writes are accepted but
@@ -326,6 +331,15 @@ func faultRank() error {
 			}
 		case "counters":
 			resp.Counters, resp.PXN = eng.Counters(), eng.PXNActive()
+			if stall != nil {
+				resp.LockBusy, resp.LockWaited = stall.Rank().LockContention()
+			}
+		case "asleep":
+			if stall == nil {
+				resp.OK, resp.Err = false, "no registry"
+				break
+			}
+			resp.Asleep = pumpAsleep(eng, stall.Wake())
 		case "route":
 			deadline := time.Now().Add(timeout)
 			for {

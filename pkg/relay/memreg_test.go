@@ -45,6 +45,8 @@ type memRank struct {
 	// peers is reused by Peers, as the real registry's adapter does: the
 	// engine reads the slice only until its next call.
 	peers []relay.Peer
+	// beats counts the pump's Heartbeat calls.
+	beats atomic.Uint64
 }
 
 func newMemGroup(t testing.TB) *memGroup { return &memGroup{t: t} }
@@ -82,7 +84,7 @@ func (r *memRank) Inbound(i int) *staging.RelayLane { return r.in[i] }
 
 func (r *memRank) ArenaBase() uintptr { return uintptr(unsafe.Pointer(&r.arena[0])) }
 
-func (r *memRank) Heartbeat(time.Time) {}
+func (r *memRank) Heartbeat(time.Time) { r.beats.Add(1) }
 
 func (r *memRank) Wake() *staging.WakeWord {
 	return &(*staging.ControlBlock)(unsafe.Pointer(&r.ctlMem[0])).Header.Wake

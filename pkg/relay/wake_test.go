@@ -10,19 +10,19 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
-// threadSched is a thread's schedstat: CPU time and how many times it was
-// put on a CPU (each wake-up counts one).
-type threadSched struct {
-	cpu    time.Duration
-	slices uint64
-}
-
-func readSched(t *testing.T, tid int) threadSched {
+// threadRuns is how many times thread tid of this process was put on a CPU
+// (its schedstat: each wake-up counts one, and so does each return from a
+// preemption).
+func threadRuns(t *testing.T, tid int) uint64 {
 	t.Helper()
 	if tid == 0 {
 		t.Fatal("the engine has no pump thread")
@@ -35,19 +35,45 @@ func readSched(t *testing.T, tid int) threadSched {
 	if len(f) != 3 {
 		t.Fatalf("schedstat %q: want 3 fields", b)
 	}
-	cpu, err1 := strconv.ParseUint(f[0], 10, 64)
-	slices, err2 := strconv.ParseUint(f[2], 10, 64)
-	if err1 != nil || err2 != nil {
-		t.Fatalf("schedstat %q: %v %v", b, err1, err2)
+	runs, err := strconv.ParseUint(f[2], 10, 64)
+	if err != nil {
+		t.Fatalf("schedstat %q: %v", b, err)
 	}
-	return threadSched{cpu: time.Duration(cpu), slices: slices}
+	return runs
+}
+
+// pumpAsleep reports whether e's pump is in its sleep on its wake word w:
+// its thread blocked in a futex wait on w's Seq, as
+// /proc/self/task/<tid>/syscall shows it. SleepingNow alone holds from the
+// announce on, through a last round that may still find work and take it
+// without a waker. Where the kernel does not show a thread's system call,
+// SleepingNow stands in.
+func pumpAsleep(e *relay.Engine, w *staging.WakeWord) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/syscall", e.PumpThreadID()))
+	if err != nil {
+		return w.SleepingNow()
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return false
+	}
+	if nr, err := strconv.ParseInt(f[0], 10, 64); err != nil || nr != unix.SYS_FUTEX {
+		return false
+	}
+	addr, err := strconv.ParseUint(strings.TrimPrefix(f[1], "0x"), 16, 64)
+	return err == nil && uintptr(addr) == uintptr(unsafe.Pointer(&w.Seq))
 }
 
 // An idle pump sleeps on its wake word and wakes for its heartbeat only:
-// over 15 heartbeats each pump of a pair runs about once a heartbeat, far
-// from the thousand wake-ups a second of a 1 ms poll.
+// over 15 sleeps of each pump of a pair, no waker ends a sleep, each
+// heartbeat takes one sleep (a spurious return of the futex may add one),
+// and the thread is put on a CPU a few times a sleep, where a 1 ms poll
+// would sleep and run hundreds of times a heartbeat. Counts only, so a
+// loaded machine that delays the wake-ups changes nothing; the idle pump's
+// CPU share and wake-up rate are pxn-bench's P4/P5 figures (its idle
+// phase, docs/benchmarks.md).
 func TestIdlePumpSleepsUntilItsHeartbeat(t *testing.T) {
-	// A heartbeat timeout of 1 s makes an idle pump beat every 100 ms.
+	// A heartbeat timeout of 1 s makes an idle pump beat every 200 ms.
 	p := newPair(t, pairOpts{tgtSize: mib, srcSize: mib, cfg: func(c *staging.Config) { c.HeartbeatTimeout = time.Second }})
 	ranks := []struct {
 		name string
@@ -55,31 +81,39 @@ func TestIdlePumpSleepsUntilItsHeartbeat(t *testing.T) {
 		r    *memRank
 	}{{"sender", p.a, p.rankA}, {"relay", p.b, p.rankB}}
 	for _, rk := range ranks {
-		waitFor(t, rk.name+" pump asleep", rk.r.Wake().SleepingNow)
+		waitFor(t, rk.name+" pump asleep", func() bool { return pumpAsleep(rk.e, rk.r.Wake()) })
 	}
-	start := time.Now()
-	var before [2]threadSched
-	var sleeps [2]uint64
-	for i, rk := range ranks {
-		before[i] = readSched(t, rk.e.PumpThreadID())
-		sleeps[i] = rk.e.Counters().PumpSleeps
+	type sample struct{ runs, sleeps, wakes, beats uint64 }
+	take := func(i int) sample {
+		rk := ranks[i]
+		c := rk.e.Counters()
+		return sample{runs: threadRuns(t, rk.e.PumpThreadID()), sleeps: c.PumpSleeps, wakes: c.PumpWakes, beats: rk.r.beats.Load()}
 	}
-	const beats = 15
+	var before [2]sample
+	for i := range ranks {
+		before[i] = take(i)
+	}
+	const sleeps = 15
 	for i, rk := range ranks {
-		waitFor(t, fmt.Sprintf("%s pump through %d heartbeats", rk.name, beats), func() bool {
-			return rk.e.Counters().PumpSleeps-sleeps[i] >= beats
+		waitFor(t, fmt.Sprintf("%s pump through %d sleeps", rk.name, sleeps), func() bool {
+			return rk.e.Counters().PumpSleeps-before[i].sleeps >= sleeps
 		})
 	}
-	window := time.Since(start)
 	for i, rk := range ranks {
-		after := readSched(t, rk.e.PumpThreadID())
-		slices, cpu := after.slices-before[i].slices, after.cpu-before[i].cpu
-		t.Logf("%s pump over %v: %d wake-ups, %v CPU (%.3f %% of a core)", rk.name, window.Round(time.Millisecond), slices, cpu, 100*cpu.Seconds()/window.Seconds())
-		if maxSlices := uint64(50 * window.Seconds()); slices > maxSlices {
-			t.Errorf("%s pump ran %d times in %v, want at most %d (50 a second)", rk.name, slices, window, maxSlices)
+		a := take(i)
+		runs, slept, woken, beats := a.runs-before[i].runs, a.sleeps-before[i].sleeps, a.wakes-before[i].wakes, a.beats-before[i].beats
+		t.Logf("%s pump: %d sleeps, %d ended by a waker, %d heartbeats, %d runs of its thread", rk.name, slept, woken, beats, runs)
+		if woken != 0 {
+			t.Errorf("%s pump: a waker ended %d of %d sleeps of an idle pump, want none", rk.name, woken, slept)
 		}
-		if maxCPU := window / 100; cpu > maxCPU {
-			t.Errorf("%s pump used %v of CPU in %v, want at most %v (1 %% of a core)", rk.name, cpu, window, maxCPU)
+		if slept > 2*beats+2 {
+			t.Errorf("%s pump slept %d times over %d heartbeats, want about one sleep a heartbeat", rk.name, slept, beats)
+		}
+		// A wake-up is one run; the runtime handing the locked goroutine
+		// back to its thread and the preemptions of a loaded machine add
+		// a few. A poll would add hundreds a sleep.
+		if runs > 10*slept {
+			t.Errorf("%s pump's thread ran %d times over %d sleeps, want at most 10 a sleep", rk.name, runs, slept)
 		}
 	}
 }
@@ -87,12 +121,16 @@ func TestIdlePumpSleepsUntilItsHeartbeat(t *testing.T) {
 // A Submit into idle engines goes through both wake words: the caller's
 // wakes the sender's pump, the sender's Publish wakes the relay's. Neither
 // waits for its heartbeat: the wake counters say a waker ended the sleep.
+// Each round starts with both pumps in their sleep (their threads blocked
+// on their wake words), and the heartbeat timeout is long, so that no
+// sleep ends by its timeout during a round however slow the machine: only
+// a waker can end it.
 func TestSubmitAfterIdleWakesBothPumps(t *testing.T) {
-	p := newPair(t, pairOpts{tgtSize: 16 * mib, srcSize: 16 * mib})
+	p := newPair(t, pairOpts{tgtSize: 16 * mib, srcSize: 16 * mib, cfg: func(c *staging.Config) { c.HeartbeatTimeout = 5 * time.Minute }})
 	const n = 10 << 10
 	for round := range 3 {
-		waitFor(t, "sender pump asleep", p.rankA.Wake().SleepingNow)
-		waitFor(t, "relay pump asleep", p.rankB.Wake().SleepingNow)
+		waitFor(t, "sender pump asleep", func() bool { return pumpAsleep(p.a, p.rankA.Wake()) })
+		waitFor(t, "relay pump asleep", func() bool { return pumpAsleep(p.b, p.rankB.Wake()) })
 		a0, b0 := p.a.Counters(), p.b.Counters()
 		clear(p.tgt[sessRail1][:n])
 		b, err := p.a.Submit([]relay.Request{{Op: relay.Write, Src: p.src(round * n), Len: n, Target: sessRail1, Dst: tgtBase}})
@@ -119,15 +157,17 @@ func TestSubmitAfterIdleWakesBothPumps(t *testing.T) {
 
 // Two processes of a real registry: the relay's pump sleeps on the wake
 // word in its control file, and the sender's Publish, in another process,
-// wakes it through that shared word. Each write goes to idle pumps.
+// wakes it through that shared word. Each write goes to pumps in their
+// sleep; the heartbeat timeout is long, so that only a waker ends it. The
+// relay starts first: an idle pump lists its peers only when it wakes, and
+// the sender's first listing must find it.
 func TestWakeAcrossProcesses(t *testing.T) {
-	g := newFaultGroup(t, faultGroupOpts{})
-	s := g.start("sender", 0, 4*faultMiB)
+	g := newFaultGroup(t, faultGroupOpts{env: map[string]string{contract.EnvHeartbeatTimeout: "300000"}})
 	r := g.start("relay", 1, faultMiB)
+	s := g.start("sender", 0, 4*faultMiB)
 	s.route(faultRail(1), true, 20*time.Second)
-	sw, rw := &g.control(s, false).Header.Wake, &g.control(r, false).Header.Wake
 	for i := range 3 {
-		eventually(t, 20*time.Second, "both pumps asleep", func() bool { return sw.SleepingNow() && rw.SleepingNow() })
+		eventually(t, 20*time.Second, "both pumps asleep", func() bool { return s.asleep() && r.asleep() })
 		s0, r0 := s.counters().Counters, r.counters().Counters
 		s.submit(true, faultWrites(1, 1, 64<<10, uint64(i)*64<<10, uint64(i)*64<<10)...)
 		checkStates(t, s.wait(20 * time.Second)[i:], map[string]int{"completed": 1})

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -312,6 +313,9 @@ type registryDir struct {
 	// mu serializes flock holders of this process: flock excludes open file
 	// descriptions, not goroutines sharing one.
 	mu sync.Mutex
+	// busy counts the no-wait attempts that found the lock held and gave
+	// up; waited the waiting calls that found it held and waited for it.
+	busy, waited atomic.Uint64
 }
 
 func (d *registryDir) fd() int { return int(d.dir.Fd()) }
@@ -393,6 +397,7 @@ func (d *registryDir) withLock(ctx context.Context, fn func() error) error {
 			break
 		}
 		if timer == nil {
+			d.waited.Add(1)
 			timer = time.NewTimer(lockPoll)
 			defer timer.Stop()
 		} else {
@@ -413,6 +418,7 @@ func (d *registryDir) withLock(ctx context.Context, fn func() error) error {
 // waits on another holder. It is the only lock a pump may take.
 func (d *registryDir) tryLock(fn func() error) error {
 	if !d.mu.TryLock() {
+		d.busy.Add(1)
 		return ErrLockBusy
 	}
 	defer d.mu.Unlock()
@@ -421,10 +427,19 @@ func (d *registryDir) tryLock(fn func() error) error {
 		return err
 	}
 	if !got {
+		d.busy.Add(1)
 		return ErrLockBusy
 	}
 	defer unix.Flock(int(d.lock.Fd()), unix.LOCK_UN)
 	return fn()
+}
+
+// LockContention counts what this rank's calls found the registry lock
+// held by another holder: busy, the no-wait calls that gave up (and left
+// their work for a later call); waited, the waiting calls that waited for
+// it. Tests read it to tell that the pump never waits on another process.
+func (r *Rank) LockContention() (busy, waited uint64) {
+	return r.d.busy.Load(), r.d.waited.Load()
 }
 
 // flockNow takes the directory's flock if no other holder has it, without
