@@ -27,3 +27,7 @@ func OpenWithFaultHooks(cfg staging.Config, deps Deps, h FaultHooks) (*Engine, e
 // RunRound runs one round of a ManualPump engine's pump on the calling
 // goroutine and reports whether it made progress.
 func (e *Engine) RunRound() bool { return e.pump.round(time.Now()) }
+
+// PumpShallow reports whether the pump would poll through its spin window
+// rather than nap now (pump.shallow).
+func (e *Engine) PumpShallow() bool { return e.pump.shallow() }

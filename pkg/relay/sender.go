@@ -58,7 +58,7 @@ func (e *Engine) planGroup(b *Batch, reqs []Request, g *group) error {
 		r := &reqs[i]
 		g.blocks = append(g.blocks, staging.Block{Src: uint64(r.Src), Dst: r.Dst, Len: r.Len, Task: j})
 	}
-	var pl staging.Planner
+	pl := staging.Planner{FirstPiece: e.cfg.FirstPiece}
 	if err := pl.Plan(g.blocks, len(g.tasks), &g.plan); err != nil {
 		return err
 	}
@@ -193,11 +193,16 @@ func (sn *sender) busy() bool {
 	return false
 }
 
-// inflight counts the Pieces published and not yet reaped, on every lane.
-func (sn *sender) inflight() int {
-	n := 0
+// inflightBytes sums the bytes of the Pieces published and not yet reaped,
+// on every lane, until the sum passes limit.
+func (sn *sender) inflightBytes(limit uint64) uint64 {
+	var n uint64
 	for _, sl := range sn.lanes {
-		n += int(sl.tx.Published() - sl.tx.Reaped())
+		for seq := sl.tx.Reaped() + 1; seq <= sl.tx.Published() && n <= limit; seq++ {
+			if pr := sl.inflight[staging.SlotOf(seq)]; pr.g != nil {
+				n += pr.g.pieceLen(pr.i)
+			}
+		}
 	}
 	return n
 }
