@@ -284,7 +284,7 @@ func (p *pump) round(now time.Time) bool {
 			progressed = true
 		}
 	}
-	if p.snd.reapAll() {
+	if p.snd.reapAll(now) {
 		progressed = true
 	}
 	if p.pollHop() {

@@ -237,10 +237,10 @@ func (sn *sender) publishAll(now time.Time) bool {
 	return progressed
 }
 
-func (sn *sender) reapAll() bool {
+func (sn *sender) reapAll(now time.Time) bool {
 	progressed := false
 	for _, sl := range sn.lanes {
-		if sn.reap(sl) {
+		if sn.reap(sl, now) {
 			progressed = true
 		}
 	}
@@ -272,14 +272,16 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 		return false
 	}
 	if !ok {
-		// No credit. The credit timeout runs from the moment the lane's
-		// head first found none, not from enqueue: a long request queues
-		// many Pieces that are not late. Once it has run out, every Piece
-		// queued behind goes direct too, until credit returns.
+		// No credit. The credit timeout measures a stalled relay, not a
+		// busy one: it runs from the later of the moment the lane's head
+		// first found no credit (not from enqueue: a long request queues
+		// many Pieces that are not late) and the lane's last completion.
+		// Once it has run out, every Piece queued behind goes direct too,
+		// until the relay completes one again.
 		if sl.waitSince.IsZero() {
 			sl.waitSince = now
 			s.counters.creditWaits.Add(1)
-		} else if now.Sub(sl.waitSince) > s.cfg.CreditTimeout {
+		} else if now.Sub(laterOf(sl.waitSince, sl.progressAt)) > s.cfg.CreditTimeout {
 			sl.pop()
 			s.fallback(pr.g, pr.i)
 			return true
@@ -330,10 +332,17 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 	return true
 }
 
+func laterOf(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
 // reap takes the relay's completions in seq order. A Piece's slices are
 // finished before the pump publishes again, so its slot is reused only
 // afterwards.
-func (sn *sender) reap(sl *senderLane) bool {
+func (sn *sender) reap(sl *senderLane, now time.Time) bool {
 	progressed := false
 	for {
 		seq, status, ok := sl.tx.Reap()
@@ -347,7 +356,7 @@ func (sn *sender) reap(sl *senderLane) bool {
 		progressed = true
 	}
 	if progressed {
-		sl.progressAt = time.Now()
+		sl.progressAt = now
 	}
 	return progressed
 }
