@@ -103,8 +103,9 @@ func TestPumpSpinsWhileOneSlotMoves(t *testing.T) {
 		{"one short request in its ramp", 256 << 10, []uint64{4 * mib}, 5, 4, true, true},
 		{"one full Piece", staging.SlotSize, []uint64{8 * mib}, 1, 1, true, true},
 		{"two full Pieces", staging.SlotSize, []uint64{8 * mib, 8 * mib}, 2, 2, false, false},
-		// Each request ramps: 5 Pieces of 4 MiB, then 6 of 8 MiB.
-		{"two short requests", 256 << 10, []uint64{4 * mib, 8 * mib}, 11, 4, false, false},
+		// The first request ramps (5 Pieces); the second finds the lane
+		// busy and is one full Piece.
+		{"a short request and one behind it", 256 << 10, []uint64{4 * mib, 8 * mib}, 6, 4, false, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -143,5 +144,47 @@ func TestPumpSpinsWhileOneSlotMoves(t *testing.T) {
 			p.hopB.CompleteAll()
 			drive("everything relayed", func() bool { return p.a.Counters().RelayedPieces == uint64(tc.pieces) })
 		})
+	}
+}
+
+// TestRampOnlyOnAnIdleLane: a request that finds its lane busy (Pieces
+// queued or in flight) is cut in whole slots, since a small first Piece
+// behind others would start no sooner; once the lane is idle again the next
+// request ramps.
+func TestRampOnlyOnAnIdleLane(t *testing.T) {
+	const n = 4 * mib
+	p := newPair(t, pairOpts{tgtSize: 3 * n, srcSize: 3 * n, cfg: func(c *staging.Config) { c.FirstPiece = 256 << 10 }})
+	submit := func(i int) *relay.Batch {
+		t.Helper()
+		b, err := p.a.Submit([]relay.Request{{Op: relay.Write, Src: p.src(i * n), Len: n, Target: sessRail1, Dst: tgtBase + uint64(i*n)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	relayed := func() uint64 { return p.a.Counters().RelayedPieces }
+	p.hopB.SetHold(true)
+	first := submit(0)
+	second := submit(1)
+	p.hopB.SetHold(false)
+	p.hopB.CompleteAll()
+	waitBatch(t, first)
+	waitBatch(t, second)
+	// 256 KiB, 512 KiB, 1 MiB, 2 MiB, 256 KiB; then one Piece of 4 MiB.
+	if got := relayed(); got != 5+1 {
+		t.Fatalf("%d Pieces relayed for a request on an idle lane and one behind it, want 6", got)
+	}
+	third := submit(2)
+	waitBatch(t, third)
+	if got := relayed() - 6; got != 5 {
+		t.Fatalf("%d Pieces for a request on an idle lane again, want the ramp's 5", got)
+	}
+	for i, b := range []*relay.Batch{first, second, third} {
+		if st := statusOf(t, b, 0); st.State != relay.Completed {
+			t.Fatalf("request %d: %+v", i, st)
+		}
+	}
+	if !bytes.Equal(p.tgt[sessRail1][:3*n], p.srcBytes[:3*n]) {
+		t.Fatal("destination bytes differ from the source")
 	}
 }

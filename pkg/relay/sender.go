@@ -43,25 +43,35 @@ type pieceRef struct {
 
 func (g *group) pieceLen(i int) uint64 { return g.plan.Pieces[i].Len }
 
-// finishPiece finishes the logical slices of Piece i.
+// finishPiece finishes the logical slices of Piece i. The Piece leaves
+// its lane's count first, so that a caller who sees its task done and
+// submits again finds the lane as the Piece left it.
 func (g *group) finishPiece(i int, err error) {
+	g.key.lane.pieces.Add(-1)
 	for _, s := range g.plan.PieceSlices(i) {
 		g.batch.tasks[g.tasks[s.Task]].finishSlice(s.Len, err)
 	}
 }
 
 // planGroup cuts a group's requests into Pieces and sets every task's slice
-// count. Nothing is enqueued here.
+// count. The planner's ramp applies when the group's lane has no Piece
+// queued, in flight or being planned: behind other Pieces a small first
+// Piece would start no sooner, and only add Pieces. Nothing is enqueued
+// here; the group's Pieces count on the lane from now on.
 func (e *Engine) planGroup(b *Batch, reqs []Request, g *group) error {
 	g.blocks = slices.Grow(g.blocks[:0], len(g.tasks))
 	for j, i := range g.tasks {
 		r := &reqs[i]
 		g.blocks = append(g.blocks, staging.Block{Src: uint64(r.Src), Dst: r.Dst, Len: r.Len, Task: j})
 	}
-	pl := staging.Planner{FirstPiece: e.cfg.FirstPiece}
+	var pl staging.Planner
+	if g.key.lane.pieces.Load() == 0 {
+		pl.FirstPiece = e.cfg.FirstPiece
+	}
 	if err := pl.Plan(g.blocks, len(g.tasks), &g.plan); err != nil {
 		return err
 	}
+	g.key.lane.pieces.Add(int64(len(g.plan.Pieces)))
 	for j, i := range g.tasks {
 		b.tasks[i].route = RoutePXN
 		b.tasks[i].remaining.Store(int64(g.plan.Tasks[j].Slices))
@@ -77,6 +87,9 @@ type outLane struct {
 
 	mu    sync.Mutex
 	queue fifo[*group]
+	// pieces counts the Pieces planned for this lane that have not been
+	// finished or handed to the direct path.
+	pieces atomic.Int64
 
 	// stale stops new tickets (heartbeat timeout); gone ends the lane.
 	stale atomic.Bool
@@ -699,6 +712,7 @@ func (sn *sender) runFallback(fb *fallbackPiece) (keep, progressed bool) {
 		}
 		s.counters.fallbackBytes.Add(g.pieceLen(fb.i))
 		s.counters.fallbackPieces.Add(1)
+		g.key.lane.pieces.Add(-1)
 		s.pieceDone(g)
 		fb.g, fb.ops, fb.unsent = nil, ops, ops
 	}

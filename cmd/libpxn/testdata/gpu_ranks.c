@@ -864,15 +864,18 @@ static int spawn(const char *self, int fd, const char *role, int index, int gpu,
 }
 
 /*
- * Whether n bytes are a whole number of one request's Pieces: the engine
- * caps the first at MC_PXN_FIRST_PIECE_KIB (256 KiB when unset) and each
- * next at twice the one before, up to the 8 MiB slot.
+ * Whether n bytes are a whole number of one request's Pieces: 8 MiB slots,
+ * or, when the request found its lane idle, the engine's ramp: the first
+ * at most MC_PXN_FIRST_PIECE_KIB (256 KiB when unset), each next at most
+ * twice the one before, up to the slot.
  */
 static int whole_pieces(uint64_t n)
 {
 	const uint64_t slot = UINT64_C(8) << 20;
 	const char *env = getenv("MC_PXN_FIRST_PIECE_KIB");
 	uint64_t cap = (env != NULL && *env != '\0' ? strtoull(env, NULL, 10) : 256) << 10, sum = 0;
+	if (n % slot == 0)
+		return 1;
 	if (cap == 0 || cap > slot)
 		cap = slot;
 	while (sum < n) {
