@@ -12,16 +12,33 @@
 #                                      PXN_REPO naming one): every step
 #                                      bounded, outputs and a step log in OUT
 #
-# Steps, most wanted first (each one's time limit in seconds):
-#   after-p13 (110)   pxn-bench --suite p1,p3: P1, P3 with per-sender fan-in
-#                     rows, P4, P5 (pump CPU, wake-ups, idle, after idle), P6
-#   before-p13 (110)  the same with the baseline's pxn-bench, if built
-#   after-p10 (70), after-p9 (200)   the KV suites
-#   nic (45)          the emulated NIC alone (pkg/sim/gpunic benchmarks)
-#   libpxn (60)       the C ABI's GPU tests (gpu_ranks.c, compiled there)
-#   gpu (40)          pkg/gpu's tests
-#   after-p13-spin (100)   P1/P3 with a pump that never sleeps while busy:
-#                     the CPU side of the trade-off
+# Several ranks on one GPU time-slice it unless they share it through MPS,
+# so run starts an MPS control daemon of its own (pipe and log folders
+# under OUT/mps; it changes no GPU setting), runs every step after the
+# first under it and tells the daemon to quit at the end, also when a step
+# fails or the kit is interrupted. Without nvidia-cuda-mps-control it says
+# so and runs every step without MPS. OUT/steps.txt has one line a step:
+# its exit status (124: out of time), its time and whether MPS was on.
+#
+# Steps, most wanted first (each one's limit in seconds; the kit as a whole
+# stops starting steps once GPU_KIT_BUDGET seconds, 510 by default, are
+# spent, and cuts the last one's limit to what is left):
+#   nomps-p3 (40)     pxn-bench --suite p3 without MPS: the time-sliced
+#                     contrast (before the daemon starts)
+#   after-p13 (100)   --suite p1,p3: P1, cross-rail 1→1 against the NIC
+#                     alone (P13), P3 with per-sender fan-in rows, P4, P5
+#                     (pump CPU, wake-ups, idle, after idle), P6
+#   before-p13 (90)   the same with the baseline's pxn-bench, if built
+#   after-p10 (35)    --suite p10: kv-small completion (the ramp's default)
+#   noramp-p10 (30)   the same with --first-piece 8MiB (no ramp)
+#   before-p10 (30)   the same with the baseline's pxn-bench
+#   after-p9 (100)    --suite p9: kv-medium and kv-large, 1→1, 7→1 and
+#                     all-to-all (each scenario's rows written as it ends)
+#   pidns (35)        2 ranks each in PID and mount namespaces of its own,
+#                     only where pxn-bench run --help lists --pidns (root)
+#   gpu (30)          pkg/gpu's tests
+#   libpxn (40)       the C ABI's GPU tests (gpu_ranks.c, compiled there)
+#   nic (25)          the emulated NIC alone (pkg/sim/gpunic benchmarks)
 set -euo pipefail
 
 kit_build() {
@@ -37,7 +54,7 @@ kit_build() {
   go test -c -o "$out/libpxn.test" ./cmd/libpxn
   go test -c -o "$out/gpu.test" ./pkg/gpu
   go build -buildmode=c-shared -o "$out/lib/libpxn.so" ./cmd/libpxn
-  if [ $# -gt 0 ]; then
+  if [ $# -gt 0 ] && [ -n "$1" ]; then
     local base wt
     base=$(git rev-parse --verify --quiet "${1}^{commit}") ||
       { echo "gpu-kit: baseline $1 is not a commit of this repository" >&2; exit 1; }
@@ -54,40 +71,135 @@ kit_build() {
   du -sh "$out"
 }
 
+# The MPS control daemon of a run: its folders, whether it is up, and the
+# empty pipe folder that keeps a step away from any daemon.
+mps_pipes=""
+mps_logs=""
+mps_up=0
+mps_scratch=""
+no_mps_pipes=""
+
+# mps_start starts a control daemon with private folders. A unix socket's
+# path is limited to 108 bytes, so when OUT's path is long the pipes go to
+# a private folder under /tmp instead (removed at the end).
+mps_start() {
+  local out=$1
+  if ! command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+    echo "gpu-kit: no nvidia-cuda-mps-control here; every step runs without MPS" | tee -a "$out/steps.txt" >&2
+    return 0
+  fi
+  mps_logs=$out/mps/log
+  mps_pipes=$out/mps/pipe
+  if [ ${#mps_pipes} -gt 60 ]; then
+    mps_scratch=$(mktemp -d /tmp/pxn-mps.XXXXXX)
+    mps_pipes=$mps_scratch/pipe
+  fi
+  mkdir -p "$mps_pipes" "$mps_logs"
+  if CUDA_MPS_PIPE_DIRECTORY=$mps_pipes CUDA_MPS_LOG_DIRECTORY=$mps_logs nvidia-cuda-mps-control -d; then
+    mps_up=1
+    export CUDA_MPS_PIPE_DIRECTORY=$mps_pipes CUDA_MPS_LOG_DIRECTORY=$mps_logs
+    echo "gpu-kit: MPS control daemon up (pipes in $mps_pipes, logs in $mps_logs)" | tee -a "$out/steps.txt" >&2
+  else
+    echo "gpu-kit: the MPS control daemon did not start; the steps run without MPS" | tee -a "$out/steps.txt" >&2
+  fi
+}
+
+# mps_stop tells the daemon to quit (it stops its server first) and waits
+# a little for its pipes to go. It runs once, from the exit trap.
+mps_stop() {
+  if [ "$mps_up" = 1 ]; then
+    mps_up=0
+    echo quit | CUDA_MPS_PIPE_DIRECTORY=$mps_pipes CUDA_MPS_LOG_DIRECTORY=$mps_logs nvidia-cuda-mps-control >/dev/null 2>&1 || true
+    local i
+    for i in $(seq 50); do
+      [ -e "$mps_pipes/control" ] || break
+      sleep 0.2
+    done
+  fi
+  [ -z "$mps_scratch" ] || rm -rf "$mps_scratch"
+  [ -z "$no_mps_pipes" ] || rm -rf "$no_mps_pipes"
+}
+
+# on_signal stops the step in progress (timeout passes the signal on to
+# the step's processes) and leaves through the exit trap.
+step_pid=""
+on_signal() {
+  [ -z "$step_pid" ] || kill -TERM "$step_pid" 2>/dev/null || true
+  exit 130
+}
+
 kit_run() {
-  local out=$1 kit repo
+  local out=$1 kit repo budget started
   kit=$(cd "$(dirname "$0")" && pwd -P)
   repo=${PXN_REPO:-$(cd "$kit/../.." && pwd -P)}
+  budget=${GPU_KIT_BUDGET:-510}
   [ -f "$repo/include/pxn.h" ] ||
     { echo "gpu-kit: $repo is not a checkout (the C test compiles its include/ and testdata/); set PXN_REPO" >&2; exit 1; }
   mkdir -p "$out"
   out=$(cd "$out" && pwd -P)
   cd "$kit"
+  : > "$out/steps.txt"
   {
     nvidia-smi -L
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv
     echo "cpus $(nproc); kit commit $(cat COMMIT); baseline $(cat BASELINE 2>/dev/null || echo none)"
   } > "$out/machine.txt" 2>&1 || true
+  trap mps_stop EXIT
+  trap on_signal INT TERM
+  started=$(date +%s)
+  # step NAME LIMIT CMD...: runs CMD (in STEP_DIR, if set) with its output
+  # in OUT/NAME.txt, within LIMIT seconds and what is left of the budget.
+  # It runs in the background and is waited for, so that a signal to the
+  # kit is handled at once: the step is stopped and the daemon told to quit.
   step() {
-    local name=$1 limit=$2 start rc
+    local name=$1 limit=$2 left start rc mps=off
     shift 2
+    left=$((budget - ($(date +%s) - started)))
+    if [ "$left" -lt 10 ]; then
+      echo "$name skipped: ${left}s of the ${budget}s budget left" | tee -a "$out/steps.txt"
+      return 0
+    fi
+    [ "$limit" -le "$left" ] || limit=$left
+    [ -z "${CUDA_MPS_PIPE_DIRECTORY:-}" ] || [ "$CUDA_MPS_PIPE_DIRECTORY" = "$no_mps_pipes" ] || mps=on
     start=$(date +%s%N)
+    (cd "${STEP_DIR:-.}" && exec timeout --kill-after=5 "$limit" "$@") > "$out/$name.txt" 2>&1 &
+    step_pid=$!
     set +e
-    timeout "$limit" "$@" > "$out/$name.txt" 2>&1
+    wait "$step_pid"
     rc=$?
     set -e
-    echo "$name rc=$rc $((($(date +%s%N) - start) / 1000000)) ms" | tee -a "$out/steps.txt"
+    step_pid=""
+    echo "$name rc=$rc $((($(date +%s%N) - start) / 1000000)) ms limit=${limit}s mps=$mps" | tee -a "$out/steps.txt"
   }
-  step after-p13 110 ./pxn-bench run --device cuda --suite p1,p3 --json "$out/after-p13.json"
+
+  # The contrast without MPS, before any daemon of ours runs: the ranks
+  # look for one in an empty folder of their own and find none.
+  no_mps_pipes=$(mktemp -d /tmp/pxn-nomps.XXXXXX)
+  CUDA_MPS_PIPE_DIRECTORY=$no_mps_pipes step nomps-p3 40 ./pxn-bench run --device cuda --suite p3 --json "$out/nomps-p3.json"
+
+  mps_start "$out"
+  step after-p13 100 ./pxn-bench run --device cuda --suite p1,p3 --json "$out/after-p13.json"
   if [ -x pxn-bench.before ]; then
-    step before-p13 110 ./pxn-bench.before run --device cuda --suite p1,p3 --json "$out/before-p13.json"
+    step before-p13 90 ./pxn-bench.before run --device cuda --suite p1,p3 --json "$out/before-p13.json"
   fi
-  step after-p10 70 ./pxn-bench run --device cuda --suite p10 --json "$out/after-p10.json"
-  step after-p9 200 ./pxn-bench run --device cuda --suite p9 --json "$out/after-p9.json"
-  PXN_REQUIRE_GPU=1 step nic 45 ./gpunic.test -test.run '^$' -test.bench . -test.benchtime 3000x
-  (cd "$repo/cmd/libpxn" && PXN_LIBPXN_DIR=$kit/lib step libpxn 60 "$kit/libpxn.test" -test.v -test.run 'TestGPURanksThroughCABI|TestFirstHopChoice|TestABIRules')
-  step gpu 40 ./gpu.test -test.v
-  step after-p13-spin 100 ./pxn-bench run --device cuda --suite p1,p3 --poll-nap -1ns --json "$out/after-p13-spin.json"
+  step after-p10 35 ./pxn-bench run --device cuda --suite p10 --json "$out/after-p10.json"
+  step noramp-p10 30 ./pxn-bench run --device cuda --suite p10 --first-piece 8MiB --json "$out/noramp-p10.json"
+  if [ -x pxn-bench.before ]; then
+    step before-p10 30 ./pxn-bench.before run --device cuda --suite p10 --json "$out/before-p10.json"
+  fi
+  step after-p9 100 ./pxn-bench run --device cuda --suite p9 --json "$out/after-p9.json"
+  local help
+  help=$(./pxn-bench run --help 2>&1 || true)
+  if grep -q -- '--pidns' <<<"$help"; then
+    local share=()
+    ! grep -q -- '--arena-share' <<<"$help" || share=(--arena-share fd)
+    step pidns 35 ./pxn-bench run --device cuda --ranks 2 --pattern cross-rail --bytes 256MiB --block 8MiB --pidns ${share[@]+"${share[@]}"} --json "$out/pidns.json"
+  else
+    echo "pidns skipped: this pxn-bench has no --pidns" | tee -a "$out/steps.txt"
+  fi
+  step gpu 30 ./gpu.test -test.v
+  STEP_DIR=$repo/cmd/libpxn PXN_LIBPXN_DIR=$kit/lib step libpxn 40 "$kit/libpxn.test" -test.v -test.run 'TestGPURanksThroughCABI|TestFirstHopChoice|TestABIRules'
+  PXN_REQUIRE_GPU=1 step nic 25 ./gpunic.test -test.run '^$' -test.bench . -test.benchtime 1000x
 }
 
 case ${1:-} in

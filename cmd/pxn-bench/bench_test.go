@@ -103,7 +103,7 @@ func TestBenchHealthyPaths(t *testing.T) {
 // TestBenchAllocPass runs the PXN phase's transfer twice and reports the
 // allocations of the warm pass, counted over its own Pieces.
 func TestBenchAllocPass(t *testing.T) {
-	rows := runBench(t, "--ranks", "2", "--bytes", "64MiB", "--pattern", "cross-rail", "--alloc-pass")
+	rows := runBench(t, "--ranks", "2", "--bytes", "64MiB", "--pattern", "cross-rail", "--alloc-pass", "--first-piece", "8MiB")
 	if !rows[0].Verified || rows[0].Failed != 0 || rows[0].FallbackBytes != 0 {
 		t.Fatalf("main row %+v", rows[0])
 	}
@@ -134,9 +134,14 @@ func TestBenchKV(t *testing.T) {
 		name        string
 		args        []string
 		wantRelayed uint64
+		// wantPieces follows the engine's ramp: a 4 MiB request on an
+		// idle lane (one in flight) is Pieces of 256 KiB, 512 KiB, 1 MiB,
+		// 2 MiB and 256 KiB; a 256 KiB one is one Piece either way.
+		wantPieces uint64
 	}{
-		{"kv-small 1 to 1", []string{"--ranks", "2", "--kv-shape", "kv-small", "--kv-requests", "3", "--kv-inflight", "2"}, 3 * 32 * 2 * 4 * 16 << 10},
-		{"all-to-all, 4 KiB blocks", []string{"--ranks", "3", "--kv-traffic", "all-to-all", "--kv-shape", "4x8x4KiB", "--kv-requests", "2"}, 3 * 2 * 2 * 4 * 2 * 8 * 4 << 10},
+		{"kv-small 1 to 1", []string{"--ranks", "2", "--kv-shape", "kv-small", "--kv-requests", "3", "--kv-inflight", "1"}, 3 * 32 * 2 * 4 * 16 << 10, 3 * 5},
+		{"kv-small 1 to 1 without the ramp", []string{"--ranks", "2", "--kv-shape", "kv-small", "--kv-requests", "3", "--kv-inflight", "1", "--first-piece", "8MiB"}, 3 * 32 * 2 * 4 * 16 << 10, 3},
+		{"all-to-all, 4 KiB blocks", []string{"--ranks", "3", "--kv-traffic", "all-to-all", "--kv-shape", "4x8x4KiB", "--kv-requests", "2"}, 3 * 2 * 2 * 4 * 2 * 8 * 4 << 10, 3 * 2 * 2},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -147,6 +152,9 @@ func TestBenchKV(t *testing.T) {
 			}
 			if main.RelayedBytes != c.wantRelayed || main.FallbackBytes != 0 || base.DirectBytes != c.wantRelayed {
 				t.Errorf("relayed %d, fallback %d, direct baseline %d bytes; want %d relayed and sent direct", main.RelayedBytes, main.FallbackBytes, base.DirectBytes, c.wantRelayed)
+			}
+			if main.Pieces != c.wantPieces {
+				t.Errorf("%d Pieces, want %d", main.Pieces, c.wantPieces)
 			}
 			if main.Ratio <= 0 || main.BaselineGBps != base.GBps {
 				t.Errorf("ratio %.3f against %.3f GB/s, want a ratio against the direct row's %.3f", main.Ratio, main.BaselineGBps, base.GBps)

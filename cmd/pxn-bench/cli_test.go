@@ -33,7 +33,10 @@ func TestCLI(t *testing.T) {
 		{[]string{"run", "--ranks", "2", "--pattern", "kv", "--kv-shape", "kv-huge"}, 1, []string{`--kv-shape "kv-huge": want one of kv-small, kv-medium, kv-large`}},
 		{[]string{"run", "--ranks", "2", "--pattern", "kv", "--kv-traffic", "ring"}, 1, []string{`--kv-traffic "ring"`}},
 		{[]string{"run", "--ranks", "2", "--pattern", "kv", "--latency", "10"}, 1, []string{"--pattern kv: --raw, --latency"}},
-		{[]string{"help", "run"}, 0, []string{"--kv-shape", "--kv-traffic", "--kv-requests", "--kv-inflight"}},
+		{[]string{"help", "run"}, 0, []string{"--kv-shape", "--kv-traffic", "--kv-requests", "--kv-inflight", "--first-piece"}},
+		{[]string{"run", "--first-piece", "2KiB"}, 2, []string{`--first-piece "2KiB": want a whole number of KiB from 4KiB to 8192KiB`}},
+		{[]string{"run", "--first-piece", "16MiB"}, 2, []string{`--first-piece "16MiB"`}},
+		{[]string{"run", "--first-piece", "5000"}, 2, []string{`--first-piece "5000"`}},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -126,8 +127,8 @@ func command(use, short string, hidden bool, flags func(*pflag.FlagSet) func() i
 }
 
 func runFlags(fs *pflag.FlagSet) func() int {
-	o := runOptions{out: os.Stdout}
-	var bytesFlag, blockFlag string
+	o := runOptions{out: os.Stdout, errOut: os.Stderr, getenv: os.Getenv}
+	var bytesFlag, blockFlag, firstPieceFlag string
 	fs.StringVar(&o.device, "device", "host", "host (CPU memory stands in for GPU memory) or cuda")
 	fs.IntVar(&o.ranks, "ranks", 8, "ranks, one per GPU and HCA (2..8)")
 	fs.StringVar(&bytesFlag, "bytes", "256MiB", "bytes each rank writes")
@@ -135,7 +136,8 @@ func runFlags(fs *pflag.FlagSet) func() int {
 	fs.StringVar(&o.pattern, "pattern", "cross-rail", "cross-rail, fan-in, same-rail, all-to-all, or kv (KV-cache-shaped requests: --kv-*)")
 	fs.StringVar(&o.json, "json", "", "also write the rows as JSON to this file")
 	fs.StringVar(&o.credit, "credit-timeout", "", contract.EnvCreditTimeout+" for the ranks (empty: the engine default, 1000)")
-	fs.IntVar(&o.perSubmit, "per-submit", 0, "requests per Submit (0: all at once; with --device cuda 16); a Piece never spans two Submits, so with --block under 8MiB this sets the Piece size")
+	fs.StringVar(&firstPieceFlag, "first-piece", "", "the most bytes of a request's first Piece, each next twice the one before up to the 8 MiB slot ("+contract.EnvFirstPiece+" for the ranks; empty: the engine default, "+strconv.Itoa(contract.DefaultFirstPieceKiB)+"KiB; 8MiB: no ramp)")
+	fs.IntVar(&o.perSubmit, "per-submit", 0, "requests per Submit (0: all at once; with --device cuda 16); a Piece never spans two Submits, so with --block under 8MiB this bounds the Piece size")
 	fs.BoolVar(&o.allocPass, "alloc-pass", false, "run the PXN phase's transfer a second time and report P5 heap allocations per piece from that warm pass (steady state) rather than from the first")
 	fs.StringVar(&o.registryRoot, "registry-root", os.Getenv(contract.EnvRegistryRoot),
 		"folder in which the ranks' registry folder (their "+contract.EnvRegistryRoot+") is created; the staging arenas live there, so it must be a large tmpfs. "+
@@ -159,6 +161,14 @@ func runFlags(fs *pflag.FlagSet) func() int {
 		if o.block, err = parseSize(blockFlag); err != nil {
 			fmt.Fprintf(os.Stderr, "pxn-bench: --block: %v\n", err)
 			return 2
+		}
+		if firstPieceFlag != "" {
+			n, err := parseSize(firstPieceFlag)
+			if err != nil || n%1024 != 0 || n>>10 < contract.MinFirstPieceKiB || n>>10 > contract.MaxFirstPieceKiB {
+				fmt.Fprintf(os.Stderr, "pxn-bench: --first-piece %q: want a whole number of KiB from %dKiB to %dKiB\n", firstPieceFlag, contract.MinFirstPieceKiB, contract.MaxFirstPieceKiB)
+				return 2
+			}
+			o.firstPiece = strconv.FormatUint(n>>10, 10)
 		}
 		if o.cuda.raw && o.device != "cuda" {
 			fmt.Fprintln(os.Stderr, "pxn-bench: --raw times a copy-engine copy: it needs --device cuda")

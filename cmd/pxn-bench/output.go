@@ -30,21 +30,43 @@ type row struct {
 	Value         float64 `json:"value,omitempty"`
 	Unit          string  `json:"unit,omitempty"`
 	Note          string  `json:"note,omitempty"`
+	// MPS is "on" or "off" on the CUDA path: whether the processes shared
+	// their GPUs through an MPS control daemon or time-sliced them.
+	MPS string `json:"mps,omitempty"`
+	// Settings are the engine settings the run's flags changed.
+	Settings string `json:"settings,omitempty"`
 }
 
+// printRows prints rows as a table; rows of the CUDA path get an MPS
+// column, and the engine settings the flags changed follow the table.
 func printRows(w io.Writer, rows []row) {
+	if len(rows) == 0 {
+		return
+	}
+	mps := rows[0].MPS != ""
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "SCENARIO\tBYTES\tPIECES\tGB/S\tµS/PIECE\tBASELINE GB/S\tRATIO\tRELAYED\tFALLBACK\tDIRECT\tFAILED\tVERIFIED")
+	head := "SCENARIO\tBYTES\tPIECES\tGB/S\tµS/PIECE\tBASELINE GB/S\tRATIO\tRELAYED\tFALLBACK\tDIRECT\tFAILED\tVERIFIED"
+	if mps {
+		head += "\tMPS"
+	}
+	fmt.Fprintln(tw, head)
 	for _, r := range rows {
+		end := "\n"
+		if mps {
+			end = "\t" + r.MPS + "\n"
+		}
 		if r.Unit != "" {
-			fmt.Fprintf(tw, "%s\t\t%s\t%.3g %s\t\t\t\t\t\t\t\t%v\n", r.Scenario, count(r.Pieces), r.Value, r.Unit, r.Verified)
+			fmt.Fprintf(tw, "%s\t\t%s\t%.3g %s\t\t\t\t\t\t\t\t%v%s", r.Scenario, count(r.Pieces), r.Value, r.Unit, r.Verified, end)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%v\n", r.Scenario, sizeString(r.Bytes), count(r.Pieces), r.GBps,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%v%s", r.Scenario, sizeString(r.Bytes), count(r.Pieces), r.GBps,
 			opt(r.USPerPiece, "%.1f"), opt(r.BaselineGBps, "%.2f"), opt(r.Ratio, "%.3f"),
-			sizeString(r.RelayedBytes), sizeString(r.FallbackBytes), sizeString(r.DirectBytes), r.Failed, r.Verified)
+			sizeString(r.RelayedBytes), sizeString(r.FallbackBytes), sizeString(r.DirectBytes), r.Failed, r.Verified, end)
 	}
 	tw.Flush()
+	if rows[0].Settings != "" {
+		fmt.Fprintf(w, "settings: %s\n", rows[0].Settings)
+	}
 	for _, r := range rows {
 		if r.Note != "" {
 			fmt.Fprintf(w, "note (%s): %s\n", r.Scenario, r.Note)

@@ -35,7 +35,13 @@ type runOptions struct {
 	// allocPass repeats the engine phase's transfer once more, only to
 	// count heap allocations in steady state.
 	allocPass bool
-	out       io.Writer
+	// firstPiece is the ranks' MC_PXN_FIRST_PIECE_KIB ("": the engine's
+	// default).
+	firstPiece string
+	out        io.Writer
+	// errOut takes warnings; getenv reads this process's environment.
+	errOut io.Writer
+	getenv func(string) string
 }
 
 // cudaOptions are run's flags for --device cuda.
@@ -96,6 +102,8 @@ type device struct {
 	ngpu int
 	// startup bounds a child's start.
 	startup time.Duration
+	// mps is whether the CUDA processes share their GPUs through MPS.
+	mps mpsState
 }
 
 func run(o runOptions) ([]row, error) {
@@ -131,7 +139,29 @@ func run(o runOptions) ([]row, error) {
 		}
 		runs = suiteRuns(want, dev.ngpu)
 	}
+	if dev.kind == "cuda" {
+		if w := mpsWarning(dev.mps, runs); w != "" {
+			fmt.Fprintln(o.errOut, w)
+		}
+	}
+	// Each scenario's rows are printed, and the JSON file rewritten, as
+	// soon as the scenario ends: a run cut short by a time limit keeps
+	// what it measured.
 	var rows []row
+	emitRows := func(rs []row) error {
+		for i := range rs {
+			rs[i].Settings = o.rankSettings()
+			if dev.kind == "cuda" {
+				rs[i].MPS = dev.mps.String()
+			}
+		}
+		rows = append(rows, rs...)
+		printRows(o.out, rs)
+		if o.json != "" {
+			return writeJSON(o.json, rows)
+		}
+		return nil
+	}
 	for _, s := range runs {
 		rs, err := dev.exec(o, s)
 		if err != nil {
@@ -140,22 +170,46 @@ func run(o runOptions) ([]row, error) {
 			}
 			return rows, err
 		}
-		rows = append(rows, rs...)
+		if err := emitRows(rs); err != nil {
+			return rows, err
+		}
 	}
 	if want["p2"] {
 		rs, err := dev.firsthop(o)
 		if err != nil {
 			return rows, fmt.Errorf("P2: %w", err)
 		}
-		rows = append(rows, rs...)
-	}
-	printRows(o.out, rows)
-	if o.json != "" {
-		if err := writeJSON(o.json, rows); err != nil {
+		if err := emitRows(rs); err != nil {
 			return rows, err
 		}
 	}
 	return rows, nil
+}
+
+// rankEnv are the MC_PXN_* settings the flags give every rank beyond what
+// a scenario sets itself.
+func (o runOptions) rankEnv() []string {
+	var e []string
+	if o.credit != "" {
+		e = append(e, contract.EnvCreditTimeout+"="+o.credit)
+	}
+	if o.cuda.copyMode != "" {
+		e = append(e, contract.EnvCopyMode+"="+o.cuda.copyMode)
+	}
+	if o.firstPiece != "" {
+		e = append(e, contract.EnvFirstPiece+"="+o.firstPiece)
+	}
+	return e
+}
+
+// rankSettings names, for the rows, what the flags changed in the ranks'
+// engines ("" for the defaults).
+func (o runOptions) rankSettings() string {
+	e := o.rankEnv()
+	if o.cuda.pollSpin != 0 || o.cuda.pollNap != 0 {
+		e = append(e, "poll spin "+o.cuda.pollSpin.String()+", nap "+o.cuda.pollNap.String())
+	}
+	return strings.Join(e, " ")
 }
 
 // openDevice checks that the device can run and prints what stands in for
@@ -200,11 +254,13 @@ func openDevice(o runOptions) (*device, error) {
 	drv := d.Version()
 	fmt.Fprintf(o.out, "pxn-bench: CUDA path: %d GPUs (%s), driver CUDA %d.%d; ranks and targets are processes, rails are simulated, the second hop is an emulated NIC (writes into the target processes' device buffers, one GPU operation per batch of ops, completions paced by a wire of --rate GB/s)\n",
 		n, strings.Join(names, ", "), drv/1000, drv%1000/10)
+	mps := detectMPS(o.getenv)
+	fmt.Fprintf(o.out, "pxn-bench: MPS %s: %s\n", mps, mps.why)
 	root := o.registryRoot
 	if root == "" {
 		root = "/dev/shm"
 	}
-	return &device{kind: "cuda", hop: "emulated NIC", spin: true, registry: root, ngpu: n, startup: 3 * time.Minute}, nil
+	return &device{kind: "cuda", hop: "emulated NIC", spin: true, registry: root, ngpu: n, startup: 3 * time.Minute, mps: mps}, nil
 }
 
 func parseSuite(s string) (map[string]bool, error) {
@@ -249,8 +305,8 @@ func suiteRuns(want map[string]bool, ngpu int) []scenario {
 			scenario{id: "P1", pattern: "fan-in", ranks: 2, bytes: 4 << 30, block: 8 << 20, gpus: senders(1),
 				raw: true, bare: true, idle: true, warm: true, p6: true, latency: 5000, reps: 4,
 				note: "second hop uncapped (intra-GPU copy into the target); the 4 GiB transfer timed 4 times back to back"},
-			scenario{id: "cross-rail", pattern: "cross-rail", ranks: 2, bytes: 1 << 30, block: 8 << 20, gpus: []int{0, other}, warm: true,
-				note: "each rank sends and relays"},
+			scenario{id: "cross-rail", pattern: "cross-rail", ranks: 2, bytes: 1 << 30, block: 8 << 20, gpus: []int{0, other}, warm: true, bare: true,
+				note: "each rank sends and relays; P13: the ratio is to the same traffic through the emulated NIC alone"},
 		)
 	}
 	if want["p3"] {
@@ -397,13 +453,7 @@ func (dev *device) exec(o runOptions, s scenario) ([]row, error) {
 	}
 	env := func(enable, group string) []string {
 		e := []string{contract.EnvEnable + "=" + enable, contract.EnvGroupID + "=" + group, contract.EnvRegistryRoot + "=" + registry, contract.EnvRailMap + "=" + rm}
-		if o.credit != "" {
-			e = append(e, contract.EnvCreditTimeout+"="+o.credit)
-		}
-		if o.cuda.copyMode != "" {
-			e = append(e, contract.EnvCopyMode+"="+o.cuda.copyMode)
-		}
-		return e
+		return append(e, o.rankEnv()...)
 	}
 	args := func(k int, mode string) []string {
 		a := []string{"rank", "--device", dev.kind, "--index", strconv.Itoa(k), "--gpu", strconv.Itoa(s.gpu(k)), "--layout", layoutPath,

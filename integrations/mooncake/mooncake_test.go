@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -249,6 +250,9 @@ func pxnEnv(dir string) []string {
 		contract.EnvRegistryRoot + "=" + filepath.Join(dir, "registry"),
 		contract.EnvRailMap + `={"mlx5_0":"rail0","mlx5_1":"rail1"}`,
 		contract.EnvCreditTimeout + "=300",
+		// The cases count Pieces in whole slots (three held of a 24 MiB
+		// write): no ramp.
+		contract.EnvFirstPiece + "=" + strconv.Itoa(contract.MaxFirstPieceKiB),
 	}
 }
 

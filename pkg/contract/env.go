@@ -34,6 +34,10 @@ const (
 	// EnvCreditTimeout is how long, in milliseconds, a Piece waits for
 	// credit on its lane before it is sent direct.
 	EnvCreditTimeout = EnvPrefix + "CREDIT_TIMEOUT_MS"
+	// EnvFirstPiece is the most bytes, in KiB, of a request's first Piece
+	// through a relay; each later Piece may hold twice the one before, up
+	// to the slot. MaxFirstPieceKiB (the slot) turns the ramp off.
+	EnvFirstPiece = EnvPrefix + "FIRST_PIECE_KIB"
 	// EnvHeartbeatTimeout is how long, in milliseconds, a peer may miss its
 	// heartbeat before it counts as gone.
 	EnvHeartbeatTimeout = EnvPrefix + "HEARTBEAT_TIMEOUT_MS"
@@ -67,6 +71,13 @@ const (
 	DefaultCreditTimeout = 1000 * time.Millisecond
 	MinCreditTimeout     = 1 * time.Millisecond
 	MaxCreditTimeout     = 600000 * time.Millisecond
+
+	// DefaultFirstPieceKiB starts a request with a Piece whose second hop
+	// (5 µs at 50 GB/s) outlasts the sender's turn to publish the next.
+	DefaultFirstPieceKiB = 256
+	MinFirstPieceKiB     = 4
+	// MaxFirstPieceKiB is the staging slot: no ramp.
+	MaxFirstPieceKiB = 8192
 
 	DefaultHeartbeatTimeout = 3000 * time.Millisecond
 	// MinHeartbeatTimeout is two periods of the engine's 100 ms heartbeat:

@@ -261,9 +261,20 @@ func TestSteadyStateAllocatesNothing(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts are not meaningful under -race")
 	}
+	type load struct {
+		pathLoad
+		first uint64
+	}
+	var loads []load
 	for _, l := range pathLoads {
+		loads = append(loads, load{l, staging.SlotSize})
+	}
+	// An 8 MiB request under the default ramp: five Pieces of 256 KiB to
+	// 4 MiB, and the last 256 KiB.
+	loads = append(loads, load{pathLoad{"16KiBx512 ramp", 16 << 10, 512}, staging.DefaultConfig().FirstPiece})
+	for _, l := range loads {
 		t.Run(l.name, func(t *testing.T) {
-			p := newPairTB(t, pairOpts{tgtSize: l.bytes(), srcSize: l.bytes(), manual: true})
+			p := newPairTB(t, pairOpts{tgtSize: l.bytes(), srcSize: l.bytes(), manual: true, cfg: func(c *staging.Config) { c.FirstPiece = l.first }})
 			reqs := l.requests(p)
 			warmPair(t, p, reqs)
 			// The runtime itself allocates now and then (a new OS thread

@@ -64,11 +64,14 @@ type pairOpts struct {
 	copierA func(*hosthop.HostCopier) relay.Copier
 }
 
+// enabledConfig is PXN on without the planner's ramp: the tests count and
+// place Pieces in whole slots. Ramp tests set FirstPiece themselves.
 func enabledConfig() staging.Config {
 	cfg := staging.DefaultConfig()
 	cfg.Enable = true
 	cfg.GroupID = "test"
 	cfg.RailMap = railMap
+	cfg.FirstPiece = staging.SlotSize
 	return cfg
 }
 

@@ -27,3 +27,12 @@ func OpenWithFaultHooks(cfg staging.Config, deps Deps, h FaultHooks) (*Engine, e
 // RunRound runs one round of a ManualPump engine's pump on the calling
 // goroutine and reports whether it made progress.
 func (e *Engine) RunRound() bool { return e.pump.round(time.Now()) }
+
+// RunRoundAt is RunRound with the round's clock reading given: the
+// decisions a round takes by time (credit and ticket timeouts, heartbeats)
+// follow now rather than the wall clock.
+func (e *Engine) RunRoundAt(now time.Time) bool { return e.pump.round(now) }
+
+// PumpShallow reports whether the pump would poll through its spin window
+// rather than nap now (pump.shallow).
+func (e *Engine) PumpShallow() bool { return e.pump.shallow() }

@@ -127,6 +127,8 @@ func newFaultGroup(t testing.TB, o faultGroupOpts) *faultGroup {
 		contract.EnvRailMap:          string(rm),
 		contract.EnvHeartbeatTimeout: "3000",
 		contract.EnvCreditTimeout:    "60000",
+		// The tests count Pieces in whole slots: no ramp.
+		contract.EnvFirstPiece: strconv.Itoa(contract.MaxFirstPieceKiB),
 	}
 	for k, v := range o.env {
 		settings[k] = v

@@ -46,9 +46,11 @@ type relayer struct {
 	// lead[j][i] counts the tickets taken from lane i since lane j was
 	// last served or last found without a ready ticket (InboundOutOfTurn).
 	lead [staging.LaneCount][staging.LaneCount]uint32
-	// inflight counts relayed Pieces whose second hop has not finished.
-	inflight int
-	vd       staging.ValidDesc
+	// inflight counts relayed Pieces whose second hop has not finished,
+	// and inflightBytes their bytes.
+	inflight      int
+	inflightBytes uint64
+	vd            staging.ValidDesc
 	// unsent are relayed Pieces whose second-hop writes the hop has not all
 	// taken yet, in the order they were consumed.
 	unsent fifo[*inflightRec]
@@ -72,6 +74,19 @@ func (rl *relayer) announced() int {
 	n := 0
 	for i := range rl.in {
 		n += rl.in[i].rx.Announced()
+	}
+	return n
+}
+
+// announcedBytes is what announced counts, in bytes (RelayLane.AnnouncedBytes),
+// summed until it passes limit.
+func (rl *relayer) announcedBytes(limit uint64) uint64 {
+	var n uint64
+	for i := range rl.in {
+		if n > limit {
+			break
+		}
+		n += rl.in[i].rx.AnnouncedBytes(limit - n)
 	}
 	return n
 }
@@ -272,6 +287,7 @@ func (rl *relayer) consume(i int) bool {
 		rec.ops[k].Token = rl.s.tokens.add(tokenEntry{kind: tokRelay, rec: rec})
 	}
 	rl.inflight++
+	rl.inflightBytes += rec.bytes
 	rec.unsent = rec.ops
 	rl.sendRecord(rec)
 	return true
@@ -314,6 +330,7 @@ func (rl *relayer) finishWrite(rec *inflightRec, err error) {
 		return
 	}
 	rl.inflight--
+	rl.inflightBytes -= rec.bytes
 	status := int32(staging.CompletionOK)
 	switch {
 	case rec.closing:

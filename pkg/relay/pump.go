@@ -196,13 +196,23 @@ func (p *pump) idleBeat() time.Duration {
 	return max(heartbeatInterval, p.s.cfg.HeartbeatTimeout/5)
 }
 
-// shallow reports whether at most one Piece is moving through this rank,
-// either way: a transfer bound by latency, whose next step is microseconds
-// away, so the pump polls through the spin window instead of sleeping.
+// shallow reports whether at most one slot's worth of bytes is moving
+// through this rank, either way (a sender's Pieces published and not
+// reaped, a relay's in their second hop or announced): a transfer bound by
+// latency, whose next step is microseconds away, so the pump polls through
+// the spin window instead of sleeping. One full Piece is such a transfer,
+// and so is a short request cut into the planner's ramp of small Pieces.
 // With more in flight the rings' depth hides a nap.
 func (p *pump) shallow() bool {
-	n := p.rly.inflight + p.snd.inflight()
-	return n <= 1 && n+p.rly.announced() <= 1
+	const limit = staging.SlotSize
+	n := p.rly.inflightBytes
+	if n > limit {
+		return false
+	}
+	if n += p.snd.inflightBytes(limit - n); n > limit {
+		return false
+	}
+	return n+p.rly.announcedBytes(limit-n) <= limit
 }
 
 // expecting reports whether a sender announced a ticket this relay has not
@@ -274,7 +284,7 @@ func (p *pump) round(now time.Time) bool {
 			progressed = true
 		}
 	}
-	if p.snd.reapAll() {
+	if p.snd.reapAll(now) {
 		progressed = true
 	}
 	if p.pollHop() {

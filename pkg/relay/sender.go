@@ -43,15 +43,21 @@ type pieceRef struct {
 
 func (g *group) pieceLen(i int) uint64 { return g.plan.Pieces[i].Len }
 
-// finishPiece finishes the logical slices of Piece i.
+// finishPiece finishes the logical slices of Piece i. The Piece leaves
+// its lane's count first, so that a caller who sees its task done and
+// submits again finds the lane as the Piece left it.
 func (g *group) finishPiece(i int, err error) {
+	g.key.lane.pieces.Add(-1)
 	for _, s := range g.plan.PieceSlices(i) {
 		g.batch.tasks[g.tasks[s.Task]].finishSlice(s.Len, err)
 	}
 }
 
 // planGroup cuts a group's requests into Pieces and sets every task's slice
-// count. Nothing is enqueued here.
+// count. The planner's ramp applies when the group's lane has no Piece
+// queued, in flight or being planned: behind other Pieces a small first
+// Piece would start no sooner, and only add Pieces. Nothing is enqueued
+// here; the group's Pieces count on the lane from now on.
 func (e *Engine) planGroup(b *Batch, reqs []Request, g *group) error {
 	g.blocks = slices.Grow(g.blocks[:0], len(g.tasks))
 	for j, i := range g.tasks {
@@ -59,9 +65,13 @@ func (e *Engine) planGroup(b *Batch, reqs []Request, g *group) error {
 		g.blocks = append(g.blocks, staging.Block{Src: uint64(r.Src), Dst: r.Dst, Len: r.Len, Task: j})
 	}
 	var pl staging.Planner
+	if g.key.lane.pieces.Load() == 0 {
+		pl.FirstPiece = e.cfg.FirstPiece
+	}
 	if err := pl.Plan(g.blocks, len(g.tasks), &g.plan); err != nil {
 		return err
 	}
+	g.key.lane.pieces.Add(int64(len(g.plan.Pieces)))
 	for j, i := range g.tasks {
 		b.tasks[i].route = RoutePXN
 		b.tasks[i].remaining.Store(int64(g.plan.Tasks[j].Slices))
@@ -77,6 +87,9 @@ type outLane struct {
 
 	mu    sync.Mutex
 	queue fifo[*group]
+	// pieces counts the Pieces planned for this lane that have not been
+	// finished or handed to the direct path.
+	pieces atomic.Int64
 
 	// stale stops new tickets (heartbeat timeout); gone ends the lane.
 	stale atomic.Bool
@@ -193,11 +206,16 @@ func (sn *sender) busy() bool {
 	return false
 }
 
-// inflight counts the Pieces published and not yet reaped, on every lane.
-func (sn *sender) inflight() int {
-	n := 0
+// inflightBytes sums the bytes of the Pieces published and not yet reaped,
+// on every lane, until the sum passes limit.
+func (sn *sender) inflightBytes(limit uint64) uint64 {
+	var n uint64
 	for _, sl := range sn.lanes {
-		n += int(sl.tx.Published() - sl.tx.Reaped())
+		for seq := sl.tx.Reaped() + 1; seq <= sl.tx.Published() && n <= limit; seq++ {
+			if pr := sl.inflight[staging.SlotOf(seq)]; pr.g != nil {
+				n += pr.g.pieceLen(pr.i)
+			}
+		}
 	}
 	return n
 }
@@ -232,10 +250,10 @@ func (sn *sender) publishAll(now time.Time) bool {
 	return progressed
 }
 
-func (sn *sender) reapAll() bool {
+func (sn *sender) reapAll(now time.Time) bool {
 	progressed := false
 	for _, sl := range sn.lanes {
-		if sn.reap(sl) {
+		if sn.reap(sl, now) {
 			progressed = true
 		}
 	}
@@ -267,14 +285,16 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 		return false
 	}
 	if !ok {
-		// No credit. The credit timeout runs from the moment the lane's
-		// head first found none, not from enqueue: a long request queues
-		// many Pieces that are not late. Once it has run out, every Piece
-		// queued behind goes direct too, until credit returns.
+		// No credit. The credit timeout measures a stalled relay, not a
+		// busy one: it runs from the later of the moment the lane's head
+		// first found no credit (not from enqueue: a long request queues
+		// many Pieces that are not late) and the lane's last completion.
+		// Once it has run out, every Piece queued behind goes direct too,
+		// until the relay completes one again.
 		if sl.waitSince.IsZero() {
 			sl.waitSince = now
 			s.counters.creditWaits.Add(1)
-		} else if now.Sub(sl.waitSince) > s.cfg.CreditTimeout {
+		} else if now.Sub(laterOf(sl.waitSince, sl.progressAt)) > s.cfg.CreditTimeout {
 			sl.pop()
 			s.fallback(pr.g, pr.i)
 			return true
@@ -325,10 +345,17 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 	return true
 }
 
+func laterOf(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
 // reap takes the relay's completions in seq order. A Piece's slices are
 // finished before the pump publishes again, so its slot is reused only
 // afterwards.
-func (sn *sender) reap(sl *senderLane) bool {
+func (sn *sender) reap(sl *senderLane, now time.Time) bool {
 	progressed := false
 	for {
 		seq, status, ok := sl.tx.Reap()
@@ -342,7 +369,7 @@ func (sn *sender) reap(sl *senderLane) bool {
 		progressed = true
 	}
 	if progressed {
-		sl.progressAt = time.Now()
+		sl.progressAt = now
 	}
 	return progressed
 }
@@ -685,6 +712,7 @@ func (sn *sender) runFallback(fb *fallbackPiece) (keep, progressed bool) {
 		}
 		s.counters.fallbackBytes.Add(g.pieceLen(fb.i))
 		s.counters.fallbackPieces.Add(1)
+		g.key.lane.pieces.Add(-1)
 		s.pieceDone(g)
 		fb.g, fb.ops, fb.unsent = nil, ops, ops
 	}

@@ -20,6 +20,8 @@ var (
 	_ [len(Header{}.Rail) - contract.MaxRailName]struct{}
 	_ [contract.MaxHCAName - len(Header{}.HCA)]struct{}
 	_ [len(Header{}.HCA) - contract.MaxHCAName]struct{}
+	_ [contract.MaxFirstPieceKiB<<10 - SlotSize]struct{}
+	_ [SlotSize - contract.MaxFirstPieceKiB<<10]struct{}
 )
 
 // Config is the engine configuration. Only a Config with Enable set may be
@@ -33,6 +35,9 @@ type Config struct {
 	CreditTimeout    time.Duration
 	HeartbeatTimeout time.Duration
 	RegistryRoot     string
+	// FirstPiece is the byte cap of a request's first Piece (the
+	// planner's ramp); SlotSize is no ramp.
+	FirstPiece uint64
 }
 
 // DefaultConfig is PXN off with every default in place.
@@ -42,6 +47,7 @@ func DefaultConfig() Config {
 		CreditTimeout:    contract.DefaultCreditTimeout,
 		HeartbeatTimeout: contract.DefaultHeartbeatTimeout,
 		RegistryRoot:     contract.DefaultRegistryRoot,
+		FirstPiece:       contract.DefaultFirstPieceKiB << 10,
 	}
 }
 
@@ -111,6 +117,13 @@ func ConfigFromEnv(lookup func(string) (string, bool)) (Config, []error) {
 			fail(contract.EnvInflightDepth, v, err)
 		} else {
 			cfg.InflightDepth = n
+		}
+	}
+	if v, ok := get(contract.EnvFirstPiece); ok {
+		if n, err := parseRange(v, contract.MinFirstPieceKiB, contract.MaxFirstPieceKiB); err != nil {
+			fail(contract.EnvFirstPiece, v, err)
+		} else {
+			cfg.FirstPiece = uint64(n) << 10
 		}
 	}
 	if v, ok := get(contract.EnvRailMap); ok {

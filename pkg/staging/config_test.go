@@ -49,6 +49,7 @@ func TestConfigDefaults(t *testing.T) {
 		CreditTimeout:    1000 * time.Millisecond,
 		HeartbeatTimeout: 3000 * time.Millisecond,
 		RegistryRoot:     "/dev/shm",
+		FirstPiece:       256 << 10,
 	}
 	if !equalConfig(cfg, want) {
 		t.Fatalf("config = %+v, want %+v", cfg, want)
@@ -161,6 +162,15 @@ func TestConfigVariables(t *testing.T) {
 		{"heartbeat 600001", enabled.with(contract.EnvHeartbeatTimeout, "600001"), contract.EnvHeartbeatTimeout, nil},
 		{"heartbeat negative", enabled.with(contract.EnvHeartbeatTimeout, "-3000"), contract.EnvHeartbeatTimeout, nil},
 
+		{"first piece default", enabled, "", func(c Config) bool { return c.FirstPiece == 256<<10 }},
+		{"first piece 4", enabled.with(contract.EnvFirstPiece, "4"), "", func(c Config) bool { return c.FirstPiece == 4<<10 }},
+		{"first piece 1000", enabled.with(contract.EnvFirstPiece, "1000"), "", func(c Config) bool { return c.FirstPiece == 1000<<10 }},
+		{"first piece the slot", enabled.with(contract.EnvFirstPiece, "8192"), "", func(c Config) bool { return c.FirstPiece == SlotSize }},
+		{"first piece 3", enabled.with(contract.EnvFirstPiece, "3"), contract.EnvFirstPiece, nil},
+		{"first piece 0", enabled.with(contract.EnvFirstPiece, "0"), contract.EnvFirstPiece, nil},
+		{"first piece past the slot", enabled.with(contract.EnvFirstPiece, "8193"), contract.EnvFirstPiece, nil},
+		{"first piece with unit", enabled.with(contract.EnvFirstPiece, "256KiB"), contract.EnvFirstPiece, nil},
+
 		{"root default", enabled, "", func(c Config) bool { return c.RegistryRoot == "/dev/shm" }},
 		{"root empty", enabled.with(contract.EnvRegistryRoot, ""), "", func(c Config) bool { return c.RegistryRoot == "/dev/shm" }},
 		{"root absolute", enabled.with(contract.EnvRegistryRoot, "/run/pxn/slots/3"), "", func(c Config) bool { return c.RegistryRoot == "/run/pxn/slots/3" }},
@@ -252,6 +262,7 @@ func TestConfigErrorMessages(t *testing.T) {
 		{enabled.with(contract.EnvCreditTimeout, "0"), `MC_PXN_CREDIT_TIMEOUT_MS="0": out of range 1..600000`},
 		{enabled.with(contract.EnvHeartbeatTimeout, "150"), `MC_PXN_HEARTBEAT_TIMEOUT_MS="150": out of range 200..600000`},
 		{enabled.with(contract.EnvRegistryRoot, "shm"), `MC_PXN_REGISTRY_ROOT="shm": not an absolute path`},
+		{enabled.with(contract.EnvFirstPiece, "9000"), `MC_PXN_FIRST_PIECE_KIB="9000": out of range 4..8192`},
 		{enabled.with(contract.EnvGroupID, "a:b"), `MC_PXN_GROUP_ID="a:b": byte 1 (':') not in [A-Za-z0-9_.-]`},
 		{enabled.with(contract.EnvRailMap, `{"mlx5_0":1}`), `MC_PXN_RAIL_MAP="{\"mlx5_0\":1}": rail map: HCA "mlx5_0" maps to a number, want a string`},
 	}
@@ -349,7 +360,7 @@ func equalConfig(a, b Config) bool {
 	return a.Enable == b.Enable && a.GroupID == b.GroupID && a.InflightDepth == b.InflightDepth &&
 		maps.Equal(a.RailMap, b.RailMap) && (a.RailMap == nil) == (b.RailMap == nil) &&
 		a.CreditTimeout == b.CreditTimeout && a.HeartbeatTimeout == b.HeartbeatTimeout &&
-		a.RegistryRoot == b.RegistryRoot
+		a.RegistryRoot == b.RegistryRoot && a.FirstPiece == b.FirstPiece
 }
 
 // equalConfigExcept compares the fields other than Enable and GroupID, and
@@ -367,6 +378,8 @@ func equalConfigExcept(a, b Config, name string) bool {
 		b.HeartbeatTimeout = a.HeartbeatTimeout
 	case contract.EnvRegistryRoot:
 		b.RegistryRoot = a.RegistryRoot
+	case contract.EnvFirstPiece:
+		b.FirstPiece = a.FirstPiece
 	}
 	return equalConfig(a, b)
 }

@@ -353,6 +353,26 @@ func (r *RelayLane) Announced() int {
 	return int(min(pub-r.next+1, SlotsPerLane))
 }
 
+// AnnouncedBytes is how many bytes the tickets Announced counts carry, as
+// their committed Descs say (untrusted, clamped to a slot); a ticket whose
+// Desc is not committed yet counts as a whole slot. It stops adding once
+// the sum passes limit. Like Announced, it is a hint for how soon the relay
+// looks again.
+func (r *RelayLane) AnnouncedBytes(limit uint64) uint64 {
+	var sum uint64
+	for seq, n := r.next, r.Announced(); n > 0 && sum <= limit; seq, n = seq+1, n-1 {
+		d := &r.lane.Descs[SlotOf(seq)]
+		b := uint64(SlotSize)
+		if LoadCommitSeq(d) == seq {
+			if l := atomic.LoadUint64(&d.PieceLen); l > 0 && l < SlotSize {
+				b = l
+			}
+		}
+		sum += b
+	}
+	return sum
+}
+
 // Take consumes the next seq: it copies and validates its Desc into out
 // and moves on to the following seq, valid or not. An invalid Desc still
 // needs its completion (CompletionInvalidDesc), so credit never leaks.

@@ -227,3 +227,57 @@ func TestLaneEndpointRules(t *testing.T) {
 		})
 	}
 }
+
+// TestRelayLaneAnnouncedBytes: the relay sums the lengths its sender's
+// committed Descs announce, counts a ticket whose Desc is not committed (or
+// says more than a slot) as a whole slot, skips what it took, and stops
+// once past its limit.
+func TestRelayLaneAnnouncedBytes(t *testing.T) {
+	lane, tx, rx := newTestLane(t, 5)
+	if got := rx.AnnouncedBytes(SlotSize); got != 0 {
+		t.Fatalf("nothing published: %d bytes announced", got)
+	}
+	publish := func(n uint64) {
+		t.Helper()
+		seq, ok := tx.Ticket()
+		if !ok {
+			t.Fatal("no ticket")
+		}
+		if err := tx.Commit(seq, "s", []PlanEntry{{Dst: 0x1000, Len: n}}, n); err != nil {
+			t.Fatal(err)
+		}
+		tx.Ring(seq)
+		if err := tx.Publish(seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range []uint64{256 << 10, 512 << 10, 1 << 20} {
+		publish(n)
+	}
+	if got, want := rx.AnnouncedBytes(SlotSize), uint64(256<<10+512<<10+1<<20); got != want {
+		t.Fatalf("three committed tickets: %d bytes announced, want %d", got, want)
+	}
+	// A commit seq that does not match (not yet visible, or a stale one):
+	// the ticket counts as a slot.
+	lane.Descs[SlotOf(2)].CommitSeq = 0
+	if got, want := rx.AnnouncedBytes(2*SlotSize), uint64(256<<10+SlotSize+1<<20); got != want {
+		t.Fatalf("an uncommitted Desc: %d bytes, want %d", got, want)
+	}
+	PublishDesc(&lane.Descs[SlotOf(2)], 2)
+	// A length past the slot is garbage: a slot.
+	lane.Descs[SlotOf(3)].PieceLen = 1 << 40
+	if got, want := rx.AnnouncedBytes(2*SlotSize), uint64(256<<10+512<<10+SlotSize); got != want {
+		t.Fatalf("a Desc claiming 1 TiB: %d bytes, want %d", got, want)
+	}
+	lane.Descs[SlotOf(3)].PieceLen = 1 << 20
+	// The limit stops the sum once passed.
+	if got, want := rx.AnnouncedBytes(100), uint64(256<<10); got != want {
+		t.Fatalf("limit 100: %d bytes, want the first ticket's %d", got, want)
+	}
+	// A taken ticket is no longer announced.
+	var vd ValidDesc
+	take(t, rx, &vd)
+	if got, want := rx.AnnouncedBytes(SlotSize), uint64(512<<10+1<<20); got != want {
+		t.Fatalf("after taking seq 1: %d bytes, want %d", got, want)
+	}
+}

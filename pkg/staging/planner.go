@@ -108,12 +108,34 @@ func (p *Plan) Reset() {
 }
 
 // Planner cuts requests into Pieces of at most SlotSize bytes and MaxPlans
-// plan entries. The zero value is ready to use and holds no memory.
+// plan entries. The zero value is ready to use, holds no memory and cuts
+// every Piece at the slot.
 type Planner struct {
+	// FirstPiece, when below the slot, caps a request's first Piece at
+	// FirstPiece bytes and each later one at twice the cap before it, up
+	// to the slot (the ramp): the relay forwards the first bytes while the
+	// sender still copies the next. 0 (or SlotSize and more) is no ramp.
+	FirstPiece uint64
 	// pieceBytes and maxPlans, when set, replace SlotSize and MaxPlans so
 	// that tests reach every cut rule with a few bytes.
 	pieceBytes uint64
 	maxPlans   int
+}
+
+// firstCut is the byte limit of a request's first Piece.
+func (pl *Planner) firstCut(limit uint64) uint64 {
+	if pl.FirstPiece != 0 && pl.FirstPiece < limit {
+		return pl.FirstPiece
+	}
+	return limit
+}
+
+// nextCut is the byte limit of the Piece after one limited to cut.
+func nextCut(cut, limit uint64) uint64 {
+	if cut > limit/2 {
+		return limit
+	}
+	return 2 * cut
 }
 
 // Plan fills out with the Pieces of blocks, whose Task fields lie in
@@ -139,6 +161,8 @@ func (pl *Planner) Plan(blocks []Block, tasks int, out *Plan) error {
 		clear(out.Tasks)
 	}
 
+	// cut is the current Piece's byte limit: the ramp's, then the slot's.
+	cut := pl.firstCut(limitBytes)
 	pieces, slices, entries, copies := out.Pieces, out.Slices, out.Entries, out.Copies
 	var planned uint64
 	piece := Piece{}
@@ -154,7 +178,7 @@ func (pl *Planner) Plan(blocks []Block, tasks int, out *Plan) error {
 		planned += b.Len
 		src, dst, left := b.Src, b.Dst, b.Len
 		for left > 0 {
-			n := min(left, limitBytes-piece.Len)
+			n := min(left, cut-piece.Len)
 			slices = append(slices, Slice{Task: b.Task, Src: src, Dst: dst, Len: n, Offset: piece.Len})
 			entries = append(entries, PlanEntry{Dst: dst, Len: n})
 			copies = append(copies, CopyEntry{Src: src, Offset: piece.Len, Len: n})
@@ -165,9 +189,10 @@ func (pl *Planner) Plan(blocks []Block, tasks int, out *Plan) error {
 			src += n
 			dst += n
 			left -= n
-			if piece.Len == limitBytes || piece.End-piece.Start == limitPlans {
+			if piece.Len == cut || piece.End-piece.Start == limitPlans {
 				pieces = append(pieces, piece)
 				piece = Piece{Start: piece.End, End: piece.End}
+				cut = nextCut(cut, limitBytes)
 			}
 		}
 	}

@@ -19,6 +19,27 @@ import (
 // walking the slices in order rebuilds every block exactly.
 func verifyPlan(t testing.TB, blocks []Block, tasks int, p *Plan, limitBytes uint64, limitPlans int) {
 	t.Helper()
+	verifyRampPlan(t, blocks, tasks, p, limitBytes, limitPlans, 0)
+}
+
+// rampCap is the byte limit of Piece i under a ramp from first (0: none):
+// first, doubled i times, never above limit.
+func rampCap(first, limit uint64, i int) uint64 {
+	if first == 0 || first >= limit {
+		return limit
+	}
+	c := first
+	for range i {
+		c = min(2*c, limit)
+	}
+	return c
+}
+
+// verifyRampPlan is verifyPlan for a planner whose ramp starts at first:
+// Piece i holds at most rampCap(first, limitBytes, i) bytes, and is full
+// to that cap or to the entry limit unless it is the last.
+func verifyRampPlan(t testing.TB, blocks []Block, tasks int, p *Plan, limitBytes uint64, limitPlans int, first uint64) {
+	t.Helper()
 	if len(p.Entries) != len(p.Slices) || len(p.Copies) != len(p.Slices) {
 		t.Fatalf("%d slices, %d entries, %d copies", len(p.Slices), len(p.Entries), len(p.Copies))
 	}
@@ -28,8 +49,9 @@ func verifyPlan(t testing.TB, blocks []Block, tasks int, p *Plan, limitBytes uin
 			t.Fatalf("piece %d spans [%d, %d), want a non-empty range from %d", i, pc.Start, pc.End, next)
 		}
 		n := pc.End - pc.Start
-		if n > limitPlans || pc.Len > limitBytes {
-			t.Fatalf("piece %d: %d entries, %d bytes; limits %d, %d", i, n, pc.Len, limitPlans, limitBytes)
+		limit := rampCap(first, limitBytes, i)
+		if n > limitPlans || pc.Len > limit {
+			t.Fatalf("piece %d: %d entries, %d bytes; limits %d, %d", i, n, pc.Len, limitPlans, limit)
 		}
 		var off uint64
 		for j := pc.Start; j < pc.End; j++ {
@@ -48,7 +70,7 @@ func verifyPlan(t testing.TB, blocks []Block, tasks int, p *Plan, limitBytes uin
 		if off != pc.Len {
 			t.Fatalf("piece %d: len %d, slices sum to %d", i, pc.Len, off)
 		}
-		if i < len(p.Pieces)-1 && pc.Len != limitBytes && n != limitPlans {
+		if i < len(p.Pieces)-1 && pc.Len != limit && n != limitPlans {
 			t.Fatalf("piece %d of %d is not full: %d bytes, %d entries", i, len(p.Pieces), pc.Len, n)
 		}
 		if !slices.Equal(p.PieceSlices(i), p.Slices[pc.Start:pc.End]) {
@@ -417,6 +439,132 @@ func TestPlannerSmallLimits(t *testing.T) {
 	verifyPlan(t, blocks, 3, &p, 10, 3)
 }
 
+func TestPlannerRamp(t *testing.T) {
+	const (
+		K = 1 << 10
+		M = 1 << 20
+		S = SlotSize
+	)
+	contiguous := func(n uint64) []Block { return []Block{{Src: 0x7f00_0000_0000, Dst: 0x1_0000_0000, Len: n}} }
+	scattered := func(blocks int, n uint64) []Block {
+		b := make([]Block, blocks)
+		for i := range b {
+			b[i] = Block{Src: 0x7f00_0000_0000 + uint64(blocks-i)*3*n, Dst: 0x1_0000_0000 + uint64(i)*2*n, Len: n}
+		}
+		return b
+	}
+	tests := []struct {
+		name    string
+		first   uint64
+		blocks  []Block
+		lens    []uint64
+		entries []int
+	}{
+		{"no ramp", 0, contiguous(20 * M), []uint64{S, S, 4 * M}, []int{1, 1, 1}},
+		{"a write below the first cap", 256 * K, contiguous(10 * K), []uint64{10 * K}, []int{1}},
+		{"exactly the first cap", 256 * K, contiguous(256 * K), []uint64{256 * K}, []int{1}},
+		{"one byte past the first cap", 256 * K, contiguous(256*K + 1), []uint64{256 * K, 1}, []int{1, 1}},
+		{"4 MiB contiguous", 256 * K, contiguous(4 * M), []uint64{256 * K, 512 * K, M, 2 * M, 256 * K}, []int{1, 1, 1, 1, 1}},
+		// kv-small: 32 layers × 2 × 4 pages of 16 KiB.
+		{"4 MiB of 16 KiB blocks", 256 * K, scattered(256, 16*K), []uint64{256 * K, 512 * K, M, 2 * M, 256 * K}, []int{16, 32, 64, 128, 16}},
+		{"40 MiB: the ramp, then full slots", 256 * K, contiguous(40 * M),
+			[]uint64{256 * K, 512 * K, M, 2 * M, 4 * M, S, S, S, S, 256 * K}, []int{1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
+		{"64 KiB first", 64 * K, contiguous(2 * M), []uint64{64 * K, 128 * K, 256 * K, 512 * K, M, 64 * K}, []int{1, 1, 1, 1, 1, 1}},
+		{"a first cap that is no power of two", 3 * M, contiguous(20 * M), []uint64{3 * M, 6 * M, S, 3 * M}, []int{1, 1, 1, 1}},
+		{"a first cap of one slot is no ramp", S, contiguous(S + 1), []uint64{S, 1}, []int{1, 1}},
+		{"a first cap above the slot is no ramp", 2 * S, contiguous(S + 1), []uint64{S, 1}, []int{1, 1}},
+		{"a block cut by the ramp keeps its order", 256 * K, scattered(3, 200*K), []uint64{256 * K, 344 * K}, []int{2, 2}},
+	}
+	var p Plan
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			pl := Planner{FirstPiece: tc.first}
+			if err := pl.Plan(tc.blocks, 1, &p); err != nil {
+				t.Fatal(err)
+			}
+			if got := pieceLens(&p); !slices.Equal(got, tc.lens) {
+				t.Fatalf("piece lengths = %v, want %v", got, tc.lens)
+			}
+			got := make([]int, len(p.Pieces))
+			for i, pc := range p.Pieces {
+				got[i] = pc.End - pc.Start
+			}
+			if !slices.Equal(got, tc.entries) {
+				t.Fatalf("entries per piece = %v, want %v", got, tc.entries)
+			}
+			verifyRampPlan(t, tc.blocks, 1, &p, SlotSize, MaxPlans, tc.first)
+		})
+	}
+}
+
+// TestPlannerRampAndPlanLimit: a Piece cut at 4096 entries before its ramp
+// cap still counts as a step of the ramp, and no Piece carries more than
+// 4096 entries whatever its cap.
+func TestPlannerRampAndPlanLimit(t *testing.T) {
+	blocks := make([]Block, 0, 5001)
+	for i := range 5000 {
+		blocks = append(blocks, Block{Src: uint64(0x1000 + 2*i), Dst: uint64(0x9000 + 3*i), Len: 1})
+	}
+	blocks = append(blocks, Block{Src: 0x10_0000, Dst: 0x80_0000, Len: 2 << 20})
+	pl := Planner{FirstPiece: 64 << 10}
+	var p Plan
+	if err := pl.Plan(blocks, 1, &p); err != nil {
+		t.Fatal(err)
+	}
+	// Piece 0: 4096 one-byte blocks (cut by entries, under its 64 KiB
+	// cap). Piece 1 (cap 128 KiB): the other 904 and 128 KiB - 904 bytes
+	// of the big block; then 256 KiB, 512 KiB, 1 MiB and the rest.
+	wantLens := []uint64{4096, 128 << 10, 256 << 10, 512 << 10, 1 << 20, 2<<20 - (128<<10 - 904) - (256<<10 + 512<<10 + 1<<20)}
+	if got := pieceLens(&p); !slices.Equal(got, wantLens) {
+		t.Fatalf("piece lengths = %v, want %v", got, wantLens)
+	}
+	if n := p.Pieces[0].End - p.Pieces[0].Start; n != MaxPlans {
+		t.Fatalf("first piece has %d entries, want %d", n, MaxPlans)
+	}
+	if n := p.Pieces[1].End - p.Pieces[1].Start; n != 905 {
+		t.Fatalf("second piece has %d entries, want 905", n)
+	}
+	verifyRampPlan(t, blocks, 1, &p, SlotSize, MaxPlans, 64<<10)
+}
+
+func TestPlannerRampSmallLimits(t *testing.T) {
+	pl := Planner{FirstPiece: 2, pieceBytes: 10, maxPlans: 3}
+	blocks := []Block{
+		{Src: 100, Dst: 200, Len: 3, Task: 0},
+		{Src: 300, Dst: 400, Len: 25, Task: 1},
+		{Src: 500, Dst: 600, Len: 1, Task: 0},
+	}
+	var p Plan
+	if err := pl.Plan(blocks, 2, &p); err != nil {
+		t.Fatal(err)
+	}
+	// Caps 2, 4, 8, 10, 10: the 29 bytes are 2 + 4 + 8 + 10 + 5.
+	wantPieces := []Piece{{0, 1, 2}, {1, 3, 4}, {3, 4, 8}, {4, 5, 10}, {5, 7, 5}}
+	if !slices.Equal(p.Pieces, wantPieces) {
+		t.Fatalf("pieces = %+v, want %+v", p.Pieces, wantPieces)
+	}
+	wantSlices := []Slice{
+		{Task: 0, Src: 100, Dst: 200, Len: 2, Offset: 0},
+		{Task: 0, Src: 102, Dst: 202, Len: 1, Offset: 0},
+		{Task: 1, Src: 300, Dst: 400, Len: 3, Offset: 1},
+		{Task: 1, Src: 303, Dst: 403, Len: 8, Offset: 0},
+		{Task: 1, Src: 311, Dst: 411, Len: 10, Offset: 0},
+		{Task: 1, Src: 321, Dst: 421, Len: 4, Offset: 0},
+		{Task: 0, Src: 500, Dst: 600, Len: 1, Offset: 4},
+	}
+	if !slices.Equal(p.Slices, wantSlices) {
+		t.Fatalf("slices = %+v\nwant %+v", p.Slices, wantSlices)
+	}
+	verifyRampPlan(t, blocks, 2, &p, 10, 3, 2)
+	// The ramp starts again with each request.
+	if err := pl.Plan(blocks[:1], 1, &p); err != nil {
+		t.Fatal(err)
+	}
+	if got := pieceLens(&p); !slices.Equal(got, []uint64{2, 1}) {
+		t.Fatalf("second request: piece lengths = %v, want [2 1]", got)
+	}
+}
+
 func request16KiB(blocks int) []Block {
 	b := make([]Block, blocks)
 	for i := range b {
@@ -431,8 +579,13 @@ func request16KiB(blocks int) []Block {
 }
 
 func TestPlannerWarmAllocs(t *testing.T) {
+	for _, first := range []uint64{0, 64 << 10} {
+		t.Run(fmt.Sprintf("ramp %d", first), func(t *testing.T) { testPlannerWarmAllocs(t, Planner{FirstPiece: first}) })
+	}
+}
+
+func testPlannerWarmAllocs(t *testing.T, pl Planner) {
 	blocks := request16KiB(20000)
-	var pl Planner
 	var p Plan
 	if err := pl.Plan(blocks, len(blocks), &p); err != nil {
 		t.Fatal(err)
@@ -456,21 +609,36 @@ func TestPlannerWarmAllocs(t *testing.T) {
 	}
 }
 
+// BenchmarkPlanner5GiB16KiB is P7: a 5 GiB request of 16 KiB blocks, without
+// a ramp and with the engine's default one.
 func BenchmarkPlanner5GiB16KiB(b *testing.B) {
 	blocks := request16KiB(5 << 30 / (16 << 10))
-	var pl Planner
-	var p Plan
-	if err := pl.Plan(blocks, len(blocks), &p); err != nil {
-		b.Fatal(err)
-	}
-	if len(blocks) != 327680 || len(p.Pieces) != 640 {
-		b.Fatalf("%d blocks in %d pieces, want 327680 in 640", len(blocks), len(p.Pieces))
-	}
-	b.ReportAllocs()
-	for b.Loop() {
-		if err := pl.Plan(blocks, len(blocks), &p); err != nil {
-			b.Fatal(err)
-		}
+	for _, bc := range []struct {
+		name   string
+		first  uint64
+		pieces int
+	}{
+		{"full", 0, 640},
+		// 256 KiB + 512 KiB + … + 4 MiB (7.75 MiB in 5 Pieces), then 639
+		// full slots and the last 0.25 MiB.
+		{"ramp256KiB", 256 << 10, 645},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			pl := Planner{FirstPiece: bc.first}
+			var p Plan
+			if err := pl.Plan(blocks, len(blocks), &p); err != nil {
+				b.Fatal(err)
+			}
+			if len(blocks) != 327680 || len(p.Pieces) != bc.pieces {
+				b.Fatalf("%d blocks in %d pieces, want 327680 in %d", len(blocks), len(p.Pieces), bc.pieces)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := pl.Plan(blocks, len(blocks), &p); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 
@@ -498,6 +666,8 @@ func FuzzPlanner(f *testing.F) {
 	f.Add([]byte{7, 0, 1, 9, 1, 0, 1, 0, 0, 1, 0, 0}, uint64(5), uint64(9), uint8(9), uint8(2), uint8(2))
 	f.Add([]byte{16, 0, 0}, uint64(math.MaxUint64-10), uint64(0), uint8(3), uint8(1), uint8(1))
 	f.Add([]byte{16, 5, 0}, uint64(0), uint64(0), uint8(3), uint8(1), uint8(2))
+	f.Add([]byte{255, 0, 16, 3, 0, 2, 9, 0, 0}, uint64(0x1000), uint64(0x9000), uint8(0), uint8(0x10|1), uint8(1))
+	f.Add([]byte{40, 0, 0, 1, 0, 0, 1, 0, 0}, uint64(3), uint64(7), uint8(16), uint8(0x18|2), uint8(1))
 	f.Fuzz(func(t *testing.T, data []byte, srcBase, dstBase uint64, pieceBytes, maxPlans, taskCount uint8) {
 		if len(data) > 3*128 {
 			data = data[:3*128]
@@ -510,6 +680,14 @@ func FuzzPlanner(f *testing.F) {
 			limitBytes, limitPlans = uint64(pieceBytes), int(maxPlans%8)+1
 			pl = Planner{pieceBytes: limitBytes, maxPlans: limitPlans}
 			maxShift = 3
+		}
+		// The high bits of maxPlans pick a ramp: none, or a first Piece
+		// of 1 to 31 bytes (with small limits) or that many 16 KiB.
+		if r := uint64(maxPlans >> 3); r != 0 {
+			pl.FirstPiece = r
+			if pieceBytes == 0 {
+				pl.FirstPiece = r << 14
+			}
 		}
 		var blocks []Block
 		firstBad := -1
@@ -537,6 +715,6 @@ func FuzzPlanner(f *testing.F) {
 		if err != nil {
 			t.Fatalf("valid request rejected: %v", err)
 		}
-		verifyPlan(t, blocks, tasks, &p, limitBytes, limitPlans)
+		verifyRampPlan(t, blocks, tasks, &p, limitBytes, limitPlans, pl.FirstPiece)
 	})
 }

@@ -17,7 +17,7 @@ export LD_LIBRARY_PATH=$dir:$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 rc=0
 env -u MC_PXN_ENABLE "$dir/pxn_transport_test" off 2>"$scratch/off.err" || { rc=1; tail -20 "$scratch/off.err"; }
 MC_PXN_ENABLE=1 MC_PXN_GROUP_ID=mooncake-test MC_PXN_REGISTRY_ROOT="$scratch/registry" \
-MC_PXN_RAIL_MAP='{"mlx5_0":"rail0","mlx5_1":"rail1"}' MC_PXN_CREDIT_TIMEOUT_MS=300 \
+MC_PXN_RAIL_MAP='{"mlx5_0":"rail0","mlx5_1":"rail1"}' MC_PXN_CREDIT_TIMEOUT_MS=300 MC_PXN_FIRST_PIECE_KIB=8192 \
   "$dir/pxn_transport_test" pair 2>"$scratch/pair.err" || { rc=1; tail -40 "$scratch/pair.err"; }
 grep -h "pxn first hop" "$scratch/pair.err" | head -2 || true
 exit $rc
