@@ -2,7 +2,16 @@
 
 package staging
 
-import "os"
+import (
+	"errors"
+	"os"
+)
+
+// ErrNoHandle is wrapped by Arena.Export when the arena has no handle to
+// export (a cuMem allocation, which legacy CUDA IPC cannot share) but can
+// still be shared by descriptor (FDArena): the rank then offers ShareFD
+// alone.
+var ErrNoHandle = errors.New("arena has no exportable handle")
 
 // ArenaHandleSize is the size of an exported arena handle: the size of a
 // cudaIpcMemHandle_t, and the size of Header.IPCHandle.
