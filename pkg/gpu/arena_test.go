@@ -248,8 +248,10 @@ func TestArenaAcrossProcesses(t *testing.T) {
 }
 
 // TestFDArenaAcrossPIDNamespaces is the shape of two pods without hostPID:
-// an owner and an importer, each in a PID namespace of its own, the
-// descriptor passed over a unix socket (SCM_RIGHTS). The importer checks
+// an owner and an importer, each the first process of a PID and mount
+// namespace of its own with its own /proc (the driver's cuInit fails with
+// CUDA_ERROR_OPERATING_SYSTEM in a PID namespace that still sees the
+// parent's /proc), the descriptor passed over a unix socket (SCM_RIGHTS). The importer checks
 // the owner's bytes and writes its own, which the owner checks. What a
 // legacy IPC handle does in the same shape is logged, not judged (the
 // driver decides; docs/cuda.md records what it did).
@@ -277,11 +279,14 @@ func TestFDArenaAcrossPIDNamespaces(t *testing.T) {
 			for i, role := range []string{"arena-owner", "arena-importer"} {
 				c := exec.Command(os.Args[0], "-test.run=^$")
 				c.Env = append(os.Environ(), childEnv+"="+role)
+				if ns {
+					c.Env = append(c.Env, ownProcEnv+"=1")
+				}
 				c.ExtraFiles = []*os.File{ends[i]}
 				c.Stdout, c.Stderr = &outs[i], &outs[i]
 				c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 				if ns {
-					c.SysProcAttr.Cloneflags = syscall.CLONE_NEWPID
+					c.SysProcAttr.Cloneflags = syscall.CLONE_NEWPID | syscall.CLONE_NEWNS
 				}
 				if err := c.Start(); err != nil {
 					if i == 0 && ns && (errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EINVAL)) {
@@ -300,7 +305,7 @@ func TestFDArenaAcrossPIDNamespaces(t *testing.T) {
 			var errs []error
 			for i, c := range cmds {
 				if err := c.Wait(); err != nil {
-					errs = append(errs, fmt.Errorf("%s: %w\n%s", c.Env[len(c.Env)-1], err, outs[i].String()))
+					errs = append(errs, fmt.Errorf("child %d: %w\n%s", i, err, outs[i].String()))
 				}
 			}
 			t.Logf("owner:\n%simporter:\n%s", outs[0].String(), outs[1].String())
@@ -314,7 +319,19 @@ func TestFDArenaAcrossPIDNamespaces(t *testing.T) {
 	}
 }
 
+// ownProcEnv asks a child started in new PID and mount namespaces to mount
+// a /proc of its own first.
+const ownProcEnv = "PXN_GPU_TEST_OWN_PROC"
+
 func arenaChild(role string) error {
+	if os.Getenv(ownProcEnv) == "1" {
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			return fmt.Errorf("make the mount namespace private: %w", err)
+		}
+		if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("mount /proc: %w", err)
+		}
+	}
 	switch role {
 	case "arena-peer":
 		return arenaPeer()
