@@ -22,6 +22,8 @@ type Counters struct {
 	routeDrops     atomic.Uint64
 	pumpSleeps     atomic.Uint64
 	pumpWakes      atomic.Uint64
+	arenaByFD      atomic.Uint64
+	arenaByHandle  atomic.Uint64
 }
 
 // CounterSnapshot is a copy of the counters at one moment.
@@ -59,6 +61,11 @@ type CounterSnapshot struct {
 	// those a waker ended (the others ran to their timeout).
 	PumpSleeps uint64 `json:"pump_sleeps"`
 	PumpWakes  uint64 `json:"pump_wakes"`
+	// ArenasByFD and ArenasByHandle count the lanes attached on
+	// relays, by how the relay's arena was mapped: a descriptor from its
+	// arena socket, or the handle in its header.
+	ArenasByFD     uint64 `json:"arenas_by_fd"`
+	ArenasByHandle uint64 `json:"arenas_by_handle"`
 }
 
 func (c *Counters) snapshot() CounterSnapshot {
@@ -79,5 +86,7 @@ func (c *Counters) snapshot() CounterSnapshot {
 		RouteDrops:        c.routeDrops.Load(),
 		PumpSleeps:        c.pumpSleeps.Load(),
 		PumpWakes:         c.pumpWakes.Load(),
+		ArenasByFD:        c.arenaByFD.Load(),
+		ArenasByHandle:    c.arenaByHandle.Load(),
 	}
 }

@@ -416,7 +416,10 @@ func (s *peerScan) poll(d *registryDir, timeout time.Duration) {
 		if w.used != s.round {
 			continue
 		}
-		if w.mode == watchUnknown && w.changes != s.changes {
+		if w.mode == watchUnknown && (w.ctl != ctlBad || w.changes != s.changes) {
+			// Garbage is read again only when the directory changed; a
+			// control file not there yet, or not yet written, on every
+			// call.
 			s.classify(d, w)
 		}
 		switch {
