@@ -118,7 +118,7 @@ sed "s|image: pxn:local|image: $PXN_CLUSTER_IMAGE|" hack/e2e/bench-job.yaml | kc
 # While the ranks run: their registry is in the job's group folder, which the
 # device plugin mounted at MC_PXN_REGISTRY_ROOT (/run/pxn); on the host it is
 # <shmDir>/groups/<key>. Show it with pxn-agent inspect, run inside the pod
-# (the registry's liveness checks compare PIDs of the pod's PID namespace).
+# (there its ranks are judged by pid; from the host, by heartbeat).
 # Best effort: the ranks may finish first.
 (
   for _ in $(seq 1 600); do

@@ -110,7 +110,6 @@ func newFirstHop(kind uint32, pxnOn bool, dev deviceChoice, lookup func(string) 
 		log.Info("pxn first hop: host copier", "reason", fmt.Sprintf("CUDA copier on device %d failed: %v", ordinal, err))
 		return hostFirstHop(copierHost), nil
 	}
-	log.Info("pxn first hop: CUDA copier and device arena", "device", ordinal, "driver", d.Version())
 	return f, nil
 }
 
@@ -153,7 +152,10 @@ func cudaFirstHop(d *cuda.Driver, ordinal int, lookup func(string) (string, bool
 	if err != nil {
 		return nil, errors.Join(err, g.Close())
 	}
-	return &firstHop{kind: copierCUDA, copier: c, mem: &cudaMemory{g: g}, arenas: gpu.NewArenas(g), arenaKind: memDevice, gpu: g, driver: d}, nil
+	arenas := gpu.NewArenasWith(g, gpu.ArenaOptions{Logger: log})
+	share, why := arenas.Share()
+	log.Info("pxn first hop: CUDA copier and device arena", "device", ordinal, "driver", d.Version(), "arenaShare", share.String(), "why", why)
+	return &firstHop{kind: copierCUDA, copier: c, mem: &cudaMemory{g: g}, arenas: arenas, arenaKind: memDevice, gpu: g, driver: d}, nil
 }
 
 // cudaMemory checks device ranges for pxn_register_memory: the CUDA copier

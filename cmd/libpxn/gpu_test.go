@@ -73,7 +73,10 @@ func TestFirstHopChoice(t *testing.T) {
 // TestGPURanksThroughCABI runs testdata/gpu_ranks.c: two rank processes
 // and two target processes, device memory from cuMemAlloc and cuMemCreate,
 // an emulated NIC in the host's callbacks, every byte checked by the
-// targets. PXN_GPU_RANKS_BIN names a binary built already.
+// targets; then again with each rank in a PID and mount namespace of its
+// own (two pods without hostPID), where the ranks must map each other's
+// device arena by descriptor. PXN_GPU_RANKS_BIN names a binary built
+// already.
 func TestGPURanksThroughCABI(t *testing.T) {
 	if !haveCUDA() {
 		t.Skip("no CUDA driver or device (libcuda.so.1): the C GPU test needs one")
@@ -83,23 +86,56 @@ func TestGPURanksThroughCABI(t *testing.T) {
 	if bin == "" {
 		bin = compileWith(t, lib, repoPath("include"), "gpu_ranks", filepath.Join("testdata", "gpu_ranks.c"))
 	}
+	for _, pidns := range []bool{false, true} {
+		t.Run(map[bool]string{false: "one-namespace", true: "namespace-per-rank"}[pidns], func(t *testing.T) {
+			if pidns && os.Geteuid() != 0 {
+				t.Skip("skipping: new PID and mount namespaces need root")
+			}
+			out := runGPURanks(t, bin, pidns)
+			if !pidns {
+				return
+			}
+			ns := map[string]bool{}
+			for _, line := range strings.Split(out, "\n") {
+				if f := strings.Fields(line); len(f) == 4 && f[0] == "RANKNS" {
+					ns[strings.TrimPrefix(f[3], "pidns=")] = true
+				}
+			}
+			own, _ := os.Readlink("/proc/self/ns/pid")
+			if len(ns) != 2 || ns[own] {
+				t.Fatalf("the ranks' PID namespaces %v (this process: %s): want two of their own", ns, own)
+			}
+			if !strings.Contains(out, `share="descriptor"`) || strings.Contains(out, `share="handle"`) {
+				t.Fatal("the ranks did not map each other's arena by descriptor")
+			}
+		})
+	}
+}
+
+func runGPURanks(t *testing.T, bin string, pidns bool) string {
+	t.Helper()
 	reg := t.TempDir()
 	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
 		reg = scratchDir(t)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin)
+	var args []string
+	if pidns {
+		args = append(args, "--pidns", "1")
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = childEnv(contract.EnvEnable+"=1", contract.EnvGroupID+"=gpu-ranks", contract.EnvRegistryRoot+"="+reg,
 		contract.EnvRailMap+`={"mlx5_0":"rail0","mlx5_1":"rail1","rmlx5_0":"rail0","rmlx5_1":"rail1"}`)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
-	t.Logf("gpu_ranks:\n%s", out.String())
+	t.Logf("gpu_ranks %v:\n%s", args, out.String())
 	if err != nil {
 		t.Fatalf("gpu_ranks: %v", err)
 	}
 	if !strings.Contains(out.String(), "\nPASS\n") {
 		t.Fatal("gpu_ranks did not print PASS")
 	}
+	return out.String()
 }

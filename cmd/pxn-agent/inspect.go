@@ -79,11 +79,11 @@ func writeInspectTable(w io.Writer, root string, groups []registry.GroupReport) 
 		return writeInspectNotes(w, groups)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP\tRANK FILE\tSTATE\tPID\tEPOCH\tRAIL\tHCA\tARENA\tHEARTBEAT\tHEALTH")
+	fmt.Fprintln(tw, "GROUP\tRANK FILE\tSTATE\tPID\tEPOCH\tRAIL\tHCA\tARENA\tSHARED BY\tPID NS\tJUDGED BY\tHEARTBEAT\tHEALTH")
 	for _, g := range groups {
 		for _, r := range g.Ranks {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n",
-				g.Group, r.File, r.State, r.Pid, r.Epoch, dash(r.Rail), dash(r.HCA), r.Arena, heartbeatAge(r.HeartbeatAge), r.Health)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+				g.Group, r.File, r.State, r.Pid, r.Epoch, dash(r.Rail), dash(r.HCA), r.Arena, dash(r.Shares), r.PidNS, r.Liveness, heartbeatAge(r.HeartbeatAge), r.Health)
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -92,7 +92,7 @@ func writeInspectTable(w io.Writer, root string, groups []registry.GroupReport) 
 
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP\tRANK PID/EPOCH\tLANE\tOWNER PID/EPOCH\tLANE EPOCH\tNEXT\tPUBLISHED\tCOMPLETED\tREAPED\tOWNER")
+	fmt.Fprintln(tw, "GROUP\tRANK PID/EPOCH\tLANE\tOWNER PID/EPOCH\tLANE EPOCH\tNEXT\tPUBLISHED\tCOMPLETED\tREAPED\tOWNER JUDGED BY\tOWNER")
 	for _, g := range groups {
 		for _, r := range g.Ranks {
 			for _, l := range r.Lanes {
@@ -100,9 +100,9 @@ func writeInspectTable(w io.Writer, root string, groups []registry.GroupReport) 
 				if l.OwnerPid != 0 {
 					owner = strconv.Itoa(l.OwnerPid) + "/" + l.OwnerEpoch
 				}
-				fmt.Fprintf(tw, "%s\t%d/%s\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n",
+				fmt.Fprintf(tw, "%s\t%d/%s\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n",
 					g.Group, r.Pid, r.Epoch, l.Lane, owner, dash(l.LaneEpoch),
-					l.Next, l.Published, l.Completed, l.Reaped, freeOr(l.OwnerHealth))
+					l.Next, l.Published, l.Completed, l.Reaped, dash(l.OwnerLiveness), freeOr(l.OwnerHealth))
 			}
 		}
 	}

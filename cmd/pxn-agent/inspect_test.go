@@ -114,6 +114,10 @@ func TestInspectShowsRanksLanesAndGarbage(t *testing.T) {
 		}
 	}
 	before := dirState(t, root)
+	ns, err := staging.SelfPidNS()
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	out, errOut, code := runInspect(t, "--root", root, "--stale-after", "1m")
 	if code != 0 {
@@ -125,14 +129,15 @@ func TestInspectShowsRanksLanesAndGarbage(t *testing.T) {
 	relayID := fmt.Sprintf("%s/%016x", pid, relay.Identity().Epoch)
 	senderID := fmt.Sprintf("%s/%016x", pid, sender.Identity().Epoch)
 	for _, want := range [][]string{
-		{group, relay.Name(), "READY", pid, fmt.Sprintf("%016x", relay.Identity().Epoch), "rail0", "mlx5_0", "host"},
+		{group, relay.Name(), "READY", pid, fmt.Sprintf("%016x", relay.Identity().Epoch), "rail0", "mlx5_0", "host", "handle,descriptor", ns.String(), " pid ", "live"},
 		{group, sender.Name(), "READY", pid, "rail1", "mlx5_1", "live"},
-		{group, relayID, " 0 ", senderID, fmt.Sprintf("%016x", link.LaneEpoch()), " 42 ", " 41 ", " 40 ", " 39 ", "live"},
+		{group, relayID, " 0 ", senderID, fmt.Sprintf("%016x", link.LaneEpoch()), " 42 ", " 41 ", " 40 ", " 39 ", " pid ", "live"},
 		{group, relayID, " 6 ", " - ", " - ", " 0 ", " 0 ", " 0 ", " 0 ", "free"},
 		{group, senderID, " 0 ", " - ", " - ", " 0 ", " 0 ", " 0 ", " 0 ", "free"},
 		{group, "garbage", "junk", "not a registry name"},
 		{group, "garbage", truncated, "10 bytes, want"},
 		{group, "arena", "in use"},
+		{group, "arena socket", "in use"},
 	} {
 		if !hasLine(out, want) {
 			t.Errorf("no line with %q in:\n%s", want, out)
@@ -150,14 +155,20 @@ func TestInspectShowsRanksLanesAndGarbage(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &groups); err != nil {
 		t.Fatalf("inspect -o json: %v\n%s", err, out)
 	}
-	if len(groups) != 1 || len(groups[0].Ranks) != 2 || len(groups[0].Entries) != 4 {
-		t.Fatalf("json: %+v, want one group with two ranks and four other entries", groups)
+	if len(groups) != 1 || len(groups[0].Ranks) != 2 || len(groups[0].Entries) != 6 {
+		t.Fatalf("json: %+v, want one group with two ranks and six other entries (garbage, arenas, sockets)", groups)
 	}
 	for _, r := range groups[0].Ranks {
 		if r.File != relay.Name() {
 			continue
 		}
+		if r.PidNS != ns.String() || r.Liveness != registry.JudgedByPid {
+			t.Errorf("json: relay in namespace %q judged by %q, want %q and %q", r.PidNS, r.Liveness, ns, registry.JudgedByPid)
+		}
 		l := r.Lanes[0]
+		if l.OwnerLiveness != registry.JudgedByPid {
+			t.Errorf("json: lane owner judged by %q, want %q", l.OwnerLiveness, registry.JudgedByPid)
+		}
 		if len(r.Lanes) != staging.LaneCount || l.OwnerPid != os.Getpid() || l.Next != 42 || l.Published != 41 || l.Completed != 40 || l.Reaped != 39 {
 			t.Errorf("json lanes of the relay: %+v", r.Lanes)
 		}

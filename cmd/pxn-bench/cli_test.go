@@ -30,6 +30,8 @@ func TestCLI(t *testing.T) {
 		{[]string{"run", "--device", "tpu", "--ranks", "2", "--bytes", "1KiB"}, 1, []string{`--device "tpu": want host or cuda`}},
 		{[]string{"run", "--suite", "p1"}, 1, []string{"--device cuda"}},
 		{[]string{"run", "--raw"}, 2, []string{"--raw", "--device cuda"}},
+		{[]string{"run", "--arena-share", "posix"}, 2, []string{`--arena-share: arena share "posix": want auto, ipc or fd`}},
+		{[]string{"help", "run"}, 0, []string{"--pidns", "--arena-share"}},
 		{[]string{"run", "--ranks", "2", "--pattern", "kv", "--kv-shape", "kv-huge"}, 1, []string{`--kv-shape "kv-huge": want one of kv-small, kv-medium, kv-large`}},
 		{[]string{"run", "--ranks", "2", "--pattern", "kv", "--kv-traffic", "ring"}, 1, []string{`--kv-traffic "ring"`}},
 		{[]string{"run", "--ranks", "2", "--pattern", "kv", "--latency", "10"}, 1, []string{"--pattern kv: --raw, --latency"}},

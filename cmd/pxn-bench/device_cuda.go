@@ -31,6 +31,8 @@ type cudaRank struct {
 	// pollSpin and pollNap are the pump's poll policy (zero: the copier's
 	// default).
 	pollSpin, pollNap time.Duration
+	share             gpu.ArenaShare
+	arenas            *gpu.Arenas
 }
 
 func newCUDARank(o rankOptions) (_ *cudaRank, err error) {
@@ -42,6 +44,9 @@ func newCUDARank(o rankOptions) (_ *cudaRank, err error) {
 		return nil, err
 	}
 	r := &cudaRank{pollSpin: o.pollSpin, pollNap: o.pollNap}
+	if r.share, err = gpu.ParseArenaShare(o.arenaShare); err != nil {
+		return nil, err
+	}
 	if o.gatherPTX != "" {
 		if r.ptx, err = os.ReadFile(o.gatherPTX); err != nil {
 			return nil, err
@@ -94,10 +99,21 @@ func (r *cudaRank) firstHop(deps *relay.HostDeps, _ uintptr, _ uint64) (string, 
 	if err != nil {
 		return "", err
 	}
-	deps.Copier, deps.Arenas = c, gpu.NewArenas(r.g)
+	r.arenas = gpu.NewArenasWith(r.g, gpu.ArenaOptions{Share: r.share, Logger: log})
+	deps.Copier, deps.Arenas = c, r.arenas
 	gi := c.Gather()
-	return fmt.Sprintf("copy %v, doorbell %s, gather %v (%d×%d, threshold %s): %s", c.CopyMode(), c.Doorbell(),
-		gi.Mode, gi.Grid, gi.Block, sizeString(gi.Threshold), gi.Reason), nil
+	share, why := r.arenas.Share()
+	return fmt.Sprintf("copy %v, doorbell %s, gather %v (%d×%d, threshold %s): %s; arena shared by %v (%s)", c.CopyMode(), c.Doorbell(),
+		gi.Mode, gi.Grid, gi.Block, sizeString(gi.Threshold), gi.Reason, share, why), nil
+}
+
+func (r *cudaRank) arenaShares() *shareCounts {
+	if r.arenas == nil {
+		return nil
+	}
+	c := r.arenas.Counts()
+	share, _ := r.arenas.Share()
+	return &shareCounts{Own: share.String(), FD: c.FD, IPC: c.IPC, FailedFD: c.FailedFD, FailedIPC: c.FailedIPC}
 }
 
 func (r *cudaRank) freeMemory() (uint64, bool) {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/gpu"
 	"github.com/pxn-project/pxn/pkg/sim/ringcheck"
 )
 
@@ -152,6 +153,8 @@ func runFlags(fs *pflag.FlagSet) func() int {
 	fs.StringVar(&o.cuda.copyMode, "copy-mode", "", "cuda: "+contract.EnvCopyMode+" for the ranks (ce, sm or auto)")
 	fs.DurationVar(&o.cuda.pollSpin, "poll-spin", 0, "cuda: how long the pump polls without sleeping after progress while one Piece moves (0: the default, negative: never)")
 	fs.DurationVar(&o.cuda.pollNap, "poll-nap", 0, "cuda: the longest sleep of the pump while work is in flight (0: the default, negative: never sleep while busy)")
+	fs.StringVar(&o.cuda.arenaShare, "arena-share", "auto", "cuda: how each rank shares its device arena: auto (by descriptor where the device can), fd or ipc (a legacy CUDA IPC handle)")
+	fs.BoolVar(&o.pidns, "pidns", false, "start each rank in a PID and mount namespace of its own, with its own /proc, as ranks in separate pods without hostPID (needs root); the targets stay in this one")
 	return func() int {
 		var err error
 		if o.bytes, err = parseSize(bytesFlag); err != nil {
@@ -169,6 +172,10 @@ func runFlags(fs *pflag.FlagSet) func() int {
 				return 2
 			}
 			o.firstPiece = strconv.FormatUint(n>>10, 10)
+		}
+		if _, err := gpu.ParseArenaShare(o.cuda.arenaShare); err != nil {
+			fmt.Fprintf(os.Stderr, "pxn-bench: --arena-share: %v\n", err)
+			return 2
 		}
 		if o.cuda.raw && o.device != "cuda" {
 			fmt.Fprintln(os.Stderr, "pxn-bench: --raw times a copy-engine copy: it needs --device cuda")
@@ -205,7 +212,15 @@ func rankFlags(fs *pflag.FlagSet) func() int {
 	fs.StringVar(&o.gatherPTX, "gather-ptx", "", "cuda: gather kernel PTX file (default: embedded)")
 	fs.DurationVar(&o.pollSpin, "poll-spin", 0, "cuda: the pump's spin window (0: default)")
 	fs.DurationVar(&o.pollNap, "poll-nap", 0, "cuda: the pump's longest sleep while busy (0: default)")
+	fs.StringVar(&o.arenaShare, "arena-share", "auto", "cuda: auto, fd or ipc")
+	fs.BoolVar(&o.ownProc, "own-proc", false, "this process is the first of a new PID and mount namespace: mount a /proc of that namespace first")
 	return func() int {
+		if o.ownProc {
+			if err := mountOwnProc(); err != nil {
+				emit(event{Event: "error", Error: err.Error()})
+				return 1
+			}
+		}
 		if err := runRank(o); err != nil {
 			emit(event{Event: "error", Error: err.Error()})
 			return 1

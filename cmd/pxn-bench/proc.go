@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -23,12 +24,17 @@ type child struct {
 }
 
 func startChild(name string, env []string, args ...string) (*child, error) {
+	return startChildAttr(name, nil, env, args...)
+}
+
+func startChildAttr(name string, attr *syscall.SysProcAttr, env []string, args ...string) (*child, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(exe, args...)
 	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = attr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err

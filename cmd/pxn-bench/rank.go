@@ -44,6 +44,9 @@ type rankResult struct {
 	// Progress is the engine transfer's completed bytes over time, a
 	// sample at most every progressEvery, for shares over a window.
 	Progress []progressSample `json:"progress,omitempty"`
+	// Shares are the relays' arenas this rank mapped so far, by the way
+	// each was shared (device arenas only).
+	Shares *shareCounts `json:"shares,omitempty"`
 }
 
 // fail counts one failed task; the first error is kept.
@@ -196,6 +199,10 @@ type rankOptions struct {
 	gatherPTX string
 	// pollSpin and pollNap replace the pump's poll policy (zero: default).
 	pollSpin, pollNap time.Duration
+	// arenaShare is how the rank shares its device arena.
+	arenaShare string
+	// ownProc: the rank is PID 1 of its own namespaces and mounts /proc.
+	ownProc bool
 }
 
 // rankDevice is what a rank needs of its device: source memory filled with
@@ -312,6 +319,9 @@ func runRank(o rankOptions) (err error) {
 				res.PumpCPU, _ = cpuTime(eng.PumpThreadID())
 				res.PumpRuns = threadRuns(eng.PumpThreadID())
 				res.Counters = eng.Counters()
+			}
+			if sh, ok := dev.(arenaSharer); ok {
+				res.Shares = sh.arenaShares()
 			}
 			emit(event{Event: "stats", Result: res})
 		case "raw":

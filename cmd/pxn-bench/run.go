@@ -42,6 +42,8 @@ type runOptions struct {
 	// errOut takes warnings; getenv reads this process's environment.
 	errOut io.Writer
 	getenv func(string) string
+	// pidns starts each rank in a PID and mount namespace of its own.
+	pidns bool
 }
 
 // cudaOptions are run's flags for --device cuda.
@@ -56,6 +58,8 @@ type cudaOptions struct {
 	// pollSpin and pollNap replace the pump's poll policy (zero: the
 	// copier's default), to measure the trade-off of CPU and latency.
 	pollSpin, pollNap time.Duration
+	// arenaShare is how each rank shares its device arena (auto, fd, ipc).
+	arenaShare string
 }
 
 // scenario is one traffic pattern run on a device: the ranks and targets
@@ -104,12 +108,17 @@ type device struct {
 	startup time.Duration
 	// mps is whether the CUDA processes share their GPUs through MPS.
 	mps mpsState
+	// pidns starts each rank in namespaces of its own.
+	pidns bool
 }
 
 func run(o runOptions) ([]row, error) {
 	dev, err := openDevice(o)
 	if err != nil {
 		return nil, err
+	}
+	if dev.pidns = o.pidns; o.pidns {
+		fmt.Fprintln(o.out, "pxn-bench: each rank runs in a PID and mount namespace of its own, with its own /proc")
 	}
 	var runs []scenario
 	if o.cuda.suite == "" {
@@ -378,6 +387,8 @@ type phaseResult struct {
 	routed    bool
 	verified  bool
 	verifyErr string
+	// shares are the relays' arenas the ranks mapped, by the way shared.
+	shares shareCounts
 }
 
 // exec runs one scenario: the targets, then the engine phase and the
@@ -465,6 +476,12 @@ func (dev *device) exec(o runOptions, s scenario) ([]row, error) {
 		if o.cuda.pollSpin != 0 || o.cuda.pollNap != 0 {
 			a = append(a, "--poll-spin", o.cuda.pollSpin.String(), "--poll-nap", o.cuda.pollNap.String())
 		}
+		if o.cuda.arenaShare != "" {
+			a = append(a, "--arena-share", o.cuda.arenaShare)
+		}
+		if o.pidns {
+			a = append(a, "--own-proc")
+		}
 		return a
 	}
 	pxn, err := dev.phase(s, l, targets, args, "engine", env("1", "bench-pxn"))
@@ -499,7 +516,7 @@ func (dev *device) phase(s scenario, l *layout, targets []*child, args func(int,
 		}
 	}()
 	for k := 0; k < l.Ranks; k++ {
-		c, err := startChild(fmt.Sprintf("rank %d", k), env, args(k, mode)...)
+		c, err := startChildIn(fmt.Sprintf("rank %d", k), dev.pidns, env, args(k, mode)...)
 		if err != nil {
 			return nil, err
 		}
@@ -563,6 +580,9 @@ func (dev *device) phase(s scenario, l *layout, targets []*child, args func(int,
 		return nil, err
 	}
 	for k := range after {
+		if s := after[k].Result.Shares; s != nil {
+			res.shares.add(*s)
+		}
 		a, b := after[k].Result, before[k].Result
 		res.busy = append(res.busy, busyWindow{pumpCPU: a.PumpCPU - b.PumpCPU, seconds: window,
 			runs: a.PumpRuns - b.PumpRuns, sleeps: a.Counters.PumpSleeps - b.Counters.PumpSleeps, wakes: a.Counters.PumpWakes - b.Counters.PumpWakes,
@@ -761,6 +781,9 @@ func (dev *device) summarize(s scenario, l *layout, pxn, bare *phaseResult) []ro
 	rows = append(rows, fairRows(prefix, s.pattern, pxn.ranks, pxn.busy, pxn.verified)...)
 	rows = append(rows, latencyRows(prefix, dev.hop, pxn.lats)...)
 	rows = append(rows, pumpRows(prefix, pxn, pieces, forwarded)...)
+	if r, ok := shareRow(prefix, pxn, dev.pidns); ok {
+		rows = append(rows, r)
+	}
 	if s.p6 && bare != nil {
 		rows = append(rows, p6Rows(prefix, pxn, bare)...)
 	}

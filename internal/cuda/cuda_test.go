@@ -585,6 +585,8 @@ func runChild(role string) error {
 	switch role {
 	case "ipc":
 		return ipcChild()
+	case "vmm":
+		return vmmChild()
 	}
 	return fmt.Errorf("unknown role %q", role)
 }

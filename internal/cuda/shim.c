@@ -77,6 +77,17 @@ static const struct {
 	[PXN_cuMemGetInfo] = {"cuMemGetInfo", 3020, 0},
 	[PXN_cuMemcpyHtoDAsync] = {"cuMemcpyHtoDAsync", 3020, 0},
 	[PXN_cuCtxGetDevice] = {"cuCtxGetDevice", 2000, 0},
+	[PXN_cuMemGetAllocationGranularity] = {"cuMemGetAllocationGranularity", 10020, 0},
+	[PXN_cuMemCreate] = {"cuMemCreate", 10020, 0},
+	[PXN_cuMemRelease] = {"cuMemRelease", 10020, 0},
+	[PXN_cuMemAddressReserve] = {"cuMemAddressReserve", 10020, 0},
+	[PXN_cuMemAddressFree] = {"cuMemAddressFree", 10020, 0},
+	[PXN_cuMemMap] = {"cuMemMap", 10020, 0},
+	[PXN_cuMemUnmap] = {"cuMemUnmap", 10020, 0},
+	[PXN_cuMemSetAccess] = {"cuMemSetAccess", 10020, 0},
+	[PXN_cuMemExportToShareableHandle] = {"cuMemExportToShareableHandle", 10020, 0},
+	[PXN_cuMemImportFromShareableHandle] = {"cuMemImportFromShareableHandle", 10020, 0},
+	[PXN_cuMemGetAllocationPropertiesFromHandle] = {"cuMemGetAllocationPropertiesFromHandle", 10020, 0},
 };
 
 const char *pxn_cu_symbol_name(int i) { return (i >= 0 && i < PXN_CU_NSYM) ? pxn_cu_symbols[i].name : NULL; }
@@ -331,6 +342,46 @@ CUresult pxn_cuMemGetInfo(pxn_cu_table *t, size_t *free_bytes, size_t *total_byt
 }
 CUresult pxn_cuMemcpyHtoDAsync(pxn_cu_table *t, CUdeviceptr dst, uintptr_t src, size_t n, pxn_handle s) {
 	PXN_CALL(cuMemcpyHtoDAsync, (CUdeviceptr, const void *, size_t, CUstream), dst, (const void *)src, n, (CUstream)s);
+}
+
+/* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+#define PXN_CU_MEM_HANDLE_TYPE_POSIX_FD 1
+
+CUresult pxn_cuMemGetAllocationGranularity(pxn_cu_table *t, size_t *g, const CUmemAllocationProp *prop, int option) {
+	PXN_CALL(cuMemGetAllocationGranularity, (size_t *, const CUmemAllocationProp *, int), g, prop, option);
+}
+CUresult pxn_cuMemCreate(pxn_cu_table *t, CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop) {
+	PXN_CALL(cuMemCreate, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long), h, size, prop, 0ULL);
+}
+CUresult pxn_cuMemRelease(pxn_cu_table *t, CUmemGenericAllocationHandle h) {
+	PXN_CALL(cuMemRelease, (CUmemGenericAllocationHandle), h);
+}
+CUresult pxn_cuMemAddressReserve(pxn_cu_table *t, CUdeviceptr *p, size_t size, size_t align) {
+	PXN_CALL(cuMemAddressReserve, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long), p, size, align, (CUdeviceptr)0, 0ULL);
+}
+CUresult pxn_cuMemAddressFree(pxn_cu_table *t, CUdeviceptr p, size_t size) {
+	PXN_CALL(cuMemAddressFree, (CUdeviceptr, size_t), p, size);
+}
+CUresult pxn_cuMemMap(pxn_cu_table *t, CUdeviceptr p, size_t size, size_t offset, CUmemGenericAllocationHandle h) {
+	PXN_CALL(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long), p, size, offset, h, 0ULL);
+}
+CUresult pxn_cuMemUnmap(pxn_cu_table *t, CUdeviceptr p, size_t size) {
+	PXN_CALL(cuMemUnmap, (CUdeviceptr, size_t), p, size);
+}
+CUresult pxn_cuMemSetAccess(pxn_cu_table *t, CUdeviceptr p, size_t size, const CUmemAccessDesc *desc, size_t count) {
+	PXN_CALL(cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t), p, size, desc, count);
+}
+CUresult pxn_cuMemExportToShareableHandleFD(pxn_cu_table *t, int *fd, CUmemGenericAllocationHandle h) {
+	PXN_CALL(cuMemExportToShareableHandle, (void *, CUmemGenericAllocationHandle, int, unsigned long long), (void *)fd, h,
+		PXN_CU_MEM_HANDLE_TYPE_POSIX_FD, 0ULL);
+}
+CUresult pxn_cuMemImportFromShareableHandleFD(pxn_cu_table *t, CUmemGenericAllocationHandle *h, int fd) {
+	/* A POSIX descriptor is passed as the pointer-sized value itself. */
+	PXN_CALL(cuMemImportFromShareableHandle, (CUmemGenericAllocationHandle *, void *, int), h, (void *)(intptr_t)fd,
+		PXN_CU_MEM_HANDLE_TYPE_POSIX_FD);
+}
+CUresult pxn_cuMemGetAllocationPropertiesFromHandle(pxn_cu_table *t, CUmemAllocationProp *prop, CUmemGenericAllocationHandle h) {
+	PXN_CALL(cuMemGetAllocationPropertiesFromHandle, (CUmemAllocationProp *, CUmemGenericAllocationHandle), prop, h);
 }
 
 #define PXN_MAX_KERNEL_ARGS 32

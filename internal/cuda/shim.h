@@ -33,6 +33,29 @@ typedef struct {
 	int id;
 } CUmemLocation;
 
+/* CUmemGenericAllocationHandle: an allocation made with cuMemCreate. */
+typedef unsigned long long CUmemGenericAllocationHandle;
+
+/* CUmemAllocationProp (CUDA 11.0 and later; 10.2's ends in a reserved
+ * 64-bit word where allocFlags now lies, so the layout is the same). */
+typedef struct {
+	int type;
+	int requestedHandleTypes;
+	CUmemLocation location;
+	void *win32HandleMetaData;
+	struct {
+		unsigned char compressionType;
+		unsigned char gpuDirectRDMACapable;
+		unsigned short usage;
+		unsigned char reserved[4];
+	} allocFlags;
+} CUmemAllocationProp;
+
+typedef struct {
+	CUmemLocation location;
+	int flags;
+} CUmemAccessDesc;
+
 typedef struct {
 	int srcAccessOrder;
 	CUmemLocation srcLocHint;
@@ -96,6 +119,17 @@ enum {
 	PXN_cuMemGetInfo,
 	PXN_cuMemcpyHtoDAsync,
 	PXN_cuCtxGetDevice,
+	PXN_cuMemGetAllocationGranularity,
+	PXN_cuMemCreate,
+	PXN_cuMemRelease,
+	PXN_cuMemAddressReserve,
+	PXN_cuMemAddressFree,
+	PXN_cuMemMap,
+	PXN_cuMemUnmap,
+	PXN_cuMemSetAccess,
+	PXN_cuMemExportToShareableHandle,
+	PXN_cuMemImportFromShareableHandle,
+	PXN_cuMemGetAllocationPropertiesFromHandle,
 	PXN_CU_NSYM
 };
 
@@ -170,6 +204,20 @@ CUresult pxn_cuLaunchKernel(pxn_cu_table *t, pxn_handle f, unsigned int gx, unsi
 	const uint64_t *args, int nargs);
 CUresult pxn_cuMemGetInfo(pxn_cu_table *t, size_t *free_bytes, size_t *total_bytes);
 CUresult pxn_cuMemcpyHtoDAsync(pxn_cu_table *t, CUdeviceptr dst, uintptr_t src, size_t n, pxn_handle s);
+
+/* Virtual memory management: an arena that can be shared by descriptor. */
+CUresult pxn_cuMemGetAllocationGranularity(pxn_cu_table *t, size_t *g, const CUmemAllocationProp *prop, int option);
+CUresult pxn_cuMemCreate(pxn_cu_table *t, CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop);
+CUresult pxn_cuMemRelease(pxn_cu_table *t, CUmemGenericAllocationHandle h);
+CUresult pxn_cuMemAddressReserve(pxn_cu_table *t, CUdeviceptr *p, size_t size, size_t align);
+CUresult pxn_cuMemAddressFree(pxn_cu_table *t, CUdeviceptr p, size_t size);
+CUresult pxn_cuMemMap(pxn_cu_table *t, CUdeviceptr p, size_t size, size_t offset, CUmemGenericAllocationHandle h);
+CUresult pxn_cuMemUnmap(pxn_cu_table *t, CUdeviceptr p, size_t size);
+CUresult pxn_cuMemSetAccess(pxn_cu_table *t, CUdeviceptr p, size_t size, const CUmemAccessDesc *desc, size_t count);
+/* POSIX descriptors only: the descriptor is returned in *fd. */
+CUresult pxn_cuMemExportToShareableHandleFD(pxn_cu_table *t, int *fd, CUmemGenericAllocationHandle h);
+CUresult pxn_cuMemImportFromShareableHandleFD(pxn_cu_table *t, CUmemGenericAllocationHandle *h, int fd);
+CUresult pxn_cuMemGetAllocationPropertiesFromHandle(pxn_cu_table *t, CUmemAllocationProp *prop, CUmemGenericAllocationHandle h);
 
 /* Composite calls: one cgo crossing for what a hot path does in a row. */
 

@@ -7,34 +7,167 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 
 	"github.com/pxn-project/pxn/internal/cuda"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
-// Arenas provides staging arenas in device memory: one cuMemAlloc of
-// staging.ArenaSize per rank, exported as the 64-byte CUDA IPC handle of its
-// base and opened by peers with cuIpcOpenMemHandle (lazy peer access, so a
-// peer on another GPU needs no explicit cuCtxEnablePeerAccess). The registry
-// directory and entry names are not used: the memory lives on the GPU.
-//
-// Legacy CUDA IPC needs the peers in one PID namespace with the owner's GPU
-// visible to them.
-type Arenas struct {
-	g *GPU
+// ArenaShare is how a rank's device arena is shared with its peers.
+type ArenaShare int
+
+const (
+	// ShareAuto: by descriptor where the device and driver can, else by a
+	// legacy IPC handle.
+	ShareAuto ArenaShare = iota
+	// ShareLegacyIPC: a cuMemAlloc arena whose CUDA IPC handle peers open
+	// (within one PID namespace, or from a namespace below the owner's).
+	ShareLegacyIPC
+	// ShareDescriptor: a cuMemCreate arena exported as a POSIX file
+	// descriptor, which a peer in any PID namespace can import.
+	ShareDescriptor
+)
+
+func (s ArenaShare) String() string {
+	switch s {
+	case ShareAuto:
+		return "auto"
+	case ShareLegacyIPC:
+		return "ipc"
+	case ShareDescriptor:
+		return "fd"
+	}
+	return fmt.Sprintf("ArenaShare(%d)", int(s))
 }
 
-var _ staging.ArenaProvider = (*Arenas)(nil)
+// ParseArenaShare reads "auto", "ipc" or "fd".
+func ParseArenaShare(s string) (ArenaShare, error) {
+	for _, v := range []ArenaShare{ShareAuto, ShareLegacyIPC, ShareDescriptor} {
+		if s == v.String() {
+			return v, nil
+		}
+	}
+	return 0, fmt.Errorf("arena share %q: want auto, ipc or fd", s)
+}
 
-// NewArenas returns a provider that allocates on g.
-func NewArenas(g *GPU) *Arenas { return &Arenas{g: g} }
+// ArenaOptions configure Arenas.
+type ArenaOptions struct {
+	// Share is the way this rank's own arena is shared (peers' arenas are
+	// mapped whichever way they offer).
+	Share ArenaShare
+	// Logger receives one line when an automatic choice of descriptor
+	// sharing falls back to legacy IPC at allocation.
+	Logger klog.Logger
+}
+
+// Arenas provides staging arenas in device memory, of staging.ArenaSize
+// each, and maps peers' arenas (docs/cuda.md, "The GPU arena").
+//
+// With descriptor sharing the arena is physical memory made with cuMemCreate
+// (exportable as a POSIX file descriptor, and registrable with an RDMA NIC
+// where the device supports that), mapped read-write for the provider's
+// device; it has no legacy IPC handle, since cuIpcGetMemHandle applies only
+// to cuMemAlloc memory, so its header offers staging.ShareFD alone. With
+// legacy IPC the arena is one cuMemAlloc whose 64-byte CUDA IPC handle peers
+// open with cuIpcOpenMemHandle; it offers staging.ShareIPCHandle alone.
+// Either way peers' arenas are mapped by the way they offer: Open for a
+// handle, OpenFD for a descriptor.
+type Arenas struct {
+	g    *GPU
+	want ArenaShare
+	log  klog.Logger
+
+	mu     sync.Mutex
+	share  ArenaShare
+	reason string
+
+	openedFD, openedIPC, failedFD, failedIPC atomic.Uint64
+}
+
+var (
+	_ staging.ArenaProvider   = (*Arenas)(nil)
+	_ staging.FDArenaProvider = (*Arenas)(nil)
+	_ staging.FDArena         = (*fdArena)(nil)
+)
+
+// NewArenas returns a provider that allocates on g, sharing by descriptor
+// where it can.
+func NewArenas(g *GPU) *Arenas {
+	return NewArenasWith(g, ArenaOptions{Logger: klog.Background()})
+}
+
+// NewArenasWith returns a provider that allocates on g as o says. Whether
+// descriptor sharing is possible is read from the device's attributes here;
+// Allocate finds out whether it works.
+func NewArenasWith(g *GPU, o ArenaOptions) *Arenas {
+	a := &Arenas{g: g, want: o.Share, log: o.Logger, share: o.Share}
+	switch o.Share {
+	case ShareAuto:
+		if err := g.d.FDShareSupport(g.dev); err != nil {
+			a.share, a.reason = ShareLegacyIPC, err.Error()
+		} else {
+			a.share, a.reason = ShareDescriptor, "the device exports cuMemCreate memory as POSIX file descriptors"
+		}
+	case ShareLegacyIPC:
+		a.reason = "asked for"
+	case ShareDescriptor:
+		a.reason = "asked for"
+	}
+	return a
+}
 
 // Kind returns staging.ArenaCUDA.
 func (a *Arenas) Kind() uint32 { return staging.ArenaCUDA }
 
-// Allocate allocates and exports an arena on the provider's GPU.
+// Share is how this provider's arenas are shared (after an Allocate: how
+// the last one was) and why.
+func (a *Arenas) Share() (ArenaShare, string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.share, a.reason
+}
+
+// ShareCounts are the peers' arenas a provider mapped, by the way they were
+// shared, and the maps that failed.
+type ShareCounts struct {
+	FD, IPC             uint64
+	FailedFD, FailedIPC uint64
+}
+
+// Counts returns the peers' arenas mapped so far.
+func (a *Arenas) Counts() ShareCounts {
+	return ShareCounts{FD: a.openedFD.Load(), IPC: a.openedIPC.Load(), FailedFD: a.failedFD.Load(), FailedIPC: a.failedIPC.Load()}
+}
+
+// Allocate allocates and exports an arena on the provider's GPU. Under
+// ShareAuto an arena that cannot be made or exported by descriptor (an old
+// driver, MPS or a container that refuses it) is made for legacy IPC
+// instead, and the reason logged once.
 func (a *Arenas) Allocate(_ *os.File, _ string) (staging.Arena, error) {
+	a.mu.Lock()
+	share := a.share
+	a.mu.Unlock()
+	if share == ShareDescriptor {
+		ar, err := a.allocateFD()
+		if err == nil {
+			return ar, nil
+		}
+		if a.want == ShareDescriptor {
+			return nil, err
+		}
+		a.mu.Lock()
+		a.share, a.reason = ShareLegacyIPC, err.Error()
+		a.mu.Unlock()
+		a.log.Info("pxn gpu arena: descriptor sharing failed; the arena is shared by legacy CUDA IPC, which does not cross PID namespaces", "device", a.g.ordinal, "err", err.Error())
+	}
+	return a.allocateIPC()
+}
+
+func (a *Arenas) allocateIPC() (staging.Arena, error) {
 	d := a.g.d
 	var base cuda.DevicePtr
 	var h cuda.IPCMemHandle
@@ -51,13 +184,59 @@ func (a *Arenas) Allocate(_ *os.File, _ string) (staging.Arena, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gpu arena on device %d: %w", a.g.ordinal, err)
 	}
-	return &arena{g: a.g, base: base, handle: h}, nil
+	return &ipcArena{g: a.g, base: base, handle: h}, nil
 }
 
-// Open maps a peer's arena from its IPC handle into the provider's context.
-// The peer must not be this process.
+// allocateFD makes, maps and exports once (to learn that it can) an arena
+// of staging.ArenaSize rounded up to the allocation granularity.
+func (a *Arenas) allocateFD() (staging.Arena, error) {
+	d, dev := a.g.d, a.g.dev
+	if err := d.FDShareSupport(dev); err != nil {
+		return nil, fmt.Errorf("gpu arena on device %d: %w", a.g.ordinal, err)
+	}
+	rdma, err := d.DeviceAttribute(cuda.AttrGPUDirectRDMAWithVMMSupported, dev)
+	prop := cuda.AllocationProp{Device: dev, GPUDirectRDMA: err == nil && rdma != 0}
+	ar := &fdArena{g: a.g}
+	err = a.g.Do(func() error {
+		gran, err := d.MemGetAllocationGranularity(prop, false)
+		if err != nil {
+			return err
+		}
+		if ar.mapped, err = cuda.AlignUp(staging.ArenaSize, gran); err != nil {
+			return err
+		}
+		if ar.handle, err = d.MemCreate(ar.mapped, prop); err != nil {
+			return err
+		}
+		if ar.base, err = d.MemAddressReserve(ar.mapped, gran); err != nil {
+			return errors.Join(err, d.MemRelease(ar.handle))
+		}
+		if err := d.MemMap(ar.base, ar.mapped, 0, ar.handle); err != nil {
+			return errors.Join(err, d.MemAddressFree(ar.base, ar.mapped), d.MemRelease(ar.handle))
+		}
+		err = d.MemSetAccess(ar.base, ar.mapped, dev)
+		if err == nil {
+			var fd int
+			if fd, err = d.MemExportFD(ar.handle); err == nil {
+				err = unix.Close(fd)
+			}
+		}
+		if err != nil {
+			return errors.Join(err, ar.free())
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gpu arena on device %d, shared by descriptor: %w", a.g.ordinal, err)
+	}
+	return ar, nil
+}
+
+// Open maps a peer's arena from its legacy IPC handle into the provider's
+// context. The peer must not be this process.
 func (a *Arenas) Open(_ *os.File, handle [staging.ArenaHandleSize]byte) (staging.PeerArena, error) {
 	if handle == ([staging.ArenaHandleSize]byte{}) {
+		a.failedIPC.Add(1)
 		return nil, fmt.Errorf("%w: empty CUDA IPC handle", registry.ErrCorruptEntry)
 	}
 	var base cuda.DevicePtr
@@ -67,12 +246,122 @@ func (a *Arenas) Open(_ *os.File, handle [staging.ArenaHandleSize]byte) (staging
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("gpu peer arena on device %d: %w", a.g.ordinal, err)
+		a.failedIPC.Add(1)
+		return nil, &ImportError{Share: ShareLegacyIPC, Step: "cuIpcOpenMemHandle", Device: a.g.ordinal, Err: err}
 	}
-	return &peerArena{g: a.g, base: base}, nil
+	a.openedIPC.Add(1)
+	return &ipcPeerArena{g: a.g, base: base}, nil
 }
 
-type arena struct {
+// maxPeerArena bounds the size a peer may ask OpenFD to map.
+const maxPeerArena = 4 * staging.ArenaSize
+
+// OpenFD imports the arena a peer exported as a POSIX descriptor, reserves
+// address space for size bytes rounded up to the allocation's granularity,
+// maps it and makes it readable and writable from the provider's device.
+// fd stays the caller's. A failure is an *ImportError, which says why and
+// whether the relay can be used at all.
+func (a *Arenas) OpenFD(fd int, size uint64) (staging.PeerArena, error) {
+	p, err := a.openFD(fd, size)
+	if err != nil {
+		a.failedFD.Add(1)
+		return nil, err
+	}
+	a.openedFD.Add(1)
+	return p, nil
+}
+
+func (a *Arenas) openFD(fd int, size uint64) (staging.PeerArena, error) {
+	if fd < 0 {
+		return nil, fmt.Errorf("gpu peer arena: descriptor %d", fd)
+	}
+	if size < staging.ArenaSize || size > maxPeerArena {
+		return nil, fmt.Errorf("%w: peer arena of %d bytes, want %d..%d", registry.ErrCorruptEntry, size, uint64(staging.ArenaSize), uint64(maxPeerArena))
+	}
+	d := a.g.d
+	p := &fdPeerArena{g: a.g}
+	fail := func(step string, err error) error {
+		return &ImportError{Share: ShareDescriptor, Step: step, Device: a.g.ordinal, Err: err}
+	}
+	err := a.g.Do(func() error {
+		var err error
+		if p.handle, err = d.MemImportFD(fd); err != nil {
+			return fail("cuMemImportFromShareableHandle", err)
+		}
+		prop, err := d.MemAllocationProp(p.handle)
+		if err != nil {
+			return errors.Join(fail("cuMemGetAllocationPropertiesFromHandle", err), d.MemRelease(p.handle))
+		}
+		gran, err := d.MemGetAllocationGranularity(prop, false)
+		if err != nil {
+			return errors.Join(fail("cuMemGetAllocationGranularity", err), d.MemRelease(p.handle))
+		}
+		if p.mapped, err = cuda.AlignUp(size, gran); err != nil {
+			return errors.Join(err, d.MemRelease(p.handle))
+		}
+		if p.base, err = d.MemAddressReserve(p.mapped, gran); err != nil {
+			return errors.Join(fail("cuMemAddressReserve", err), d.MemRelease(p.handle))
+		}
+		if err := d.MemMap(p.base, p.mapped, 0, p.handle); err != nil {
+			return errors.Join(fail("cuMemMap", err), d.MemAddressFree(p.base, p.mapped), d.MemRelease(p.handle))
+		}
+		if err := d.MemSetAccess(p.base, p.mapped, a.g.dev); err != nil {
+			return errors.Join(fail("cuMemSetAccess", err), p.free())
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// ErrPeerArenaUnusable is wrapped by every *ImportError: the peer's arena
+// cannot be mapped in this process, so that peer cannot relay for it.
+var ErrPeerArenaUnusable = errors.New("gpu: the peer's arena cannot be mapped here")
+
+// ImportError is a peer's device arena that could not be mapped.
+type ImportError struct {
+	// Share is the way the peer offered its arena.
+	Share ArenaShare
+	// Step is the driver call that failed.
+	Step string
+	// Device is this process's GPU ordinal.
+	Device int
+	Err    error
+}
+
+func (e *ImportError) Error() string {
+	s := fmt.Sprintf("gpu peer arena (shared by %s) on device %d: %s: %v", e.Share, e.Device, e.Step, e.Err)
+	if h := e.Hint(); h != "" {
+		s += "; " + h
+	}
+	return s
+}
+
+func (e *ImportError) Unwrap() []error { return []error{ErrPeerArenaUnusable, e.Err} }
+
+// Hint says what a failure most likely means, or "".
+func (e *ImportError) Hint() string {
+	var ce *cuda.Error
+	code := cuda.Result(-2)
+	if errors.As(e.Err, &ce) {
+		code = ce.Code
+	}
+	switch {
+	case code == cuda.NotAvailable:
+		return "the driver lacks this entry point"
+	case e.Share == ShareLegacyIPC && code == cuda.ErrorInvalidContext:
+		return "legacy CUDA IPC handles do not open between sibling PID namespaces (separate pods); descriptor sharing does"
+	case e.Share == ShareDescriptor && e.Step == "cuMemImportFromShareableHandle":
+		return "the arena lives on a GPU this process cannot open: a container given only its own GPU lacks the peer GPU's device node"
+	case e.Share == ShareDescriptor && e.Step == "cuMemSetAccess":
+		return "this GPU cannot access the GPU that holds the arena (no peer access between them)"
+	}
+	return ""
+}
+
+type ipcArena struct {
 	g      *GPU
 	base   cuda.DevicePtr
 	handle cuda.IPCMemHandle
@@ -81,17 +370,17 @@ type arena struct {
 	closed bool
 }
 
-func (a *arena) Kind() uint32  { return staging.ArenaCUDA }
-func (a *arena) Base() uintptr { return uintptr(a.base) }
-func (a *arena) Size() uint64  { return staging.ArenaSize }
+func (a *ipcArena) Kind() uint32  { return staging.ArenaCUDA }
+func (a *ipcArena) Base() uintptr { return uintptr(a.base) }
+func (a *ipcArena) Size() uint64  { return staging.ArenaSize }
 
-func (a *arena) Export() ([staging.ArenaHandleSize]byte, error) {
+func (a *ipcArena) Export() ([staging.ArenaHandleSize]byte, error) {
 	return a.handle, nil
 }
 
 // Close frees the arena. The registry calls it only after every peer lease
 // is gone, so no peer still maps it.
-func (a *arena) Close() error {
+func (a *ipcArena) Close() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
@@ -104,7 +393,74 @@ func (a *arena) Close() error {
 	return nil
 }
 
-type peerArena struct {
+type fdArena struct {
+	g      *GPU
+	base   cuda.DevicePtr
+	handle cuda.MemHandle
+	// mapped is staging.ArenaSize rounded up to the granularity: the size
+	// of the allocation, the reservation and the mapping.
+	mapped uint64
+
+	mu     sync.Mutex
+	closed bool
+}
+
+func (a *fdArena) Kind() uint32  { return staging.ArenaCUDA }
+func (a *fdArena) Base() uintptr { return uintptr(a.base) }
+func (a *fdArena) Size() uint64  { return staging.ArenaSize }
+
+// Export fails with staging.ErrNoHandle: peers get a descriptor
+// (ExportFD).
+func (a *fdArena) Export() ([staging.ArenaHandleSize]byte, error) {
+	return [staging.ArenaHandleSize]byte{}, fmt.Errorf("gpu arena %#x: cuMemCreate memory has no legacy CUDA IPC handle: %w", uint64(a.base), staging.ErrNoHandle)
+}
+
+// ExportFD returns a new close-on-exec descriptor of the arena's memory;
+// the caller closes it.
+func (a *fdArena) ExportFD() (int, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return -1, fmt.Errorf("gpu arena %#x: closed", uint64(a.base))
+	}
+	fd := -1
+	err := a.g.Do(func() error {
+		var err error
+		fd, err = a.g.d.MemExportFD(a.handle)
+		return err
+	})
+	if err != nil {
+		return -1, fmt.Errorf("gpu arena %#x: %w", uint64(a.base), err)
+	}
+	// The driver's descriptor need not be close-on-exec; a child the
+	// application starts must not inherit the arena.
+	unix.CloseOnExec(fd)
+	return fd, nil
+}
+
+// Close unmaps and releases the arena. The registry calls it only after
+// every peer lease is gone; a peer that still maps it keeps the memory
+// alive until it unmaps.
+func (a *fdArena) Close() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil
+	}
+	a.closed = true
+	if err := a.g.Do(a.free); err != nil {
+		return fmt.Errorf("gpu arena %#x: %w", uint64(a.base), err)
+	}
+	return nil
+}
+
+// free needs the context current.
+func (a *fdArena) free() error {
+	d := a.g.d
+	return errors.Join(d.MemUnmap(a.base, a.mapped), d.MemAddressFree(a.base, a.mapped), d.MemRelease(a.handle))
+}
+
+type ipcPeerArena struct {
 	g    *GPU
 	base cuda.DevicePtr
 
@@ -112,11 +468,11 @@ type peerArena struct {
 	closed bool
 }
 
-func (p *peerArena) Base() uintptr { return uintptr(p.base) }
+func (p *ipcPeerArena) Base() uintptr { return uintptr(p.base) }
 
 // Close unmaps the peer's arena (cuIpcCloseMemHandle). Work this process
 // enqueued into it must have completed.
-func (p *peerArena) Close() error {
+func (p *ipcPeerArena) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -127,4 +483,36 @@ func (p *peerArena) Close() error {
 		return fmt.Errorf("gpu peer arena %#x: %w", uint64(p.base), err)
 	}
 	return nil
+}
+
+type fdPeerArena struct {
+	g      *GPU
+	base   cuda.DevicePtr
+	handle cuda.MemHandle
+	mapped uint64
+
+	mu     sync.Mutex
+	closed bool
+}
+
+func (p *fdPeerArena) Base() uintptr { return uintptr(p.base) }
+
+// Close unmaps the peer's arena, frees the address range and releases the
+// imported handle. Work this process enqueued into it must have completed.
+func (p *fdPeerArena) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	if err := p.g.Do(p.free); err != nil {
+		return fmt.Errorf("gpu peer arena %#x: %w", uint64(p.base), err)
+	}
+	return nil
+}
+
+func (p *fdPeerArena) free() error {
+	d := p.g.d
+	return errors.Join(d.MemUnmap(p.base, p.mapped), d.MemAddressFree(p.base, p.mapped), d.MemRelease(p.handle))
 }

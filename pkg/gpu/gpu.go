@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package gpu is PXN's first hop on CUDA GPUs: a staging arena in device
-// memory shared with peers through CUDA IPC (Arenas), and a relay.Copier
-// that moves Pieces into a peer's arena with the copy engines or, for
-// fragmented Pieces, the SM gather kernel of pkg/gpu/kernel, and rings the
-// slot's doorbell from the GPU (Copier). It speaks to the driver
-// through internal/cuda, which loads libcuda at run time; docs/cuda.md
-// explains the choices.
+// memory shared with peers by POSIX descriptor or legacy CUDA IPC handle
+// (Arenas), and a relay.Copier that moves Pieces into a peer's arena with
+// the copy engines or, for fragmented Pieces, the SM gather kernel of
+// pkg/gpu/kernel, and rings the slot's doorbell from the GPU (Copier). It
+// speaks to the driver through internal/cuda, which loads libcuda at run
+// time; docs/cuda.md explains the choices.
 package gpu
 
 import (

@@ -3,13 +3,10 @@
 package gpu_test
 
 import (
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"runtime"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -37,9 +34,9 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	if os.Getenv(childEnv) == "arena-peer" {
-		if err := arenaPeer(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
+	if role := os.Getenv(childEnv); role != "" {
+		if err := arenaChild(role); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", role, err)
 			os.Exit(1)
 		}
 		os.Exit(0)
@@ -167,117 +164,6 @@ func expectWords(t testing.TB, g *gpu.GPU, p cuda.DevicePtr, v uint32, n int) {
 			t.Fatalf("word at %d is %#x, want %#x", off, w, v)
 		}
 	}
-}
-
-func TestArenas(t *testing.T) {
-	g := openGPU(t)
-	p := gpu.NewArenas(g)
-	if p.Kind() != staging.ArenaCUDA {
-		t.Fatalf("Kind = %d", p.Kind())
-	}
-	a, err := p.Allocate(nil, "arena-x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if a.Kind() != staging.ArenaCUDA || a.Size() != staging.ArenaSize || a.Base() == 0 {
-		t.Fatalf("arena kind %d size %d base %#x", a.Kind(), a.Size(), a.Base())
-	}
-	if g.Driver().Classify(0, cuda.DevicePtr(a.Base()), a.Size()) != cuda.MemoryDevice {
-		t.Fatal("arena is not one device allocation of its size")
-	}
-	h, err := a.Export()
-	if err != nil || h == ([staging.ArenaHandleSize]byte{}) {
-		t.Fatalf("Export = %x, %v", h, err)
-	}
-	if _, err := p.Open(nil, [staging.ArenaHandleSize]byte{}); err == nil {
-		t.Fatal("opened an empty handle")
-	}
-	var junk [staging.ArenaHandleSize]byte
-	for i := range junk {
-		junk[i] = byte(i*37 + 11)
-	}
-	if pa, err := p.Open(nil, junk); err == nil {
-		pa.Close()
-		t.Fatal("opened a junk handle")
-	}
-	if err := a.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Close(); err != nil {
-		t.Fatalf("second Close: %v", err)
-	}
-}
-
-// TestArenaAcrossProcesses has another process, on this GPU and on another,
-// open the arena through its exported handle, check what we wrote at its
-// start and write at its very end.
-func TestArenaAcrossProcesses(t *testing.T) {
-	for _, peer := range []int{0, 1} {
-		t.Run(fmt.Sprintf("peer-on-device-%d", peer), func(t *testing.T) {
-			g := openGPU(t)
-			if _, n := loadDriver(t); peer >= n {
-				t.Skipf("skipping: needs %d CUDA devices, found %d", peer+1, n)
-			}
-			a, err := gpu.NewArenas(g).Allocate(nil, "arena-x")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer a.Close()
-			const n = 1 << 20
-			first := cuda.DevicePtr(a.Base()) + cuda.DevicePtr(staging.SlotOffset(3, 5))
-			last := cuda.DevicePtr(a.Base()) + cuda.DevicePtr(staging.ArenaSize-n)
-			fill(t, g, first, 0x13579bdf, n)
-			fill(t, g, last, 0, n)
-			h, _ := a.Export()
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), childEnv+"=arena-peer",
-				"PXN_GPU_TEST_DEVICE="+strconv.Itoa(peer), "PXN_GPU_TEST_HANDLE="+hex.EncodeToString(h[:]))
-			if out, err := cmd.CombinedOutput(); err != nil {
-				t.Fatalf("peer: %v\n%s", err, out)
-			}
-			expectWords(t, g, last, 0x2468ace0, n)
-		})
-	}
-}
-
-func arenaPeer() error {
-	ordinal, _ := strconv.Atoi(os.Getenv("PXN_GPU_TEST_DEVICE"))
-	raw, err := hex.DecodeString(os.Getenv("PXN_GPU_TEST_HANDLE"))
-	if err != nil {
-		return err
-	}
-	var h [staging.ArenaHandleSize]byte
-	copy(h[:], raw)
-	d, err := cuda.Load()
-	if err != nil {
-		return err
-	}
-	g, err := gpu.Open(d, ordinal)
-	if err != nil {
-		return err
-	}
-	defer g.Close()
-	pa, err := gpu.NewArenas(g).Open(nil, h)
-	if err != nil {
-		return err
-	}
-	const n = 1 << 20
-	return errors.Join(g.Do(func() error {
-		got := make([]byte, n)
-		if err := d.MemcpyDtoH(got, cuda.DevicePtr(pa.Base())+cuda.DevicePtr(staging.SlotOffset(3, 5))); err != nil {
-			return err
-		}
-		for off := 0; off < n; off += 4 {
-			if w := *(*uint32)(unsafe.Pointer(&got[off])); w != 0x13579bdf {
-				return fmt.Errorf("peer arena word %d is %#x", off, w)
-			}
-		}
-		last := cuda.DevicePtr(pa.Base()) + cuda.DevicePtr(staging.ArenaSize-n)
-		if err := d.MemsetD32Async(last, 0x2468ace0, n/4, 0); err != nil {
-			return err
-		}
-		return d.StreamSynchronize(0)
-	}), pa.Close())
 }
 
 // TestCopierRing runs the two-process ring: the relay checks each Piece's

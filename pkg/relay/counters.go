@@ -24,6 +24,8 @@ type Counters struct {
 	pumpWakes      atomic.Uint64
 	contended      atomic.Uint64
 	outOfTurn      atomic.Uint64
+	arenaByFD      atomic.Uint64
+	arenaByHandle  atomic.Uint64
 }
 
 // CounterSnapshot is a copy of the counters at one moment.
@@ -68,6 +70,11 @@ type CounterSnapshot struct {
 	// inbound lanes served in turn it stays 0.
 	InboundContended uint64 `json:"inbound_contended"`
 	InboundOutOfTurn uint64 `json:"inbound_out_of_turn"`
+	// ArenasByFD and ArenasByHandle count the lanes attached on
+	// relays, by how the relay's arena was mapped: a descriptor from its
+	// arena socket, or the handle in its header.
+	ArenasByFD     uint64 `json:"arenas_by_fd"`
+	ArenasByHandle uint64 `json:"arenas_by_handle"`
 }
 
 func (c *Counters) snapshot() CounterSnapshot {
@@ -90,5 +97,7 @@ func (c *Counters) snapshot() CounterSnapshot {
 		PumpWakes:         c.pumpWakes.Load(),
 		InboundContended:  c.contended.Load(),
 		InboundOutOfTurn:  c.outOfTurn.Load(),
+		ArenasByFD:        c.arenaByFD.Load(),
+		ArenasByHandle:    c.arenaByHandle.Load(),
 	}
 }

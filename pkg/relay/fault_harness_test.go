@@ -186,6 +186,19 @@ func (l *lockedBuffer) tail(n int) string {
 // start runs a rank on rail index with a source buffer of srcBytes; env
 // adds settings for this rank only.
 func (g *faultGroup) start(name string, index int, srcBytes uint64, env ...string) *faultProc {
+	g.t.Helper()
+	return g.startProc(false, name, index, srcBytes, env...)
+}
+
+// startInPidNS is start in a PID namespace of the rank's own (unshare
+// --pid --fork --mount-proc --kill-child), as a rank of another pod:
+// p.pid is its pid in there, and killing p kills it.
+func (g *faultGroup) startInPidNS(name string, index int, srcBytes uint64, env ...string) *faultProc {
+	g.t.Helper()
+	return g.startProc(true, name, index, srcBytes, env...)
+}
+
+func (g *faultGroup) startProc(pidns bool, name string, index int, srcBytes uint64, env ...string) *faultProc {
 	t := g.t
 	t.Helper()
 	exe, err := os.Executable()
@@ -193,6 +206,9 @@ func (g *faultGroup) start(name string, index int, srcBytes uint64, env ...strin
 		t.Fatal(err)
 	}
 	cmd := exec.Command(exe, "-test.run=^$")
+	if pidns {
+		cmd = exec.Command("unshare", "--pid", "--fork", "--mount-proc", "--kill-child", exe, "-test.run=^$")
+	}
 	cmd.Env = append(os.Environ(), faultRoleEnv+"=rank", faultIndexEnv+"="+strconv.Itoa(index),
 		faultDirEnv+"="+g.dir, faultSrcEnv+"="+strconv.FormatUint(srcBytes, 10))
 	cmd.Env = append(cmd.Env, g.env...)

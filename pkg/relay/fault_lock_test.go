@@ -12,10 +12,12 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // faultLockHolder takes and drops an exclusive flock on path as its parent
@@ -143,18 +145,36 @@ func crossTraffic(t testing.TB, g *faultGroup, a, b *faultProc, n int, round int
 	return took
 }
 
-// staleEntry leaves an arena file that the next registrant to hold the lock
-// removes: it names a running pid (the test's) under another start time, a
-// reused pid.
+// staleEntry leaves the files of a registration that the next registrant
+// to hold the lock removes: a control file and an arena naming a running
+// pid (the test's) of this PID namespace under another start time, a
+// reused pid. It returns the arena's name.
 func staleEntry(t testing.TB, g *faultGroup, k int) string {
 	t.Helper()
-	name := fmt.Sprintf("arena-%d-1-%016x", os.Getpid(), k+1)
-	f, err := os.OpenFile(filepath.Join(g.registryDir(), name), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	ns, err := staging.SelfPidNS()
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.Close()
-	return name
+	id := staging.Identity{Pid: os.Getpid(), StartTime: 1, Epoch: uint64(k + 1)}
+	suffix := fmt.Sprintf("%d-%d-%016x", id.Pid, id.StartTime, id.Epoch)
+	h := staging.Header{
+		Magic: staging.RegistryMagic, ABIVersion: staging.ABIVersion, HeaderSize: uint32(unsafe.Sizeof(staging.Header{})),
+		State: staging.StateInit, UID: uint32(os.Geteuid()), Pid: uint64(id.Pid), StartTime: id.StartTime, BootEpoch: id.Epoch,
+		LaneCount: staging.LaneCount, SlotsPerLane: staging.SlotsPerLane, SlotSize: staging.SlotSize, ArenaSize: staging.ArenaSize,
+		ArenaKind: staging.ArenaHost, RailLen: 1, Rail: [48]byte{'x'}, ArenaShares: staging.ShareIPCHandle,
+		PidNSDev: ns.Dev, PidNSIno: ns.Ino,
+	}
+	ctl := filepath.Join(g.registryDir(), ".rank-"+suffix+".tmp")
+	if err := os.WriteFile(ctl, unsafe.Slice((*byte)(unsafe.Pointer(&h)), unsafe.Sizeof(h)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(ctl, int64(staging.ControlSize)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(g.registryDir(), "arena-"+suffix), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return "arena-" + suffix
 }
 
 func hasFile(g *faultGroup, name string) bool {

@@ -57,6 +57,13 @@ type Link interface {
 	Close() error
 }
 
+// ArenaSharer is a Link that says how the relay's arena was mapped:
+// staging.ShareFD (a descriptor from the relay's arena socket) or
+// staging.ShareIPCHandle.
+type ArenaSharer interface {
+	ArenaShare() uint32
+}
+
 // Registry is what the engine needs of its rank in the shared-memory
 // registry: the endpoints of its own inbound lanes (the relay side), the
 // peers, and lane claims on them (the sender side). It is used by the pump
@@ -78,8 +85,9 @@ type Registry interface {
 	// held elsewhere is left for a later call.
 	Peers() ([]Peer, error)
 	// Attach claims a lane on p. It never waits on another process: a
-	// registry lock held elsewhere fails it with an error wrapping
-	// ErrRegistryBusy, and the pump tries again at a later refresh.
+	// registry lock held elsewhere, or a relay's answer not in yet, fails
+	// it with an error wrapping ErrRegistryBusy, and the pump tries again
+	// at a later refresh.
 	Attach(p Peer) (Link, error)
 	// BeginClose tells the group that this rank is closing, before its
 	// pump drains: senders publish no new tickets to it and release their

@@ -566,6 +566,14 @@ func (sn *sender) attach(pr Peer) *senderLane {
 		}
 		sl.unreg = unreg
 	}
+	if as, ok := link.(ArenaSharer); ok {
+		switch as.ArenaShare() {
+		case staging.ShareFD:
+			s.counters.arenaByFD.Add(1)
+		case staging.ShareIPCHandle:
+			s.counters.arenaByHandle.Add(1)
+		}
+	}
 	return sl
 }
 

@@ -77,7 +77,7 @@ func (s *StagingRegistry) Attach(p Peer) (Link, error) {
 	for _, info := range s.infos {
 		if info.Pid == p.Pid && info.Epoch == p.Epoch {
 			l, err := s.rank.TryAttach(info)
-			if errors.Is(err, registry.ErrLockBusy) {
+			if errors.Is(err, registry.ErrLockBusy) || errors.Is(err, registry.ErrAttachPending) {
 				return nil, ErrRegistryBusy
 			}
 			if err != nil {
@@ -102,6 +102,7 @@ func (l stagingLink) LaneIndex() int              { return l.l.LaneIndex() }
 func (l stagingLink) Staging() uintptr            { return l.l.StagingBase() }
 func (l stagingLink) Close() error                { return l.l.CloseNoWait() }
 func (l stagingLink) Wake() *staging.WakeWord     { return l.l.Wake() }
+func (l stagingLink) ArenaShare() uint32          { return l.l.ArenaShare() }
 
 func (l stagingLink) Health(time.Time) Health {
 	err := l.l.Health(staging.MonoNanos())

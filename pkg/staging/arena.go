@@ -2,7 +2,16 @@
 
 package staging
 
-import "os"
+import (
+	"errors"
+	"os"
+)
+
+// ErrNoHandle is wrapped by Arena.Export when the arena has no handle to
+// export (a cuMem allocation, which legacy CUDA IPC cannot share) but can
+// still be shared by descriptor (FDArena): the rank then offers ShareFD
+// alone.
+var ErrNoHandle = errors.New("arena has no exportable handle")
 
 // ArenaHandleSize is the size of an exported arena handle: the size of a
 // cudaIpcMemHandle_t, and the size of Header.IPCHandle.
@@ -49,4 +58,24 @@ type ArenaProvider interface {
 type MemoryRegistrar interface {
 	Register(base uintptr, size uint64) error
 	Deregister(base uintptr, size uint64) error
+}
+
+// FDArena is an Arena that can hand out a file descriptor of its memory (a
+// shm file, a cuMem allocation exported as a POSIX descriptor), so that a
+// peer in another PID namespace can map it: the registry passes the
+// descriptor over the rank's arena socket (SCM_RIGHTS) to the holder of one
+// of its lanes, and sets ShareFD in its header.
+type FDArena interface {
+	// ExportFD returns a new descriptor of the arena's memory, close-on-exec.
+	// The caller owns it and closes it once sent.
+	ExportFD() (int, error)
+}
+
+// FDArenaProvider is an ArenaProvider that can map a peer's arena from a
+// descriptor the peer sent (FDArena.ExportFD).
+type FDArenaProvider interface {
+	// OpenFD maps size bytes of the arena fd refers to. The descriptor and
+	// size come from another process: untrusted input. OpenFD does not take
+	// ownership of fd; the caller closes it after OpenFD returns.
+	OpenFD(fd int, size uint64) (PeerArena, error)
 }

@@ -62,7 +62,7 @@ var monoAnchor = sync.OnceValues(func() (int64, time.Time) {
 // it: it is one clock for every process of the machine, so a rank can judge
 // another's stamp, and it never steps back. It costs no system call (the
 // pump reads it every round). Ranks of one group must share a time
-// namespace, as they share a PID namespace.
+// namespace (pods of a node do: runtimes create none), not a PID one.
 func MonoNanos() int64 {
 	base, at := monoAnchor()
 	return base + int64(time.Since(at))

@@ -64,6 +64,12 @@ func (o *LaneOwner) Load() (owner Identity, held bool) {
 	return owner, true
 }
 
+// LoadNS reads the PID namespace the owner's pid and start time belong
+// to; the zero PidNS for a free lane.
+func (o *LaneOwner) LoadNS() PidNS {
+	return PidNS{Dev: atomic.LoadUint64(&o.PidNSDev), Ino: atomic.LoadUint64(&o.PidNSIno)}
+}
+
 // State reads the lane's owner and progress words.
 func (l *Lane) State() LaneState {
 	owner, held := l.Owner.Load()

@@ -13,6 +13,10 @@
  * on a stream the engine must wait for, once timed; after each pass the
  * target checks every byte of its buffer.
  *
+ * With --pidns 1 each rank starts as the first process of a PID and mount
+ * namespace of its own, with its own /proc: two ranks in two pods without
+ * hostPID (needs root). The targets stay in the parent's namespace.
+ *
  * It declares the few driver entry points it calls and loads libcuda.so.1
  * with dlopen: no CUDA header or library is needed to build it.
  *
@@ -29,7 +33,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -719,6 +725,10 @@ static void run_rank(int r, int ordinal, double rate)
 {
 	CUdevice dev;
 	CUcontext ctx;
+	char ns[64] = "?";
+	ssize_t nl = readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
+	ns[nl > 0 ? nl : 1] = 0;
+	printf("RANKNS %d pid=%d pidns=%s\n", r, (int)getpid(), ns);
 	CU(cu.DeviceGet(&dev, ordinal));
 	CU(cu.PrimaryCtxRetain(&ctx, dev));
 	CU(cu.CtxSetCurrent(ctx));
@@ -846,12 +856,41 @@ static void run_rank(int r, int ordinal, double rate)
 
 /* ---- parent ---- */
 
-static int spawn(const char *self, int fd, const char *role, int index, int gpu, const char *rate)
+/*
+ * In the child of spawn: the rest runs as the first process of new PID and
+ * mount namespaces, with a /proc of its own; this process waits for it and
+ * exits as it did.
+ */
+static void enter_namespaces(void)
+{
+	if (unshare(CLONE_NEWPID | CLONE_NEWNS) != 0) {
+		fprintf(stderr, "FAIL: unshare(CLONE_NEWPID|CLONE_NEWNS): %s (needs root)\n", strerror(errno));
+		_exit(126);
+	}
+	pid_t pid = fork();
+	if (pid < 0)
+		_exit(126);
+	if (pid > 0) {
+		int st = 0;
+		if (waitpid(pid, &st, 0) < 0 || !WIFEXITED(st))
+			_exit(125);
+		_exit(WEXITSTATUS(st));
+	}
+	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+	    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0) {
+		fprintf(stderr, "FAIL: mount /proc in the new namespace: %s\n", strerror(errno));
+		_exit(126);
+	}
+}
+
+static int spawn(const char *self, int fd, const char *role, int index, int gpu, const char *rate, int pidns)
 {
 	pid_t pid = fork();
 	if (pid < 0)
 		return -1;
 	if (pid == 0) {
+		if (pidns)
+			enter_namespaces();
 		char fds[16], idx[16], g[16];
 		snprintf(fds, sizeof(fds), "%d", fd);
 		snprintf(idx, sizeof(idx), "%d", index);
@@ -888,7 +927,7 @@ static int whole_pieces(uint64_t n)
 int main(int argc, char **argv)
 {
 	const char *role = "parent", *rate = "50";
-	int index = 0, gpu = -1, fd = -1, reps = 1;
+	int index = 0, gpu = -1, fd = -1, reps = 1, pidns = 0;
 	for (int i = 1; i + 1 < argc; i += 2) {
 		if (strcmp(argv[i], "--role") == 0)
 			role = argv[i + 1];
@@ -902,6 +941,8 @@ int main(int argc, char **argv)
 			rate = argv[i + 1];
 		else if (strcmp(argv[i], "--reps") == 0)
 			reps = atoi(argv[i + 1]);
+		else if (strcmp(argv[i], "--pidns") == 0)
+			pidns = atoi(argv[i + 1]);
 	}
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (strcmp(role, "parent") != 0) {
@@ -938,8 +979,9 @@ int main(int argc, char **argv)
 	if (reps < 1 || reps > MAX_REPS)
 		FAILF("--reps %d: want 1..%d", reps, MAX_REPS);
 	shm->reps = reps;
-	printf("gpu_ranks: %d GPU(s); ranks and targets on GPU r %% %d; emulated NIC capped at %s GB/s; %s\n", ndev, ndev,
-	       rate, ndev == 1 ? "one GPU: both ranks and both targets share GPU 0" : "");
+	printf("gpu_ranks: %d GPU(s); ranks and targets on GPU r %% %d; emulated NIC capped at %s GB/s; %s%s\n", ndev, ndev,
+	       rate, ndev == 1 ? "one GPU: both ranks and both targets share GPU 0" : "",
+	       pidns ? "; each rank in a PID and mount namespace of its own" : "");
 	char self[4096];
 	ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
 	if (sl <= 0)
@@ -947,8 +989,8 @@ int main(int argc, char **argv)
 	self[sl] = 0;
 	pid_t pids[NPROCS];
 	for (int k = 0; k < NRANKS; k++) {
-		pids[k] = spawn(self, fd, "target", k, k % ndev, rate);
-		pids[NRANKS + k] = spawn(self, fd, "rank", k, k % ndev, rate);
+		pids[k] = spawn(self, fd, "target", k, k % ndev, rate, 0);
+		pids[NRANKS + k] = spawn(self, fd, "rank", k, k % ndev, rate, pidns);
 	}
 	int ok = 1;
 	for (int i = 0; i < NPROCS; i++) {

@@ -10,6 +10,8 @@
 //	probe ls DIR              print every path below DIR, relative, sorted
 //	probe cat FILE            print FILE
 //	probe writable DIR        create and remove a file in DIR; print "writable"
+//	probe rank I HCA PEER     one of the two ranks of a group spanning two pods
+//	                          (rank.go): relay through the other, check its bytes
 //
 // It is built with CGO_ENABLED=0 and packed with hack/image; see test/e2e.
 package main
@@ -45,6 +47,8 @@ func run(args []string) error {
 		return nil
 	}
 	switch args[0] {
+	case "rank":
+		return runRank(args[1:])
 	case "sleep":
 		c := make(chan os.Signal, 1)
 		signal.Notify(c, syscall.SIGTERM, syscall.SIGINT)

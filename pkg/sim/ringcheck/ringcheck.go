@@ -185,7 +185,8 @@ func runRelay(cfg Config, out io.Writer) error {
 	if err := d.CtxSetCurrent(g.Context()); err != nil {
 		return err
 	}
-	a, err := gpu.NewArenas(g).Allocate(nil, "")
+	// The ring hands its sender the arena's handle, not a descriptor.
+	a, err := gpu.NewArenasWith(g, gpu.ArenaOptions{Share: gpu.ShareLegacyIPC}).Allocate(nil, "")
 	if err != nil {
 		return err
 	}

@@ -19,10 +19,16 @@ import (
 // HostArenas provides arenas in host memory, for machines without CUDA: an
 // arena is a 0600 file in the registry directory, sized with ftruncate (on
 // tmpfs it stays sparse until written) and mapped MAP_SHARED by its owner
-// and by its peers at the same offsets. Its handle is its file name.
+// and by its peers at the same offsets. Its handle is its file name; a
+// descriptor of the file serves as well (staging.FDArena), and is how a
+// peer maps it through the owner's arena socket.
 type HostArenas struct{}
 
-var _ staging.ArenaProvider = HostArenas{}
+var (
+	_ staging.ArenaProvider   = HostArenas{}
+	_ staging.FDArenaProvider = HostArenas{}
+	_ staging.FDArena         = (*hostArena)(nil)
+)
 
 // Kind returns ArenaHost.
 func (HostArenas) Kind() uint32 { return staging.ArenaHost }
@@ -38,8 +44,8 @@ func (HostArenas) Allocate(dir *os.File, name string) (staging.Arena, error) {
 		return nil, fmt.Errorf("host arena: %w", err)
 	}
 	a, err := newHostArena(dirfd, dir.Name(), name, fd)
-	unix.Close(fd)
 	if err != nil {
+		unix.Close(fd)
 		unix.Unlinkat(dirfd, name, 0)
 		return nil, fmt.Errorf("host arena: %w", err)
 	}
@@ -62,7 +68,7 @@ func newHostArena(dirfd int, dirPath, name string, fd int) (*hostArena, error) {
 		unix.Munmap(mem)
 		return nil, &os.PathError{Op: "dup", Path: dirPath, Err: err}
 	}
-	return &hostArena{dirfd: own, path: path, name: name, mem: mem}, nil
+	return &hostArena{dirfd: own, fd: fd, path: path, name: name, mem: mem}, nil
 }
 
 // Open maps the peer arena whose file name is in handle.
@@ -74,6 +80,27 @@ func (HostArenas) Open(dir *os.File, handle [staging.ArenaHandleSize]byte) (stag
 	mem, err := mapPrivate(int(dir.Fd()), dir.Name(), name, os.Geteuid(), staging.ArenaSize, true)
 	if err != nil {
 		return nil, fmt.Errorf("host arena: %w", err)
+	}
+	return &hostPeerArena{mem: mem}, nil
+}
+
+// OpenFD maps the peer arena whose file fd refers to. The descriptor came
+// from another process: it must be a regular file of this uid that nobody
+// else may access, of size bytes, the size of an arena.
+func (HostArenas) OpenFD(fd int, size uint64) (staging.PeerArena, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("host arena: fstat descriptor %d: %w", fd, err)
+	}
+	if p := privateProblem(&st, os.Geteuid(), unix.S_IFREG); p != "" {
+		return nil, fmt.Errorf("host arena: descriptor %d %s", fd, p)
+	}
+	if size != staging.ArenaSize || st.Size < int64(size) {
+		return nil, fmt.Errorf("host arena: descriptor %d: arena of %d bytes in a file of %d, want %d", fd, size, st.Size, uint64(staging.ArenaSize))
+	}
+	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("host arena: mmap descriptor %d: %w", fd, err)
 	}
 	return &hostPeerArena{mem: mem}, nil
 }
@@ -97,9 +124,11 @@ func hostHandleName(h [staging.ArenaHandleSize]byte) (string, error) {
 
 type hostArena struct {
 	dirfd int
-	path  string
-	name  string
-	mem   []byte
+	// fd is the arena file, kept open for ExportFD.
+	fd   int
+	path string
+	name string
+	mem  []byte
 
 	mu     sync.Mutex
 	closed bool
@@ -116,6 +145,20 @@ func (a *hostArena) Export() ([staging.ArenaHandleSize]byte, error) {
 	}
 	copy(h[:], a.name)
 	return h, nil
+}
+
+// ExportFD returns a new descriptor of the arena file.
+func (a *hostArena) ExportFD() (int, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return -1, fmt.Errorf("host arena %s: closed", a.path)
+	}
+	fd, err := unix.FcntlInt(uintptr(a.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1, &os.PathError{Op: "dup", Path: a.path, Err: err}
+	}
+	return fd, nil
 }
 
 // Close unmaps the arena and unlinks its file. Peers that still map it keep
@@ -135,6 +178,7 @@ func (a *hostArena) Close() error {
 		errs = append(errs, &os.PathError{Op: "unlink", Path: a.path, Err: err})
 	}
 	unix.Close(a.dirfd)
+	unix.Close(a.fd)
 	return errors.Join(errs...)
 }
 

@@ -39,6 +39,9 @@ const (
 	tmpSuffix = ".tmp"
 	// arenaPrefix opens arena-<id>, a host arena.
 	arenaPrefix = "arena-"
+	// sockPrefix opens sock-<id>, the unix socket through which the rank
+	// hands descriptors of its arena to the holders of its lanes.
+	sockPrefix = "sock-"
 )
 
 const (
@@ -56,6 +59,7 @@ const (
 	entryRank
 	entryTmp
 	entryArena
+	entrySock
 )
 
 func (k entryKind) String() string {
@@ -68,6 +72,8 @@ func (k entryKind) String() string {
 		return "initializing rank"
 	case entryArena:
 		return "arena"
+	case entrySock:
+		return "arena socket"
 	}
 	return "unknown"
 }
@@ -79,6 +85,7 @@ func idSuffix(id staging.Identity) string {
 func rankFileName(id staging.Identity) string  { return rankPrefix + idSuffix(id) }
 func tmpFileName(id staging.Identity) string   { return tmpPrefix + idSuffix(id) + tmpSuffix }
 func arenaFileName(id staging.Identity) string { return arenaPrefix + idSuffix(id) }
+func sockFileName(id staging.Identity) string  { return sockPrefix + idSuffix(id) }
 
 // parseEntryName classifies a directory entry by its name. Only canonical
 // names count: one identity has exactly one name of each kind.
@@ -94,6 +101,8 @@ func parseEntryName(name string) (entryKind, staging.Identity) {
 		kind, s = entryRank, name[len(rankPrefix):]
 	case strings.HasPrefix(name, arenaPrefix):
 		kind, s = entryArena, name[len(arenaPrefix):]
+	case strings.HasPrefix(name, sockPrefix):
+		kind, s = entrySock, name[len(sockPrefix):]
 	default:
 		return entryOther, staging.Identity{}
 	}
@@ -515,24 +524,32 @@ func heartbeatStale(stamp uint64, now int64, timeout time.Duration) bool {
 	return stamp == 0 || now-int64(stamp) > int64(timeout)
 }
 
-// cleanStale unlinks every file of every stale registration but self's:
-// one whose process exited or whose pid was reused. A late heartbeat alone
-// removes nothing: a running process keeps its files, so a rank that stalls
-// and beats again is found again. The caller holds the lock. Files of a live
-// process that is still initializing are left alone; its arena may be
-// quarantined.
-func (d *registryDir) cleanStale(self staging.Identity) ([]string, error) {
+// cleanStale unlinks every file of every registration but self's that j
+// proves gone: in self's PID namespace, one whose process exited or whose
+// pid was reused; in another, one whose heartbeat j has seen unchanged for
+// longer than the timeout. A late heartbeat alone removes nothing. The
+// caller holds the lock, so no rank publishes or revokes meanwhile. It
+// returns the removed names and, for each registration removed, why.
+func (d *registryDir) cleanStale(self staging.Identity, j judge) ([]string, []string, error) {
 	entries, err := d.scan()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	stale := make(map[staging.Identity]bool)
+	var reasons []string
+	now := staging.MonoNanos()
 	for _, e := range entries {
 		if e.kind == entryOther || e.kind == entryLock || e.id == self {
 			continue
 		}
-		if _, seen := stale[e.id]; !seen {
-			stale[e.id] = goneReason(e.id.Pid, e.id.StartTime) != ""
+		if _, seen := stale[e.id]; seen {
+			continue
+		}
+		c := readRegControl(d.fd(), d.path, d.uid, e.id)
+		why := j.gone(e.id, c, newestChange(d.fd(), entries, e.id), now)
+		stale[e.id] = why != ""
+		if why != "" {
+			reasons = append(reasons, idSuffix(e.id)+": "+why)
 		}
 	}
 	var removed []string
@@ -547,5 +564,5 @@ func (d *registryDir) cleanStale(self staging.Identity) ([]string, error) {
 		}
 		removed = append(removed, e.name)
 	}
-	return removed, errors.Join(errs...)
+	return removed, reasons, errors.Join(errs...)
 }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"os"
 	"os/exec"
@@ -19,6 +20,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"k8s.io/klog/v2"
 
@@ -39,6 +41,8 @@ const (
 
 	// childWait bounds every wait for a helper process.
 	childWait = 60 * time.Second
+	// fillBytes is how much the fill command writes.
+	fillBytes = 1 << 20
 )
 
 func TestMain(m *testing.M) {
@@ -70,8 +74,12 @@ func (failingRegistrar) Deregister(base uintptr, size uint64) error { return nil
 // line of stdin and answers with one line each:
 //
 //	peers            -> "peers <usable> <name>..." or "peers-error <err>"
-//	attach <name>    -> "attached <name> <lane> <lane epoch>" or "attach-error <err>"
+//	attach <name>    -> "attached <name> <lane> <lane epoch> <share>" or "attach-error <err>"
 //	detach <name>    -> "detached <name>"
+//	fill <name> <b>  -> "filled <name>": fillBytes bytes of value b written
+//	                    at the start of the lane it holds on <name>
+//	sum <lane>       -> "sum <lane> <hex>": FNV-1a of the first fillBytes
+//	                    bytes of its own inbound lane's staging memory
 //	close            -> "closed" or "close-error <err>"
 //	pause            -> "paused": no heartbeat is written after the answer
 //	resume           -> "resumed": heartbeats go on
@@ -165,7 +173,20 @@ func helperRank() int {
 				continue
 			}
 			links[f[1]] = l
-			fmt.Println("attached", f[1], l.LaneIndex(), l.LaneEpoch())
+			fmt.Println("attached", f[1], l.LaneIndex(), l.LaneEpoch(), ShareName(l.ArenaShare()))
+		case "fill":
+			b, _ := strconv.Atoi(f[2])
+			mem := foreignBytes(links[f[1]].StagingBase(), fillBytes)
+			for i := range mem {
+				mem[i] = byte(b) + byte(i)
+			}
+			fmt.Println("filled", f[1])
+		case "sum":
+			lane, _ := strconv.Atoi(f[1])
+			mem := foreignBytes(r.Arena().Base()+uintptr(staging.LaneOffset(lane)), fillBytes)
+			h := fnv.New64a()
+			h.Write(mem)
+			fmt.Printf("sum %d %016x\n", lane, h.Sum64())
 		case "detach":
 			if err := links[f[1]].Close(); err != nil {
 				fmt.Println("detach-error", oneLine(err))
@@ -230,6 +251,11 @@ func helperAttach(ctx context.Context, r *Rank, name string) (*PeerLink, error) 
 	return r.Attach(ctx, PeerInfo{Name: name, Identity: id})
 }
 
+// foreignBytes is n bytes at addr, memory mapped outside Go's heap.
+func foreignBytes(addr uintptr, n int) []byte {
+	return unsafe.Slice((*byte)(*(*unsafe.Pointer)(unsafe.Pointer(&addr))), n)
+}
+
 func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", " | ") }
 
 // regChild is a helper process seen from the test.
@@ -248,6 +274,10 @@ type childOpts struct {
 	env               []string
 	exe               string
 	cred              *syscall.Credential
+	// pidns runs the child in a PID namespace of its own, as a rank of
+	// another pod (see needPidNS); pid() is then unshare's pid, and killing
+	// it kills the child.
+	pidns bool
 }
 
 func startRegChild(t *testing.T, o childOpts) *regChild {
@@ -264,6 +294,9 @@ func startRegChild(t *testing.T, o childOpts) *regChild {
 	}
 	c := &regChild{t: t, lines: make(chan string, 64), done: make(chan struct{})}
 	c.cmd = exec.Command(exe)
+	if o.pidns {
+		c.cmd = exec.Command("unshare", "--pid", "--fork", "--mount-proc", "--kill-child", exe)
+	}
 	c.cmd.Dir = "/"
 	c.cmd.Env = append(os.Environ(),
 		registryHelperEnv+"=rank",

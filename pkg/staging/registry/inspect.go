@@ -45,7 +45,16 @@ type RankReport struct {
 	// HeartbeatAge is how old the heartbeat was when read; -1 when the
 	// rank never beat.
 	HeartbeatAge time.Duration `json:"heartbeat_age_ns"`
-	// Health is "live", "initializing", or why the rank is stale.
+	// PidNS is the rank's PID namespace, as staging.PidNS prints it.
+	PidNS string `json:"pid_ns"`
+	// Liveness is how the rank is judged: JudgedByPid when it shares the
+	// inspecting process's PID namespace, JudgedByHeartbeat otherwise.
+	Liveness string `json:"liveness"`
+	// Shares are the ways its arena may be mapped: "handle",
+	// "descriptor", or both.
+	Shares string `json:"shares"`
+	// Health is "live", "initializing", "revoked" (closing, waiting for
+	// its senders), or why the rank is stale.
 	Health string       `json:"health"`
 	Lanes  []LaneReport `json:"lanes"`
 }
@@ -62,6 +71,10 @@ type LaneReport struct {
 	Reaped     uint64 `json:"reaped_seq"`
 	// OwnerHealth is "live" or why the owner is gone; empty for a free lane.
 	OwnerHealth string `json:"owner_health,omitempty"`
+	// OwnerPidNS and OwnerLiveness are the owner's PID namespace and how
+	// it is judged (see RankReport).
+	OwnerPidNS    string `json:"owner_pid_ns,omitempty"`
+	OwnerLiveness string `json:"owner_liveness,omitempty"`
 }
 
 // EntryReport is any other entry: an arena, garbage, something unsafe.
@@ -86,9 +99,13 @@ var (
 // InspectRoot reports every registry directory (mooncake-pxn-*) under
 // root. It only reads: it takes no lock, maps nothing and changes nothing,
 // so what it shows of live ranks is a moment's snapshot. A rank whose
-// heartbeat is older than staleAfter is reported stale. Garbage is reported,
-// never fatal; only an unreadable root is an error.
+// heartbeat is older than staleAfter is reported stale; one in the
+// caller's PID namespace is also judged by its pid, one in another by its
+// heartbeat alone. Garbage is reported, never fatal; only an unreadable
+// root is an error.
 func InspectRoot(root string, staleAfter time.Duration) ([]GroupReport, error) {
+	// Without its own namespace, inspect judges every rank by heartbeat.
+	self, _ := staging.SelfPidNS()
 	rootfd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: root, Err: err}
@@ -102,13 +119,13 @@ func InspectRoot(root string, staleAfter time.Duration) ([]GroupReport, error) {
 	groups := []GroupReport{}
 	for _, n := range names {
 		if strings.HasPrefix(n, GroupDirPrefix) {
-			groups = append(groups, inspectGroup(rootfd, root, n, staleAfter))
+			groups = append(groups, inspectGroup(rootfd, root, n, self, staleAfter))
 		}
 	}
 	return groups, nil
 }
 
-func inspectGroup(rootfd int, root, name string, staleAfter time.Duration) GroupReport {
+func inspectGroup(rootfd int, root, name string, self staging.PidNS, staleAfter time.Duration) GroupReport {
 	path := filepath.Join(root, name)
 	g := GroupReport{Group: name, Path: path, UID: -1, Ranks: []RankReport{}}
 	var st unix.Stat_t
@@ -139,7 +156,7 @@ func inspectGroup(rootfd int, root, name string, staleAfter time.Duration) Group
 	}
 	sort.Strings(names)
 	now := staging.MonoNanos()
-	ranks := make(map[staging.Identity]bool)
+	ranks := make(map[staging.Identity]*RankReport)
 	var arenas []dirEntry
 	for _, n := range names {
 		var est unix.Stat_t
@@ -154,7 +171,7 @@ func inspectGroup(rootfd int, root, name string, staleAfter time.Duration) Group
 		switch kind {
 		case entryLock:
 		case entryRank, entryTmp:
-			rr, err := inspectRank(fd, path, n, kind, id, g.UID, now, staleAfter)
+			rr, err := inspectRank(fd, path, n, kind, id, g.UID, self, now, staleAfter)
 			if err != nil {
 				k := "garbage"
 				if kind == entryTmp {
@@ -163,23 +180,28 @@ func inspectGroup(rootfd int, root, name string, staleAfter time.Duration) Group
 				g.Entries = append(g.Entries, EntryReport{Name: n, Kind: k, Note: err.Error()})
 				continue
 			}
-			ranks[id] = true
 			g.Ranks = append(g.Ranks, rr)
-		case entryArena:
+		case entryArena, entrySock:
 			arenas = append(arenas, dirEntry{name: n, kind: kind, id: id})
 		default:
 			g.Entries = append(g.Entries, EntryReport{Name: n, Kind: "garbage", Note: "not a registry name"})
 		}
 	}
+	for i := range g.Ranks {
+		_, id := parseEntryName(g.Ranks[i].File)
+		ranks[id] = &g.Ranks[i]
+	}
 	for _, a := range arenas {
 		note := "in use"
-		switch why := goneReason(a.id.Pid, a.id.StartTime); {
-		case why != "":
-			note = "orphan: " + why + "; the next registrant removes it"
-		case !ranks[a.id]:
-			note = "no control file: its process is initializing, or quarantined the arena"
+		switch rr := ranks[a.id]; {
+		case rr == nil:
+			note = "orphan: no control file; removed once older than the heartbeat timeout"
+		case rr.Liveness == JudgedByPid && goneReason(a.id.Pid, a.id.StartTime) != "":
+			note = "orphan: " + goneReason(a.id.Pid, a.id.StartTime) + "; the next registrant removes it"
+		case rr.Liveness == JudgedByHeartbeat && strings.HasPrefix(rr.Health, "stale: "):
+			note = "its rank's heartbeat is late; a rank of the group removes it once it has not moved for the heartbeat timeout"
 		}
-		g.Entries = append(g.Entries, EntryReport{Name: a.name, Kind: "arena", Note: note})
+		g.Entries = append(g.Entries, EntryReport{Name: a.name, Kind: a.kind.String(), Note: note})
 	}
 	return g
 }
@@ -194,7 +216,7 @@ func groupDirUID(name string) (int, bool) {
 	return uid, err == nil
 }
 
-func inspectRank(dirfd int, dirPath, name string, kind entryKind, id staging.Identity, uid int, now int64, staleAfter time.Duration) (RankReport, error) {
+func inspectRank(dirfd int, dirPath, name string, kind entryKind, id staging.Identity, uid int, self staging.PidNS, now int64, staleAfter time.Duration) (RankReport, error) {
 	fd, st, err := openPrivate(dirfd, dirPath, name, unix.O_RDONLY, uid)
 	if err != nil {
 		return RankReport{}, err
@@ -225,14 +247,25 @@ func inspectRank(dirfd int, dirPath, name string, kind entryKind, id staging.Ide
 		HCA:          headerHCA(&h),
 		Arena:        arenaKindName(h.ArenaKind),
 		HeartbeatAge: -1,
+		PidNS:        headerNS(&h).String(),
+		Liveness:     livenessOf(headerNS(&h), self),
+		Shares:       sharesText(h.ArenaShares),
 		Health:       "live",
 	}
 	if h.Heartbeat != 0 {
 		rr.HeartbeatAge = max(time.Duration(now-int64(h.Heartbeat)), 0)
 	}
-	switch why := goneReason(id.Pid, id.StartTime); {
+	why := ""
+	if rr.Liveness == JudgedByPid {
+		why = goneReason(id.Pid, id.StartTime)
+	}
+	switch {
 	case why != "":
 		rr.Health = "stale: " + why
+	case kind == entryTmp && heartbeatStale(h.Heartbeat, now, staleAfter) && rr.Liveness == JudgedByHeartbeat:
+		rr.Health = fmt.Sprintf("stale: heartbeat older than %v (judged by heartbeat)", staleAfter)
+	case kind == entryTmp && h.State == staging.StateClosing:
+		rr.Health = "revoked"
 	case kind == entryTmp:
 		rr.Health = "initializing"
 	case heartbeatStale(h.Heartbeat, now, staleAfter):
@@ -255,14 +288,37 @@ func inspectRank(dirfd int, dirPath, name string, kind entryKind, id staging.Ide
 			lr.LaneEpoch = fmt.Sprintf("%016x", lh.Owner.LaneEpoch)
 		}
 		if owner, held := lh.Owner.Load(); held {
+			ns := lh.Owner.LoadNS()
 			lr.OwnerPid, lr.OwnerEpoch, lr.OwnerHealth = owner.Pid, fmt.Sprintf("%016x", owner.Epoch), "live"
-			if why := goneReason(owner.Pid, owner.StartTime); why != "" {
-				lr.OwnerHealth = "stale: " + why
+			lr.OwnerPidNS, lr.OwnerLiveness = ns.String(), livenessOf(ns, self)
+			if lr.OwnerLiveness == JudgedByPid {
+				if why := goneReason(owner.Pid, owner.StartTime); why != "" {
+					lr.OwnerHealth = "stale: " + why
+				}
+			} else if c := readRegControl(dirfd, dirPath, uid, owner); c.kind != ctlValid || heartbeatStale(c.hdr.Heartbeat, now, staleAfter) {
+				lr.OwnerHealth = fmt.Sprintf("stale: no heartbeat within %v (judged by heartbeat)", staleAfter)
 			}
 		}
 		rr.Lanes = append(rr.Lanes, lr)
 	}
 	return rr, nil
+}
+
+func livenessOf(ns, self staging.PidNS) string {
+	if ns == self {
+		return JudgedByPid
+	}
+	return JudgedByHeartbeat
+}
+
+func sharesText(shares uint32) string {
+	var s []string
+	for _, sh := range [...]uint32{staging.ShareIPCHandle, staging.ShareFD} {
+		if shares&sh != 0 {
+			s = append(s, ShareName(sh))
+		}
+	}
+	return strings.Join(s, ",")
 }
 
 func arenaKindName(k uint32) string {

@@ -30,6 +30,13 @@ type PeerLink struct {
 	ctl       *staging.ControlBlock
 	arena     staging.PeerArena
 	arenaBase uintptr
+	// share is how the arena was mapped (staging.ShareFD or
+	// staging.ShareIPCHandle).
+	share uint32
+	// hbSeen and hbSince: the relay's heartbeat as Health last saw it
+	// change, and when (MonoNanos), for a relay of another namespace.
+	hbSeen  atomic.Uint64
+	hbSince atomic.Int64
 	// sender is the lane's endpoint, owned by whoever uses the lane.
 	sender *staging.SenderLane
 
@@ -65,8 +72,17 @@ func (r *Rank) attach(ctx context.Context, peer PeerInfo, wait bool) (*PeerLink,
 	if peer.Identity == r.id {
 		return nil, fmt.Errorf("pxn: attach to %s: a rank has no lane on itself", name)
 	}
+	if p := r.takePending(peer.Identity); p != nil {
+		return r.finishPending(ctx, p, wait)
+	}
+	r.mu.Lock()
+	failed := r.importFailed[name]
+	r.mu.Unlock()
+	if failed != nil {
+		return nil, failed
+	}
 	l := &PeerLink{rank: r, peer: peer}
-	var handle [staging.ArenaHandleSize]byte
+	var h staging.Header
 	err := r.d.lockFor(ctx, wait, func() error {
 		mem, err := mapPrivate(r.d.fd(), r.d.path, name, r.d.uid, int(staging.ControlSize), true)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -76,7 +92,7 @@ func (r *Rank) attach(ctx context.Context, peer PeerInfo, wait bool) (*PeerLink,
 			return err
 		}
 		ctl := (*staging.ControlBlock)(unsafe.Pointer(&mem[0]))
-		handle, err = r.checkRelay(ctl, peer.Identity)
+		h, err = r.checkRelay(ctl, peer.Identity)
 		var epoch uint64
 		if err == nil {
 			l.lane, epoch, err = r.claimLane(ctl, name)
@@ -96,48 +112,218 @@ func (r *Rank) attach(ctx context.Context, peer PeerInfo, wait bool) (*PeerLink,
 		return nil, fmt.Errorf("pxn: attach to %s: %w", name, err)
 	}
 	// The claim is the lease: the relay keeps its arena while it stands, so
-	// the arena can be mapped outside the lock.
-	pa, err := r.opts.Arenas.Open(r.d.dir, handle)
+	// the arena can be mapped outside the lock. The relay's socket checks
+	// the claim before it hands out a descriptor.
+	p := &pendingAttach{link: l, handle: h.IPCHandle, shares: h.ArenaShares}
+	if _, ok := r.opts.Arenas.(staging.FDArenaProvider); ok && h.ArenaShares&staging.ShareFD != 0 {
+		q := fdRequest{Lane: uint32(l.lane), SenderEpoch: r.id.Epoch, LaneEpoch: l.laneEpoch.Load()}
+		p.client, p.fdErr = dialArenaSocket(r.d, sockFileName(peer.Identity), q, staging.MonoNanos())
+		if p.fdErr == nil {
+			return r.finishPending(ctx, p, wait)
+		}
+	}
+	return r.mapByHandle(p, wait)
+}
+
+// ErrAttachPending: TryAttach claimed a lane and asked the relay for a
+// descriptor of its arena, and the answer has not come yet. The caller
+// tries again later; the claim is kept meanwhile, and released if the
+// answer does not come within its deadline.
+var ErrAttachPending = errors.New("waiting for the relay's arena descriptor")
+
+// pendingAttach is an attach between its claim and its arena mapping.
+type pendingAttach struct {
+	link   *PeerLink
+	handle [staging.ArenaHandleSize]byte
+	shares uint32
+	// client is the request to the relay's arena socket, nil when the
+	// arena is mapped by handle; fdErr is why the descriptor way failed.
+	client *fdClient
+	fdErr  error
+}
+
+func (r *Rank) takePending(id staging.Identity) *pendingAttach {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.pending[id]
+	delete(r.pending, id)
+	return p
+}
+
+// finishPending waits for the relay's descriptor (without wait, only
+// looks) and maps the arena from it, or else by handle.
+func (r *Rank) finishPending(ctx context.Context, p *pendingAttach, wait bool) (*PeerLink, error) {
+	name := p.link.peer.Name
+	var fd int
+	var size uint64
+	var done bool
+	var err error
+	for {
+		now := staging.MonoNanos()
+		var d time.Duration
+		if wait {
+			d = min(time.Duration(p.client.deadline-now), 10*time.Millisecond)
+		}
+		fd, size, done, err = p.client.poll(d)
+		if done {
+			break
+		}
+		if now >= p.client.deadline {
+			err = fmt.Errorf("arena socket %s: no answer within %v", p.client.name, sockClientTimeout)
+			break
+		}
+		if !wait {
+			r.mu.Lock()
+			closed := r.closed
+			if !closed {
+				r.pending[p.link.peer.Identity] = p
+			}
+			r.mu.Unlock()
+			if closed {
+				p.client.close()
+				return nil, errors.Join(ErrRankClosed, p.link.releaseLane(false))
+			}
+			return nil, fmt.Errorf("pxn: attach to %s: %w", name, ErrAttachPending)
+		}
+		if ctx.Err() != nil {
+			err = fmt.Errorf("arena socket %s: %w", p.client.name, ctx.Err())
+			break
+		}
+	}
+	p.client.close()
+	if err != nil {
+		p.fdErr = err
+		return r.mapByHandle(p, wait)
+	}
+	defer unix.Close(fd)
+	if size < staging.ArenaSize {
+		p.fdErr = fmt.Errorf("arena socket %s: arena of %d bytes, want at least %d", p.client.name, size, uint64(staging.ArenaSize))
+		return r.mapByHandle(p, wait)
+	}
+	pa, err := r.opts.Arenas.(staging.FDArenaProvider).OpenFD(fd, size)
+	if err != nil {
+		err = fmt.Errorf("pxn: attach to %s: map arena by descriptor: %w", name, err)
+		r.importFailure(name, err)
+		return nil, errors.Join(err, p.link.releaseLane(wait))
+	}
+	return r.finishLink(p, pa, staging.ShareFD, wait)
+}
+
+// mapByHandle maps the arena from the handle in the relay's header, when
+// the relay offers one.
+func (r *Rank) mapByHandle(p *pendingAttach, wait bool) (*PeerLink, error) {
+	name := p.link.peer.Name
+	if p.shares&staging.ShareIPCHandle == 0 {
+		err := fmt.Errorf("pxn: attach to %s: the relay offers no handle, and its descriptor: %w", name, p.fdErr)
+		return nil, errors.Join(err, p.link.releaseLane(wait))
+	}
+	pa, err := r.opts.Arenas.Open(r.d.dir, p.handle)
 	if err != nil {
 		err = fmt.Errorf("pxn: attach to %s: map arena: %w", name, err)
-		return nil, errors.Join(err, l.releaseLane(wait))
+		if p.fdErr == nil {
+			// The handle was the way to map this relay's arena, and it
+			// fails: it will fail again.
+			r.importFailure(name, err)
+		} else {
+			err = errors.Join(err, fmt.Errorf("and by descriptor: %w", p.fdErr))
+		}
+		return nil, errors.Join(err, p.link.releaseLane(wait))
 	}
-	l.arena, l.arenaBase = pa, pa.Base()
+	return r.finishLink(p, pa, staging.ShareIPCHandle, wait)
+}
+
+// importFailure remembers that the arena of peer name cannot be mapped,
+// and says so once: that peer is not attached to again.
+func (r *Rank) importFailure(name string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.importFailed[name] == nil {
+		r.importFailed[name] = err
+		r.opts.Logger.Error(err, "pxn cannot map a relay's arena; that relay is not used", "registry", r.d.path, "peer", name)
+	}
+}
+
+// finishLink completes an attach whose arena is mapped.
+func (r *Rank) finishLink(p *pendingAttach, pa staging.PeerArena, share uint32, wait bool) (*PeerLink, error) {
+	l := p.link
+	l.arena, l.arenaBase, l.share = pa, pa.Base(), share
 	r.mu.Lock()
 	closed := r.closed
 	if !closed {
 		r.links[l] = struct{}{}
 	}
+	say := !r.shareSaid[l.peer.Name]
+	r.shareSaid[l.peer.Name] = true
 	r.mu.Unlock()
 	if closed {
 		return nil, errors.Join(ErrRankClosed, l.close(wait))
 	}
+	if say {
+		kv := []any{"registry", r.d.path, "peer", l.peer.Name, "share", ShareName(share)}
+		if p.fdErr != nil {
+			kv = append(kv, "descriptor", p.fdErr.Error())
+		}
+		r.opts.Logger.Info("pxn mapped a relay's arena", kv...)
+	}
 	return l, nil
 }
 
+// ShareName names a way of mapping an arena (staging.ShareFD,
+// staging.ShareIPCHandle).
+func ShareName(share uint32) string {
+	switch share {
+	case staging.ShareFD:
+		return "descriptor"
+	case staging.ShareIPCHandle:
+		return "handle"
+	}
+	return fmt.Sprintf("share(%d)", share)
+}
+
+// expirePending drops the pending attaches whose answer is overdue, or
+// all of them, releasing their claims; wait says how (see releaseLane).
+func (r *Rank) expirePending(all, wait bool) error {
+	now := staging.MonoNanos()
+	var due []*pendingAttach
+	r.mu.Lock()
+	for id, p := range r.pending {
+		if all || now >= p.client.deadline {
+			due = append(due, p)
+			delete(r.pending, id)
+		}
+	}
+	r.mu.Unlock()
+	var errs []error
+	for _, p := range due {
+		p.client.close()
+		errs = append(errs, p.link.releaseLane(wait))
+	}
+	return errors.Join(errs...)
+}
+
 // checkRelay validates a copy of the mapped header of the peer we expect
-// and returns its arena handle.
-func (r *Rank) checkRelay(ctl *staging.ControlBlock, want staging.Identity) ([staging.ArenaHandleSize]byte, error) {
+// and returns it.
+func (r *Rank) checkRelay(ctl *staging.ControlBlock, want staging.Identity) (staging.Header, error) {
 	h := ctl.Header
 	if err := checkHeader(&h); err != nil {
-		return h.IPCHandle, err
+		return h, err
 	}
 	now := staging.MonoNanos()
 	switch got := headerIdentity(&h); {
 	case got != want:
-		return h.IPCHandle, fmt.Errorf("%w: registered as %v", ErrPeerGone, got)
+		return h, fmt.Errorf("%w: registered as %v", ErrPeerGone, got)
 	case int(h.UID) != r.d.uid:
-		return h.IPCHandle, fmt.Errorf("%w: header uid %d in a registry of uid %d", ErrCorruptEntry, h.UID, r.d.uid)
+		return h, fmt.Errorf("%w: header uid %d in a registry of uid %d", ErrCorruptEntry, h.UID, r.d.uid)
 	case h.ArenaKind != r.opts.Arenas.Kind():
-		return h.IPCHandle, &MismatchError{Field: "arena kind", Theirs: uint64(h.ArenaKind), Ours: uint64(r.opts.Arenas.Kind())}
+		return h, &MismatchError{Field: "arena kind", Theirs: uint64(h.ArenaKind), Ours: uint64(r.opts.Arenas.Kind())}
 	}
 	if s := ctl.Header.LoadState(); s != staging.StateReady {
-		return h.IPCHandle, fmt.Errorf("%w: state %s", ErrPeerGone, stateName(s))
+		return h, fmt.Errorf("%w: state %s", ErrPeerGone, stateName(s))
 	}
 	if hb := ctl.Header.LoadHeartbeat(); heartbeatStale(hb, now, r.opts.HeartbeatTimeout) {
-		return h.IPCHandle, fmt.Errorf("%w: heartbeat older than %v", ErrPeerGone, r.opts.HeartbeatTimeout)
+		return h, fmt.Errorf("%w: heartbeat older than %v", ErrPeerGone, r.opts.HeartbeatTimeout)
 	}
-	return h.IPCHandle, nil
+	return h, nil
 }
 
 // claimLane takes the first free lane of ctl, or the first whose owner is
@@ -155,7 +341,7 @@ func (r *Rank) claimLane(ctl *staging.ControlBlock, name string) (int, uint64, e
 		case owner == r.id:
 			return -1, 0, fmt.Errorf("this rank already holds lane %d", i)
 		case free < 0:
-			if why := r.ownerStale(owner, now); why != "" {
+			if why := r.ownerStale(owner, ctl.Lanes[i].Owner.LoadNS(), now); why != "" {
 				free, reclaimed = i, why
 			}
 		}
@@ -187,11 +373,13 @@ func newLaneEpoch(lane *staging.Lane) (uint64, error) {
 
 // ownerStale says why a lane owner no longer holds its lease, or "" while
 // it does (or that cannot be proven): its process exited or its pid was
-// reused, its registration is gone, or its heartbeat is older than the
-// timeout.
-func (r *Rank) ownerStale(owner staging.Identity, now int64) string {
-	if why := goneReason(owner.Pid, owner.StartTime); why != "" {
-		return why
+// reused (only for an owner in this rank's PID namespace, ns), its
+// registration is gone, or its heartbeat is older than the timeout.
+func (r *Rank) ownerStale(owner staging.Identity, ns staging.PidNS, now int64) string {
+	if ns == r.ns {
+		if why := goneReason(owner.Pid, owner.StartTime); why != "" {
+			return why
+		}
 	}
 	h, err := readHeaderFile(r.d.fd(), r.d.path, rankFileName(owner), r.d.uid)
 	switch {
@@ -212,7 +400,7 @@ func (r *Rank) Leases() []int {
 	now := staging.MonoNanos()
 	for i := range r.ctl.Lanes {
 		owner, ok := r.ctl.Lanes[i].Owner.Load()
-		if ok && r.ownerStale(owner, now) == "" {
+		if ok && r.ownerStale(owner, r.ctl.Lanes[i].Owner.LoadNS(), now) == "" {
 			held = append(held, i)
 		}
 	}
@@ -230,19 +418,20 @@ func (l *PeerLink) release(ctx context.Context) error {
 	return l.rank.d.withLock(ctx, l.freeLane)
 }
 
-// freeDeadLanes frees every inbound lane of this rank whose sender exited
-// or whose pid was reused, so the relay shows it free at once rather than
-// when the next sender claims it. Second-hop completions still in flight
-// land in the lane's old ring, which a new claim resets. The caller holds
-// the registry lock.
-func (r *Rank) freeDeadLanes() {
+// freeDeadLanes frees every inbound lane of this rank whose sender j proves
+// gone, so the relay shows it free at once rather than when the next
+// sender claims it. Second-hop completions still in flight land in the
+// lane's old ring, which a new claim resets. The caller holds the registry
+// lock.
+func (r *Rank) freeDeadLanes(j judge) {
+	now := staging.MonoNanos()
 	for i := range r.ctl.Lanes {
 		lane := &r.ctl.Lanes[i]
 		owner, held := lane.Owner.Load()
 		if !held {
 			continue
 		}
-		if why := goneReason(owner.Pid, owner.StartTime); why != "" {
+		if why := j.ownerGone(r.d, owner, lane.Owner.LoadNS(), now); why != "" {
 			lane.Free()
 			r.opts.Logger.Info("pxn freed the lane of a sender that is gone", "registry", r.d.path, "lane", i, "reason", why)
 		}
@@ -365,6 +554,10 @@ func (r *Rank) flushReleases(ctx context.Context, wait bool) error {
 // Peer is the peer as it was listed.
 func (l *PeerLink) Peer() PeerInfo { return l.peer }
 
+// ArenaShare says how the peer's arena was mapped: staging.ShareFD (a
+// descriptor from the peer's arena socket) or staging.ShareIPCHandle.
+func (l *PeerLink) ArenaShare() uint32 { return l.share }
+
 // LaneIndex is the claimed lane of the peer.
 func (l *PeerLink) LaneIndex() int { return l.lane }
 
@@ -433,6 +626,25 @@ func (l *PeerLink) Live(now int64) error {
 	return nil
 }
 
+// heartbeatGone judges a relay of another PID namespace by the heartbeat
+// this link sees: gone once it has held one value for longer than the
+// timeout (see judge).
+func (l *PeerLink) heartbeatGone(now int64) string {
+	hb := l.ctl.Header.LoadHeartbeat()
+	if hb != l.hbSeen.Load() || l.hbSince.Load() == 0 {
+		l.hbSeen.Store(hb)
+		l.hbSince.Store(now)
+	}
+	j := judge{timeout: l.rank.opts.HeartbeatTimeout, obs: linkObserver{l}}
+	return j.heartbeatGone(l.peer.Identity, hb, l.peer.PidNS, now)
+}
+
+type linkObserver struct{ l *PeerLink }
+
+func (o linkObserver) unchangedSince(_ staging.Identity, hb uint64) (int64, bool) {
+	return o.l.hbSince.Load(), hb == o.l.hbSeen.Load()
+}
+
 // ErrPeerStale is wrapped by Health when the relay's heartbeat is late but
 // nothing shows it gone: published tickets may still complete.
 var ErrPeerStale = errors.New("peer heartbeat is late")
@@ -448,7 +660,8 @@ var ErrPeerClosing = errors.New("peer is closing")
 // that is closing (still running, the lane still ours) one wrapping
 // ErrPeerClosing. A sender stops giving such a relay new tickets and keeps
 // waiting for published ones. It takes no lock; it reads /proc only when
-// the heartbeat is late or the relay is closing.
+// the heartbeat is late or the relay is closing, and only for a relay of
+// this rank's PID namespace: one of another is never judged by its pid.
 func (l *PeerLink) Health(now int64) error {
 	err := l.Live(now)
 	if err == nil {
@@ -458,7 +671,11 @@ func (l *PeerLink) Health(now int64) error {
 	if (state != staging.StateReady && state != staging.StateClosing) || !l.ownsLane() {
 		return err
 	}
-	if r := goneReason(l.peer.Pid, l.peer.StartTime); r != "" {
+	if l.peer.PidNS == l.rank.ns {
+		if r := goneReason(l.peer.Pid, l.peer.StartTime); r != "" {
+			return fmt.Errorf("%w: %s: %s", ErrPeerGone, l.peer.Name, r)
+		}
+	} else if r := l.heartbeatGone(now); r != "" {
 		return fmt.Errorf("%w: %s: %s", ErrPeerGone, l.peer.Name, r)
 	}
 	if state == staging.StateClosing {

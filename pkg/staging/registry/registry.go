@@ -60,19 +60,24 @@ var (
 // InitStep is one step of Register, in order. Close undoes them in reverse.
 type InitStep int
 
-// The steps of Register.
+// The steps of Register. The control file comes first and goes last: every
+// other file of the registration is judged by the PID namespace its header
+// names (see judge).
 const (
 	// StepOpenRegistry opens (or creates) the group directory and its lock,
 	// checks ownership and modes, and removes stale entries.
 	StepOpenRegistry InitStep = iota + 1
-	StepAllocateArena
-	// StepRegisterMemory hands the arena to Options.Memory.
-	StepRegisterMemory
 	// StepCreateControl creates and maps the control file under its
 	// temporary name and fills the header.
 	StepCreateControl
+	StepAllocateArena
+	// StepRegisterMemory hands the arena to Options.Memory.
+	StepRegisterMemory
 	// StepExportHandle puts the arena's export handle into the header.
 	StepExportHandle
+	// StepServeArena opens the arena socket, when the arena can hand out
+	// descriptors (staging.FDArena).
+	StepServeArena
 	// StepPublish marks the rank READY and renames the control file to its
 	// published name.
 	StepPublish
@@ -90,6 +95,8 @@ func (s InitStep) String() string {
 		return "create control file"
 	case StepExportHandle:
 		return "export arena handle"
+	case StepServeArena:
+		return "serve arena descriptors"
 	case StepPublish:
 		return "publish READY"
 	}
@@ -130,6 +137,10 @@ type Options struct {
 	Arenas staging.ArenaProvider
 	// Memory, when set, registers the arena with the NIC after allocation.
 	Memory staging.MemoryRegistrar
+	// NoArenaSocket keeps the rank from serving descriptors of its arena
+	// even when the arena can hand them out: peers then map it by its
+	// handle only.
+	NoArenaSocket bool
 	// InjectFault, when set, runs before each step of Register; an error
 	// fails that step. For tests.
 	InjectFault func(InitStep) error
@@ -190,12 +201,21 @@ type Rank struct {
 	undo        []func() error
 	quarantined bool
 	lastBeat    atomic.Int64
+	// server hands out descriptors of the arena; nil when it does not.
+	server *arenaServer
 
 	mu      sync.Mutex
 	closed  bool
 	off     error
 	links   map[*PeerLink]struct{}
 	refused map[string]bool
+	// shareSaid names the peers whose arena mapping was logged;
+	// importFailed holds, per peer, why its arena could not be mapped
+	// the way it should be: that peer is not attached to again.
+	shareSaid    map[string]bool
+	importFailed map[string]error
+	// pending are attaches waiting for a peer's descriptor.
+	pending map[staging.Identity]*pendingAttach
 	// unreleased are closed links whose lane release found the lock busy:
 	// their control mapping stays until a later call releases the lane.
 	unreleased []*PeerLink
@@ -227,13 +247,17 @@ func Register(ctx context.Context, opts Options) (*Rank, error) {
 		return nil, fmt.Errorf("pxn registry: %w", err)
 	}
 	r := &Rank{
-		id:        id,
-		ns:        ns,
-		opts:      opts,
-		links:     make(map[*PeerLink]struct{}),
-		refused:   make(map[string]bool),
-		leasePoll: leasePoll,
+		id:           id,
+		ns:           ns,
+		opts:         opts,
+		links:        make(map[*PeerLink]struct{}),
+		refused:      make(map[string]bool),
+		shareSaid:    make(map[string]bool),
+		importFailed: make(map[string]error),
+		pending:      make(map[staging.Identity]*pendingAttach),
+		leasePoll:    leasePoll,
 	}
+	r.scan.self = ns
 	if err := r.init(ctx); err != nil {
 		if uerr := r.unwind(); uerr != nil {
 			err = errors.Join(err, fmt.Errorf("pxn registry: roll back: %w", uerr))
@@ -250,10 +274,11 @@ func (r *Rank) init(ctx context.Context) error {
 		run  func() error
 	}{
 		{StepOpenRegistry, func() error { return r.openRegistry(ctx) }},
+		{StepCreateControl, r.createControl},
 		{StepAllocateArena, r.allocateArena},
 		{StepRegisterMemory, r.registerMemory},
-		{StepCreateControl, r.createControl},
 		{StepExportHandle, r.exportHandle},
+		{StepServeArena, r.serveArena},
 		{StepPublish, func() error { return r.publish(ctx) }},
 	} {
 		if r.opts.InjectFault != nil {
@@ -263,6 +288,11 @@ func (r *Rank) init(ctx context.Context) error {
 		}
 		if err := s.run(); err != nil {
 			return &InitError{Step: s.step, Err: err}
+		}
+		// An initializing rank beats too: a rank of another PID namespace
+		// judges it by its heartbeat alone.
+		if r.ctl != nil {
+			r.beat(staging.MonoNanos())
 		}
 	}
 	return nil
@@ -290,9 +320,9 @@ func (r *Rank) openRegistry(ctx context.Context) error {
 	r.d = d
 	r.pushUndo(d.close)
 	return d.withLock(ctx, func() error {
-		removed, err := d.cleanStale(r.id)
+		removed, why, err := d.cleanStale(r.id, judge{self: r.ns, timeout: r.opts.HeartbeatTimeout})
 		if len(removed) > 0 {
-			r.opts.Logger.Info("pxn removed stale registry entries", "registry", d.path, "entries", removed)
+			r.opts.Logger.Info("pxn removed stale registry entries", "registry", d.path, "entries", removed, "reasons", why)
 		}
 		return err
 	})
@@ -361,11 +391,16 @@ func (r *Rank) createControl() error {
 	for i := range r.inbound {
 		r.inbound[i] = staging.NewRelayLane(&r.ctl.Lanes[i])
 	}
-	r.ctl.Header = newHeader(r.id, r.ns, r.opts.UID, r.opts.Rail, r.opts.HCA, r.arena.Kind())
+	r.ctl.Header = newHeader(r.id, r.ns, r.opts.UID, r.opts.Rail, r.opts.HCA, r.opts.Arenas.Kind())
 	r.pushUndo(func() error {
+		if r.quarantined {
+			// The control file stays with the arena, so that others judge
+			// the arena by the namespace it names until the process exits.
+			return nil
+		}
 		err := unix.Munmap(mem)
 		r.ctl, r.ctlMem, r.inbound = nil, nil, [staging.LaneCount]*staging.RelayLane{}
-		// Published, the file was renamed; revoked, it was unlinked.
+		// Published, the file was renamed; revoked, renamed back.
 		if uerr := unix.Unlinkat(r.d.fd(), name, 0); uerr != nil && !errors.Is(uerr, unix.ENOENT) {
 			err = errors.Join(err, uerr)
 		}
@@ -387,11 +422,47 @@ func sizeAndMap(fd, size int) ([]byte, error) {
 
 func (r *Rank) exportHandle() error {
 	h, err := r.arena.Export()
+	if _, fd := r.arena.(staging.FDArena); fd && !r.opts.NoArenaSocket && errors.Is(err, staging.ErrNoHandle) {
+		// Shared by descriptor alone; serveArena must then succeed.
+		r.ctl.Header.ArenaShares &^= staging.ShareIPCHandle
+		return nil
+	}
 	if err != nil {
 		return err
 	}
 	r.ctl.Header.IPCHandle = h
 	return nil
+}
+
+// serveArena opens the arena socket when the arena can hand out
+// descriptors, and says so in the header (staging.ShareFD). A socket that
+// cannot be opened leaves the handle as the only way, when there is one.
+func (r *Rank) serveArena() error {
+	fa, ok := r.arena.(staging.FDArena)
+	if !ok || r.opts.NoArenaSocket {
+		return nil
+	}
+	srv, err := startArenaServer(r.d, sockFileName(r.id), r.ctl, r.ns, fa, r.arena.Size(), r.opts.Logger)
+	if err != nil {
+		if r.ctl.Header.ArenaShares&staging.ShareIPCHandle == 0 {
+			return err
+		}
+		r.opts.Logger.Error(err, "pxn arena socket not served; peers map the arena by its handle", "registry", r.d.path)
+		return nil
+	}
+	r.server = srv
+	r.ctl.Header.ArenaShares |= staging.ShareFD
+	r.pushUndo(srv.close)
+	return nil
+}
+
+// ServeStats counts what this rank's arena socket did; zero when it
+// serves none.
+func (r *Rank) ServeStats() ServeStats {
+	if r.server == nil {
+		return ServeStats{}
+	}
+	return r.server.stats()
 }
 
 // publish makes the rank visible: READY is stored while the file still has
@@ -485,6 +556,11 @@ type PeerInfo struct {
 	HCA       string
 	State     uint32
 	ArenaKind uint32
+	// PidNS is the PID namespace the peer's pid and start time belong to.
+	PidNS staging.PidNS
+	// ArenaShares says how the peer's arena may be mapped
+	// (staging.ShareIPCHandle, staging.ShareFD).
+	ArenaShares uint32
 	// HeartbeatAge is how old the peer's heartbeat was when read.
 	HeartbeatAge time.Duration
 	// Refused is non-nil for a peer that must not be used, and says why:
@@ -518,6 +594,9 @@ func (r *Rank) AppendPeers(ctx context.Context, dst []PeerInfo) ([]PeerInfo, err
 // over from CloseNoWait run only when the registry lock is free at once,
 // and are otherwise left for a later call; the list itself needs no lock.
 func (r *Rank) TryAppendPeers(dst []PeerInfo) ([]PeerInfo, error) {
+	if err := r.expirePending(false, false); err != nil {
+		r.opts.Logger.Error(err, "pxn lane release of an abandoned attach failed", "registry", r.d.path)
+	}
 	if err := r.flushReleases(context.Background(), false); err != nil {
 		r.opts.Logger.Error(err, "pxn lane release of a closed link failed", "registry", r.d.path)
 	}
@@ -537,7 +616,7 @@ func (r *Rank) appendPeers(ctx context.Context, dst []PeerInfo, wait bool) ([]Pe
 		s.release()
 		return dst, r.turnOff(err)
 	}
-	deadOwner := s.checkProcs(r.ctl)
+	deadOwner := s.checkProcs(r.d, r.ctl, r.opts.HeartbeatTimeout)
 	now := staging.MonoNanos()
 	sawStale := false
 	for _, e := range s.entries {
@@ -563,9 +642,13 @@ func (r *Rank) appendPeers(ctx context.Context, dst []PeerInfo, wait bool) ([]Pe
 		}
 	}
 	if sawStale || deadOwner {
+		j := judge{self: r.ns, timeout: r.opts.HeartbeatTimeout, obs: s}
 		err := r.d.lockFor(ctx, wait, func() error {
-			r.freeDeadLanes()
-			_, err := r.d.cleanStale(r.id)
+			r.freeDeadLanes(j)
+			removed, why, err := r.d.cleanStale(r.id, j)
+			if len(removed) > 0 {
+				r.opts.Logger.Info("pxn removed stale registry entries", "registry", r.d.path, "entries", removed, "reasons", why)
+			}
 			return err
 		})
 		s.trusted = false
@@ -677,6 +760,7 @@ func (r *Rank) peerInfo(name string, id staging.Identity, size int64, b []byte) 
 	}
 	p.Rail, p.HCA = headerRail(&h), headerHCA(&h)
 	p.State, p.ArenaKind = h.State, h.ArenaKind
+	p.PidNS, p.ArenaShares = headerNS(&h), h.ArenaShares
 	return p
 }
 
@@ -705,6 +789,9 @@ func (r *Rank) Close(ctx context.Context) error {
 	r.scanMu.Unlock()
 
 	var errs []error
+	if err := r.expirePending(true, true); err != nil {
+		errs = append(errs, err)
+	}
 	for _, l := range links {
 		if err := l.Close(); err != nil {
 			errs = append(errs, err)
@@ -735,15 +822,17 @@ func (r *Rank) Close(ctx context.Context) error {
 func (r *Rank) BeginClose() { r.ctl.Header.StoreState(staging.StateClosing) }
 
 // revoke withdraws READY. CLOSING is stored first so attached senders stop
-// at once; the unlink happens under the lock that Attach holds while it
-// checks READY and claims a lane, so a claim is either seen by waitLeases
-// or never made.
+// at once; the control file goes back to its temporary name under the lock
+// that Attach holds while it checks READY and claims a lane, so a claim is
+// either seen by waitLeases or never made. The file itself stays until the
+// arena is gone, naming the namespace by which others judge the arena.
 func (r *Rank) revoke(ctx context.Context) error {
 	r.ctl.Header.StoreState(staging.StateClosing)
 	return r.d.withLock(ctx, func() error {
-		err := unix.Unlinkat(r.d.fd(), r.Name(), 0)
+		name, tmp := r.Name(), tmpFileName(r.id)
+		err := unix.Renameat2(r.d.fd(), name, r.d.fd(), tmp, unix.RENAME_NOREPLACE)
 		if err != nil && !errors.Is(err, unix.ENOENT) {
-			return &os.PathError{Op: "unlink", Path: r.Name(), Err: err}
+			return &os.LinkError{Op: "renameat2", Old: name, New: tmp, Err: err}
 		}
 		return nil
 	})

@@ -92,7 +92,7 @@ func TestRegistryKilledRankIsCleanedByNextRegistrant(t *testing.T) {
 		}
 	}
 	r := mustRegister(t, regOptions(root, "g", "rail0"))
-	if got, want := listDir(t, dir), []string{lockFileName, arenaFileName(r.Identity()), r.Name()}; !slices.Equal(got, want) {
+	if got, want := listDir(t, dir), rankFiles(r); !slices.Equal(got, want) {
 		t.Errorf("after the next registrant the directory holds %v, want %v", got, want)
 	}
 	ps, err := r.Peers(context.Background())
@@ -128,18 +128,40 @@ func TestRegistryRankKilledDuringInitIsCleaned(t *testing.T) {
 	}
 	c.kill()
 	r2 := mustRegister(t, regOptions(root, "g", "rail1"))
-	want := []string{lockFileName, arenaFileName(r.Identity()), arenaFileName(r2.Identity()), r.Name(), r2.Name()}
-	slices.Sort(want)
+	want := rankFiles(r, r2)
 	if got := listDir(t, dir); !slices.Equal(got, want) {
 		t.Errorf("after the init was killed the next registrant left %v, want %v", got, want)
 	}
 }
 
-// writeFakeRank writes a control file for id with a valid header changed by
-// mutate, and an arena file next to it.
+// rankFiles lists the files of the given ranks and the lock, sorted.
+func rankFiles(rs ...*Rank) []string {
+	names := []string{lockFileName}
+	for _, r := range rs {
+		names = append(names, r.Name(), arenaFileName(r.Identity()), sockFileName(r.Identity()))
+	}
+	slices.Sort(names)
+	return names
+}
+
+// otherNS is a PID namespace no process of the test runs in.
+var otherNS = staging.PidNS{Dev: 1, Ino: 2}
+
+func selfNS(t testing.TB) staging.PidNS {
+	t.Helper()
+	ns, err := staging.SelfPidNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+// writeFakeRank writes a control file for id in this process's PID
+// namespace with a valid header changed by mutate, and an arena file next
+// to it.
 func writeFakeRank(t *testing.T, dir string, id staging.Identity, name string, mutate func(h *staging.Header)) {
 	t.Helper()
-	h := newHeader(id, staging.PidNS{Dev: 1, Ino: 2}, os.Geteuid(), "rail-x", "hca-x", staging.ArenaHost)
+	h := newHeader(id, selfNS(t), os.Geteuid(), "rail-x", "hca-x", staging.ArenaHost)
 	h.State = staging.StateReady
 	h.Heartbeat = uint64(staging.MonoNanos())
 	handle := [staging.ArenaHandleSize]byte{}
@@ -362,7 +384,7 @@ func TestRegistryNineRanksSendDirect(t *testing.T) {
 }
 
 func TestRegistryInitFailureRollsBack(t *testing.T) {
-	steps := []InitStep{StepOpenRegistry, StepAllocateArena, StepRegisterMemory, StepCreateControl, StepExportHandle, StepPublish}
+	steps := []InitStep{StepOpenRegistry, StepCreateControl, StepAllocateArena, StepRegisterMemory, StepExportHandle, StepServeArena, StepPublish}
 	for _, step := range steps {
 		t.Run(step.String(), func(t *testing.T) {
 			root := regTestRoot(t)
@@ -444,20 +466,23 @@ func TestRegistryFailedMemoryRegistrationQuarantinesArena(t *testing.T) {
 	if r != nil || !errors.As(err, &ie) || ie.Step != StepRegisterMemory || !strings.Contains(err.Error(), "quarantined") {
 		t.Fatalf("Register = %v, %v; want a quarantining failure of %q", r, err, StepRegisterMemory)
 	}
+	// The control file stays with the arena: it names the namespace by
+	// which others judge the arena.
 	names := listDir(t, dir)
-	if len(names) != 2 || names[0] != lockFileName {
-		t.Fatalf("directory holds %v, want the lock and the quarantined arena", names)
+	if len(names) != 3 || names[0] != lockFileName {
+		t.Fatalf("directory holds %v, want the lock, the control file and the quarantined arena", names)
 	}
-	if k, id := parseEntryName(names[1]); k != entryArena || id.Pid != os.Getpid() {
-		t.Fatalf("directory holds %v, want the lock and this process's arena", names)
+	ctl, arena := names[1], names[2]
+	if k, id := parseEntryName(arena); k != entryArena || id.Pid != os.Getpid() || ctl != tmpFileName(id) {
+		t.Fatalf("directory holds %v, want the lock, and this process's arena and its .tmp control file", names)
 	}
-	if !mapsMention(t, names[1]) {
-		t.Errorf("the quarantined arena %s is no longer mapped", names[1])
+	if !mapsMention(t, arena) {
+		t.Errorf("the quarantined arena %s is no longer mapped", arena)
 	}
 	// While the process lives its quarantined arena is not stale.
 	mustRegister(t, regOptions(root, "g", "rail1"))
-	if !fileExists(filepath.Join(dir, names[1])) {
-		t.Errorf("a registrant removed the quarantined arena of a live process")
+	if !fileExists(filepath.Join(dir, arena)) || !fileExists(filepath.Join(dir, ctl)) {
+		t.Errorf("a registrant removed the quarantined arena of a live process: %v", listDir(t, dir))
 	}
 }
 
@@ -470,11 +495,11 @@ func TestRegistryQuarantinedArenaOfExitedProcessIsCleaned(t *testing.T) {
 	}
 	<-c.done
 	names := listDir(t, dir)
-	if len(names) != 2 || !strings.HasPrefix(names[1], arenaPrefix) {
-		t.Fatalf("after the failed child the directory holds %v, want the lock and an arena", names)
+	if len(names) != 3 || !strings.HasPrefix(names[1], tmpPrefix) || !strings.HasPrefix(names[2], arenaPrefix) {
+		t.Fatalf("after the failed child the directory holds %v, want the lock, a control file and an arena", names)
 	}
 	r := mustRegister(t, regOptions(root, "g", "rail0"))
-	if got, want := listDir(t, dir), []string{lockFileName, arenaFileName(r.Identity()), r.Name()}; !slices.Equal(got, want) {
+	if got, want := listDir(t, dir), rankFiles(r); !slices.Equal(got, want) {
 		t.Errorf("the next registrant left %v, want %v", got, want)
 	}
 }
@@ -491,10 +516,12 @@ func TestRegistryTeardownOrderAndNothingLeft(t *testing.T) {
 	}
 	arena := arenaFileName(relay.Identity())
 	reg.beforeDeregister = func() {
-		// Reverse order: READY revoked and control file gone before the
-		// NIC lets go; the arena outlives its registration.
-		if fileExists(filepath.Join(dir, relay.Name())) || !fileExists(filepath.Join(dir, arena)) {
-			t.Errorf("deregistering with %v in the directory; want the control file gone and the arena there", listDir(t, dir))
+		// Reverse order: READY revoked (the control file back under its
+		// temporary name) and the socket gone before the NIC lets go; the
+		// arena outlives its registration, the control file the arena.
+		if fileExists(filepath.Join(dir, relay.Name())) || fileExists(filepath.Join(dir, sockFileName(relay.Identity()))) ||
+			!fileExists(filepath.Join(dir, arena)) || !fileExists(filepath.Join(dir, tmpFileName(relay.Identity()))) {
+			t.Errorf("deregistering with %v in the directory; want the revoked control file and the arena there, and no socket", listDir(t, dir))
 		}
 	}
 	sender := mustRegister(t, regOptions(root, "g", "rail1"))
@@ -534,8 +561,8 @@ func TestRegistryFailedDeregisterQuarantinesArena(t *testing.T) {
 	if err := r.Close(context.Background()); err == nil || !strings.Contains(err.Error(), "quarantined") {
 		t.Fatalf("Close = %v, want the arena quarantined", err)
 	}
-	if got := listDir(t, groupDir(root, "g")); !slices.Equal(got, []string{lockFileName, arena}) {
-		t.Errorf("directory holds %v, want the lock and the quarantined arena", got)
+	if got, want := listDir(t, groupDir(root, "g")), []string{lockFileName, tmpFileName(r.Identity()), arena}; !slices.Equal(got, want) {
+		t.Errorf("directory holds %v, want %v: the lock, the revoked control file and the quarantined arena", got, want)
 	}
 	if !mapsMention(t, arena) {
 		t.Errorf("quarantined arena unmapped")

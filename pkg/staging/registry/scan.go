@@ -75,6 +75,11 @@ type peerScan struct {
 	hdr      staging.Header // one header as read by the current call
 	statBuf  [512]byte
 	listings int
+	// self is this rank's PID namespace.
+	self staging.PidNS
+	// changes counts entries added and dropped: an unclassified watch is
+	// read again only after one.
+	changes uint64
 	// test outlives release.
 	test scanTest
 }
@@ -110,19 +115,44 @@ type scanEntry struct {
 	info   PeerInfo
 }
 
-// procWatch follows the process of one registration. A pidfd, polled for
-// all watches at once, turns readable once the process has exited, reaped
-// or a zombie; without pidfds an open /proc/<pid>/stat shows state Z, and
-// answers ESRCH once the process is reaped. Either is opened once and tied
-// to the registered process by its start time, so a reused pid cannot
-// fool it afterwards.
+// procWatch follows one registration, as its control file says to judge
+// it. One in this rank's PID namespace is judged by its process: a pidfd,
+// polled for all watches at once, turns readable once the process has
+// exited, reaped or a zombie; without pidfds an open /proc/<pid>/stat
+// shows state Z, and answers ESRCH once the process is reaped. Either is
+// opened once and tied to the registered process by its start time, so a
+// reused pid cannot fool it afterwards. One in another namespace is judged
+// by its heartbeat alone, read through its control file on every call:
+// gone is set while the heartbeat has held one value for longer than the
+// timeout, and cleared when it moves again. One whose namespace cannot be
+// read (no control file yet, or garbage) is judged again on every call.
 type procWatch struct {
-	id     staging.Identity
+	id   staging.Identity
+	mode watchMode
+	ns   staging.PidNS
+	// pidfd and statfd: watchPid.
 	pidfd  int
 	statfd int
-	gone   string
-	used   uint64
+	// ctlfd, hb and hbSince: watchHeartbeat. hbSince is the MonoNanos at
+	// which this rank first read the heartbeat at hb.
+	ctlfd   int
+	hb      uint64
+	hbSince int64
+	gone    string
+	used    uint64
+	// ctl is what the control file said when last read, and changes the
+	// scan's count of changes then (watchUnknown).
+	ctl     ctlKind
+	changes uint64
 }
+
+type watchMode int
+
+const (
+	watchUnknown watchMode = iota
+	watchPid
+	watchHeartbeat
+)
 
 func (s *peerScan) init(d *registryDir) error {
 	if s.open {
@@ -132,7 +162,7 @@ func (s *peerScan) init(d *registryDir) error {
 	if err != nil {
 		return &os.PathError{Op: "open", Path: d.path, Err: err}
 	}
-	*s = peerScan{open: true, listFd: fd, test: s.test, byName: make(map[string]*scanEntry), buf: make([]byte, direntBuf)}
+	*s = peerScan{open: true, listFd: fd, test: s.test, self: s.self, byName: make(map[string]*scanEntry), buf: make([]byte, direntBuf)}
 	return nil
 }
 
@@ -148,7 +178,7 @@ func (s *peerScan) release() {
 		w.close()
 	}
 	unix.Close(s.listFd)
-	*s = peerScan{test: s.test}
+	*s = peerScan{test: s.test, self: s.self}
 }
 
 // refresh brings the entries up to date: it lists the directory when its
@@ -242,11 +272,12 @@ func (s *peerScan) listed(d *registryDir, self staging.Identity, z []byte, end i
 	if e == nil {
 		e = &scanEntry{name: string(z[:end]), ino: st.Ino, size: st.Size, fd: -1}
 		e.kind, e.id = parseEntryName(e.name)
-		if e.id != self && (e.kind == entryRank || e.kind == entryTmp || e.kind == entryArena) {
-			e.proc = s.watch(e.id)
+		if e.id != self && (e.kind == entryRank || e.kind == entryTmp || e.kind == entryArena || e.kind == entrySock) {
+			e.proc = s.watch(d, e.id, nil)
 		}
 		s.entries = append(s.entries, e)
 		s.byName[e.name] = e
+		s.changes++
 	} else if e.size != st.Size {
 		e.size, e.loaded = st.Size, false
 	}
@@ -265,6 +296,7 @@ func (s *peerScan) dropUnlisted() {
 }
 
 func (s *peerScan) drop(e *scanEntry) {
+	s.changes++
 	e.close()
 	delete(s.byName, e.name)
 	for i, x := range s.entries {
@@ -285,23 +317,63 @@ func (e *scanEntry) close() {
 	e.loaded = false
 }
 
-// watch returns the watch of id, opening one on first sight.
-func (s *peerScan) watch(id staging.Identity) *procWatch {
+// watch returns the watch of id, opening one on first sight. ns, when
+// known (a lane's owner words carry it), spares reading the control file
+// for it.
+func (s *peerScan) watch(d *registryDir, id staging.Identity, ns *staging.PidNS) *procWatch {
 	for _, w := range s.procs {
 		if w.id == id {
 			return w
 		}
 	}
-	w := openProcWatch(id, !s.test.noPidfd)
+	w := &procWatch{id: id, pidfd: -1, statfd: -1, ctlfd: -1}
+	switch {
+	case ns != nil:
+		w.setMode(*ns, s.self, !s.test.noPidfd)
+	default:
+		s.classify(d, w)
+	}
 	s.procs = append(s.procs, w)
 	return w
 }
 
+// classify reads the control file of an unclassified watch and sets its
+// mode from the namespace it names.
+func (s *peerScan) classify(d *registryDir, w *procWatch) {
+	c := readRegControl(d.fd(), d.path, d.uid, w.id)
+	w.ctl, w.changes = c.kind, s.changes
+	if c.kind == ctlValid {
+		w.setMode(headerNS(&c.hdr), s.self, !s.test.noPidfd)
+	}
+}
+
+func (w *procWatch) setMode(ns, self staging.PidNS, pidfd bool) {
+	w.ns = ns
+	if ns == self {
+		w.mode = watchPid
+		w.openProc(pidfd)
+		return
+	}
+	w.mode = watchHeartbeat
+	w.hbSince = staging.MonoNanos()
+}
+
+// unchangedSince implements heartbeatObserver for the judge of a cleanup
+// that runs on this call's findings.
+func (s *peerScan) unchangedSince(id staging.Identity, hb uint64) (int64, bool) {
+	for _, w := range s.procs {
+		if w.id == id && w.mode == watchHeartbeat && w.hb == hb {
+			return w.hbSince, true
+		}
+	}
+	return 0, false
+}
+
 // checkProcs marks the watches this call needs (those of listed entries
-// and of the owners of this rank's lanes), finds out which processes
-// exited, and closes the watches nobody needs any more. It reports whether
-// a lane of ctl is held by a process that is gone.
-func (s *peerScan) checkProcs(ctl *staging.ControlBlock) (deadOwner bool) {
+// and of the owners of this rank's lanes), finds out which registrations
+// are gone, and closes the watches nobody needs any more. It reports
+// whether a lane of ctl is held by an owner that is gone.
+func (s *peerScan) checkProcs(d *registryDir, ctl *staging.ControlBlock, timeout time.Duration) (deadOwner bool) {
 	s.round++
 	for _, e := range s.entries {
 		if e.proc != nil {
@@ -311,11 +383,12 @@ func (s *peerScan) checkProcs(ctl *staging.ControlBlock) (deadOwner bool) {
 	var owners [staging.LaneCount]*procWatch
 	for i := range ctl.Lanes {
 		if owner, held := ctl.Lanes[i].Owner.Load(); held {
-			owners[i] = s.watch(owner)
+			ns := ctl.Lanes[i].Owner.LoadNS()
+			owners[i] = s.watch(d, owner, &ns)
 			owners[i].used = s.round
 		}
 	}
-	s.poll()
+	s.poll(d, timeout)
 	for i := 0; i < len(s.procs); {
 		if w := s.procs[i]; w.used != s.round {
 			w.close()
@@ -334,15 +407,29 @@ func (s *peerScan) checkProcs(ctl *staging.ControlBlock) (deadOwner bool) {
 	return false
 }
 
-// poll checks every needed watch not yet gone: all pidfds in one poll, the
-// others one by one.
-func (s *peerScan) poll() {
+// poll checks every needed watch not yet gone for good: all pidfds in one
+// poll, the others one by one.
+func (s *peerScan) poll(d *registryDir, timeout time.Duration) {
 	s.polls, s.pollOf = s.polls[:0], s.pollOf[:0]
+	now := staging.MonoNanos()
 	for _, w := range s.procs {
-		if w.used != s.round || w.gone != "" {
+		if w.used != s.round {
 			continue
 		}
+		if w.mode == watchUnknown && (w.ctl != ctlBad || w.changes != s.changes) {
+			// Garbage is read again only when the directory changed; a
+			// control file not there yet, or not yet written, on every
+			// call.
+			s.classify(d, w)
+		}
 		switch {
+		case w.mode == watchHeartbeat:
+			w.checkHeartbeat(d, now, timeout)
+		case w.mode == watchUnknown && w.ctl == ctlBad:
+			// Garbage: nothing in it proves anything.
+		case w.mode == watchUnknown:
+			s.judgeUnknown(d, w, now, timeout)
+		case w.gone != "":
 		case w.pidfd >= 0:
 			s.polls = append(s.polls, unix.PollFd{Fd: int32(w.pidfd), Events: unix.POLLIN})
 			s.pollOf = append(s.pollOf, w)
@@ -374,14 +461,62 @@ func (s *peerScan) poll() {
 	}
 }
 
-// openProcWatch starts watching the process of id. A process already gone
-// is gone for good; one whose state cannot be proven stays watched with
-// kill(pid, 0) alone, as goneReason would judge it.
-func openProcWatch(id staging.Identity, pidfd bool) *procWatch {
-	w := &procWatch{id: id, pidfd: -1, statfd: -1}
+// judgeUnknown judges a registration whose control file names no
+// namespace (see judge.gone); the cleanup judges it again under the lock.
+func (s *peerScan) judgeUnknown(d *registryDir, w *procWatch, now int64, timeout time.Duration) {
+	c := readRegControl(d.fd(), d.path, d.uid, w.id)
+	var newest int64
+	var st unix.Stat_t
+	for _, name := range [...]string{rankFileName(w.id), tmpFileName(w.id), arenaFileName(w.id), sockFileName(w.id)} {
+		if unix.Fstatat(d.fd(), name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+			newest = max(newest, st.Ctim.Nano())
+		}
+	}
+	w.gone = judge{self: s.self, timeout: timeout}.gone(w.id, c, newest, now)
+}
+
+// checkHeartbeat reads the heartbeat of a registration of another
+// namespace and judges it: gone while it has held one value, as this rank
+// saw it, for longer than the timeout, and is older than the timeout.
+// Without a control file the heartbeat reads 0 and never changes.
+func (w *procWatch) checkHeartbeat(d *registryDir, now int64, timeout time.Duration) {
+	if w.ctlfd < 0 {
+		for _, name := range [...]string{rankFileName(w.id), tmpFileName(w.id)} {
+			if fd, _, err := openPrivate(d.fd(), d.path, name, unix.O_RDONLY, d.uid); err == nil {
+				w.ctlfd = fd
+				break
+			}
+		}
+	}
+	var hb uint64
+	if w.ctlfd >= 0 {
+		var b [8]byte
+		if n, err := unix.Pread(w.ctlfd, b[:], heartbeatOffset); err == nil && n == len(b) {
+			hb = binary.NativeEndian.Uint64(b[:])
+		} else {
+			hb = w.hb
+		}
+	}
+	if hb != w.hb {
+		w.hb, w.hbSince = hb, now
+	}
+	w.gone = judge{self: w.ns, timeout: timeout, obs: w}.heartbeatGone(w.id, w.hb, w.ns, now)
+}
+
+// unchangedSince makes one watch its own observer.
+func (w *procWatch) unchangedSince(id staging.Identity, hb uint64) (int64, bool) {
+	return w.hbSince, id == w.id && hb == w.hb
+}
+
+// openProc starts watching the process of a registration of this
+// namespace. A process already gone is gone for good; one whose state
+// cannot be proven stays watched with kill(pid, 0) alone, as goneReason
+// would judge it.
+func (w *procWatch) openProc(pidfd bool) {
+	id := w.id
 	if id.Pid <= 0 || id.Pid > staging.MaxPid {
 		w.gone = fmt.Sprintf("pid %d is not a valid pid", id.Pid)
-		return w
+		return
 	}
 	err := errNoPidfd
 	if pidfd {
@@ -398,7 +533,7 @@ func openProcWatch(id staging.Identity, pidfd bool) *procWatch {
 	}
 	if errors.Is(err, unix.ESRCH) || errors.Is(err, unix.ENOENT) {
 		w.setGone(fmt.Sprintf("pid %d has exited", id.Pid))
-		return w
+		return
 	}
 	// The descriptors follow whichever process had the pid when they were
 	// opened. It was the registered one if the process that has the pid now
@@ -406,7 +541,6 @@ func openProcWatch(id staging.Identity, pidfd bool) *procWatch {
 	if why := goneReason(id.Pid, id.StartTime); why != "" {
 		w.setGone(why)
 	}
-	return w
 }
 
 // checkStat reads the kept /proc/<pid>/stat into buf.
@@ -436,13 +570,11 @@ func (w *procWatch) setGone(why string) {
 }
 
 func (w *procWatch) close() {
-	if w.pidfd >= 0 {
-		unix.Close(w.pidfd)
-		w.pidfd = -1
-	}
-	if w.statfd >= 0 {
-		unix.Close(w.statfd)
-		w.statfd = -1
+	for _, fd := range [...]*int{&w.pidfd, &w.statfd, &w.ctlfd} {
+		if *fd >= 0 {
+			unix.Close(*fd)
+			*fd = -1
+		}
 	}
 }
 

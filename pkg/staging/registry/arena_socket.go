@@ -1,0 +1,494 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package registry
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+
+	"github.com/pxn-project/pxn/pkg/staging"
+)
+
+// The arena socket: a rank whose arena can hand out descriptors
+// (staging.FDArena) listens on sock-<id> in its group directory, and gives
+// the holder of one of its lanes a descriptor of its arena (SCM_RIGHTS).
+// A unix socket file, not an abstract one: pods of a group share the
+// directory but not a network namespace. See docs/registry.md.
+const (
+	// sockMaxConns bounds the connections served at once; more are closed
+	// as soon as they are accepted.
+	sockMaxConns = 8
+	// sockServeTimeout bounds one connection, request and answer.
+	sockServeTimeout = time.Second
+	// sockClientTimeout bounds a sender's wait for its answer.
+	sockClientTimeout = 2 * time.Second
+	// sockBacklog is the listen backlog.
+	sockBacklog = 32
+
+	fdMagic   = 0x44465850 // "PXFD"
+	fdVersion = 1
+	// fdRequestSize and fdAnswerSize are fixed: a request is read whole
+	// or not at all.
+	fdRequestSize = 32
+	fdAnswerSize  = 16
+	// sockPathMax is the room in sockaddr_un for a path and its NUL.
+	sockPathMax = 107
+)
+
+// Answer statuses.
+const (
+	fdOK = iota
+	fdMalformed
+	fdNotHolder
+	fdNotReady
+	fdExportFailed
+	fdWrongUID
+)
+
+func fdStatusText(s uint32) string {
+	switch s {
+	case fdOK:
+		return "ok"
+	case fdMalformed:
+		return "malformed request"
+	case fdNotHolder:
+		return "the lane is not held by the asker"
+	case fdNotReady:
+		return "the relay is not READY"
+	case fdExportFailed:
+		return "the relay could not export its arena"
+	case fdWrongUID:
+		return "the asker's uid is not the registry's"
+	}
+	return "status " + strconv.FormatUint(uint64(s), 10)
+}
+
+// fdRequest asks for a descriptor of the arena for the holder of Lane:
+// SenderEpoch and LaneEpoch must be the lane's current owner words.
+type fdRequest struct {
+	Lane        uint32
+	SenderEpoch uint64
+	LaneEpoch   uint64
+}
+
+func (q fdRequest) encode() [fdRequestSize]byte {
+	var b [fdRequestSize]byte
+	binary.LittleEndian.PutUint32(b[0:], fdMagic)
+	binary.LittleEndian.PutUint32(b[4:], fdVersion)
+	binary.LittleEndian.PutUint32(b[8:], q.Lane)
+	binary.LittleEndian.PutUint64(b[16:], q.SenderEpoch)
+	binary.LittleEndian.PutUint64(b[24:], q.LaneEpoch)
+	return b
+}
+
+func decodeFDRequest(b []byte) (fdRequest, error) {
+	if len(b) != fdRequestSize {
+		return fdRequest{}, fmt.Errorf("request of %d bytes, want %d", len(b), fdRequestSize)
+	}
+	if m := binary.LittleEndian.Uint32(b[0:]); m != fdMagic {
+		return fdRequest{}, fmt.Errorf("request magic %#x, want %#x", m, fdMagic)
+	}
+	if v := binary.LittleEndian.Uint32(b[4:]); v != fdVersion {
+		return fdRequest{}, fmt.Errorf("request version %d, want %d", v, fdVersion)
+	}
+	q := fdRequest{
+		Lane:        binary.LittleEndian.Uint32(b[8:]),
+		SenderEpoch: binary.LittleEndian.Uint64(b[16:]),
+		LaneEpoch:   binary.LittleEndian.Uint64(b[24:]),
+	}
+	switch {
+	case binary.LittleEndian.Uint32(b[12:]) != 0:
+		return q, errors.New("request padding is not zero")
+	case q.Lane >= staging.LaneCount:
+		return q, fmt.Errorf("lane %d out of range 0..%d", q.Lane, staging.LaneCount-1)
+	case q.SenderEpoch == 0 || q.LaneEpoch == 0:
+		return q, errors.New("request epoch 0")
+	}
+	return q, nil
+}
+
+func encodeFDAnswer(status uint32, size uint64) [fdAnswerSize]byte {
+	var b [fdAnswerSize]byte
+	binary.LittleEndian.PutUint32(b[0:], fdMagic)
+	binary.LittleEndian.PutUint32(b[4:], status)
+	binary.LittleEndian.PutUint64(b[8:], size)
+	return b
+}
+
+// sockAddr is the address of name in the directory dirfd refers to: its
+// path when short enough, or else the path through /proc/self/fd, which
+// resolves to the same directory and fits whatever the root's length.
+func sockAddr(dirfd int, dirPath, name string) string {
+	if p := filepath.Join(dirPath, name); len(p) <= sockPathMax {
+		return p
+	}
+	return "/proc/self/fd/" + strconv.Itoa(dirfd) + "/" + name
+}
+
+// ServeStats counts what an arena socket did.
+type ServeStats struct {
+	// Served: descriptors handed out.
+	Served uint64
+	// Refused: connections answered with an error (wrong uid, malformed,
+	// not the lane's holder, not READY, export failed) or dropped for a
+	// missing or late request.
+	Refused uint64
+	// Busy: connections closed at once because sockMaxConns were being
+	// served.
+	Busy uint64
+}
+
+// arenaServer serves one rank's arena socket from goroutines of its own:
+// nothing it does waits on the pump or holds the registry lock, and no
+// client can hold it longer than sockServeTimeout or more than
+// sockMaxConns of its descriptors.
+type arenaServer struct {
+	ln    *net.UnixListener
+	dirfd int
+	name  string
+	uid   int
+	self  staging.PidNS
+	ctl   *staging.ControlBlock
+	arena staging.FDArena
+	size  uint64
+	log   klog.Logger
+
+	slots   chan struct{}
+	done    chan struct{}
+	wg      sync.WaitGroup
+	served  atomic.Uint64
+	refused atomic.Uint64
+	busy    atomic.Uint64
+	once    sync.Once
+}
+
+// startArenaServer binds sock-<id> in d, 0600 whatever the umask (the
+// socket's own mode is set before bind, and bind creates the file with
+// it), and serves it.
+func startArenaServer(d *registryDir, name string, ctl *staging.ControlBlock, self staging.PidNS, arena staging.FDArena, size uint64, log klog.Logger) (*arenaServer, error) {
+	path := filepath.Join(d.path, name)
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "socket", Path: path, Err: err}
+	}
+	if err := unix.Fchmod(fd, filePerm); err != nil {
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "chmod socket", Path: path, Err: err}
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: sockAddr(d.fd(), d.path, name)}); err != nil {
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "bind", Path: path, Err: err}
+	}
+	own, err := unix.FcntlInt(uintptr(d.fd()), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		unix.Close(fd)
+		unix.Unlinkat(d.fd(), name, 0)
+		return nil, &os.PathError{Op: "dup", Path: d.path, Err: err}
+	}
+	s := &arenaServer{dirfd: own, name: name, uid: d.uid, self: self, ctl: ctl, arena: arena, size: size, log: log,
+		slots: make(chan struct{}, sockMaxConns), done: make(chan struct{})}
+	fail := func(err error) (*arenaServer, error) {
+		unix.Close(fd)
+		s.unlink()
+		unix.Close(own)
+		return nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(d.fd(), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fail(&os.PathError{Op: "stat", Path: path, Err: err})
+	}
+	if p := privateProblem(&st, d.uid, unix.S_IFSOCK); p != "" {
+		return fail(&UnsafeError{Path: path, Problem: p})
+	}
+	if err := unix.Listen(fd, sockBacklog); err != nil {
+		return fail(&os.PathError{Op: "listen", Path: path, Err: err})
+	}
+	f := os.NewFile(uintptr(fd), path)
+	ln, err := net.FileListener(f)
+	f.Close()
+	if err != nil {
+		s.unlink()
+		unix.Close(own)
+		return nil, fmt.Errorf("serve %s: %w", path, err)
+	}
+	s.ln = ln.(*net.UnixListener)
+	s.wg.Add(1)
+	go s.run()
+	return s, nil
+}
+
+func (s *arenaServer) run() {
+	defer s.wg.Done()
+	backoff := time.NewTimer(0)
+	<-backoff.C
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of descriptors, most likely: wait a little rather than
+			// spin, and let the connections being served finish.
+			s.log.V(2).Info("pxn arena socket accept failed", "socket", s.name, "err", err.Error())
+			backoff.Reset(10 * time.Millisecond)
+			select {
+			case <-backoff.C:
+			case <-s.done:
+				return
+			}
+			continue
+		}
+		select {
+		case s.slots <- struct{}{}:
+			s.wg.Add(1)
+			go s.serve(c)
+		default:
+			s.busy.Add(1)
+			c.Close()
+		}
+	}
+}
+
+// serve answers one connection once and closes it.
+func (s *arenaServer) serve(c *net.UnixConn) {
+	defer func() {
+		c.Close()
+		<-s.slots
+		s.wg.Done()
+	}()
+	if err := c.SetDeadline(time.Now().Add(sockServeTimeout)); err != nil {
+		s.refused.Add(1)
+		return
+	}
+	status, fd := s.answer(c)
+	if status == fdOK && fd < 0 {
+		s.refused.Add(1)
+		return
+	}
+	ans := encodeFDAnswer(status, s.size)
+	var oob []byte
+	if fd >= 0 {
+		oob = unix.UnixRights(fd)
+		defer unix.Close(fd)
+	}
+	if _, _, err := c.WriteMsgUnix(ans[:], oob, nil); err != nil || status != fdOK {
+		s.refused.Add(1)
+		return
+	}
+	s.served.Add(1)
+}
+
+// answer checks the asker and its request; a descriptor comes back only
+// with fdOK. A status of fdOK with fd -1 means: no answer, drop the
+// connection (the request never came whole).
+func (s *arenaServer) answer(c *net.UnixConn) (uint32, int) {
+	cred, err := peerCred(c)
+	if err != nil {
+		return fdOK, -1
+	}
+	if int(cred.Uid) != s.uid {
+		s.log.V(2).Info("pxn arena socket refused a peer of another uid", "socket", s.name, "uid", cred.Uid)
+		return fdWrongUID, -1
+	}
+	var b [fdRequestSize]byte
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		return fdOK, -1
+	}
+	q, err := decodeFDRequest(b[:])
+	if err != nil {
+		s.log.V(2).Info("pxn arena socket refused a request", "socket", s.name, "err", err.Error())
+		return fdMalformed, -1
+	}
+	if st := s.ctl.Header.LoadState(); st != staging.StateReady {
+		return fdNotReady, -1
+	}
+	lane := &s.ctl.Lanes[q.Lane]
+	owner, held := lane.Owner.Load()
+	switch {
+	case !held, owner.Epoch != q.SenderEpoch, lane.Epoch() != q.LaneEpoch:
+		return fdNotHolder, -1
+	case lane.Owner.LoadNS() == s.self && int(cred.Pid) != owner.Pid:
+		// Only in one namespace does the kernel's pid of the asker mean
+		// the pid the owner recorded.
+		return fdNotHolder, -1
+	}
+	fd, err := s.arena.ExportFD()
+	if err != nil {
+		s.log.Error(err, "pxn arena socket could not export the arena", "socket", s.name)
+		return fdExportFailed, -1
+	}
+	return fdOK, fd
+}
+
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	return cred, cerr
+}
+
+func (s *arenaServer) stats() ServeStats {
+	return ServeStats{Served: s.served.Load(), Refused: s.refused.Load(), Busy: s.busy.Load()}
+}
+
+func (s *arenaServer) unlink() {
+	if err := unix.Unlinkat(s.dirfd, s.name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		s.log.Error(err, "pxn arena socket not removed", "socket", s.name)
+	}
+}
+
+// close stops accepting, waits for the connections in progress (each ends
+// within sockServeTimeout) and removes the socket file.
+func (s *arenaServer) close() error {
+	var err error
+	s.once.Do(func() {
+		close(s.done)
+		err = s.ln.Close()
+		s.wg.Wait()
+		s.unlink()
+		unix.Close(s.dirfd)
+	})
+	return err
+}
+
+// fdClient is one request to a relay's arena socket. Nothing in it blocks
+// unless asked to: the pump connects, sends and later polls for the answer.
+type fdClient struct {
+	fd       int
+	name     string
+	deadline int64 // MonoNanos
+	buf      [fdAnswerSize]byte
+	n        int
+	rights   []int
+}
+
+// dialArenaSocket connects to the relay's socket name in d and sends q.
+func dialArenaSocket(d *registryDir, name string, q fdRequest, now int64) (*fdClient, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("arena socket %s: %w", name, err)
+	}
+	c := &fdClient{fd: fd, name: name, deadline: now + int64(sockClientTimeout)}
+	err = unix.Connect(fd, &unix.SockaddrUnix{Name: sockAddr(d.fd(), d.path, name)})
+	for errors.Is(err, unix.EINTR) {
+		err = unix.Connect(fd, &unix.SockaddrUnix{Name: sockAddr(d.fd(), d.path, name)})
+	}
+	if err != nil {
+		c.close()
+		if errors.Is(err, unix.EAGAIN) {
+			return nil, fmt.Errorf("arena socket %s: backlog full: %w", name, err)
+		}
+		return nil, fmt.Errorf("arena socket %s: connect: %w", name, err)
+	}
+	b := q.encode()
+	n, err := unix.Write(fd, b[:])
+	if err == nil && n != len(b) {
+		err = fmt.Errorf("wrote %d of %d bytes", n, len(b))
+	}
+	if err != nil {
+		c.close()
+		return nil, fmt.Errorf("arena socket %s: send request: %w", name, err)
+	}
+	return c, nil
+}
+
+// poll reads the answer as far as it has come, waiting up to wait for
+// more. done reports an answer read whole (or a failure); then fd is the
+// arena's descriptor, which the caller closes, and size its size.
+func (c *fdClient) poll(wait time.Duration) (fd int, size uint64, done bool, err error) {
+	if wait > 0 {
+		pfd := []unix.PollFd{{Fd: int32(c.fd), Events: unix.POLLIN}}
+		ms := int(wait / time.Millisecond)
+		if ms == 0 {
+			ms = 1
+		}
+		if _, err := unix.Poll(pfd, ms); err != nil && !errors.Is(err, unix.EINTR) {
+			return -1, 0, true, fmt.Errorf("arena socket %s: poll: %w", c.name, err)
+		}
+	}
+	for c.n < len(c.buf) {
+		oob := make([]byte, unix.CmsgSpace(4))
+		n, oobn, flags, _, err := unix.Recvmsg(c.fd, c.buf[c.n:], oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EAGAIN):
+			return -1, 0, false, nil
+		case err != nil:
+			return -1, 0, true, fmt.Errorf("arena socket %s: receive: %w", c.name, err)
+		}
+		if oobn > 0 {
+			if err := c.takeRights(oob[:oobn]); err != nil {
+				return -1, 0, true, err
+			}
+		}
+		if flags&unix.MSG_CTRUNC != 0 {
+			return -1, 0, true, fmt.Errorf("arena socket %s: more descriptors than one", c.name)
+		}
+		if n == 0 {
+			return -1, 0, true, fmt.Errorf("arena socket %s: closed after %d bytes of the answer (the relay is busy, closing, or refused us)", c.name, c.n)
+		}
+		c.n += n
+	}
+	magic, status := binary.LittleEndian.Uint32(c.buf[0:]), binary.LittleEndian.Uint32(c.buf[4:])
+	size = binary.LittleEndian.Uint64(c.buf[8:])
+	switch {
+	case magic != fdMagic:
+		return -1, 0, true, fmt.Errorf("arena socket %s: answer magic %#x, want %#x", c.name, magic, fdMagic)
+	case status != fdOK:
+		return -1, 0, true, fmt.Errorf("arena socket %s: refused: %s", c.name, fdStatusText(status))
+	case len(c.rights) != 1:
+		return -1, 0, true, fmt.Errorf("arena socket %s: %d descriptors with the answer, want 1", c.name, len(c.rights))
+	}
+	fd = c.rights[0]
+	c.rights = nil
+	return fd, size, true, nil
+}
+
+// takeRights keeps the descriptors of an SCM_RIGHTS message; close closes
+// whichever are not handed out.
+func (c *fdClient) takeRights(oob []byte) error {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return fmt.Errorf("arena socket %s: control message: %w", c.name, err)
+	}
+	for _, m := range msgs {
+		fds, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			continue
+		}
+		c.rights = append(c.rights, fds...)
+	}
+	return nil
+}
+
+func (c *fdClient) close() {
+	for _, fd := range c.rights {
+		unix.Close(fd)
+	}
+	c.rights = nil
+	if c.fd >= 0 {
+		unix.Close(c.fd)
+		c.fd = -1
+	}
+}
