@@ -36,8 +36,8 @@
 #                     all-to-all (each scenario's rows written as it ends)
 #   pidns (35)        2 ranks each in PID and mount namespaces of its own,
 #                     only where pxn-bench run --help lists --pidns (root)
-#   gpu (30)          pkg/gpu's tests
-#   libpxn (40)       the C ABI's GPU tests (gpu_ranks.c, compiled there)
+#   gpu (40)          pkg/gpu's tests
+#   libpxn (45)       the C ABI's GPU tests (gpu_ranks.c, compiled there)
 #   nic (25)          the emulated NIC alone (pkg/sim/gpunic benchmarks)
 set -euo pipefail
 
@@ -197,8 +197,8 @@ kit_run() {
   else
     echo "pidns skipped: this pxn-bench has no --pidns" | tee -a "$out/steps.txt"
   fi
-  step gpu 30 ./gpu.test -test.v
-  STEP_DIR=$repo/cmd/libpxn PXN_LIBPXN_DIR=$kit/lib step libpxn 40 "$kit/libpxn.test" -test.v -test.run 'TestGPURanksThroughCABI|TestFirstHopChoice|TestABIRules'
+  step gpu 40 ./gpu.test -test.v
+  STEP_DIR=$repo/cmd/libpxn PXN_LIBPXN_DIR=$kit/lib step libpxn 45 "$kit/libpxn.test" -test.v -test.run 'TestGPURanksThroughCABI|TestFirstHopChoice|TestABIRules'
   PXN_REQUIRE_GPU=1 step nic 25 ./gpunic.test -test.run '^$' -test.bench . -test.benchtime 1000x
 }
 
