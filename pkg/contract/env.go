@@ -72,12 +72,15 @@ const (
 	MinCreditTimeout     = 1 * time.Millisecond
 	MaxCreditTimeout     = 600000 * time.Millisecond
 
-	// DefaultFirstPieceKiB starts a request with a Piece whose second hop
-	// (5 µs at 50 GB/s) outlasts the sender's turn to publish the next.
-	DefaultFirstPieceKiB = 256
-	MinFirstPieceKiB     = 4
 	// MaxFirstPieceKiB is the staging slot: no ramp.
 	MaxFirstPieceKiB = 8192
+	// DefaultFirstPieceKiB is the slot: the ramp is off unless asked for.
+	// On one H200 under MPS a 256 KiB ramp made a kv-small request slower
+	// (completion +108 µs over direct at p50 against +79 µs without it):
+	// each extra Piece costs more hand-over than its overlap saves there
+	// (docs/benchmarks.md).
+	DefaultFirstPieceKiB = MaxFirstPieceKiB
+	MinFirstPieceKiB     = 4
 
 	DefaultHeartbeatTimeout = 3000 * time.Millisecond
 	// MinHeartbeatTimeout is two periods of the engine's 100 ms heartbeat:

@@ -271,7 +271,7 @@ func TestSteadyStateAllocatesNothing(t *testing.T) {
 	}
 	// An 8 MiB request under the default ramp: five Pieces of 256 KiB to
 	// 4 MiB, and the last 256 KiB.
-	loads = append(loads, load{pathLoad{"16KiBx512 ramp", 16 << 10, 512}, staging.DefaultConfig().FirstPiece})
+	loads = append(loads, load{pathLoad{"16KiBx512 ramp", 16 << 10, 512}, 256 << 10})
 	for _, l := range loads {
 		t.Run(l.name, func(t *testing.T) {
 			p := newPairTB(t, pairOpts{tgtSize: l.bytes(), srcSize: l.bytes(), manual: true, cfg: func(c *staging.Config) { c.FirstPiece = l.first }})

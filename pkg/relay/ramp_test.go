@@ -26,15 +26,12 @@ func rampPieces(n, block, first uint64) uint64 {
 	return pieces
 }
 
-// TestRampThroughRelay: with the default ramp, a request's first Pieces
+// TestRampThroughRelay: with a 256 KiB ramp, a request's first Pieces
 // are small and grow to full slots; every byte arrives where it belongs,
 // nothing goes direct, and the relay forwards exactly the Pieces the ramp
 // makes.
 func TestRampThroughRelay(t *testing.T) {
-	first := staging.DefaultConfig().FirstPiece
-	if first != 256<<10 {
-		t.Fatalf("default first Piece %d, want 256 KiB", first)
-	}
+	first := uint64(256 << 10)
 	const most = 40*mib + 3
 	p := newPair(t, pairOpts{tgtSize: 2 * most, srcSize: most, cfg: func(c *staging.Config) { c.FirstPiece = first }})
 	for _, tc := range []struct {

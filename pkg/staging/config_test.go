@@ -49,7 +49,7 @@ func TestConfigDefaults(t *testing.T) {
 		CreditTimeout:    1000 * time.Millisecond,
 		HeartbeatTimeout: 3000 * time.Millisecond,
 		RegistryRoot:     "/dev/shm",
-		FirstPiece:       256 << 10,
+		FirstPiece:       SlotSize,
 	}
 	if !equalConfig(cfg, want) {
 		t.Fatalf("config = %+v, want %+v", cfg, want)
@@ -162,7 +162,7 @@ func TestConfigVariables(t *testing.T) {
 		{"heartbeat 600001", enabled.with(contract.EnvHeartbeatTimeout, "600001"), contract.EnvHeartbeatTimeout, nil},
 		{"heartbeat negative", enabled.with(contract.EnvHeartbeatTimeout, "-3000"), contract.EnvHeartbeatTimeout, nil},
 
-		{"first piece default", enabled, "", func(c Config) bool { return c.FirstPiece == 256<<10 }},
+		{"first piece default: no ramp", enabled, "", func(c Config) bool { return c.FirstPiece == SlotSize }},
 		{"first piece 4", enabled.with(contract.EnvFirstPiece, "4"), "", func(c Config) bool { return c.FirstPiece == 4<<10 }},
 		{"first piece 1000", enabled.with(contract.EnvFirstPiece, "1000"), "", func(c Config) bool { return c.FirstPiece == 1000<<10 }},
 		{"first piece the slot", enabled.with(contract.EnvFirstPiece, "8192"), "", func(c Config) bool { return c.FirstPiece == SlotSize }},
