@@ -4,6 +4,8 @@
 # when all have printed DONE, so that no rank withdraws while another still
 # relays through it. Usage: run-example.sh [BUILD_DIR] [N]
 # BUILD_DIR holds libpxn.so and pxn_example (see docs/c-abi.md).
+# PXN_EXAMPLE_PIDNS=1 starts each rank in a PID namespace of its own, half a
+# second apart, as ranks of separate pods (needs root and unshare).
 set -euo pipefail
 
 build=${1:-.}
@@ -27,7 +29,12 @@ mkdir "$work/targets"
 
 for ((i = 0; i < n; i++)); do
 	mkfifo "$work/go$i"
-	"$build/pxn_example" --rank "$i" --ranks "$n" --dir "$work/targets" \
+	wrap=()
+	if [[ ${PXN_EXAMPLE_PIDNS:-0} == 1 ]]; then
+		wrap=(unshare --pid --fork --mount-proc --kill-child)
+		((i > 0)) && sleep 0.5
+	fi
+	"${wrap[@]}" "$build/pxn_example" --rank "$i" --ranks "$n" --dir "$work/targets" \
 		<"$work/go$i" >"$work/out$i" &
 	pids[i]=$!
 	# Hold the fifo open for writing so the rank's stdin stays open.

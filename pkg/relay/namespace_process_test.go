@@ -248,6 +248,7 @@ func TestNamespaceHostileArenaSocketClient(t *testing.T) {
 
 	late := g.startInPidNS("late", 2, 4*faultMiB)
 	late.route(faultRail(1), true, 20*time.Second)
+	late.route(faultRail(0), true, 20*time.Second)
 	late.submit(true, faultWrites(1, 4, faultPiece, 0, n*faultPiece)...)
 	ts = late.wait(20 * time.Second)
 	checkStates(t, ts, map[string]int{"completed": 4})

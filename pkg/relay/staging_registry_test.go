@@ -88,9 +88,18 @@ func TestStagingRegistryAttachLeavesPeersAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := slices.Clone(ps)
-	// The pump attaches while it ranges over what Peers returned.
+	// The pump attaches while it ranges over what Peers returned. An
+	// attach that waits for the relay's arena descriptor is busy, and the
+	// pump calls again at a later refresh.
 	for _, p := range ps {
-		l, err := s.Attach(p)
+		var l relay.Link
+		deadline := time.Now().Add(10 * time.Second) // generous: the relay answers from a goroutine of its own
+		for {
+			if l, err = s.Attach(p); !errors.Is(err, relay.ErrRegistryBusy) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
 		if err != nil {
 			t.Fatalf("Attach(%+v): %v", p, err)
 		}

@@ -50,6 +50,7 @@ const (
 	groupLabel       = "pxn.io/group"
 	gcWait           = 90 * time.Second // gcGrace 5s + gcInterval 2s + pod termination, with room
 	podStartTimeout  = 3 * time.Minute
+	rankPodRun       = 3 * time.Minute // a probe rank's own bound on each wait
 	defaultSuiteTime = 15 * time.Minute
 )
 
@@ -81,6 +82,7 @@ func TestLocalCluster(t *testing.T) {
 		{"PxnRailMap", (*cluster).checkRailMap},
 		{"NodeCapacity", (*cluster).checkCapacity},
 		{"Workloads", (*cluster).checkWorkloads},
+		{"MultiPodGroup", (*cluster).checkMultiPodGroup},
 		{"KubeletRestart", (*cluster).checkKubeletRestart},
 		{"GarbageCollection", (*cluster).checkGarbageCollection},
 	}
@@ -520,6 +522,162 @@ func (c *cluster) checkWorkloads() {
 		t.Errorf("host %s holds %v, want the folders %v", c.groupsDir(), got, wantKeys)
 	}
 	t.Logf("group folders on the host (%s): %v", c.groupsDir(), got)
+}
+
+// rankPod is a pod of one rank of job3, a group that spans two pods
+// (hack/e2e/probe rank): neither shares the host's PID namespace, nor each
+// other's.
+func rankPod(name string, index int, hca, peerHCA string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: %s
+  namespace: %s
+  labels:
+    %s: job3
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 2
+  hostPID: false
+  shareProcessNamespace: false
+  containers:
+    - name: rank
+      image: %s
+      imagePullPolicy: Never
+      command: ["/probe", "rank", "%d", "%s", "%s"]
+      env:
+        - name: POD_IP
+          valueFrom:
+            fieldRef:
+              fieldPath: status.podIP
+      resources:
+        limits:
+          %s: 1
+`, name, nsA, groupLabel, probeImage, index, hca, peerHCA, resource)
+}
+
+// rankResult is what a probe rank reports (hack/e2e/probe/rank.go).
+type rankResult struct {
+	PidNS          string            `json:"pid_ns"`
+	PXN            bool              `json:"pxn"`
+	RelayedPieces  uint64            `json:"relayed_pieces"`
+	FallbackPieces uint64            `json:"fallback_pieces"`
+	FailedPieces   uint64            `json:"failed_pieces"`
+	ArenasByFD     uint64            `json:"arenas_by_fd"`
+	ArenasByHandle uint64            `json:"arenas_by_handle"`
+	Verified       uint64            `json:"verified"`
+	Ranks          map[string]string `json:"ranks"`
+	Err            string            `json:"err"`
+}
+
+// checkMultiPodGroup runs the two ranks of one group in two pods, neither
+// with hostPID, the second started once the first runs: each relays its
+// writes through the other (the host path), both arenas mapped by
+// descriptor, every byte checked at its target, nothing sent direct, and
+// each sees the other's registration live, judged by heartbeat.
+func (c *cluster) checkMultiPodGroup() {
+	t := c.t
+	var m pxnRailMap
+	if err := c.getJSON(&m, "pxnrailmaps", c.node); err != nil {
+		t.Fatal(err)
+	}
+	var hcas []string
+	for h := range m.Status.RailMap {
+		hcas = append(hcas, h)
+	}
+	sort.Strings(hcas)
+	var pair []string
+	for _, h := range hcas {
+		if len(pair) == 0 || m.Status.RailMap[h] != m.Status.RailMap[pair[0]] {
+			pair = append(pair, h)
+		}
+		if len(pair) == 2 {
+			break
+		}
+	}
+	if len(pair) != 2 {
+		t.Fatalf("the node's rail map %v has no two HCAs on two rails", m.Status.RailMap)
+	}
+	names := []string{"rank0", "rank1"}
+	c.root.Cleanup(func() {
+		if c.root.Failed() && c.reuse {
+			_, _ = c.detached().kc("delete", "pod", "-n", nsA, names[0], names[1], "--ignore-not-found", "--wait=false")
+		}
+	})
+	for i, name := range names {
+		c.apply(rankPod(name, i, pair[i], pair[1-i]))
+		if i == 0 {
+			c.poll(name+" Running", podStartTimeout, func() (bool, string) {
+				var p pod
+				if err := c.getJSON(&p, "pod", "-n", nsA, name); err != nil {
+					return false, err.Error()
+				}
+				return p.Status.Phase == "Running" || p.Status.Phase == "Succeeded", p.summary()
+			})
+		}
+	}
+	results := map[string]rankResult{}
+	c.poll("both rank pods done", podStartTimeout+rankPodRun, func() (bool, string) {
+		var states []string
+		done := true
+		for _, name := range names {
+			var p pod
+			if err := c.getJSON(&p, "pod", "-n", nsA, name); err != nil {
+				return false, err.Error()
+			}
+			states = append(states, p.summary())
+			switch p.Status.Phase {
+			case "Succeeded", "Failed":
+			default:
+				done = false
+			}
+		}
+		return done, strings.Join(states, "; ")
+	})
+	for _, name := range names {
+		out, err := c.kc("logs", "-n", nsA, name)
+		if err != nil {
+			t.Fatalf("logs of %s: %v", name, err)
+		}
+		t.Logf("%s (HCA %s):\n%s", name, pair[len(results)], lastLines(out, 12))
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		var r rankResult
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+			t.Fatalf("%s: no report in its last line: %v", name, err)
+		}
+		results[name] = r
+	}
+	r0, r1 := results[names[0]], results[names[1]]
+	if r0.PidNS == "" || r0.PidNS == r1.PidNS {
+		t.Errorf("the rank pods run in PID namespaces %q and %q; want two", r0.PidNS, r1.PidNS)
+	}
+	for _, name := range names {
+		r := results[name]
+		if r.Err != "" {
+			t.Errorf("%s: %s", name, r.Err)
+			continue
+		}
+		if !r.PXN || r.RelayedPieces == 0 || r.FallbackPieces != 0 || r.FailedPieces != 0 || r.Verified == 0 {
+			t.Errorf("%s: PXN %v, relayed %d, fallback %d, failed %d pieces, %d bytes verified at its target; want relayed > 0, nothing direct or failed, bytes verified",
+				name, r.PXN, r.RelayedPieces, r.FallbackPieces, r.FailedPieces, r.Verified)
+		}
+		if r.ArenasByFD != 1 || r.ArenasByHandle != 0 {
+			t.Errorf("%s: mapped %d arenas by descriptor, %d by handle; want the other pod's by descriptor", name, r.ArenasByFD, r.ArenasByHandle)
+		}
+		byHeartbeat, byPid := 0, 0
+		for _, how := range r.Ranks {
+			switch how {
+			case "heartbeat live":
+				byHeartbeat++
+			case "pid live":
+				byPid++
+			}
+		}
+		if len(r.Ranks) != 2 || byHeartbeat != 1 || byPid != 1 {
+			t.Errorf("%s sees ranks %v; want itself live by pid and the other pod's rank live by heartbeat", name, r.Ranks)
+		}
+	}
+	c.mustKC("delete", "pod", "-n", nsA, names[0], names[1], "--wait=true", "--timeout=1m")
 }
 
 // checkKubeletRestart restarts the kubelet: the device plugin must register

@@ -546,7 +546,11 @@ func (d *registryDir) cleanStale(self staging.Identity, j judge) ([]string, []st
 			continue
 		}
 		c := readRegControl(d.fd(), d.path, d.uid, e.id)
-		why := j.gone(e.id, c, newestChange(d.fd(), entries, e.id), now)
+		var newest int64
+		if c.kind == ctlNone || c.kind == ctlBlank {
+			newest = newestChange(d.fd(), entries, e.id)
+		}
+		why := j.gone(e.id, c, newest, now)
 		stale[e.id] = why != ""
 		if why != "" {
 			reasons = append(reasons, idSuffix(e.id)+": "+why)

@@ -54,9 +54,10 @@ func missingFiles(dir string, names []string) []string {
 // still for the heartbeat timeout, and not before.
 func TestNamespaceRanksInSeparatePidNamespaces(t *testing.T) {
 	needPidNS(t)
-	// The observer's heartbeat timeout: long enough that a child starved
-	// of CPU on a loaded machine for a while is not taken for dead.
-	const timeout = 2 * time.Second
+	// The observer's heartbeat timeout, the engine's default: long enough
+	// that a child starved of CPU on a loaded machine for a while is not
+	// taken for dead.
+	const timeout = 3 * time.Second
 	root := regTestRoot(t)
 	dir := groupDir(root, "g")
 
@@ -104,7 +105,7 @@ func TestNamespaceRanksInSeparatePidNamespaces(t *testing.T) {
 
 	// A third namespace, this process's, watches both by heartbeat.
 	obs := scanObserver(t, root, "g", timeout, scanTest{})
-	stop := staging.MonoNanos() + 3*int64(timeout)
+	stop := staging.MonoNanos() + 2*int64(timeout)
 	for staging.MonoNanos() < stop {
 		nextPeers(t, obs)
 		if m := missingFiles(dir, append(nsFiles(aName), nsFiles(bName)...)); len(m) > 0 {

@@ -546,6 +546,9 @@ func TestPeersSteadyStateAllocatesNothing(t *testing.T) {
 			writeFakeRank(t, dir, late, rankFileName(late), func(h *staging.Header) { h.Heartbeat = 1 })
 			initializing := staging.Identity{Pid: me, StartTime: start, Epoch: 0x6003}
 			writeFakeRank(t, dir, initializing, tmpFileName(initializing), func(h *staging.Header) { h.State = staging.StateInit })
+			// Of another PID namespace: watched by its heartbeat.
+			foreign := staging.Identity{Pid: me, StartTime: start, Epoch: 0x6004}
+			writeFakeRank(t, dir, foreign, rankFileName(foreign), func(h *staging.Header) { h.PidNSDev, h.PidNSIno = otherNS.Dev, otherNS.Ino })
 			writeFile0600(t, filepath.Join(dir, "notes"), []byte("x"))
 
 			settle(t, r)
@@ -557,8 +560,8 @@ func TestPeersSteadyStateAllocatesNothing(t *testing.T) {
 				}
 			}
 			call()
-			if usable := len(buf) - 1; usable != 3 {
-				t.Fatalf("peers %+v, want 3 usable and 1 refused", buf)
+			if usable := len(buf) - 1; usable != 4 {
+				t.Fatalf("peers %+v, want 4 usable and 1 refused", buf)
 			}
 			if a := testing.AllocsPerRun(200, call); a != 0 {
 				t.Errorf("a call with nothing changed: %v allocations, want 0", a)
