@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 
 	"github.com/pxn-project/pxn/internal/cuda"
@@ -29,6 +30,16 @@ var _ staging.ArenaProvider = (*Arenas)(nil)
 
 // NewArenas returns a provider that allocates on g.
 func NewArenas(g *GPU) *Arenas { return &Arenas{g: g} }
+
+// Device is the PCI bus id of the provider's GPU in sysfs form
+// (0000:18:00.0), or cuda:<ordinal> when the driver cannot tell it: the
+// registry records it in the rank's counters block (registry.DeviceNamer).
+func (a *Arenas) Device() string {
+	if bus, err := a.g.d.DevicePCIBusID(a.g.dev); err == nil && bus != "" {
+		return strings.ToLower(bus)
+	}
+	return fmt.Sprintf("cuda:%d", a.g.ordinal)
+}
 
 // Kind returns staging.ArenaCUDA.
 func (a *Arenas) Kind() uint32 { return staging.ArenaCUDA }

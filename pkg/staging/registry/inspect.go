@@ -48,6 +48,10 @@ type RankReport struct {
 	// Health is "live", "initializing", or why the rank is stale.
 	Health string       `json:"health"`
 	Lanes  []LaneReport `json:"lanes"`
+	// Stats are the rank's counters; StatsError says why they could not
+	// be read instead.
+	Stats      *StatsReport `json:"stats,omitempty"`
+	StatsError string       `json:"stats_error,omitempty"`
 }
 
 // LaneReport is one inbound lane of a rank.
@@ -84,8 +88,9 @@ var (
 )
 
 // InspectRoot reports every registry directory (mooncake-pxn-*) under
-// root. It only reads: it takes no lock, maps nothing and changes nothing,
-// so what it shows of live ranks is a moment's snapshot. A rank whose
+// root. It only reads: it takes no lock and changes nothing (the counters
+// block is read through a read-only mapping), so what it shows of live
+// ranks is a moment's snapshot. A rank whose
 // heartbeat is older than staleAfter is reported stale. Garbage is reported,
 // never fatal; only an unreadable root is an error.
 func InspectRoot(root string, staleAfter time.Duration) ([]GroupReport, error) {
@@ -261,6 +266,13 @@ func inspectRank(dirfd int, dirPath, name string, kind entryKind, id staging.Ide
 			}
 		}
 		rr.Lanes = append(rr.Lanes, lr)
+	}
+	stats, err := readStats(fd)
+	if err == nil {
+		rr.Stats, err = newStatsReport(&stats, now)
+	}
+	if err != nil {
+		rr.StatsError = err.Error()
 	}
 	return rr, nil
 }
