@@ -46,6 +46,9 @@ var shared struct {
 }
 
 func TestMain(m *testing.M) {
+	if os.Getenv(rankRoleEnv) != "" {
+		os.Exit(runRankRole())
+	}
 	ctrllog.SetLogger(klog.NewKlogr())
 	code := m.Run()
 	if shared.env != nil {
