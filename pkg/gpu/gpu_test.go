@@ -3,11 +3,13 @@
 package gpu_test
 
 import (
+	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
 	"runtime"
 	"strconv"
 	"sync/atomic"
@@ -22,6 +24,7 @@ import (
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/ringcheck"
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
 // requireEnv makes a missing driver or GPU a failure instead of a skip.
@@ -189,6 +192,9 @@ func TestArenas(t *testing.T) {
 	if err != nil || h == ([staging.ArenaHandleSize]byte{}) {
 		t.Fatalf("Export = %x, %v", h, err)
 	}
+	if dev := p.Device(); !regexp.MustCompile(`^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]$`).MatchString(dev) {
+		t.Errorf("Device = %q, want the GPU's PCI bus id in sysfs form", dev)
+	}
 	if _, err := p.Open(nil, [staging.ArenaHandleSize]byte{}); err == nil {
 		t.Fatal("opened an empty handle")
 	}
@@ -206,6 +212,27 @@ func TestArenas(t *testing.T) {
 	if err := a.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
+}
+
+// A rank whose arena is on a GPU names that GPU in its counters block.
+func TestRegistryRecordsTheGPU(t *testing.T) {
+	g := openGPU(t)
+	p := gpu.NewArenas(g)
+	root := t.TempDir()
+	r, err := registry.Register(context.Background(), registry.Options{Root: root, Group: "gpu", UID: os.Geteuid(), Rail: "rail0", HCA: "mlx5_0", Arenas: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(context.Background())
+	groups, err := registry.InspectRoot(root, time.Minute)
+	if err != nil || len(groups) != 1 || len(groups[0].Ranks) != 1 {
+		t.Fatalf("inspect: %+v, %v", groups, err)
+	}
+	rr := groups[0].Ranks[0]
+	if rr.Stats == nil || rr.Stats.Device != p.Device() || rr.Arena != "cuda" {
+		t.Fatalf("rank arena %s, stats %+v (%s); want device %s", rr.Arena, rr.Stats, rr.StatsError, p.Device())
+	}
+	t.Logf("device %s", rr.Stats.Device)
 }
 
 // TestArenaAcrossProcesses has another process, on this GPU and on another,
