@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
@@ -126,6 +127,16 @@ var rankMetrics = []rankMetric{
 		}},
 }
 
+// What one group folder may cost a scrape: its registries are looked for in
+// the folder and in at most maxGroupRoots-1 folders below it, and at most
+// maxGroupRanks of its ranks are exported. A job has a handful of ranks;
+// a workload that fills its folder with fake registries only loses its
+// own metrics, and the agent's cost and the label cardinality stay bounded.
+const (
+	maxGroupRoots = 16
+	maxGroupRanks = 64
+)
+
 // RankCollector serves the pxn_* metrics of the node's ranks. It reads the
 // ranks' control files at every scrape, through registry.InspectRoot: read
 // only, no lock, nothing a pump waits for. A rank that left (its file
@@ -178,7 +189,7 @@ func NewRankCollector(o RankMetricsOptions) (*RankCollector, error) {
 	}
 	c.errors = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "pxn_agent_rank_read_errors_total",
-		Help: "Ranks whose counters could not be read at a scrape (a corrupt control file, a block that stayed busy), and failed pod lookups.",
+		Help: "Ranks left out of a scrape (a corrupt control file, a counters block that stayed busy, names that are not UTF-8, a group folder over its bound of ranks), and failed pod lookups.",
 	})
 	return c, nil
 }
@@ -235,7 +246,13 @@ func (c *RankCollector) Collect(ch chan<- prometheus.Metric) {
 				if rm.extra != "" {
 					labels = append(slices.Clone(s.labels), extra)
 				}
-				ch <- prometheus.MustNewConstMetric(c.descs[m], rm.typ, s.values[m][v], labels...)
+				metric, err := prometheus.NewConstMetric(c.descs[m], rm.typ, s.values[m][v], labels...)
+				if err != nil {
+					// Ranks checks every label value; nothing should get here.
+					c.errors.Inc()
+					continue
+				}
+				ch <- metric
 			}
 		}
 	}
@@ -280,12 +297,14 @@ func (c *RankCollector) Ranks() []LiveRank {
 		roots := []string{dir}
 		if subs, err := os.ReadDir(dir); err == nil {
 			for _, s := range subs {
-				if s.IsDir() && !strings.HasPrefix(s.Name(), registry.GroupDirPrefix) {
+				// Not a symlink: the folder's registries stay the folder's.
+				if s.IsDir() && !strings.HasPrefix(s.Name(), registry.GroupDirPrefix) && len(roots) < maxGroupRoots {
 					roots = append(roots, filepath.Join(dir, s.Name()))
 				}
 			}
 		}
 		ns, pod := pods.of(k.Name())
+		inGroup := 0
 		for _, root := range roots {
 			groups, err := registry.InspectRoot(root, c.o.StaleAfter)
 			if err != nil {
@@ -300,6 +319,15 @@ func (c *RankCollector) Ranks() []LiveRank {
 					if rr.Stats == nil {
 						c.errors.Inc()
 						log.V(2).Info("rank counters unreadable", "registry", g.Path, "rank", rr.File, "err", rr.StatsError)
+						continue
+					}
+					if !utf8.ValidString(rr.Rail) || !utf8.ValidString(rr.HCA) || !utf8.ValidString(rr.Stats.Device) {
+						c.errors.Inc()
+						log.V(2).Info("rank names are not UTF-8", "registry", g.Path, "rank", rr.File)
+						continue
+					}
+					if inGroup++; inGroup > maxGroupRanks {
+						c.errors.Inc()
 						continue
 					}
 					live = append(live, LiveRank{Node: c.o.NodeName, Rail: rr.Rail, HCA: rr.HCA, Group: k.Name(),

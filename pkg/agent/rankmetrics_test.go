@@ -3,16 +3,22 @@
 package agent_test
 
 import (
+	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/pxn-project/pxn/pkg/agent"
+	"github.com/pxn-project/pxn/pkg/deviceplugin"
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
 const (
@@ -181,4 +187,84 @@ func TestRankMetrics(t *testing.T) {
 			t.Errorf("no pxn_agent_rank_read_errors_total family once the ranks are gone")
 		}
 	})
+}
+
+// A workload owns its group folder and may fill it with anything: fake
+// ranks beyond any job's size, names that are not UTF-8, a link to another
+// job's folder. The scrape stays whole and bounded, and only that folder's
+// series are affected.
+func TestRankMetricsBoundAHostileGroup(t *testing.T) {
+	shm, err := os.MkdirTemp("/dev/shm", "pxn-agent-hostile-")
+	if err != nil {
+		t.Skipf("no /dev/shm: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(shm) })
+	hostile := deviceplugin.GroupKey("evil", deviceplugin.SourceUID, "x")
+	other := deviceplugin.GroupKey("good", deviceplugin.SourceUID, "y")
+	groups := deviceplugin.GroupsDir(shm)
+	for _, k := range []string{hostile, other} {
+		if err := os.MkdirAll(filepath.Join(groups, k), 0o777); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := registry.Register(context.Background(), registry.Options{Root: filepath.Join(groups, hostile), Group: "g", UID: os.Geteuid(),
+		Rail: "rail0", HCA: "mlx5_0", HeartbeatTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close(context.Background()) })
+	page := make([]byte, 4096)
+	f, err := os.Open(filepath.Join(r.Dir(), r.Name()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.ReadAt(page, 0); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	// fake writes a control file of another identity on rail, beating now.
+	fake := func(pid int, rail string) {
+		t.Helper()
+		b := slices.Clone(page)
+		h := (*staging.Header)(unsafe.Pointer(&b[0]))
+		h.Pid, h.RailLen, h.Rail = uint64(pid), uint32(len(rail)), [48]byte{}
+		copy(h.Rail[:], rail)
+		h.Heartbeat = uint64(staging.MonoNanos())
+		name := fmt.Sprintf("rank-%d-%d-%016x", pid, h.StartTime, h.BootEpoch)
+		path := filepath.Join(r.Dir(), name)
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(path, int64(staging.ControlSize)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const fakes = 80
+	for i := range fakes {
+		fake(100000+i, fmt.Sprintf("fake%d", i))
+	}
+	fake(200000, "rail\xff\xfe")
+	if err := os.Symlink(filepath.Join(groups, other), filepath.Join(groups, hostile, "link")); err != nil {
+		t.Fatal(err)
+	}
+
+	c, err := agent.NewRankCollector(agent.RankMetricsOptions{NodeName: testNode, ShmDir: shm})
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, fams := scrape(t, c)
+	if n := len(fams["pxn_ranks"].GetMetric()); n != 64 {
+		t.Errorf("%d ranks of the hostile folder exported, want the bound, 64", n)
+	}
+	for _, m := range fams["pxn_ranks"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "group" && l.GetValue() != hostile {
+				t.Errorf("a series of group %s, want only the hostile folder's", l.GetValue())
+			}
+		}
+	}
+	// The invalid name and the ranks over the bound, at this scrape.
+	if v, _ := value(fams, "pxn_agent_rank_read_errors_total", nil); v != 1+fakes+1-64 {
+		t.Errorf("read errors %v, want %d (one name not UTF-8, %d ranks over the bound)\n%s", v, 1+fakes+1-64, fakes+1-64, text)
+	}
 }
