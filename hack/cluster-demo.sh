@@ -4,8 +4,9 @@
 # machine (hack/local-cluster.sh). Brings the cluster up from the cached tools,
 # builds and imports the images, installs charts/pxn with helm, shows the
 # node's PxnRailMap and its pxn.io/relay, runs pxn-bench's eight ranks in a
-# Job whose pod requests pxn.io/relay, prints the bench table and tears
-# everything down again (also on Ctrl-C or an error).
+# Job whose pod requests pxn.io/relay while a Prometheus on this host scrapes
+# pxn-agent, prints the bench table and the PromQL answer of relayed bytes by
+# rail, and tears everything down again (also on Ctrl-C or an error).
 #
 #   hack/cluster-demo.sh [--keep]
 #
@@ -19,7 +20,7 @@ keep=0
 for arg in "$@"; do
   case $arg in
     --keep) keep=1 ;;
-    -h | --help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "cluster-demo: unknown argument $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -48,9 +49,11 @@ cleanup() {
   trap '' INT TERM
   set +e
   if [ -n "${watcher:-}" ]; then kill "$watcher" 2>/dev/null; fi
+  if [ -n "${prom_dir:-}" ] && [ "$keep" = 0 ]; then bash hack/e2e/prometheus.sh stop "$prom_dir"; rm -rf "$prom_dir"; fi
   if [ "$keep" = 1 ]; then
     step "Left up (--keep)"
     echo "  source <(hack/local-cluster.sh env); kubectl get pxnrailmaps"
+    [ -z "${prom_dir:-}" ] || echo "  hack/e2e/prometheus.sh query $prom_dir 'sum by (rail) (pxn_relayed_bytes_total)'; stop it: hack/e2e/prometheus.sh stop $prom_dir"
     echo "  stop it with: PXN_CLUSTER_DIR=$D hack/local-cluster.sh down"
   elif [ "$preexisting" = 1 ]; then
     step "Removing what the demo installed (the cluster was up before and stays up)"
@@ -111,7 +114,20 @@ for _ in $(seq 1 120); do
 done
 kc get node "$node" -o 'custom-columns=NODE:.metadata.name,CAPACITY:.status.capacity.pxn\.io/relay,ALLOCATABLE:.status.allocatable.pxn\.io/relay'
 
-step "A Job requesting pxn.io/relay: 1 runs pxn-bench run --device host --ranks 8 --bytes 64MiB --pattern cross-rail"
+step "A Prometheus on this host scrapes pxn-agent at the address of its metrics Service (hack/e2e/prometheus.sh)"
+target=""
+for _ in $(seq 1 60); do
+  target=$(kc -n "$ns" get endpointslices -l "kubernetes.io/service-name=$release-agent-metrics" \
+    -o 'jsonpath={.items[0].endpoints[0].addresses[0]}' 2>/dev/null || true)
+  [ -n "$target" ] && break
+  sleep 1
+done
+[ -n "$target" ] || { echo "cluster-demo: the agent's metrics Service lists no address" >&2; exit 1; }
+prom_dir=$D/prometheus
+bash hack/e2e/prometheus.sh stop "$prom_dir"
+bash hack/e2e/prometheus.sh start "$prom_dir" "$target:9640"
+
+step "A Job requesting pxn.io/relay: 1 runs pxn-bench run --device host --ranks 8 --bytes 64MiB --pattern cross-rail --hold-after 30s"
 kc create namespace "$demo_ns" --dry-run=client -o yaml | kc apply -f - >/dev/null
 kc -n "$demo_ns" delete job pxn-bench --ignore-not-found --wait=true >/dev/null
 sed "s|image: pxn:local|image: $PXN_CLUSTER_IMAGE|" hack/e2e/bench-job.yaml | kc apply -f -
@@ -137,10 +153,21 @@ sed "s|image: pxn:local|image: $PXN_CLUSTER_IMAGE|" hack/e2e/bench-job.yaml | kc
   done
 ) &
 watcher=$!
+# Prometheus is asked while the ranks run: a rank's series end with it. The
+# Job's --hold-after keeps them registered for a while after the transfer.
+query='sum by (rail) (pxn_relayed_bytes_total)'
+answer="" fallback=""
 status=""
 for _ in $(seq 1 600); do
   status=$(kc -n "$demo_ns" get job pxn-bench -o 'jsonpath={range .status.conditions[?(@.status=="True")]}{.type} {end}')
   case $status in *Complete* | *Failed*) break ;; esac
+  if [ -z "$answer" ]; then
+    out=$(bash hack/e2e/prometheus.sh query "$prom_dir" "$query" 2>/dev/null || true)
+    if [ "$(grep -c '=> [1-9]' <<<"$out" || true)" -ge 8 ]; then
+      answer=$out
+      fallback=$(bash hack/e2e/prometheus.sh query "$prom_dir" 'sum(pxn_fallback_bytes_total)' 2>/dev/null || true)
+    fi
+  fi
   sleep 1
 done
 kill "$watcher" 2>/dev/null || true
@@ -169,4 +196,16 @@ if [ -z "${relayed:-}" ] || [ "$relayed" = 0 ] || [ "$fallback" != 0 ] || [ "$fa
   echo "cluster-demo: want relayed > 0, fallback 0, failed 0, verified true" >&2
   exit 1
 fi
-echo "OK: every cross-rail write was relayed through a peer rank on the target's rail, none fell back, every byte verified."
+
+step "PromQL, asked of the Prometheus scraping pxn-agent while the ranks ran"
+echo "$query"
+echo "${answer:-  (no answer with relayed bytes on all 8 rails)}"
+echo "sum(pxn_fallback_bytes_total)"
+echo "${fallback:-  (not asked)}"
+if [ -z "$answer" ] || ! grep -q '=> 0 ' <<<"$fallback"; then
+  echo "cluster-demo: want relayed bytes above zero on all 8 rails and fallback 0 in Prometheus" >&2
+  exit 1
+fi
+echo
+echo "OK: every cross-rail write was relayed through a peer rank on the target's rail, none fell back, every byte verified;"
+echo "Prometheus saw the relayed bytes of every rail through pxn-agent."

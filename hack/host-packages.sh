@@ -13,7 +13,8 @@
 #   build    gcc, make, git: building the binaries with cgo; gcc brings the
 #            ASan and UBSan runtimes (libasan8, libubsan1) the sanitized tests use
 #   cluster  containerd, runc, CNI plugins, openssl, curl, iptables, iproute2:
-#            hack/local-cluster.sh, make demo and the end-to-end suite (test/e2e)
+#            hack/local-cluster.sh, make demo and the end-to-end suite (test/e2e);
+#            prometheus, which scrapes the agent there
 #   cross    gcc-aarch64-linux-gnu and the arm64 C library: hack/image for linux/arm64
 #   mooncake g++, patch and the headers Mooncake's transfer engine includes
 #            (glog, gflags, jsoncpp, libibverbs, libnuma): integrations/mooncake
@@ -45,6 +46,7 @@ group_needs() {
       echo "iptables iptables"
       echo "iproute2 ip"
       echo "iproute2 ss"
+      echo "prometheus prometheus"
       ;;
     cross)
       echo "gcc-aarch64-linux-gnu aarch64-linux-gnu-gcc"

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 
 	"github.com/pxn-project/pxn/internal/cli"
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
@@ -28,8 +30,10 @@ func newInspectCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "inspect",
 		Short: "Show the live engine registries under a folder",
-		Long: `Shows the ranks, lanes and leftovers of the engine registries (mooncake-pxn-*
-directories) under a folder, read without changing them.`,
+		Long: `Shows the ranks, lanes, counters and leftovers of the engine registries
+(mooncake-pxn-* directories) under a folder, read without changing them. The
+counters are each rank's running totals as its pump last published them (once
+a heartbeat).`,
 		Example: `  pxn-agent inspect --root /run/pxn/pxn-bench-registry-1
   pxn-agent inspect -o json`,
 		Args: cobra.NoArgs,
@@ -109,7 +113,70 @@ func writeInspectTable(w io.Writer, root string, groups []registry.GroupReport) 
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if err := writeInspectCounters(w, groups); err != nil {
+		return err
+	}
 	return writeInspectNotes(w, groups)
+}
+
+// writeInspectCounters shows each rank's counters as its pump last
+// published them: bytes (Pieces), fallbacks by reason.
+func writeInspectCounters(w io.Writer, groups []registry.GroupReport) error {
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "GROUP\tRANK PID/EPOCH\tDEVICE\tRELAYED\tFORWARDED\tDIRECT\tFALLBACK\tFAILED\tCREDIT WAITS\tLANES OUT/IN\tPUMP CPU\tPUBLISHED")
+	for _, g := range groups {
+		for _, r := range g.Ranks {
+			s := r.Stats
+			if s == nil {
+				fmt.Fprintf(tw, "%s\t%d/%s\t-\t%s\n", g.Group, r.Pid, r.Epoch, "counters unreadable: "+r.StatsError)
+				continue
+			}
+			published := "never"
+			if s.Published {
+				published = s.Age.Round(time.Millisecond).String() + " ago"
+			}
+			fmt.Fprintf(tw, "%s\t%d/%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d/%d\t%s\t%s\n",
+				g.Group, r.Pid, r.Epoch, dash(s.Device),
+				bytesPieces(s.RelayedBytes, s.RelayedPieces), bytesPieces(s.ForwardedBytes, s.ForwardedPieces),
+				byteSize(s.DirectBytes), fallbacks(s), s.FailedPieces, s.CreditWaits,
+				s.OutboundLanes, s.InboundLanes, s.PumpCPU.Round(time.Microsecond), published)
+		}
+	}
+	return tw.Flush()
+}
+
+// fallbacks is the fallback bytes (Pieces) and the reasons that have any.
+func fallbacks(s *registry.StatsReport) string {
+	out := bytesPieces(s.FallbackBytes.Total(), s.FallbackPieces.Total())
+	var why []string
+	for r, n := range s.FallbackPieces {
+		if n > 0 {
+			why = append(why, fmt.Sprintf("%s %d", staging.FallbackReasonName(r), n))
+		}
+	}
+	if len(why) > 0 {
+		out += " [" + strings.Join(why, ", ") + "]"
+	}
+	return out
+}
+
+func bytesPieces(b, pieces uint64) string {
+	return fmt.Sprintf("%s (%d)", byteSize(b), pieces)
+}
+
+// byteSize is n in binary units: 512B, 64.0KiB, 3.0MiB.
+func byteSize(n uint64) string {
+	const units = "KMGTPE"
+	if n < 1024 {
+		return fmt.Sprintf("%dB", n)
+	}
+	v, u := float64(n)/1024, 0
+	for v >= 1024 && u < len(units)-1 {
+		v /= 1024
+		u++
+	}
+	return fmt.Sprintf("%.1f%ciB", v, units[u])
 }
 
 // writeInspectNotes lists the problems of directories and every entry that

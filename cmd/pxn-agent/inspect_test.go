@@ -105,6 +105,10 @@ func TestInspectShowsRanksLanesAndGarbage(t *testing.T) {
 	if seq, _, ok := tx.Reap(); !ok || seq != 39 {
 		t.Fatalf("reaped %d (%v), want 39", seq, ok)
 	}
+	st := staging.RankStats{ForwardedBytes: 3 << 20, ForwardedPieces: 3, DirectBytes: 512, FailedPieces: 2, CreditWaits: 5, OutboundLanes: 1, PumpCPUNanos: 1_500_000}
+	st.FallbackBytes[staging.FallbackRelayStale], st.FallbackPieces[staging.FallbackRelayStale] = 64<<10, 1
+	st.FallbackBytes[staging.FallbackNoLane], st.FallbackPieces[staging.FallbackNoLane] = 128<<10, 2
+	relay.PublishStats(&st, staging.MonoNanos())
 
 	dir := relay.Dir()
 	truncated := fmt.Sprintf("rank-%d-%d-00000000000000ff", os.Getpid(), relay.Identity().StartTime)
@@ -138,6 +142,8 @@ func TestInspectShowsRanksLanesAndGarbage(t *testing.T) {
 		{group, "garbage", truncated, "10 bytes, want"},
 		{group, "arena", "in use"},
 		{group, "arena socket", "in use"},
+		{group, relayID, "host", "0B (0)", "3.0MiB (3)", "512B", "192.0KiB (3) [relay_stale 1, no_lane 2]", " 2 ", " 5 ", "1/1", "1.5ms", "ago"},
+		{group, senderID, "host", "0B (0)", "0B (0)", "0B", "0B (0)", " 0 ", " 0 ", "0/0", "0s", "never"},
 	} {
 		if !hasLine(out, want) {
 			t.Errorf("no line with %q in:\n%s", want, out)

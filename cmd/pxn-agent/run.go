@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -22,6 +23,7 @@ import (
 	"github.com/pxn-project/pxn/internal/cli"
 	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/agent"
+	"github.com/pxn-project/pxn/pkg/deviceplugin"
 	"github.com/pxn-project/pxn/pkg/rail"
 )
 
@@ -30,6 +32,9 @@ type runConfig struct {
 	kubeconfig string
 	opts       agent.Options
 	rail       rail.Options
+	ranks      agent.RankMetricsOptions
+	// podResourcesSocket names the pods behind the ranks ("": it does not).
+	podResourcesSocket string
 }
 
 func (c *runConfig) bind(fs *pflag.FlagSet) {
@@ -41,6 +46,12 @@ func (c *runConfig) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&c.opts.MetricsBindAddress, "metrics-bind-address", ":9640", `address of the Prometheus /metrics endpoint; "0" disables it`)
 	fs.StringVar(&c.opts.HealthProbeBindAddress, "health-probe-bind-address", ":9642", `address of /healthz and /readyz; "0" disables them`)
 	fs.StringVar(&c.opts.AgentVersion, "agent-version", version.String(), "version written to status.agentVersion")
+	fs.StringVar(&c.ranks.ShmDir, "shm-dir", "/dev/shm/pxn", `the device plugin's --shm-dir: the ranks of each job register in its group folders, which the agent reads (never writes) for the pxn_* rank metrics; "" turns those metrics off`)
+	fs.StringVar(&c.ranks.StateDir, "state-dir", "/run/pxn", "the device plugin's --state-dir: its slot links name each device's group folder")
+	fs.StringVar(&c.podResourcesSocket, "pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", `the kubelet's PodResources socket, which names the pod holding each group folder; "" leaves the namespace and pod labels empty`)
+	fs.StringVar(&c.ranks.ResourceName, "resource-name", "pxn.io/relay", "the device plugin's extended resource")
+	fs.StringSliceVar(&c.ranks.Labels, "rank-metric-labels", agent.RankLabels, "labels of the pxn_* rank metrics, some of "+strings.Join(agent.RankLabels, ",")+"; ranks whose kept labels agree are summed")
+	fs.DurationVar(&c.ranks.StaleAfter, "rank-stale-after", 10*time.Second, "leave out of the rank metrics a rank whose heartbeat is older (exited or hung)")
 }
 
 // bindRailFlags binds the rail discovery flags that run and discover share.
@@ -60,6 +71,17 @@ func (c *runConfig) complete() error {
 		return fmt.Errorf("--resync %v and --poll-interval %v must be positive", c.opts.Resync, c.opts.PollInterval)
 	}
 	c.opts.Discoverer = agent.RailDiscoverer{Options: c.rail}
+	if c.ranks.ShmDir != "" {
+		if c.ranks.StaleAfter <= 0 {
+			return fmt.Errorf("--rank-stale-after %v must be positive", c.ranks.StaleAfter)
+		}
+		c.ranks.NodeName = c.opts.NodeName
+		// Checked here, so that a bad label list is a usage error.
+		if _, err := agent.NewRankCollector(c.ranks); err != nil {
+			return fmt.Errorf("--rank-metric-labels: %w", err)
+		}
+		c.opts.Ranks = &c.ranks
+	}
 	return nil
 }
 
@@ -100,6 +122,15 @@ func (c *runConfig) run(ctx context.Context) error {
 		return cli.ExitError{Code: 1}
 	}
 	cfg.UserAgent = "pxn-agent/" + c.opts.AgentVersion
+	if c.opts.Ranks != nil && c.podResourcesSocket != "" {
+		pods, err := deviceplugin.NewPodResourcesClient(c.podResourcesSocket)
+		if err != nil {
+			klog.ErrorS(err, "no PodResources client; rank metrics go without pod labels")
+		} else {
+			defer pods.Close()
+			c.opts.Ranks.Pods = pods
+		}
+	}
 	if err := agent.Run(ctx, cfg, c.opts); err != nil {
 		klog.ErrorS(err, "agent failed", "node", klog.KRef("", c.opts.NodeName))
 		return cli.ExitError{Code: 1}

@@ -3,14 +3,18 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
 var benchBin string
@@ -213,5 +217,82 @@ func TestBenchFanInFairness(t *testing.T) {
 				t.Errorf("the relay took %v Pieces out of turn (of %v taken while another lane waited)", outOfTurn.Value, contended.Value)
 			}
 		})
+	}
+}
+
+// --hold-after keeps the engine phase's ranks registered after their last
+// step, their counters published for a scraper to read.
+func TestBenchHoldsRanksForScrapers(t *testing.T) {
+	root, err := os.MkdirTemp("/dev/shm", "pxn-bench-hold-")
+	if err != nil {
+		t.Skipf("no /dev/shm: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	cmd := exec.Command(benchBin, "run", "--device", "host", "--ranks", "2", "--bytes", "1MiB", "--credit-timeout", "60000",
+		"--registry-root", root, "--hold-after", "15s")
+	var stdout bytes.Buffer
+	cmd.Stdout = &stdout
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan struct{})
+	go func() {
+		s := bufio.NewScanner(stderr)
+		for s.Scan() {
+			t.Log(s.Text())
+			if strings.Contains(s.Text(), "stay registered for 15s (--hold-after)") {
+				close(held)
+			}
+		}
+	}()
+	select {
+	case <-held:
+	case <-time.After(5 * time.Minute):
+		_ = cmd.Process.Kill()
+		t.Fatal("pxn-bench never said it holds its ranks")
+	}
+	// Within the hold: both ranks registered, live, their counters
+	// showing what each relayed through the other: its megabyte and the
+	// 10 KiB write after the idle window. They publish with their
+	// heartbeat (an idle one every 600 ms); the 10 s bound is within the
+	// hold.
+	const want = 2 * (1<<20 + 10<<10)
+	regs, err := filepath.Glob(filepath.Join(root, "pxn-bench-registry-*"))
+	if err != nil || len(regs) != 1 {
+		t.Fatalf("registry folders %v (%v), want one", regs, err)
+	}
+	var relayed uint64
+	var ranks []string
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		groups, err := registry.InspectRoot(regs[0], time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		relayed, ranks = 0, nil
+		for _, g := range groups {
+			for _, r := range g.Ranks {
+				if r.State == "READY" && r.Stats != nil {
+					ranks = append(ranks, r.File)
+					relayed += r.Stats.RelayedBytes
+				}
+			}
+		}
+		if len(ranks) == 2 && relayed == want || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(ranks) != 2 || relayed != want {
+		t.Errorf("ranks %v held, %d bytes relayed in their counters; want 2 ranks and %d bytes", ranks, relayed, want)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("pxn-bench: %v\n%s", err, stdout.String())
+	}
+	if left, _ := filepath.Glob(filepath.Join(root, "pxn-bench-registry-*")); len(left) != 0 {
+		t.Errorf("registry folders left after the run: %v", left)
 	}
 }

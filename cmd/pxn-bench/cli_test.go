@@ -21,7 +21,7 @@ func TestCLI(t *testing.T) {
 		{[]string{"help"}, 0, []string{"Available Commands:"}},
 		{nil, 0, []string{"Available Commands:"}},
 		{[]string{"help", "run"}, 0, []string{"--device", "--pattern", "--registry-root", "--suite"}},
-		{[]string{"run", "-h"}, 0, []string{"--alloc-pass", "--credit-timeout"}},
+		{[]string{"run", "-h"}, 0, []string{"--alloc-pass", "--credit-timeout", "--hold-after"}},
 		{[]string{"--version"}, 0, []string{"pxn-bench ", "revision"}},
 		{[]string{"frobnicate"}, 2, []string{`unknown command "frobnicate"`}},
 		{[]string{"run", "--frobnicate"}, 2, []string{"unknown flag: --frobnicate"}},

@@ -502,7 +502,7 @@ func transferEngine(eng *relay.Engine, mine []transfer, base uintptr, spin bool,
 }
 
 func diffCounters(a, b relay.CounterSnapshot) relay.CounterSnapshot {
-	return relay.CounterSnapshot{
+	d := relay.CounterSnapshot{
 		RelayedBytes: a.RelayedBytes - b.RelayedBytes, RelayedPieces: a.RelayedPieces - b.RelayedPieces,
 		FallbackBytes: a.FallbackBytes - b.FallbackBytes, FallbackPieces: a.FallbackPieces - b.FallbackPieces,
 		DirectBytes: a.DirectBytes - b.DirectBytes, CreditWaits: a.CreditWaits - b.CreditWaits,
@@ -513,6 +513,11 @@ func diffCounters(a, b relay.CounterSnapshot) relay.CounterSnapshot {
 		PumpSleeps:      a.PumpSleeps - b.PumpSleeps, PumpWakes: a.PumpWakes - b.PumpWakes,
 		InboundContended: a.InboundContended - b.InboundContended, InboundOutOfTurn: a.InboundOutOfTurn - b.InboundOutOfTurn,
 	}
+	for r := range d.FallbackBytesByReason {
+		d.FallbackBytesByReason[r] = a.FallbackBytesByReason[r] - b.FallbackBytesByReason[r]
+		d.FallbackPiecesByReason[r] = a.FallbackPiecesByReason[r] - b.FallbackPiecesByReason[r]
+	}
+	return d
 }
 
 // transferBare moves the same requests through the hop alone: the baseline

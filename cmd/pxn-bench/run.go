@@ -44,6 +44,9 @@ type runOptions struct {
 	getenv func(string) string
 	// pidns starts each rank in a PID and mount namespace of its own.
 	pidns bool
+	// holdAfter keeps the engine phase's ranks registered, idle, for this
+	// long after their last step, so that a scraper sees their counters.
+	holdAfter time.Duration
 }
 
 // cudaOptions are run's flags for --device cuda.
@@ -90,6 +93,8 @@ type scenario struct {
 	note string
 	// kv, when set, makes the requests KV-cache-shaped (pattern "kv").
 	kv *kvOptions
+	// hold keeps the engine phase's ranks open after their last step.
+	hold time.Duration
 }
 
 // device is the parent's view of where the ranks' sources and the
@@ -123,7 +128,7 @@ func run(o runOptions) ([]row, error) {
 	var runs []scenario
 	if o.cuda.suite == "" {
 		s := scenario{pattern: o.pattern, ranks: o.ranks, bytes: o.bytes, block: o.block, rate: o.cuda.rate,
-			raw: o.cuda.raw, bare: true, idle: true, again: o.allocPass, latency: o.cuda.latency}
+			raw: o.cuda.raw, bare: true, idle: true, again: o.allocPass, latency: o.cuda.latency, hold: o.holdAfter}
 		if o.pattern == "kv" {
 			if o.cuda.raw || o.cuda.latency > 0 || o.allocPass {
 				return nil, fmt.Errorf("--pattern kv: --raw, --latency and --alloc-pass time other traffic; the kv rows time each request")
@@ -616,6 +621,10 @@ func (dev *device) phase(s scenario, l *layout, targets []*child, args func(int,
 		for _, ev := range evs {
 			st.collected(ev)
 		}
+	}
+	if engine && s.hold > 0 {
+		fmt.Fprintf(os.Stderr, "pxn-bench: the ranks stay registered for %v (--hold-after)\n", s.hold)
+		time.Sleep(s.hold)
 	}
 	if res.verified, res.verifyErr, err = endPhase(ranks, targets, 2*time.Minute); err != nil {
 		return nil, err

@@ -84,6 +84,9 @@ type Options struct {
 	// MinBackoff and MaxBackoff bound the exponential backoff after a failed
 	// reconciliation.
 	MinBackoff, MaxBackoff time.Duration
+	// Ranks, when set, adds the pxn_* metrics of the node's ranks
+	// (RankCollector) to the metrics endpoint.
+	Ranks *RankMetricsOptions
 }
 
 func (o *Options) defaults() error {
@@ -148,6 +151,19 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		return err
 	}
 	logger := klog.NewKlogr().WithValues("node", opts.NodeName)
+	if opts.Ranks != nil {
+		ro := *opts.Ranks
+		if ro.Logger.GetSink() == nil {
+			ro.Logger = logger.WithName("ranks")
+		}
+		rc, err := NewRankCollector(ro)
+		if err != nil {
+			return err
+		}
+		if err := opts.Registerer.Register(rc); err != nil {
+			return fmt.Errorf("register rank metrics: %w", err)
+		}
+	}
 	mgr, err := manager.New(cfg, manager.Options{
 		Scheme:                 scheme,
 		Logger:                 logger,

@@ -52,6 +52,9 @@ var shared struct {
 const agentSettle = 30 * time.Second
 
 func TestMain(m *testing.M) {
+	if os.Getenv(rankRoleEnv) != "" {
+		os.Exit(runRankRole())
+	}
 	ctrllog.SetLogger(klog.NewKlogr())
 	code := m.Run()
 	if shared.env != nil {

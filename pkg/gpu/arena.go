@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -118,6 +119,16 @@ func NewArenasWith(g *GPU, o ArenaOptions) *Arenas {
 		a.reason = "asked for"
 	}
 	return a
+}
+
+// Device is the PCI bus id of the provider's GPU in sysfs form
+// (0000:18:00.0), or cuda:<ordinal> when the driver cannot tell it: the
+// registry records it in the rank's counters block (registry.DeviceNamer).
+func (a *Arenas) Device() string {
+	if bus, err := a.g.d.DevicePCIBusID(a.g.dev); err == nil && bus != "" {
+		return strings.ToLower(bus)
+	}
+	return fmt.Sprintf("cuda:%d", a.g.ordinal)
 }
 
 // Kind returns staging.ArenaCUDA.

@@ -3,6 +3,7 @@
 package gpu_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/ringcheck"
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
 // requireEnv makes a missing driver or GPU a failure instead of a skip.
@@ -164,6 +166,27 @@ func expectWords(t testing.TB, g *gpu.GPU, p cuda.DevicePtr, v uint32, n int) {
 			t.Fatalf("word at %d is %#x, want %#x", off, w, v)
 		}
 	}
+}
+
+// A rank whose arena is on a GPU names that GPU in its counters block.
+func TestRegistryRecordsTheGPU(t *testing.T) {
+	g := openGPU(t)
+	p := gpu.NewArenas(g)
+	root := t.TempDir()
+	r, err := registry.Register(context.Background(), registry.Options{Root: root, Group: "gpu", UID: os.Geteuid(), Rail: "rail0", HCA: "mlx5_0", Arenas: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(context.Background())
+	groups, err := registry.InspectRoot(root, time.Minute)
+	if err != nil || len(groups) != 1 || len(groups[0].Ranks) != 1 {
+		t.Fatalf("inspect: %+v, %v", groups, err)
+	}
+	rr := groups[0].Ranks[0]
+	if rr.Stats == nil || rr.Stats.Device != p.Device() || rr.Arena != "cuda" {
+		t.Fatalf("rank arena %s, stats %+v (%s); want device %s", rr.Arena, rr.Stats, rr.StatsError, p.Device())
+	}
+	t.Logf("device %s", rr.Stats.Device)
 }
 
 // TestCopierRing runs the two-process ring: the relay checks each Piece's

@@ -2,14 +2,20 @@
 
 package relay
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+
+	"github.com/pxn-project/pxn/pkg/staging"
+)
 
 // Counters are the engine's running totals, ready for metrics.
 type Counters struct {
-	relayedBytes   atomic.Uint64
-	relayedPieces  atomic.Uint64
-	fallbackBytes  atomic.Uint64
-	fallbackPieces atomic.Uint64
+	relayedBytes  atomic.Uint64
+	relayedPieces atomic.Uint64
+	// fallbackBytes and fallbackPieces count by reason
+	// (staging.FallbackCreditTimeout and the rest).
+	fallbackBytes  [staging.FallbackReasons]atomic.Uint64
+	fallbackPieces [staging.FallbackReasons]atomic.Uint64
 	directBytes    atomic.Uint64
 	creditWaits    atomic.Uint64
 	secondHopFails atomic.Uint64
@@ -35,9 +41,12 @@ type CounterSnapshot struct {
 	RelayedBytes  uint64 `json:"relayed_bytes"`
 	RelayedPieces uint64 `json:"relayed_pieces"`
 	// FallbackBytes and FallbackPieces were meant for a relay but went
-	// direct before their doorbell.
-	FallbackBytes  uint64 `json:"fallback_bytes"`
-	FallbackPieces uint64 `json:"fallback_pieces"`
+	// direct before their doorbell; the ByReason counts split them by
+	// cause.
+	FallbackBytes          uint64                 `json:"fallback_bytes"`
+	FallbackPieces         uint64                 `json:"fallback_pieces"`
+	FallbackBytesByReason  staging.FallbackCounts `json:"fallback_bytes_by_reason"`
+	FallbackPiecesByReason staging.FallbackCounts `json:"fallback_pieces_by_reason"`
 	// DirectBytes went direct at classification.
 	DirectBytes uint64 `json:"direct_bytes"`
 	// CreditWaits counts pump rounds in which a lane had work but no credit.
@@ -77,12 +86,16 @@ type CounterSnapshot struct {
 	ArenasByHandle uint64 `json:"arenas_by_handle"`
 }
 
+// fallback counts one Piece of n bytes that went direct for reason.
+func (c *Counters) fallback(reason fallbackReason, n uint64) {
+	c.fallbackBytes[reason].Add(n)
+	c.fallbackPieces[reason].Add(1)
+}
+
 func (c *Counters) snapshot() CounterSnapshot {
-	return CounterSnapshot{
+	s := CounterSnapshot{
 		RelayedBytes:      c.relayedBytes.Load(),
 		RelayedPieces:     c.relayedPieces.Load(),
-		FallbackBytes:     c.fallbackBytes.Load(),
-		FallbackPieces:    c.fallbackPieces.Load(),
 		DirectBytes:       c.directBytes.Load(),
 		CreditWaits:       c.creditWaits.Load(),
 		SecondHopFailures: c.secondHopFails.Load(),
@@ -99,5 +112,31 @@ func (c *Counters) snapshot() CounterSnapshot {
 		InboundOutOfTurn:  c.outOfTurn.Load(),
 		ArenasByFD:        c.arenaByFD.Load(),
 		ArenasByHandle:    c.arenaByHandle.Load(),
+	}
+	for r := range c.fallbackBytes {
+		s.FallbackBytesByReason[r] = c.fallbackBytes[r].Load()
+		s.FallbackPiecesByReason[r] = c.fallbackPieces[r].Load()
+	}
+	s.FallbackBytes = s.FallbackBytesByReason.Total()
+	s.FallbackPieces = s.FallbackPiecesByReason.Total()
+	return s
+}
+
+// fill copies the counters into st, the block the pump publishes for
+// readers outside the process.
+func (c *Counters) fill(st *staging.RankStats) {
+	st.RelayedBytes = c.relayedBytes.Load()
+	st.RelayedPieces = c.relayedPieces.Load()
+	st.ForwardedBytes = c.forwardedBytes.Load()
+	st.ForwardedPieces = c.forwardedPiece.Load()
+	st.DirectBytes = c.directBytes.Load()
+	st.FailedPieces = c.failedPieces.Load()
+	st.SecondHopFailures = c.secondHopFails.Load()
+	st.InvalidDescs = c.invalidDescs.Load()
+	st.CreditWaits = c.creditWaits.Load()
+	st.LaneQuarantines = c.laneQuarantine.Load()
+	for r := range c.fallbackBytes {
+		st.FallbackBytes[r] = c.fallbackBytes[r].Load()
+		st.FallbackPieces[r] = c.fallbackPieces[r].Load()
 	}
 }

@@ -192,14 +192,14 @@ func (e *Engine) Submit(reqs []Request) (*Batch, error) {
 			e.log.Error(err, "source-ready event failed; sending direct", "target", g.key.session)
 			g.ready = 0
 			for i := range n {
-				e.fallback(g, i)
+				e.fallback(g, i, staging.FallbackSourceEvent)
 			}
 			continue
 		}
 		g.ready = ready
 		if !g.key.lane.enqueue(g) {
 			for i := range n {
-				e.fallback(g, i)
+				e.fallback(g, i, staging.FallbackNoLane)
 			}
 		}
 	}

@@ -337,6 +337,7 @@ func TestCreditTimeoutSendsDirect(t *testing.T) {
 	if c.FallbackPieces != 2 || c.RelayedPieces != staging.SlotsPerLane {
 		t.Fatalf("fallback %d relayed %d pieces, want 2 and %d", c.FallbackPieces, c.RelayedPieces, staging.SlotsPerLane)
 	}
+	wantFallbacks(t, c, map[int]uint64{staging.FallbackCreditTimeout: 2})
 	if !bytes.Equal(p.tgt[sessRail1], p.srcBytes) {
 		t.Fatal("destination bytes differ from the source")
 	}
@@ -362,6 +363,7 @@ func TestRelayGoneFailsPublishedOnceAndQueuedGoDirect(t *testing.T) {
 	if c.FailedPieces != staging.SlotsPerLane || c.FallbackPieces != 4 {
 		t.Fatalf("failed %d fallback %d pieces, want %d and 4", c.FailedPieces, c.FallbackPieces, staging.SlotsPerLane)
 	}
+	wantFallbacks(t, c, map[int]uint64{staging.FallbackRelayGone: 4})
 	if st.Transferred != 4*staging.SlotSize {
 		t.Fatalf("transferred %d, want the 4 fallback pieces (%d)", st.Transferred, 4*staging.SlotSize)
 	}
@@ -395,6 +397,7 @@ func TestFallbackWaitsForSourceReady(t *testing.T) {
 	if st := statusOf(t, b, 1); st.State != relay.Completed || p.a.Counters().FallbackPieces != 2 {
 		t.Fatalf("status %+v counters %+v", st, p.a.Counters())
 	}
+	wantFallbacks(t, p.a.Counters(), map[int]uint64{staging.FallbackRelayGone: 2})
 	tail := staging.SlotsPerLane * staging.SlotSize
 	if !bytes.Equal(p.tgt[sessRail1][tail:], p.srcBytes[tail:]) {
 		t.Fatal("destination bytes differ from the source")

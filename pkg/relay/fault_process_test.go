@@ -134,6 +134,9 @@ func TestFaultRelayKilled(t *testing.T) {
 	if k := c.Counters; k.RelayedPieces != 4 || k.FailedPieces != staging.SlotsPerLane || k.FallbackPieces != 17 {
 		t.Errorf("relayed %d failed %d fallback %d pieces, want 4, %d and 17", k.RelayedPieces, k.FailedPieces, k.FallbackPieces, staging.SlotsPerLane)
 	}
+	if n := c.Counters.FallbackPiecesByReason[staging.FallbackRelayGone]; n != 17 {
+		t.Errorf("%d pieces fell back because the relay was gone, want all 17 (%v)", n, c.Counters.FallbackPiecesByReason)
+	}
 	eventually(t, 10*time.Second, "the dead relay's files removed", func() bool { return len(filesOf(g, r.pid)) == 0 })
 	if cl := s.close(5 * time.Second); cl.CloseErr != "" {
 		t.Errorf("sender close: %s", cl.CloseErr)
@@ -308,8 +311,10 @@ func TestFaultHeartbeatStall(t *testing.T) {
 	ts = s.wait(20 * time.Second)
 	checkStates(t, ts, map[string]int{"completed": 24})
 	g.verify(0, ts)
-	if k := s.counters().Counters; k.RelayedPieces != staging.SlotsPerLane || k.FallbackPieces != 4 {
-		t.Errorf("relayed %d fallback %d pieces, want %d and 4", k.RelayedPieces, k.FallbackPieces, staging.SlotsPerLane)
+	if k := s.counters().Counters; k.RelayedPieces != staging.SlotsPerLane || k.FallbackPieces != 4 ||
+		k.FallbackPiecesByReason[staging.FallbackRelayStale] != 4 {
+		t.Errorf("relayed %d fallback %d pieces (by reason %v), want %d and 4, all for a stale relay",
+			k.RelayedPieces, k.FallbackPieces, k.FallbackPiecesByReason, staging.SlotsPerLane)
 	}
 
 	// Beating again, it is used again, also by a rank that never saw it.
@@ -371,8 +376,28 @@ func TestFaultCreditTimeoutSendsQueueDirect(t *testing.T) {
 	g.verify(0, ts)
 	c := s.counters()
 	piecesAccountedFor(t, c, staging.SlotsPerLane+queued)
-	if k := c.Counters; k.RelayedPieces != staging.SlotsPerLane || k.FallbackPieces != queued {
-		t.Errorf("relayed %d fallback %d, want %d and %d", k.RelayedPieces, k.FallbackPieces, staging.SlotsPerLane, queued)
+	if k := c.Counters; k.RelayedPieces != staging.SlotsPerLane || k.FallbackPieces != queued ||
+		k.FallbackPiecesByReason[staging.FallbackCreditTimeout] != queued {
+		t.Errorf("relayed %d fallback %d (by reason %v), want %d and %d, all for the credit timeout",
+			k.RelayedPieces, k.FallbackPieces, k.FallbackPiecesByReason, staging.SlotsPerLane, queued)
+	}
+
+	// What each pump published in its control file, as inspect reads it.
+	var sent, fwd *registry.StatsReport
+	eventually(t, 10*time.Second, "the counters published in the control files", func() bool {
+		rs, rr := g.inspect(s.pid), g.inspect(r.pid)
+		if rs == nil || rr == nil || rs.Stats == nil || rr.Stats == nil {
+			return false
+		}
+		sent, fwd = rs.Stats, rr.Stats
+		return sent.RelayedPieces == staging.SlotsPerLane && sent.FallbackPieces.Total() == queued && fwd.ForwardedPieces == staging.SlotsPerLane
+	})
+	if sent.FallbackPieces[staging.FallbackCreditTimeout] != queued || sent.FallbackBytes[staging.FallbackCreditTimeout] != queued*faultPiece {
+		t.Errorf("sender published fallbacks %v pieces %v bytes, want %d pieces of %d bytes for the credit timeout",
+			sent.FallbackPieces, sent.FallbackBytes, queued, faultPiece)
+	}
+	if sent.Device != "host" || sent.OutboundLanes != 1 || fwd.InboundLanes != 1 || sent.CreditWaits == 0 || sent.PumpCPU <= 0 {
+		t.Errorf("sender published %+v, relay %+v: want device host, one lane each way, credit waits and pump CPU", sent, fwd)
 	}
 }
 

@@ -86,6 +86,20 @@ func (r *memRank) ArenaBase() uintptr { return uintptr(unsafe.Pointer(&r.arena[0
 
 func (r *memRank) Heartbeat(time.Time) { r.beats.Add(1) }
 
+func (r *memRank) stats() *staging.RankStats {
+	return &(*staging.ControlBlock)(unsafe.Pointer(&r.ctlMem[0])).Stats
+}
+
+// PublishStats writes the counters block of the rank's control block, as
+// the real registry does.
+func (r *memRank) PublishStats(st *staging.RankStats) { r.stats().Publish(st) }
+
+// published reads what the pump last published.
+func (r *memRank) published() (staging.RankStats, bool) {
+	var st staging.RankStats
+	return st, r.stats().Load(&st)
+}
+
 func (r *memRank) Wake() *staging.WakeWord {
 	return &(*staging.ControlBlock)(unsafe.Pointer(&r.ctlMem[0])).Header.Wake
 }

@@ -74,6 +74,11 @@ type pump struct {
 	// still holds an inbound lane, and leasedNow its answer.
 	leaseAt   time.Time
 	leasedNow bool
+
+	// stats publishes the counters with each heartbeat (nil when the
+	// registry has no counters block); statsBuf is what the pump fills.
+	stats    StatsPublisher
+	statsBuf staging.RankStats
 }
 
 // stopResult is what a stopped pump hands back: why the drain ended badly,
@@ -96,6 +101,7 @@ func newPump(s *shared, reg Registry) *pump {
 	if t, ok := s.copier.(PollTuner); ok {
 		poll = t.PollPolicy()
 	}
+	stats, _ := reg.(StatsPublisher)
 	return &pump{
 		s:      s,
 		reg:    reg,
@@ -104,6 +110,7 @@ func newPump(s *shared, reg Registry) *pump {
 		done:   make(chan stopResult, 1),
 		poll:   poll,
 		poller: poller,
+		stats:  stats,
 	}
 }
 
@@ -268,6 +275,7 @@ func (p *pump) round(now time.Time) bool {
 	if now.Sub(p.lastBeat) >= heartbeatInterval {
 		p.lastBeat = now
 		p.reg.Heartbeat(now)
+		p.publishStats()
 	}
 	if now.Sub(p.lastCheck) >= heartbeatInterval || p.snd.recheck {
 		p.lastCheck = now
@@ -313,6 +321,23 @@ func (p *pump) round(now time.Time) bool {
 		p.snd.listPeers()
 	}
 	return progressed
+}
+
+// publishStats hands the counters, the lanes held and the pump thread's
+// CPU time to the registry. It runs on the pump's goroutine, which keeps
+// its OS thread: the thread's CPU clock is the pump's.
+func (p *pump) publishStats() {
+	if p.stats == nil {
+		return
+	}
+	st := &p.statsBuf
+	p.s.counters.fill(st)
+	st.OutboundLanes = uint32(len(p.snd.lanes) + len(p.snd.zombies))
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts) == nil {
+		st.PumpCPUNanos = uint64(ts.Nano())
+	}
+	p.stats.PublishStats(st)
 }
 
 func (p *pump) pollHop() bool {
@@ -394,5 +419,6 @@ func (p *pump) finishStop() stopResult {
 		}
 	}
 	p.rly.failWaiting()
+	p.publishStats()
 	return res
 }

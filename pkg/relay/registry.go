@@ -99,6 +99,14 @@ type Registry interface {
 	Close(ctx context.Context) error
 }
 
+// StatsPublisher is a Registry that carries the rank's counters to readers
+// outside the process (the node agent's metrics, inspect). The pump fills
+// st and calls PublishStats with its heartbeat, never more often; it must
+// not wait on anything.
+type StatsPublisher interface {
+	PublishStats(st *staging.RankStats)
+}
+
 // ErrRegistryBusy means a registry operation needed a lock that another
 // process holds; the pump never waits for it and tries again later.
 var ErrRegistryBusy = errors.New("registry busy")

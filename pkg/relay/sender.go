@@ -133,14 +133,14 @@ func (ol *outLane) pop() {
 	}
 }
 
-// drainTo hands every queued Piece to fb.
-func (ol *outLane) drainTo(fb *fallbackQueue) {
+// drainTo hands every queued Piece to fb, as gone direct for why.
+func (ol *outLane) drainTo(fb *fallbackQueue, why fallbackReason) {
 	ol.mu.Lock()
 	defer ol.mu.Unlock()
 	for ol.queue.len() > 0 {
 		g := ol.queue.pop()
 		for i, n := g.next, len(g.plan.Pieces); i < n; i++ {
-			fb.push(fallbackPiece{g: g, i: i})
+			fb.push(fallbackPiece{g: g, i: i, reason: why})
 		}
 	}
 }
@@ -275,7 +275,7 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 		// A Piece without a ticket does not wait for a relay that may
 		// never beat again: it goes direct.
 		sl.pop()
-		s.fallback(pr.g, pr.i)
+		s.fallback(pr.g, pr.i, staging.FallbackRelayStale)
 		return true
 	}
 	seq, ok := sl.tx.Ticket()
@@ -296,7 +296,7 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 			s.counters.creditWaits.Add(1)
 		} else if now.Sub(laterOf(sl.waitSince, sl.progressAt)) > s.cfg.CreditTimeout {
 			sl.pop()
-			s.fallback(pr.g, pr.i)
+			s.fallback(pr.g, pr.i, staging.FallbackCreditTimeout)
 			return true
 		}
 		return false
@@ -308,7 +308,7 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 	}
 	g, i := pr.g, pr.i
 	if err := sl.tx.Commit(seq, g.key.session, g.plan.PieceEntries(i), g.pieceLen(i)); err != nil {
-		s.fallback(g, i)
+		s.fallback(g, i, staging.FallbackOther)
 		return true
 	}
 	slot := staging.SlotOf(seq)
@@ -324,8 +324,8 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 		s.log.Error(err, "first-hop copy failed; lane quarantined", "relayPid", sl.peer.Pid, "lane", sl.link.LaneIndex())
 		s.counters.laneQuarantine.Add(1)
 		sl.broken = true
-		s.fallback(g, i)
-		sl.drainTo(&s.fallbacks)
+		s.fallback(g, i, staging.FallbackLaneBroken)
+		sl.drainTo(&s.fallbacks, staging.FallbackLaneBroken)
 		return true
 	}
 	if err := sl.tx.Publish(seq); err != nil {
@@ -337,7 +337,7 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 		s.counters.failedPieces.Add(1)
 		g.finishPiece(i, err)
 		s.pieceDone(g)
-		sl.drainTo(&s.fallbacks)
+		sl.drainTo(&s.fallbacks, staging.FallbackLaneBroken)
 		return true
 	}
 	sl.inflight[slot] = pr
@@ -445,7 +445,7 @@ func (sn *sender) checkLanes() {
 	for _, sl := range sn.lanes {
 		h := sl.link.Health(now)
 		if h == Gone {
-			sn.retire(sl, errRelayGone)
+			sn.retire(sl, errRelayGone, staging.FallbackRelayGone)
 			changed = true
 			continue
 		}
@@ -454,7 +454,7 @@ func (sn *sender) checkLanes() {
 			// goes back as soon as nothing is left, so that its close
 			// need not wait for us.
 			if !sl.tx.InFlight() {
-				sn.retire(sl, nil)
+				sn.retire(sl, nil, staging.FallbackRelayGone)
 				changed = true
 				continue
 			}
@@ -471,19 +471,19 @@ func (sn *sender) checkLanes() {
 			s.log.Error(errTicketTimeout, "published tickets failed; relay not used again", "relayPid", sl.peer.Pid, "lane", sl.link.LaneIndex(), "seq", sl.tx.Reaped()+1, "timeout", d)
 			s.counters.laneQuarantine.Add(1)
 			sl.keepClaim = true
-			sn.retire(sl, fmt.Errorf("%w within %v", errTicketTimeout, d))
+			sn.retire(sl, fmt.Errorf("%w within %v", errTicketTimeout, d), staging.FallbackLaneBroken)
 			changed = true
 			continue
 		}
 		if sl.broken && !sl.tx.InFlight() {
-			sn.retire(sl, nil)
+			sn.retire(sl, nil, staging.FallbackLaneBroken)
 			changed = true
 			continue
 		}
 		if sl.tx.Exhausted() && !sl.tx.InFlight() {
 			// Sequence space spent and drained: a new claim gives the lane
 			// a new epoch and restarts at seq 1.
-			sn.retire(sl, nil)
+			sn.retire(sl, nil, staging.FallbackNoLane)
 			changed = true
 			continue
 		}
@@ -509,7 +509,7 @@ func (sn *sender) listPeers() {
 			}
 			s.pxn.Store(false)
 			for _, sl := range sn.lanes {
-				sn.retire(sl, errRelayGone)
+				sn.retire(sl, errRelayGone, staging.FallbackNoLane)
 			}
 			sn.lanes = nil
 			s.routes.Store(&routeTable{})
@@ -578,17 +578,17 @@ func (sn *sender) attach(pr Peer) *senderLane {
 }
 
 // retire ends a lane: published Pieces fail with err (nil: the lane was
-// drained), queued ones go direct. The claim and mappings are released now
+// drained), queued ones go direct for why. The claim and mappings are released now
 // when nothing can still be copied into the relay's memory, or after the
 // copier has drained otherwise.
-func (sn *sender) retire(sl *senderLane, err error) {
+func (sn *sender) retire(sl *senderLane, err error, why fallbackReason) {
 	sl.gone.Store(true)
 	inFlight := sl.tx.InFlight()
 	sl.copiedFrom, sl.copiedTo = sl.tx.Reaped()+1, sl.tx.Published()
 	if err != nil {
 		sn.failPublished(sl, err)
 	}
-	sl.drainTo(&sn.s.fallbacks)
+	sl.drainTo(&sn.s.fallbacks, why)
 	if inFlight {
 		sn.zombies = append(sn.zombies, sl)
 		return
@@ -644,7 +644,7 @@ func (sn *sender) copierFailed(err error) {
 		s.counters.laneQuarantine.Add(1)
 		sl.broken = true
 		sn.failPublished(sl, fmt.Errorf("first hop failed: %w", err))
-		sl.drainTo(&s.fallbacks)
+		sl.drainTo(&s.fallbacks, staging.FallbackLaneBroken)
 	}
 }
 
@@ -718,8 +718,7 @@ func (sn *sender) runFallback(fb *fallbackPiece) (keep, progressed bool) {
 			ops = append(ops, WriteOp{Src: uintptr(sl.Src), Len: sl.Len, Target: g.key.session, Dst: sl.Dst,
 				Token: s.tokens.add(tokenEntry{kind: tokFallback, slice: taskSlice{batch: g.batch, task: g.tasks[sl.Task], len: sl.Len}})})
 		}
-		s.counters.fallbackBytes.Add(g.pieceLen(fb.i))
-		s.counters.fallbackPieces.Add(1)
+		s.counters.fallback(fb.reason, g.pieceLen(fb.i))
 		g.key.lane.pieces.Add(-1)
 		s.pieceDone(g)
 		fb.g, fb.ops, fb.unsent = nil, ops, ops
@@ -738,7 +737,7 @@ func (sn *sender) runFallback(fb *fallbackPiece) (keep, progressed bool) {
 // returns the lanes whose release must wait for the copier to drain.
 func (sn *sender) stop(err error) []*senderLane {
 	for _, sl := range sn.lanes {
-		sn.retire(sl, err)
+		sn.retire(sl, err, staging.FallbackNoLane)
 	}
 	sn.lanes = nil
 	z := sn.zombies

@@ -134,11 +134,16 @@ func (s *shared) finishToken(ent tokenEntry, err error, rly *relayer) {
 	}
 }
 
+// fallbackReason is why a Piece went direct: staging.FallbackCreditTimeout
+// and the rest, the index of its counts.
+type fallbackReason uint8
+
 // fallbackPiece is a Piece that goes direct: Piece i of g until its writes
 // are built (g set), then the writes the hop has not taken yet.
 type fallbackPiece struct {
 	g      *group
 	i      int
+	reason fallbackReason
 	ops    []WriteOp
 	unsent []WriteOp
 }
@@ -186,7 +191,9 @@ func (f *fallbackQueue) takeAll() fifo[fallbackPiece] {
 }
 
 // fallback sends Piece i of g direct, after its source-ready event.
-func (s *shared) fallback(g *group, i int) { s.fallbacks.push(fallbackPiece{g: g, i: i}) }
+func (s *shared) fallback(g *group, i int, why fallbackReason) {
+	s.fallbacks.push(fallbackPiece{g: g, i: i, reason: why})
+}
 
 // invalQueue holds the sessions InvalidateTarget named since the pump last
 // looked ("" for all); pending says there are some.

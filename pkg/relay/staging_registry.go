@@ -43,6 +43,11 @@ func (s *StagingRegistry) Wake() *staging.WakeWord { return s.rank.Wake() }
 
 func (s *StagingRegistry) Heartbeat(time.Time) { s.rank.Heartbeat(staging.MonoNanos()) }
 
+// PublishStats writes st into the rank's control file (registry.Rank.PublishStats).
+func (s *StagingRegistry) PublishStats(st *staging.RankStats) {
+	s.rank.PublishStats(st, staging.MonoNanos())
+}
+
 // Peers returns a slice of its own, valid until the next call of Peers.
 func (s *StagingRegistry) Peers() ([]Peer, error) {
 	var err error

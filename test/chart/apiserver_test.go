@@ -52,6 +52,10 @@ spec:
               x-kubernetes-preserve-unknown-fields: true
 `
 
+// podMonitorStub stands in for the Prometheus Operator's PodMonitor CRD, as
+// serviceMonitorStub does for ServiceMonitor.
+var podMonitorStub = strings.NewReplacer("ServiceMonitor", "PodMonitor", "servicemonitor", "podmonitor").Replace(serviceMonitorStub)
+
 // TestServerDryRun installs the chart's CRDs into a real kube-apiserver and
 // has it accept, in a server-side dry run with strict field validation, every
 // object the chart renders for several value sets.
@@ -61,6 +65,9 @@ func TestServerDryRun(t *testing.T) {
 
 	stubDir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(stubDir, "servicemonitors.yaml"), []byte(serviceMonitorStub), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(stubDir, "podmonitors.yaml"), []byte(podMonitorStub), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	env := &envtest.Environment{
@@ -81,9 +88,11 @@ func TestServerDryRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	clients := kubernetes.NewForConfigOrDie(cfg)
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
-	if _, err := clients.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create namespace: %v", err)
+	for _, name := range []string{namespace, "monitoring"} {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		if _, err := clients.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create namespace %s: %v", name, err)
+		}
 	}
 	dyn := dynamic.NewForConfigOrDie(cfg)
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(discovery.NewDiscoveryClientForConfigOrDie(cfg)))

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -280,6 +281,7 @@ func TestTemplateDefaults(t *testing.T) {
 		"ClusterRoleBinding/pxn-agent", "ClusterRoleBinding/pxn-device-plugin",
 		"DaemonSet/pxn-agent", "DaemonSet/pxn-device-plugin",
 		"Role/pxn-agent-events", "RoleBinding/pxn-agent-events",
+		"Service/pxn-agent-metrics", "Service/pxn-device-plugin-metrics",
 		"ServiceAccount/pxn-agent", "ServiceAccount/pxn-device-plugin",
 		"ValidatingAdmissionPolicy/pxn-agent-node-restriction", "ValidatingAdmissionPolicyBinding/pxn-agent-node-restriction",
 	}
@@ -309,7 +311,9 @@ func TestTemplateDefaults(t *testing.T) {
 		t.Errorf("agent pullPolicy %q", c.ImagePullPolicy)
 	}
 	wantArgs := []string{"run", "--host-root=/host", "--rail-strategy=pci-order", "--resync=60s",
-		"--poll-interval=2s", "--metrics-bind-address=:9640", "--health-probe-bind-address=:9642"}
+		"--poll-interval=2s", "--metrics-bind-address=:9640", "--health-probe-bind-address=:9642",
+		"--shm-dir=/dev/shm/pxn", "--state-dir=/run/pxn", "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
+		"--resource-name=pxn.io/relay", "--rank-metric-labels=node,rail,hca,device,group,namespace,pod", "--rank-stale-after=10s"}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("agent args:\n got %q\nwant %q", c.Args, wantArgs)
 	}
@@ -328,6 +332,24 @@ func TestTemplateDefaults(t *testing.T) {
 	}
 	checkPorts(t, c, map[string]int32{"metrics": 9640, "health": 9642})
 	checkHostMount(t, agent, "/sys", "/host/sys", true)
+	// The rank metrics read the device plugin's folders, and nothing more.
+	checkHostMount(t, agent, "/dev/shm/pxn", "/dev/shm/pxn", true)
+	checkHostMount(t, agent, "/run/pxn", "/run/pxn", true)
+	checkHostMount(t, agent, "/var/lib/kubelet/pod-resources", "/var/lib/kubelet/pod-resources", true)
+	if sc := c.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.Capabilities == nil ||
+		!slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || !slices.Equal(sc.Capabilities.Add, []corev1.Capability{"DAC_READ_SEARCH"}) ||
+		sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Errorf("agent securityContext %+v, want root with DAC_READ_SEARCH only, read-only root, no escalation", sc)
+	}
+	if spec := agent.Spec.Template.Spec; spec.HostPID || spec.HostNetwork {
+		t.Errorf("agent uses host PID or network namespace")
+	}
+	for _, comp := range []string{"agent", "device-plugin"} {
+		svc := typed[corev1.Service](t, objs, "Service", "pxn-"+comp+"-metrics")
+		if svc.Spec.ClusterIP != corev1.ClusterIPNone || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].TargetPort.String() != "metrics" {
+			t.Errorf("metrics Service %s: %+v", comp, svc.Spec)
+		}
+	}
 
 	plugin := typed[appsv1.DaemonSet](t, objs, "DaemonSet", "pxn-device-plugin")
 	checkDaemonSetCommon(t, plugin, map[string]string{"nvidia.com/gpu.present": "true"})
@@ -420,7 +442,9 @@ func TestTemplateCustom(t *testing.T) {
 		t.Errorf("agent image %q pullPolicy %q", c.Image, c.ImagePullPolicy)
 	}
 	wantArgs := []string{"run", "--host-root=/host", "--rail-strategy=static", "--static-file=/etc/pxn/rails/rails.json",
-		"--resync=2m30s", "--poll-interval=500ms", "--metrics-bind-address=:19640", "--health-probe-bind-address=:19642", "-v=4"}
+		"--resync=2m30s", "--poll-interval=500ms", "--metrics-bind-address=:19640", "--health-probe-bind-address=:19642",
+		"--shm-dir=/dev/shm/pxn-test", "--state-dir=/run/pxn-test", "--pod-resources-socket=/var/lib/k0s/kubelet/pod-resources/kubelet.sock",
+		"--resource-name=example.com/relay", "--rank-metric-labels=node,rail,namespace", "--rank-stale-after=30s", "-v=4"}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("agent args:\n got %q\nwant %q", c.Args, wantArgs)
 	}
@@ -435,6 +459,9 @@ func TestTemplateCustom(t *testing.T) {
 		t.Errorf("agent probes: liveness %+v readiness %+v, want the custom liveness probe and no readiness probe", c.LivenessProbe, c.ReadinessProbe)
 	}
 	checkHostMount(t, agent, "/mnt/host-sys", "/host/sys", true)
+	checkHostMount(t, agent, "/dev/shm/pxn-test", "/dev/shm/pxn-test", true)
+	checkHostMount(t, agent, "/run/pxn-test", "/run/pxn-test", true)
+	checkHostMount(t, agent, "/var/lib/k0s/kubelet/pod-resources", "/var/lib/k0s/kubelet/pod-resources", true)
 
 	plugin := typed[appsv1.DaemonSet](t, objs, "DaemonSet", "pxn-device-plugin")
 	checkDaemonSetCommon(t, plugin, nodeSelector)
@@ -487,8 +514,41 @@ func TestTemplateCustom(t *testing.T) {
 		t.Errorf("ServiceMonitor %s labels %v", sm.GetAPIVersion(), sm.GetLabels())
 	}
 	eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
-	if len(eps) != 1 || eps[0].(map[string]any)["port"] != "metrics" || eps[0].(map[string]any)["interval"] != "15s" {
+	if len(eps) != 1 || eps[0].(map[string]any)["port"] != "metrics" || eps[0].(map[string]any)["interval"] != "15s" ||
+		eps[0].(map[string]any)["honorLabels"] != true {
 		t.Errorf("ServiceMonitor endpoints %v", eps)
+	}
+	pm := find(objs, "PodMonitor", "pxn")
+	if pm == nil {
+		t.Fatalf("no PodMonitor rendered; have %v", names(objs))
+	}
+	sel, _, _ := unstructured.NestedStringMap(pm.Object, "spec", "selector", "matchLabels")
+	peps, _, _ := unstructured.NestedSlice(pm.Object, "spec", "podMetricsEndpoints")
+	if pm.GetLabels()["release"] != "kube-prometheus" || sel["app.kubernetes.io/instance"] != "pxn" || len(peps) != 1 ||
+		peps[0].(map[string]any)["port"] != "metrics" || peps[0].(map[string]any)["scrapeTimeout"] != "5s" || peps[0].(map[string]any)["honorLabels"] != true {
+		t.Errorf("PodMonitor labels %v selector %v endpoints %v", pm.GetLabels(), sel, peps)
+	}
+	for k, v := range sel {
+		if agent.Spec.Template.Labels[k] != v || plugin.Spec.Template.Labels[k] != v {
+			t.Errorf("PodMonitor selector %s=%s does not select both components' pods", k, v)
+		}
+	}
+
+	dcm := find(objs, "ConfigMap", "pxn-dashboard")
+	if dcm == nil {
+		t.Fatalf("no dashboard ConfigMap rendered; have %v", names(objs))
+	}
+	dash, err := os.ReadFile(filepath.Join(chartDir, "dashboards", "pxn.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _, _ := unstructured.NestedStringMap(dcm.Object, "data")
+	if dcm.GetNamespace() != "monitoring" || dcm.GetLabels()["grafana_dashboard"] != "1" || dcm.GetLabels()["team"] != "ml" ||
+		dcm.GetAnnotations()["grafana_folder"] != "PXN" {
+		t.Errorf("dashboard ConfigMap %s/%s labels %v annotations %v", dcm.GetNamespace(), dcm.GetName(), dcm.GetLabels(), dcm.GetAnnotations())
+	}
+	if len(data) != 1 || data["pxn.json"] != strings.TrimSpace(string(dash)) {
+		t.Errorf("dashboard ConfigMap data keys %v: pxn.json is not the chart's dashboards/pxn.json", slices.Collect(maps.Keys(data)))
 	}
 }
 
@@ -510,6 +570,12 @@ func TestTemplateVariants(t *testing.T) {
 			name:      "agent only, static file, metrics and probes off",
 			args:      []string{"--set", "devicePlugin.enabled=false", "--set", "rails.strategy=static", "--set", "rails.staticFile=/etc/rails/table.json", "--set", "agent.metricsBindAddress=0", "--set", "agent.healthProbeBindAddress=0", "--set", "agent.kubeconfig=/etc/kube/config"},
 			agentArgs: []string{"--static-file=/etc/rails/table.json", "--metrics-bind-address=0", "--kubeconfig=/etc/kube/config"},
+		},
+		{
+			name:       "rank metrics off",
+			args:       []string{"--set", "agent.rankMetrics.enabled=false"},
+			agentArgs:  []string{"--shm-dir="},
+			pluginArgs: []string{"--shm-dir=/dev/shm/pxn"},
 		},
 		{
 			name:       "plugin only, digest, pod-resources inside the plugin dir",
@@ -538,6 +604,18 @@ func TestTemplateVariants(t *testing.T) {
 				}
 				if slices.Contains(tc.agentArgs, "--metrics-bind-address=0") && (len(c.Ports) != 0 || c.LivenessProbe != nil) {
 					t.Errorf("agent with endpoints off has ports %+v / probe %+v", c.Ports, c.LivenessProbe)
+				}
+				if slices.Contains(tc.agentArgs, "--shm-dir=") {
+					for _, v := range ds.Spec.Template.Spec.Volumes {
+						if v.HostPath != nil && v.Name != "host-sys" {
+							t.Errorf("agent without rank metrics mounts host %s", v.HostPath.Path)
+						}
+					}
+					for _, a := range c.Args {
+						if strings.HasPrefix(a, "--rank-") || strings.HasPrefix(a, "--state-dir") {
+							t.Errorf("agent without rank metrics gets %s", a)
+						}
+					}
 				}
 			}
 			if tc.pluginArgs != nil {

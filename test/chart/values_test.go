@@ -45,6 +45,12 @@ func TestSchemaRejects(t *testing.T) {
 		{"staticTable rail not a string", []string{"--set", "rails.strategy=static", "--set", "rails.staticTable.mlx5_0=3"}, "staticTable"},
 		{"image digest malformed", []string{"--set", "image.digest=sha256:xyz"}, "digest"},
 		{"serviceMonitor interval", []string{"--set", "serviceMonitor.enabled=true", "--set", "serviceMonitor.interval=often"}, "interval"},
+		{"podMonitor scrapeTimeout", []string{"--set", "podMonitor.enabled=true", "--set", "podMonitor.scrapeTimeout=5"}, "scrapeTimeout"},
+		{"rank metric label unknown", []string{"--set", "agent.rankMetrics.labels={node,gpu}"}, "labels"},
+		{"rank metric labels empty", []string{"--set-json", "agent.rankMetrics.labels=[]"}, "labels"},
+		{"rank metric label twice", []string{"--set", "agent.rankMetrics.labels={rail,rail}"}, "labels"},
+		{"rank staleness not a duration", []string{"--set", "agent.rankMetrics.staleAfter=ten"}, "staleAfter"},
+		{"dashboard namespace with capitals", []string{"--set", "grafanaDashboard.namespace=Monitoring"}, "namespace"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			expectFailure(t, h, tc.args, tc.want)
@@ -83,6 +89,10 @@ func TestValidationRejects(t *testing.T) {
 			"devicePlugin.podResourcesSocket=/var/lib/kubelet/pod-resources/ names a folder"},
 		{"service monitor without metrics", []string{"--set", "serviceMonitor.enabled=true", "--set", "agent.metricsBindAddress=0",
 			"--set", "devicePlugin.metricsAddr="}, "serviceMonitor.enabled=true but no enabled component serves metrics"},
+		{"pod monitor without metrics", []string{"--set", "podMonitor.enabled=true", "--set", "agent.metricsBindAddress=0",
+			"--set", "devicePlugin.metricsAddr="}, "podMonitor.enabled=true but no enabled component serves metrics"},
+		{"service monitor without the Services", []string{"--set", "serviceMonitor.enabled=true", "--set", "metricsService.enabled=false"},
+			"set metricsService.enabled=true"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			expectFailure(t, h, tc.args, tc.want)

@@ -6,8 +6,8 @@
 // installs charts/pxn with helm and checks, through the cluster, what a user
 // of the chart relies on. See docs/local-cluster.md.
 //
-// It needs root and Debian's containerd, runc and CNI plugins (the cluster
-// group of hack/host-packages.sh, which make test installs); it skips, with
+// It needs root and Debian's containerd, runc, CNI plugins and prometheus (the
+// cluster group of hack/host-packages.sh, which make test installs); it skips, with
 // the reason, when not root, when those packages are missing and this machine
 // cannot install them (no apt-get), or when containerd cannot start or run a
 // container here. Tools come from hack/tools.sh (missing ones skip, or fail under
@@ -16,7 +16,7 @@
 //	PXN_E2E_CLUSTER_DIR=DIR  use the cluster already up in DIR; leave it up
 //	PXN_E2E_STATE_DIR=DIR    state folder of the test's own cluster (default /var/tmp/pxn-e2e)
 //	PXN_E2E_KEEP=1           leave the test's own cluster up at the end
-//	PXN_E2E_TIMEOUT=15m      bound on the whole suite
+//	PXN_E2E_TIMEOUT=25m      bound on the whole suite
 package e2e
 
 import (
@@ -51,7 +51,7 @@ const (
 	gcWait           = 90 * time.Second // gcGrace 5s + gcInterval 2s + pod termination, with room
 	podStartTimeout  = 3 * time.Minute
 	rankPodRun       = 3 * time.Minute // a probe rank's own bound on each wait
-	defaultSuiteTime = 15 * time.Minute
+	defaultSuiteTime = 25 * time.Minute
 )
 
 func TestLocalCluster(t *testing.T) {
@@ -84,6 +84,7 @@ func TestLocalCluster(t *testing.T) {
 		{"Workloads", (*cluster).checkWorkloads},
 		{"MultiPodGroup", (*cluster).checkMultiPodGroup},
 		{"KubeletRestart", (*cluster).checkKubeletRestart},
+		{"Metrics", (*cluster).checkMetrics},
 		{"GarbageCollection", (*cluster).checkGarbageCollection},
 	}
 	for _, s := range steps {

@@ -59,10 +59,10 @@ var rules = []rule{
 		name: "the control plane never links the engine",
 		from: controlPlane,
 		forbid: func(from, dep string) bool {
-			// pxn-agent inspect decodes registry control files: the agent
-			// binary links the registry reader and the ABI, never the pump,
-			// the copiers or CUDA.
-			if from == "cmd/pxn-agent" && matches("pkg/staging/...", dep) {
+			// pxn-agent inspect and the agent's rank metrics decode
+			// registry control files: the agent links the registry reader
+			// and the ABI, never the pump, the copiers or CUDA.
+			if (from == "cmd/pxn-agent" || matches("pkg/agent/...", from)) && matches("pkg/staging/...", dep) {
 				return false
 			}
 			return anyMatch(engine, dep) || isSim(dep)

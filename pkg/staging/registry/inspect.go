@@ -57,6 +57,10 @@ type RankReport struct {
 	// its senders), or why the rank is stale.
 	Health string       `json:"health"`
 	Lanes  []LaneReport `json:"lanes"`
+	// Stats are the rank's counters; StatsError says why they could not
+	// be read instead.
+	Stats      *StatsReport `json:"stats,omitempty"`
+	StatsError string       `json:"stats_error,omitempty"`
 }
 
 // LaneReport is one inbound lane of a rank.
@@ -97,12 +101,12 @@ var (
 )
 
 // InspectRoot reports every registry directory (mooncake-pxn-*) under
-// root. It only reads: it takes no lock, maps nothing and changes nothing,
-// so what it shows of live ranks is a moment's snapshot. A rank whose
-// heartbeat is older than staleAfter is reported stale; one in the
-// caller's PID namespace is also judged by its pid, one in another by its
-// heartbeat alone. Garbage is reported, never fatal; only an unreadable
-// root is an error.
+// root. It only reads: it takes no lock and changes nothing (the counters
+// block is read through a read-only mapping), so what it shows of live
+// ranks is a moment's snapshot. A rank whose heartbeat is older than
+// staleAfter is reported stale; one in the caller's PID namespace is also
+// judged by its pid, one in another by its heartbeat alone. Garbage is
+// reported, never fatal; only an unreadable root is an error.
 func InspectRoot(root string, staleAfter time.Duration) ([]GroupReport, error) {
 	// Without its own namespace, inspect judges every rank by heartbeat.
 	self, _ := staging.SelfPidNS()
@@ -300,6 +304,13 @@ func inspectRank(dirfd int, dirPath, name string, kind entryKind, id staging.Ide
 			}
 		}
 		rr.Lanes = append(rr.Lanes, lr)
+	}
+	stats, err := readStats(fd)
+	if err == nil {
+		rr.Stats, err = newStatsReport(&stats, now)
+	}
+	if err != nil {
+		rr.StatsError = err.Error()
 	}
 	return rr, nil
 }

@@ -141,6 +141,10 @@ type Options struct {
 	// even when the arena can hand them out: peers then map it by its
 	// handle only.
 	NoArenaSocket bool
+	// Device names the memory the arena lives in, up to 48 bytes (a GPU's
+	// PCI bus id or UUID), for the rank's counters block. Empty: the
+	// provider's name for it (DeviceNamer), else "host" for host memory.
+	Device string
 	// InjectFault, when set, runs before each step of Register; an error
 	// fails that step. For tests.
 	InjectFault func(InitStep) error
@@ -164,6 +168,8 @@ func (o *Options) fill() error {
 		return fmt.Errorf("heartbeat timeout %v: want at least %v", o.HeartbeatTimeout, 2*heartbeatPeriod)
 	case o.DrainTimeout < 0:
 		return fmt.Errorf("drain timeout %v is negative", o.DrainTimeout)
+	case len(o.Device) > len(staging.RankStats{}.Device) || strings.IndexByte(o.Device, 0) >= 0:
+		return fmt.Errorf("device %q: want at most %d bytes, no NUL", o.Device, len(staging.RankStats{}.Device))
 	}
 	if err := checkGroupName(o.Group); err != nil {
 		return err
@@ -392,6 +398,9 @@ func (r *Rank) createControl() error {
 		r.inbound[i] = staging.NewRelayLane(&r.ctl.Lanes[i])
 	}
 	r.ctl.Header = newHeader(r.id, r.ns, r.opts.UID, r.opts.Rail, r.opts.HCA, r.opts.Arenas.Kind())
+	if err := r.ctl.Stats.SetDevice(r.opts.deviceName()); err != nil {
+		r.opts.Logger.Info("pxn rank names no device in its counters", "registry", r.d.path, "err", err.Error())
+	}
 	r.pushUndo(func() error {
 		if r.quarantined {
 			// The control file stays with the arena, so that others judge
