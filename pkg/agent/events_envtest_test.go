@@ -26,7 +26,9 @@ func TestEventsExplainChanges(t *testing.T) {
 	cfg := controlPlane(t)
 	c := newClient(t, cfg)
 	clients := kubernetes.NewForConfigOrDie(cfg)
-	node := createNode(t, c, "gpu-node-events")
+	// A node name of its own for each run: Events outlive their Node, and
+	// a run of -count above 1 would see the runs' before it.
+	node := createNode(t, c, fmt.Sprintf("gpu-node-events-%x", time.Now().UnixNano()))
 	root := copyFixture(t, "hgx-8gpu")
 	const resync = 200 * time.Millisecond
 	a := startAgent(t, cfg, railAgent(node.Name, root, resync, 50*time.Millisecond))
