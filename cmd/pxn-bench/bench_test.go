@@ -138,13 +138,14 @@ func TestBenchKV(t *testing.T) {
 		name        string
 		args        []string
 		wantRelayed uint64
-		// wantPieces follows the engine's ramp: a 4 MiB request on an
-		// idle lane (one in flight) is Pieces of 256 KiB, 512 KiB, 1 MiB,
-		// 2 MiB and 256 KiB; a 256 KiB one is one Piece either way.
+		// wantPieces follows the planner: by default (no ramp) a 4 MiB
+		// request is one Piece; with a 256 KiB ramp on an idle lane (one
+		// in flight) it is Pieces of 256 KiB, 512 KiB, 1 MiB, 2 MiB and
+		// 256 KiB; a 256 KiB one is one Piece either way.
 		wantPieces uint64
 	}{
-		{"kv-small 1 to 1", []string{"--ranks", "2", "--kv-shape", "kv-small", "--kv-requests", "3", "--kv-inflight", "1"}, 3 * 32 * 2 * 4 * 16 << 10, 3 * 5},
-		{"kv-small 1 to 1 without the ramp", []string{"--ranks", "2", "--kv-shape", "kv-small", "--kv-requests", "3", "--kv-inflight", "1", "--first-piece", "8MiB"}, 3 * 32 * 2 * 4 * 16 << 10, 3},
+		{"kv-small 1 to 1", []string{"--ranks", "2", "--kv-shape", "kv-small", "--kv-requests", "3", "--kv-inflight", "1"}, 3 * 32 * 2 * 4 * 16 << 10, 3},
+		{"kv-small 1 to 1 with a 256 KiB ramp", []string{"--ranks", "2", "--kv-shape", "kv-small", "--kv-requests", "3", "--kv-inflight", "1", "--first-piece", "256KiB"}, 3 * 32 * 2 * 4 * 16 << 10, 3 * 5},
 		{"all-to-all, 4 KiB blocks", []string{"--ranks", "3", "--kv-traffic", "all-to-all", "--kv-shape", "4x8x4KiB", "--kv-requests", "2"}, 3 * 2 * 2 * 4 * 2 * 8 * 4 << 10, 3 * 2 * 2},
 	}
 	for _, c := range cases {
