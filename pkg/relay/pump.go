@@ -174,6 +174,9 @@ func (p *pump) wait() {
 		return
 	}
 	timeout := p.idleBeat() - now.Sub(p.lastBeat)
+	if p.snd.attachPending {
+		timeout = min(timeout, heartbeatInterval)
+	}
 	if p.busy() || p.expecting(now) || p.drainBy.Load() != 0 {
 		if p.poll.TimerNap {
 			w.Retract()
@@ -283,7 +286,7 @@ func (p *pump) round(now time.Time) bool {
 		p.snd.checkLanes()
 	}
 	since := now.Sub(p.lastList)
-	list := since >= idleRefresh || since >= heartbeatInterval && p.busy()
+	list := since >= idleRefresh || since >= heartbeatInterval && (p.busy() || p.snd.attachPending)
 	if p.poller != nil {
 		if n, err := p.poller.Poll(); err != nil {
 			p.snd.copierFailed(err)

@@ -181,6 +181,11 @@ type sender struct {
 	reg Registry
 
 	lanes []*senderLane
+	// attachPending is set when the last listing left an attach to a
+	// relay undone because the registry was busy (its lock held, or the
+	// relay's arena descriptor not yet served): the pump lists again at
+	// its next heartbeat interval rather than at its next idle beat.
+	attachPending bool
 	// zombies are retired lanes that may still have copies or doorbells
 	// in flight into the relay's memory: their mapping and host
 	// registration are released only after the copier has drained.
@@ -500,6 +505,7 @@ func (sn *sender) checkLanes() {
 // more peers than lanes turn PXN off.
 func (sn *sender) listPeers() {
 	s := sn.s
+	sn.attachPending = false
 	peers, err := sn.reg.Peers()
 	if err != nil {
 		if errors.Is(err, ErrTooManyPeers) {
@@ -544,8 +550,11 @@ func (sn *sender) attach(pr Peer) *senderLane {
 	s := sn.s
 	link, err := sn.reg.Attach(pr)
 	if err != nil {
-		// A busy registry lock is retried at the next refresh, silently.
-		if !errors.Is(err, ErrRegistryBusy) {
+		// A busy registry is retried at the next heartbeat interval,
+		// silently.
+		if errors.Is(err, ErrRegistryBusy) {
+			sn.attachPending = true
+		} else {
 			s.log.V(1).Info("cannot attach to relay", "pid", pr.Pid, "rail", pr.Rail, "err", err.Error())
 		}
 		return nil
