@@ -643,8 +643,12 @@ func (c *cluster) checkMultiPodGroup() {
 		t.Logf("%s (HCA %s):\n%s", name, pair[len(results)], lastLines(out, 12))
 		lines := strings.Split(strings.TrimSpace(out), "\n")
 		var r rankResult
-		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
-			t.Fatalf("%s: no report in its last line: %v", name, err)
+		found := false
+		for i := len(lines) - 1; i >= 0 && !found; i-- {
+			found = strings.HasPrefix(lines[i], "{") && json.Unmarshal([]byte(lines[i]), &r) == nil
+		}
+		if !found {
+			t.Fatalf("%s: no report in its log", name)
 		}
 		results[name] = r
 	}

@@ -28,7 +28,8 @@ import (
 // which it announces in the group folder), writes its pattern to the other
 // rank's target through the engine (so the other rank relays it), stays up
 // until the other rank is done too, then checks what the other rank wrote
-// into its target. It prints one JSON line, its rankReport.
+// into its target and what the registry holds, and closes once the other
+// has checked as well. It prints one JSON line, its rankReport, last.
 const (
 	rankWrites     = 8
 	rankWriteBytes = 1 << 20
@@ -215,7 +216,11 @@ func rank(rep *rankReport, index int, hca, peerHCA string) error {
 			rep.Ranks[r.File] = r.Liveness + " " + r.Health
 		}
 	}
-	return nil
+	// Neither closes before the other has looked at the registry.
+	if err := publishJSON(filepath.Join(shared, fmt.Sprintf("e2e-checked-%d.json", index)), rep); err != nil {
+		return err
+	}
+	return waitJSON(filepath.Join(shared, fmt.Sprintf("e2e-checked-%d.json", peer)), &done)
 }
 
 func mapMem(n int) ([]byte, error) {
