@@ -156,16 +156,17 @@ watcher=$!
 # Prometheus is asked while the ranks run: a rank's series end with it. The
 # Job's --hold-after keeps them registered for a while after the transfer.
 query='sum by (rail) (pxn_relayed_bytes_total)'
-answer="" fallback=""
+answer="" prom_fallback=""
 status=""
 for _ in $(seq 1 600); do
   status=$(kc -n "$demo_ns" get job pxn-bench -o 'jsonpath={range .status.conditions[?(@.status=="True")]}{.type} {end}')
   case $status in *Complete* | *Failed*) break ;; esac
+  # Once every rail shows at least the Job's 64 MiB, the transfer is over.
   if [ -z "$answer" ]; then
-    out=$(bash hack/e2e/prometheus.sh query "$prom_dir" "$query" 2>/dev/null || true)
-    if [ "$(grep -c '=> [1-9]' <<<"$out" || true)" -ge 8 ]; then
-      answer=$out
-      fallback=$(bash hack/e2e/prometheus.sh query "$prom_dir" 'sum(pxn_fallback_bytes_total)' 2>/dev/null || true)
+    out=$(bash hack/e2e/prometheus.sh query "$prom_dir" "$query >= 67108864" 2>/dev/null || true)
+    if [ "$(grep -c '=> ' <<<"$out" || true)" -ge 8 ]; then
+      answer=$(bash hack/e2e/prometheus.sh query "$prom_dir" "$query" 2>/dev/null || true)
+      prom_fallback=$(bash hack/e2e/prometheus.sh query "$prom_dir" 'sum(pxn_fallback_bytes_total)' 2>/dev/null || true)
     fi
   fi
   sleep 1
@@ -199,10 +200,10 @@ fi
 
 step "PromQL, asked of the Prometheus scraping pxn-agent while the ranks ran"
 echo "$query"
-echo "${answer:-  (no answer with relayed bytes on all 8 rails)}"
+echo "${answer:-  (no answer with 64 MiB relayed on all 8 rails)}"
 echo "sum(pxn_fallback_bytes_total)"
-echo "${fallback:-  (not asked)}"
-if [ -z "$answer" ] || ! grep -q '=> 0 ' <<<"$fallback"; then
+echo "${prom_fallback:-  (not asked)}"
+if [ -z "$answer" ] || [ "$(grep -c '=> [1-9]' <<<"$answer" || true)" -lt 8 ] || ! grep -q '=> 0 ' <<<"$prom_fallback"; then
   echo "cluster-demo: want relayed bytes above zero on all 8 rails and fallback 0 in Prometheus" >&2
   exit 1
 fi

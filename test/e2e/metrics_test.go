@@ -21,9 +21,11 @@ const (
 	metricsNS = "pxn-e2e-metrics"
 	// agentMetricsPort is agent.metricsBindAddress of the chart's values.
 	agentMetricsPort = "9640"
-	// benchRanks is the demo Job's --ranks (hack/e2e/bench-job.yaml): one
-	// rank per rail, each writing across rails.
+	// benchRanks and benchBytes are the demo Job's --ranks and --bytes
+	// (hack/e2e/bench-job.yaml): one rank per rail, each writing benchBytes
+	// across rails.
 	benchRanks = 8
+	benchBytes = 64 << 20
 	// relayedByRail is the query the step, and make cluster-demo, ask.
 	relayedByRail = `sum by (rail) (pxn_relayed_bytes_total)`
 )
@@ -171,8 +173,8 @@ func (c *cluster) checkMetrics() {
 		t.Fatal(err)
 	}
 	manifest := strings.NewReplacer("namespace: pxn-demo", "namespace: "+metricsNS, "image: pxn:local", "image: "+c.image).Replace(string(job))
-	if !strings.Contains(manifest, "--hold-after") {
-		t.Fatalf("hack/e2e/bench-job.yaml does not hold its ranks open (--hold-after): the query could miss them")
+	if !strings.Contains(manifest, "--hold-after") || !strings.Contains(manifest, "--bytes=64MiB") || !strings.Contains(manifest, "--ranks=8") {
+		t.Fatalf("hack/e2e/bench-job.yaml is not the Job this step knows (--ranks=8, --bytes=64MiB, --hold-after):\n%s", manifest)
 	}
 	c.apply(manifest)
 
@@ -196,6 +198,26 @@ func (c *cluster) checkMetrics() {
 			}
 		}
 		return positive == benchRanks, fmt.Sprintf("%d of %d rails above zero:\n%s", positive, benchRanks, formatSamples(ss))
+	})
+	t.Logf("%s, first answer above zero on every rail:\n%s", relayedByRail, formatSamples(byRail))
+	// Then, once the transfer is over, every rank's 64 MiB (and the
+	// bench's later 10 KiB write).
+	c.poll("every rail's relayed bytes at least the Job's --bytes", 5*time.Minute, func() (bool, string) {
+		if st := c.jobState(); st != "" {
+			t.Fatalf("the Job finished (%s) before Prometheus saw %d relayed bytes on every rail; last answer:\n%s", st, benchBytes, formatSamples(byRail))
+		}
+		ss, err := prom.query(relayedByRail)
+		if err != nil {
+			return false, err.Error()
+		}
+		byRail = ss
+		full := 0
+		for _, s := range ss {
+			if s.value() >= benchBytes {
+				full++
+			}
+		}
+		return full == benchRanks, fmt.Sprintf("%d of %d rails at %d bytes:\n%s", full, benchRanks, benchBytes, formatSamples(ss))
 	})
 	t.Logf("%s:\n%s", relayedByRail, formatSamples(byRail))
 	rails := map[string]bool{}
