@@ -19,20 +19,23 @@
 # fails or the kit is interrupted. Without nvidia-cuda-mps-control it says
 # so and runs every step without MPS. OUT/steps.txt has one line a step:
 # its exit status (124: out of time), its time and whether MPS was on.
+# GPU_KIT_ONLY, a list of step names, runs those steps alone.
 #
 # Steps, most wanted first (each one's limit in seconds; the kit as a whole
 # stops starting steps once GPU_KIT_BUDGET seconds, 510 by default, are
 # spent, and cuts the last one's limit to what is left):
 #   nomps-p3 (40)     pxn-bench --suite p3 without MPS: the time-sliced
 #                     contrast (before the daemon starts)
-#   after-p13 (100)   --suite p1,p3: P1, cross-rail 1→1 against the NIC
+#   after-p13 (110)   --suite p1,p3: P1, cross-rail 1→1 against the NIC
 #                     alone (P13), P3 with per-sender fan-in rows, P4, P5
 #                     (pump CPU, wake-ups, idle, after idle), P6
 #   before-p13 (90)   the same with the baseline's pxn-bench, if built
-#   after-p10 (35)    --suite p10: kv-small completion (the ramp's default)
-#   noramp-p10 (30)   the same with --first-piece 8MiB (no ramp)
-#   before-p10 (30)   the same with the baseline's pxn-bench
-#   after-p9 (100)    --suite p9: kv-medium and kv-large, 1→1, 7→1 and
+#   after-p10 (50)    --suite p10: kv-small completion, and the same
+#                     bytes in two blocks and 128 KiB in two (its parts)
+#   spin-p10 (50)     the same with --poll-spin 2ms: pumps that never nap
+#                     while a request moves
+#   before-p10 (30)   --suite p10 with the baseline's pxn-bench
+#   after-p9 (150)    --suite p9: kv-medium and kv-large, 1→1, 7→1 and
 #                     all-to-all (each scenario's rows written as it ends)
 #   pidns (35)        2 ranks each in PID and mount namespaces of its own,
 #                     only where pxn-bench run --help lists --pidns (root)
@@ -154,6 +157,10 @@ kit_run() {
   step() {
     local name=$1 limit=$2 left start rc mps=off
     shift 2
+    if [ -n "${GPU_KIT_ONLY:-}" ] && [[ " $GPU_KIT_ONLY " != *" $name "* ]]; then
+      echo "$name skipped: not in GPU_KIT_ONLY" | tee -a "$out/steps.txt"
+      return 0
+    fi
     left=$((budget - ($(date +%s) - started)))
     if [ "$left" -lt 10 ]; then
       echo "$name skipped: ${left}s of the ${budget}s budget left" | tee -a "$out/steps.txt"
@@ -178,16 +185,16 @@ kit_run() {
   CUDA_MPS_PIPE_DIRECTORY=$no_mps_pipes step nomps-p3 40 ./pxn-bench run --device cuda --suite p3 --json "$out/nomps-p3.json"
 
   mps_start "$out"
-  step after-p13 100 ./pxn-bench run --device cuda --suite p1,p3 --json "$out/after-p13.json"
+  step after-p13 110 ./pxn-bench run --device cuda --suite p1,p3 --json "$out/after-p13.json"
   if [ -x pxn-bench.before ]; then
     step before-p13 90 ./pxn-bench.before run --device cuda --suite p1,p3 --json "$out/before-p13.json"
   fi
-  step after-p10 35 ./pxn-bench run --device cuda --suite p10 --json "$out/after-p10.json"
-  step noramp-p10 30 ./pxn-bench run --device cuda --suite p10 --first-piece 8MiB --json "$out/noramp-p10.json"
+  step after-p10 50 ./pxn-bench run --device cuda --suite p10 --json "$out/after-p10.json"
+  step spin-p10 50 ./pxn-bench run --device cuda --suite p10 --poll-spin 2ms --json "$out/spin-p10.json"
   if [ -x pxn-bench.before ]; then
     step before-p10 30 ./pxn-bench.before run --device cuda --suite p10 --json "$out/before-p10.json"
   fi
-  step after-p9 100 ./pxn-bench run --device cuda --suite p9 --json "$out/after-p9.json"
+  step after-p9 150 ./pxn-bench run --device cuda --suite p9 --json "$out/after-p9.json"
   local help
   help=$(./pxn-bench run --help 2>&1 || true)
   if grep -q -- '--pidns' <<<"$help"; then

@@ -82,8 +82,9 @@ func TestSuite(t *testing.T) {
 		}
 		shapes[r.id+" "+r.kv.shape]++
 	}
-	if shapes["P9 kv-medium"] != 3 || shapes["P9 kv-large"] != 3 || shapes["P10 kv-small"] != 1 {
-		t.Fatalf("kv scenarios %v, want kv-medium and kv-large 1→1, 7→1 and all-to-all, and kv-small", shapes)
+	if shapes["P9 kv-medium"] != 3 || shapes["P9 kv-large"] != 3 || shapes["P10 kv-small"] != 1 ||
+		shapes["P10 4MiB in 2 blocks: 1x1x2MiB"] != 1 || shapes["P10 128KiB in 2 blocks: 1x1x64KiB"] != 1 {
+		t.Fatalf("kv scenarios %v, want kv-medium and kv-large 1→1, 7→1 and all-to-all, and kv-small with its two parts", shapes)
 	}
 	runs := suiteRuns(map[string]bool{"p1": true, "p3": true}, 2)
 	var seven *scenario

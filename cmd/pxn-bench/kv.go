@@ -612,7 +612,16 @@ func kvSuiteRuns(want map[string]bool, ngpu int) []scenario {
 		)
 	}
 	if want["p10"] {
-		runs = append(runs, kv("P10", "kv-small", "fan-in", fanIn(1), 400, 1, "one request at a time: completion time without queueing"))
+		// kv-small, then two requests that take its cost apart: the same
+		// 4 MiB in two blocks (no gather of 256 blocks into the slot, no
+		// scatter of 256 NIC ops), and 128 KiB in two blocks (the
+		// hand-over from the first hop to the second, with almost nothing
+		// to store).
+		runs = append(runs,
+			kv("P10", "kv-small", "fan-in", fanIn(1), 400, 1, "one request at a time: completion time without queueing"),
+			kv("P10 4MiB in 2 blocks:", "1x1x2MiB", "fan-in", fanIn(1), 400, 1, "kv-small's bytes as two blocks: its completion without the gather and scatter of 256 blocks"),
+			kv("P10 128KiB in 2 blocks:", "1x1x64KiB", "fan-in", fanIn(1), 400, 1, "a request with almost nothing to store: the hand-over alone"),
+		)
 	}
 	return runs
 }

@@ -144,7 +144,12 @@ type idleResult struct {
 	PumpRuns       uint64  `json:"pumpRuns"`
 	Seconds        float64 `json:"seconds"`
 	FirstWriteUS   float64 `json:"firstWriteUs,omitempty"`
-	FirstError     string  `json:"firstError,omitempty"`
+	// FirstSubmitUS is how much of FirstWriteUS the Submit call took.
+	FirstSubmitUS float64 `json:"firstSubmitUs,omitempty"`
+	// DirectFirstWriteUS is the same write on a direct hop of its own, the
+	// first after an idle window of its own (measureIdleDirect).
+	DirectFirstWriteUS float64 `json:"directFirstWriteUs,omitempty"`
+	FirstError         string  `json:"firstError,omitempty"`
 }
 
 // idleWindow is how long ranks stay idle before the first write after
@@ -339,6 +344,8 @@ func runRank(o rankOptions) (err error) {
 			emit(event{Event: "latency", Latency: res})
 		case "idle":
 			emit(event{Event: "idle", Idle: measureIdle(eng, mine, base)})
+		case "idle-direct":
+			emit(event{Event: "idle-direct", Idle: measureIdleDirect(dev, mine, base)})
 		case "exit":
 			if err := closeEngine(); err != nil {
 				return fmt.Errorf("close: %w", err)
@@ -588,14 +595,62 @@ func measureIdle(eng *relay.Engine, mine []transfer, base uintptr) *idleResult {
 		res.FirstError = err.Error()
 		return res
 	}
+	res.FirstSubmitUS = micros(time.Since(t0))
 	for !b.Done() {
 	}
-	res.FirstWriteUS = float64(time.Since(t0).Nanoseconds()) / 1e3
+	res.FirstWriteUS = micros(time.Since(t0))
 	if st, _ := b.Status(0); st.State != relay.Completed && st.Err != nil {
 		res.FirstError = st.Err.Error()
 	}
 	_ = b.Release()
 	return res
+}
+
+// measureIdleDirect times the first write after idle's 10 KiB on a direct
+// hop of its own, warmed by one write and then left idle for idleWindow,
+// as the engine was before its first write after idle: the part of that
+// write's time that is the GPU's and the NIC emulation's, not the
+// engine's.
+func measureIdleDirect(dev rankDevice, mine []transfer, base uintptr) *idleResult {
+	res := &idleResult{}
+	if len(mine) == 0 {
+		return res
+	}
+	t := mine[0]
+	op := relay.WriteOp{Src: base + uintptr(t.Src), Len: min(uint64(10<<10), t.Len), Target: t.Remote, Dst: targetBase + t.Dst}
+	us, err := directAfterIdle(dev, op)
+	if err != nil {
+		res.FirstError = "direct after idle: " + err.Error()
+	}
+	res.DirectFirstWriteUS = us
+	return res
+}
+
+func directAfterIdle(dev rankDevice, op relay.WriteOp) (float64, error) {
+	hop, err := dev.newHop()
+	if err != nil {
+		return 0, err
+	}
+	if c, ok := hop.(interface{ Close() error }); ok {
+		defer c.Close()
+	}
+	var comp [4]relay.HopCompletion
+	write := func(token uint64) (time.Duration, error) {
+		op.Token = token
+		t0 := time.Now()
+		if err := hop.Submit([]relay.WriteOp{op}); err != nil {
+			return 0, err
+		}
+		for hop.Poll(comp[:]) == 0 {
+		}
+		return time.Since(t0), comp[0].Err
+	}
+	if _, err := write(1); err != nil {
+		return 0, err
+	}
+	time.Sleep(idleWindow)
+	d, err := write(2)
+	return micros(d), err
 }
 
 // repeat runs a transfer n times back to back and reports them as one: the

@@ -15,6 +15,7 @@ import (
 	"github.com/pxn-project/pxn/internal/cuda"
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 type runOptions struct {
@@ -177,7 +178,13 @@ func run(o runOptions) ([]row, error) {
 		return nil
 	}
 	for _, s := range runs {
+		t0 := time.Now()
 		rs, err := dev.exec(o, s)
+		if o.cuda.suite != "" {
+			// A suite's step has a time limit: each scenario's time says
+			// which one to shorten when a step runs out.
+			fmt.Fprintf(o.errOut, "pxn-bench: %s took %.1f s\n", dev.title(s), time.Since(t0).Seconds())
+		}
 		if err != nil {
 			if s.id != "" {
 				err = fmt.Errorf("%s: %w", s.id, err)
@@ -382,16 +389,17 @@ type busyWindow struct {
 
 // phaseResult is one phase's reports.
 type phaseResult struct {
-	ranks     []rankResult
-	again     []rankResult
-	busy      []busyWindow
-	opens     []openResult
-	raws      []rawResult
-	lats      []latencyResult
-	idle      []idleResult
-	routed    bool
-	verified  bool
-	verifyErr string
+	ranks      []rankResult
+	again      []rankResult
+	busy       []busyWindow
+	opens      []openResult
+	raws       []rawResult
+	lats       []latencyResult
+	idle       []idleResult
+	idleDirect []idleResult
+	routed     bool
+	verified   bool
+	verifyErr  string
 	// shares are the relays' arenas the ranks mapped, by the way shared.
 	shares shareCounts
 }
@@ -605,6 +613,10 @@ func (dev *device) phase(s scenario, l *layout, targets []*child, args func(int,
 		{engine && s.raw, "raw", 10 * time.Minute, func(ev event) { res.raws = append(res.raws, *ev.Raw) }},
 		{engine && s.latency > 0, "latency", 10 * time.Minute, func(ev event) { res.lats = append(res.lats, *ev.Latency) }},
 		{engine && s.idle, "idle", time.Minute, func(ev event) { res.idle = append(res.idle, *ev.Idle) }},
+		// On GPUs the first write after idle is compared with a direct
+		// one after as long an idle: the GPU's and the NIC emulation's
+		// share of it.
+		{engine && s.idle && dev.kind == "cuda", "idle-direct", time.Minute, func(ev event) { res.idleDirect = append(res.idleDirect, *ev.Idle) }},
 	}
 	for _, st := range steps {
 		if !st.on {
@@ -768,6 +780,9 @@ func (dev *device) summarize(s scenario, l *layout, pxn, bare *phaseResult) []ro
 	if ok && main.BaselineGBps > 0 {
 		main.Ratio = gbps / main.BaselineGBps
 	}
+	if fallback > 0 {
+		main.Note = strings.TrimPrefix(main.Note+"; fell back by reason: "+fallbackReasons(pxn.ranks), "; ")
+	}
 	if !pxn.routed && s.pattern != "same-rail" {
 		main.Note = strings.TrimPrefix(main.Note+"; not every rank found its relay in time", "; ")
 	}
@@ -799,6 +814,25 @@ func (dev *device) summarize(s scenario, l *layout, pxn, bare *phaseResult) []ro
 	return rows
 }
 
+// fallbackReasons names, for every reason any rank counted, the bytes and
+// Pieces that went direct for it, summed over the ranks.
+func fallbackReasons(ranks []rankResult) string {
+	var bytes, pieces staging.FallbackCounts
+	for _, rr := range ranks {
+		for i := range bytes {
+			bytes[i] += rr.Counters.FallbackBytesByReason[i]
+			pieces[i] += rr.Counters.FallbackPiecesByReason[i]
+		}
+	}
+	var parts []string
+	for i := range bytes {
+		if pieces[i] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %s in %d Pieces", staging.FallbackReasonName(i), sizeString(bytes[i]), pieces[i]))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
 func latencyRows(prefix, hop string, lats []latencyResult) []row {
 	var rows []row
 	for _, l := range lats {
@@ -828,12 +862,20 @@ func pumpRows(prefix string, p *phaseResult, pieces, forwarded uint64) []row {
 	if len(p.idle) > 0 {
 		var idle float64
 		var runs uint64
-		var first float64
+		var first, firstSubmit, direct float64
 		var firstErr string
 		for _, i := range p.idle {
 			idle = max(idle, i.PumpPercent)
 			runs = max(runs, i.PumpRuns)
-			first = max(first, i.FirstWriteUS)
+			if i.FirstWriteUS > first {
+				first, firstSubmit = i.FirstWriteUS, i.FirstSubmitUS
+			}
+			if firstErr == "" {
+				firstErr = i.FirstError
+			}
+		}
+		for _, i := range p.idleDirect {
+			direct = max(direct, i.DirectFirstWriteUS)
 			if firstErr == "" {
 				firstErr = i.FirstError
 			}
@@ -841,16 +883,25 @@ func pumpRows(prefix string, p *phaseResult, pieces, forwarded uint64) []row {
 		rows = append(rows, row{Scenario: prefix + fmt.Sprintf("P5 pump CPU while idle (busiest rank, %v)", idleWindow), Value: idle, Unit: "% of a core", Verified: true,
 			Note: fmt.Sprintf("%d pump wake-ups in the window (schedstat)", runs)})
 		if first > 0 {
-			var steady float64
+			var steady, steadyDirect float64
 			for _, l := range p.lats {
 				steady = max(steady, l.PXN[0])
+				steadyDirect = max(steadyDirect, l.Direct[0])
 			}
 			r := row{Scenario: prefix + fmt.Sprintf("P4 first 10KiB write through PXN after %v idle", idleWindow), Value: first, Unit: "µs", Verified: firstErr == "", Note: firstErr}
 			if steady > 0 {
 				r.Baseline, r.Ratio = fmt.Sprintf("steady-state p50 of the same write, %.1f µs", steady), first/steady
-				r.Note = strings.TrimPrefix(r.Note+fmt.Sprintf("; %.2f × the steady-state p50 of the same write (%.1f µs); one write per sender", first/steady, steady), "; ")
+				r.Note = strings.TrimPrefix(r.Note+fmt.Sprintf("; %.2f × the steady-state p50 of the same write (%.1f µs); one write per sender, the slowest; its Submit call %.1f µs", first/steady, steady, firstSubmit), "; ")
 			}
 			rows = append(rows, r)
+			if direct > 0 {
+				d := row{Scenario: prefix + fmt.Sprintf("P4 first 10KiB write direct after %v idle", idleWindow), Value: direct, Unit: "µs", Verified: firstErr == "",
+					Note: "the same write on a direct hop of its own, warmed and then idle as long: the part of the write after idle that is not the engine's"}
+				if steadyDirect > 0 {
+					d.Baseline, d.Ratio = fmt.Sprintf("steady-state p50 of the direct write, %.1f µs", steadyDirect), direct/steadyDirect
+				}
+				rows = append(rows, d)
+			}
 		}
 	}
 	var relayBusy, sendBusy, cpu float64

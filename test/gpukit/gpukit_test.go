@@ -168,7 +168,7 @@ func TestKitRunsStepsUnderItsOwnDaemon(t *testing.T) {
 		t.Fatalf("kit run: %v\n%s", err, out)
 	}
 	_, steps := k.steps(t)
-	want := []string{"nomps-p3", "after-p13", "before-p13", "after-p10", "noramp-p10", "before-p10", "after-p9", "pidns", "gpu", "libpxn", "nic"}
+	want := []string{"nomps-p3", "after-p13", "before-p13", "after-p10", "spin-p10", "before-p10", "after-p9", "pidns", "gpu", "libpxn", "nic"}
 	for _, name := range want {
 		mps := "on"
 		if name == "nomps-p3" {
@@ -210,7 +210,7 @@ func TestKitRunsStepsUnderItsOwnDaemon(t *testing.T) {
 	}
 	all := strings.Join(calls, "\n")
 	for _, w := range []string{
-		"pxn-bench run --device cuda --suite p10 --first-piece 8MiB",
+		"pxn-bench run --device cuda --suite p10 --poll-spin 2ms",
 		"pxn-bench.before run --device cuda --suite p10",
 		"pxn-bench run --device cuda --ranks 2 --pattern cross-rail --bytes 256MiB --block 8MiB --pidns --arena-share fd",
 		"libpxn.test -test.v -test.run TestGPURanksThroughCABI|TestFirstHopChoice|TestABIRules | pipes=" + pipes + " control=yes dir=" + k.repo + "/cmd/libpxn lib=" + k.dir + "/lib",
@@ -305,6 +305,36 @@ func TestKitBudget(t *testing.T) {
 	// a loaded machine, but never the hanging step's 300 s.
 	if d := time.Since(start); d > 2*time.Minute {
 		t.Errorf("the kit took %v", d)
+	}
+}
+
+// TestKitOnly: GPU_KIT_ONLY runs the steps it names and skips every other
+// one with a line saying why.
+func TestKitOnly(t *testing.T) {
+	k := newKit(t, true, false)
+	if out, err := k.command("GPU_KIT_ONLY=after-p10 gpu").CombinedOutput(); err != nil {
+		t.Fatalf("kit run: %v\n%s", err, out)
+	}
+	lines, steps := k.steps(t)
+	text := strings.Join(lines, "\n")
+	for _, name := range []string{"after-p10", "gpu"} {
+		if got := steps[name]; got[0] != "0" {
+			t.Errorf("step %s: %v, want it run (rc 0)\n%s", name, got, text)
+		}
+	}
+	for _, name := range []string{"nomps-p3", "after-p13", "spin-p10", "after-p9", "libpxn", "nic"} {
+		if !strings.Contains(text, name+" skipped: not in GPU_KIT_ONLY") {
+			t.Errorf("step %s not skipped:\n%s", name, text)
+		}
+	}
+	var ran []string
+	for _, c := range k.calls(t) {
+		if strings.Contains(c, "--suite") || strings.Contains(c, ".test") {
+			ran = append(ran, c)
+		}
+	}
+	if len(ran) != 2 || !strings.Contains(ran[0], "--suite p10 --json") || !strings.Contains(ran[1], "gpu.test") {
+		t.Errorf("calls %q, want the p10 suite and pkg/gpu's tests alone", ran)
 	}
 }
 
