@@ -166,6 +166,12 @@ type senderLane struct {
 	// published, or the one before it reaped.
 	progressAt time.Time
 	unreg      func() error
+	// copierLane is the lane this one's first-hop copies go on in the
+	// copier (Copier.Copy): unique among this rank's outbound lanes. It is
+	// not the lane's index at its relay, which two relays may both have
+	// given this rank, and two outbound lanes on one copier lane would
+	// share its streams and its gather plans slot by slot.
+	copierLane int
 	// copiedFrom..copiedTo are the seqs in flight when the lane was
 	// retired: their copies may still be landing in the relay's memory.
 	copiedFrom, copiedTo uint64
@@ -323,10 +329,10 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 		entries = append(entries, CopyEntry{Src: uintptr(c.Src), Dst: base + uintptr(c.Offset), Len: c.Len})
 	}
 	sn.copyBuf = entries
-	if err := s.copier.Copy(sl.link.LaneIndex(), g.ready, entries, sl.tx.ReadyWord(seq), seq); err != nil {
+	if err := s.copier.Copy(sl.copierLane, g.ready, entries, sl.tx.ReadyWord(seq), seq); err != nil {
 		// Before the doorbell: the Piece is still ours to send direct,
 		// and the lane is quarantined.
-		s.log.Error(err, "first-hop copy failed; lane quarantined", "relayPid", sl.peer.Pid, "lane", sl.link.LaneIndex())
+		s.log.Error(err, "first-hop copy failed; lane quarantined", "relayPid", sl.peer.Pid, "lane", sl.link.LaneIndex(), "copierLane", sl.copierLane)
 		s.counters.laneQuarantine.Add(1)
 		sl.broken = true
 		s.fallback(g, i, staging.FallbackLaneBroken)
@@ -559,7 +565,7 @@ func (sn *sender) attach(pr Peer) *senderLane {
 		}
 		return nil
 	}
-	sl := &senderLane{outLane: &outLane{peer: pr}, link: link, tx: link.Sender(), relayWake: link.Wake()}
+	sl := &senderLane{outLane: &outLane{peer: pr}, link: link, tx: link.Sender(), relayWake: link.Wake(), copierLane: sn.freeCopierLane()}
 	if first := s.hooks.firstSeq; first > 1 && !sn.seqHooked {
 		sn.seqHooked = true
 		if err := sl.tx.StartAt(first); err != nil {
@@ -655,6 +661,37 @@ func (sn *sender) copierFailed(err error) {
 		sn.failPublished(sl, fmt.Errorf("first hop failed: %w", err))
 		sl.drainTo(&s.fallbacks, staging.FallbackLaneBroken)
 	}
+}
+
+// freeCopierLane is the lowest copier lane no live outbound lane holds,
+// preferring one no retired lane still drains through either. A rank has
+// at most one outbound lane a rail, so with LaneCount+1 rails at most there
+// is always one; beyond that, lanes share (their copies are ordered behind
+// each other's, which is correct, only slower).
+func (sn *sender) freeCopierLane() int {
+	var live, draining [staging.LaneCount]bool
+	for _, sl := range sn.lanes {
+		live[sl.copierLane] = true
+	}
+	for _, sl := range sn.zombies {
+		draining[sl.copierLane] = true
+	}
+	free := -1
+	for i := range live {
+		if live[i] {
+			continue
+		}
+		if !draining[i] {
+			return i
+		}
+		if free < 0 {
+			free = i
+		}
+	}
+	if free >= 0 {
+		return free
+	}
+	return len(sn.lanes) % staging.LaneCount
 }
 
 func (sn *sender) hasLane(pr Peer) bool {
