@@ -144,10 +144,16 @@ func kvTargets(traffic string, ranks, r int) []int {
 			ks = append(ks, 0)
 		}
 	case "all-to-all":
-		for k := 0; k < ranks; k++ {
-			if k != r {
-				ks = append(ks, k)
-			}
+		// Rank r starts at r+1 and goes round, as an all-to-all schedule
+		// does: with a few requests in flight every target receives from
+		// as many senders at once. In ascending order the first requests
+		// of every rank went to the lowest ranks, and the highest one
+		// received nothing until the rest were done; a relay's NIC then
+		// idled while others had three senders, where the emulation's
+		// direct path, whose NIC models the sender's wire only, did not
+		// feel the receivers' crowding.
+		for i := 1; i < ranks; i++ {
+			ks = append(ks, (r+i)%ranks)
 		}
 	}
 	return ks

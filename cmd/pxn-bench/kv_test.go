@@ -3,6 +3,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"unsafe"
@@ -188,5 +189,34 @@ func TestKVBaseline(t *testing.T) {
 		if got != c.want || !strings.Contains(name, c.wantName) {
 			t.Errorf("%s: %q %.1f, want %.1f (%q)", c.name, name, got, c.want, c.wantName)
 		}
+	}
+}
+
+// TestKVAllToAllOrder: each rank's all-to-all targets start after it and go
+// round, so that the first requests of the ranks spread over every target.
+func TestKVAllToAllOrder(t *testing.T) {
+	const ranks = 4
+	for r := range ranks {
+		got := kvTargets("all-to-all", ranks, r)
+		want := []int{(r + 1) % ranks, (r + 2) % ranks, (r + 3) % ranks}
+		if !slices.Equal(got, want) {
+			t.Errorf("rank %d: targets %v, want %v", r, got, want)
+		}
+	}
+	// With two requests in flight, every target is among two ranks' first
+	// two targets.
+	first := make([]int, ranks)
+	for r := range ranks {
+		for _, k := range kvTargets("all-to-all", ranks, r)[:2] {
+			first[k]++
+		}
+	}
+	for k, n := range first {
+		if n != 2 {
+			t.Errorf("target %d is first or second of %d ranks, want 2 (%v)", k, n, first)
+		}
+	}
+	if got := kvTargets("fan-in", ranks, 2); !slices.Equal(got, []int{0}) {
+		t.Errorf("fan-in rank 2: %v, want [0]", got)
 	}
 }

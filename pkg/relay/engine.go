@@ -127,6 +127,11 @@ var ErrClosed = errors.New("relay: engine closed")
 // classifies, copies request metadata, creates the completion counters and
 // enqueues; it never waits for credit or for a copy. In steady state it
 // allocates nothing when the caller releases its batches.
+//
+// A long batch is taken in chunks (submitChunk): the first Pieces move
+// while Submit is still planning the rest, so a request of many blocks
+// does not wait for all of them to be planned (about 100 ns a block) before
+// its first byte moves.
 func (e *Engine) Submit(reqs []Request) (*Batch, error) {
 	e.submitMu.RLock()
 	defer e.submitMu.RUnlock()
@@ -137,7 +142,49 @@ func (e *Engine) Submit(reqs []Request) (*Batch, error) {
 	sc := e.scratch.get()
 	defer e.scratch.put(sc)
 	routes := e.routes.Load()
-	for i := range reqs {
+	var at uint64
+	for lo, limit := 0, uint64(firstChunkBytes); lo < len(reqs); limit = min(2*limit, maxChunkBytes) {
+		hi, n := chunkEnd(reqs, lo, at, limit)
+		e.submitChunk(b, reqs, lo, hi, routes, sc)
+		lo, at = hi, at+n
+	}
+	return b, nil
+}
+
+// Chunks of a long Submit: the first holds about one slot, each next
+// twice the one before, up to maxChunkBytes, whose planning (a few hundred
+// microseconds) stays well ahead of the Pieces already moving.
+const (
+	firstChunkBytes = staging.SlotSize
+	maxChunkBytes   = 8 * staging.SlotSize
+)
+
+// chunkEnd is where the chunk that starts at request lo ends: after the
+// first request that brings it to limit bytes and leaves the batch's bytes
+// so far (at, before lo) a whole number of slots, so that a batch of one
+// group is cut where its Pieces would end anyway and chunking changes no
+// Piece; len(reqs) when there is no such request. n is the chunk's bytes.
+func chunkEnd(reqs []Request, lo int, at, limit uint64) (end int, n uint64) {
+	for i := lo; i < len(reqs); i++ {
+		n += reqs[i].Len
+		if n >= limit && (at+n)%staging.SlotSize == 0 {
+			return i + 1, n
+		}
+	}
+	return len(reqs), n
+}
+
+// submitChunk classifies requests lo..hi of b, plans their PXN groups,
+// hands direct ones to the hop and queues the Pieces. sc's caches (the
+// source allocation, the target's lane) carry over from chunk to chunk;
+// its groups are the chunk's own.
+func (e *Engine) submitChunk(b *Batch, reqs []Request, lo, hi int, routes *routeTable, sc *submitScratch) {
+	sc.last = nil
+	sc.direct = sc.direct[:0]
+	clear(sc.groups)
+	clear(sc.order)
+	sc.order = sc.order[:0]
+	for i := lo; i < hi; i++ {
 		r := &reqs[i]
 		if r.Len == 0 {
 			continue
@@ -206,7 +253,6 @@ func (e *Engine) Submit(reqs []Request) (*Batch, error) {
 	if len(planned) > 0 {
 		e.wake()
 	}
-	return b, nil
 }
 
 type groupKey struct {
