@@ -74,8 +74,9 @@ const (
 )
 
 // task counts the logical slices of one request. Every slice is created, and
-// remaining set, before the first Piece of the batch is enqueued, so a task
-// never looks complete while slices of it are still to come.
+// remaining set, before the first Piece of the task's chunk of the batch is
+// enqueued (Submit), so a task never looks complete while slices of it are
+// still to come.
 type task struct {
 	remaining   atomic.Int64
 	transferred atomic.Uint64

@@ -12,9 +12,9 @@ import (
 
 // BenchmarkSubmitKV times Submit alone for one KV-cache-shaped request:
 // 20480 blocks scattered over a source pool and a target pool, all
-// cross-rail. Submit classifies, plans and queues every block before the
-// first Piece moves, so its time per block is added to every request's
-// completion.
+// cross-rail. Submit classifies, plans and queues every block of a chunk
+// before the chunk's first Piece moves, so the first chunk's time is added
+// to every request's completion, and the whole Submit to the caller's.
 func BenchmarkSubmitKV(b *testing.B) {
 	const blocks, block = 20480, 1 << 10
 	const pool = 2 * blocks * block
