@@ -179,6 +179,7 @@ func chunkEnd(reqs []Request, lo int, at, limit uint64) (end int, n uint64) {
 // source allocation, the target's lane) carry over from chunk to chunk;
 // its groups are the chunk's own.
 func (e *Engine) submitChunk(b *Batch, reqs []Request, lo, hi int, routes *routeTable, sc *submitScratch) {
+	began := unixNow()
 	sc.last = nil
 	sc.direct = sc.direct[:0]
 	clear(sc.groups)
@@ -199,7 +200,7 @@ func (e *Engine) submitChunk(b *Batch, reqs []Request, lo, hi int, routes *route
 		if g == nil || g.key != k {
 			if g = sc.groups[k]; g == nil {
 				g = e.groups.get()
-				g.key, g.batch = k, b
+				g.key, g.batch, g.submitted = k, b, began
 				sc.groups[k] = g
 				sc.order = append(sc.order, g)
 			}

@@ -30,6 +30,8 @@ type inflightRec struct {
 	sending bool
 	// closing is set when the relay closed before the writes finished.
 	closing bool
+	// times is the Piece's place in the relay's time ring.
+	times uint64
 }
 
 // relayer is the inbound pipeline: it takes tickets from this rank's
@@ -248,6 +250,7 @@ func (rl *relayer) consume(i int) bool {
 		}
 	}
 	il.commitWait = time.Time{}
+	seen := unixNow()
 	rl.served(i)
 	vd := &rl.vd
 	seq, err := il.rx.Take(vd)
@@ -289,7 +292,10 @@ func (rl *relayer) consume(i int) bool {
 	rl.inflight++
 	rl.inflightBytes += rec.bytes
 	rec.unsent = rec.ops
+	at := rl.s.relayedTimes.add(PieceTimes{Lane: i, Seq: seq, Bytes: rec.bytes, Seen: seen})
+	rec.times = at
 	rl.sendRecord(rec)
+	rl.s.relayedTimes.set(at, stepPosted, unixNow())
 	return true
 }
 
@@ -345,6 +351,7 @@ func (rl *relayer) finishWrite(rec *inflightRec, err error) {
 		rl.s.counters.forwardedBytes.Add(rec.bytes)
 		rl.s.counters.forwardedPiece.Add(1)
 	}
+	rl.s.relayedTimes.set(rec.times, stepDone, unixNow())
 	// A lane claimed anew meanwhile has a new sender, which must not see
 	// this completion: the old sender is gone, and the endpoint drops it.
 	rl.complete(rec.lane, rec.epoch, rec.seq, status)

@@ -33,12 +33,17 @@ type group struct {
 	// next is the first Piece not yet taken off the lane's queue (pump
 	// only, under the lane's mu).
 	next int
+	// submitted is when the Submit chunk that planned the group began
+	// (Unix ns, PieceTimes.Submit).
+	submitted int64
 }
 
 // pieceRef names one Piece of a group: a slot's in-flight record.
 type pieceRef struct {
 	g *group
 	i int
+	// times is the Piece's place in the sender's time ring.
+	times uint64
 }
 
 func (g *group) pieceLen(i int) uint64 { return g.plan.Pieces[i].Len }
@@ -329,6 +334,7 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 		entries = append(entries, CopyEntry{Src: uintptr(c.Src), Dst: base + uintptr(c.Offset), Len: c.Len})
 	}
 	sn.copyBuf = entries
+	copyAt := unixNow()
 	if err := s.copier.Copy(sl.copierLane, g.ready, entries, sl.tx.ReadyWord(seq), seq); err != nil {
 		// Before the doorbell: the Piece is still ours to send direct,
 		// and the lane is quarantined.
@@ -351,6 +357,7 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 		sl.drainTo(&s.fallbacks, staging.FallbackLaneBroken)
 		return true
 	}
+	pr.times = s.sentTimes.add(PieceTimes{Lane: sl.link.LaneIndex(), Seq: seq, Bytes: g.pieceLen(i), Submit: g.submitted, Copy: copyAt})
 	sl.inflight[slot] = pr
 	sl.relayWake.Wake()
 	return true
@@ -376,6 +383,7 @@ func (sn *sender) reap(sl *senderLane, now time.Time) bool {
 		slot := staging.SlotOf(seq)
 		pr := sl.inflight[slot]
 		sl.inflight[slot] = pieceRef{}
+		sn.s.sentTimes.set(pr.times, stepReaped, unixNow())
 		sn.finishPublished(pr, status)
 		progressed = true
 	}

@@ -17,6 +17,9 @@ import (
 // Every field is read-only after Open or safe for concurrent use; what only
 // the pump touches lives in its sender and relayer instead.
 type shared struct {
+	// sentTimes and relayedTimes keep the last Pieces' times (PieceTimes).
+	sentTimes, relayedTimes timeRing
+
 	cfg       staging.Config
 	hop       Hop
 	dir       Directory

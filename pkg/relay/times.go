@@ -1,0 +1,104 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package relay
+
+import (
+	"sync"
+	"time"
+)
+
+// PieceTimes are the moments one Piece passed the steps of its way, in
+// Unix nanoseconds of this host's clock, which every process of a group
+// reads alike. A sender fills Submit, Copy and Reaped; a relay Seen,
+// Posted and Done. A step not reached is 0. Lane is the Piece's lane at its
+// relay and Seq its sequence number there, so a sender's and its relay's
+// records of one Piece can be matched.
+type PieceTimes struct {
+	Lane  int    `json:"lane"`
+	Seq   uint64 `json:"seq"`
+	Bytes uint64 `json:"bytes"`
+	// Submit is when the Submit chunk that planned the Piece began; Copy
+	// when the sender began to enqueue its first-hop copy and doorbell
+	// (the copy may land before that call returns); Reaped when the sender
+	// saw the relay's completion.
+	Submit int64 `json:"submit,omitempty"`
+	Copy   int64 `json:"copy,omitempty"`
+	Reaped int64 `json:"reaped,omitempty"`
+	// Seen is when the relay found the doorbell rung; Posted when it had
+	// handed the second hop's writes to its hop; Done when the last of
+	// them completed, just before the completion was written.
+	Seen   int64 `json:"seen,omitempty"`
+	Posted int64 `json:"posted,omitempty"`
+	Done   int64 `json:"done,omitempty"`
+}
+
+// timesLen is how many Pieces' times an engine keeps, each side: the last
+// ones, for a benchmark to take a path apart step by step.
+const timesLen = 1024
+
+// timeRing holds the times of the last timesLen Pieces a side saw. The
+// pump writes it; PieceTimes reads it from any goroutine.
+type timeRing struct {
+	mu  sync.Mutex
+	buf [timesLen]PieceTimes
+	n   uint64
+}
+
+// add records a new Piece and returns its place for set.
+func (r *timeRing) add(t PieceTimes) uint64 {
+	r.mu.Lock()
+	at := r.n
+	r.buf[at%timesLen] = t
+	r.n++
+	r.mu.Unlock()
+	return at
+}
+
+// Steps that set records after add.
+const (
+	stepReaped = iota
+	stepPosted
+	stepDone
+)
+
+// set records the time of step for the Piece recorded at place at, unless
+// newer Pieces have overwritten it since.
+func (r *timeRing) set(at uint64, step int, t int64) {
+	r.mu.Lock()
+	if at < r.n && r.n-at <= timesLen {
+		p := &r.buf[at%timesLen]
+		switch step {
+		case stepReaped:
+			p.Reaped = t
+		case stepPosted:
+			p.Posted = t
+		case stepDone:
+			p.Done = t
+		}
+	}
+	r.mu.Unlock()
+}
+
+// appendTo appends the kept Pieces to dst, oldest first.
+func (r *timeRing) appendTo(dst []PieceTimes) []PieceTimes {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	from := uint64(0)
+	if r.n > timesLen {
+		from = r.n - timesLen
+	}
+	for i := from; i < r.n; i++ {
+		dst = append(dst, r.buf[i%timesLen])
+	}
+	return dst
+}
+
+// PieceTimes appends the times of the last Pieces this engine sent
+// through relays (Submit, Copy, Reaped) and of the last it relayed
+// (Seen, Posted, Done) to dst, oldest first, each side at most 1024.
+func (e *Engine) PieceTimes(dst []PieceTimes) []PieceTimes {
+	dst = e.sentTimes.appendTo(dst)
+	return e.relayedTimes.appendTo(dst)
+}
+
+func unixNow() int64 { return time.Now().UnixNano() }
