@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/pxn-project/pxn/pkg/relay"
 )
 
 // event is one line a child prints for the parent.
@@ -28,6 +30,8 @@ type event struct {
 	Raw     *rawResult     `json:"raw,omitempty"`
 	Latency *latencyResult `json:"latency,omitempty"`
 	Rows    []row          `json:"rows,omitempty"`
+	// Times are the engine's last Pieces' times (relay.Engine.PieceTimes).
+	Times []relay.PieceTimes `json:"times,omitempty"`
 }
 
 func emit(ev event) {

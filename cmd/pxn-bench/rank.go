@@ -344,6 +344,12 @@ func runRank(o rankOptions) (err error) {
 			emit(event{Event: "latency", Latency: res})
 		case "idle":
 			emit(event{Event: "idle", Idle: measureIdle(eng, mine, base)})
+		case "times":
+			var ts []relay.PieceTimes
+			if eng != nil {
+				ts = eng.PieceTimes(nil)
+			}
+			emit(event{Event: "times", Times: ts})
 		case "idle-direct":
 			emit(event{Event: "idle-direct", Idle: measureIdleDirect(dev, mine, base)})
 		case "exit":

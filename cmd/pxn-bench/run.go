@@ -14,6 +14,7 @@ import (
 
 	"github.com/pxn-project/pxn/internal/cuda"
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -397,9 +398,12 @@ type phaseResult struct {
 	lats       []latencyResult
 	idle       []idleResult
 	idleDirect []idleResult
-	routed     bool
-	verified   bool
-	verifyErr  string
+	// Each rank's Piece times after the timed transfer (kv), after the
+	// latency writes and after the write after idle.
+	kvTimes, latTimes, idleTimes [][]relay.PieceTimes
+	routed                       bool
+	verified                     bool
+	verifyErr                    string
 	// shares are the relays' arenas the ranks mapped, by the way shared.
 	shares shareCounts
 }
@@ -609,10 +613,13 @@ func (dev *device) phase(s scenario, l *layout, targets []*child, args func(int,
 		timeout   time.Duration
 		collected func(event)
 	}{
+		{engine && s.kv != nil && s.kv.inflight == 1, "times", time.Minute, func(ev event) { res.kvTimes = append(res.kvTimes, ev.Times) }},
 		{engine && s.again, "again", 30 * time.Minute, func(ev event) { res.again = append(res.again, *ev.Result) }},
 		{engine && s.raw, "raw", 10 * time.Minute, func(ev event) { res.raws = append(res.raws, *ev.Raw) }},
 		{engine && s.latency > 0, "latency", 10 * time.Minute, func(ev event) { res.lats = append(res.lats, *ev.Latency) }},
+		{engine && s.latency > 0, "times", time.Minute, func(ev event) { res.latTimes = append(res.latTimes, ev.Times) }},
 		{engine && s.idle, "idle", time.Minute, func(ev event) { res.idle = append(res.idle, *ev.Idle) }},
+		{engine && s.idle, "times", time.Minute, func(ev event) { res.idleTimes = append(res.idleTimes, ev.Times) }},
 		// On GPUs the first write after idle is compared with a direct
 		// one after as long an idle: the GPU's and the NIC emulation's
 		// share of it.
@@ -801,10 +808,13 @@ func (dev *device) summarize(s scenario, l *layout, pxn, bare *phaseResult) []ro
 	}
 	if s.kv != nil {
 		rows = append(rows, kvRows(prefix, pxn, bare)...)
+		rows = append(rows, stepRows(prefix, "request", joinTimes(pxn.kvTimes), false)...)
 	}
 	rows = append(rows, fairRows(prefix, s.pattern, pxn.ranks, pxn.busy, pxn.verified)...)
 	rows = append(rows, latencyRows(prefix, dev.hop, pxn.lats)...)
+	rows = append(rows, stepRows(prefix, "P4 10KiB write", joinTimes(pxn.latTimes), false)...)
 	rows = append(rows, pumpRows(prefix, pxn, pieces, forwarded)...)
+	rows = append(rows, stepRows(prefix, fmt.Sprintf("P4 first write after %v idle", idleWindow), joinTimes(pxn.idleTimes), true)...)
 	if r, ok := shareRow(prefix, pxn, dev.pidns); ok {
 		rows = append(rows, r)
 	}
