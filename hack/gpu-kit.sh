@@ -35,7 +35,7 @@
 #   spin-p10 (50)     the same with --poll-spin 2ms: pumps that never nap
 #                     while a request moves
 #   before-p10 (30)   --suite p10 with the baseline's pxn-bench
-#   after-p9 (150)    --suite p9: kv-medium and kv-large, 1→1, 7→1 and
+#   after-p9 (170)    --suite p9: kv-medium and kv-large, 1→1, 7→1 and
 #                     all-to-all (each scenario's rows written as it ends)
 #   pidns (35)        2 ranks each in PID and mount namespaces of its own,
 #                     only where pxn-bench run --help lists --pidns (root)
@@ -194,7 +194,7 @@ kit_run() {
   if [ -x pxn-bench.before ]; then
     step before-p10 30 ./pxn-bench.before run --device cuda --suite p10 --json "$out/before-p10.json"
   fi
-  step after-p9 150 ./pxn-bench run --device cuda --suite p9 --json "$out/after-p9.json"
+  step after-p9 170 ./pxn-bench run --device cuda --suite p9 --json "$out/after-p9.json"
   local help
   help=$(./pxn-bench run --help 2>&1 || true)
   if grep -q -- '--pidns' <<<"$help"; then
