@@ -406,7 +406,7 @@ func startCluster(t *testing.T, ctx context.Context) *cluster {
 		}
 		t.Logf("using the cluster in %s (PXN_E2E_CLUSTER_DIR); it stays up", dir)
 		// The images of this checkout, not whatever the cluster was started with.
-		imgCtx, cancel := context.WithTimeout(ctx, 6*time.Minute)
+		imgCtx, cancel := context.WithTimeout(ctx, upLimit)
 		out, err := c.script(imgCtx, "images")
 		cancel()
 		if err != nil {
@@ -437,7 +437,7 @@ func startCluster(t *testing.T, ctx context.Context) *cluster {
 		})
 		before := readHostState()
 		start := time.Now()
-		upCtx, cancel := context.WithTimeout(ctx, 6*time.Minute)
+		upCtx, cancel := context.WithTimeout(ctx, upLimit)
 		out, err := c.script(upCtx, "up")
 		cancel()
 		// Registered before anything can fail: down is safe on a half-up cluster.
