@@ -58,6 +58,9 @@ const (
 	// the 6 minutes this bound once was (killed at 6 min in a fresh-clone
 	// CI run); a warm cache brings the cluster up in about a minute.
 	upLimit = 14 * time.Minute
+	// coldBuild bounds one go build or go run of the suite's own tools,
+	// for the same reason: an empty build cache on two busy cores.
+	coldBuild = 7 * time.Minute
 )
 
 func TestLocalCluster(t *testing.T) {
@@ -115,11 +118,11 @@ func TestLocalCluster(t *testing.T) {
 func (c *cluster) importProbeImage() {
 	dir := c.t.TempDir()
 	bin := filepath.Join(dir, "probe")
-	if out, err := c.runEnv(3*time.Minute, []string{"CGO_ENABLED=0"}, "go", "build", "-trimpath", "-o", bin, "./hack/e2e/probe"); err != nil {
+	if out, err := c.runEnv(coldBuild, []string{"CGO_ENABLED=0"}, "go", "build", "-trimpath", "-o", bin, "./hack/e2e/probe"); err != nil {
 		c.t.Fatalf("build probe: %v\n%s", err, out)
 	}
 	tar := filepath.Join(dir, "probe.tar")
-	if out, err := c.run(3*time.Minute, "go", "run", "./hack/image", "-o", tar, "-name", probeImage,
+	if out, err := c.run(coldBuild, "go", "run", "./hack/image", "-o", tar, "-name", probeImage,
 		"-add", bin+":/probe:0755", "-entrypoint", "/probe", "-cmd", "sleep"); err != nil {
 		c.t.Fatalf("pack probe image: %v\n%s", err, out)
 	}
