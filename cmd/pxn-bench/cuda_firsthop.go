@@ -52,7 +52,7 @@ func cudaFirsthopMain(fs *pflag.FlagSet) func() int {
 	}
 }
 
-func runFirsthop(relayGPU, senderGPU int, sizeList, shapeList string, pieces, warm int, ptxPath string) ([]row, error) {
+func runFirsthop(relayGPU, senderGPU int, sizeList, shapeList string, pieces, warm int, ptxPath string) ([]Row, error) {
 	runtime.LockOSThread()
 	var ptx []byte
 	if ptxPath != "" {
@@ -91,9 +91,9 @@ func runFirsthop(relayGPU, senderGPU int, sizeList, shapeList string, pieces, wa
 		return nil, err
 	}
 	defer os.RemoveAll(shm)
-	var rows []row
+	var rows []Row
 	for _, s := range strings.Split(sizeList, ",") {
-		size, err := parseSize(s)
+		size, err := ParseSize(s)
 		if err != nil || size == 0 || staging.SlotSize%size != 0 || staging.SlotSize/size > staging.MaxPlans {
 			return rows, fmt.Errorf("--sizes: %q does not cut an 8 MiB Piece into at most %d equal entries", s, staging.MaxPlans)
 		}
@@ -112,7 +112,7 @@ func runFirsthop(relayGPU, senderGPU int, sizeList, shapeList string, pieces, wa
 	return rows, nil
 }
 
-func firsthopSize(d *cuda.Driver, exe string, cfg ringcheck.Config, modes []firsthopMode, warm, pieces int) (rows []row, err error) {
+func firsthopSize(d *cuda.Driver, exe string, cfg ringcheck.Config, modes []firsthopMode, warm, pieces int) (rows []Row, err error) {
 	rp, err := ringcheck.StartRelay(exe, nil, cfg)
 	if err != nil {
 		return nil, err
@@ -158,7 +158,7 @@ func firsthopSize(d *cuda.Driver, exe string, cfg ringcheck.Config, modes []firs
 			return rows, fmt.Errorf("%s: %w", m.name, err)
 		}
 		st, gi := s.Copier().Stats(), s.Copier().Gather()
-		r := row{
+		r := Row{
 			Scenario: fmt.Sprintf("P2 first hop, 8MiB Pieces of %d × %s entries, %s", cfg.Entries, sizeString(size), m.name),
 			Bytes:    bytes, Pieces: uint64(pieces), GBps: gbpsOf(bytes, t.Seconds()), USPerPiece: t.Seconds() * 1e6 / float64(pieces),
 			Baseline: "raw CE copy, 8MiB contiguous", BaselineGBps: raw,
@@ -167,7 +167,7 @@ func firsthopSize(d *cuda.Driver, exe string, cfg ringcheck.Config, modes []firs
 		r.Ratio = r.GBps / raw
 		rows = append(rows, r)
 	}
-	rows = append(rows, row{Scenario: fmt.Sprintf("P2 baseline for %s entries: raw CE copy, 8MiB contiguous", sizeString(size)), Bytes: bytes,
+	rows = append(rows, Row{Scenario: fmt.Sprintf("P2 baseline for %s entries: raw CE copy, 8MiB contiguous", sizeString(size)), Bytes: bytes,
 		Pieces: uint64(pieces), GBps: raw, USPerPiece: rawT.Seconds() * 1e6 / float64(pieces)})
 	return rows, nil
 }

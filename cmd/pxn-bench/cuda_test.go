@@ -74,13 +74,13 @@ func TestSuite(t *testing.T) {
 		if r.kv == nil || r.rate != 50 || !r.bare || len(r.gpus) != r.ranks {
 			t.Fatalf("%s: %+v", r.id, r)
 		}
-		if r.kv.traffic == "fan-in" && !slices.Equal(r.gpus[1:], slices.Repeat([]int{1}, r.ranks-1)) || r.gpus[0] != 0 {
-			t.Errorf("%s %s: GPUs %v, want the relay on 0 and the senders on 1", r.id, r.kv.shape, r.gpus)
+		if r.kv.Traffic == "fan-in" && !slices.Equal(r.gpus[1:], slices.Repeat([]int{1}, r.ranks-1)) || r.gpus[0] != 0 {
+			t.Errorf("%s %s: GPUs %v, want the relay on 0 and the senders on 1", r.id, r.kv.Shape, r.gpus)
 		}
 		if _, err := newKVLayout(r.ranks, *r.kv); err != nil {
 			t.Fatalf("%s: %v", r.id, err)
 		}
-		shapes[r.id+" "+r.kv.shape]++
+		shapes[r.id+" "+r.kv.Shape]++
 	}
 	if shapes["P9 kv-medium"] != 3 || shapes["P9 kv-large"] != 3 || shapes["P10 kv-small"] != 1 ||
 		shapes["P10 4MiB in 2 blocks: 1x1x2MiB"] != 1 || shapes["P10 128KiB in 2 blocks: 1x1x64KiB"] != 1 {

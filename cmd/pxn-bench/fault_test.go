@@ -25,7 +25,7 @@ func TestSoakShort(t *testing.T) {
 	if rerr != nil {
 		t.Fatalf("soak: %v, no summary: %v\n%s", err, rerr, lastLines(string(b), 40))
 	}
-	var sum soakSummary
+	var sum SoakSummary
 	if err := json.Unmarshal(data, &sum); err != nil {
 		t.Fatal(err)
 	}
