@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package main
+package bench
 
 import (
 	"context"
@@ -231,6 +231,22 @@ type rankDevice interface {
 	// spin makes waits poll without sleeping.
 	spin() bool
 	close() error
+}
+
+// RankMain is one rank of a run: it reports on stdout, one JSON event a
+// line, and returns the command's exit status.
+func RankMain(o RankOptions) int {
+	if o.OwnProc {
+		if err := mountOwnProc(); err != nil {
+			emit(event{Event: "error", Error: err.Error()})
+			return 1
+		}
+	}
+	if err := runRank(o); err != nil {
+		emit(event{Event: "error", Error: err.Error()})
+		return 1
+	}
+	return 0
 }
 
 func runRank(o RankOptions) (err error) {

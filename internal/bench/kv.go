@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package main
+package bench
 
 import (
 	"bytes"
@@ -12,8 +12,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/spf13/pflag"
 
 	"github.com/pxn-project/pxn/pkg/relay"
 )
@@ -44,6 +42,7 @@ var kvShapes = []kvShape{
 	{Name: "kv-medium-128k", Layers: 80, Pages: 64, Block: 128 << 10},
 }
 
+// KVShapeNames lists the named KV shapes, for --kv-shape's help.
 func KVShapeNames() string {
 	var n []string
 	for _, s := range kvShapes {
@@ -545,13 +544,6 @@ func kvRows(prefix string, pxn, bare *phaseResult) []Row {
 		)
 	}
 	return rows
-}
-
-func kvFlags(fs *pflag.FlagSet, o *KVOptions) {
-	fs.StringVar(&o.Shape, "kv-shape", "kv-small", "kv: each request's shape: "+KVShapeNames()+", or LAYERSxPAGESxBLOCK")
-	fs.StringVar(&o.Traffic, "kv-traffic", "fan-in", "kv: fan-in (every other rank sends to rank 0's rail: 1→1 with --ranks 2, 7→1 with 8) or all-to-all")
-	fs.IntVar(&o.Requests, "kv-requests", 8, "kv: requests each sender sends each of its targets")
-	fs.IntVar(&o.Inflight, "kv-inflight", 4, "kv: requests a rank has in flight at most")
 }
 
 func kvTitle(o KVOptions) string {

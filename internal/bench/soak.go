@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package main
+package bench
 
 import (
 	"bufio"
@@ -19,8 +19,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/spf13/pflag"
 
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/relay"
@@ -45,6 +43,7 @@ const soakTargetBase = 0x100000000000
 
 func soakBase(k int) uint64 { return soakTargetBase + uint64(k)<<36 }
 
+// SoakOptions are soak's flags.
 type SoakOptions struct {
 	Ranks      int
 	Duration   time.Duration
@@ -77,59 +76,43 @@ type SoakSummary struct {
 	LeftFiles     []string       `json:"left_files,omitempty"`
 }
 
-func soakMain(fs *pflag.FlagSet) func() int {
-	var o SoakOptions
-	var blockFlag, faultsFlag string
-	fs.IntVar(&o.Ranks, "ranks", 4, "ranks, one per rail (2..8)")
-	fs.DurationVar(&o.Duration, "duration", time.Minute, "how long to run rounds and inject faults")
-	fs.StringVar(&blockFlag, "block", "64KiB", "request size")
-	fs.IntVar(&o.PerTarget, "per-target", 4, "requests per target per round")
-	fs.IntVar(&o.Slots, "slots", 64, "rounds before a rank's target region is reused")
-	fs.DurationVar(&o.FaultEvery, "fault-every", 2*time.Second, "mean time between faults (0: none)")
-	fs.StringVar(&faultsFlag, "faults", "kill,restart,stall", "fault kinds to inject")
-	fs.Uint64Var(&o.Seed, "seed", 0, "random seed (0: from the clock)")
-	fs.StringVar(&o.JSON, "json", "", "also write the summary as JSON to this file")
-	return func() int {
-		var err error
-		if o.Block, err = ParseSize(blockFlag); err != nil || o.Block == 0 {
-			fmt.Fprintf(os.Stderr, "pxn-bench soak: --block %q: want a size > 0\n", blockFlag)
-			return 2
+// ParseFaults reads soak's --faults: a comma list of kill, restart and
+// stall.
+func ParseFaults(s string) ([]string, error) {
+	var faults []string
+	for _, f := range strings.Split(s, ",") {
+		switch f {
+		case "kill", "restart", "stall":
+			faults = append(faults, f)
+		case "":
+		default:
+			return nil, fmt.Errorf("unknown fault %q (want kill, restart, stall)", f)
 		}
-		if o.Ranks < 2 || o.Ranks > 8 || o.PerTarget < 1 || o.Slots < 1 {
-			fmt.Fprintln(os.Stderr, "pxn-bench soak: want 2..8 ranks, --per-target and --slots at least 1")
-			return 2
-		}
-		for _, f := range strings.Split(faultsFlag, ",") {
-			switch f {
-			case "kill", "restart", "stall":
-				o.Faults = append(o.Faults, f)
-			case "":
-			default:
-				fmt.Fprintf(os.Stderr, "pxn-bench soak: unknown fault %q (want kill, restart, stall)\n", f)
-				return 2
-			}
-		}
-		if o.Seed == 0 {
-			o.Seed = uint64(time.Now().UnixNano())
-		}
-		sum, err := soak(o)
-		if err != nil {
+	}
+	return faults, nil
+}
+
+// SoakMain runs the soak, prints its summary as JSON (and writes it to
+// o.JSON) and returns the command's exit status: 1 on an error or a
+// violation.
+func SoakMain(o SoakOptions) int {
+	sum, err := soak(o)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "pxn-bench soak: %v\n", err)
+		return 1
+	}
+	b, _ := json.MarshalIndent(sum, "", "  ")
+	fmt.Println(string(b))
+	if o.JSON != "" {
+		if err := writeJSON(o.JSON, sum); err != nil {
 			fmt.Fprintf(os.Stderr, "pxn-bench soak: %v\n", err)
 			return 1
 		}
-		b, _ := json.MarshalIndent(sum, "", "  ")
-		fmt.Println(string(b))
-		if o.JSON != "" {
-			if err := writeJSON(o.JSON, sum); err != nil {
-				fmt.Fprintf(os.Stderr, "pxn-bench soak: %v\n", err)
-				return 1
-			}
-		}
-		if len(sum.Violations) > 0 {
-			return 1
-		}
-		return 0
 	}
+	if len(sum.Violations) > 0 {
+		return 1
+	}
+	return 0
 }
 
 // soaker is the soak's parent: the targets, the registry and the ranks.
@@ -602,24 +585,26 @@ func problems(s string) string {
 	return strings.Join(keep, "\n")
 }
 
-// soakRankMain is one rank of a soak: "round <n> <seed>" writes the round's
+// SoakRankOptions are a soak rank's flags, set by the soak.
+type SoakRankOptions struct {
+	Index     int
+	Ranks     int
+	Directory string
+	Block     uint64
+	PerTarget int
+	Slots     int
+}
+
+// SoakRankMain is one rank of a soak: "round <n> <seed>" writes the round's
 // all-to-all requests with the pattern of seed and reports every task;
 // "exit" closes the engine.
-func soakRankMain(fs *pflag.FlagSet) func() int {
-	index := fs.Int("index", 0, "rank index (its rail)")
-	ranks := fs.Int("ranks", 2, "ranks of the soak")
-	dirPath := fs.String("directory", "", "directory file")
-	block := fs.Uint64("block", 64<<10, "request size")
-	perTarget := fs.Int("per-target", 4, "requests per target per round")
-	slots := fs.Int("slots", 64, "rounds before a target region is reused")
-	return func() int {
-		out := json.NewEncoder(os.Stdout)
-		if err := runSoakRank(out, *index, *ranks, *dirPath, *block, *perTarget, *slots); err != nil {
-			_ = out.Encode(soakMsg{Event: "error", Error: err.Error()})
-			return 1
-		}
-		return 0
+func SoakRankMain(o SoakRankOptions) int {
+	out := json.NewEncoder(os.Stdout)
+	if err := runSoakRank(out, o.Index, o.Ranks, o.Directory, o.Block, o.PerTarget, o.Slots); err != nil {
+		_ = out.Encode(soakMsg{Event: "error", Error: err.Error()})
+		return 1
 	}
+	return 0
 }
 
 // soakHopDepth is a soak rank's TCP hop queue depth: a round's requests

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package main
+package bench
 
 import (
 	"fmt"
@@ -19,6 +19,7 @@ import (
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
+// RunOptions are run's flags.
 type RunOptions struct {
 	Device  string
 	Ranks   int
@@ -119,6 +120,10 @@ type device struct {
 	pidns bool
 }
 
+// Run runs one traffic pattern, or with CUDA.Suite the CUDA performance
+// suites, each rank and target a process of this binary (its rank and
+// target commands). It prints each scenario's rows to o.Out as soon as the
+// scenario ends (and rewrites o.JSON), and returns every row.
 func Run(o RunOptions) ([]Row, error) {
 	dev, err := openDevice(o)
 	if err != nil {
