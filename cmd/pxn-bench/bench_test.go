@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pxn-project/pxn/internal/bench"
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
@@ -37,13 +38,13 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func runBench(t *testing.T, args ...string) []row {
+func runBench(t *testing.T, args ...string) []bench.Row {
 	t.Helper()
 	return runBenchEnv(t, nil, args...)
 }
 
 // runBenchEnv is runBench with env added to the ranks' environment.
-func runBenchEnv(t *testing.T, env []string, args ...string) []row {
+func runBenchEnv(t *testing.T, env []string, args ...string) []bench.Row {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "rows.json")
 	// A healthy run must not fall back; on a starved test machine the 1 s
@@ -59,7 +60,7 @@ func runBenchEnv(t *testing.T, env []string, args ...string) []row {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rows []row
+	var rows []bench.Row
 	if err := json.Unmarshal(data, &rows); err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +112,7 @@ func TestBenchAllocPass(t *testing.T) {
 	if !rows[0].Verified || rows[0].Failed != 0 || rows[0].FallbackBytes != 0 {
 		t.Fatalf("main row %+v", rows[0])
 	}
-	var allocs *row
+	var allocs *bench.Row
 	for i := range rows {
 		if strings.HasPrefix(rows[i].Scenario, "P5 heap allocations per piece, second pass") {
 			allocs = &rows[i]
@@ -195,7 +196,7 @@ func TestBenchFanInFairness(t *testing.T) {
 				t.Fatalf("main row %+v", main)
 			}
 			senders := 0
-			byScenario := map[string]row{}
+			byScenario := map[string]bench.Row{}
 			for _, r := range rows {
 				if strings.HasPrefix(r.Scenario, "fan-in sender rank ") {
 					senders++

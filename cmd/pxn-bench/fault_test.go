@@ -7,7 +7,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/pxn-project/pxn/internal/bench"
 )
 
 // A short soak of six ranks with a fault every second on average: the soak
@@ -25,7 +28,7 @@ func TestSoakShort(t *testing.T) {
 	if rerr != nil {
 		t.Fatalf("soak: %v, no summary: %v\n%s", err, rerr, lastLines(string(b), 40))
 	}
-	var sum soakSummary
+	var sum bench.SoakSummary
 	if err := json.Unmarshal(data, &sum); err != nil {
 		t.Fatal(err)
 	}
@@ -44,4 +47,13 @@ func TestSoakShort(t *testing.T) {
 	if sum.Completed+sum.Failed != sum.Tasks {
 		t.Errorf("%d completed + %d failed != %d tasks", sum.Completed, sum.Failed, sum.Tasks)
 	}
+}
+
+// lastLines is the end of a command's output, at most n lines.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }

@@ -9,7 +9,8 @@
 //	pxn-bench run --device cuda --suite all --json out.json
 //	pxn-bench soak --ranks 8 --duration 10m
 //
-// docs/benchmarks.md explains the scenarios and records the results.
+// The scenario engine lives in internal/bench; this command wires its flags
+// to it. docs/benchmarks.md explains the scenarios and records the results.
 package main
 
 import (
@@ -17,14 +18,17 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/pxn-project/pxn/internal/bench"
 	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/gpu"
 	"github.com/pxn-project/pxn/pkg/sim/ringcheck"
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 func main() {
@@ -91,11 +95,11 @@ emulated NIC copies into the targets' device memory).`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(
 		command("run", "Run one traffic pattern, or the CUDA performance suites, and print the table", false, runFlags),
-		command("soak", "Run all-to-all rounds on the host path while killing, restarting and stalling ranks", false, soakMain),
+		command("soak", "Run all-to-all rounds on the host path while killing, restarting and stalling ranks", false, soakFlags),
 		command("rank", "One rank of a run (started by run)", true, rankFlags),
 		command("target", "One remote target of a run (started by run)", true, targetFlags),
-		command("soak-rank", "One rank of a soak (started by soak)", true, soakRankMain),
-		command("cuda-firsthop", "The P2 first-hop ring (started by run --suite p2)", true, cudaFirsthopMain),
+		command("soak-rank", "One rank of a soak (started by soak)", true, soakRankFlags),
+		command("cuda-firsthop", "The P2 first-hop ring (started by run --suite p2)", true, firsthopFlags),
 	)
 	return root
 }
@@ -128,61 +132,61 @@ func command(use, short string, hidden bool, flags func(*pflag.FlagSet) func() i
 }
 
 func runFlags(fs *pflag.FlagSet) func() int {
-	o := runOptions{out: os.Stdout, errOut: os.Stderr, getenv: os.Getenv}
+	o := bench.RunOptions{Out: os.Stdout, ErrOut: os.Stderr, Getenv: os.Getenv}
 	var bytesFlag, blockFlag, firstPieceFlag string
-	fs.StringVar(&o.device, "device", "host", "host (CPU memory stands in for GPU memory) or cuda")
-	fs.IntVar(&o.ranks, "ranks", 8, "ranks, one per GPU and HCA (2..8)")
+	fs.StringVar(&o.Device, "device", "host", "host (CPU memory stands in for GPU memory) or cuda")
+	fs.IntVar(&o.Ranks, "ranks", 8, "ranks, one per GPU and HCA (2..8)")
 	fs.StringVar(&bytesFlag, "bytes", "256MiB", "bytes each rank writes")
 	fs.StringVar(&blockFlag, "block", "0", "request size (0: one request per transfer)")
-	fs.StringVar(&o.pattern, "pattern", "cross-rail", "cross-rail, fan-in, same-rail, all-to-all, or kv (KV-cache-shaped requests: --kv-*)")
-	fs.StringVar(&o.json, "json", "", "also write the rows as JSON to this file")
-	fs.StringVar(&o.credit, "credit-timeout", "", contract.EnvCreditTimeout+" for the ranks (empty: the engine default, 1000)")
+	fs.StringVar(&o.Pattern, "pattern", "cross-rail", "cross-rail, fan-in, same-rail, all-to-all, or kv (KV-cache-shaped requests: --kv-*)")
+	fs.StringVar(&o.JSON, "json", "", "also write the rows as JSON to this file")
+	fs.StringVar(&o.Credit, "credit-timeout", "", contract.EnvCreditTimeout+" for the ranks (empty: the engine default, 1000)")
 	fs.StringVar(&firstPieceFlag, "first-piece", "", "the most bytes of a request's first Piece, each next twice the one before up to the 8 MiB slot ("+contract.EnvFirstPiece+" for the ranks; empty: the engine default, "+strconv.Itoa(contract.DefaultFirstPieceKiB)+"KiB; 8MiB: no ramp)")
-	fs.IntVar(&o.perSubmit, "per-submit", 0, "requests per Submit (0: all at once; with --device cuda 16); a Piece never spans two Submits, so with --block under 8MiB this sets the Piece size")
-	fs.DurationVar(&o.holdAfter, "hold-after", 0, "keep the engine phase's ranks registered, idle, this long after their transfer, so that a metrics scraper (pxn-agent) sees their counters; single runs only")
-	fs.BoolVar(&o.allocPass, "alloc-pass", false, "run the PXN phase's transfer a second time and report P5 heap allocations per piece from that warm pass (steady state) rather than from the first")
-	fs.StringVar(&o.registryRoot, "registry-root", os.Getenv(contract.EnvRegistryRoot),
+	fs.IntVar(&o.PerSubmit, "per-submit", 0, "requests per Submit (0: all at once; with --device cuda 16); a Piece never spans two Submits, so with --block under 8MiB this sets the Piece size")
+	fs.DurationVar(&o.HoldAfter, "hold-after", 0, "keep the engine phase's ranks registered, idle, this long after their transfer, so that a metrics scraper (pxn-agent) sees their counters; single runs only")
+	fs.BoolVar(&o.AllocPass, "alloc-pass", false, "run the PXN phase's transfer a second time and report P5 heap allocations per piece from that warm pass (steady state) rather than from the first")
+	fs.StringVar(&o.RegistryRoot, "registry-root", os.Getenv(contract.EnvRegistryRoot),
 		"folder in which the ranks' registry folder (their "+contract.EnvRegistryRoot+") is created; the staging arenas live there, so it must be a large tmpfs. "+
 			"Default: $"+contract.EnvRegistryRoot+" (in a pod holding pxn.io/relay, the device plugin's group folder), else /dev/shm")
-	fs.StringVar(&o.cuda.suite, "suite", "", "cuda: run the performance scenarios instead of one pattern: all (p1, p2, p3), or a comma list of p1 (with P4, P5, P6), p2, p3, p9 (KV-shaped throughput), p10 (kv-small completion time)")
-	fs.StringVar(&o.cuda.gpus, "gpus", "", "cuda: GPU of each rank, comma-separated (default: rank r on GPU r % number of GPUs)")
-	fs.Float64Var(&o.cuda.rate, "rate", 0, "cuda: the emulated NIC's rate cap in GB/s (0: the copy engine's own rate)")
-	fs.BoolVar(&o.cuda.raw, "raw", false, "cuda: also time a raw copy-engine copy of the same traffic")
-	fs.IntVar(&o.cuda.latency, "latency", 0, "also time this many 10 KiB writes through PXN and direct")
-	fs.StringVar(&o.cuda.gatherPTX, "gather-ptx", "", "cuda: load the gather kernel from this PTX file instead of the embedded one (kernel development)")
-	kvFlags(fs, &o.kv)
-	fs.StringVar(&o.cuda.copyMode, "copy-mode", "", "cuda: "+contract.EnvCopyMode+" for the ranks (ce, sm or auto)")
-	fs.DurationVar(&o.cuda.pollSpin, "poll-spin", 0, "cuda: how long the pump polls without sleeping after progress while one Piece moves (0: the default, negative: never)")
-	fs.DurationVar(&o.cuda.pollNap, "poll-nap", 0, "cuda: the longest sleep of the pump while work is in flight (0: the default, negative: never sleep while busy)")
-	fs.StringVar(&o.cuda.arenaShare, "arena-share", "auto", "cuda: how each rank shares its device arena: auto (by descriptor where the device can), fd or ipc (a legacy CUDA IPC handle)")
-	fs.BoolVar(&o.pidns, "pidns", false, "start each rank in a PID and mount namespace of its own, with its own /proc, as ranks in separate pods without hostPID (needs root); the targets stay in this one")
+	fs.StringVar(&o.CUDA.Suite, "suite", "", "cuda: run the performance scenarios instead of one pattern: all (p1, p2, p3), or a comma list of p1 (with P4, P5, P6), p2, p3, p9 (KV-shaped throughput), p10 (kv-small completion time)")
+	fs.StringVar(&o.CUDA.GPUs, "gpus", "", "cuda: GPU of each rank, comma-separated (default: rank r on GPU r % number of GPUs)")
+	fs.Float64Var(&o.CUDA.Rate, "rate", 0, "cuda: the emulated NIC's rate cap in GB/s (0: the copy engine's own rate)")
+	fs.BoolVar(&o.CUDA.Raw, "raw", false, "cuda: also time a raw copy-engine copy of the same traffic")
+	fs.IntVar(&o.CUDA.Latency, "latency", 0, "also time this many 10 KiB writes through PXN and direct")
+	fs.StringVar(&o.CUDA.GatherPTX, "gather-ptx", "", "cuda: load the gather kernel from this PTX file instead of the embedded one (kernel development)")
+	kvFlags(fs, &o.KV)
+	fs.StringVar(&o.CUDA.CopyMode, "copy-mode", "", "cuda: "+contract.EnvCopyMode+" for the ranks (ce, sm or auto)")
+	fs.DurationVar(&o.CUDA.PollSpin, "poll-spin", 0, "cuda: how long the pump polls without sleeping after progress while one Piece moves (0: the default, negative: never)")
+	fs.DurationVar(&o.CUDA.PollNap, "poll-nap", 0, "cuda: the longest sleep of the pump while work is in flight (0: the default, negative: never sleep while busy)")
+	fs.StringVar(&o.CUDA.ArenaShare, "arena-share", "auto", "cuda: how each rank shares its device arena: auto (by descriptor where the device can), fd or ipc (a legacy CUDA IPC handle)")
+	fs.BoolVar(&o.PIDNS, "pidns", false, "start each rank in a PID and mount namespace of its own, with its own /proc, as ranks in separate pods without hostPID (needs root); the targets stay in this one")
 	return func() int {
 		var err error
-		if o.bytes, err = parseSize(bytesFlag); err != nil {
+		if o.Bytes, err = bench.ParseSize(bytesFlag); err != nil {
 			fmt.Fprintf(os.Stderr, "pxn-bench: --bytes: %v\n", err)
 			return 2
 		}
-		if o.block, err = parseSize(blockFlag); err != nil {
+		if o.Block, err = bench.ParseSize(blockFlag); err != nil {
 			fmt.Fprintf(os.Stderr, "pxn-bench: --block: %v\n", err)
 			return 2
 		}
 		if firstPieceFlag != "" {
-			n, err := parseSize(firstPieceFlag)
+			n, err := bench.ParseSize(firstPieceFlag)
 			if err != nil || n%1024 != 0 || n>>10 < contract.MinFirstPieceKiB || n>>10 > contract.MaxFirstPieceKiB {
 				fmt.Fprintf(os.Stderr, "pxn-bench: --first-piece %q: want a whole number of KiB from %dKiB to %dKiB\n", firstPieceFlag, contract.MinFirstPieceKiB, contract.MaxFirstPieceKiB)
 				return 2
 			}
-			o.firstPiece = strconv.FormatUint(n>>10, 10)
+			o.FirstPiece = strconv.FormatUint(n>>10, 10)
 		}
-		if _, err := gpu.ParseArenaShare(o.cuda.arenaShare); err != nil {
+		if _, err := gpu.ParseArenaShare(o.CUDA.ArenaShare); err != nil {
 			fmt.Fprintf(os.Stderr, "pxn-bench: --arena-share: %v\n", err)
 			return 2
 		}
-		if o.cuda.raw && o.device != "cuda" {
+		if o.CUDA.Raw && o.Device != "cuda" {
 			fmt.Fprintln(os.Stderr, "pxn-bench: --raw times a copy-engine copy: it needs --device cuda")
 			return 2
 		}
-		rows, err := run(o)
+		rows, err := bench.Run(o)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "pxn-bench: %v\n", err)
 			return 1
@@ -197,49 +201,97 @@ func runFlags(fs *pflag.FlagSet) func() int {
 }
 
 func rankFlags(fs *pflag.FlagSet) func() int {
-	var o rankOptions
-	fs.StringVar(&o.device, "device", "host", "host or cuda")
-	fs.IntVar(&o.index, "index", 0, "rank index (its GPU, HCA and rail)")
-	fs.IntVar(&o.gpu, "gpu", 0, "cuda: GPU ordinal")
-	fs.StringVar(&o.layout, "layout", "", "layout file")
-	fs.StringVar(&o.directory, "directory", "", "directory file")
-	fs.StringVar(&o.nic, "nic", "", "cuda: the emulated NIC's targets")
-	fs.StringVar(&o.mode, "mode", "engine", "engine (through the PXN engine) or bare (the hop alone)")
-	fs.Float64Var(&o.rate, "rate", 0, "cuda: emulated NIC rate cap, GB/s (0: none)")
-	fs.StringVar(&o.registry, "registry", "", "the registry root (counted for P6)")
-	fs.IntVar(&o.latency, "latency", 0, "10 KiB writes to time each way")
-	fs.IntVar(&o.reps, "reps", 1, "times the timed transfer (and the raw copy) is repeated back to back")
-	fs.IntVar(&o.perSubmit, "per-submit", 0, "requests per Submit (0: the device's default)")
-	fs.StringVar(&o.gatherPTX, "gather-ptx", "", "cuda: gather kernel PTX file (default: embedded)")
-	fs.DurationVar(&o.pollSpin, "poll-spin", 0, "cuda: the pump's spin window (0: default)")
-	fs.DurationVar(&o.pollNap, "poll-nap", 0, "cuda: the pump's longest sleep while busy (0: default)")
-	fs.StringVar(&o.arenaShare, "arena-share", "auto", "cuda: auto, fd or ipc")
-	fs.BoolVar(&o.ownProc, "own-proc", false, "this process is the first of a new PID and mount namespace: mount a /proc of that namespace first")
-	return func() int {
-		if o.ownProc {
-			if err := mountOwnProc(); err != nil {
-				emit(event{Event: "error", Error: err.Error()})
-				return 1
-			}
-		}
-		if err := runRank(o); err != nil {
-			emit(event{Event: "error", Error: err.Error()})
-			return 1
-		}
-		return 0
-	}
+	var o bench.RankOptions
+	fs.StringVar(&o.Device, "device", "host", "host or cuda")
+	fs.IntVar(&o.Index, "index", 0, "rank index (its GPU, HCA and rail)")
+	fs.IntVar(&o.GPU, "gpu", 0, "cuda: GPU ordinal")
+	fs.StringVar(&o.Layout, "layout", "", "layout file")
+	fs.StringVar(&o.Directory, "directory", "", "directory file")
+	fs.StringVar(&o.NIC, "nic", "", "cuda: the emulated NIC's targets")
+	fs.StringVar(&o.Mode, "mode", "engine", "engine (through the PXN engine) or bare (the hop alone)")
+	fs.Float64Var(&o.Rate, "rate", 0, "cuda: emulated NIC rate cap, GB/s (0: none)")
+	fs.StringVar(&o.Registry, "registry", "", "the registry root (counted for P6)")
+	fs.IntVar(&o.Latency, "latency", 0, "10 KiB writes to time each way")
+	fs.IntVar(&o.Reps, "reps", 1, "times the timed transfer (and the raw copy) is repeated back to back")
+	fs.IntVar(&o.PerSubmit, "per-submit", 0, "requests per Submit (0: the device's default)")
+	fs.StringVar(&o.GatherPTX, "gather-ptx", "", "cuda: gather kernel PTX file (default: embedded)")
+	fs.DurationVar(&o.PollSpin, "poll-spin", 0, "cuda: the pump's spin window (0: default)")
+	fs.DurationVar(&o.PollNap, "poll-nap", 0, "cuda: the pump's longest sleep while busy (0: default)")
+	fs.StringVar(&o.ArenaShare, "arena-share", "auto", "cuda: auto, fd or ipc")
+	fs.BoolVar(&o.OwnProc, "own-proc", false, "this process is the first of a new PID and mount namespace: mount a /proc of that namespace first")
+	return func() int { return bench.RankMain(o) }
 }
 
 func targetFlags(fs *pflag.FlagSet) func() int {
-	device := fs.String("device", "host", "host or cuda")
-	index := fs.Int("index", 0, "rail of this target")
-	ordinal := fs.Int("gpu", 0, "cuda: GPU ordinal")
-	layoutPath := fs.String("layout", "", "layout file")
+	var o bench.TargetOptions
+	fs.StringVar(&o.Device, "device", "host", "host or cuda")
+	fs.IntVar(&o.Index, "index", 0, "rail of this target")
+	fs.IntVar(&o.GPU, "gpu", 0, "cuda: GPU ordinal")
+	fs.StringVar(&o.Layout, "layout", "", "layout file")
+	return func() int { return bench.TargetMain(o) }
+}
+
+func kvFlags(fs *pflag.FlagSet, o *bench.KVOptions) {
+	fs.StringVar(&o.Shape, "kv-shape", "kv-small", "kv: each request's shape: "+bench.KVShapeNames()+", or LAYERSxPAGESxBLOCK")
+	fs.StringVar(&o.Traffic, "kv-traffic", "fan-in", "kv: fan-in (every other rank sends to rank 0's rail: 1→1 with --ranks 2, 7→1 with 8) or all-to-all")
+	fs.IntVar(&o.Requests, "kv-requests", 8, "kv: requests each sender sends each of its targets")
+	fs.IntVar(&o.Inflight, "kv-inflight", 4, "kv: requests a rank has in flight at most")
+}
+
+// soakFlags: the soak runs all-to-all rounds on the host path for a fixed
+// time while it kills, restarts and stalls ranks at random (bench.SoakMain).
+func soakFlags(fs *pflag.FlagSet) func() int {
+	var o bench.SoakOptions
+	var blockFlag, faultsFlag string
+	fs.IntVar(&o.Ranks, "ranks", 4, "ranks, one per rail (2..8)")
+	fs.DurationVar(&o.Duration, "duration", time.Minute, "how long to run rounds and inject faults")
+	fs.StringVar(&blockFlag, "block", "64KiB", "request size")
+	fs.IntVar(&o.PerTarget, "per-target", 4, "requests per target per round")
+	fs.IntVar(&o.Slots, "slots", 64, "rounds before a rank's target region is reused")
+	fs.DurationVar(&o.FaultEvery, "fault-every", 2*time.Second, "mean time between faults (0: none)")
+	fs.StringVar(&faultsFlag, "faults", "kill,restart,stall", "fault kinds to inject")
+	fs.Uint64Var(&o.Seed, "seed", 0, "random seed (0: from the clock)")
+	fs.StringVar(&o.JSON, "json", "", "also write the summary as JSON to this file")
 	return func() int {
-		if err := runTarget(*device, *index, *ordinal, *layoutPath); err != nil {
-			emit(event{Event: "error", Error: err.Error()})
-			return 1
+		var err error
+		if o.Block, err = bench.ParseSize(blockFlag); err != nil || o.Block == 0 {
+			fmt.Fprintf(os.Stderr, "pxn-bench soak: --block %q: want a size > 0\n", blockFlag)
+			return 2
 		}
-		return 0
+		if o.Ranks < 2 || o.Ranks > 8 || o.PerTarget < 1 || o.Slots < 1 {
+			fmt.Fprintln(os.Stderr, "pxn-bench soak: want 2..8 ranks, --per-target and --slots at least 1")
+			return 2
+		}
+		if o.Faults, err = bench.ParseFaults(faultsFlag); err != nil {
+			fmt.Fprintf(os.Stderr, "pxn-bench soak: %v\n", err)
+			return 2
+		}
+		if o.Seed == 0 {
+			o.Seed = uint64(time.Now().UnixNano())
+		}
+		return bench.SoakMain(o)
 	}
+}
+
+func soakRankFlags(fs *pflag.FlagSet) func() int {
+	var o bench.SoakRankOptions
+	fs.IntVar(&o.Index, "index", 0, "rank index (its rail)")
+	fs.IntVar(&o.Ranks, "ranks", 2, "ranks of the soak")
+	fs.StringVar(&o.Directory, "directory", "", "directory file")
+	fs.Uint64Var(&o.Block, "block", 64<<10, "request size")
+	fs.IntVar(&o.PerTarget, "per-target", 4, "requests per target per round")
+	fs.IntVar(&o.Slots, "slots", 64, "rounds before a target region is reused")
+	return func() int { return bench.SoakRankMain(o) }
+}
+
+func firsthopFlags(fs *pflag.FlagSet) func() int {
+	var o bench.FirsthopOptions
+	fs.IntVar(&o.RelayGPU, "relay-gpu", 0, "the relay's GPU")
+	fs.IntVar(&o.SenderGPU, "sender-gpu", 1, "the sender's GPU")
+	fs.StringVar(&o.Sizes, "sizes", "2KiB,16KiB,128KiB,256KiB,512KiB,1MiB,8MiB", "entry sizes")
+	fs.IntVar(&o.Pieces, "pieces", 256, "timed Pieces per mode")
+	fs.IntVar(&o.Warm, "warm", 2*staging.SlotsPerLane, "verified warm-up Pieces per mode")
+	fs.StringVar(&o.Shapes, "shapes", "8x1024x2,8x512x2,16x1024x1,16x512x1", "SM launch shapes (blocks x threads x streams); the first is the copier's default")
+	fs.StringVar(&o.GatherPTX, "gather-ptx", "", "gather kernel PTX file (default: embedded)")
+	return func() int { return bench.FirsthopMain(o) }
 }

@@ -69,6 +69,11 @@ var rules = []rule{
 		},
 	},
 	{
+		name:   "the benchmark never links the control plane",
+		from:   []string{"internal/bench/...", "cmd/pxn-bench"},
+		forbid: func(_, dep string) bool { return anyMatch(controlPlane, dep) },
+	},
+	{
 		name:   "the engine never links the control plane",
 		from:   append([]string{"cmd/libpxn"}, engine...),
 		forbid: func(_, dep string) bool { return anyMatch(controlPlane, dep) },

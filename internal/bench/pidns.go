@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package main
+package bench
 
 import (
 	"errors"
@@ -76,10 +76,10 @@ func (s *shareCounts) add(o shareCounts) {
 
 // shareRow says how the ranks' arenas were shared: the row is verified when
 // no relay's arena failed to map.
-func shareRow(prefix string, p *phaseResult, pidns bool) (row, bool) {
+func shareRow(prefix string, p *phaseResult, pidns bool) (Row, bool) {
 	s := p.shares
 	if s.OwnFD+s.OwnIPC == 0 && s.FD+s.IPC+s.FailedFD+s.FailedIPC == 0 {
-		return row{}, false
+		return Row{}, false
 	}
 	where := "ranks in one PID namespace"
 	if pidns {
@@ -90,7 +90,7 @@ func shareRow(prefix string, p *phaseResult, pidns bool) (row, bool) {
 		notes = append(notes, fmt.Sprintf("failed maps: fd %d, ipc %d (those relays are not used)", s.FailedFD, s.FailedIPC))
 	}
 	notes = append(notes, fmt.Sprintf("own arenas: %d by descriptor, %d by IPC handle", s.OwnFD, s.OwnIPC), where)
-	return row{Scenario: prefix + "relays' arenas mapped by descriptor (fd) of all mapped",
+	return Row{Scenario: prefix + "relays' arenas mapped by descriptor (fd) of all mapped",
 		Value: float64(s.FD), Unit: fmt.Sprintf("of %d", s.FD+s.IPC), Verified: s.FailedFD+s.FailedIPC == 0,
 		Note: strings.Join(notes, "; ")}, true
 }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package main
+package bench
 
 import (
 	"context"
@@ -187,27 +187,27 @@ type latencyResult struct {
 	FirstError string     `json:"firstError,omitempty"`
 }
 
-// rankOptions are a rank process's flags, set by the parent.
-type rankOptions struct {
-	device    string
-	index     int
-	gpu       int
-	layout    string
-	directory string
-	nic       string
-	mode      string
-	rate      float64
-	registry  string
-	latency   int
-	reps      int
-	perSubmit int
-	gatherPTX string
-	// pollSpin and pollNap replace the pump's poll policy (zero: default).
-	pollSpin, pollNap time.Duration
-	// arenaShare is how the rank shares its device arena.
-	arenaShare string
-	// ownProc: the rank is PID 1 of its own namespaces and mounts /proc.
-	ownProc bool
+// RankOptions are a rank process's flags, set by the parent.
+type RankOptions struct {
+	Device    string
+	Index     int
+	GPU       int
+	Layout    string
+	Directory string
+	NIC       string
+	Mode      string
+	Rate      float64
+	Registry  string
+	Latency   int
+	Reps      int
+	PerSubmit int
+	GatherPTX string
+	// PollSpin and PollNap replace the pump's poll policy (zero: default).
+	PollSpin, PollNap time.Duration
+	// ArenaShare is how the rank shares its device arena.
+	ArenaShare string
+	// OwnProc: the rank is PID 1 of its own namespaces and mounts /proc.
+	OwnProc bool
 }
 
 // rankDevice is what a rank needs of its device: source memory filled with
@@ -233,12 +233,28 @@ type rankDevice interface {
 	close() error
 }
 
-func runRank(o rankOptions) (err error) {
-	l, err := readLayout(o.layout)
+// RankMain is one rank of a run: it reports on stdout, one JSON event a
+// line, and returns the command's exit status.
+func RankMain(o RankOptions) int {
+	if o.OwnProc {
+		if err := mountOwnProc(); err != nil {
+			emit(event{Event: "error", Error: err.Error()})
+			return 1
+		}
+	}
+	if err := runRank(o); err != nil {
+		emit(event{Event: "error", Error: err.Error()})
+		return 1
+	}
+	return 0
+}
+
+func runRank(o RankOptions) (err error) {
+	l, err := readLayout(o.Layout)
 	if err != nil {
 		return err
 	}
-	f, err := os.Open(o.directory)
+	f, err := os.Open(o.Directory)
 	if err != nil {
 		return err
 	}
@@ -248,26 +264,26 @@ func runRank(o rankOptions) (err error) {
 		return err
 	}
 	var dev rankDevice
-	switch o.device {
+	switch o.Device {
 	case "host":
 		dev = newHostRank(dir, 0)
 	case "cuda":
 		dev, err = newCUDARank(o)
 	default:
-		err = fmt.Errorf("--device %q: want host or cuda", o.device)
+		err = fmt.Errorf("--device %q: want host or cuda", o.Device)
 	}
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, dev.close()) }()
-	n := max(l.sourceBytes(o.index), 1)
-	base, err := dev.source(n, rankSeed(o.index))
+	n := max(l.sourceBytes(o.Index), 1)
+	base, err := dev.source(n, rankSeed(o.Index))
 	if err != nil {
 		return err
 	}
 	emit(event{Event: "ready", Pid: os.Getpid()})
 
-	mine := l.ofRank(o.index)
+	mine := l.ofRank(o.Index)
 	var eng *relay.Engine
 	closeEngine := func() error {
 		if eng == nil {
@@ -290,36 +306,36 @@ func runRank(o rankOptions) (err error) {
 			eng = e
 			emit(event{Event: "opened", Open: res})
 		case "route":
-			emit(event{Event: "routed", Routed: waitRoutes(eng, mine, o.index)})
+			emit(event{Event: "routed", Routed: waitRoutes(eng, mine, o.Index)})
 		case "warm", "go", "again":
 			reps := 1
 			if cmd == "go" {
-				reps = max(o.reps, 1)
+				reps = max(o.Reps, 1)
 			}
 			res, err := repeat(reps, func() (*rankResult, error) {
 				if l.KV != nil {
-					reqs, total := l.kvRequests(o.index, base)
-					if o.mode == "engine" && eng != nil {
+					reqs, total := l.kvRequests(o.Index, base)
+					if o.Mode == "engine" && eng != nil {
 						return transferKVEngine(eng, reqs, total, l.KV.Inflight, dev.spin())
 					}
 					return transferKVBare(dev.hop(), reqs, total, l.KV.Inflight, dev.spin())
 				}
-				if o.mode == "engine" && eng != nil {
-					return transferEngine(eng, mine, base, dev.spin(), o.perSubmit)
+				if o.Mode == "engine" && eng != nil {
+					return transferEngine(eng, mine, base, dev.spin(), o.PerSubmit)
 				}
 				return transferBare(dev.hop(), mine, base)
 			})
 			if err != nil {
 				return err
 			}
-			res.Rank = o.index
+			res.Rank = o.Index
 			name := "done"
 			if cmd == "warm" {
 				name = "warmed"
 			}
 			emit(event{Event: name, Result: res})
 		case "stats":
-			res := &rankResult{Rank: o.index}
+			res := &rankResult{Rank: o.Index}
 			if eng != nil {
 				res.PumpCPU, _ = cpuTime(eng.PumpThreadID())
 				res.PumpRuns = threadRuns(eng.PumpThreadID())
@@ -331,13 +347,13 @@ func runRank(o rankOptions) (err error) {
 			emit(event{Event: "stats", Result: res})
 		case "raw":
 			reqs, total := requests(mine, base)
-			res, err := dev.rawCopy(reqs, total, max(o.reps, 1))
+			res, err := dev.rawCopy(reqs, total, max(o.Reps, 1))
 			if err != nil {
 				return err
 			}
 			emit(event{Event: "raw", Raw: res})
 		case "latency":
-			res, err := measureLatency(eng, dev, mine, base, o.latency)
+			res, err := measureLatency(eng, dev, mine, base, o.Latency)
 			if err != nil {
 				return err
 			}
@@ -366,14 +382,14 @@ func runRank(o rankOptions) (err error) {
 // openEngine opens the engine the way a host process would: the copier
 // (and, on GPUs, the arenas) exist only when MC_PXN_ENABLE says PXN is on.
 // It reports what the open cost (P6).
-func openEngine(dev rankDevice, dir relay.Directory, o rankOptions, src uintptr, n uint64) (*openResult, *relay.Engine, error) {
+func openEngine(dev rankDevice, dir relay.Directory, o RankOptions, src uintptr, n uint64) (*openResult, *relay.Engine, error) {
 	// The main goroutine may hold its thread: the first time it sleeps,
 	// the runtime starts another thread for the rest. Let that happen
 	// before counting, so the count is the open's alone.
 	time.Sleep(200 * time.Millisecond)
 	free0, _ := dev.freeMemory()
-	th0, gr0, sh0 := threadCount(), runtime.NumGoroutine(), countEntries(o.registry)
-	deps := relay.HostDeps{Hop: dev.hop(), Directory: dir, LocalHCA: rankHCA(o.index)}
+	th0, gr0, sh0 := threadCount(), runtime.NumGoroutine(), countEntries(o.Registry)
+	deps := relay.HostDeps{Hop: dev.hop(), Directory: dir, LocalHCA: rankHCA(o.Index)}
 	var desc string
 	// relay.OpenFromEnv reports a refused configuration; this only asks
 	// whether PXN is on.
@@ -390,7 +406,7 @@ func openEngine(dev rankDevice, dir relay.Directory, o rankOptions, src uintptr,
 	// Whatever the open starts (the pump, its registration) settles.
 	time.Sleep(200 * time.Millisecond)
 	res := &openResult{Threads: threadCount() - th0, Goroutines: runtime.NumGoroutine() - gr0,
-		ShmEntries: countEntries(o.registry) - sh0, PXN: eng.PXNActive(), Copier: desc}
+		ShmEntries: countEntries(o.Registry) - sh0, PXN: eng.PXNActive(), Copier: desc}
 	if free1, ok := dev.freeMemory(); ok {
 		res.DeviceBytes = int64(free0) - int64(free1)
 	}

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package main
+package bench
 
 import (
 	"slices"
@@ -37,24 +37,24 @@ func TestKVLayoutVerify(t *testing.T) {
 	cases := []struct {
 		name     string
 		ranks    int
-		opts     kvOptions
+		opts     KVOptions
 		damage   func(p *kvPlan, pools [][]byte)
 		wantErr  string
 		wantReqs []int
 	}{
-		{name: "fan-in, intact", ranks: 3, opts: kvOptions{shape: "3x4x64", traffic: "fan-in", requests: 2, inflight: 1}, wantReqs: []int{0, 2, 2}},
-		{name: "all-to-all, intact", ranks: 3, opts: kvOptions{shape: "2x2x4KiB", traffic: "all-to-all", requests: 2, inflight: 3}, wantReqs: []int{4, 4, 4}},
-		{name: "a byte of a block", ranks: 2, opts: kvOptions{shape: "3x4x64", traffic: "fan-in", requests: 2, inflight: 1},
+		{name: "fan-in, intact", ranks: 3, opts: KVOptions{Shape: "3x4x64", Traffic: "fan-in", Requests: 2, Inflight: 1}, wantReqs: []int{0, 2, 2}},
+		{name: "all-to-all, intact", ranks: 3, opts: KVOptions{Shape: "2x2x4KiB", Traffic: "all-to-all", Requests: 2, Inflight: 3}, wantReqs: []int{4, 4, 4}},
+		{name: "a byte of a block", ranks: 2, opts: KVOptions{Shape: "3x4x64", Traffic: "fan-in", Requests: 2, Inflight: 1},
 			damage: func(p *kvPlan, pools [][]byte) {
 				q := p.byRank[1][1]
 				pools[0][p.blockOffset(p.dstPages[0], 2, 1, q.dst[3])+17] ^= 1
 			}, wantErr: "rank 1's block (layer 2, V, page"},
-		{name: "a block never sent", ranks: 2, opts: kvOptions{shape: "3x4x64", traffic: "fan-in", requests: 2, inflight: 1},
+		{name: "a block never sent", ranks: 2, opts: KVOptions{Shape: "3x4x64", Traffic: "fan-in", Requests: 2, Inflight: 1},
 			damage: func(p *kvPlan, pools [][]byte) {
 				q := p.byRank[1][0]
 				clear(pools[0][p.blockOffset(p.dstPages[0], 0, 0, q.dst[0]) : p.blockOffset(p.dstPages[0], 0, 0, q.dst[0])+64])
 			}, wantErr: "layer 0, K"},
-		{name: "a write into a page no request took", ranks: 2, opts: kvOptions{shape: "3x4x64", traffic: "fan-in", requests: 2, inflight: 1},
+		{name: "a write into a page no request took", ranks: 2, opts: KVOptions{Shape: "3x4x64", Traffic: "fan-in", Requests: 2, Inflight: 1},
 			damage: func(p *kvPlan, pools [][]byte) {
 				used := map[uint32]bool{}
 				for _, q := range p.byRank[1] {
@@ -104,7 +104,7 @@ func TestKVLayoutVerify(t *testing.T) {
 }
 
 func TestKVPagesScattered(t *testing.T) {
-	l, err := newKVLayout(8, kvOptions{shape: "kv-small", traffic: "all-to-all", requests: 3, inflight: 4})
+	l, err := newKVLayout(8, KVOptions{Shape: "kv-small", Traffic: "all-to-all", Requests: 3, Inflight: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,11 +163,11 @@ func TestParseKVShape(t *testing.T) {
 }
 
 func TestKVBaseline(t *testing.T) {
-	fanIn, err := newKVLayout(8, kvOptions{shape: "2x2x64", traffic: "fan-in", requests: 1, inflight: 1})
+	fanIn, err := newKVLayout(8, KVOptions{Shape: "2x2x64", Traffic: "fan-in", Requests: 1, Inflight: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	all, err := newKVLayout(4, kvOptions{shape: "2x2x64", traffic: "all-to-all", requests: 1, inflight: 1})
+	all, err := newKVLayout(4, KVOptions{Shape: "2x2x64", Traffic: "all-to-all", Requests: 1, Inflight: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

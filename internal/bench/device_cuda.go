@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package main
+package bench
 
 import (
 	"encoding/hex"
@@ -35,27 +35,27 @@ type cudaRank struct {
 	arenas            *gpu.Arenas
 }
 
-func newCUDARank(o rankOptions) (_ *cudaRank, err error) {
+func newCUDARank(o RankOptions) (_ *cudaRank, err error) {
 	// The main goroutine keeps one OS thread with the GPU's context
 	// current for set-up calls; the engine's own calls manage theirs.
 	runtime.LockOSThread()
-	targets, err := readNICTargets(o.nic)
+	targets, err := readNICTargets(o.NIC)
 	if err != nil {
 		return nil, err
 	}
-	r := &cudaRank{pollSpin: o.pollSpin, pollNap: o.pollNap}
-	if r.share, err = gpu.ParseArenaShare(o.arenaShare); err != nil {
+	r := &cudaRank{pollSpin: o.PollSpin, pollNap: o.PollNap}
+	if r.share, err = gpu.ParseArenaShare(o.ArenaShare); err != nil {
 		return nil, err
 	}
-	if o.gatherPTX != "" {
-		if r.ptx, err = os.ReadFile(o.gatherPTX); err != nil {
+	if o.GatherPTX != "" {
+		if r.ptx, err = os.ReadFile(o.GatherPTX); err != nil {
 			return nil, err
 		}
 	}
 	if r.d, err = cuda.Load(); err != nil {
 		return nil, err
 	}
-	if r.g, err = gpu.Open(r.d, o.gpu); err != nil {
+	if r.g, err = gpu.Open(r.d, o.GPU); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -69,7 +69,7 @@ func newCUDARank(o rankOptions) (_ *cudaRank, err error) {
 	if r.maps, err = gpunic.OpenTargets(r.g, targets); err != nil {
 		return nil, err
 	}
-	if r.nic, err = gpunic.New(r.g, r.maps, gpunic.Options{RateGBps: o.rate}); err != nil {
+	if r.nic, err = gpunic.New(r.g, r.maps, gpunic.Options{RateGBps: o.Rate}); err != nil {
 		return nil, err
 	}
 	return r, nil

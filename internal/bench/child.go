@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package main
+package bench
 
 import (
 	"bufio"
@@ -29,7 +29,7 @@ type event struct {
 	Open    *openResult    `json:"open,omitempty"`
 	Raw     *rawResult     `json:"raw,omitempty"`
 	Latency *latencyResult `json:"latency,omitempty"`
-	Rows    []row          `json:"rows,omitempty"`
+	Rows    []Row          `json:"rows,omitempty"`
 	// Times are the engine's last Pieces' times (relay.Engine.PieceTimes).
 	Times []relay.PieceTimes `json:"times,omitempty"`
 }

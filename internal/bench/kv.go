@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package main
+package bench
 
 import (
 	"bytes"
@@ -12,8 +12,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/spf13/pflag"
 
 	"github.com/pxn-project/pxn/pkg/relay"
 )
@@ -44,7 +42,8 @@ var kvShapes = []kvShape{
 	{Name: "kv-medium-128k", Layers: 80, Pages: 64, Block: 128 << 10},
 }
 
-func kvShapeNames() string {
+// KVShapeNames lists the named KV shapes, for --kv-shape's help.
+func KVShapeNames() string {
 	var n []string
 	for _, s := range kvShapes {
 		n = append(n, s.Name)
@@ -61,13 +60,13 @@ func parseKVShape(s string) (kvShape, error) {
 		}
 	}
 	f := strings.Split(s, "x")
-	bad := fmt.Errorf("--kv-shape %q: want one of %s, or LAYERSxPAGESxBLOCK (8x2x4KiB)", s, kvShapeNames())
+	bad := fmt.Errorf("--kv-shape %q: want one of %s, or LAYERSxPAGESxBLOCK (8x2x4KiB)", s, KVShapeNames())
 	if len(f) != 3 {
 		return kvShape{}, bad
 	}
 	l, err1 := strconv.Atoi(f[0])
 	p, err2 := strconv.Atoi(f[1])
-	b, err3 := parseSize(f[2])
+	b, err3 := ParseSize(f[2])
 	if err1 != nil || err2 != nil || err3 != nil || l <= 0 || p <= 0 || b == 0 {
 		return kvShape{}, bad
 	}
@@ -80,12 +79,12 @@ func parseKVShape(s string) (kvShape, error) {
 	return kvShape{Name: s, Layers: l, Pages: p, Block: b}, nil
 }
 
-// kvOptions are run's flags for KV-shaped traffic.
-type kvOptions struct {
-	shape    string
-	traffic  string
-	requests int
-	inflight int
+// KVOptions are run's flags for KV-shaped traffic.
+type KVOptions struct {
+	Shape    string
+	Traffic  string
+	Requests int
+	Inflight int
 }
 
 // kvLayout is the KV traffic of a run. Each rank's and each target's pool
@@ -196,31 +195,31 @@ func newKVPlan(ranks int, kv *kvLayout) *kvPlan {
 // newKVLayout places KV traffic: every sender's requests, its source pool
 // and every target's pool. Its transfers are one per sender and target,
 // for the routes and the byte counts; the plan says where each block goes.
-func newKVLayout(ranks int, o kvOptions) (*layout, error) {
+func newKVLayout(ranks int, o KVOptions) (*layout, error) {
 	if ranks < 2 || ranks > 8 {
 		return nil, fmt.Errorf("--ranks %d: want 2..8 (one rank per GPU of a node)", ranks)
 	}
-	shape, err := parseKVShape(o.shape)
+	shape, err := parseKVShape(o.Shape)
 	if err != nil {
 		return nil, err
 	}
-	switch o.traffic {
+	switch o.Traffic {
 	case "fan-in", "all-to-all":
 	default:
-		return nil, fmt.Errorf("--kv-traffic %q: want fan-in (every other rank to rank 0's rail) or all-to-all", o.traffic)
+		return nil, fmt.Errorf("--kv-traffic %q: want fan-in (every other rank to rank 0's rail) or all-to-all", o.Traffic)
 	}
-	if o.requests <= 0 || o.inflight <= 0 {
-		return nil, fmt.Errorf("--kv-requests %d, --kv-inflight %d: want both > 0", o.requests, o.inflight)
+	if o.Requests <= 0 || o.Inflight <= 0 {
+		return nil, fmt.Errorf("--kv-requests %d, --kv-inflight %d: want both > 0", o.Requests, o.Inflight)
 	}
-	kv := &kvLayout{Shape: shape, Traffic: o.traffic, Requests: o.requests, Inflight: o.inflight, Seed: 22}
+	kv := &kvLayout{Shape: shape, Traffic: o.Traffic, Requests: o.Requests, Inflight: o.Inflight, Seed: 22}
 	plan := newKVPlan(ranks, kv)
 	l := &layout{Ranks: ranks, TargetBytes: make([]uint64, ranks), KV: kv, kv: plan}
 	for k := range l.TargetBytes {
 		l.TargetBytes[k] = plan.poolBytes(plan.dstPages[k])
 	}
 	for r := 0; r < ranks; r++ {
-		for _, k := range kvTargets(o.traffic, ranks, r) {
-			l.Transfers = append(l.Transfers, transfer{Rank: r, Target: k, Len: uint64(o.requests) * shape.bytes(), Block: shape.Block,
+		for _, k := range kvTargets(o.Traffic, ranks, r) {
+			l.Transfers = append(l.Transfers, transfer{Rank: r, Target: k, Len: uint64(o.Requests) * shape.bytes(), Block: shape.Block,
 				Seed: rankSeed(r), Remote: sessionName(k)})
 		}
 	}
@@ -508,7 +507,7 @@ func transferKVBare(hop relay.Hop, reqs [][]relay.Request, total uint64, infligh
 
 // kvRows are a KV scenario's request completion times, through PXN and
 // direct: p50 and p99 over every request of every rank.
-func kvRows(prefix string, pxn, bare *phaseResult) []row {
+func kvRows(prefix string, pxn, bare *phaseResult) []Row {
 	collect := func(p *phaseResult, sub bool) []float64 {
 		var xs []float64
 		if p == nil {
@@ -531,35 +530,28 @@ func kvRows(prefix string, pxn, bare *phaseResult) []row {
 	ok := pxn.verified && (bare == nil || bare.verified)
 	note := fmt.Sprintf("%d requests; through PXN mean/p90/max %.0f/%.0f/%.0f µs; Submit itself p50/p99 %.0f/%.0f µs",
 		len(pc), p[2], p[3], p[5], percentiles(ps)[0], percentiles(ps)[1])
-	rows := []row{
+	rows := []Row{
 		{Scenario: prefix + "request completion through PXN, p50", Value: p[0], Unit: "µs", Verified: ok, Note: note},
 		{Scenario: prefix + "request completion through PXN, p99", Value: p[1], Unit: "µs", Verified: ok},
 	}
 	if len(dc) > 0 {
 		d := percentiles(dc)
 		rows = append(rows,
-			row{Scenario: prefix + "request completion direct, p50", Value: d[0], Unit: "µs", Verified: ok},
-			row{Scenario: prefix + "request completion direct, p99", Value: d[1], Unit: "µs", Verified: ok},
-			row{Scenario: prefix + "request completion added by PXN, p50", Value: p[0] - d[0], Unit: "µs", Verified: ok},
-			row{Scenario: prefix + "request completion added by PXN, p99", Value: p[1] - d[1], Unit: "µs", Verified: ok},
+			Row{Scenario: prefix + "request completion direct, p50", Value: d[0], Unit: "µs", Verified: ok},
+			Row{Scenario: prefix + "request completion direct, p99", Value: d[1], Unit: "µs", Verified: ok},
+			Row{Scenario: prefix + "request completion added by PXN, p50", Value: p[0] - d[0], Unit: "µs", Verified: ok},
+			Row{Scenario: prefix + "request completion added by PXN, p99", Value: p[1] - d[1], Unit: "µs", Verified: ok},
 		)
 	}
 	return rows
 }
 
-func kvFlags(fs *pflag.FlagSet, o *kvOptions) {
-	fs.StringVar(&o.shape, "kv-shape", "kv-small", "kv: each request's shape: "+kvShapeNames()+", or LAYERSxPAGESxBLOCK")
-	fs.StringVar(&o.traffic, "kv-traffic", "fan-in", "kv: fan-in (every other rank sends to rank 0's rail: 1→1 with --ranks 2, 7→1 with 8) or all-to-all")
-	fs.IntVar(&o.requests, "kv-requests", 8, "kv: requests each sender sends each of its targets")
-	fs.IntVar(&o.inflight, "kv-inflight", 4, "kv: requests a rank has in flight at most")
-}
-
-func kvTitle(o kvOptions) string {
-	shape, err := parseKVShape(o.shape)
+func kvTitle(o KVOptions) string {
+	shape, err := parseKVShape(o.Shape)
 	if err != nil {
-		return o.shape
+		return o.Shape
 	}
-	return fmt.Sprintf("%s %s, %d requests per sender and target, %d in flight", o.traffic, shape, o.requests, o.inflight)
+	return fmt.Sprintf("%s %s, %d requests per sender and target, %d in flight", o.Traffic, shape, o.Requests, o.Inflight)
 }
 
 // kvBaseline is what a KV scenario's PXN row is compared with: the same
@@ -600,7 +592,7 @@ func kvSuiteRuns(want map[string]bool, ngpu int) []scenario {
 	}
 	kv := func(id, shape, traffic string, gpus []int, requests, inflight int, note string) scenario {
 		return scenario{id: id, pattern: "kv", ranks: len(gpus), gpus: gpus, rate: 50, bare: true, warm: true, note: note,
-			kv: &kvOptions{shape: shape, traffic: traffic, requests: requests, inflight: inflight}}
+			kv: &KVOptions{Shape: shape, Traffic: traffic, Requests: requests, Inflight: inflight}}
 	}
 	var runs []scenario
 	if want["p9"] {

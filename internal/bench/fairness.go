@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package main
+package bench
 
 import (
 	"fmt"
@@ -97,7 +97,7 @@ func minOverMean(ss []senderShare) float64 {
 // another lane had a ticket ready, and how many of those out of turn.
 // Every rank but the relay (rank 0) is a sender; busy holds each rank's
 // counters over the measured phase, the relay's first.
-func fairRows(prefix, pattern string, ranks []rankResult, busy []busyWindow, verified bool) []row {
+func fairRows(prefix, pattern string, ranks []rankResult, busy []busyWindow, verified bool) []Row {
 	if pattern != "fan-in" {
 		return nil
 	}
@@ -107,10 +107,10 @@ func fairRows(prefix, pattern string, ranks []rankResult, busy []busyWindow, ver
 			senders = append(senders, r)
 		}
 	}
-	var turns []row
+	var turns []Row
 	if len(busy) > 0 {
 		b := busy[0]
-		turns = []row{
+		turns = []Row{
 			{Scenario: prefix + "fan-in relay: Pieces taken while another lane had a ticket ready", Value: float64(b.contended), Unit: "Pieces", Verified: verified,
 				Note: fmt.Sprintf("%d of the %d Pieces the relay forwarded", b.contended, b.forwarded)},
 			{Scenario: prefix + "fan-in relay: Pieces taken out of turn", Value: float64(b.outOfTurn), Unit: "Pieces", Verified: verified,
@@ -125,12 +125,12 @@ func fairRows(prefix, pattern string, ranks []rankResult, busy []busyWindow, ver
 	if !ok {
 		over = "over each sender's whole transfer (too short, or no progress reported, for a window)"
 	}
-	var rows []row
+	var rows []Row
 	for _, s := range ss {
-		rows = append(rows, row{Scenario: fmt.Sprintf("%sfan-in sender rank %d", prefix, s.rank), Bytes: s.bytes, GBps: s.gbps, Verified: verified,
+		rows = append(rows, Row{Scenario: fmt.Sprintf("%sfan-in sender rank %d", prefix, s.rank), Bytes: s.bytes, GBps: s.gbps, Verified: verified,
 			Note: fmt.Sprintf("%.3g GB/s %s; %.3g GB/s over its whole transfer", s.gbps, over, s.whole)})
 	}
-	rows = append(rows, row{Scenario: prefix + "P12 fan-in fairness: slowest sender over the mean", Value: minOverMean(ss), Unit: "min/mean",
+	rows = append(rows, Row{Scenario: prefix + "P12 fan-in fairness: slowest sender over the mean", Value: minOverMean(ss), Unit: "min/mean",
 		Verified: verified, Note: fmt.Sprintf("%d senders, rates %s", len(ss), over)})
 	return append(rows, turns...)
 }

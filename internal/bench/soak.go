@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package main
+package bench
 
 import (
 	"bufio"
@@ -19,8 +19,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/spf13/pflag"
 
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/relay"
@@ -45,20 +43,21 @@ const soakTargetBase = 0x100000000000
 
 func soakBase(k int) uint64 { return soakTargetBase + uint64(k)<<36 }
 
-type soakOptions struct {
-	ranks      int
-	duration   time.Duration
-	block      uint64
-	perTarget  int
-	slots      int
-	faultEvery time.Duration
-	faults     []string
-	seed       uint64
-	json       string
+// SoakOptions are soak's flags.
+type SoakOptions struct {
+	Ranks      int
+	Duration   time.Duration
+	Block      uint64
+	PerTarget  int
+	Slots      int
+	FaultEvery time.Duration
+	Faults     []string
+	Seed       uint64
+	JSON       string
 }
 
-// soakSummary is the soak's result.
-type soakSummary struct {
+// SoakSummary is the soak's result.
+type SoakSummary struct {
 	Ranks         int            `json:"ranks"`
 	Seconds       float64        `json:"seconds"`
 	Rounds        int            `json:"rounds"`
@@ -77,64 +76,48 @@ type soakSummary struct {
 	LeftFiles     []string       `json:"left_files,omitempty"`
 }
 
-func soakMain(fs *pflag.FlagSet) func() int {
-	var o soakOptions
-	var blockFlag, faultsFlag string
-	fs.IntVar(&o.ranks, "ranks", 4, "ranks, one per rail (2..8)")
-	fs.DurationVar(&o.duration, "duration", time.Minute, "how long to run rounds and inject faults")
-	fs.StringVar(&blockFlag, "block", "64KiB", "request size")
-	fs.IntVar(&o.perTarget, "per-target", 4, "requests per target per round")
-	fs.IntVar(&o.slots, "slots", 64, "rounds before a rank's target region is reused")
-	fs.DurationVar(&o.faultEvery, "fault-every", 2*time.Second, "mean time between faults (0: none)")
-	fs.StringVar(&faultsFlag, "faults", "kill,restart,stall", "fault kinds to inject")
-	fs.Uint64Var(&o.seed, "seed", 0, "random seed (0: from the clock)")
-	fs.StringVar(&o.json, "json", "", "also write the summary as JSON to this file")
-	return func() int {
-		var err error
-		if o.block, err = parseSize(blockFlag); err != nil || o.block == 0 {
-			fmt.Fprintf(os.Stderr, "pxn-bench soak: --block %q: want a size > 0\n", blockFlag)
-			return 2
+// ParseFaults reads soak's --faults: a comma list of kill, restart and
+// stall.
+func ParseFaults(s string) ([]string, error) {
+	var faults []string
+	for _, f := range strings.Split(s, ",") {
+		switch f {
+		case "kill", "restart", "stall":
+			faults = append(faults, f)
+		case "":
+		default:
+			return nil, fmt.Errorf("unknown fault %q (want kill, restart, stall)", f)
 		}
-		if o.ranks < 2 || o.ranks > 8 || o.perTarget < 1 || o.slots < 1 {
-			fmt.Fprintln(os.Stderr, "pxn-bench soak: want 2..8 ranks, --per-target and --slots at least 1")
-			return 2
-		}
-		for _, f := range strings.Split(faultsFlag, ",") {
-			switch f {
-			case "kill", "restart", "stall":
-				o.faults = append(o.faults, f)
-			case "":
-			default:
-				fmt.Fprintf(os.Stderr, "pxn-bench soak: unknown fault %q (want kill, restart, stall)\n", f)
-				return 2
-			}
-		}
-		if o.seed == 0 {
-			o.seed = uint64(time.Now().UnixNano())
-		}
-		sum, err := soak(o)
-		if err != nil {
+	}
+	return faults, nil
+}
+
+// SoakMain runs the soak, prints its summary as JSON (and writes it to
+// o.JSON) and returns the command's exit status: 1 on an error or a
+// violation.
+func SoakMain(o SoakOptions) int {
+	sum, err := soak(o)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "pxn-bench soak: %v\n", err)
+		return 1
+	}
+	b, _ := json.MarshalIndent(sum, "", "  ")
+	fmt.Println(string(b))
+	if o.JSON != "" {
+		if err := writeJSON(o.JSON, sum); err != nil {
 			fmt.Fprintf(os.Stderr, "pxn-bench soak: %v\n", err)
 			return 1
 		}
-		b, _ := json.MarshalIndent(sum, "", "  ")
-		fmt.Println(string(b))
-		if o.json != "" {
-			if err := writeJSON(o.json, sum); err != nil {
-				fmt.Fprintf(os.Stderr, "pxn-bench soak: %v\n", err)
-				return 1
-			}
-		}
-		if len(sum.Violations) > 0 {
-			return 1
-		}
-		return 0
 	}
+	if len(sum.Violations) > 0 {
+		return 1
+	}
+	return 0
 }
 
 // soaker is the soak's parent: the targets, the registry and the ranks.
 type soaker struct {
-	o       soakOptions
+	o       SoakOptions
 	exe     string
 	env     []string
 	dirPath string
@@ -142,17 +125,17 @@ type soaker struct {
 	stop    chan struct{}
 
 	mu      sync.Mutex
-	sum     soakSummary
+	sum     SoakSummary
 	procs   []*soakChild
 	killed  map[int]bool
 	restart []bool
 	nextSd  uint64
 }
 
-func soak(o soakOptions) (*soakSummary, error) {
-	s := &soaker{o: o, stop: make(chan struct{}), killed: map[int]bool{}, restart: make([]bool, o.ranks),
-		procs: make([]*soakChild, o.ranks), nextSd: o.seed << 20}
-	s.sum = soakSummary{Ranks: o.ranks, Faults: map[string]int{}, FailReasons: map[string]int{}, Violations: []string{}}
+func soak(o SoakOptions) (*SoakSummary, error) {
+	s := &soaker{o: o, stop: make(chan struct{}), killed: map[int]bool{}, restart: make([]bool, o.Ranks),
+		procs: make([]*soakChild, o.Ranks), nextSd: o.Seed << 20}
+	s.sum = SoakSummary{Ranks: o.Ranks, Faults: map[string]int{}, FailReasons: map[string]int{}, Violations: []string{}}
 	var err error
 	if s.exe, err = os.Executable(); err != nil {
 		return nil, err
@@ -178,9 +161,9 @@ func soak(o soakOptions) (*soakSummary, error) {
 	if err != nil {
 		return nil, err
 	}
-	region := uint64(o.ranks*o.slots*o.perTarget) * o.block
+	region := uint64(o.Ranks*o.Slots*o.PerTarget) * o.Block
 	var list []fabric.StaticTarget
-	for k := 0; k < o.ranks; k++ {
+	for k := 0; k < o.Ranks; k++ {
 		buf, err := mapBuffer(region)
 		if err != nil {
 			return nil, err
@@ -200,7 +183,7 @@ func soak(o soakOptions) (*soakSummary, error) {
 	if err := writeJSON(s.dirPath, dir); err != nil {
 		return nil, err
 	}
-	rm, err := contract.EncodeRailMap(railMap(o.ranks))
+	rm, err := contract.EncodeRailMap(railMap(o.Ranks))
 	if err != nil {
 		return nil, err
 	}
@@ -209,7 +192,7 @@ func soak(o soakOptions) (*soakSummary, error) {
 
 	start := time.Now()
 	var wg sync.WaitGroup
-	for r := 0; r < o.ranks; r++ {
+	for r := 0; r < o.Ranks; r++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -221,7 +204,7 @@ func soak(o soakOptions) (*soakSummary, error) {
 		defer close(injected)
 		s.inject()
 	}()
-	time.Sleep(o.duration)
+	time.Sleep(o.Duration)
 	close(s.stop)
 	<-injected
 	wg.Wait()
@@ -315,9 +298,9 @@ func (s *soaker) runRank(r int) {
 }
 
 func (s *soaker) startRank(r int) (*soakChild, error) {
-	c, err := startSoakChild(s.exe, s.env, "soak-rank", "--index", strconv.Itoa(r), "--ranks", strconv.Itoa(s.o.ranks),
-		"--directory", s.dirPath, "--block", strconv.FormatUint(s.o.block, 10), "--per-target", strconv.Itoa(s.o.perTarget),
-		"--slots", strconv.Itoa(s.o.slots))
+	c, err := startSoakChild(s.exe, s.env, "soak-rank", "--index", strconv.Itoa(r), "--ranks", strconv.Itoa(s.o.Ranks),
+		"--directory", s.dirPath, "--block", strconv.FormatUint(s.o.Block, 10), "--per-target", strconv.Itoa(s.o.PerTarget),
+		"--slots", strconv.Itoa(s.o.Slots))
 	if err != nil {
 		return nil, err
 	}
@@ -398,26 +381,26 @@ func (s *soaker) check(r, round int, seed uint64, res *soakMsg) {
 // fixes the sequence of kinds whatever the timing: a fault whose rank is
 // down (killed, restarting) goes to the next rank up.
 func (s *soaker) inject() {
-	if s.o.faultEvery <= 0 || len(s.o.faults) == 0 {
+	if s.o.FaultEvery <= 0 || len(s.o.Faults) == 0 {
 		<-s.stop
 		return
 	}
-	rng := rand.New(rand.NewPCG(s.o.seed, 0x50a1))
+	rng := rand.New(rand.NewPCG(s.o.Seed, 0x50a1))
 	for {
-		wait := time.Duration(rng.Int64N(int64(2 * s.o.faultEvery)))
+		wait := time.Duration(rng.Int64N(int64(2 * s.o.FaultEvery)))
 		select {
 		case <-s.stop:
 			return
 		case <-time.After(wait):
 		}
-		r := rng.IntN(s.o.ranks)
-		f := s.o.faults[rng.IntN(len(s.o.faults))]
+		r := rng.IntN(s.o.Ranks)
+		f := s.o.Faults[rng.IntN(len(s.o.Faults))]
 		stall := time.Duration(200+rng.IntN(2300)) * time.Millisecond
 		var c *soakChild
 		s.mu.Lock()
-		for i := range s.o.ranks {
-			if p := s.procs[(r+i)%s.o.ranks]; p != nil && p.alive() {
-				r, c = (r+i)%s.o.ranks, p
+		for i := range s.o.Ranks {
+			if p := s.procs[(r+i)%s.o.Ranks]; p != nil && p.alive() {
+				r, c = (r+i)%s.o.Ranks, p
 				break
 			}
 		}
@@ -602,24 +585,26 @@ func problems(s string) string {
 	return strings.Join(keep, "\n")
 }
 
-// soakRankMain is one rank of a soak: "round <n> <seed>" writes the round's
+// SoakRankOptions are a soak rank's flags, set by the soak.
+type SoakRankOptions struct {
+	Index     int
+	Ranks     int
+	Directory string
+	Block     uint64
+	PerTarget int
+	Slots     int
+}
+
+// SoakRankMain is one rank of a soak: "round <n> <seed>" writes the round's
 // all-to-all requests with the pattern of seed and reports every task;
 // "exit" closes the engine.
-func soakRankMain(fs *pflag.FlagSet) func() int {
-	index := fs.Int("index", 0, "rank index (its rail)")
-	ranks := fs.Int("ranks", 2, "ranks of the soak")
-	dirPath := fs.String("directory", "", "directory file")
-	block := fs.Uint64("block", 64<<10, "request size")
-	perTarget := fs.Int("per-target", 4, "requests per target per round")
-	slots := fs.Int("slots", 64, "rounds before a target region is reused")
-	return func() int {
-		out := json.NewEncoder(os.Stdout)
-		if err := runSoakRank(out, *index, *ranks, *dirPath, *block, *perTarget, *slots); err != nil {
-			_ = out.Encode(soakMsg{Event: "error", Error: err.Error()})
-			return 1
-		}
-		return 0
+func SoakRankMain(o SoakRankOptions) int {
+	out := json.NewEncoder(os.Stdout)
+	if err := runSoakRank(out, o.Index, o.Ranks, o.Directory, o.Block, o.PerTarget, o.Slots); err != nil {
+		_ = out.Encode(soakMsg{Event: "error", Error: err.Error()})
+		return 1
 	}
+	return 0
 }
 
 // soakHopDepth is a soak rank's TCP hop queue depth: a round's requests

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package main
+package bench
 
 import (
 	"encoding/json"
@@ -12,8 +12,8 @@ import (
 	"text/tabwriter"
 )
 
-// row is one line of the table and of the JSON output.
-type row struct {
+// Row is one line of the table and of the JSON output.
+type Row struct {
 	Scenario      string  `json:"scenario"`
 	Bytes         uint64  `json:"bytes"`
 	Pieces        uint64  `json:"pieces"`
@@ -39,7 +39,7 @@ type row struct {
 
 // printRows prints rows as a table; rows of the CUDA path get an MPS
 // column, and the engine settings the flags changed follow the table.
-func printRows(w io.Writer, rows []row) {
+func printRows(w io.Writer, rows []Row) {
 	if len(rows) == 0 {
 		return
 	}
@@ -115,8 +115,8 @@ var sizeUnits = []struct {
 	mult   uint64
 }{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}}
 
-// parseSize reads 4096, 10KiB, 8MiB, 1GiB (binary units).
-func parseSize(s string) (uint64, error) {
+// ParseSize reads 4096, 10KiB, 8MiB, 1GiB (binary units).
+func ParseSize(s string) (uint64, error) {
 	s = strings.TrimSpace(s)
 	mult := uint64(1)
 	for _, u := range sizeUnits {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package main
+package bench
 
 import (
 	"fmt"
@@ -72,7 +72,7 @@ func joinTimes(ranks [][]relay.PieceTimes) [][2]relay.PieceTimes {
 // stepRows are one row a step of pieceSteps: the median gap over the
 // Pieces (last only: the latest Piece alone, as for the first write after
 // idle), and the whole way from Submit to the sender's reap.
-func stepRows(prefix, what string, pieces [][2]relay.PieceTimes, last bool) []row {
+func stepRows(prefix, what string, pieces [][2]relay.PieceTimes, last bool) []Row {
 	if len(pieces) == 0 {
 		return nil
 	}
@@ -90,10 +90,10 @@ func stepRows(prefix, what string, pieces [][2]relay.PieceTimes, last bool) []ro
 	if last {
 		note = "times the sender and the relay recorded (relay.PieceTimes) for that Piece"
 	}
-	var rows []row
+	var rows []Row
 	for _, st := range pieceSteps {
-		rows = append(rows, row{Scenario: prefix + what + " step: " + st.name, Value: median(st.from, st.to), Unit: "µs", Verified: true, Note: note})
+		rows = append(rows, Row{Scenario: prefix + what + " step: " + st.name, Value: median(st.from, st.to), Unit: "µs", Verified: true, Note: note})
 	}
-	rows = append(rows, row{Scenario: prefix + what + " step: the whole way, Submit to the sender's reap", Value: median(pieceSteps[0].from, pieceSteps[len(pieceSteps)-1].to), Unit: "µs", Verified: true, Note: note})
+	rows = append(rows, Row{Scenario: prefix + what + " step: the whole way, Submit to the sender's reap", Value: median(pieceSteps[0].from, pieceSteps[len(pieceSteps)-1].to), Unit: "µs", Verified: true, Note: note})
 	return rows
 }

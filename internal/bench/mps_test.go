@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package main
+package bench
 
 import (
 	"bytes"
@@ -96,7 +96,7 @@ func TestMPSWarning(t *testing.T) {
 // the engine settings the flags changed follow the table.
 func TestRowsSayMPS(t *testing.T) {
 	var b bytes.Buffer
-	printRows(&b, []row{
+	printRows(&b, []Row{
 		{Scenario: "P3 fan-in", Bytes: 1 << 30, GBps: 49.9, Verified: true, MPS: "on", Settings: "MC_PXN_FIRST_PIECE_KIB=8192"},
 		{Scenario: "P10 p50", Value: 95, Unit: "µs", Verified: true, MPS: "on", Settings: "MC_PXN_FIRST_PIECE_KIB=8192"},
 	})
@@ -109,7 +109,7 @@ func TestRowsSayMPS(t *testing.T) {
 		t.Fatalf("settings not printed:\n%s", out)
 	}
 	b.Reset()
-	printRows(&b, []row{{Scenario: "cross-rail", Bytes: 1 << 20, Verified: true}})
+	printRows(&b, []Row{{Scenario: "cross-rail", Bytes: 1 << 20, Verified: true}})
 	if strings.Contains(b.String(), "MPS") {
 		t.Fatalf("a host-path table with an MPS column:\n%s", b.String())
 	}

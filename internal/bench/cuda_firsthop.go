@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package main
+package bench
 
 import (
 	"errors"
@@ -11,8 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/spf13/pflag"
 
 	"github.com/pxn-project/pxn/internal/cuda"
 	"github.com/pxn-project/pxn/pkg/gpu"
@@ -26,33 +24,35 @@ type firsthopMode struct {
 	opts gpu.CopierOptions
 }
 
-// cudaFirsthopMain measures P2: the first hop alone, through a real
+// FirsthopOptions are the P2 ring's flags, set by run --suite p2: the
+// relay's and the sender's GPU, the entry sizes and SM launch shapes (comma
+// lists), the timed and the verified warm-up Pieces per mode, and the
+// gather kernel's PTX file ("": the embedded one).
+type FirsthopOptions struct {
+	RelayGPU, SenderGPU int
+	Sizes, Shapes       string
+	Pieces, Warm        int
+	GatherPTX           string
+}
+
+// FirsthopMain measures P2: the first hop alone, through a real
 // two-process ring (ringcheck: an 18-slot lane, doorbells, credit), for
 // Pieces of 8 MiB cut into entries of one size, moved by the copy engines'
 // batch copy, by the SM gather kernel and by the automatic choice, each
 // against a raw contiguous copy-engine copy of 8 MiB Pieces in the same
 // processes. The first warm-up Pieces of every mode are checked byte for
 // byte by the relay process; the timed ones are not.
-func cudaFirsthopMain(fs *pflag.FlagSet) func() int {
-	relayGPU := fs.Int("relay-gpu", 0, "the relay's GPU")
-	senderGPU := fs.Int("sender-gpu", 1, "the sender's GPU")
-	sizes := fs.String("sizes", "2KiB,16KiB,128KiB,256KiB,512KiB,1MiB,8MiB", "entry sizes")
-	pieces := fs.Int("pieces", 256, "timed Pieces per mode")
-	warm := fs.Int("warm", 2*staging.SlotsPerLane, "verified warm-up Pieces per mode")
-	shapes := fs.String("shapes", "8x1024x2,8x512x2,16x1024x1,16x512x1", "SM launch shapes (blocks x threads x streams); the first is the copier's default")
-	ptxPath := fs.String("gather-ptx", "", "gather kernel PTX file (default: embedded)")
-	return func() int {
-		rows, err := runFirsthop(*relayGPU, *senderGPU, *sizes, *shapes, *pieces, *warm, *ptxPath)
-		if err != nil {
-			emit(event{Event: "error", Error: err.Error()})
-			return 1
-		}
-		emit(event{Event: "rows", Rows: rows})
-		return 0
+func FirsthopMain(o FirsthopOptions) int {
+	rows, err := runFirsthop(o.RelayGPU, o.SenderGPU, o.Sizes, o.Shapes, o.Pieces, o.Warm, o.GatherPTX)
+	if err != nil {
+		emit(event{Event: "error", Error: err.Error()})
+		return 1
 	}
+	emit(event{Event: "rows", Rows: rows})
+	return 0
 }
 
-func runFirsthop(relayGPU, senderGPU int, sizeList, shapeList string, pieces, warm int, ptxPath string) ([]row, error) {
+func runFirsthop(relayGPU, senderGPU int, sizeList, shapeList string, pieces, warm int, ptxPath string) ([]Row, error) {
 	runtime.LockOSThread()
 	var ptx []byte
 	if ptxPath != "" {
@@ -91,9 +91,9 @@ func runFirsthop(relayGPU, senderGPU int, sizeList, shapeList string, pieces, wa
 		return nil, err
 	}
 	defer os.RemoveAll(shm)
-	var rows []row
+	var rows []Row
 	for _, s := range strings.Split(sizeList, ",") {
-		size, err := parseSize(s)
+		size, err := ParseSize(s)
 		if err != nil || size == 0 || staging.SlotSize%size != 0 || staging.SlotSize/size > staging.MaxPlans {
 			return rows, fmt.Errorf("--sizes: %q does not cut an 8 MiB Piece into at most %d equal entries", s, staging.MaxPlans)
 		}
@@ -112,7 +112,7 @@ func runFirsthop(relayGPU, senderGPU int, sizeList, shapeList string, pieces, wa
 	return rows, nil
 }
 
-func firsthopSize(d *cuda.Driver, exe string, cfg ringcheck.Config, modes []firsthopMode, warm, pieces int) (rows []row, err error) {
+func firsthopSize(d *cuda.Driver, exe string, cfg ringcheck.Config, modes []firsthopMode, warm, pieces int) (rows []Row, err error) {
 	rp, err := ringcheck.StartRelay(exe, nil, cfg)
 	if err != nil {
 		return nil, err
@@ -158,7 +158,7 @@ func firsthopSize(d *cuda.Driver, exe string, cfg ringcheck.Config, modes []firs
 			return rows, fmt.Errorf("%s: %w", m.name, err)
 		}
 		st, gi := s.Copier().Stats(), s.Copier().Gather()
-		r := row{
+		r := Row{
 			Scenario: fmt.Sprintf("P2 first hop, 8MiB Pieces of %d × %s entries, %s", cfg.Entries, sizeString(size), m.name),
 			Bytes:    bytes, Pieces: uint64(pieces), GBps: gbpsOf(bytes, t.Seconds()), USPerPiece: t.Seconds() * 1e6 / float64(pieces),
 			Baseline: "raw CE copy, 8MiB contiguous", BaselineGBps: raw,
@@ -167,7 +167,7 @@ func firsthopSize(d *cuda.Driver, exe string, cfg ringcheck.Config, modes []firs
 		r.Ratio = r.GBps / raw
 		rows = append(rows, r)
 	}
-	rows = append(rows, row{Scenario: fmt.Sprintf("P2 baseline for %s entries: raw CE copy, 8MiB contiguous", sizeString(size)), Bytes: bytes,
+	rows = append(rows, Row{Scenario: fmt.Sprintf("P2 baseline for %s entries: raw CE copy, 8MiB contiguous", sizeString(size)), Bytes: bytes,
 		Pieces: uint64(pieces), GBps: raw, USPerPiece: rawT.Seconds() * 1e6 / float64(pieces)})
 	return rows, nil
 }

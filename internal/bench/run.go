@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package main
+package bench
 
 import (
 	"fmt"
@@ -19,52 +19,53 @@ import (
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
-type runOptions struct {
-	device  string
-	ranks   int
-	bytes   uint64
-	block   uint64
-	pattern string
-	json    string
-	credit  string
-	// perSubmit is the number of requests per Submit (0: the device's
+// RunOptions are run's flags.
+type RunOptions struct {
+	Device  string
+	Ranks   int
+	Bytes   uint64
+	Block   uint64
+	Pattern string
+	JSON    string
+	Credit  string
+	// PerSubmit is the number of requests per Submit (0: the device's
 	// default).
-	perSubmit int
-	cuda      cudaOptions
-	kv        kvOptions
-	// registryRoot is the folder the ranks' registry folder is made in.
-	registryRoot string
-	// allocPass repeats the engine phase's transfer once more, only to
+	PerSubmit int
+	CUDA      CUDAOptions
+	KV        KVOptions
+	// RegistryRoot is the folder the ranks' registry folder is made in.
+	RegistryRoot string
+	// AllocPass repeats the engine phase's transfer once more, only to
 	// count heap allocations in steady state.
-	allocPass bool
-	// firstPiece is the ranks' MC_PXN_FIRST_PIECE_KIB ("": the engine's
+	AllocPass bool
+	// FirstPiece is the ranks' MC_PXN_FIRST_PIECE_KIB ("": the engine's
 	// default).
-	firstPiece string
-	out        io.Writer
-	// errOut takes warnings; getenv reads this process's environment.
-	errOut io.Writer
-	getenv func(string) string
-	// pidns starts each rank in a PID and mount namespace of its own.
-	pidns bool
-	// holdAfter keeps the engine phase's ranks registered, idle, for this
+	FirstPiece string
+	Out        io.Writer
+	// ErrOut takes warnings; Getenv reads this process's environment.
+	ErrOut io.Writer
+	Getenv func(string) string
+	// PIDNS starts each rank in a PID and mount namespace of its own.
+	PIDNS bool
+	// HoldAfter keeps the engine phase's ranks registered, idle, for this
 	// long after their last step, so that a scraper sees their counters.
-	holdAfter time.Duration
+	HoldAfter time.Duration
 }
 
-// cudaOptions are run's flags for --device cuda.
-type cudaOptions struct {
-	suite     string
-	gpus      string
-	rate      float64
-	raw       bool
-	latency   int
-	gatherPTX string
-	copyMode  string
-	// pollSpin and pollNap replace the pump's poll policy (zero: the
+// CUDAOptions are run's flags for --device cuda.
+type CUDAOptions struct {
+	Suite     string
+	GPUs      string
+	Rate      float64
+	Raw       bool
+	Latency   int
+	GatherPTX string
+	CopyMode  string
+	// PollSpin and PollNap replace the pump's poll policy (zero: the
 	// copier's default), to measure the trade-off of CPU and latency.
-	pollSpin, pollNap time.Duration
-	// arenaShare is how each rank shares its device arena (auto, fd, ipc).
-	arenaShare string
+	PollSpin, PollNap time.Duration
+	// ArenaShare is how each rank shares its device arena (auto, fd, ipc).
+	ArenaShare string
 }
 
 // scenario is one traffic pattern run on a device: the ranks and targets
@@ -94,7 +95,7 @@ type scenario struct {
 	reps int
 	note string
 	// kv, when set, makes the requests KV-cache-shaped (pattern "kv").
-	kv *kvOptions
+	kv *KVOptions
 	// hold keeps the engine phase's ranks open after their last step.
 	hold time.Duration
 }
@@ -119,52 +120,56 @@ type device struct {
 	pidns bool
 }
 
-func run(o runOptions) ([]row, error) {
+// Run runs one traffic pattern, or with CUDA.Suite the CUDA performance
+// suites, each rank and target a process of this binary (its rank and
+// target commands). It prints each scenario's rows to o.Out as soon as the
+// scenario ends (and rewrites o.JSON), and returns every row.
+func Run(o RunOptions) ([]Row, error) {
 	dev, err := openDevice(o)
 	if err != nil {
 		return nil, err
 	}
-	if dev.pidns = o.pidns; o.pidns {
-		fmt.Fprintln(o.out, "pxn-bench: each rank runs in a PID and mount namespace of its own, with its own /proc")
+	if dev.pidns = o.PIDNS; o.PIDNS {
+		fmt.Fprintln(o.Out, "pxn-bench: each rank runs in a PID and mount namespace of its own, with its own /proc")
 	}
 	var runs []scenario
-	if o.cuda.suite == "" {
-		s := scenario{pattern: o.pattern, ranks: o.ranks, bytes: o.bytes, block: o.block, rate: o.cuda.rate,
-			raw: o.cuda.raw, bare: true, idle: true, again: o.allocPass, latency: o.cuda.latency, hold: o.holdAfter}
-		if o.pattern == "kv" {
-			if o.cuda.raw || o.cuda.latency > 0 || o.allocPass {
+	if o.CUDA.Suite == "" {
+		s := scenario{pattern: o.Pattern, ranks: o.Ranks, bytes: o.Bytes, block: o.Block, rate: o.CUDA.Rate,
+			raw: o.CUDA.Raw, bare: true, idle: true, again: o.AllocPass, latency: o.CUDA.Latency, hold: o.HoldAfter}
+		if o.Pattern == "kv" {
+			if o.CUDA.Raw || o.CUDA.Latency > 0 || o.AllocPass {
 				return nil, fmt.Errorf("--pattern kv: --raw, --latency and --alloc-pass time other traffic; the kv rows time each request")
 			}
-			s.kv, s.idle = &o.kv, false
+			s.kv, s.idle = &o.KV, false
 		}
 		if dev.kind == "cuda" {
 			s.warm, s.p6 = true, true
-			if s.gpus, err = rankGPUs(o.cuda.gpus, o.ranks, dev.ngpu); err != nil {
+			if s.gpus, err = rankGPUs(o.CUDA.GPUs, o.Ranks, dev.ngpu); err != nil {
 				return nil, err
 			}
 		}
 		runs = append(runs, s)
 	}
 	var want map[string]bool
-	if o.cuda.suite != "" {
+	if o.CUDA.Suite != "" {
 		if dev.kind != "cuda" {
-			return nil, fmt.Errorf("--suite %q: the performance suites run on --device cuda", o.cuda.suite)
+			return nil, fmt.Errorf("--suite %q: the performance suites run on --device cuda", o.CUDA.Suite)
 		}
-		if want, err = parseSuite(o.cuda.suite); err != nil {
+		if want, err = parseSuite(o.CUDA.Suite); err != nil {
 			return nil, err
 		}
 		runs = suiteRuns(want, dev.ngpu)
 	}
 	if dev.kind == "cuda" {
 		if w := mpsWarning(dev.mps, runs); w != "" {
-			fmt.Fprintln(o.errOut, w)
+			fmt.Fprintln(o.ErrOut, w)
 		}
 	}
 	// Each scenario's rows are printed, and the JSON file rewritten, as
 	// soon as the scenario ends: a run cut short by a time limit keeps
 	// what it measured.
-	var rows []row
-	emitRows := func(rs []row) error {
+	var rows []Row
+	emitRows := func(rs []Row) error {
 		for i := range rs {
 			rs[i].Settings = o.rankSettings()
 			if dev.kind == "cuda" {
@@ -172,19 +177,19 @@ func run(o runOptions) ([]row, error) {
 			}
 		}
 		rows = append(rows, rs...)
-		printRows(o.out, rs)
-		if o.json != "" {
-			return writeJSON(o.json, rows)
+		printRows(o.Out, rs)
+		if o.JSON != "" {
+			return writeJSON(o.JSON, rows)
 		}
 		return nil
 	}
 	for _, s := range runs {
 		t0 := time.Now()
 		rs, err := dev.exec(o, s)
-		if o.cuda.suite != "" {
+		if o.CUDA.Suite != "" {
 			// A suite's step has a time limit: each scenario's time says
 			// which one to shorten when a step runs out.
-			fmt.Fprintf(o.errOut, "pxn-bench: %s took %.1f s\n", dev.title(s), time.Since(t0).Seconds())
+			fmt.Fprintf(o.ErrOut, "pxn-bench: %s took %.1f s\n", dev.title(s), time.Since(t0).Seconds())
 		}
 		if err != nil {
 			if s.id != "" {
@@ -210,37 +215,37 @@ func run(o runOptions) ([]row, error) {
 
 // rankEnv are the MC_PXN_* settings the flags give every rank beyond what
 // a scenario sets itself.
-func (o runOptions) rankEnv() []string {
+func (o RunOptions) rankEnv() []string {
 	var e []string
-	if o.credit != "" {
-		e = append(e, contract.EnvCreditTimeout+"="+o.credit)
+	if o.Credit != "" {
+		e = append(e, contract.EnvCreditTimeout+"="+o.Credit)
 	}
-	if o.cuda.copyMode != "" {
-		e = append(e, contract.EnvCopyMode+"="+o.cuda.copyMode)
+	if o.CUDA.CopyMode != "" {
+		e = append(e, contract.EnvCopyMode+"="+o.CUDA.CopyMode)
 	}
-	if o.firstPiece != "" {
-		e = append(e, contract.EnvFirstPiece+"="+o.firstPiece)
+	if o.FirstPiece != "" {
+		e = append(e, contract.EnvFirstPiece+"="+o.FirstPiece)
 	}
 	return e
 }
 
 // rankSettings names, for the rows, what the flags changed in the ranks'
 // engines ("" for the defaults).
-func (o runOptions) rankSettings() string {
+func (o RunOptions) rankSettings() string {
 	e := o.rankEnv()
-	if o.cuda.pollSpin != 0 || o.cuda.pollNap != 0 {
-		e = append(e, "poll spin "+o.cuda.pollSpin.String()+", nap "+o.cuda.pollNap.String())
+	if o.CUDA.PollSpin != 0 || o.CUDA.PollNap != 0 {
+		e = append(e, "poll spin "+o.CUDA.PollSpin.String()+", nap "+o.CUDA.PollNap.String())
 	}
 	return strings.Join(e, " ")
 }
 
 // openDevice checks that the device can run and prints what stands in for
 // what.
-func openDevice(o runOptions) (*device, error) {
-	switch o.device {
+func openDevice(o RunOptions) (*device, error) {
+	switch o.Device {
 	case "host":
-		fmt.Fprintf(o.out, "pxn-bench: host-memory path: %d ranks as processes, host memory stands in for GPU memory, a TCP hop on loopback stands in for RDMA\n", o.ranks)
-		root := o.registryRoot
+		fmt.Fprintf(o.Out, "pxn-bench: host-memory path: %d ranks as processes, host memory stands in for GPU memory, a TCP hop on loopback stands in for RDMA\n", o.Ranks)
+		root := o.RegistryRoot
 		if root == "" {
 			root = "/dev/shm"
 			if st, err := os.Stat(root); err != nil || !st.IsDir() {
@@ -250,7 +255,7 @@ func openDevice(o runOptions) (*device, error) {
 		return &device{kind: "host", hop: "hop", registry: root, startup: time.Minute}, nil
 	case "cuda":
 	default:
-		return nil, fmt.Errorf("--device %q: want host or cuda", o.device)
+		return nil, fmt.Errorf("--device %q: want host or cuda", o.Device)
 	}
 	d, err := cuda.Load()
 	if err != nil {
@@ -274,11 +279,11 @@ func openDevice(o runOptions) (*device, error) {
 		names = append(names, name)
 	}
 	drv := d.Version()
-	fmt.Fprintf(o.out, "pxn-bench: CUDA path: %d GPUs (%s), driver CUDA %d.%d; ranks and targets are processes, rails are simulated, the second hop is an emulated NIC (writes into the target processes' device buffers, one GPU operation per batch of ops, completions paced by a wire of --rate GB/s)\n",
+	fmt.Fprintf(o.Out, "pxn-bench: CUDA path: %d GPUs (%s), driver CUDA %d.%d; ranks and targets are processes, rails are simulated, the second hop is an emulated NIC (writes into the target processes' device buffers, one GPU operation per batch of ops, completions paced by a wire of --rate GB/s)\n",
 		n, strings.Join(names, ", "), drv/1000, drv%1000/10)
-	mps := detectMPS(o.getenv)
-	fmt.Fprintf(o.out, "pxn-bench: MPS %s: %s\n", mps, mps.why)
-	root := o.registryRoot
+	mps := detectMPS(o.Getenv)
+	fmt.Fprintf(o.Out, "pxn-bench: MPS %s: %s\n", mps, mps.why)
+	root := o.RegistryRoot
 	if root == "" {
 		root = "/dev/shm"
 	}
@@ -410,7 +415,7 @@ type phaseResult struct {
 
 // exec runs one scenario: the targets, then the engine phase and the
 // baseline phase against the same targets.
-func (dev *device) exec(o runOptions, s scenario) ([]row, error) {
+func (dev *device) exec(o RunOptions, s scenario) ([]Row, error) {
 	var l *layout
 	var err error
 	if s.kv != nil {
@@ -486,17 +491,17 @@ func (dev *device) exec(o runOptions, s scenario) ([]row, error) {
 	args := func(k int, mode string) []string {
 		a := []string{"rank", "--device", dev.kind, "--index", strconv.Itoa(k), "--gpu", strconv.Itoa(s.gpu(k)), "--layout", layoutPath,
 			"--directory", dirPath, "--nic", nicPath, "--mode", mode, "--rate", strconv.FormatFloat(s.rate, 'g', -1, 64),
-			"--registry", registry, "--latency", strconv.Itoa(s.latency), "--reps", strconv.Itoa(max(s.reps, 1)), "--per-submit", strconv.Itoa(o.perSubmit)}
-		if o.cuda.gatherPTX != "" {
-			a = append(a, "--gather-ptx", o.cuda.gatherPTX)
+			"--registry", registry, "--latency", strconv.Itoa(s.latency), "--reps", strconv.Itoa(max(s.reps, 1)), "--per-submit", strconv.Itoa(o.PerSubmit)}
+		if o.CUDA.GatherPTX != "" {
+			a = append(a, "--gather-ptx", o.CUDA.GatherPTX)
 		}
-		if o.cuda.pollSpin != 0 || o.cuda.pollNap != 0 {
-			a = append(a, "--poll-spin", o.cuda.pollSpin.String(), "--poll-nap", o.cuda.pollNap.String())
+		if o.CUDA.PollSpin != 0 || o.CUDA.PollNap != 0 {
+			a = append(a, "--poll-spin", o.CUDA.PollSpin.String(), "--poll-nap", o.CUDA.PollNap.String())
 		}
-		if o.cuda.arenaShare != "" {
-			a = append(a, "--arena-share", o.cuda.arenaShare)
+		if o.CUDA.ArenaShare != "" {
+			a = append(a, "--arena-share", o.CUDA.ArenaShare)
 		}
-		if o.pidns {
+		if o.PIDNS {
 			a = append(a, "--own-proc")
 		}
 		return a
@@ -613,7 +618,7 @@ func (dev *device) phase(s scenario, l *layout, targets []*child, args func(int,
 		timeout   time.Duration
 		collected func(event)
 	}{
-		{engine && s.kv != nil && s.kv.inflight == 1, "times", time.Minute, func(ev event) { res.kvTimes = append(res.kvTimes, ev.Times) }},
+		{engine && s.kv != nil && s.kv.Inflight == 1, "times", time.Minute, func(ev event) { res.kvTimes = append(res.kvTimes, ev.Times) }},
 		{engine && s.again, "again", 30 * time.Minute, func(ev event) { res.again = append(res.again, *ev.Result) }},
 		{engine && s.raw, "raw", 10 * time.Minute, func(ev event) { res.raws = append(res.raws, *ev.Raw) }},
 		{engine && s.latency > 0, "latency", 10 * time.Minute, func(ev event) { res.lats = append(res.lats, *ev.Latency) }},
@@ -739,7 +744,7 @@ func (dev *device) title(s scenario) string {
 	return fmt.Sprintf("%s%s %d ranks on GPUs [%s], %s, %s", label, s.pattern, s.ranks, strings.Join(where, " "), what, nic)
 }
 
-func (dev *device) summarize(s scenario, l *layout, pxn, bare *phaseResult) []row {
+func (dev *device) summarize(s scenario, l *layout, pxn, bare *phaseResult) []Row {
 	prefix := ""
 	if s.id != "" {
 		prefix = s.id + " "
@@ -754,12 +759,12 @@ func (dev *device) summarize(s scenario, l *layout, pxn, bare *phaseResult) []ro
 		forwarded += rr.Counters.ForwardedPieces
 	}
 	gbps := gbpsOf(bytes, secs)
-	main := row{Scenario: dev.title(s), Bytes: bytes, Pieces: pieces, GBps: gbps, RelayedBytes: relayed, FallbackBytes: fallback,
+	main := Row{Scenario: dev.title(s), Bytes: bytes, Pieces: pieces, GBps: gbps, RelayedBytes: relayed, FallbackBytes: fallback,
 		DirectBytes: direct, Failed: failed, Verified: pxn.verified, Note: s.note}
 	if pieces > 0 {
 		main.USPerPiece = secs * 1e6 / float64(pieces)
 	}
-	var rawRow, bareRow *row
+	var rawRow, bareRow *Row
 	if len(pxn.raws) > 0 {
 		var rb uint64
 		var rs float64
@@ -767,11 +772,11 @@ func (dev *device) summarize(s scenario, l *layout, pxn, bare *phaseResult) []ro
 			rb += x.Bytes
 			rs = max(rs, x.Seconds)
 		}
-		rawRow = &row{Scenario: prefix + "baseline: raw copy-engine copy of the same bytes (cuMemcpyAsync, one stream per sender)", Bytes: rb, GBps: gbpsOf(rb, rs), Verified: pxn.verified}
+		rawRow = &Row{Scenario: prefix + "baseline: raw copy-engine copy of the same bytes (cuMemcpyAsync, one stream per sender)", Bytes: rb, GBps: gbpsOf(rb, rs), Verified: pxn.verified}
 	}
 	if bare != nil {
 		bb, bs, bf := bare.span()
-		bareRow = &row{Scenario: prefix + "baseline: same traffic, " + dev.hop + " alone (" + contract.EnvEnable + "=0)", Bytes: bb, GBps: gbpsOf(bb, bs), DirectBytes: bb, Failed: bf, Verified: bare.verified, Note: bare.verifyErr}
+		bareRow = &Row{Scenario: prefix + "baseline: same traffic, " + dev.hop + " alone (" + contract.EnvEnable + "=0)", Bytes: bb, GBps: gbpsOf(bb, bs), DirectBytes: bb, Failed: bf, Verified: bare.verified, Note: bare.verifyErr}
 	}
 	switch {
 	case s.kv != nil && bareRow != nil:
@@ -799,7 +804,7 @@ func (dev *device) summarize(s scenario, l *layout, pxn, bare *phaseResult) []ro
 	if e := pxn.firstError(); e != "" {
 		main.Note = strings.TrimPrefix(main.Note+"; first failed task: "+e, "; ")
 	}
-	rows := []row{main}
+	rows := []Row{main}
 	if rawRow != nil {
 		rows = append(rows, *rawRow)
 	}
@@ -843,8 +848,8 @@ func fallbackReasons(ranks []rankResult) string {
 	return strings.Join(parts, ", ")
 }
 
-func latencyRows(prefix, hop string, lats []latencyResult) []row {
-	var rows []row
+func latencyRows(prefix, hop string, lats []latencyResult) []Row {
+	var rows []Row
 	for _, l := range lats {
 		if l.N == 0 {
 			continue
@@ -856,19 +861,19 @@ func latencyRows(prefix, hop string, lats []latencyResult) []row {
 			note += "; first error: " + l.FirstError
 		}
 		rows = append(rows,
-			row{Scenario: prefix + "P4 10KiB write through PXN, p50", Value: l.PXN[0], Unit: "µs", Verified: ok, Note: note},
-			row{Scenario: prefix + "P4 10KiB write through PXN, p99", Value: l.PXN[1], Unit: "µs", Verified: ok},
-			row{Scenario: prefix + "P4 10KiB write direct (" + hop + " alone), p50", Value: l.Direct[0], Unit: "µs", Verified: ok},
-			row{Scenario: prefix + "P4 10KiB write direct (" + hop + " alone), p99", Value: l.Direct[1], Unit: "µs", Verified: ok},
-			row{Scenario: prefix + "P4 latency added by PXN, p50", Value: l.PXN[0] - l.Direct[0], Unit: "µs", Verified: ok},
-			row{Scenario: prefix + "P4 latency added by PXN, p99", Value: l.PXN[1] - l.Direct[1], Unit: "µs", Verified: ok},
+			Row{Scenario: prefix + "P4 10KiB write through PXN, p50", Value: l.PXN[0], Unit: "µs", Verified: ok, Note: note},
+			Row{Scenario: prefix + "P4 10KiB write through PXN, p99", Value: l.PXN[1], Unit: "µs", Verified: ok},
+			Row{Scenario: prefix + "P4 10KiB write direct (" + hop + " alone), p50", Value: l.Direct[0], Unit: "µs", Verified: ok},
+			Row{Scenario: prefix + "P4 10KiB write direct (" + hop + " alone), p99", Value: l.Direct[1], Unit: "µs", Verified: ok},
+			Row{Scenario: prefix + "P4 latency added by PXN, p50", Value: l.PXN[0] - l.Direct[0], Unit: "µs", Verified: ok},
+			Row{Scenario: prefix + "P4 latency added by PXN, p99", Value: l.PXN[1] - l.Direct[1], Unit: "µs", Verified: ok},
 		)
 	}
 	return rows
 }
 
-func pumpRows(prefix string, p *phaseResult, pieces, forwarded uint64) []row {
-	var rows []row
+func pumpRows(prefix string, p *phaseResult, pieces, forwarded uint64) []Row {
+	var rows []Row
 	if len(p.idle) > 0 {
 		var idle float64
 		var runs uint64
@@ -890,7 +895,7 @@ func pumpRows(prefix string, p *phaseResult, pieces, forwarded uint64) []row {
 				firstErr = i.FirstError
 			}
 		}
-		rows = append(rows, row{Scenario: prefix + fmt.Sprintf("P5 pump CPU while idle (busiest rank, %v)", idleWindow), Value: idle, Unit: "% of a core", Verified: true,
+		rows = append(rows, Row{Scenario: prefix + fmt.Sprintf("P5 pump CPU while idle (busiest rank, %v)", idleWindow), Value: idle, Unit: "% of a core", Verified: true,
 			Note: fmt.Sprintf("%d pump wake-ups in the window (schedstat)", runs)})
 		if first > 0 {
 			var steady, steadyDirect float64
@@ -898,14 +903,14 @@ func pumpRows(prefix string, p *phaseResult, pieces, forwarded uint64) []row {
 				steady = max(steady, l.PXN[0])
 				steadyDirect = max(steadyDirect, l.Direct[0])
 			}
-			r := row{Scenario: prefix + fmt.Sprintf("P4 first 10KiB write through PXN after %v idle", idleWindow), Value: first, Unit: "µs", Verified: firstErr == "", Note: firstErr}
+			r := Row{Scenario: prefix + fmt.Sprintf("P4 first 10KiB write through PXN after %v idle", idleWindow), Value: first, Unit: "µs", Verified: firstErr == "", Note: firstErr}
 			if steady > 0 {
 				r.Baseline, r.Ratio = fmt.Sprintf("steady-state p50 of the same write, %.1f µs", steady), first/steady
 				r.Note = strings.TrimPrefix(r.Note+fmt.Sprintf("; %.2f × the steady-state p50 of the same write (%.1f µs); one write per sender, the slowest; its Submit call %.1f µs", first/steady, steady, firstSubmit), "; ")
 			}
 			rows = append(rows, r)
 			if direct > 0 {
-				d := row{Scenario: prefix + fmt.Sprintf("P4 first 10KiB write direct after %v idle", idleWindow), Value: direct, Unit: "µs", Verified: firstErr == "",
+				d := Row{Scenario: prefix + fmt.Sprintf("P4 first 10KiB write direct after %v idle", idleWindow), Value: direct, Unit: "µs", Verified: firstErr == "",
 					Note: "the same write on a direct hop of its own, warmed and then idle as long: the part of the write after idle that is not the engine's"}
 				if steadyDirect > 0 {
 					d.Baseline, d.Ratio = fmt.Sprintf("steady-state p50 of the direct write, %.1f µs", steadyDirect), direct/steadyDirect
@@ -934,14 +939,14 @@ func pumpRows(prefix string, p *phaseResult, pieces, forwarded uint64) []row {
 	}
 	note := "pump thread CPU (schedstat) over the phase's timed transfer, as the parent timed it"
 	if relayBusy > 0 {
-		rows = append(rows, row{Scenario: prefix + "P5 pump CPU while busy, relay rank", Value: relayBusy, Unit: "% of a core", Verified: true, Note: note})
+		rows = append(rows, Row{Scenario: prefix + "P5 pump CPU while busy, relay rank", Value: relayBusy, Unit: "% of a core", Verified: true, Note: note})
 	}
 	if sendBusy > 0 {
-		rows = append(rows, row{Scenario: prefix + "P5 pump CPU while busy, busiest sender", Value: sendBusy, Unit: "% of a core", Verified: true})
+		rows = append(rows, Row{Scenario: prefix + "P5 pump CPU while busy, busiest sender", Value: sendBusy, Unit: "% of a core", Verified: true})
 	}
 	if n := pieces + forwarded; n > 0 {
-		rows = append(rows, row{Scenario: prefix + "P5 pump CPU per piece (sender and relay pieces)", Value: cpu * 1e6 / float64(n), Unit: "µs", Pieces: n, Verified: true},
-			row{Scenario: prefix + "P5 pump wake-ups per piece (sender and relay, schedstat)", Value: float64(runs) / float64(n), Unit: "runs", Pieces: n, Verified: true,
+		rows = append(rows, Row{Scenario: prefix + "P5 pump CPU per piece (sender and relay pieces)", Value: cpu * 1e6 / float64(n), Unit: "µs", Pieces: n, Verified: true},
+			Row{Scenario: prefix + "P5 pump wake-ups per piece (sender and relay, schedstat)", Value: float64(runs) / float64(n), Unit: "runs", Pieces: n, Verified: true,
 				Note: fmt.Sprintf("sleeps on the wake word %.2f a piece, %.2f of them ended by a waker", float64(sleeps)/float64(n), float64(wakes)/float64(n))})
 	}
 	var mallocs uint64
@@ -959,12 +964,12 @@ func pumpRows(prefix string, p *phaseResult, pieces, forwarded uint64) []row {
 		}
 	}
 	if n := pieces + forwarded; n > 0 {
-		rows = append(rows, row{Scenario: allocs, Value: float64(mallocs) / float64(n), Unit: "allocs", Pieces: n, Verified: true})
+		rows = append(rows, Row{Scenario: allocs, Value: float64(mallocs) / float64(n), Unit: "allocs", Pieces: n, Verified: true})
 	}
 	return rows
 }
 
-func p6Rows(prefix string, pxn, bare *phaseResult) []row {
+func p6Rows(prefix string, pxn, bare *phaseResult) []Row {
 	var mem, threads, gor, shm, onMem int64
 	for _, o := range bare.opens {
 		mem = maxAbs(mem, o.DeviceBytes)
@@ -977,7 +982,7 @@ func p6Rows(prefix string, pxn, bare *phaseResult) []row {
 	}
 	ok := mem == 0 && threads == 0 && gor == 0 && shm == 0
 	note := fmt.Sprintf("with "+contract.EnvEnable+"=1 the same open took %s of device memory", sizeString(uint64(max(onMem, 0))))
-	return []row{
+	return []Row{
 		{Scenario: prefix + "P6 " + contract.EnvEnable + "=0: device memory taken by the open (cuMemGetInfo, largest of the ranks)", Value: float64(mem), Unit: "bytes", Verified: ok, Note: note},
 		{Scenario: prefix + "P6 " + contract.EnvEnable + "=0: extra threads", Value: float64(threads), Unit: "threads", Verified: ok},
 		{Scenario: prefix + "P6 " + contract.EnvEnable + "=0: extra goroutines", Value: float64(gor), Unit: "goroutines", Verified: ok},
@@ -986,11 +991,11 @@ func p6Rows(prefix string, pxn, bare *phaseResult) []row {
 }
 
 // firsthop runs P2 in a child process (the parent keeps no CUDA context).
-func (dev *device) firsthop(o runOptions) ([]row, error) {
+func (dev *device) firsthop(o RunOptions) ([]Row, error) {
 	sender := min(1, dev.ngpu-1)
 	args := []string{"cuda-firsthop", "--relay-gpu", "0", "--sender-gpu", strconv.Itoa(sender)}
-	if o.cuda.gatherPTX != "" {
-		args = append(args, "--gather-ptx", o.cuda.gatherPTX)
+	if o.CUDA.GatherPTX != "" {
+		args = append(args, "--gather-ptx", o.CUDA.GatherPTX)
 	}
 	c, err := startChild("first-hop ring", nil, args...)
 	if err != nil {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package main
+package bench
 
 import (
 	"errors"
@@ -14,6 +14,25 @@ type targetDevice interface {
 	// reset zeroes the buffer for the next phase.
 	reset() error
 	close() error
+}
+
+// TargetOptions are a target process's flags, set by the parent: its
+// device, its rail, its GPU on the CUDA path and the layout file.
+type TargetOptions struct {
+	Device string
+	Index  int
+	GPU    int
+	Layout string
+}
+
+// TargetMain is one remote target of a run; it returns the command's exit
+// status.
+func TargetMain(o TargetOptions) int {
+	if err := runTarget(o.Device, o.Index, o.GPU, o.Layout); err != nil {
+		emit(event{Event: "error", Error: err.Error()})
+		return 1
+	}
+	return 0
 }
 
 // runTarget is a target process: it reports where the ranks' hops reach
