@@ -180,11 +180,7 @@ func chunkEnd(reqs []Request, lo int, at, limit uint64) (end int, n uint64) {
 // its groups are the chunk's own.
 func (e *Engine) submitChunk(b *Batch, reqs []Request, lo, hi int, routes *routeTable, sc *submitScratch) {
 	began := unixNow()
-	sc.last = nil
-	sc.direct = sc.direct[:0]
-	clear(sc.groups)
-	clear(sc.order)
-	sc.order = sc.order[:0]
+	sc.resetGroups()
 	for i := lo; i < hi; i++ {
 		r := &reqs[i]
 		if r.Len == 0 {

@@ -167,13 +167,20 @@ func (p *scratchPool) get() *submitScratch {
 	return &submitScratch{groups: make(map[groupKey]*group)}
 }
 
-func (p *scratchPool) put(s *submitScratch) {
-	s.devLo, s.devHi = 0, 0
-	s.toSession, s.toLo, s.toHi, s.toLane, s.last = "", 0, 0, nil, nil
+// resetGroups forgets a chunk's groups and direct requests; the caches
+// (the source allocation, the target's lane) stay.
+func (s *submitScratch) resetGroups() {
+	s.last = nil
 	s.direct = s.direct[:0]
 	clear(s.groups)
 	clear(s.order)
 	s.order = s.order[:0]
+}
+
+func (p *scratchPool) put(s *submitScratch) {
+	s.devLo, s.devHi = 0, 0
+	s.toSession, s.toLo, s.toHi, s.toLane = "", 0, 0, nil
+	s.resetGroups()
 	if cap(s.direct) > maxPooledTasks {
 		s.direct = nil
 	}
