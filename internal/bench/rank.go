@@ -609,22 +609,16 @@ func measureIdle(eng *relay.Engine, mine []transfer, base uintptr) *idleResult {
 	if eng == nil || len(mine) == 0 {
 		return res
 	}
-	t := mine[0]
-	req := []relay.Request{{Op: relay.Write, Src: base + uintptr(t.Src), Len: min(uint64(10<<10), t.Len), Target: t.Remote, Dst: targetBase + t.Dst}}
-	t0 := time.Now()
-	b, err := eng.Submit(req)
+	req, _ := probeWrite(mine[0], base)
+	total, submit, st, err := timedSubmit(eng, []relay.Request{req})
 	if err != nil {
 		res.FirstError = err.Error()
 		return res
 	}
-	res.FirstSubmitUS = micros(time.Since(t0))
-	for !b.Done() {
-	}
-	res.FirstWriteUS = micros(time.Since(t0))
-	if st, _ := b.Status(0); st.State != relay.Completed && st.Err != nil {
+	res.FirstSubmitUS, res.FirstWriteUS = micros(submit), micros(total)
+	if st.State != relay.Completed && st.Err != nil {
 		res.FirstError = st.Err.Error()
 	}
-	_ = b.Release()
 	return res
 }
 
@@ -638,8 +632,7 @@ func measureIdleDirect(dev rankDevice, mine []transfer, base uintptr) *idleResul
 	if len(mine) == 0 {
 		return res
 	}
-	t := mine[0]
-	op := relay.WriteOp{Src: base + uintptr(t.Src), Len: min(uint64(10<<10), t.Len), Target: t.Remote, Dst: targetBase + t.Dst}
+	_, op := probeWrite(mine[0], base)
 	us, err := directAfterIdle(dev, op)
 	if err != nil {
 		res.FirstError = "direct after idle: " + err.Error()
@@ -649,23 +642,20 @@ func measureIdleDirect(dev rankDevice, mine []transfer, base uintptr) *idleResul
 }
 
 func directAfterIdle(dev rankDevice, op relay.WriteOp) (float64, error) {
-	hop, err := dev.newHop()
+	hop, closeHop, err := openDirect(dev)
 	if err != nil {
 		return 0, err
 	}
-	if c, ok := hop.(interface{ Close() error }); ok {
-		defer c.Close()
-	}
+	defer closeHop()
 	var comp [4]relay.HopCompletion
+	ops := []relay.WriteOp{op}
 	write := func(token uint64) (time.Duration, error) {
-		op.Token = token
-		t0 := time.Now()
-		if err := hop.Submit([]relay.WriteOp{op}); err != nil {
+		ops[0].Token = token
+		d, err := timedDirect(hop, ops, comp[:])
+		if err != nil {
 			return 0, err
 		}
-		for hop.Poll(comp[:]) == 0 {
-		}
-		return time.Since(t0), comp[0].Err
+		return d, comp[0].Err
 	}
 	if _, err := write(1); err != nil {
 		return 0, err
@@ -673,6 +663,60 @@ func directAfterIdle(dev rankDevice, op relay.WriteOp) (float64, error) {
 	time.Sleep(idleWindow)
 	d, err := write(2)
 	return micros(d), err
+}
+
+// probeWrite is the 10 KiB write P4 times (at most the transfer's
+// length), to this rank's first target: as a request through the engine
+// and as a write on a direct hop.
+func probeWrite(t transfer, base uintptr) (relay.Request, relay.WriteOp) {
+	n := min(uint64(10<<10), t.Len)
+	src, dst := base+uintptr(t.Src), targetBase+t.Dst
+	return relay.Request{Op: relay.Write, Src: src, Len: n, Target: t.Remote, Dst: dst},
+		relay.WriteOp{Src: src, Len: n, Target: t.Remote, Dst: dst}
+}
+
+// timedSubmit submits reqs through eng and polls until the batch is done,
+// as a latency-bound caller would. It returns the whole write's time, the
+// Submit call's, and the first task's status; the batch is released.
+func timedSubmit(eng *relay.Engine, reqs []relay.Request) (total, submit time.Duration, st relay.TaskStatus, err error) {
+	t0 := time.Now()
+	b, err := eng.Submit(reqs)
+	if err != nil {
+		return 0, 0, st, err
+	}
+	submit = time.Since(t0)
+	for !b.Done() {
+	}
+	total = time.Since(t0)
+	st, _ = b.Status(0)
+	_ = b.Release()
+	return total, submit, st, nil
+}
+
+// openDirect opens a second hop of the rank's kind for timed direct writes,
+// and returns what closes it.
+func openDirect(dev rankDevice) (relay.Hop, func(), error) {
+	hop, err := dev.newHop()
+	if err != nil {
+		return nil, nil, err
+	}
+	closeHop := func() {}
+	if c, ok := hop.(interface{ Close() error }); ok {
+		closeHop = func() { _ = c.Close() }
+	}
+	return hop, closeHop, nil
+}
+
+// timedDirect submits ops to hop and polls until a completion comes back
+// into comp; the error is the submit's, the write's is in comp[0].Err.
+func timedDirect(hop relay.Hop, ops []relay.WriteOp, comp []relay.HopCompletion) (time.Duration, error) {
+	t0 := time.Now()
+	if err := hop.Submit(ops); err != nil {
+		return 0, err
+	}
+	for hop.Poll(comp) == 0 {
+	}
+	return time.Since(t0), nil
 }
 
 // repeat runs a transfer n times back to back and reports them as one: the
@@ -730,17 +774,13 @@ func measureLatency(eng *relay.Engine, dev rankDevice, mine []transfer, base uin
 	if eng == nil || len(mine) == 0 || n <= 0 {
 		return res, nil
 	}
-	t := mine[0]
-	size := min(uint64(10<<10), t.Len)
-	req := []relay.Request{{Op: relay.Write, Src: base + uintptr(t.Src), Len: size, Target: t.Remote, Dst: targetBase + t.Dst}}
-	direct, err := dev.newHop()
+	r, w := probeWrite(mine[0], base)
+	req, op := []relay.Request{r}, []relay.WriteOp{w}
+	direct, closeDirect, err := openDirect(dev)
 	if err != nil {
 		return nil, err
 	}
-	if c, ok := direct.(interface{ Close() error }); ok {
-		defer c.Close()
-	}
-	op := []relay.WriteOp{{Src: base + uintptr(t.Src), Len: size, Target: t.Remote, Dst: targetBase + t.Dst}}
+	defer closeDirect()
 	var comp [4]relay.HopCompletion
 	warm := max(n/10, 10)
 	pxn := make([]float64, 0, n)
@@ -750,29 +790,21 @@ func measureLatency(eng *relay.Engine, dev rankDevice, mine []transfer, base uin
 	runtime.ReadMemStats(&ms)
 	gc0 := ms.NumGC
 	for i := 0; i < warm+n; i++ {
-		t0 := time.Now()
-		b, err := eng.Submit(req)
+		d0, _, st, err := timedSubmit(eng, req)
 		if err != nil {
 			return nil, err
 		}
-		for !b.Done() {
-		}
-		d0 := time.Since(t0)
-		if st, _ := b.Status(0); st.State != relay.Completed {
+		if st.State != relay.Completed {
 			res.Failed++
 			if res.FirstError == "" && st.Err != nil {
 				res.FirstError = st.Err.Error()
 			}
 		}
-		_ = b.Release()
 		op[0].Token = uint64(i)
-		t1 := time.Now()
-		if err := direct.Submit(op); err != nil {
+		d1, err := timedDirect(direct, op, comp[:])
+		if err != nil {
 			return nil, err
 		}
-		for direct.Poll(comp[:]) == 0 {
-		}
-		d1 := time.Since(t1)
 		if comp[0].Err != nil {
 			res.Failed++
 			if res.FirstError == "" {
