@@ -302,12 +302,7 @@ func (sn *sender) releaseLanded() {
 }
 
 func (sl *senderLane) landed() bool {
-	for seq := sl.copiedFrom; seq <= sl.copiedTo; seq++ {
-		if atomic.LoadUint64(sl.tx.ReadyWord(seq)) != seq {
-			return false
-		}
-	}
-	return true
+	return sl.tx.Landed(sl.copiedFrom, sl.copiedTo)
 }
 
 func (sl *senderLane) release(log klog.Logger) {

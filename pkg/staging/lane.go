@@ -201,6 +201,19 @@ func (s *SenderLane) Commit(seq uint64, session string, plans []PlanEntry, piece
 // stored there, once, after the copy of its Piece into the slot.
 func (s *SenderLane) ReadyWord(seq uint64) *uint64 { return &s.lane.Ready[SlotOf(seq)].Seq }
 
+// Landed reports whether every seq in [from, to] has its doorbell in its
+// ready word: each Piece's copy into the relay's slot is done, since a
+// doorbell is written only after its copy. It answers for seqs published
+// before the lane was given up, whose slots the relay may still read.
+func (s *SenderLane) Landed(from, to uint64) bool {
+	for seq := from; seq <= to && seq != 0; seq++ {
+		if atomic.LoadUint64(s.ReadyWord(seq)) != seq {
+			return false
+		}
+	}
+	return true
+}
+
 // Ring release-stores seq into its ready word: the CPU doorbell, for a
 // copy whose completion the caller has seen.
 func (s *SenderLane) Ring(seq uint64) { RingDoorbell(s.ReadyWord(seq), seq) }
