@@ -105,6 +105,20 @@ type Hop interface {
 	Poll(out []HopCompletion) int
 }
 
+// PieceHop is an optional capability of a Hop, found by type assertion: it
+// takes a relayed Piece's writes whole. SubmitPiece takes every op of ops
+// in one call, or none (ErrHopBusy: the relay tries the whole Piece again
+// later; any other error fails the Piece), and reports their end with one
+// HopCompletion whose Token is token and whose Err is the first write's
+// failure. The ops' own Token fields are unused. A hop with it counts a
+// Piece, not its writes, toward its queue bound, so that a Piece of up to
+// MaxPlans writes is never refused for its size. It reads ops only during
+// the call. The relay then takes one token, one hop call and one
+// completion per Piece instead of one per write.
+type PieceHop interface {
+	SubmitPiece(ops []WriteOp, token uint64) error
+}
+
 // ErrTimedOut marks a failure that is a timeout: a hop completion whose
 // error matches it (errors.Is) timed out, and a task that failed with it
 // timed out, on the direct path, in a relay's second hop, or waiting for a

@@ -89,6 +89,7 @@ func open(cfg staging.Config, deps Deps, hooks testHooks) (*Engine, error) {
 		reg:     deps.Registry,
 		scratch: newScratchPool(),
 	}
+	e.pieceHop, _ = deps.Hop.(PieceHop)
 	e.routes.Store(&routeTable{})
 	if !cfg.Enable || deps.Registry == nil {
 		return e, nil

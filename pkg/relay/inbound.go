@@ -4,6 +4,7 @@ package relay
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -32,6 +33,9 @@ type inflightRec struct {
 	closing bool
 	// times is the Piece's place in the relay's time ring.
 	times uint64
+	// token is the Piece's one hop token when the hop takes Pieces whole
+	// (PieceHop); each write carries its own otherwise.
+	token uint64
 }
 
 // relayer is the inbound pipeline: it takes tickets from this rank's
@@ -157,7 +161,7 @@ func (rl *relayer) notReady(i int) { rl.lead[i] = [staging.LaneCount]uint32{} }
 func (rl *relayer) sendRecord(rec *inflightRec) {
 	rec.sending = true
 	if rl.unsent.len() == 0 {
-		rec.unsent = rl.s.drainOps(rec.unsent, rl)
+		rl.handOver(rec)
 	}
 	if len(rec.unsent) > 0 {
 		rl.unsent.push(rec)
@@ -174,7 +178,7 @@ func (rl *relayer) resendRecords() bool {
 	for rl.unsent.len() > 0 {
 		rec := *rl.unsent.front()
 		before := len(rec.unsent)
-		rec.unsent = rl.s.drainOps(rec.unsent, rl)
+		rl.handOver(rec)
 		if len(rec.unsent) != before {
 			progressed = true
 		}
@@ -186,6 +190,27 @@ func (rl *relayer) resendRecords() bool {
 		rl.freeRec(rec)
 	}
 	return progressed
+}
+
+// handOver gives the hop what it takes of rec's unsent writes: all of them
+// in one call to a PieceHop, else in chunks (drainOps). A PieceHop that
+// refuses the Piece for anything but being busy fails it.
+func (rl *relayer) handOver(rec *inflightRec) {
+	ph := rl.s.pieceHop
+	if ph == nil {
+		rec.unsent = rl.s.drainOps(rec.unsent, rl)
+		return
+	}
+	err := ph.SubmitPiece(rec.unsent, rec.token)
+	if errors.Is(err, ErrHopBusy) {
+		return
+	}
+	rec.unsent = rec.unsent[:0]
+	if err != nil {
+		if ent, ok := rl.s.tokens.take(rec.token); ok {
+			rl.s.finishToken(ent, fmt.Errorf("submit to the hop: %w", err), rl)
+		}
+	}
 }
 
 // freeRec returns rec to the pool once every write has completed and the
@@ -285,9 +310,15 @@ func (rl *relayer) consume(i int) bool {
 		return true
 	}
 	rec.lane, rec.epoch, rec.seq, rec.route = i, epoch, seq, rt
-	rec.remaining, rec.bytes = len(rec.ops), vd.PieceLen()
-	for k := range rec.ops {
-		rec.ops[k].Token = rl.s.tokens.add(tokenEntry{kind: tokRelay, rec: rec})
+	rec.bytes = vd.PieceLen()
+	if rl.s.pieceHop != nil {
+		rec.remaining = 1
+		rec.token = rl.s.tokens.add(tokenEntry{kind: tokRelay, rec: rec})
+	} else {
+		rec.remaining = len(rec.ops)
+		for k := range rec.ops {
+			rec.ops[k].Token = rl.s.tokens.add(tokenEntry{kind: tokRelay, rec: rec})
+		}
 	}
 	rl.inflight++
 	rl.inflightBytes += rec.bytes
@@ -302,7 +333,13 @@ func (rl *relayer) consume(i int) bool {
 // fill builds the rec's second-hop writes, one per plan entry, from the
 // Piece's bytes at src. It returns the index of the first entry whose
 // destination is not inside one of the route's ranges, or -1 when all are.
+//
+// A vector too small for the Piece is replaced by one of MaxPlans ops, so
+// that a rec grows once, whatever sizes of Piece it carries later.
 func (rec *inflightRec) fill(rt *route, plans []staging.PlanEntry, src uintptr) int {
+	if cap(rec.ops) < len(plans) {
+		rec.ops = make([]WriteOp, 0, max(len(plans), staging.MaxPlans))
+	}
 	ops := rec.ops[:0]
 	for k, pe := range plans {
 		r := rt.find(pe.Dst, pe.Len)

@@ -31,6 +31,16 @@ func (h *orderHop) Submit(ops []relay.WriteOp) error {
 	return nil
 }
 
+func (h *orderHop) SubmitPiece(ops []relay.WriteOp, token uint64) error {
+	if err := h.Loopback.SubmitPiece(ops, token); err != nil {
+		return err
+	}
+	for _, op := range ops {
+		h.dsts = append(h.dsts, op.Dst)
+	}
+	return nil
+}
+
 // Seven lanes with tickets waiting, under an inflight cap of 1 and of 4:
 // the relay serves them strictly in turn, the lane after the last served
 // first when the cap frees a slot, never lane 0 again.

@@ -188,7 +188,8 @@ func (p *scratchPool) put(s *submitScratch) {
 }
 
 // recPool is the relayer's free list of in-flight records. It holds
-// at most the inflight depth of records.
+// at most the inflight depth of records, each with the op vector it grew
+// to (at most MaxPlans ops: 320 KiB).
 type recPool struct {
 	free []*inflightRec
 }

@@ -20,8 +20,10 @@ type shared struct {
 	// sentTimes and relayedTimes keep the last Pieces' times (PieceTimes).
 	sentTimes, relayedTimes timeRing
 
-	cfg       staging.Config
-	hop       Hop
+	cfg staging.Config
+	hop Hop
+	// pieceHop is hop when it takes relayed Pieces whole, else nil.
+	pieceHop  PieceHop
 	dir       Directory
 	copier    Copier
 	localRail string

@@ -34,8 +34,11 @@ type LoopbackStats struct {
 	Failed    uint64
 	Bytes     uint64
 	Busy      uint64
-	Held      int
-	Unpolled  int
+	// Pieces counts Pieces submitted whole (SubmitPiece); their ops count
+	// in Submitted too.
+	Pieces   uint64
+	Held     int
+	Unpolled int
 	// Resolves and Routes count Resolve and Route calls.
 	Resolves uint64
 	Routes   uint64
@@ -65,7 +68,7 @@ type Loopback struct {
 	busy     bool
 	sessions map[string]*loopSession
 	rules    []failRule
-	held     []relay.WriteOp
+	held     []heldEntry
 	done     []relay.HopCompletion
 	stats    LoopbackStats
 }
@@ -237,12 +240,72 @@ func (l *Loopback) Submit(ops []relay.WriteOp) error {
 	l.stats.Submitted += uint64(len(ops))
 	for _, op := range ops {
 		if l.hold {
-			l.held = append(l.held, op)
+			l.held = append(l.held, heldEntry{op: op, token: op.Token})
 			continue
 		}
 		l.finish(op, nil)
 	}
 	return nil
+}
+
+// heldEntry is an accepted op, or a Piece's ops, not yet performed.
+type heldEntry struct {
+	token uint64
+	op    relay.WriteOp
+	// piece holds the ops of a Piece submitted whole (op is unused).
+	piece []relay.WriteOp
+}
+
+// SubmitPiece accepts a relayed Piece's ops whole (relay.PieceHop): they
+// count as one toward the queue depth and end in one completion carrying
+// token, whose error is the first op's failure. Held, the Piece is one
+// entry under token.
+func (l *Loopback) SubmitPiece(ops []relay.WriteOp, token uint64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.busy || len(l.held)+len(l.done)+1 > l.depth {
+		l.stats.Busy++
+		return relay.ErrHopBusy
+	}
+	l.stats.Submitted += uint64(len(ops))
+	l.stats.Pieces++
+	if l.hold {
+		l.held = append(l.held, heldEntry{token: token, piece: slices.Clone(ops)})
+		return nil
+	}
+	l.finishPiece(ops, token, nil)
+	return nil
+}
+
+// finishPiece performs a Piece's ops, each as finish would, and queues one
+// completion with the first failure. l.mu is held.
+func (l *Loopback) finishPiece(ops []relay.WriteOp, token uint64, forced error) {
+	var first error
+	for _, op := range ops {
+		err := forced
+		if err == nil {
+			err = l.perform(op)
+		}
+		if err != nil {
+			l.stats.Failed++
+			if first == nil {
+				first = err
+			}
+			continue
+		}
+		l.stats.Succeeded++
+		l.stats.Bytes += op.Len
+	}
+	l.done = append(l.done, relay.HopCompletion{Token: token, Err: first})
+}
+
+// complete finishes a held entry. l.mu is held.
+func (l *Loopback) complete(h heldEntry, forced error) {
+	if h.piece != nil {
+		l.finishPiece(h.piece, h.token, forced)
+		return
+	}
+	l.finish(h.op, forced)
 }
 
 // finish performs op unless forced or a rule or validation fails it, and
@@ -349,8 +412,8 @@ func (l *Loopback) Held() []uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := make([]uint64, len(l.held))
-	for i, op := range l.held {
-		out[i] = op.Token
+	for i, h := range l.held {
+		out[i] = h.token
 	}
 	return out
 }
@@ -373,10 +436,10 @@ func (l *Loopback) Fail(token uint64, err error) error {
 func (l *Loopback) release(token uint64, err error) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for i, op := range l.held {
-		if op.Token == token {
+	for i, h := range l.held {
+		if h.token == token {
 			l.held = slices.Delete(l.held, i, i+1)
-			l.finish(op, err)
+			l.complete(h, err)
 			return nil
 		}
 	}
@@ -390,8 +453,8 @@ func (l *Loopback) CompleteAll() int {
 	defer l.mu.Unlock()
 	held := l.held
 	l.held = nil
-	for _, op := range held {
-		l.finish(op, nil)
+	for _, h := range held {
+		l.complete(h, nil)
 	}
 	return len(held)
 }
