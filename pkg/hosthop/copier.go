@@ -114,7 +114,10 @@ type readyGate struct {
 	refs int
 }
 
-var _ relay.Copier = (*HostCopier)(nil)
+var (
+	_ relay.Copier          = (*HostCopier)(nil)
+	_ relay.RangeClassifier = (*HostCopier)(nil)
+)
 
 // NewHostCopier returns a copier. It starts no goroutine until the first Copy.
 func NewHostCopier(opts HostCopierOptions) *HostCopier {
@@ -150,6 +153,19 @@ func (c *HostCopier) Classify(addr uintptr, n uint64) relay.Kind {
 		return relay.Host
 	}
 	return relay.Device
+}
+
+// ClassifyRange is Classify and, for Device, the registered range holding
+// addr..addr+n (relay.RangeClassifier), so that Submit asks once for the
+// blocks of one registered pool.
+func (c *HostCopier) ClassifyRange(addr uintptr, n uint64) (relay.Kind, uintptr, uint64) {
+	c.devMu.RLock()
+	defer c.devMu.RUnlock()
+	i := c.dev.Find(uint64(addr), n)
+	if i < 0 {
+		return relay.Host, 0, 0
+	}
+	return relay.Device, uintptr(c.dev[i].Start), c.dev[i].Size
 }
 
 // RecordReady returns a new source-ready event. It is complete at once unless

@@ -72,6 +72,15 @@ func TestHostCopierClassify(t *testing.T) {
 		if got := c.Classify(uintptr(tt.addr), tt.n); got != tt.want {
 			t.Errorf("%s: Classify(%#x, %d) = %v, want %v", tt.name, tt.addr, tt.n, got, tt.want)
 		}
+		// ClassifyRange agrees, and names the registered range that
+		// holds device memory.
+		k, start, size := c.ClassifyRange(uintptr(tt.addr), tt.n)
+		if k != tt.want {
+			t.Errorf("%s: ClassifyRange(%#x, %d) kind %v, want %v", tt.name, tt.addr, tt.n, k, tt.want)
+		}
+		if k == relay.Device && !(uint64(start) <= tt.addr && tt.addr+tt.n <= uint64(start)+size && (size == 0x1000 || size == 0x10)) {
+			t.Errorf("%s: ClassifyRange(%#x, %d) range [%#x, +%#x) does not hold it as registered", tt.name, tt.addr, tt.n, start, size)
+		}
 	}
 }
 
