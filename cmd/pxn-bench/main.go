@@ -219,6 +219,7 @@ func rankFlags(fs *pflag.FlagSet) func() int {
 	fs.DurationVar(&o.PollNap, "poll-nap", 0, "cuda: the pump's longest sleep while busy (0: default)")
 	fs.StringVar(&o.ArenaShare, "arena-share", "auto", "cuda: auto, fd or ipc")
 	fs.BoolVar(&o.OwnProc, "own-proc", false, "this process is the first of a new PID and mount namespace: mount a /proc of that namespace first")
+	fs.BoolVar(&o.PieceTimes, "piece-times", false, "keep the engine's Piece times for a step-by-step breakdown")
 	return func() int { return bench.RankMain(o) }
 }
 

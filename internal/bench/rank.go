@@ -208,6 +208,9 @@ type RankOptions struct {
 	ArenaShare string
 	// OwnProc: the rank is PID 1 of its own namespaces and mounts /proc.
 	OwnProc bool
+	// PieceTimes keeps the engine's Piece times, for a run that takes a
+	// Piece's way apart step by step (off, they cost nothing).
+	PieceTimes bool
 }
 
 // rankDevice is what a rank needs of its device: source memory filled with
@@ -403,6 +406,7 @@ func openEngine(dev rankDevice, dir relay.Directory, o RankOptions, src uintptr,
 	if err != nil {
 		return nil, nil, err
 	}
+	eng.KeepPieceTimes(o.PieceTimes)
 	// Whatever the open starts (the pump, its registration) settles.
 	time.Sleep(200 * time.Millisecond)
 	res := &openResult{Threads: threadCount() - th0, Goroutines: runtime.NumGoroutine() - gr0,

@@ -495,6 +495,9 @@ func (dev *device) exec(o RunOptions, s scenario) ([]Row, error) {
 		if o.CUDA.GatherPTX != "" {
 			a = append(a, "--gather-ptx", o.CUDA.GatherPTX)
 		}
+		if mode == "engine" && (s.kv != nil && s.kv.Inflight == 1 || s.latency > 0 || s.idle) {
+			a = append(a, "--piece-times")
+		}
 		if o.CUDA.PollSpin != 0 || o.CUDA.PollNap != 0 {
 			a = append(a, "--poll-spin", o.CUDA.PollSpin.String(), "--poll-nap", o.CUDA.PollNap.String())
 		}

@@ -275,7 +275,7 @@ func (rl *relayer) consume(i int) bool {
 		}
 	}
 	il.commitWait = time.Time{}
-	seen := unixNow()
+	seen := rl.s.relayedTimes.now()
 	rl.served(i)
 	vd := &rl.vd
 	seq, err := il.rx.Take(vd)
@@ -326,7 +326,7 @@ func (rl *relayer) consume(i int) bool {
 	at := rl.s.relayedTimes.add(PieceTimes{Lane: i, Seq: seq, Bytes: rec.bytes, Seen: seen})
 	rec.times = at
 	rl.sendRecord(rec)
-	rl.s.relayedTimes.set(at, stepPosted, unixNow())
+	rl.s.relayedTimes.set(at, stepPosted)
 	return true
 }
 
@@ -388,7 +388,7 @@ func (rl *relayer) finishWrite(rec *inflightRec, err error) {
 		rl.s.counters.forwardedBytes.Add(rec.bytes)
 		rl.s.counters.forwardedPiece.Add(1)
 	}
-	rl.s.relayedTimes.set(rec.times, stepDone, unixNow())
+	rl.s.relayedTimes.set(rec.times, stepDone)
 	// A lane claimed anew meanwhile has a new sender, which must not see
 	// this completion: the old sender is gone, and the endpoint drops it.
 	rl.complete(rec.lane, rec.epoch, rec.seq, status)

@@ -160,7 +160,7 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 		entries = append(entries, CopyEntry{Src: uintptr(c.Src), Dst: base + uintptr(c.Offset), Len: c.Len})
 	}
 	sn.copyBuf = entries
-	copyAt := unixNow()
+	copyAt := s.sentTimes.now()
 	if err := s.copier.Copy(sl.copierLane, g.ready, entries, sl.tx.ReadyWord(seq), seq); err != nil {
 		// Before the doorbell: the Piece is still ours to send direct,
 		// and the lane is quarantined.
@@ -209,7 +209,7 @@ func (sn *sender) reap(sl *senderLane, now time.Time) bool {
 		slot := staging.SlotOf(seq)
 		pr := sl.inflight[slot]
 		sl.inflight[slot] = pieceRef{}
-		sn.s.sentTimes.set(pr.times, stepReaped, unixNow())
+		sn.s.sentTimes.set(pr.times, stepReaped)
 		sn.finishPublished(pr, status)
 		progressed = true
 	}

@@ -134,7 +134,7 @@ func chunkEnd(reqs []Request, lo int, at, limit uint64) (end int, n uint64) {
 // source allocation, the target's lane) carry over from chunk to chunk;
 // its groups are the chunk's own.
 func (e *Engine) submitChunk(b *Batch, reqs []Request, lo, hi int, routes *routeTable, sc *submitScratch) {
-	began := unixNow()
+	began := e.sentTimes.now()
 	sc.resetGroups()
 	for i := lo; i < hi; i++ {
 		r := &reqs[i]

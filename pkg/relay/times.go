@@ -4,6 +4,7 @@ package relay
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -39,13 +40,30 @@ const timesLen = 1024
 // timeRing holds the times of the last timesLen Pieces a side saw. The
 // pump writes it; PieceTimes reads it from any goroutine.
 type timeRing struct {
+	// on is set while someone wants the times (Engine.KeepPieceTimes):
+	// off, the ring costs a Piece one atomic load a step.
+	on  atomic.Bool
 	mu  sync.Mutex
 	buf [timesLen]PieceTimes
 	n   uint64
 }
 
+// notKept is the place add returns while the ring is off: set ignores it.
+const notKept = ^uint64(0)
+
+// now is the time to record for a step, 0 while the ring is off.
+func (r *timeRing) now() int64 {
+	if !r.on.Load() {
+		return 0
+	}
+	return unixNow()
+}
+
 // add records a new Piece and returns its place for set.
 func (r *timeRing) add(t PieceTimes) uint64 {
+	if !r.on.Load() {
+		return notKept
+	}
 	r.mu.Lock()
 	at := r.n
 	r.buf[at%timesLen] = t
@@ -61,9 +79,14 @@ const (
 	stepDone
 )
 
-// set records the time of step for the Piece recorded at place at, unless
-// newer Pieces have overwritten it since.
-func (r *timeRing) set(at uint64, step int, t int64) {
+// set records now as the time of step for the Piece recorded at place at,
+// unless newer Pieces have overwritten it since or the ring was off when
+// the Piece began.
+func (r *timeRing) set(at uint64, step int) {
+	if at == notKept || !r.on.Load() {
+		return
+	}
+	t := unixNow()
 	r.mu.Lock()
 	if at < r.n && r.n-at <= timesLen {
 		p := &r.buf[at%timesLen]
@@ -93,9 +116,18 @@ func (r *timeRing) appendTo(dst []PieceTimes) []PieceTimes {
 	return dst
 }
 
+// KeepPieceTimes turns the recording of Piece times on or off; it is off
+// when an engine opens, since only benchmarks and diagnosis read them.
+// Pieces begun while it was off are not recorded.
+func (e *Engine) KeepPieceTimes(on bool) {
+	e.sentTimes.on.Store(on)
+	e.relayedTimes.on.Store(on)
+}
+
 // PieceTimes appends the times of the last Pieces this engine sent
 // through relays (Submit, Copy, Reaped) and of the last it relayed
-// (Seen, Posted, Done) to dst, oldest first, each side at most 1024.
+// (Seen, Posted, Done) to dst, oldest first, each side at most 1024, as
+// far as KeepPieceTimes had them kept.
 func (e *Engine) PieceTimes(dst []PieceTimes) []PieceTimes {
 	dst = e.sentTimes.appendTo(dst)
 	return e.relayedTimes.appendTo(dst)

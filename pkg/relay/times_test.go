@@ -15,6 +15,8 @@ import (
 // sender's Reaped. Direct writes are not recorded.
 func TestPieceTimesFollowAPiece(t *testing.T) {
 	p := newPair(t, pairOpts{tgtSize: 4 * staging.SlotSize, srcSize: 4 * staging.SlotSize})
+	p.a.KeepPieceTimes(true)
+	p.b.KeepPieceTimes(true)
 	const pieces = 3
 	var reqs []relay.Request
 	for i := range pieces {
@@ -66,5 +68,30 @@ func TestPieceTimesFollowAPiece(t *testing.T) {
 	}
 	if sent[0].Seq+pieces-1 != sent[pieces-1].Seq {
 		t.Errorf("seqs %d..%d for %d Pieces in a row", sent[0].Seq, sent[pieces-1].Seq, pieces)
+	}
+}
+
+// Nobody asked for Piece times: neither side records any.
+func TestPieceTimesOffByDefault(t *testing.T) {
+	p := newPair(t, pairOpts{tgtSize: 2 * staging.SlotSize, srcSize: 2 * staging.SlotSize})
+	if st := p.write(t, 0, 2*staging.SlotSize, sessRail1, tgtBase); st.State != relay.Completed {
+		t.Fatalf("write: %+v", st)
+	}
+	waitFor(t, "the relay's forwarded Pieces", func() bool { return p.b.Counters().ForwardedPieces == 2 })
+	if sent, relayed := p.a.PieceTimes(nil), p.b.PieceTimes(nil); len(sent) != 0 || len(relayed) != 0 {
+		t.Fatalf("recorded %d sent and %d relayed Pieces with times off; want none", len(sent), len(relayed))
+	}
+	// Turned on, the next write's Pieces are recorded on both sides.
+	p.a.KeepPieceTimes(true)
+	p.b.KeepPieceTimes(true)
+	if st := p.write(t, 0, staging.SlotSize, sessRail1, tgtBase); st.State != relay.Completed {
+		t.Fatalf("write: %+v", st)
+	}
+	waitFor(t, "the relay's record", func() bool {
+		r := p.b.PieceTimes(nil)
+		return len(r) == 1 && r[0].Done != 0
+	})
+	if sent := p.a.PieceTimes(nil); len(sent) != 1 || sent[0].Submit == 0 || sent[0].Copy == 0 {
+		t.Fatalf("sent times %+v; want one Piece with Submit and Copy", sent)
 	}
 }
