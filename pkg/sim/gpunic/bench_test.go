@@ -6,6 +6,7 @@ import (
 	"errors"
 	"runtime"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -114,31 +115,40 @@ func BenchmarkNICWrite10KiB(b *testing.B) {
 }
 
 // BenchmarkNICSmallOps sends scattered writes of one size through a NIC at
-// R = 50 GB/s the way the engine does (Submits of 32 ops, a Poll after
-// each) and reports the rate and its fraction of R.
+// R = 50 GB/s the way the engine does (Submits of 32 ops, or of one op of 8
+// MiB, a Poll after each) and reports the rate, its fraction of R and the
+// writes per GPU operation.
 func BenchmarkNICSmallOps(b *testing.B) {
 	g := openGPU(b)
-	maps, _ := startTarget(b, g)
-	src := alloc(b, g, nicTargetLen)
+	const targetLen = 64 << 20
+	maps, _ := startTarget(b, g, targetLenEnv+"="+strconv.Itoa(targetLen))
+	src := alloc(b, g, targetLen)
 	for _, c := range []struct {
 		name string
 		size uint64
-		copy gpu.GatherMode
+		opts gpunic.Options
 	}{
-		{"16KiB auto", 16 << 10, gpu.GatherAuto},
-		{"16KiB copy engines", 16 << 10, gpu.GatherCE},
-		{"4KiB auto", 4 << 10, gpu.GatherAuto},
-		{"128KiB auto", 128 << 10, gpu.GatherAuto},
+		{"2KiB auto", 2 << 10, gpunic.Options{}},
+		{"2KiB auto, 16 blocks", 2 << 10, gpunic.Options{ScatterBlocks: 16}},
+		{"4KiB auto", 4 << 10, gpunic.Options{}},
+		{"16KiB auto", 16 << 10, gpunic.Options{}},
+		{"16KiB copy engines", 16 << 10, gpunic.Options{Copy: gpu.GatherCE}},
+		{"128KiB auto", 128 << 10, gpunic.Options{}},
+		{"8MiB auto", 8 << 20, gpunic.Options{}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			nic, err := gpunic.New(g, maps, gpunic.Options{RateGBps: 50, Copy: c.copy})
+			c.opts.RateGBps = 50
+			nic, err := gpunic.New(g, maps, c.opts)
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer nic.Close()
-			const ops = 32
-			slots := nicTargetLen / c.size
-			var batch [ops]relay.WriteOp
+			ops := 32
+			if c.size >= 1<<20 {
+				ops = 1
+			}
+			slots := targetLen / c.size
+			batch := make([]relay.WriteOp, ops)
 			var out [256]relay.HopCompletion
 			var sent, done uint64
 			submit := func() error {
@@ -146,7 +156,7 @@ func BenchmarkNICSmallOps(b *testing.B) {
 					k := (sent + uint64(j)) * 7919 % slots
 					batch[j] = relay.WriteOp{Src: uintptr(src) + uintptr(k*c.size), Len: c.size, Target: "t0", Dst: base + (slots-1-k)*c.size, Token: sent + uint64(j)}
 				}
-				return nic.Submit(batch[:])
+				return nic.Submit(batch)
 			}
 			poll := func() {
 				n := nic.Poll(out[:])
@@ -162,7 +172,7 @@ func BenchmarkNICSmallOps(b *testing.B) {
 				for {
 					err := submit()
 					if err == nil {
-						sent += ops
+						sent += uint64(ops)
 						break
 					}
 					if !errors.Is(err, relay.ErrHopBusy) {
@@ -178,6 +188,7 @@ func BenchmarkNICSmallOps(b *testing.B) {
 			gbps := float64(sent*c.size) / time.Since(start).Seconds() / 1e9
 			b.ReportMetric(gbps, "GB/s")
 			b.ReportMetric(gbps/50, "of-R")
+			b.ReportMetric(float64(sent)/float64(max(gpunic.Launches(nic), 1)), "writes/GPU-op")
 		})
 	}
 }

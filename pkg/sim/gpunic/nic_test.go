@@ -89,9 +89,11 @@ func alloc(t testing.TB, g *gpu.GPU, n uint64) cuda.DevicePtr {
 // targetGPUEnv places the target process on another GPU than device 0;
 // busyEnv makes it keep its GPU busy with small memsets until stdin closes
 // (a neighbour process with work on the same GPU).
+// targetLenEnv sizes the target's buffer (nicTargetLen unless set).
 const (
 	targetGPUEnv = "PXN_GPUNIC_TARGET_GPU"
 	busyEnv      = "PXN_GPUNIC_TARGET_BUSY"
+	targetLenEnv = "PXN_GPUNIC_TARGET_LEN"
 )
 
 // nicTarget is the child of TestNIC: a zeroed device buffer whose handle it
@@ -108,18 +110,24 @@ func nicTarget() error {
 			return fmt.Errorf("%s=%q: %w", targetGPUEnv, v, err)
 		}
 	}
+	size := uint64(nicTargetLen)
+	if v := os.Getenv(targetLenEnv); v != "" {
+		if size, err = strconv.ParseUint(v, 10, 64); err != nil || size == 0 || size%4 != 0 {
+			return fmt.Errorf("%s=%q: want a positive multiple of 4", targetLenEnv, v)
+		}
+	}
 	g, err := gpu.Open(d, ordinal)
 	if err != nil {
 		return err
 	}
 	defer g.Close()
 	return g.Do(func() error {
-		buf, err := d.MemAlloc(nicTargetLen)
+		buf, err := d.MemAlloc(size)
 		if err != nil {
 			return err
 		}
 		defer d.MemFree(buf)
-		if err := d.MemsetD32Async(buf, 0, nicTargetLen/4, 0); err != nil {
+		if err := d.MemsetD32Async(buf, 0, size/4, 0); err != nil {
 			return err
 		}
 		if err := d.StreamSynchronize(0); err != nil {
@@ -158,7 +166,7 @@ func nicTarget() error {
 			}
 		}
 		<-closed
-		host := make([]byte, nicTargetLen)
+		host := make([]byte, size)
 		if err := d.MemcpyDtoH(host, buf); err != nil {
 			return err
 		}
@@ -215,7 +223,15 @@ func startTarget(t testing.TB, g *gpu.GPU, env ...string) (maps *gpunic.Targets,
 	}
 	var h cuda.IPCMemHandle
 	copy(h[:], raw)
-	maps, err = gpunic.OpenTargets(g, []gpunic.Target{{Session: "t0", Addr: base, Len: nicTargetLen, Handle: h}})
+	size := uint64(nicTargetLen)
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, targetLenEnv+"="); ok {
+			if size, err = strconv.ParseUint(v, 10, 64); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	maps, err = gpunic.OpenTargets(g, []gpunic.Target{{Session: "t0", Addr: base, Len: size, Handle: h}})
 	if err != nil {
 		t.Fatal(err)
 	}
