@@ -116,8 +116,8 @@ func BenchmarkNICWrite10KiB(b *testing.B) {
 
 // BenchmarkNICSmallOps sends scattered writes of one size through a NIC at
 // R = 50 GB/s the way the engine does (Submits of 32 ops, or of one op of 8
-// MiB, a Poll after each) and reports the rate, its fraction of R and the
-// writes per GPU operation.
+// MiB, or whole 8 MiB Pieces, a Poll after each) and reports the rate, its
+// fraction of R and the writes per GPU operation.
 func BenchmarkNICSmallOps(b *testing.B) {
 	g := openGPU(b)
 	const targetLen = 64 << 20
@@ -127,14 +127,18 @@ func BenchmarkNICSmallOps(b *testing.B) {
 		name string
 		size uint64
 		opts gpunic.Options
+		// piece, when set, sends Pieces of 8 MiB through SubmitPiece.
+		piece bool
 	}{
-		{"2KiB auto", 2 << 10, gpunic.Options{}},
-		{"2KiB auto, 16 blocks", 2 << 10, gpunic.Options{ScatterBlocks: 16}},
-		{"4KiB auto", 4 << 10, gpunic.Options{}},
-		{"16KiB auto", 16 << 10, gpunic.Options{}},
-		{"16KiB copy engines", 16 << 10, gpunic.Options{Copy: gpu.GatherCE}},
-		{"128KiB auto", 128 << 10, gpunic.Options{}},
-		{"8MiB auto", 8 << 20, gpunic.Options{}},
+		{"2KiB auto", 2 << 10, gpunic.Options{}, false},
+		{"2KiB auto, 16 blocks", 2 << 10, gpunic.Options{ScatterBlocks: 16}, false},
+		{"2KiB Pieces of 4096", 2 << 10, gpunic.Options{}, true},
+		{"4KiB auto", 4 << 10, gpunic.Options{}, false},
+		{"16KiB auto", 16 << 10, gpunic.Options{}, false},
+		{"16KiB Pieces of 512", 16 << 10, gpunic.Options{}, true},
+		{"16KiB copy engines", 16 << 10, gpunic.Options{Copy: gpu.GatherCE}, false},
+		{"128KiB auto", 128 << 10, gpunic.Options{}, false},
+		{"8MiB auto", 8 << 20, gpunic.Options{}, false},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			c.opts.RateGBps = 50
@@ -143,8 +147,11 @@ func BenchmarkNICSmallOps(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer nic.Close()
-			ops := 32
-			if c.size >= 1<<20 {
+			ops, per := 32, uint64(1)
+			switch {
+			case c.piece:
+				ops, per = int(8<<20/c.size), 8<<20/c.size
+			case c.size >= 1<<20:
 				ops = 1
 			}
 			slots := targetLen / c.size
@@ -156,6 +163,9 @@ func BenchmarkNICSmallOps(b *testing.B) {
 					k := (sent + uint64(j)) * 7919 % slots
 					batch[j] = relay.WriteOp{Src: uintptr(src) + uintptr(k*c.size), Len: c.size, Target: "t0", Dst: base + (slots-1-k)*c.size, Token: sent + uint64(j)}
 				}
+				if c.piece {
+					return nic.SubmitPiece(batch, sent)
+				}
 				return nic.Submit(batch)
 			}
 			poll := func() {
@@ -165,7 +175,7 @@ func BenchmarkNICSmallOps(b *testing.B) {
 						b.Fatal(c.Err)
 					}
 				}
-				done += uint64(n)
+				done += uint64(n) * per
 			}
 			start := time.Now()
 			for b.Loop() {

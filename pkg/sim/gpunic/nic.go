@@ -166,12 +166,16 @@ const DefaultOpCost = 10 * time.Nanosecond
 // starts few large operations, each with startLead to finish before the
 // wire reaches its bytes. Without a wire, while the GPU is busy with the NIC's
 // last operation, a batch is due once flushOps ops wait.
+//
+// A relayed Piece (SubmitPiece) is a batch of its own, whole: up to
+// staging.MaxPlans writes and staging.SlotSize bytes, so batchOps and
+// batchBytes are those.
 const (
-	batchOps   = 2048
-	batchBytes = 4 << 20
-	startLead  = 50 * time.Microsecond
+	batchOps   = staging.MaxPlans
+	batchBytes = staging.SlotSize
+	startLead  = 100 * time.Microsecond
 	flushOps   = 128
-	nicBatches = 64
+	nicBatches = 32
 	nicStreams = 2
 )
 
@@ -266,7 +270,9 @@ type nicOp struct {
 }
 
 type nicBatch struct {
-	state   batchState
+	state batchState
+	// sealed is a Piece's batch, which no other op joins.
+	sealed  bool
 	err     error
 	ops     int
 	bytes   uint64
@@ -395,8 +401,9 @@ func (n *NIC) submit(ops []relay.WriteOp) (wake bool, err error) {
 			start, o.finish = n.pace(now, op.Len)
 			if op.Len > 0 {
 				if n.cur >= 0 {
-					if b := &n.batches[n.cur]; len(b.entries) == batchOps || (b.bytes >= batchBytes && b.bytes < gpu.GatherThreshold*uint64(len(b.entries))) {
-						b.state, n.cur, wake = batchReady, -1, true
+					if b := &n.batches[n.cur]; b.sealed || len(b.entries) == batchOps || (b.bytes >= batchBytes && b.bytes < gpu.GatherThreshold*uint64(len(b.entries))) {
+						n.closeCur()
+						wake = true
 					}
 				}
 				if n.cur < 0 {
@@ -416,6 +423,83 @@ func (n *NIC) submit(ops []relay.WriteOp) (wake bool, err error) {
 		n.opN++
 	}
 	return wake, nil
+}
+
+// SubmitPiece takes all of a relayed Piece's writes (at most
+// staging.MaxPlans) as one GPU operation of their own and reports their
+// end as one completion with token, whose error is the first write's
+// failure, once the wire has sent the last of them and the GPU is done. It
+// takes the Piece whole while the queue has room for one more Piece (a
+// Piece counts as one toward the queue's depth), else none and returns
+// relay.ErrHopBusy. The ops' own tokens are unused.
+func (n *NIC) SubmitPiece(ops []relay.WriteOp, token uint64) error {
+	n.mu.Lock()
+	wake, err := n.submitPiece(ops, token)
+	n.mu.Unlock()
+	if wake {
+		n.wake()
+	}
+	return err
+}
+
+func (n *NIC) submitPiece(ops []relay.WriteOp, token uint64) (wake bool, err error) {
+	if n.closed {
+		return false, errors.New("gpunic: closed")
+	}
+	if len(ops) == 0 || len(ops) > batchOps {
+		return false, fmt.Errorf("gpunic: Piece %d of %d writes, want 1 to %d", token, len(ops), batchOps)
+	}
+	if n.opN == n.depth || n.bN+2 > nicBatches {
+		return false, relay.ErrHopBusy
+	}
+	now := n.clock()
+	o := nicOp{token: token, batch: -1}
+	for i := range ops {
+		op := &ops[i]
+		var dst cuda.DevicePtr
+		var err error
+		if op.Read {
+			err = fmt.Errorf("gpunic: Piece %d, write %d: %w", token, i, errNICRead)
+		} else if dst, err = n.targets.translate(op.Target, op.Dst, op.Len, &n.hint); err == nil && op.Len > 0 && op.Src == 0 {
+			err = fmt.Errorf("gpunic: Piece %d, write %d has no source", token, i)
+		}
+		if err != nil {
+			if o.err == nil {
+				o.err = err
+			}
+			continue
+		}
+		var start int64
+		start, o.finish = n.pace(now, op.Len)
+		if op.Len == 0 {
+			continue
+		}
+		if o.batch < 0 {
+			if n.cur >= 0 {
+				n.closeCur()
+				wake = true
+			}
+			n.open(start)
+			n.batches[n.cur].sealed = true
+			n.batches[n.cur].ops = 1
+			o.batch = n.cur
+		}
+		b := &n.batches[n.cur]
+		b.entries = append(b.entries, cuda.CopyEntry{Src: uint64(op.Src), Dst: uint64(dst), Len: op.Len})
+		b.bytes += op.Len
+	}
+	n.ops[n.opTail] = o
+	if n.opTail++; n.opTail == n.depth {
+		n.opTail = 0
+	}
+	n.opN++
+	return wake, nil
+}
+
+// closeCur closes the open batch: it is ready for a starter.
+func (n *NIC) closeCur() {
+	n.batches[n.cur].state = batchReady
+	n.cur = -1
 }
 
 // batchesFor bounds the batches a Submit of ops opens: the open batch is
@@ -451,7 +535,7 @@ func (n *NIC) pace(now int64, bytes uint64) (start, finish int64) {
 func (n *NIC) open(start int64) {
 	n.cur = (n.bHead + n.bN) % nicBatches
 	b := &n.batches[n.cur]
-	b.state, b.err, b.ops, b.bytes, b.entries, b.start = batchOpen, nil, 0, 0, b.entries[:0], start
+	b.state, b.sealed, b.err, b.ops, b.bytes, b.entries, b.start = batchOpen, false, nil, 0, 0, b.entries[:0], start
 	n.bN++
 	n.untaken++
 }

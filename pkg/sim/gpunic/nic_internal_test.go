@@ -158,71 +158,66 @@ func TestNICLoneWrite(t *testing.T) {
 	}
 }
 
-// TestNICBacklogBatches drives a NIC at R = 50 GB/s faster than its wire
-// (the clock stands still): while the wire's backlog is shorter than the
-// lead every Poll starts what waits; beyond it, ops gather into full
-// batches, by count for 2 KiB writes and by bytes for 64 KiB ones. Every
-// completion comes in order, after its wire time and its batch's GPU
-// operation.
+// TestNICBacklogBatches drives a NIC at R = 50 GB/s with a host faster
+// than its wire (600 ns of clock for each Submit of 256 writes and its
+// Poll; the GPU done at once): while the wire's backlog is shorter than the lead
+// every Poll starts what waits; beyond it, ops gather into full batches,
+// by count for 2 KiB writes and by bytes for 64 KiB ones. Every completion
+// comes in order and no earlier than its wire time.
 func TestNICBacklogBatches(t *testing.T) {
 	for _, c := range []struct {
 		size    uint64
 		fullOps int
 	}{{2 << 10, batchOps}, {64 << 10, batchBytes / (64 << 10)}} {
-		eng, clk := &fakeEngine{}, &fakeClock{}
+		eng, clk := &fakeEngine{autoDone: true}, &fakeClock{}
 		n := newNIC(eng, fakeTargets(), Options{RateGBps: 50}, clk.now)
 		hold := float64(c.size) / 50
-		var sent uint64
-		var leadOps int
-		for {
-			if n.Submit(writes(sent, 32, c.size)) != nil {
-				break
-			}
-			if float64(sent)*hold <= float64(startLead.Nanoseconds()) {
-				leadOps = int(sent) + 32
-			}
-			sent += 32
-			if got := pollTokens(t, n, 64); len(got) != 0 {
-				t.Fatalf("%d B: completions at time 0: %v", c.size, got)
+		var sent, next uint64
+		collect := func() {
+			for _, tok := range pollTokens(t, n, 256) {
+				if tok != next {
+					t.Fatalf("%d B: token %d, want %d", c.size, tok, next)
+				}
+				// The wire never idles: write k is through at (k+1)·hold.
+				if through := float64(tok+1) * hold; float64(clk.ns) < through-1 {
+					t.Fatalf("%d B: token %d completed at %d ns, before its wire time %.0f", c.size, tok, clk.ns, through)
+				}
+				next++
 			}
 		}
-		if sent < uint64(min(DefaultDepth/2, 40*c.fullOps)) {
-			t.Fatalf("%d B: busy after %d ops", c.size, sent)
+		leadOps := -1
+		for sent < uint64(5*c.fullOps) {
+			if err := n.Submit(writes(sent, 256, c.size)); err != nil {
+				if !errors.Is(err, relay.ErrHopBusy) {
+					t.Fatal(err)
+				}
+			} else {
+				sent += 256
+			}
+			if leadOps < 0 && float64(sent)*hold-float64(clk.ns) > float64(startLead.Nanoseconds()) {
+				leadOps = int(sent)
+			}
+			collect()
+			clk.ns += 600
 		}
 		var ops, full int
 		for i, s := range eng.starts {
-			if ops >= leadOps && s.ops != c.fullOps && i != len(eng.starts)-1 {
-				t.Errorf("%d B: GPU operation %d (ops %d on) has %d ops, want %d", c.size, i, ops, s.ops, c.fullOps)
+			if leadOps >= 0 && ops >= leadOps && s.ops != c.fullOps {
+				t.Errorf("%d B: GPU operation %d (ops %d on, backlog past the lead from op %d) has %d ops, want %d", c.size, i, ops, leadOps, s.ops, c.fullOps)
 			}
 			if s.ops == c.fullOps {
 				full++
 			}
 			ops += s.ops
 		}
-		if ops > int(sent) || full < int(sent)/c.fullOps-leadOps/c.fullOps-2 {
-			t.Errorf("%d B: %d ops in %d GPU operations (%d full) for %d sent", c.size, ops, len(eng.starts), full, sent)
+		if leadOps < 0 || full < 2 || len(eng.starts) > leadOps/256*(1+256/c.fullOps)+full+2 {
+			t.Errorf("%d B: %d GPU operations (%d full) for %d ops, the backlog past the lead from op %d", c.size, len(eng.starts), full, ops, leadOps)
 		}
-		// Time passes: the wire has long sent everything, but nothing
-		// completes before the GPU is done.
-		clk.ns = int64(float64(sent)*hold) + 1
-		for n.untaken > 0 {
-			n.Poll(nil)
-		}
-		if got := pollTokens(t, n, 64); len(got) != 0 {
-			t.Fatalf("%d B: completions before the GPU operations: %v", c.size, got)
-		}
-		eng.release()
-		var next uint64
-		for next < sent {
-			got := pollTokens(t, n, 1000)
-			if len(got) == 0 {
+		for clk.ns += int64(float64(sent) * hold); next < sent; {
+			before := next
+			collect()
+			if next == before {
 				t.Fatalf("%d B: stuck at token %d of %d", c.size, next, sent)
-			}
-			for _, tok := range got {
-				if tok != next {
-					t.Fatalf("%d B: token %d, want %d", c.size, tok, next)
-				}
-				next++
 			}
 		}
 		if n.bN != 0 || n.opN != 0 {
@@ -305,6 +300,79 @@ func TestNICErrors(t *testing.T) {
 	k = n.Poll(out)
 	if k != 2 || !errors.Is(out[0].Err, eng.startErr) || !errors.Is(out[1].Err, eng.startErr) {
 		t.Fatalf("a failed start: %d completions %+v", k, out[:k])
+	}
+}
+
+// TestNICSubmitPiece: a Piece is one GPU operation of its own, whole, and
+// one completion with its token once the wire has sent its last write and
+// the GPU is done; a write it cannot perform fails the Piece; a full queue
+// takes none of it.
+func TestNICSubmitPiece(t *testing.T) {
+	eng, clk := &fakeEngine{}, &fakeClock{}
+	n := newNIC(eng, fakeTargets(), Options{RateGBps: 50, QueueDepth: 3}, clk.now)
+	for _, bad := range [][]relay.WriteOp{nil, writes(0, batchOps+1, 8)} {
+		if err := n.SubmitPiece(bad, 9); err == nil || errors.Is(err, relay.ErrHopBusy) {
+			t.Fatalf("a Piece of %d writes: %v", len(bad), err)
+		}
+	}
+	// A write waiting in the open batch, then a Piece of 4096 2 KiB
+	// writes, then another write: three GPU operations, the Piece's whole.
+	if err := n.Submit(writes(0, 1, 2048)); err != nil {
+		t.Fatal(err)
+	}
+	piece := writes(1, batchOps, 2048)
+	for i := range piece {
+		piece[i].Token = 0
+	}
+	if err := n.SubmitPiece(piece, 77); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Submit(writes(batchOps+1, 1, 2048)); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.SubmitPiece(writes(0, 1, 8), 78); !errors.Is(err, relay.ErrHopBusy) {
+		t.Fatalf("a Piece into a full queue: %v", err)
+	}
+	if n.opN != 3 || n.bN != 3 {
+		t.Fatalf("after a refused Piece: %d ops and %d batches queued, want 3 and 3", n.opN, n.bN)
+	}
+	clk.ns = 1 << 30
+	n.Poll(nil)
+	if len(eng.starts) != 3 || eng.starts[0].ops != 1 || eng.starts[1].ops != batchOps || eng.starts[1].bytes != batchOps*2048 || eng.starts[2].ops != 1 {
+		t.Fatalf("GPU operations %+v, want 1, %d and 1 writes", eng.starts, batchOps)
+	}
+	if got := pollTokens(t, n, 8); len(got) != 0 {
+		t.Fatalf("completions before the GPU: %v", got)
+	}
+	eng.release()
+	// The Piece's last write is through at (1+4096)·40.96 ns.
+	clk.ns = 167_813
+	if got := pollTokens(t, n, 8); len(got) != 1 || got[0] != 0 {
+		t.Fatalf("before the Piece's last write is through: %v", got)
+	}
+	clk.ns = 167_814
+	if got := pollTokens(t, n, 8); len(got) != 1 || got[0] != 77 {
+		t.Fatalf("once it is: %v", got)
+	}
+	clk.ns = 167_855
+	if got := pollTokens(t, n, 8); len(got) != 1 || got[0] != batchOps+1 {
+		t.Fatalf("the write after the Piece: %v", got)
+	}
+	// A Piece with a read and an unknown session among good writes.
+	bad := writes(10, 4, 4096)
+	bad[1].Read = true
+	bad[2].Target = "nobody"
+	if err := n.SubmitPiece(bad, 79); err != nil {
+		t.Fatal(err)
+	}
+	eng.autoDone = true
+	clk.ns += 1 << 20
+	out := make([]relay.HopCompletion, 4)
+	if k := n.Poll(out); k != 1 || out[0].Token != 79 || !errors.Is(out[0].Err, errNICRead) {
+		t.Fatalf("a Piece with a read: %d completions %+v, want one failed with the read", k, out[:k])
+	}
+	if last := eng.starts[len(eng.starts)-1]; last.ops != 2 {
+		t.Fatalf("the good writes of a failed Piece: a GPU operation of %d, want 2", last.ops)
 	}
 }
 

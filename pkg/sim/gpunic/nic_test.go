@@ -195,7 +195,8 @@ func pollAll(t *testing.T, n *gpunic.NIC, want int) []relay.HopCompletion {
 // TestNIC writes into another process's device buffer through the emulated
 // NIC: completions in order, errors for what it cannot do, the rate cap as
 // a lower bound on completion time, back-pressure, batches of small ops on
-// the SM kernel and on the copy engines, and the bytes.
+// the SM kernel and on the copy engines, a Piece as one completion, and the
+// bytes.
 const base = 0x7e0000000000
 
 // startTarget starts a target process and maps its buffer as session t0.
@@ -391,7 +392,24 @@ func TestNIC(t *testing.T) {
 		d := (7*5 + k) * 4096
 		copy(want[d:d+4096], host[k*4096:k*4096+4096])
 	}
-	if err := errors.Join(slow.Close(), nic.Close(), busy.Close()); err != nil {
+	// A Piece of 600 small unaligned writes: one completion, the bytes.
+	pn, err := gpunic.New(g, maps, gpunic.Options{RateGBps: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var piece []relay.WriteOp
+	for i := uint64(0); i < 600; i++ {
+		s, d, l := i*5003+11, (599-i)*4099+3, 2001+i%7
+		piece = append(piece, relay.WriteOp{Src: uintptr(src) + uintptr(s), Len: l, Target: "t0", Dst: base + d})
+		copy(want[d:d+l], host[s:s+l])
+	}
+	if err := pn.SubmitPiece(piece, 4242); err != nil {
+		t.Fatal(err)
+	}
+	if got := pollAll(t, pn, 1); got[0].Token != 4242 || got[0].Err != nil {
+		t.Fatalf("Piece: %+v", got)
+	}
+	if err := errors.Join(slow.Close(), nic.Close(), busy.Close(), pn.Close()); err != nil {
 		t.Fatal(err)
 	}
 	sum := fnv.New64a()
