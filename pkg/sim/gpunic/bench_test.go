@@ -131,7 +131,6 @@ func BenchmarkNICSmallOps(b *testing.B) {
 		piece bool
 	}{
 		{"2KiB auto", 2 << 10, gpunic.Options{}, false},
-		{"2KiB auto, 16 blocks", 2 << 10, gpunic.Options{ScatterBlocks: 16}, false},
 		{"2KiB Pieces of 4096", 2 << 10, gpunic.Options{}, true},
 		{"4KiB auto", 4 << 10, gpunic.Options{}, false},
 		{"16KiB auto", 16 << 10, gpunic.Options{}, false},

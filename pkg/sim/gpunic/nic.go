@@ -138,9 +138,6 @@ type Options struct {
 	// gpu.GatherThreshold, the copy engines otherwise, as the first hop
 	// chooses), gpu.GatherCE or gpu.GatherSM.
 	Copy gpu.GatherMode
-	// ScatterBlocks is the scatter kernel's grid (at most one block an SM
-	// of the GPU). Zero means DefaultScatterBlocks.
-	ScatterBlocks int
 	// GatherPTX replaces the embedded kernel (kernel development only).
 	GatherPTX []byte
 }
@@ -158,9 +155,11 @@ const DefaultDepth = 4 * staging.MaxPlans
 // GB/s it bounds only ops shorter than 500 bytes.
 const DefaultOpCost = 10 * time.Nanosecond
 
-// batchOps bounds the ops of one GPU operation of the NIC and batchBytes
-// the bytes of one of small ops (the scatter kernel's, whose time grows with
-// them); nicBatches is how many operations it has open or in flight. With
+// batchOps bounds the ops of one GPU operation of the NIC, batchBytes the
+// bytes of one of small ops (the scatter kernel's) and ceBatchBytes those
+// of one of large ops (the copy engines'), so that the operation's time
+// stays within the lead; nicBatches is how many operations it has open or
+// in flight. With
 // a wire, a batch is due once the wire is within startLead of its first
 // op: ops submitted meanwhile join it, so a NIC with a backlog on its wire
 // starts few large operations, each with startLead to finish before the
@@ -171,12 +170,13 @@ const DefaultOpCost = 10 * time.Nanosecond
 // staging.MaxPlans writes and staging.SlotSize bytes, so batchOps and
 // batchBytes are those.
 const (
-	batchOps   = staging.MaxPlans
-	batchBytes = staging.SlotSize
-	startLead  = 100 * time.Microsecond
-	flushOps   = 128
-	nicBatches = 32
-	nicStreams = 2
+	batchOps     = staging.MaxPlans
+	batchBytes   = staging.SlotSize
+	ceBatchBytes = 8 * staging.SlotSize
+	startLead    = 100 * time.Microsecond
+	flushOps     = 128
+	nicBatches   = 64
+	nicStreams   = 2
 )
 
 // engine moves the NIC's batches, each as one GPU operation followed by a
@@ -217,8 +217,9 @@ const (
 // A real NIC's processor, not the host, executes the posted writes, so the
 // NIC has a goroutine of its own that starts batches on the GPU (a few µs
 // of driver calls each): Submit and Poll only queue ops, book the wire and
-// collect completions. A Poll that finds a batch due while the GPU is idle
-// starts it itself, which saves a lone write the goroutine's wake-up.
+// collect completions. A Poll that finds a batch due while nothing else of
+// the NIC's is in flight starts it itself, which saves a lone write the
+// goroutine's wake-up.
 type NIC struct {
 	eng       engine
 	scatterOn bool
@@ -240,12 +241,18 @@ type NIC struct {
 	mu     sync.Mutex
 	closed bool
 	hint   int
+	// tg is the target the last good op wrote to.
+	tg nicTarget
 	// wirePs is when (ps since the epoch) the emulated wire is next free.
 	wirePs int64
+	// holdLen and holdPs are the last op length paced and its wire time.
+	holdLen uint64
+	holdPs  int64
 	// starting is set while a caller of startReady is in the engine.
 	starting bool
 
 	ops     []nicOp
+	errs    []error
 	opHead  int
 	opTail  int
 	opN     int
@@ -262,11 +269,13 @@ type NIC struct {
 	launches uint64
 }
 
+// nicOp is a queued op (or Piece); it holds no pointer, so that queuing
+// one is a plain store. A failed op's error is in NIC.errs at its slot.
 type nicOp struct {
 	token  uint64
 	finish int64
-	batch  int
-	err    error
+	batch  int32
+	failed bool
 }
 
 type nicBatch struct {
@@ -291,9 +300,6 @@ var _ relay.Hop = (*NIC)(nil)
 func New(g *gpu.GPU, targets *Targets, opts Options) (*NIC, error) {
 	if opts.RateGBps < 0 {
 		return nil, fmt.Errorf("gpunic: rate %g GB/s", opts.RateGBps)
-	}
-	if opts.ScatterBlocks < 0 {
-		return nil, fmt.Errorf("gpunic: scatter grid of %d blocks", opts.ScatterBlocks)
 	}
 	eng, err := newGPUEngine(g, opts)
 	if err != nil {
@@ -328,7 +334,7 @@ func newNIC(eng engine, targets *Targets, opts Options, clock func() int64) *NIC
 		cost = 0
 	}
 	n := &NIC{eng: eng, targets: targets, rate: opts.RateGBps, opCostPs: cost.Nanoseconds() * 1000, lead: startLead.Nanoseconds(),
-		depth: depth, clock: clock, ops: make([]nicOp, depth), cur: -1, last: -1}
+		depth: depth, clock: clock, ops: make([]nicOp, depth), errs: make([]error, depth), cur: -1, last: -1}
 	n.wake = n.startReady
 	if n.rate > 0 {
 		n.psPerByte = 1000 / n.rate
@@ -390,18 +396,15 @@ func (n *NIC) submit(ops []relay.WriteOp) (wake bool, err error) {
 	for i := range ops {
 		op := &ops[i]
 		o := nicOp{token: op.Token, batch: -1}
-		var dst cuda.DevicePtr
-		if op.Read {
-			o.err = fmt.Errorf("token %d: %w", op.Token, errNICRead)
-		} else if dst, o.err = n.targets.translate(op.Target, op.Dst, op.Len, &n.hint); o.err == nil && op.Len > 0 && op.Src == 0 {
-			o.err = fmt.Errorf("gpunic: token %d has no source", op.Token)
-		}
-		if o.err == nil {
+		dst, err := n.check(op)
+		if err != nil {
+			o.failed, n.errs[n.opTail] = true, err
+		} else {
 			var start int64
 			start, o.finish = n.pace(now, op.Len)
 			if op.Len > 0 {
 				if n.cur >= 0 {
-					if b := &n.batches[n.cur]; b.sealed || len(b.entries) == batchOps || (b.bytes >= batchBytes && b.bytes < gpu.GatherThreshold*uint64(len(b.entries))) {
+					if b := &n.batches[n.cur]; b.sealed || len(b.entries) == batchOps || b.bytes >= ceBatchBytes || (b.bytes >= batchBytes && b.bytes < gpu.GatherThreshold*uint64(len(b.entries))) {
 						n.closeCur()
 						wake = true
 					}
@@ -413,7 +416,7 @@ func (n *NIC) submit(ops []relay.WriteOp) (wake bool, err error) {
 				b.entries = append(b.entries, cuda.CopyEntry{Src: uint64(op.Src), Dst: uint64(dst), Len: op.Len})
 				b.bytes += op.Len
 				b.ops++
-				o.batch = n.cur
+				o.batch = int32(n.cur)
 			}
 		}
 		n.ops[n.opTail] = o
@@ -456,16 +459,10 @@ func (n *NIC) submitPiece(ops []relay.WriteOp, token uint64) (wake bool, err err
 	o := nicOp{token: token, batch: -1}
 	for i := range ops {
 		op := &ops[i]
-		var dst cuda.DevicePtr
-		var err error
-		if op.Read {
-			err = fmt.Errorf("gpunic: Piece %d, write %d: %w", token, i, errNICRead)
-		} else if dst, err = n.targets.translate(op.Target, op.Dst, op.Len, &n.hint); err == nil && op.Len > 0 && op.Src == 0 {
-			err = fmt.Errorf("gpunic: Piece %d, write %d has no source", token, i)
-		}
+		dst, err := n.check(op)
 		if err != nil {
-			if o.err == nil {
-				o.err = err
+			if !o.failed {
+				o.failed, n.errs[n.opTail] = true, fmt.Errorf("gpunic: Piece %d, write %d: %w", token, i, err)
 			}
 			continue
 		}
@@ -482,7 +479,7 @@ func (n *NIC) submitPiece(ops []relay.WriteOp, token uint64) (wake bool, err err
 			n.open(start)
 			n.batches[n.cur].sealed = true
 			n.batches[n.cur].ops = 1
-			o.batch = n.cur
+			o.batch = int32(n.cur)
 		}
 		b := &n.batches[n.cur]
 		b.entries = append(b.entries, cuda.CopyEntry{Src: uint64(op.Src), Dst: uint64(dst), Len: op.Len})
@@ -496,6 +493,24 @@ func (n *NIC) submitPiece(ops []relay.WriteOp, token uint64) (wake bool, err err
 	return wake, nil
 }
 
+// check returns where op writes in this process, or why it cannot.
+func (n *NIC) check(op *relay.WriteOp) (cuda.DevicePtr, error) {
+	if end := op.Dst + op.Len; !op.Read && op.Target == n.tg.session && op.Dst >= n.tg.addr && end >= op.Dst && end <= n.tg.addr+n.tg.len && (op.Src != 0 || op.Len == 0) {
+		return n.tg.base + cuda.DevicePtr(op.Dst-n.tg.addr), nil
+	}
+	if op.Read {
+		return 0, fmt.Errorf("token %d: %w", op.Token, errNICRead)
+	}
+	dst, err := n.targets.translate(op.Target, op.Dst, op.Len, &n.hint)
+	if err == nil && op.Len > 0 && op.Src == 0 {
+		err = fmt.Errorf("gpunic: token %d has no source", op.Token)
+	}
+	if err == nil {
+		n.tg = n.targets.list[n.hint]
+	}
+	return dst, err
+}
+
 // closeCur closes the open batch: it is ready for a starter.
 func (n *NIC) closeCur() {
 	n.batches[n.cur].state = batchReady
@@ -503,9 +518,9 @@ func (n *NIC) closeCur() {
 }
 
 // batchesFor bounds the batches a Submit of ops opens: the open batch is
-// closed once it holds batchOps ops, or batchBytes bytes in ops shorter on
-// average than gpu.GatherThreshold (so at least minByBytes of them), and
-// one more opens after the last close.
+// closed once it holds batchOps ops, ceBatchBytes bytes, or batchBytes
+// bytes in ops shorter on average than gpu.GatherThreshold (so at least
+// minByBytes of them), and one more opens after the last close.
 func batchesFor(ops []relay.WriteOp) int {
 	const minByBytes = batchBytes / gpu.GatherThreshold
 	var total uint64
@@ -514,7 +529,8 @@ func batchesFor(ops []relay.WriteOp) int {
 			total = ^uint64(0)
 		}
 	}
-	return 2 + len(ops)/batchOps + int(min(total/batchBytes, uint64(len(ops)/minByBytes)))
+	byBytes := min(total/batchBytes, uint64(len(ops)/minByBytes)+total/ceBatchBytes, uint64(len(ops)))
+	return 2 + len(ops)/batchOps + int(byBytes)
 }
 
 // pace books an op of n bytes on the wire, which sends in submission order:
@@ -526,8 +542,11 @@ func (n *NIC) pace(now int64, bytes uint64) (start, finish int64) {
 	if n.rate == 0 {
 		return now, 0
 	}
+	if bytes != n.holdLen || n.holdPs == 0 {
+		n.holdLen, n.holdPs = bytes, max(int64(math.Ceil(float64(bytes)*n.psPerByte)), n.opCostPs, 1)
+	}
 	s := max(now*1000, n.wirePs)
-	n.wirePs = s + max(int64(math.Ceil(float64(bytes)*n.psPerByte)), n.opCostPs)
+	n.wirePs = s + n.holdPs
 	return s / 1000, (n.wirePs + 999) / 1000
 }
 
@@ -609,7 +628,9 @@ func (n *NIC) Poll(out []relay.HopCompletion) int {
 	if n.untaken > 0 && !n.starting {
 		i := (n.bHead + n.bN - n.untaken) % nicBatches
 		if n.batches[i].state == batchReady || (i == n.cur && n.due(now)) {
-			inline := !n.busy()
+			// Nothing of this NIC's is on the GPU or waiting: a lone
+			// write, which the goroutine's wake-up would only delay.
+			inline := n.bN == n.untaken
 			n.mu.Unlock()
 			if inline {
 				n.startReady()
@@ -632,14 +653,17 @@ func (n *NIC) collect(out []relay.HopCompletion, now int64) int {
 		if o.finish > now {
 			break
 		}
-		err := o.err
+		var err error
+		if o.failed {
+			err, n.errs[n.opHead] = n.errs[n.opHead], nil
+		}
 		if o.batch >= 0 {
 			b := &n.batches[o.batch]
 			if b.state < batchStarted {
 				break
 			}
 			if b.state == batchStarted {
-				done, qerr := n.eng.done(o.batch)
+				done, qerr := n.eng.done(int(o.batch))
 				if qerr != nil {
 					b.err = fmt.Errorf("gpunic: completion: %w", qerr)
 				} else if !done {

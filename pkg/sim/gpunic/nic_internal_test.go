@@ -382,7 +382,7 @@ func TestNICBatchesFor(t *testing.T) {
 	for _, c := range []struct {
 		n    int
 		size uint64
-	}{{1, 8 << 20}, {16, 8 << 20}, {4096, 2 << 10}, {1024, 64 << 10}, {3, 3 << 20}, {2049, 1}} {
+	}{{1, 8 << 20}, {32, 8 << 20}, {400, 1 << 20}, {4096, 2 << 10}, {1024, 64 << 10}, {3, 3 << 20}, {2049, 1}, {200, 600 << 10}} {
 		eng, clk := &fakeEngine{autoDone: true}, &fakeClock{}
 		n := newNIC(eng, fakeTargets(), Options{RateGBps: 50}, clk.now)
 		// A batch already open and partly full.
