@@ -168,7 +168,9 @@ func TestKitRunsStepsUnderItsOwnDaemon(t *testing.T) {
 		t.Fatalf("kit run: %v\n%s", err, out)
 	}
 	_, steps := k.steps(t)
-	want := []string{"nomps-p3", "after-p13", "before-p13", "after-p10", "spin-p10", "before-p10", "after-p9", "pidns", "gpu", "libpxn", "nic"}
+	want := []string{"nomps-p3", "after-p13", "before-p13", "after-p10", "spin-p10", "before-p10", "after-p14", "before-p14", "after-p9", "pidns", "gpu", "libpxn", "nic"}
+	// before-p14 runs the baseline once for each of P14's five block sizes.
+	p14Shapes := []string{"80x128x2KiB", "80x64x4KiB", "80x32x8KiB", "80x16x16KiB", "80x4x64KiB"}
 	for _, name := range want {
 		mps := "on"
 		if name == "nomps-p3" {
@@ -205,16 +207,23 @@ func TestKitRunsStepsUnderItsOwnDaemon(t *testing.T) {
 			}
 		}
 	}
-	if got := strings.Join(order, " "); got != "nomps-p3 start "+strings.Repeat("step ", len(want)-1)+"quit" {
+	if got := strings.Join(order, " "); got != "nomps-p3 start "+strings.Repeat("step ", len(want)-1+len(p14Shapes)-1)+"quit" {
 		t.Errorf("order of events %q", got)
 	}
 	all := strings.Join(calls, "\n")
-	for _, w := range []string{
+	wantCalls := []string{
+		"pxn-bench run --device cuda --suite p14 --json " + k.out + "/after-p14.json",
+		"gpunic.test -test.run ^$ -test.bench . -test.benchtime 200ms",
+	}
+	for _, s := range p14Shapes {
+		wantCalls = append(wantCalls, "pxn-bench.before run --device cuda --ranks 2 --pattern kv --kv-shape "+s+" --kv-requests 16 --kv-inflight 4 --rate 50 --json "+k.out+"/before-p14-"+s+".json")
+	}
+	for _, w := range append(wantCalls,
 		"pxn-bench run --device cuda --suite p10 --poll-spin 2ms",
 		"pxn-bench.before run --device cuda --suite p10",
 		"pxn-bench run --device cuda --ranks 2 --pattern cross-rail --bytes 256MiB --block 8MiB --pidns --arena-share fd",
-		"libpxn.test -test.v -test.run TestGPURanksThroughCABI|TestFirstHopChoice|TestABIRules | pipes=" + pipes + " control=yes dir=" + k.repo + "/cmd/libpxn lib=" + k.dir + "/lib",
-	} {
+		"libpxn.test -test.v -test.run TestGPURanksThroughCABI|TestFirstHopChoice|TestABIRules | pipes="+pipes+" control=yes dir="+k.repo+"/cmd/libpxn lib="+k.dir+"/lib",
+	) {
 		if !strings.Contains(all, w) {
 			t.Errorf("no call %q in\n%s", w, all)
 		}
