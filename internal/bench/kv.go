@@ -445,7 +445,9 @@ func transferKVBare(hop relay.Hop, reqs [][]relay.Request, total uint64, infligh
 	}
 	t := newKVTally(len(reqs))
 	var act []*active
-	byReq := make(map[int]*active, inflight)
+	// byReq finds a completion's request without hashing: at 2 KiB a
+	// write completes every 41 ns of the wire.
+	byReq := make([]*active, len(reqs))
 	var ops [kvHopChunk]relay.WriteOp
 	var comp [256]relay.HopCompletion
 	for next := 0; next < len(reqs) || len(act) > 0; {
@@ -477,7 +479,10 @@ func transferKVBare(hop relay.Hop, reqs [][]relay.Request, total uint64, infligh
 		}
 		n := hop.Poll(comp[:])
 		for _, c := range comp[:n] {
-			a := byReq[int(c.Token>>32)]
+			var a *active
+			if i := c.Token >> 32; i < uint64(len(byReq)) {
+				a = byReq[i]
+			}
 			if a == nil {
 				return nil, fmt.Errorf("hop completed token %#x of no request in flight", c.Token)
 			}
@@ -493,7 +498,7 @@ func transferKVBare(hop relay.Hop, reqs [][]relay.Request, total uint64, infligh
 				continue
 			}
 			t.res.CompletionsUS = append(t.res.CompletionsUS, micros(time.Since(a.t0)))
-			delete(byReq, a.i)
+			byReq[a.i] = nil
 			act = append(act[:i], act[i+1:]...)
 		}
 		if n == 0 {
