@@ -495,7 +495,7 @@ func (n *NIC) submitPiece(ops []relay.WriteOp, token uint64) (wake bool, err err
 
 // check returns where op writes in this process, or why it cannot.
 func (n *NIC) check(op *relay.WriteOp) (cuda.DevicePtr, error) {
-	if end := op.Dst + op.Len; !op.Read && op.Target == n.tg.session && op.Dst >= n.tg.addr && end >= op.Dst && end <= n.tg.addr+n.tg.len && (op.Src != 0 || op.Len == 0) {
+	if end := op.Dst + op.Len; !op.Read && n.tg.len != 0 && op.Target == n.tg.session && op.Dst >= n.tg.addr && end >= op.Dst && end <= n.tg.addr+n.tg.len && (op.Src != 0 || op.Len == 0) {
 		return n.tg.base + cuda.DevicePtr(op.Dst-n.tg.addr), nil
 	}
 	if op.Read {

@@ -265,6 +265,14 @@ func TestNICUncapped(t *testing.T) {
 func TestNICErrors(t *testing.T) {
 	eng, clk := &fakeEngine{autoDone: true}, &fakeClock{}
 	n := newNIC(eng, fakeTargets(), Options{QueueDepth: 8}, clk.now)
+	// Before any good write: nothing to mistake for a known target.
+	if err := n.Submit([]relay.WriteOp{{Token: 99}}); err != nil {
+		t.Fatal(err)
+	}
+	first := make([]relay.HopCompletion, 2)
+	if k := n.Poll(first); k != 1 || first[0].Token != 99 || first[0].Err == nil {
+		t.Fatalf("a write to no session: %d completions %+v", k, first[:k])
+	}
 	ops := writes(0, 6, 4096)
 	ops[1].Read = true
 	ops[2].Target = "nobody"
