@@ -36,9 +36,9 @@
 #                     while a request moves
 #   before-p10 (30)   --suite p10 with the baseline's pxn-bench
 #   after-p14 (120)   --suite p14: KV requests of 2, 4, 8, 16 and 64 KiB
-#                     blocks 1→1, 7→1 and all-to-all, then streams of
-#                     one-block requests the same ways, at R = 50 against
-#                     direct (each traffic through every size first)
+#                     blocks and streams of one-block requests, 1→1, 7→1
+#                     and all-to-all, at R = 50 against direct (each
+#                     traffic through every size first, 1→1 first)
 #   before-p14 (60)   the baseline's pxn-bench, which has no p14 suite, on
 #                     P14's KV 1→1 at every size, one run each (the kit's
 #                     own baseline-p14 command), if built

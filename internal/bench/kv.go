@@ -604,10 +604,10 @@ const (
 const p14StreamBytes = 64 << 20
 
 // p14Runs are P14's scenarios at R = 50 GB/s, PXN against direct: KV
-// requests of every P14 block size 1→1, 7→1 and all-to-all over 8 ranks,
-// then streams of requests of one block each, 1→1, 7→1 and all-to-all.
-// Each traffic runs through every size before the next traffic, so a step
-// cut short still has whole rows of sizes.
+// requests of every P14 block size and streams of requests of one block
+// each, 1→1, 7→1 and all-to-all over 8 ranks. Each traffic runs through
+// every size before the next, 1→1 of both kinds first, so a step cut short
+// still has whole rows of sizes, and the ones the kit's baseline runs.
 func p14Runs(fanIn, alternate func(int) []int) []scenario {
 	kv := func(block uint64, traffic string, gpus []int, requests, inflight int) scenario {
 		return scenario{id: "P14", pattern: "kv", ranks: len(gpus), gpus: gpus, rate: 50, bare: true, warm: true,
@@ -622,13 +622,13 @@ func p14Runs(fanIn, alternate func(int) []int) []scenario {
 		runs = append(runs, kv(b, "fan-in", fanIn(1), p14Requests, p14Inflight))
 	}
 	for _, b := range p14Blocks {
+		runs = append(runs, stream(b, "fan-in", fanIn(1)))
+	}
+	for _, b := range p14Blocks {
 		runs = append(runs, kv(b, "fan-in", fanIn(7), 2, 2))
 	}
 	for _, b := range p14Blocks {
 		runs = append(runs, kv(b, "all-to-all", alternate(8), 2, 2))
-	}
-	for _, b := range p14Blocks {
-		runs = append(runs, stream(b, "fan-in", fanIn(1)))
 	}
 	for _, b := range p14Blocks {
 		runs = append(runs, stream(b, "fan-in", fanIn(7)))
