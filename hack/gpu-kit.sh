@@ -38,7 +38,9 @@
 #   after-p14 (120)   --suite p14: KV requests of 2, 4, 8, 16 and 64 KiB
 #                     blocks and streams of one-block requests, 1→1, 7→1
 #                     and all-to-all, at R = 50 against direct (each
-#                     traffic through every size first, 1→1 first)
+#                     traffic through every size first, 1→1 first;
+#                     GPU_KIT_P14_LIMIT replaces the limit, for a call
+#                     of its own with GPU_KIT_ONLY)
 #   before-p14 (60)   the baseline's pxn-bench, which has no p14 suite, on
 #                     P14's KV 1→1 at every size, one run each (the kit's
 #                     own baseline-p14 command), if built
@@ -220,7 +222,7 @@ kit_run() {
   if [ -x pxn-bench.before ]; then
     step before-p10 30 ./pxn-bench.before run --device cuda --suite p10 --json "$out/before-p10.json"
   fi
-  step after-p14 120 ./pxn-bench run --device cuda --suite p14 --json "$out/after-p14.json"
+  step after-p14 "${GPU_KIT_P14_LIMIT:-120}" ./pxn-bench run --device cuda --suite p14 --json "$out/after-p14.json"
   if [ -x pxn-bench.before ]; then
     step before-p14 60 "$kit/gpu-kit.sh" baseline-p14 "$out"
   fi

@@ -113,7 +113,7 @@ func newKit(t *testing.T, daemon, longOut bool) *kit {
 		}
 	}
 	k.env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "PXN_REPO="+k.repo, "STUB_LOG="+k.log,
-		"CUDA_MPS_PIPE_DIRECTORY=", "CUDA_MPS_LOG_DIRECTORY=", "GPU_KIT_BUDGET=", "STUB_HANG=", "STUB_PIDNS=")
+		"CUDA_MPS_PIPE_DIRECTORY=", "CUDA_MPS_LOG_DIRECTORY=", "GPU_KIT_BUDGET=", "GPU_KIT_P14_LIMIT=", "STUB_HANG=", "STUB_PIDNS=")
 	return k
 }
 
@@ -314,6 +314,19 @@ func TestKitBudget(t *testing.T) {
 	// a loaded machine, but never the hanging step's 300 s.
 	if d := time.Since(start); d > 2*time.Minute {
 		t.Errorf("the kit took %v", d)
+	}
+}
+
+// TestKitP14Limit: GPU_KIT_P14_LIMIT replaces after-p14's limit.
+func TestKitP14Limit(t *testing.T) {
+	k := newKit(t, true, false)
+	if out, err := k.command("GPU_KIT_ONLY=after-p14", "GPU_KIT_P14_LIMIT=300").CombinedOutput(); err != nil {
+		t.Fatalf("kit run: %v\n%s", err, out)
+	}
+	lines, steps := k.steps(t)
+	text := strings.Join(lines, "\n")
+	if steps["after-p14"][0] != "0" || !regexp.MustCompile(`(?m)^after-p14 rc=0 \d+ ms limit=300s`).MatchString(text) {
+		t.Fatalf("after-p14 not run with a 300 s limit:\n%s", text)
 	}
 }
 
