@@ -159,12 +159,12 @@ const DefaultOpCost = 10 * time.Nanosecond
 // bytes of one of small ops (the scatter kernel's) and ceBatchBytes those
 // of one of large ops (the copy engines'), so that the operation's time
 // stays within the lead; nicBatches is how many operations it has open or
-// in flight. With
-// a wire, a batch is due once the wire is within startLead of its first
-// op: ops submitted meanwhile join it, so a NIC with a backlog on its wire
-// starts few large operations, each with startLead to finish before the
-// wire reaches its bytes. Without a wire, while the GPU is busy with the NIC's
-// last operation, a batch is due once flushOps ops wait.
+// in flight. With a wire, a batch is due once the wire is within startLead
+// of its first op: ops submitted meanwhile join it, so a NIC with a
+// backlog on its wire starts few large operations, each with startLead to
+// finish before the wire reaches its bytes. Without a wire, while the GPU
+// is busy with the NIC's last operation, a batch is due once flushOps ops
+// wait.
 //
 // A relayed Piece (SubmitPiece) is a batch of its own, whole: up to
 // staging.MaxPlans writes and staging.SlotSize bytes, so batchOps and
@@ -204,8 +204,9 @@ const (
 
 // NIC is an emulated RDMA NIC for machines without HCAs: a relay.Hop whose
 // writes land in targets' device buffers (Targets) and whose timing follows
-// a model of a NIC's wire. The ops it accepts become batches of at most
-// batchOps ops and batchBytes bytes, each one GPU operation: the SM scatter
+// a model of a NIC's wire. The ops it accepts become batches (of at most
+// batchOps ops, batchBytes bytes of small ops or ceBatchBytes of large
+// ones), each one GPU operation: the SM scatter
 // kernel of pkg/gpu for batches of small ops (its plan uploaded once a
 // batch), one batch copy on the copy engines for large ones. Each op holds
 // the wire for the longer of OpCost and Len/RateGBps from when the wire is
