@@ -22,7 +22,7 @@
 # GPU_KIT_ONLY, a list of step names, runs those steps alone.
 #
 # Steps, most wanted first (each one's limit in seconds; the kit as a whole
-# stops starting steps once GPU_KIT_BUDGET seconds, 510 by default, are
+# stops starting steps once GPU_KIT_BUDGET seconds, 560 by default, are
 # spent, and cuts the last one's limit to what is left):
 #   nomps-p3 (40)     pxn-bench --suite p3 without MPS: the time-sliced
 #                     contrast (before the daemon starts)
@@ -35,6 +35,15 @@
 #   spin-p10 (50)     the same with --poll-spin 2ms: pumps that never nap
 #                     while a request moves
 #   before-p10 (30)   --suite p10 with the baseline's pxn-bench
+#   after-p14 (120)   --suite p14: KV requests of 2, 4, 8, 16 and 64 KiB
+#                     blocks and streams of one-block requests, 1→1, 7→1
+#                     and all-to-all, at R = 50 against direct (each
+#                     traffic through every size first, 1→1 first;
+#                     GPU_KIT_P14_LIMIT replaces the limit, for a call
+#                     of its own with GPU_KIT_ONLY)
+#   before-p14 (60)   the baseline's pxn-bench, which has no p14 suite, on
+#                     P14's KV 1→1 at every size, one run each (the kit's
+#                     own baseline-p14 command), if built
 #   after-p9 (170)    --suite p9: kv-medium and kv-large, 1→1, 7→1 and
 #                     all-to-all (each scenario's rows written as it ends)
 #   pidns (35)        2 ranks each in PID and mount namespaces of its own,
@@ -43,6 +52,25 @@
 #   libpxn (45)       the C ABI's GPU tests (gpu_ranks.c, compiled there)
 #   nic (25)          the emulated NIC alone (pkg/sim/gpunic benchmarks)
 set -euo pipefail
+
+# The P14 1→1 KV requests that the baseline runs: internal/bench's
+# p14Shape of every block size, p14Requests and p14Inflight (a test there
+# keeps them equal), so both columns move the same traffic.
+p14_shapes="80x128x2KiB 80x64x4KiB 80x32x8KiB 80x16x16KiB 80x4x64KiB"
+p14_requests=16
+p14_inflight=4
+
+# kit_baseline_p14 runs the baseline's pxn-bench on each P14 1→1 shape,
+# one JSON file a shape in OUT; a run that fails does not stop the next.
+kit_baseline_p14() {
+  local out=$1 s
+  cd "$(dirname "$0")"
+  for s in $p14_shapes; do
+    echo "gpu-kit: baseline, P14 1→1 $s"
+    ./pxn-bench.before run --device cuda --ranks 2 --pattern kv --kv-shape "$s" --kv-requests "$p14_requests" \
+      --kv-inflight "$p14_inflight" --rate 50 --json "$out/before-p14-$s.json" || echo "gpu-kit: $s exited $?"
+  done
+}
 
 kit_build() {
   cd "$(dirname "$0")/.."
@@ -135,7 +163,7 @@ kit_run() {
   local out=$1 kit repo budget started
   kit=$(cd "$(dirname "$0")" && pwd -P)
   repo=${PXN_REPO:-$(cd "$kit/../.." && pwd -P)}
-  budget=${GPU_KIT_BUDGET:-510}
+  budget=${GPU_KIT_BUDGET:-560}
   [ -f "$repo/include/pxn.h" ] ||
     { echo "gpu-kit: $repo is not a checkout (the C test compiles its include/ and testdata/); set PXN_REPO" >&2; exit 1; }
   mkdir -p "$out"
@@ -194,6 +222,10 @@ kit_run() {
   if [ -x pxn-bench.before ]; then
     step before-p10 30 ./pxn-bench.before run --device cuda --suite p10 --json "$out/before-p10.json"
   fi
+  step after-p14 "${GPU_KIT_P14_LIMIT:-120}" ./pxn-bench run --device cuda --suite p14 --json "$out/after-p14.json"
+  if [ -x pxn-bench.before ]; then
+    step before-p14 60 "$kit/gpu-kit.sh" baseline-p14 "$out"
+  fi
   step after-p9 170 ./pxn-bench run --device cuda --suite p9 --json "$out/after-p9.json"
   local help
   help=$(./pxn-bench run --help 2>&1 || true)
@@ -206,11 +238,12 @@ kit_run() {
   fi
   step gpu 40 ./gpu.test -test.v
   STEP_DIR=$repo/cmd/libpxn PXN_LIBPXN_DIR=$kit/lib step libpxn 45 "$kit/libpxn.test" -test.v -test.run 'TestGPURanksThroughCABI|TestFirstHopChoice|TestABIRules'
-  PXN_REQUIRE_GPU=1 step nic 25 ./gpunic.test -test.run '^$' -test.bench . -test.benchtime 1000x
+  PXN_REQUIRE_GPU=1 step nic 25 ./gpunic.test -test.run '^$' -test.bench . -test.benchtime 200ms
 }
 
 case ${1:-} in
   build) shift; kit_build "$@" ;;
   run) [ $# -eq 2 ] || { echo "usage: gpu-kit.sh run OUT" >&2; exit 2; }; kit_run "$2" ;;
+  baseline-p14) [ $# -eq 2 ] || { echo "usage: gpu-kit.sh baseline-p14 OUT" >&2; exit 2; }; kit_baseline_p14 "$2" ;;
   *) sed -n '3,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -445,7 +445,9 @@ func transferKVBare(hop relay.Hop, reqs [][]relay.Request, total uint64, infligh
 	}
 	t := newKVTally(len(reqs))
 	var act []*active
-	byReq := make(map[int]*active, inflight)
+	// byReq finds a completion's request without hashing: at 2 KiB a
+	// write completes every 41 ns of the wire.
+	byReq := make([]*active, len(reqs))
 	var ops [kvHopChunk]relay.WriteOp
 	var comp [256]relay.HopCompletion
 	for next := 0; next < len(reqs) || len(act) > 0; {
@@ -477,7 +479,10 @@ func transferKVBare(hop relay.Hop, reqs [][]relay.Request, total uint64, infligh
 		}
 		n := hop.Poll(comp[:])
 		for _, c := range comp[:n] {
-			a := byReq[int(c.Token>>32)]
+			var a *active
+			if i := c.Token >> 32; i < uint64(len(byReq)) {
+				a = byReq[i]
+			}
 			if a == nil {
 				return nil, fmt.Errorf("hop completed token %#x of no request in flight", c.Token)
 			}
@@ -493,7 +498,7 @@ func transferKVBare(hop relay.Hop, reqs [][]relay.Request, total uint64, infligh
 				continue
 			}
 			t.res.CompletionsUS = append(t.res.CompletionsUS, micros(time.Since(a.t0)))
-			delete(byReq, a.i)
+			byReq[a.i] = nil
 			act = append(act[:i], act[i+1:]...)
 		}
 		if n == 0 {
@@ -575,12 +580,71 @@ func kvBaseline(s scenario, l *layout, hop string, direct float64) (string, floa
 	return name, direct
 }
 
+// p14Blocks are the block sizes of the P14 suite: a 70B model's 16-token
+// pages at tensor-parallel 8 (4 KiB), small models' (2 KiB), and up to MLA
+// models' (64 KiB).
+var p14Blocks = []uint64{2 << 10, 4 << 10, 8 << 10, 16 << 10, 64 << 10}
+
+// p14Shape is the P14 suite's KV request of block-byte blocks: 80 layers ×
+// 2 × P pages, P chosen so that every request is 40 MiB whatever the
+// block (from 128 pages of 2 KiB to 4 of 64 KiB).
+func p14Shape(block uint64) string {
+	return fmt.Sprintf("80x%dx%s", (40<<20)/(160*block), sizeString(block))
+}
+
+// p14Requests and p14Inflight are P14 1→1's requests per sender and in
+// flight; hack/gpu-kit.sh runs the baseline's 1→1 with the same.
+const (
+	p14Requests = 16
+	p14Inflight = 4
+)
+
+// p14StreamBytes is what each sender of a P14 stream sends, one block a
+// request.
+const p14StreamBytes = 64 << 20
+
+// p14Runs are P14's scenarios at R = 50 GB/s, PXN against direct: KV
+// requests of every P14 block size and streams of requests of one block
+// each, 1→1, 7→1 and all-to-all over 8 ranks. Each traffic runs through
+// every size before the next, 1→1 of both kinds first, so a step cut short
+// still has whole rows of sizes, and the ones the kit's baseline runs.
+func p14Runs(fanIn, alternate func(int) []int) []scenario {
+	kv := func(block uint64, traffic string, gpus []int, requests, inflight int) scenario {
+		return scenario{id: "P14", pattern: "kv", ranks: len(gpus), gpus: gpus, rate: 50, bare: true, warm: true,
+			kv: &KVOptions{Shape: p14Shape(block), Traffic: traffic, Requests: requests, Inflight: inflight}}
+	}
+	stream := func(block uint64, pattern string, gpus []int) scenario {
+		return scenario{id: "P14 stream", pattern: pattern, ranks: len(gpus), gpus: gpus, bytes: p14StreamBytes, block: block, rate: 50,
+			bare: true, warm: true, note: "one block a request"}
+	}
+	var runs []scenario
+	for _, b := range p14Blocks {
+		runs = append(runs, kv(b, "fan-in", fanIn(1), p14Requests, p14Inflight))
+	}
+	for _, b := range p14Blocks {
+		runs = append(runs, stream(b, "fan-in", fanIn(1)))
+	}
+	for _, b := range p14Blocks {
+		runs = append(runs, kv(b, "fan-in", fanIn(7), 2, 2))
+	}
+	for _, b := range p14Blocks {
+		runs = append(runs, kv(b, "all-to-all", alternate(8), 2, 2))
+	}
+	for _, b := range p14Blocks {
+		runs = append(runs, stream(b, "fan-in", fanIn(7)))
+	}
+	for _, b := range p14Blocks {
+		runs = append(runs, stream(b, "all-to-all", alternate(8)))
+	}
+	return runs
+}
+
 // kvSuiteRuns are the KV scenarios of the performance contract, at
 // R = 50 GB/s: P9 (kv-medium and kv-large, 1→1, 7→1 and all-to-all,
-// through PXN against direct) and P10 (kv-small, one request at a time,
-// completion time through PXN against direct). With two GPUs the relay of
-// fan-in traffic (rank 0) has GPU 0 and every sender GPU 1, and
-// all-to-all ranks alternate between them.
+// through PXN against direct), P10 (kv-small, one request at a time,
+// completion time through PXN against direct) and P14 (small blocks:
+// p14Runs). With two GPUs the relay of fan-in traffic (rank 0) has GPU 0
+// and every sender GPU 1, and all-to-all ranks alternate between them.
 func kvSuiteRuns(want map[string]bool, ngpu int) []scenario {
 	fanIn := func(n int) []int { return fanInGPUs(n, ngpu) }
 	alternate := func(n int) []int {
@@ -608,6 +672,9 @@ func kvSuiteRuns(want map[string]bool, ngpu int) []scenario {
 			kv("P9", "kv-large", "fan-in", fanIn(7), 1, 1, shared),
 			kv("P9", "kv-large", "all-to-all", alternate(4), 1, 2, "four ranks: eight would need 150 GB of pools"),
 		)
+	}
+	if want["p14"] {
+		runs = append(runs, p14Runs(fanIn, alternate)...)
 	}
 	if want["p10"] {
 		// kv-small, then two requests that take its cost apart: the same

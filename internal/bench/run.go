@@ -296,10 +296,10 @@ func parseSuite(s string) (map[string]bool, error) {
 		switch p = strings.ToLower(strings.TrimSpace(p)); p {
 		case "all":
 			want["p1"], want["p2"], want["p3"] = true, true, true
-		case "p1", "p2", "p3", "p9", "p10":
+		case "p1", "p2", "p3", "p9", "p10", "p14":
 			want[p] = true
 		default:
-			return nil, fmt.Errorf("--suite %q: want all (p1, p2, p3) or a list of p1, p2, p3, p9, p10", s)
+			return nil, fmt.Errorf("--suite %q: want all (p1, p2, p3) or a list of p1, p2, p3, p9, p10, p14", s)
 		}
 	}
 	return want, nil

@@ -3,8 +3,15 @@
 package bench
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
 	"slices"
+	"strings"
 	"testing"
+
+	"github.com/pxn-project/pxn/internal/testtools"
 )
 
 func TestRankGPUs(t *testing.T) {
@@ -75,5 +82,91 @@ func TestSuite(t *testing.T) {
 	}
 	if _, err := newLayout(seven.pattern, seven.ranks, seven.bytes, seven.block); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSuiteP14: every P14 block size, KV requests 1→1, 7→1 and all-to-all
+// over eight ranks and streams of one-block requests the same three ways,
+// all at R = 50 GB/s against direct; each traffic through every size
+// before the next, 1→1 of both kinds first.
+func TestSuiteP14(t *testing.T) {
+	want, err := parseSuite("p14")
+	if err != nil || !want["p14"] || len(want) != 1 {
+		t.Fatalf("p14 = %v, %v", want, err)
+	}
+	runs := suiteRuns(want, 1)
+	if len(runs) != 6*len(p14Blocks) {
+		t.Fatalf("%d scenarios, want %d", len(runs), 6*len(p14Blocks))
+	}
+	type key struct {
+		kind, traffic string
+		ranks         int
+	}
+	var order []key
+	blocks := map[key][]uint64{}
+	for _, r := range runs {
+		if r.rate != 50 || !r.bare || !r.warm || len(r.gpus) != r.ranks {
+			t.Fatalf("%s: %+v", r.id, r)
+		}
+		k := key{"stream", r.pattern, r.ranks}
+		var l *layout
+		if r.kv != nil {
+			k = key{"kv", r.kv.Traffic, r.ranks}
+			if l, err = newKVLayout(r.ranks, *r.kv); err != nil {
+				t.Fatalf("%s %s: %v", r.id, r.kv.Shape, err)
+			}
+			if got := l.KV.Shape.bytes(); got != 40<<20 {
+				t.Errorf("%s: a request of %d bytes, want 40 MiB", r.kv.Shape, got)
+			}
+			blocks[k] = append(blocks[k], l.KV.Shape.Block)
+		} else {
+			if r.id != "P14 stream" {
+				t.Errorf("%+v: not a P14 stream", r)
+			}
+			if l, err = newLayout(r.pattern, r.ranks, r.bytes, r.block); err != nil {
+				t.Fatalf("%s %s: %v", r.id, r.pattern, err)
+			}
+			for _, tr := range l.Transfers {
+				if tr.Block != r.block {
+					t.Errorf("%s %s: requests of %d bytes, want one block of %d", r.id, r.pattern, tr.Block, r.block)
+				}
+			}
+			blocks[k] = append(blocks[k], r.block)
+		}
+		if len(order) == 0 || order[len(order)-1] != k {
+			order = append(order, k)
+		}
+	}
+	wantOrder := []key{{"kv", "fan-in", 2}, {"stream", "fan-in", 2}, {"kv", "fan-in", 8}, {"kv", "all-to-all", 8}, {"stream", "fan-in", 8}, {"stream", "all-to-all", 8}}
+	if !slices.Equal(order, wantOrder) {
+		t.Fatalf("traffic in the order %v, want %v", order, wantOrder)
+	}
+	for k, b := range blocks {
+		if !slices.Equal(b, []uint64{2 << 10, 4 << 10, 8 << 10, 16 << 10, 64 << 10}) {
+			t.Errorf("%v: blocks %v, want 2, 4, 8, 16 and 64 KiB", k, b)
+		}
+	}
+}
+
+// TestKitP14Baseline: the kit runs the baseline's P14 1→1 with the suite's
+// shapes, requests and requests in flight, so the two columns compare the
+// same traffic.
+func TestKitP14Baseline(t *testing.T) {
+	script, err := os.ReadFile(filepath.Join(testtools.RepoRoot(), "hack", "gpu-kit.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shapes []string
+	for _, b := range p14Blocks {
+		shapes = append(shapes, p14Shape(b))
+	}
+	for _, line := range []string{
+		fmt.Sprintf("p14_shapes=%q", strings.Join(shapes, " ")),
+		fmt.Sprintf("p14_requests=%d", p14Requests),
+		fmt.Sprintf("p14_inflight=%d", p14Inflight),
+	} {
+		if !regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(line) + `$`).Match(script) {
+			t.Errorf("hack/gpu-kit.sh has no line %s", line)
+		}
 	}
 }

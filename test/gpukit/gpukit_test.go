@@ -113,7 +113,7 @@ func newKit(t *testing.T, daemon, longOut bool) *kit {
 		}
 	}
 	k.env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "PXN_REPO="+k.repo, "STUB_LOG="+k.log,
-		"CUDA_MPS_PIPE_DIRECTORY=", "CUDA_MPS_LOG_DIRECTORY=", "GPU_KIT_BUDGET=", "STUB_HANG=", "STUB_PIDNS=")
+		"CUDA_MPS_PIPE_DIRECTORY=", "CUDA_MPS_LOG_DIRECTORY=", "GPU_KIT_BUDGET=", "GPU_KIT_P14_LIMIT=", "STUB_HANG=", "STUB_PIDNS=")
 	return k
 }
 
@@ -168,7 +168,9 @@ func TestKitRunsStepsUnderItsOwnDaemon(t *testing.T) {
 		t.Fatalf("kit run: %v\n%s", err, out)
 	}
 	_, steps := k.steps(t)
-	want := []string{"nomps-p3", "after-p13", "before-p13", "after-p10", "spin-p10", "before-p10", "after-p9", "pidns", "gpu", "libpxn", "nic"}
+	want := []string{"nomps-p3", "after-p13", "before-p13", "after-p10", "spin-p10", "before-p10", "after-p14", "before-p14", "after-p9", "pidns", "gpu", "libpxn", "nic"}
+	// before-p14 runs the baseline once for each of P14's five block sizes.
+	p14Shapes := []string{"80x128x2KiB", "80x64x4KiB", "80x32x8KiB", "80x16x16KiB", "80x4x64KiB"}
 	for _, name := range want {
 		mps := "on"
 		if name == "nomps-p3" {
@@ -205,16 +207,23 @@ func TestKitRunsStepsUnderItsOwnDaemon(t *testing.T) {
 			}
 		}
 	}
-	if got := strings.Join(order, " "); got != "nomps-p3 start "+strings.Repeat("step ", len(want)-1)+"quit" {
+	if got := strings.Join(order, " "); got != "nomps-p3 start "+strings.Repeat("step ", len(want)-1+len(p14Shapes)-1)+"quit" {
 		t.Errorf("order of events %q", got)
 	}
 	all := strings.Join(calls, "\n")
-	for _, w := range []string{
+	wantCalls := []string{
+		"pxn-bench run --device cuda --suite p14 --json " + k.out + "/after-p14.json",
+		"gpunic.test -test.run ^$ -test.bench . -test.benchtime 200ms",
+	}
+	for _, s := range p14Shapes {
+		wantCalls = append(wantCalls, "pxn-bench.before run --device cuda --ranks 2 --pattern kv --kv-shape "+s+" --kv-requests 16 --kv-inflight 4 --rate 50 --json "+k.out+"/before-p14-"+s+".json")
+	}
+	for _, w := range append(wantCalls,
 		"pxn-bench run --device cuda --suite p10 --poll-spin 2ms",
 		"pxn-bench.before run --device cuda --suite p10",
 		"pxn-bench run --device cuda --ranks 2 --pattern cross-rail --bytes 256MiB --block 8MiB --pidns --arena-share fd",
-		"libpxn.test -test.v -test.run TestGPURanksThroughCABI|TestFirstHopChoice|TestABIRules | pipes=" + pipes + " control=yes dir=" + k.repo + "/cmd/libpxn lib=" + k.dir + "/lib",
-	} {
+		"libpxn.test -test.v -test.run TestGPURanksThroughCABI|TestFirstHopChoice|TestABIRules | pipes="+pipes+" control=yes dir="+k.repo+"/cmd/libpxn lib="+k.dir+"/lib",
+	) {
 		if !strings.Contains(all, w) {
 			t.Errorf("no call %q in\n%s", w, all)
 		}
@@ -305,6 +314,19 @@ func TestKitBudget(t *testing.T) {
 	// a loaded machine, but never the hanging step's 300 s.
 	if d := time.Since(start); d > 2*time.Minute {
 		t.Errorf("the kit took %v", d)
+	}
+}
+
+// TestKitP14Limit: GPU_KIT_P14_LIMIT replaces after-p14's limit.
+func TestKitP14Limit(t *testing.T) {
+	k := newKit(t, true, false)
+	if out, err := k.command("GPU_KIT_ONLY=after-p14", "GPU_KIT_P14_LIMIT=300").CombinedOutput(); err != nil {
+		t.Fatalf("kit run: %v\n%s", err, out)
+	}
+	lines, steps := k.steps(t)
+	text := strings.Join(lines, "\n")
+	if steps["after-p14"][0] != "0" || !regexp.MustCompile(`(?m)^after-p14 rc=0 \d+ ms limit=300s`).MatchString(text) {
+		t.Fatalf("after-p14 not run with a 300 s limit:\n%s", text)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"runtime"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -114,31 +115,46 @@ func BenchmarkNICWrite10KiB(b *testing.B) {
 }
 
 // BenchmarkNICSmallOps sends scattered writes of one size through a NIC at
-// R = 50 GB/s the way the engine does (Submits of 32 ops, a Poll after
-// each) and reports the rate and its fraction of R.
+// R = 50 GB/s the way the engine does (Submits of 32 ops, or of one op of 8
+// MiB, or whole 8 MiB Pieces, a Poll after each) and reports the rate, its
+// fraction of R and the writes per GPU operation.
 func BenchmarkNICSmallOps(b *testing.B) {
 	g := openGPU(b)
-	maps, _ := startTarget(b, g)
-	src := alloc(b, g, nicTargetLen)
+	const targetLen = 64 << 20
+	maps, _ := startTarget(b, g, targetLenEnv+"="+strconv.Itoa(targetLen))
+	src := alloc(b, g, targetLen)
 	for _, c := range []struct {
 		name string
 		size uint64
-		copy gpu.GatherMode
+		opts gpunic.Options
+		// piece, when set, sends Pieces of 8 MiB through SubmitPiece.
+		piece bool
 	}{
-		{"16KiB auto", 16 << 10, gpu.GatherAuto},
-		{"16KiB copy engines", 16 << 10, gpu.GatherCE},
-		{"4KiB auto", 4 << 10, gpu.GatherAuto},
-		{"128KiB auto", 128 << 10, gpu.GatherAuto},
+		{"2KiB auto", 2 << 10, gpunic.Options{}, false},
+		{"2KiB Pieces of 4096", 2 << 10, gpunic.Options{}, true},
+		{"4KiB auto", 4 << 10, gpunic.Options{}, false},
+		{"16KiB auto", 16 << 10, gpunic.Options{}, false},
+		{"16KiB Pieces of 512", 16 << 10, gpunic.Options{}, true},
+		{"16KiB copy engines", 16 << 10, gpunic.Options{Copy: gpu.GatherCE}, false},
+		{"128KiB auto", 128 << 10, gpunic.Options{}, false},
+		{"8MiB auto", 8 << 20, gpunic.Options{}, false},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			nic, err := gpunic.New(g, maps, gpunic.Options{RateGBps: 50, Copy: c.copy})
+			c.opts.RateGBps = 50
+			nic, err := gpunic.New(g, maps, c.opts)
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer nic.Close()
-			const ops = 32
-			slots := nicTargetLen / c.size
-			var batch [ops]relay.WriteOp
+			ops, per := 32, uint64(1)
+			switch {
+			case c.piece:
+				ops, per = int(8<<20/c.size), 8<<20/c.size
+			case c.size >= 1<<20:
+				ops = 1
+			}
+			slots := targetLen / c.size
+			batch := make([]relay.WriteOp, ops)
 			var out [256]relay.HopCompletion
 			var sent, done uint64
 			submit := func() error {
@@ -146,7 +162,10 @@ func BenchmarkNICSmallOps(b *testing.B) {
 					k := (sent + uint64(j)) * 7919 % slots
 					batch[j] = relay.WriteOp{Src: uintptr(src) + uintptr(k*c.size), Len: c.size, Target: "t0", Dst: base + (slots-1-k)*c.size, Token: sent + uint64(j)}
 				}
-				return nic.Submit(batch[:])
+				if c.piece {
+					return nic.SubmitPiece(batch, sent)
+				}
+				return nic.Submit(batch)
 			}
 			poll := func() {
 				n := nic.Poll(out[:])
@@ -155,14 +174,14 @@ func BenchmarkNICSmallOps(b *testing.B) {
 						b.Fatal(c.Err)
 					}
 				}
-				done += uint64(n)
+				done += uint64(n) * per
 			}
 			start := time.Now()
 			for b.Loop() {
 				for {
 					err := submit()
 					if err == nil {
-						sent += ops
+						sent += uint64(ops)
 						break
 					}
 					if !errors.Is(err, relay.ErrHopBusy) {
@@ -178,6 +197,7 @@ func BenchmarkNICSmallOps(b *testing.B) {
 			gbps := float64(sent*c.size) / time.Since(start).Seconds() / 1e9
 			b.ReportMetric(gbps, "GB/s")
 			b.ReportMetric(gbps/50, "of-R")
+			b.ReportMetric(float64(sent)/float64(max(gpunic.Launches(nic), 1)), "writes/GPU-op")
 		})
 	}
 }

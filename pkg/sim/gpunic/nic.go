@@ -10,6 +10,8 @@ package gpunic
 import (
 	"errors"
 	"fmt"
+	"math"
+	"runtime"
 	"sort"
 	"sync"
 	"time"
@@ -78,9 +80,21 @@ func OpenTargets(g *gpu.GPU, targets []Target) (*Targets, error) {
 // Translate returns the device address, in this process, of n bytes at dst
 // of session.
 func (t *Targets) Translate(session string, dst, n uint64) (cuda.DevicePtr, error) {
-	i := sort.Search(len(t.list), func(i int) bool { return t.list[i].session >= session })
-	if i == len(t.list) || t.list[i].session != session {
-		return 0, fmt.Errorf("gpunic: unknown target session %q", session)
+	hint := 0
+	return t.translate(session, dst, n, &hint)
+}
+
+// translate is Translate starting from the target at *hint, where a run of
+// ops to one session finds it without a search; it leaves the target found
+// in *hint.
+func (t *Targets) translate(session string, dst, n uint64, hint *int) (cuda.DevicePtr, error) {
+	i := *hint
+	if i >= len(t.list) || t.list[i].session != session {
+		i = sort.Search(len(t.list), func(i int) bool { return t.list[i].session >= session })
+		if i == len(t.list) || t.list[i].session != session {
+			return 0, fmt.Errorf("gpunic: unknown target session %q", session)
+		}
+		*hint = i
 	}
 	tg := &t.list[i]
 	if dst < tg.addr || dst+n < dst || dst+n > tg.addr+tg.len {
@@ -111,9 +125,10 @@ type Options struct {
 	// RateGBps is the wire's rate R in GB/s (10^9 bytes a second); zero
 	// models no wire: completions come when the GPU work is done.
 	RateGBps float64
-	// OpCost is the wire time each op takes besides its bytes (the NIC
-	// fetching and executing its WQE), when RateGBps is set. Zero means
-	// DefaultOpCost; a negative value models none.
+	// OpCost is the least wire time an op takes however few its bytes
+	// (the NIC fetching and executing its WQE: its message rate), when
+	// RateGBps is set. Zero means DefaultOpCost; a negative value models
+	// none.
 	OpCost time.Duration
 	// QueueDepth bounds the ops accepted and not yet polled; beyond it
 	// Submit returns relay.ErrHopBusy. Zero means DefaultDepth.
@@ -131,92 +146,183 @@ type Options struct {
 // Pieces of MaxPlans entries, what the default in-flight cap can submit.
 const DefaultDepth = 4 * staging.MaxPlans
 
-// DefaultOpCost is the default per-op wire cost: a 400 Gb/s NIC executes on
-// the order of 100 million RDMA writes a second on one queue pair, 10 ns
-// each; a 16 KiB write at 50 GB/s holds the wire 328 ns, so the cost is
-// 3 % of it, and 11 % of a 4 KiB write's.
+// DefaultOpCost is the default per-op wire cost. A NIC's message rate and
+// its bandwidth are two ceilings, not one sum: it fetches and executes the
+// next WQEs while the DMA of earlier writes streams, so an op holds the wire
+// for the longer of OpCost and Len/R. 10 ns is 100 million writes a second,
+// which a 400 Gb/s NIC posts on one queue pair (it must post at least 25
+// million: 2 KiB writes at 50 GB/s are 24.4 million a second); at R = 50
+// GB/s it bounds only ops shorter than 500 bytes.
 const DefaultOpCost = 10 * time.Nanosecond
 
-// batchOps is the most ops one GPU operation of the NIC carries, and
-// nicBatches how many such operations it has in flight. While the GPU is
-// still busy with the NIC's last operation, Poll starts the waiting ops only
-// once there are flushOps of them: each operation costs a few µs of driver
-// calls, so a NIC polled after every few ops would otherwise cap itself at
-// that cost per batch.
+// batchOps bounds the ops of one GPU operation of the NIC, batchBytes the
+// bytes of one of small ops (the scatter kernel's) and ceBatchBytes those
+// of one of large ops (the copy engines'), so that the operation's time
+// stays within the lead; nicBatches is how many operations it has open or
+// in flight. With a wire, a batch is due once the wire is within startLead
+// of its first op: ops submitted meanwhile join it, so a NIC with a
+// backlog on its wire starts few large operations, each with startLead to
+// finish before the wire reaches its bytes. Without a wire, while the GPU
+// is busy with the NIC's last operation, a batch is due once flushOps ops
+// wait.
+//
+// A relayed Piece (SubmitPiece) is a batch of its own, whole: up to
+// staging.MaxPlans writes and staging.SlotSize bytes, so batchOps and
+// batchBytes are those.
 const (
-	batchOps   = 512
-	flushOps   = 128
-	nicBatches = 64
-	nicStreams = 2
+	batchOps     = staging.MaxPlans
+	batchBytes   = staging.SlotSize
+	ceBatchBytes = 8 * staging.SlotSize
+	startLead    = 100 * time.Microsecond
+	flushOps     = 128
+	nicBatches   = 64
+	nicStreams   = 2
+)
+
+// engine moves the NIC's batches, each as one GPU operation followed by a
+// completion it can be asked about. One caller at a time starts batches;
+// done may be asked meanwhile. Batch b's slot (its plan, its event) is
+// reused only after done(b) reported it complete or start(b) failed.
+type engine interface {
+	start(b int, entries []cuda.CopyEntry) error
+	done(b int) (bool, error)
+	close() error
+}
+
+// batchState is where a batch is: filling, closed and waiting for a
+// starter, being started, started on the GPU, or seen complete (or
+// failed).
+type batchState uint8
+
+const (
+	batchOpen batchState = iota
+	batchReady
+	batchStarting
+	batchStarted
+	batchDone
 )
 
 // NIC is an emulated RDMA NIC for machines without HCAs: a relay.Hop whose
 // writes land in targets' device buffers (Targets) and whose timing follows
-// a model of a NIC's wire. The ops it accepts between two Polls (at most
-// batchOps) become one GPU operation: the SM scatter kernel of pkg/gpu for
-// batches of small ops, one batch copy on the copy engines for large ones.
-// Each op holds the wire for OpCost + Len/RateGBps from when the wire is
+// a model of a NIC's wire. The ops it accepts become batches (of at most
+// batchOps ops, batchBytes bytes of small ops or ceBatchBytes of large
+// ones), each one GPU operation: the SM scatter
+// kernel of pkg/gpu for batches of small ops (its plan uploaded once a
+// batch), one batch copy on the copy engines for large ones. Each op holds
+// the wire for the longer of OpCost and Len/RateGBps from when the wire is
 // free (a NIC sends its queue in order); its completion is reported, in
-// submission order, no earlier than that and no earlier than the GPU
-// operation's event. Reads fail. It emulates a NIC's timing for benchmarks
-// and tests; it is not a transport.
+// submission order, no earlier than that and no earlier than its batch's
+// GPU operation. Reads fail. It emulates a NIC's timing for benchmarks and
+// tests; it is not a transport.
+//
+// A real NIC's processor, not the host, executes the posted writes, so the
+// NIC has a goroutine of its own that starts batches on the GPU (a few µs
+// of driver calls each): Submit and Poll only queue ops, book the wire and
+// collect completions. A Poll that finds a batch due while nothing else of
+// the NIC's is in flight starts it itself, which saves a lone write the
+// goroutine's wake-up.
 type NIC struct {
-	g       *gpu.GPU
-	targets *Targets
-	rate    float64
-	opCost  int64
-	depth   int
-	epoch   time.Time
+	eng       engine
+	scatterOn bool
+	why       string
+	targets   *Targets
+	rate      float64
+	psPerByte float64
+	opCostPs  int64
+	lead      int64
+	depth     int
+	// clock is the time in ns since the NIC's epoch.
+	clock func() int64
+	// wake asks for ready batches to be started; not called under mu.
+	wake func()
+	kick chan struct{}
+	stop chan struct{}
+	quit chan struct{}
 
-	mu      sync.Mutex
-	closed  bool
-	streams [nicStreams]cuda.Stream
-	next    int
-	op      *cuda.CopyOp
-	ceMode  cuda.CopyMode
-	scatter scatter
-	piece   cuda.Piece
-	entries []cuda.CopyEntry
-	// wire is when (ns since epoch) the emulated wire is next free.
-	wire int64
+	mu     sync.Mutex
+	closed bool
+	hint   int
+	// tg is the target the last good op wrote to.
+	tg nicTarget
+	// wirePs is when (ps since the epoch) the emulated wire is next free.
+	wirePs int64
+	// holdLen and holdPs are the last op length paced and its wire time.
+	holdLen uint64
+	holdPs  int64
+	// starting is set while a caller of startReady is in the engine.
+	starting bool
 
-	ops      []nicOp
-	opHead   int
-	opN      int
-	batches  [nicBatches]nicBatch
-	bHead    int
-	bN       int
-	curBatch int
-	// lastBatch is the batch enqueued last, or -1.
-	lastBatch int
+	ops     []nicOp
+	errs    []error
+	opHead  int
+	opTail  int
+	opN     int
+	batches [nicBatches]nicBatch
+	bHead   int
+	bN      int
+	// untaken counts the batches at the ring's tail no starter has taken.
+	untaken int
+	// cur is the open batch, or -1.
+	cur int
+	// last is the batch started last, or -1.
+	last int
+	// launches counts the batches started.
+	launches uint64
 }
 
+// nicOp is a queued op (or Piece); it holds no pointer, so that queuing
+// one is a plain store. A failed op's error is in NIC.errs at its slot.
 type nicOp struct {
 	token  uint64
 	finish int64
-	batch  int
-	err    error
+	batch  int32
+	failed bool
 }
 
 type nicBatch struct {
-	ev   cuda.Event
-	done bool
-	err  error
-	ops  int
-	// plan is the batch's gather plan, used when the kernel moves it.
-	plan planSlot
+	state batchState
+	// sealed is a Piece's batch, which no other op joins.
+	sealed  bool
+	err     error
+	ops     int
+	bytes   uint64
+	entries []cuda.CopyEntry
+	// start is when (ns) the wire starts the batch's first op.
+	start int64
 }
 
 var _ relay.Hop = (*NIC)(nil)
 
 // New creates a NIC over targets on g: its streams, completion events,
 // copy op and, unless opts.Copy is gpu.GatherCE, the scatter kernel and its
-// plan memory, in g's primary context. A kernel that does not load leaves
-// gpu.GatherAuto on the copy engines and fails gpu.GatherSM.
+// plan memory, in g's primary context, and its goroutine. A kernel that
+// does not load leaves gpu.GatherAuto on the copy engines and fails
+// gpu.GatherSM.
 func New(g *gpu.GPU, targets *Targets, opts Options) (*NIC, error) {
 	if opts.RateGBps < 0 {
 		return nil, fmt.Errorf("gpunic: rate %g GB/s", opts.RateGBps)
 	}
+	eng, err := newGPUEngine(g, opts)
+	if err != nil {
+		return nil, err
+	}
+	epoch := time.Now()
+	n := newNIC(eng, targets, opts, func() int64 { return time.Since(epoch).Nanoseconds() })
+	n.scatterOn, n.why = eng.scatter.fn != 0, eng.scatter.why
+	n.kick, n.stop, n.quit = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+	n.wake = func() {
+		select {
+		case n.kick <- struct{}{}:
+		default:
+		}
+	}
+	go n.run()
+	return n, nil
+}
+
+// newNIC is a NIC over eng whose clock is clock; it starts ready batches
+// in the caller of Submit and Poll until New gives it a goroutine.
+func newNIC(eng engine, targets *Targets, opts Options, clock func() int64) *NIC {
 	depth := opts.QueueDepth
 	if depth <= 0 {
 		depth = DefaultDepth
@@ -228,34 +334,34 @@ func New(g *gpu.GPU, targets *Targets, opts Options) (*NIC, error) {
 	case cost < 0:
 		cost = 0
 	}
-	n := &NIC{g: g, targets: targets, rate: opts.RateGBps, opCost: cost.Nanoseconds(), depth: depth, epoch: time.Now(),
-		ops: make([]nicOp, depth), entries: make([]cuda.CopyEntry, 0, batchOps), ceMode: g.Driver().BestCopyMode(), curBatch: -1, lastBatch: -1}
-	err := g.Do(func() error {
-		var err error
-		for i := range n.streams {
-			if n.streams[i], err = g.Driver().StreamCreate(cuda.StreamNonBlocking); err != nil {
-				return err
-			}
-		}
-		if n.op, err = g.Driver().NewCopyOp(batchOps); err != nil {
-			return err
-		}
-		for i := range n.batches {
-			if n.batches[i].ev, err = g.Driver().EventCreate(cuda.EventDisableTiming); err != nil {
-				return err
-			}
-		}
-		return n.scatter.setup(g, opts.Copy, opts.GatherPTX, n.batches[:])
-	})
-	if err != nil {
-		return nil, errors.Join(err, n.destroy())
+	n := &NIC{eng: eng, targets: targets, rate: opts.RateGBps, opCostPs: cost.Nanoseconds() * 1000, lead: startLead.Nanoseconds(),
+		depth: depth, clock: clock, ops: make([]nicOp, depth), errs: make([]error, depth), cur: -1, last: -1}
+	n.wake = n.startReady
+	if n.rate > 0 {
+		n.psPerByte = 1000 / n.rate
 	}
-	return n, nil
+	for i := range n.batches {
+		n.batches[i].entries = make([]cuda.CopyEntry, 0, batchOps)
+	}
+	return n
+}
+
+// run is the NIC's goroutine: it starts ready batches when woken.
+func (n *NIC) run() {
+	defer close(n.quit)
+	for {
+		select {
+		case <-n.kick:
+			n.startReady()
+		case <-n.stop:
+			return
+		}
+	}
 }
 
 // Scatter reports whether batches of small ops go to the SM kernel, and
 // why not where they do not.
-func (n *NIC) Scatter() (bool, string) { return n.scatter.fn != 0, n.scatter.why }
+func (n *NIC) Scatter() (bool, string) { return n.scatterOn, n.why }
 
 // errNICRead fails read ops: the emulated NIC only writes.
 var errNICRead = errors.New("gpunic: the emulated NIC cannot read")
@@ -263,201 +369,367 @@ var errNICRead = errors.New("gpunic: the emulated NIC cannot read")
 // Submit accepts every op or, when the queue has no room for all of them,
 // none and returns relay.ErrHopBusy. An op that cannot be performed
 // (unknown session, range outside the target, a read) is accepted and
-// completes with an error. The ops start on the GPU at the next Poll, or
-// once batchOps of them are waiting.
+// completes with an error. A batch the ops fill is started at once, the
+// rest once due (see NIC).
 func (n *NIC) Submit(ops []relay.WriteOp) error {
 	n.mu.Lock()
-	defer n.mu.Unlock()
+	wake, err := n.submit(ops)
+	n.mu.Unlock()
+	if wake {
+		n.wake()
+	}
+	return err
+}
+
+func (n *NIC) submit(ops []relay.WriteOp) (wake bool, err error) {
 	if n.closed {
-		return errors.New("gpunic: closed")
+		return false, errors.New("gpunic: closed")
 	}
 	if len(ops) > n.depth {
-		return fmt.Errorf("gpunic: batch of %d ops, more than the queue depth %d", len(ops), n.depth)
+		return false, fmt.Errorf("gpunic: batch of %d ops, more than the queue depth %d", len(ops), n.depth)
 	}
-	if n.opN+len(ops) > n.depth || n.bN+(len(ops)+batchOps-1)/batchOps+1 > nicBatches {
-		return relay.ErrHopBusy
+	if need := batchesFor(ops); need > nicBatches {
+		return false, fmt.Errorf("gpunic: batch of %d ops may need %d GPU operations, more than the %d a NIC has", len(ops), need, nicBatches)
+	} else if n.opN+len(ops) > n.depth || n.bN+need > nicBatches {
+		return false, relay.ErrHopBusy
 	}
-	now := time.Since(n.epoch).Nanoseconds()
+	now := n.clock()
 	for i := range ops {
 		op := &ops[i]
 		o := nicOp{token: op.Token, batch: -1}
-		var dst cuda.DevicePtr
-		switch {
-		case op.Read:
-			o.err = fmt.Errorf("token %d: %w", op.Token, errNICRead)
-		default:
-			if dst, o.err = n.targets.Translate(op.Target, op.Dst, op.Len); o.err == nil && op.Len > 0 && op.Src == 0 {
-				o.err = fmt.Errorf("gpunic: token %d has no source", op.Token)
-			}
-		}
-		if o.err == nil {
-			o.finish = n.pace(now, op.Len)
+		dst, err := n.check(op)
+		if err != nil {
+			o.failed, n.errs[n.opTail] = true, err
+		} else {
+			var start int64
+			start, o.finish = n.pace(now, op.Len)
 			if op.Len > 0 {
-				if len(n.entries) == batchOps {
-					n.flush()
+				if n.cur >= 0 {
+					if b := &n.batches[n.cur]; b.sealed || len(b.entries) == batchOps || b.bytes >= ceBatchBytes || (b.bytes >= batchBytes && b.bytes < gpu.GatherThreshold*uint64(len(b.entries))) {
+						n.closeCur()
+						wake = true
+					}
 				}
-				n.entries = append(n.entries, cuda.CopyEntry{Src: uint64(op.Src), Dst: uint64(dst), Len: op.Len})
-				o.batch = n.openBatch()
-				n.batches[o.batch].ops++
+				if n.cur < 0 {
+					n.open(start)
+				}
+				b := &n.batches[n.cur]
+				b.entries = append(b.entries, cuda.CopyEntry{Src: uint64(op.Src), Dst: uint64(dst), Len: op.Len})
+				b.bytes += op.Len
+				b.ops++
+				o.batch = int32(n.cur)
 			}
 		}
-		n.ops[(n.opHead+n.opN)%n.depth] = o
+		n.ops[n.opTail] = o
+		if n.opTail++; n.opTail == n.depth {
+			n.opTail = 0
+		}
 		n.opN++
 	}
-	return nil
+	return wake, nil
 }
 
-// pace books an op of n bytes on the wire and returns when it is through.
-func (n *NIC) pace(now int64, bytes uint64) int64 {
+// SubmitPiece takes all of a relayed Piece's writes (at most
+// staging.MaxPlans) as one GPU operation of their own and reports their
+// end as one completion with token, whose error is the first write's
+// failure, once the wire has sent the last of them and the GPU is done. It
+// takes the Piece whole while the queue has room for one more Piece (a
+// Piece counts as one toward the queue's depth), else none and returns
+// relay.ErrHopBusy. The ops' own tokens are unused.
+func (n *NIC) SubmitPiece(ops []relay.WriteOp, token uint64) error {
+	n.mu.Lock()
+	wake, err := n.submitPiece(ops, token)
+	n.mu.Unlock()
+	if wake {
+		n.wake()
+	}
+	return err
+}
+
+func (n *NIC) submitPiece(ops []relay.WriteOp, token uint64) (wake bool, err error) {
+	if n.closed {
+		return false, errors.New("gpunic: closed")
+	}
+	if len(ops) == 0 || len(ops) > batchOps {
+		return false, fmt.Errorf("gpunic: Piece %d of %d writes, want 1 to %d", token, len(ops), batchOps)
+	}
+	if n.opN == n.depth || n.bN+2 > nicBatches {
+		return false, relay.ErrHopBusy
+	}
+	now := n.clock()
+	o := nicOp{token: token, batch: -1}
+	for i := range ops {
+		op := &ops[i]
+		dst, err := n.check(op)
+		if err != nil {
+			if !o.failed {
+				o.failed, n.errs[n.opTail] = true, fmt.Errorf("gpunic: Piece %d, write %d: %w", token, i, err)
+			}
+			continue
+		}
+		var start int64
+		start, o.finish = n.pace(now, op.Len)
+		if op.Len == 0 {
+			continue
+		}
+		if o.batch < 0 {
+			if n.cur >= 0 {
+				n.closeCur()
+				wake = true
+			}
+			n.open(start)
+			n.batches[n.cur].sealed = true
+			n.batches[n.cur].ops = 1
+			o.batch = int32(n.cur)
+		}
+		b := &n.batches[n.cur]
+		b.entries = append(b.entries, cuda.CopyEntry{Src: uint64(op.Src), Dst: uint64(dst), Len: op.Len})
+		b.bytes += op.Len
+	}
+	n.ops[n.opTail] = o
+	if n.opTail++; n.opTail == n.depth {
+		n.opTail = 0
+	}
+	n.opN++
+	return wake, nil
+}
+
+// check returns where op writes in this process, or why it cannot.
+func (n *NIC) check(op *relay.WriteOp) (cuda.DevicePtr, error) {
+	if end := op.Dst + op.Len; !op.Read && n.tg.len != 0 && op.Target == n.tg.session && op.Dst >= n.tg.addr && end >= op.Dst && end <= n.tg.addr+n.tg.len && (op.Src != 0 || op.Len == 0) {
+		return n.tg.base + cuda.DevicePtr(op.Dst-n.tg.addr), nil
+	}
+	if op.Read {
+		return 0, fmt.Errorf("token %d: %w", op.Token, errNICRead)
+	}
+	dst, err := n.targets.translate(op.Target, op.Dst, op.Len, &n.hint)
+	if err == nil && op.Len > 0 && op.Src == 0 {
+		err = fmt.Errorf("gpunic: token %d has no source", op.Token)
+	}
+	if err == nil {
+		n.tg = n.targets.list[n.hint]
+	}
+	return dst, err
+}
+
+// closeCur closes the open batch: it is ready for a starter.
+func (n *NIC) closeCur() {
+	n.batches[n.cur].state = batchReady
+	n.cur = -1
+}
+
+// batchesFor bounds the batches a Submit of ops opens: the open batch is
+// closed once it holds batchOps ops, ceBatchBytes bytes, or batchBytes
+// bytes in ops shorter on average than gpu.GatherThreshold (so at least
+// minByBytes of them), and one more opens after the last close.
+func batchesFor(ops []relay.WriteOp) int {
+	const minByBytes = batchBytes / gpu.GatherThreshold
+	var total uint64
+	for i := range ops {
+		if total += ops[i].Len; total < ops[i].Len {
+			total = ^uint64(0)
+		}
+	}
+	byBytes := min(total/batchBytes, uint64(len(ops)/minByBytes)+total/ceBatchBytes, uint64(len(ops)))
+	return 2 + len(ops)/batchOps + int(byBytes)
+}
+
+// pace books an op of n bytes on the wire, which sends in submission order:
+// the op starts when the wire is free, not before now, and holds it for the
+// longer of the op cost and its bytes at R. It returns when the op starts
+// and when it is through, in ns (rounded down and up); the wire itself is
+// kept in ps, so that 2 KiB at 50 GB/s is 40.96 ns, not 40 or 41.
+func (n *NIC) pace(now int64, bytes uint64) (start, finish int64) {
 	if n.rate == 0 {
-		return 0
+		return now, 0
 	}
-	start := max(now, n.wire)
-	n.wire = start + n.opCost + int64(float64(bytes)/n.rate)
-	return n.wire
+	if bytes != n.holdLen || n.holdPs == 0 {
+		n.holdLen, n.holdPs = bytes, max(int64(math.Ceil(float64(bytes)*n.psPerByte)), n.opCostPs, 1)
+	}
+	s := max(now*1000, n.wirePs)
+	n.wirePs = s + n.holdPs
+	return s / 1000, (n.wirePs + 999) / 1000
 }
 
-// openBatch returns the batch being filled, opening one if needed.
-func (n *NIC) openBatch() int {
-	if n.curBatch < 0 {
-		n.curBatch = (n.bHead + n.bN) % nicBatches
-		b := &n.batches[n.curBatch]
-		b.done, b.err, b.ops = false, nil, 0
-		n.bN++
-	}
-	return n.curBatch
+// open opens a batch whose first op starts on the wire at start.
+func (n *NIC) open(start int64) {
+	n.cur = (n.bHead + n.bN) % nicBatches
+	b := &n.batches[n.cur]
+	b.state, b.sealed, b.err, b.ops, b.bytes, b.entries, b.start = batchOpen, false, nil, 0, 0, b.entries[:0], start
+	n.bN++
+	n.untaken++
 }
 
-// flush enqueues the open batch as one GPU operation and its completion
-// event, alternating the NIC's streams so that one batch's launch overlaps
-// the previous one's tail. A failed enqueue fails the batch's ops (the
-// batch is then done, with the error).
-func (n *NIC) flush() {
-	if n.curBatch < 0 {
-		return
+// due reports whether the open batch should start now: with a wire, once
+// the wire is within the lead of its first op; without, once flushOps ops
+// wait or the GPU is done with the NIC's last operation.
+func (n *NIC) due(now int64) bool {
+	if n.rate > 0 {
+		return n.batches[n.cur].start-now <= n.lead
 	}
-	b := &n.batches[n.curBatch]
-	p := &n.piece
-	*p = cuda.Piece{Ctx: n.g.Context(), Stream: n.streams[n.next], Mode: n.ceMode, Entries: n.entries, Done: b.ev}
-	n.next = (n.next + 1) % nicStreams
-	if n.scatter.use(n.entries) {
-		p.Mode = cuda.CopyGather
-		p.Gather = n.scatter.launch(&b.plan)
-	} else if len(n.entries) == 1 {
-		p.Mode = cuda.CopyPerEntry
-	}
-	if err := n.op.Enqueue(p); err != nil {
-		b.done, b.err = true, fmt.Errorf("gpunic: %w", err)
-	}
-	n.lastBatch = n.curBatch
-	p.Entries = nil
-	n.entries = n.entries[:0]
-	n.curBatch = -1
+	return len(n.batches[n.cur].entries) >= flushOps || !n.busy()
 }
 
-// Poll starts the ops submitted since the last Poll (when the GPU is done
-// with the NIC's previous operation, or flushOps of them wait) and moves up
-// to len(out) completions into out, in submission order.
-func (n *NIC) Poll(out []relay.HopCompletion) int {
+// take hands the oldest batch no starter has taken to the caller, if it is
+// ready or it is the open batch and due, and returns it, or -1.
+func (n *NIC) take(now int64) int {
+	if n.untaken == 0 {
+		return -1
+	}
+	i := (n.bHead + n.bN - n.untaken) % nicBatches
+	b := &n.batches[i]
+	switch {
+	case b.state == batchReady:
+	case i == n.cur && n.due(now):
+		n.cur = -1
+	default:
+		return -1
+	}
+	b.state = batchStarting
+	n.untaken--
+	return i
+}
+
+// startReady starts batches on the GPU, oldest first, while one is ready
+// or the open one is due. One caller at a time does; a caller that finds
+// another at it returns, and the other goes on to what is left.
+func (n *NIC) startReady() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	for !n.closed && !n.starting {
+		i := n.take(n.clock())
+		if i < 0 {
+			return
+		}
+		n.starting = true
+		entries := n.batches[i].entries
+		n.mu.Unlock()
+		err := n.eng.start(i, entries)
+		n.mu.Lock()
+		n.starting = false
+		b := &n.batches[i]
+		b.state = batchStarted
+		if err != nil {
+			b.state, b.err = batchDone, fmt.Errorf("gpunic: %w", err)
+		}
+		n.last = i
+		n.launches++
+	}
+}
+
+// Poll has a batch that is due started, and moves up to len(out)
+// completions into out, in submission order.
+func (n *NIC) Poll(out []relay.HopCompletion) int {
+	n.mu.Lock()
 	if n.closed {
+		n.mu.Unlock()
 		return 0
 	}
-	if n.curBatch >= 0 && (len(n.entries) >= flushOps || !n.busy()) {
-		n.flush()
+	now := n.clock()
+	if n.untaken > 0 && !n.starting {
+		i := (n.bHead + n.bN - n.untaken) % nicBatches
+		if n.batches[i].state == batchReady || (i == n.cur && n.due(now)) {
+			// Nothing of this NIC's is on the GPU or waiting: a lone
+			// write, which the goroutine's wake-up would only delay.
+			inline := n.bN == n.untaken
+			n.mu.Unlock()
+			if inline {
+				n.startReady()
+			} else {
+				n.wake()
+			}
+			n.mu.Lock()
+		}
 	}
-	now := time.Since(n.epoch).Nanoseconds()
+	k := n.collect(out, now)
+	n.mu.Unlock()
+	return k
+}
+
+// collect moves the completions due at now into out.
+func (n *NIC) collect(out []relay.HopCompletion, now int64) int {
 	k := 0
 	for k < len(out) && n.opN > 0 {
 		o := &n.ops[n.opHead]
-		var err error
-		if o.batch >= 0 && o.batch == n.curBatch {
-			// Not yet enqueued: its event still holds an earlier record.
-			break
-		}
-		if o.batch >= 0 {
-			b := &n.batches[o.batch]
-			if !b.done {
-				done, qerr := n.g.Driver().QueryEvent(n.g.Context(), b.ev)
-				if qerr != nil {
-					b.done, b.err = true, fmt.Errorf("gpunic: completion: %w", qerr)
-				} else if !done {
-					break
-				}
-				b.done = true
-			}
-			err = b.err
-		}
 		if o.finish > now {
 			break
 		}
-		if err == nil {
-			err = o.err
+		var err error
+		if o.failed {
+			err, n.errs[n.opHead] = n.errs[n.opHead], nil
 		}
-		out[k] = relay.HopCompletion{Token: o.token, Err: err}
-		k++
 		if o.batch >= 0 {
 			b := &n.batches[o.batch]
-			b.ops--
-			if b.ops == 0 {
+			if b.state < batchStarted {
+				break
+			}
+			if b.state == batchStarted {
+				done, qerr := n.eng.done(int(o.batch))
+				if qerr != nil {
+					b.err = fmt.Errorf("gpunic: completion: %w", qerr)
+				} else if !done {
+					break
+				}
+				b.state = batchDone
+			}
+			if b.err != nil {
+				err = b.err
+			}
+			if b.ops--; b.ops == 0 {
 				n.bHead = (n.bHead + 1) % nicBatches
 				n.bN--
 			}
 		}
+		out[k] = relay.HopCompletion{Token: o.token, Err: err}
+		k++
 		*o = nicOp{}
-		n.opHead = (n.opHead + 1) % n.depth
+		if n.opHead++; n.opHead == n.depth {
+			n.opHead = 0
+		}
 		n.opN--
 	}
 	return k
 }
 
-// busy reports whether the GPU has not finished the NIC's last operation.
+// busy reports whether the GPU may still work on the NIC's batches: one is
+// being started, or the last one started is not seen complete.
 func (n *NIC) busy() bool {
-	if n.lastBatch < 0 {
+	if n.starting {
+		return true
+	}
+	if n.last < 0 {
 		return false
 	}
-	b := &n.batches[n.lastBatch]
-	if b.done || b.ops == 0 {
+	b := &n.batches[n.last]
+	if b.state != batchStarted {
 		return false
 	}
-	done, err := n.g.Driver().QueryEvent(n.g.Context(), b.ev)
+	done, err := n.eng.done(n.last)
 	return err == nil && !done
 }
 
-// Close waits for the NIC's GPU work and frees its streams, events and
-// kernel. Ops not yet polled are dropped. It does not close the targets.
+// Close waits for the NIC's goroutine and GPU work and frees its streams,
+// events and kernel. Ops not yet polled are dropped. It does not close the
+// targets.
 func (n *NIC) Close() error {
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	if n.closed {
+		n.mu.Unlock()
 		return nil
 	}
 	n.closed = true
-	return n.destroy()
-}
-
-func (n *NIC) destroy() error {
-	return n.g.Do(func() error {
-		d := n.g.Driver()
-		var errs []error
-		for i, s := range n.streams {
-			if s != 0 {
-				errs = append(errs, d.StreamSynchronize(s), d.StreamDestroy(s))
-				n.streams[i] = 0
-			}
-		}
-		errs = append(errs, n.scatter.free(d, n.batches[:]))
-		for i := range n.batches {
-			if ev := n.batches[i].ev; ev != 0 {
-				errs = append(errs, d.EventDestroy(ev))
-				n.batches[i].ev = 0
-			}
-		}
-		if n.op != nil {
-			n.op.Free()
-			n.op = nil
-		}
-		return errors.Join(errs...)
-	})
+	n.mu.Unlock()
+	if n.stop != nil {
+		close(n.stop)
+		<-n.quit
+	}
+	// A Poll's own start may still be in the engine.
+	n.mu.Lock()
+	for n.starting {
+		n.mu.Unlock()
+		runtime.Gosched()
+		n.mu.Lock()
+	}
+	n.mu.Unlock()
+	return n.eng.close()
 }

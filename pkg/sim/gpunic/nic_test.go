@@ -89,9 +89,11 @@ func alloc(t testing.TB, g *gpu.GPU, n uint64) cuda.DevicePtr {
 // targetGPUEnv places the target process on another GPU than device 0;
 // busyEnv makes it keep its GPU busy with small memsets until stdin closes
 // (a neighbour process with work on the same GPU).
+// targetLenEnv sizes the target's buffer (nicTargetLen unless set).
 const (
 	targetGPUEnv = "PXN_GPUNIC_TARGET_GPU"
 	busyEnv      = "PXN_GPUNIC_TARGET_BUSY"
+	targetLenEnv = "PXN_GPUNIC_TARGET_LEN"
 )
 
 // nicTarget is the child of TestNIC: a zeroed device buffer whose handle it
@@ -108,18 +110,24 @@ func nicTarget() error {
 			return fmt.Errorf("%s=%q: %w", targetGPUEnv, v, err)
 		}
 	}
+	size := uint64(nicTargetLen)
+	if v := os.Getenv(targetLenEnv); v != "" {
+		if size, err = strconv.ParseUint(v, 10, 64); err != nil || size == 0 || size%4 != 0 {
+			return fmt.Errorf("%s=%q: want a positive multiple of 4", targetLenEnv, v)
+		}
+	}
 	g, err := gpu.Open(d, ordinal)
 	if err != nil {
 		return err
 	}
 	defer g.Close()
 	return g.Do(func() error {
-		buf, err := d.MemAlloc(nicTargetLen)
+		buf, err := d.MemAlloc(size)
 		if err != nil {
 			return err
 		}
 		defer d.MemFree(buf)
-		if err := d.MemsetD32Async(buf, 0, nicTargetLen/4, 0); err != nil {
+		if err := d.MemsetD32Async(buf, 0, size/4, 0); err != nil {
 			return err
 		}
 		if err := d.StreamSynchronize(0); err != nil {
@@ -158,7 +166,7 @@ func nicTarget() error {
 			}
 		}
 		<-closed
-		host := make([]byte, nicTargetLen)
+		host := make([]byte, size)
 		if err := d.MemcpyDtoH(host, buf); err != nil {
 			return err
 		}
@@ -187,7 +195,8 @@ func pollAll(t *testing.T, n *gpunic.NIC, want int) []relay.HopCompletion {
 // TestNIC writes into another process's device buffer through the emulated
 // NIC: completions in order, errors for what it cannot do, the rate cap as
 // a lower bound on completion time, back-pressure, batches of small ops on
-// the SM kernel and on the copy engines, and the bytes.
+// the SM kernel and on the copy engines, a Piece as one completion, and the
+// bytes.
 const base = 0x7e0000000000
 
 // startTarget starts a target process and maps its buffer as session t0.
@@ -215,7 +224,15 @@ func startTarget(t testing.TB, g *gpu.GPU, env ...string) (maps *gpunic.Targets,
 	}
 	var h cuda.IPCMemHandle
 	copy(h[:], raw)
-	maps, err = gpunic.OpenTargets(g, []gpunic.Target{{Session: "t0", Addr: base, Len: nicTargetLen, Handle: h}})
+	size := uint64(nicTargetLen)
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, targetLenEnv+"="); ok {
+			if size, err = strconv.ParseUint(v, 10, 64); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	maps, err = gpunic.OpenTargets(g, []gpunic.Target{{Session: "t0", Addr: base, Len: size, Handle: h}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -375,7 +392,24 @@ func TestNIC(t *testing.T) {
 		d := (7*5 + k) * 4096
 		copy(want[d:d+4096], host[k*4096:k*4096+4096])
 	}
-	if err := errors.Join(slow.Close(), nic.Close(), busy.Close()); err != nil {
+	// A Piece of 600 small unaligned writes: one completion, the bytes.
+	pn, err := gpunic.New(g, maps, gpunic.Options{RateGBps: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var piece []relay.WriteOp
+	for i := uint64(0); i < 600; i++ {
+		s, d, l := i*5003+11, (599-i)*4099+3, 2001+i%7
+		piece = append(piece, relay.WriteOp{Src: uintptr(src) + uintptr(s), Len: l, Target: "t0", Dst: base + d})
+		copy(want[d:d+l], host[s:s+l])
+	}
+	if err := pn.SubmitPiece(piece, 4242); err != nil {
+		t.Fatal(err)
+	}
+	if got := pollAll(t, pn, 1); got[0].Token != 4242 || got[0].Err != nil {
+		t.Fatalf("Piece: %+v", got)
+	}
+	if err := errors.Join(slow.Close(), nic.Close(), busy.Close(), pn.Close()); err != nil {
 		t.Fatal(err)
 	}
 	sum := fnv.New64a()

@@ -15,14 +15,16 @@ import (
 )
 
 // scatterBlocks is the scatter kernel's grid: half of the first hop's
-// per-lane cap, as one of its two streams launches. At 16 KiB ops it moves
-// several times R = 50 GB/s, so the GPU work stays ahead of the wire.
+// per-lane cap, as one of its two streams launches. A Piece of 4096 2 KiB
+// writes keeps 0.98 of R = 50 GB/s with it; 16 blocks did not move 2 KiB
+// writes faster (docs/benchmarks.md).
 const scatterBlocks = gpu.GatherMaxBlocks / 2
 
 // planSlot is one batch's gather plan: pinned host staging, its device
-// copy, and the events the copy op uses to order and guard the upload. A
-// batch slot is reused only after its completion event, which follows its
-// kernel, so the plan is never rewritten under a pending upload.
+// copy, and the events the copy op uses to order and guard the upload,
+// uploaded once a batch. A batch slot is reused only after its completion
+// event, which follows its kernel, so the plan is never rewritten under a
+// pending upload.
 type planSlot struct {
 	host uintptr
 	dev  cuda.DevicePtr
@@ -49,18 +51,19 @@ func planStride() uint64 { return (cuda.PlanBytes(batchOps) + 255) &^ 255 }
 // setup loads the kernel and the batches' plans, in g's context. A
 // failure is an error only for gpu.GatherSM; gpu.GatherAuto then uses
 // the copy engines.
-func (s *scatter) setup(g *gpu.GPU, mode gpu.GatherMode, ptx []byte, batches []nicBatch) error {
+func (s *scatter) setup(g *gpu.GPU, opts Options, plans []planSlot) error {
+	mode := opts.Copy
 	s.mode = mode
 	if mode == gpu.GatherCE {
 		s.why = "copy engines forced"
 		return nil
 	}
-	err := s.load(g, ptx, batches)
+	err := s.load(g, opts, plans)
 	if err == nil {
 		s.why = "kernel loaded"
 		return nil
 	}
-	err = errors.Join(err, s.free(g.Driver(), batches))
+	err = errors.Join(err, s.free(g.Driver(), plans))
 	if mode == gpu.GatherSM {
 		return fmt.Errorf("gpunic: scatter kernel required: %w", err)
 	}
@@ -68,8 +71,9 @@ func (s *scatter) setup(g *gpu.GPU, mode gpu.GatherMode, ptx []byte, batches []n
 	return nil
 }
 
-func (s *scatter) load(g *gpu.GPU, ptx []byte, batches []nicBatch) error {
+func (s *scatter) load(g *gpu.GPU, opts Options, plans []planSlot) error {
 	d := g.Driver()
+	ptx := opts.GatherPTX
 	if ptx == nil {
 		ptx = kernel.GatherPTX()
 	}
@@ -89,7 +93,7 @@ func (s *scatter) load(g *gpu.GPU, ptx []byte, batches []nicBatch) error {
 		return err
 	}
 	stride := planStride()
-	total := stride * uint64(len(batches))
+	total := stride * uint64(len(plans))
 	if s.dev, err = d.MemAlloc(total); err != nil {
 		return err
 	}
@@ -103,8 +107,8 @@ func (s *scatter) load(g *gpu.GPU, ptx []byte, batches []nicBatch) error {
 		s.host = nil
 		return err
 	}
-	for i := range batches {
-		p := &batches[i].plan
+	for i := range plans {
+		p := &plans[i]
 		p.host = host + uintptr(uint64(i)*stride)
 		p.dev = s.dev + cuda.DevicePtr(uint64(i)*stride)
 		if p.up, err = d.EventCreate(cuda.EventDisableTiming); err != nil {
@@ -139,14 +143,14 @@ func (s *scatter) launch(p *planSlot) cuda.Gather {
 }
 
 // free releases what setup made; the context is current.
-func (s *scatter) free(d *cuda.Driver, batches []nicBatch) error {
+func (s *scatter) free(d *cuda.Driver, plans []planSlot) error {
 	var errs []error
 	if s.upload != 0 {
 		errs = append(errs, d.StreamSynchronize(s.upload), d.StreamDestroy(s.upload))
 		s.upload = 0
 	}
-	for i := range batches {
-		p := &batches[i].plan
+	for i := range plans {
+		p := &plans[i]
 		for _, ev := range []cuda.Event{p.up, p.busy} {
 			if ev != 0 {
 				errs = append(errs, d.EventDestroy(ev))
