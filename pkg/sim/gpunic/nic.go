@@ -291,7 +291,10 @@ type nicBatch struct {
 	start int64
 }
 
-var _ relay.Hop = (*NIC)(nil)
+var (
+	_ relay.Hop      = (*NIC)(nil)
+	_ relay.PieceHop = (*NIC)(nil)
+)
 
 // New creates a NIC over targets on g: its streams, completion events,
 // copy op and, unless opts.Copy is gpu.GatherCE, the scatter kernel and its
