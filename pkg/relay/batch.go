@@ -78,7 +78,10 @@ const (
 // enqueued (Submit), so a task never looks complete while slices of it are
 // still to come.
 type task struct {
-	remaining   atomic.Int64
+	// remaining is set by a plain store in Submit, before the task's
+	// chunk is queued (the queue's lock orders it before any reader),
+	// and read and decremented atomically after.
+	remaining   int64
 	transferred atomic.Uint64
 	failed      atomic.Bool
 	route       Route
@@ -91,7 +94,7 @@ func (t *task) finishSlice(n uint64, err error) {
 	} else {
 		t.transferred.Add(n)
 	}
-	t.remaining.Add(-1)
+	atomic.AddInt64(&t.remaining, -1)
 }
 
 // fail records err as the task's failure if it is the first. Apart from
@@ -118,7 +121,7 @@ func (b *Batch) Status(i int) (TaskStatus, error) {
 		return TaskStatus{}, fmt.Errorf("task %d out of range [0,%d)", i, len(b.tasks))
 	}
 	t := &b.tasks[i]
-	if t.remaining.Load() > 0 {
+	if atomic.LoadInt64(&t.remaining) > 0 {
 		return TaskStatus{State: Pending, Transferred: t.transferred.Load()}, nil
 	}
 	if t.failed.Load() {
@@ -159,7 +162,7 @@ var errReleasedTwice = errors.New("relay: batch released twice")
 // Done reports whether every task of the batch has reached a final state.
 func (b *Batch) Done() bool {
 	for i := range b.tasks {
-		if b.tasks[i].remaining.Load() > 0 {
+		if atomic.LoadInt64(&b.tasks[i].remaining) > 0 {
 			return false
 		}
 	}

@@ -103,9 +103,9 @@ func (sn *sender) runFallback(fb *fallbackPiece) (keep, progressed bool) {
 			}
 		}
 		// The writes carry their slices by value: the group is done with.
-		ss := g.plan.PieceSlices(fb.i)
-		ops := s.opBufs.get(len(ss))
-		for _, sl := range ss {
+		ops := s.opBufs.get(g.pieceEntries(fb.i))
+		it := g.plan.PieceSlices(g.blocks, fb.i)
+		for sl, ok := it.Next(); ok; sl, ok = it.Next() {
 			ops = append(ops, WriteOp{Src: uintptr(sl.Src), Len: sl.Len, Target: g.key.session, Dst: sl.Dst,
 				Token: s.tokens.add(tokenEntry{kind: tokFallback, slice: taskSlice{batch: g.batch, task: g.tasks[sl.Task], len: sl.Len}})})
 		}

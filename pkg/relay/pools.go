@@ -15,9 +15,9 @@ const (
 	maxPooledBatches = 256
 	maxPooledTasks   = 1 << 16
 	maxPooledGroups  = 64
-	// maxPooledSlices bounds the plan slices that pooled groups keep, in
-	// all (about 80 bytes each with their plan and copy entries).
-	maxPooledSlices = 1 << 18
+	// maxPooledBlocks bounds the blocks that pooled groups keep, in all
+	// (36 bytes each with their task index).
+	maxPooledBlocks = 1 << 18
 	maxPooledOpBufs = 64
 	maxPooledOps    = 1 << 16
 )
@@ -90,8 +90,8 @@ func (p *batchPool) put(b *Batch) { p.list.give(b) }
 type groupPool struct{ list freeList[*group] }
 
 func newGroupPool() *groupPool {
-	return &groupPool{list: freeList[*group]{maxItems: maxPooledGroups, maxSize: maxPooledSlices,
-		size: func(g *group) int { return cap(g.plan.Slices) }}}
+	return &groupPool{list: freeList[*group]{maxItems: maxPooledGroups, maxSize: maxPooledBlocks,
+		size: func(g *group) int { return cap(g.blocks) }}}
 }
 
 func (p *groupPool) get() *group {

@@ -27,7 +27,9 @@ type sender struct {
 	// in flight into the relay's memory: their mapping and host
 	// registration are released only after the copier has drained.
 	zombies []*senderLane
-	// copyBuf holds the first-hop copies of the Piece being published.
+	// planBuf and copyBuf hold the plan entries and the first-hop copies
+	// of the Piece being published.
+	planBuf []staging.PlanEntry
 	copyBuf []CopyEntry
 	// seqHooked is set once testHooks.firstSeq has been applied.
 	seqHooked bool
@@ -149,17 +151,19 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 		sl.progressAt = now
 	}
 	g, i := pr.g, pr.i
-	if err := sl.tx.Commit(seq, g.key.session, g.plan.PieceEntries(i), g.pieceLen(i)); err != nil {
+	slot := staging.SlotOf(seq)
+	base := sl.link.Staging() + uintptr(slot)*staging.SlotSize
+	plans, entries := sn.planBuf[:0], sn.copyBuf[:0]
+	it := g.plan.PieceSlices(g.blocks, i)
+	for c, ok := it.Next(); ok; c, ok = it.Next() {
+		plans = append(plans, staging.PlanEntry{Dst: c.Dst, Len: c.Len})
+		entries = append(entries, CopyEntry{Src: uintptr(c.Src), Dst: base + uintptr(c.Offset), Len: c.Len})
+	}
+	sn.planBuf, sn.copyBuf = plans, entries
+	if err := sl.tx.Commit(seq, g.key.session, plans, g.pieceLen(i)); err != nil {
 		s.fallback(g, i, staging.FallbackOther)
 		return true
 	}
-	slot := staging.SlotOf(seq)
-	base := sl.link.Staging() + uintptr(slot)*staging.SlotSize
-	entries := sn.copyBuf[:0]
-	for _, c := range g.plan.PieceCopies(i) {
-		entries = append(entries, CopyEntry{Src: uintptr(c.Src), Dst: base + uintptr(c.Offset), Len: c.Len})
-	}
-	sn.copyBuf = entries
 	copyAt := s.sentTimes.now()
 	if err := s.copier.Copy(sl.copierLane, g.ready, entries, sl.tx.ReadyWord(seq), seq); err != nil {
 		// Before the doorbell: the Piece is still ours to send direct,

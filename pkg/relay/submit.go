@@ -47,9 +47,16 @@ func (g *group) pieceLen(i int) uint64 { return g.plan.Pieces[i].Len }
 // submits again finds the lane as the Piece left it.
 func (g *group) finishPiece(i int, err error) {
 	g.key.lane.pieces.Add(-1)
-	for _, s := range g.plan.PieceSlices(i) {
+	it := g.plan.PieceSlices(g.blocks, i)
+	for s, ok := it.Next(); ok; s, ok = it.Next() {
 		g.batch.tasks[g.tasks[s.Task]].finishSlice(s.Len, err)
 	}
+}
+
+// pieceEntries is the number of slices (plan entries) of Piece i.
+func (g *group) pieceEntries(i int) int {
+	pc := &g.plan.Pieces[i]
+	return pc.End - pc.Start
 }
 
 // planGroup cuts a group's requests into Pieces and sets every task's slice
@@ -72,8 +79,9 @@ func (e *Engine) planGroup(b *Batch, reqs []Request, g *group) error {
 	}
 	g.key.lane.pieces.Add(int64(len(g.plan.Pieces)))
 	for j, i := range g.tasks {
-		b.tasks[i].route = RoutePXN
-		b.tasks[i].remaining.Store(int64(g.plan.Tasks[j].Slices))
+		t := &b.tasks[i]
+		t.route = RoutePXN
+		t.remaining = int64(g.plan.Tasks[j].Slices)
 	}
 	return nil
 }
@@ -174,7 +182,7 @@ func (e *Engine) submitChunk(b *Batch, reqs []Request, lo, hi int, routes *route
 	}
 	for _, i := range sc.direct {
 		b.tasks[i].route = RouteDirect
-		b.tasks[i].remaining.Store(1)
+		b.tasks[i].remaining = 1
 	}
 
 	e.submitDirect(b, reqs, sc.direct)

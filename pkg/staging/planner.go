@@ -48,13 +48,18 @@ type CopyEntry struct {
 	Len    uint64
 }
 
-// Piece is the content of one slot. Its slices, plan entries and copy entries
-// are the index range [Start, End) of Plan.Slices, Plan.Entries and
-// Plan.Copies, in slot order.
+// Piece is the content of one slot: the plan's slices numbered
+// [Start, End), in slot order, Len bytes in all. They begin at offset Off
+// of block First (an offset at the block's end, or a block of no bytes,
+// begins them at the next block that has bytes) and are walked with
+// Plan.PieceSlices, which rebuilds them from the blocks: a plan keeps no
+// per-slice array, so that planning a block costs a few additions.
 type Piece struct {
 	Start int
 	End   int
 	Len   uint64
+	First int
+	Off   uint64
 }
 
 // TaskTotals is what one task contributes to a Plan. Blocks counts every
@@ -66,43 +71,54 @@ type TaskTotals struct {
 	Bytes  uint64
 }
 
-// Plan is a request cut into Pieces. Its slices are reused by the next Plan
-// call that fills it: nothing read from a Plan may be kept past that call.
+// Plan is a request cut into Pieces. It is reused by the next Plan call
+// that fills it: nothing read from a Plan may be kept past that call.
 type Plan struct {
-	Pieces  []Piece
-	Slices  []Slice
-	Entries []PlanEntry
-	Copies  []CopyEntry
+	Pieces []Piece
 	// Tasks is indexed by task and has exactly as many elements as the
 	// task count passed to Plan.
 	Tasks []TaskTotals
 	Bytes uint64
 }
 
-// PieceSlices returns the logical slices of Piece i.
-func (p *Plan) PieceSlices(i int) []Slice {
-	pc := p.Pieces[i]
-	return p.Slices[pc.Start:pc.End:pc.End]
+// PieceSlices walks the slices of Piece i in slot order. blocks must be the
+// blocks the plan was made from, unchanged.
+func (p *Plan) PieceSlices(blocks []Block, i int) SliceIter {
+	pc := &p.Pieces[i]
+	return SliceIter{blocks: blocks, k: pc.First, off: pc.Off, left: pc.Len}
 }
 
-// PieceEntries returns the plan entries of Piece i, ready for Desc.Plans.
-func (p *Plan) PieceEntries(i int) []PlanEntry {
-	pc := p.Pieces[i]
-	return p.Entries[pc.Start:pc.End:pc.End]
+// SliceIter walks the slices of one Piece. The zero value has none.
+type SliceIter struct {
+	blocks []Block
+	k      int
+	off    uint64
+	left   uint64
+	at     uint64
 }
 
-// PieceCopies returns the first-hop copies of Piece i.
-func (p *Plan) PieceCopies(i int) []CopyEntry {
-	pc := p.Pieces[i]
-	return p.Copies[pc.Start:pc.End:pc.End]
+// Next returns the Piece's next slice; ok is false after the last.
+func (it *SliceIter) Next() (s Slice, ok bool) {
+	for it.left > 0 {
+		b := &it.blocks[it.k]
+		if it.off >= b.Len {
+			it.k++
+			it.off = 0
+			continue
+		}
+		n := min(b.Len-it.off, it.left)
+		s = Slice{Task: b.Task, Src: b.Src + it.off, Dst: b.Dst + it.off, Len: n, Offset: it.at}
+		it.off += n
+		it.at += n
+		it.left -= n
+		return s, true
+	}
+	return Slice{}, false
 }
 
 // Reset empties p and keeps its memory.
 func (p *Plan) Reset() {
 	p.Pieces = p.Pieces[:0]
-	p.Slices = p.Slices[:0]
-	p.Entries = p.Entries[:0]
-	p.Copies = p.Copies[:0]
 	p.Tasks = p.Tasks[:0]
 	p.Bytes = 0
 }
@@ -144,7 +160,8 @@ func nextCut(cut, limit uint64) uint64 {
 // their tasks exactly. A zero-length block yields no slice and no plan entry;
 // it only counts in Tasks[task].Blocks. On error out is empty.
 //
-// Plan allocates only when out's slices must grow beyond any earlier request.
+// Plan allocates only when out's Pieces or Tasks must grow beyond any
+// earlier request.
 func (pl *Planner) Plan(blocks []Block, tasks int, out *Plan) error {
 	out.Reset()
 	if tasks < 0 {
@@ -163,35 +180,29 @@ func (pl *Planner) Plan(blocks []Block, tasks int, out *Plan) error {
 
 	// cut is the current Piece's byte limit: the ramp's, then the slot's.
 	cut := pl.firstCut(limitBytes)
-	pieces, slices, entries, copies := out.Pieces, out.Slices, out.Entries, out.Copies
+	pieces := out.Pieces
 	var planned uint64
 	piece := Piece{}
 	for i := range blocks {
 		b := &blocks[i]
 		if err := checkBlock(i, b, tasks, planned); err != nil {
-			out.Pieces, out.Slices, out.Entries, out.Copies = pieces, slices, entries, copies
+			out.Pieces = pieces
 			out.Reset()
 			return err
 		}
 		task := &out.Tasks[b.Task]
 		task.Blocks++
 		planned += b.Len
-		src, dst, left := b.Src, b.Dst, b.Len
-		for left > 0 {
+		for left := b.Len; left > 0; {
 			n := min(left, cut-piece.Len)
-			slices = append(slices, Slice{Task: b.Task, Src: src, Dst: dst, Len: n, Offset: piece.Len})
-			entries = append(entries, PlanEntry{Dst: dst, Len: n})
-			copies = append(copies, CopyEntry{Src: src, Offset: piece.Len, Len: n})
 			task.Slices++
 			task.Bytes += n
 			piece.End++
 			piece.Len += n
-			src += n
-			dst += n
 			left -= n
 			if piece.Len == cut || piece.End-piece.Start == limitPlans {
 				pieces = append(pieces, piece)
-				piece = Piece{Start: piece.End, End: piece.End}
+				piece = Piece{Start: piece.End, End: piece.End, First: i, Off: b.Len - left}
 				cut = nextCut(cut, limitBytes)
 			}
 		}
@@ -199,7 +210,7 @@ func (pl *Planner) Plan(blocks []Block, tasks int, out *Plan) error {
 	if piece.End > piece.Start {
 		pieces = append(pieces, piece)
 	}
-	out.Pieces, out.Slices, out.Entries, out.Copies, out.Bytes = pieces, slices, entries, copies, planned
+	out.Pieces, out.Bytes = pieces, planned
 	return nil
 }
 

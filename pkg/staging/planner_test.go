@@ -13,6 +13,50 @@ import (
 	"testing"
 )
 
+// flatPlan is a plan's slices walked Piece by Piece (Plan.PieceSlices),
+// with the plan entries and first-hop copies the sender derives from them.
+type flatPlan struct {
+	Slices  []Slice
+	Entries []PlanEntry
+	Copies  []CopyEntry
+}
+
+func flatten(p *Plan, blocks []Block) flatPlan {
+	var f flatPlan
+	for i := range p.Pieces {
+		f.Slices = append(f.Slices, pieceSlices(p, blocks, i)...)
+	}
+	for _, s := range f.Slices {
+		f.Entries = append(f.Entries, PlanEntry{Dst: s.Dst, Len: s.Len})
+		f.Copies = append(f.Copies, CopyEntry{Src: s.Src, Offset: s.Offset, Len: s.Len})
+	}
+	return f
+}
+
+// pieceSlices collects Piece i's slices.
+func pieceSlices(p *Plan, blocks []Block, i int) []Slice {
+	var out []Slice
+	it := p.PieceSlices(blocks, i)
+	for s, ok := it.Next(); ok; s, ok = it.Next() {
+		out = append(out, s)
+	}
+	return out
+}
+
+// span is a Piece's slice numbers and bytes.
+type span struct {
+	Start, End int
+	Len        uint64
+}
+
+func spans(p *Plan) []span {
+	out := make([]span, len(p.Pieces))
+	for i, pc := range p.Pieces {
+		out[i] = span{pc.Start, pc.End, pc.Len}
+	}
+	return out
+}
+
 // verifyPlan checks p against blocks from first principles: Pieces tile the
 // slices in order and respect both limits, every Piece but the last is full,
 // offsets are contiguous from 0, entries and copies mirror the slices, and
@@ -40,9 +84,7 @@ func rampCap(first, limit uint64, i int) uint64 {
 // to that cap or to the entry limit unless it is the last.
 func verifyRampPlan(t testing.TB, blocks []Block, tasks int, p *Plan, limitBytes uint64, limitPlans int, first uint64) {
 	t.Helper()
-	if len(p.Entries) != len(p.Slices) || len(p.Copies) != len(p.Slices) {
-		t.Fatalf("%d slices, %d entries, %d copies", len(p.Slices), len(p.Entries), len(p.Copies))
-	}
+	f := flatten(p, blocks)
 	next := 0
 	for i, pc := range p.Pieces {
 		if pc.Start != next || pc.End <= pc.Start {
@@ -53,17 +95,14 @@ func verifyRampPlan(t testing.TB, blocks []Block, tasks int, p *Plan, limitBytes
 		if n > limitPlans || pc.Len > limit {
 			t.Fatalf("piece %d: %d entries, %d bytes; limits %d, %d", i, n, pc.Len, limitPlans, limit)
 		}
+		if got := len(pieceSlices(p, blocks, i)); got != n {
+			t.Fatalf("piece %d walks %d slices, its range holds %d", i, got, n)
+		}
 		var off uint64
 		for j := pc.Start; j < pc.End; j++ {
-			s := p.Slices[j]
+			s := f.Slices[j]
 			if s.Len == 0 || s.Offset != off {
 				t.Fatalf("piece %d slice %d: len %d offset %d, want len > 0 at offset %d", i, j, s.Len, s.Offset, off)
-			}
-			if p.Entries[j] != (PlanEntry{Dst: s.Dst, Len: s.Len}) {
-				t.Fatalf("entry %d = %+v, slice %+v", j, p.Entries[j], s)
-			}
-			if p.Copies[j] != (CopyEntry{Src: s.Src, Offset: s.Offset, Len: s.Len}) {
-				t.Fatalf("copy %d = %+v, slice %+v", j, p.Copies[j], s)
 			}
 			off += s.Len
 		}
@@ -73,13 +112,10 @@ func verifyRampPlan(t testing.TB, blocks []Block, tasks int, p *Plan, limitBytes
 		if i < len(p.Pieces)-1 && pc.Len != limit && n != limitPlans {
 			t.Fatalf("piece %d of %d is not full: %d bytes, %d entries", i, len(p.Pieces), pc.Len, n)
 		}
-		if !slices.Equal(p.PieceSlices(i), p.Slices[pc.Start:pc.End]) {
-			t.Fatalf("PieceSlices(%d) differs from its range", i)
-		}
 		next = pc.End
 	}
-	if next != len(p.Slices) {
-		t.Fatalf("pieces cover %d of %d slices", next, len(p.Slices))
+	if next != len(f.Slices) {
+		t.Fatalf("pieces cover %d of %d slices", next, len(f.Slices))
 	}
 
 	want := make([]TaskTotals, tasks)
@@ -91,10 +127,10 @@ func verifyRampPlan(t testing.TB, blocks []Block, tasks int, p *Plan, limitBytes
 		total += b.Len
 		src, dst, left := b.Src, b.Dst, b.Len
 		for left > 0 {
-			if j >= len(p.Slices) {
+			if j >= len(f.Slices) {
 				t.Fatalf("block %d: slices end with %d bytes left", bi, left)
 			}
-			s := p.Slices[j]
+			s := f.Slices[j]
 			if s.Task != b.Task || s.Src != src || s.Dst != dst || s.Len > left {
 				t.Fatalf("block %d (%+v): slice %d = %+v, want task %d src %#x dst %#x len ≤ %d", bi, b, j, s, b.Task, src, dst, left)
 			}
@@ -105,8 +141,8 @@ func verifyRampPlan(t testing.TB, blocks []Block, tasks int, p *Plan, limitBytes
 			j++
 		}
 	}
-	if j != len(p.Slices) {
-		t.Fatalf("blocks use %d of %d slices", j, len(p.Slices))
+	if j != len(f.Slices) {
+		t.Fatalf("blocks use %d of %d slices", j, len(f.Slices))
 	}
 	if !slices.Equal(p.Tasks, want) {
 		t.Fatalf("tasks = %+v, want %+v", p.Tasks, want)
@@ -177,7 +213,8 @@ func TestPlannerContiguous5GiB(t *testing.T) {
 		if pc.Len != SlotSize || pc.End-pc.Start != 1 {
 			t.Fatalf("piece %d: %d bytes in %d entries, want one entry of %d", i, pc.Len, pc.End-pc.Start, SlotSize)
 		}
-		if e := p.PieceEntries(i)[0]; e.Dst != blocks[0].Dst+uint64(i)*SlotSize {
+		it := p.PieceSlices(blocks, i)
+		if e, _ := it.Next(); e.Dst != blocks[0].Dst+uint64(i)*SlotSize {
 			t.Fatalf("piece %d goes to %#x", i, e.Dst)
 		}
 	}
@@ -253,7 +290,7 @@ func TestPlannerTasksMapBack(t *testing.T) {
 	verifyPlan(t, blocks, tasks, &p, SlotSize, MaxPlans)
 	mixed := 0
 	for i := range p.Pieces {
-		s := p.PieceSlices(i)
+		s := pieceSlices(&p, blocks, i)
 		for j := 1; j < len(s); j++ {
 			if s[j].Task != s[0].Task {
 				mixed++
@@ -287,8 +324,8 @@ func TestPlannerZeroLength(t *testing.T) {
 	if !slices.Equal(p.Tasks, want) {
 		t.Fatalf("tasks = %+v, want %+v", p.Tasks, want)
 	}
-	if len(p.Pieces) != 1 || len(p.Slices) != 2 || p.Pieces[0].Len != 150 {
-		t.Fatalf("pieces %+v, slices %+v", p.Pieces, p.Slices)
+	if f := flatten(&p, blocks); len(p.Pieces) != 1 || len(f.Slices) != 2 || p.Pieces[0].Len != 150 {
+		t.Fatalf("pieces %+v, slices %+v", p.Pieces, f.Slices)
 	}
 	verifyPlan(t, blocks, 3, &p, SlotSize, MaxPlans)
 
@@ -296,8 +333,8 @@ func TestPlannerZeroLength(t *testing.T) {
 	if err := pl.Plan(onlyZero, 2, &p); err != nil {
 		t.Fatal(err)
 	}
-	if len(p.Pieces) != 0 || len(p.Slices) != 0 || p.Bytes != 0 {
-		t.Fatalf("zero-length request planned %d pieces, %d slices, %d bytes", len(p.Pieces), len(p.Slices), p.Bytes)
+	if len(p.Pieces) != 0 || p.Bytes != 0 {
+		t.Fatalf("zero-length request planned %d pieces, %d bytes", len(p.Pieces), p.Bytes)
 	}
 	if p.Tasks[1] != (TaskTotals{Blocks: 2}) {
 		t.Fatalf("task 1 = %+v, want 2 blocks and nothing to stage", p.Tasks[1])
@@ -316,12 +353,13 @@ func TestPlannerDoesNotMerge(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []PlanEntry{{Dst: 0x8000, Len: 0x100}, {Dst: 0x8100, Len: 0x100}, {Dst: 0x8200, Len: 0x100}}
-	if !slices.Equal(p.PieceEntries(0), want) {
-		t.Fatalf("entries = %+v, want %+v", p.PieceEntries(0), want)
+	f := flatten(&p, blocks)
+	if len(p.Pieces) != 1 || !slices.Equal(f.Entries, want) {
+		t.Fatalf("%d pieces, entries = %+v, want 1 piece of %+v", len(p.Pieces), f.Entries, want)
 	}
 	wantCopies := []CopyEntry{{Src: 0x1000, Offset: 0, Len: 0x100}, {Src: 0x1100, Offset: 0x100, Len: 0x100}, {Src: 0x1200, Offset: 0x200, Len: 0x100}}
-	if !slices.Equal(p.PieceCopies(0), wantCopies) {
-		t.Fatalf("copies = %+v, want %+v", p.PieceCopies(0), wantCopies)
+	if !slices.Equal(f.Copies, wantCopies) {
+		t.Fatalf("copies = %+v, want %+v", f.Copies, wantCopies)
 	}
 	verifyPlan(t, blocks, 1, &p, SlotSize, MaxPlans)
 }
@@ -364,7 +402,7 @@ func TestPlannerErrors(t *testing.T) {
 					t.Errorf("error %q lacks %q", err, part)
 				}
 			}
-			if len(p.Pieces)+len(p.Slices)+len(p.Entries)+len(p.Copies)+len(p.Tasks) != 0 || p.Bytes != 0 {
+			if len(p.Pieces)+len(p.Tasks) != 0 || p.Bytes != 0 {
 				t.Fatalf("plan not emptied after error: %+v", p)
 			}
 		})
@@ -418,9 +456,9 @@ func TestPlannerSmallLimits(t *testing.T) {
 	if err := pl.Plan(blocks, 3, &p); err != nil {
 		t.Fatal(err)
 	}
-	wantPieces := []Piece{{0, 2, 10}, {2, 3, 10}, {3, 5, 10}, {5, 8, 3}, {8, 9, 2}}
-	if !slices.Equal(p.Pieces, wantPieces) {
-		t.Fatalf("pieces = %+v, want %+v", p.Pieces, wantPieces)
+	wantPieces := []span{{0, 2, 10}, {2, 3, 10}, {3, 5, 10}, {5, 8, 3}, {8, 9, 2}}
+	if !slices.Equal(spans(&p), wantPieces) {
+		t.Fatalf("pieces = %+v, want %+v", spans(&p), wantPieces)
 	}
 	wantSlices := []Slice{
 		{Task: 0, Src: 100, Dst: 200, Len: 4, Offset: 0},
@@ -433,8 +471,8 @@ func TestPlannerSmallLimits(t *testing.T) {
 		{Task: 2, Src: 1100, Dst: 1200, Len: 1, Offset: 2},
 		{Task: 0, Src: 1300, Dst: 1400, Len: 2, Offset: 0},
 	}
-	if !slices.Equal(p.Slices, wantSlices) {
-		t.Fatalf("slices = %+v\nwant %+v", p.Slices, wantSlices)
+	if f := flatten(&p, blocks); !slices.Equal(f.Slices, wantSlices) {
+		t.Fatalf("slices = %+v\nwant %+v", f.Slices, wantSlices)
 	}
 	verifyPlan(t, blocks, 3, &p, 10, 3)
 }
@@ -539,9 +577,9 @@ func TestPlannerRampSmallLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Caps 2, 4, 8, 10, 10: the 29 bytes are 2 + 4 + 8 + 10 + 5.
-	wantPieces := []Piece{{0, 1, 2}, {1, 3, 4}, {3, 4, 8}, {4, 5, 10}, {5, 7, 5}}
-	if !slices.Equal(p.Pieces, wantPieces) {
-		t.Fatalf("pieces = %+v, want %+v", p.Pieces, wantPieces)
+	wantPieces := []span{{0, 1, 2}, {1, 3, 4}, {3, 4, 8}, {4, 5, 10}, {5, 7, 5}}
+	if !slices.Equal(spans(&p), wantPieces) {
+		t.Fatalf("pieces = %+v, want %+v", spans(&p), wantPieces)
 	}
 	wantSlices := []Slice{
 		{Task: 0, Src: 100, Dst: 200, Len: 2, Offset: 0},
@@ -552,8 +590,8 @@ func TestPlannerRampSmallLimits(t *testing.T) {
 		{Task: 1, Src: 321, Dst: 421, Len: 4, Offset: 0},
 		{Task: 0, Src: 500, Dst: 600, Len: 1, Offset: 4},
 	}
-	if !slices.Equal(p.Slices, wantSlices) {
-		t.Fatalf("slices = %+v\nwant %+v", p.Slices, wantSlices)
+	if f := flatten(&p, blocks); !slices.Equal(f.Slices, wantSlices) {
+		t.Fatalf("slices = %+v\nwant %+v", f.Slices, wantSlices)
 	}
 	verifyRampPlan(t, blocks, 2, &p, 10, 3, 2)
 	// The ramp starts again with each request.
