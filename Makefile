@@ -35,11 +35,17 @@ lint: tools
 # (installed when missing, as make demo does), then every test with the race
 # detector. PXN_REQUIRE_TOOLS makes a test that needs a tool fail instead of
 # skip; the end-to-end suite still skips, saying why, when this machine cannot
-# install its packages (not root, no apt-get).
+# install its packages (not root, no apt-get). hack/testreport prints go
+# test's usual lines as they come and, at the end, every test that skipped
+# with its message and the counts; the whole -json stream stays in
+# _output/test.json.
+TEST_PKGS ?= ./...
 test: lint host-packages
-	PXN_REQUIRE_TOOLS=1 PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools} \
+	@mkdir -p _output
+	@$(GO) build -o _output/testreport ./hack/testreport
+	set -o pipefail; PXN_REQUIRE_TOOLS=1 PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools} \
 	KUBEBUILDER_ASSETS=$$($(TOOLS) assets) \
-	$(GO) test $(GOTEST_FLAGS) ./...
+	$(GO) test -json $(GOTEST_FLAGS) $(TEST_PKGS) | _output/testreport -save _output/test.json
 
 # What the end-to-end suite, make demo, hack/local-cluster.sh and the Mooncake
 # transport need from
