@@ -47,11 +47,11 @@ test: lint host-packages
 	KUBEBUILDER_ASSETS=$$($(TOOLS) assets) \
 	$(GO) test -json $(GOTEST_FLAGS) $(TEST_PKGS) | _output/testreport -save _output/test.json
 
-# What the end-to-end suite, make demo, hack/local-cluster.sh and the Mooncake
-# transport need from
-# the machine (hack/host-packages.sh owns the list).
+# What the end-to-end suite, make demo, hack/local-cluster.sh, the Mooncake
+# transport and the arm64 image tests need from the machine
+# (hack/host-packages.sh owns the list).
 host-packages:
-	@hack/host-packages.sh ensure cluster mooncake
+	@hack/host-packages.sh ensure cluster mooncake cross
 
 # The Mooncake transport (integrations/mooncake) against a Mooncake checkout:
 # _output/mooncake/libpxn_mooncake.a and libpxn.so, and the factory patch
