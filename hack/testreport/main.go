@@ -4,9 +4,12 @@
 // plain `go test` prints (each package's ok, FAIL or "no test files" line,
 // and the output of failing tests and failing packages) as it comes, then,
 // at the end, every test that skipped with its package and the message it
-// skipped with, and a count of passed, failed and skipped tests. It exits 1
-// when a test, a package or a build failed, or when the input ended before a
-// package did.
+// skipped with, and a count of passed, failed and skipped tests. The input
+// may hold several go test runs one after another (make test runs the
+// allocation tests again without the race detector): a test that skipped
+// in one run and passed in a later one is not listed, and a package failed
+// when any of its runs failed. It exits 1 when a test, a package or a
+// build failed, or when the input ended before a package did.
 //
 //	go test -json ./... | testreport -save _output/test.json
 package main
@@ -53,16 +56,19 @@ type report struct {
 	pkgs     map[string]*pkgState
 	pkgOrder []string
 	skips    []skip
+	// ranLater counts skips that a later run of the same test passed.
+	ranLater int
 
-	passed, failed  int
-	okPkgs, noTests int
-	failedPkgs      []string
-	buildFailed     bool
-	badLines        int
+	passed, failed int
+	// result is each package's outcome over its runs: "ok", "FAIL" (any
+	// run failed) or "?" (no test files).
+	result      map[string]string
+	buildFailed bool
+	badLines    int
 }
 
 func newReport(w io.Writer) *report {
-	return &report{w: w, pkgs: map[string]*pkgState{}}
+	return &report{w: w, pkgs: map[string]*pkgState{}, result: map[string]string{}}
 }
 
 func (r *report) pkg(name string) *pkgState {
@@ -105,6 +111,8 @@ func (r *report) event(ev event) {
 		return
 	}
 	switch ev.Action {
+	case "start":
+		p.ended = false
 	case "output":
 		if closing(ev.Package, ev.Output) {
 			if strings.HasPrefix(ev.Output, "FAIL") {
@@ -116,14 +124,18 @@ func (r *report) event(ev event) {
 		p.out = append(p.out, ev.Output)
 	case "pass":
 		p.ended = true
-		r.okPkgs++
+		if r.result[ev.Package] != "FAIL" {
+			r.result[ev.Package] = "ok"
+		}
 	case "skip":
 		p.ended = true
-		r.noTests++
+		if r.result[ev.Package] == "" {
+			r.result[ev.Package] = "?"
+		}
 	case "fail":
 		p.ended = true
 		r.flush(p)
-		r.failedPkgs = append(r.failedPkgs, ev.Package)
+		r.result[ev.Package] = "FAIL"
 	}
 }
 
@@ -144,8 +156,16 @@ func (r *report) testEvent(p *pkgState, ev event) {
 	switch ev.Action {
 	case "pass":
 		r.passed++
+		n := len(r.skips)
+		r.skips = slices.DeleteFunc(r.skips, func(s skip) bool { return s.pkg == ev.Package && s.test == ev.Test })
+		r.ranLater += n - len(r.skips)
 	case "skip":
-		r.skips = append(r.skips, skip{pkg: ev.Package, test: ev.Test, why: skipMessage(lines)})
+		why := skipMessage(lines)
+		if !slices.ContainsFunc(r.skips, func(s skip) bool {
+			return s.pkg == ev.Package && s.test == ev.Test && slices.Equal(s.why, why)
+		}) {
+			r.skips = append(r.skips, skip{pkg: ev.Package, test: ev.Test, why: why})
+		}
 	case "fail":
 		r.failed++
 		// A failed subtest's lines go to its parent, so that they print
@@ -272,11 +292,22 @@ func (r *report) finish(saved string) bool {
 		tw.Flush()
 	}
 
+	if r.ranLater > 0 {
+		fmt.Fprintf(r.w, "not listed: %d skipped test(s) that a later run passed (make test runs the allocation tests again without the race detector)\n", r.ranLater)
+	}
+	var failedPkgs []string
+	count := map[string]int{}
+	for _, name := range r.pkgOrder {
+		count[r.result[name]]++
+		if r.result[name] == "FAIL" {
+			failedPkgs = append(failedPkgs, name)
+		}
+	}
 	fmt.Fprintf(r.w, "tests: %d passed, %d failed, %d skipped; packages: %d ok, %d failed, %d without tests\n",
-		r.passed, r.failed, len(r.skips), r.okPkgs, len(r.failedPkgs), r.noTests)
+		r.passed, r.failed, len(r.skips), count["ok"], count["FAIL"], count["?"])
 	ok := true
-	if len(r.failedPkgs) > 0 {
-		fmt.Fprintf(r.w, "FAIL: %s\n", strings.Join(r.failedPkgs, " "))
+	if len(failedPkgs) > 0 {
+		fmt.Fprintf(r.w, "FAIL: %s\n", strings.Join(failedPkgs, " "))
 		ok = false
 	}
 	if len(unended) > 0 {

@@ -15,7 +15,9 @@ import (
 // a package that passes, one whose tests skip (one with a two-line message),
 // one with a failing subtest and a t.SkipNow, one whose test panics, one that
 // does not compile and one without tests. testdata/timeout.json is a package
-// killed by -timeout while a test hung. Paths in them are rewritten to /src
+// killed by -timeout while a test hung. testdata/race-then-allocs.json is a
+// package run with -race, where its allocation test skips, then again
+// without it, where the test passes. Paths in them are rewritten to /src
 // and /goroot.
 
 func runOn(t *testing.T, input []byte) (string, bool) {
@@ -219,4 +221,41 @@ func TestLongSkipMessage(t *testing.T) {
 	if slices.Contains(lines, "4") {
 		t.Errorf("more than %d lines of a message printed:\n%s", maxWhyLines, r.String())
 	}
+}
+
+func TestSkipThenPass(t *testing.T) {
+	in := readFile(t, "race-then-allocs.json")
+	out, ok := runOn(t, in)
+	if !ok {
+		t.Errorf("two passing runs reported failure:\n%s", out)
+	}
+	inOrder(t, out,
+		"ok  \texample.com/tr/allocs\t1.016s",
+		"ok  \texample.com/tr/allocs\t0.019s",
+		"skipped tests: none",
+		"not listed: 1 skipped test(s) that a later run passed (make test runs the allocation tests again without the race detector)",
+		"tests: 2 passed, 0 failed, 0 skipped; packages: 1 ok, 0 failed, 0 without tests",
+	)
+
+	// The second run failing fails the package, and the skip of the first
+	// run stays listed.
+	lines := bytes.Split(bytes.TrimSpace(in), []byte("\n"))
+	second := bytes.LastIndex(in, []byte(`"Action":"start"`))
+	var failing []byte
+	for _, l := range lines {
+		if bytes.Index(in, l) > second && (bytes.Contains(l, []byte(`"Action":"pass"`))) {
+			l = bytes.Replace(l, []byte(`"Action":"pass"`), []byte(`"Action":"fail"`), 1)
+		}
+		failing = append(append(failing, l...), '\n')
+	}
+	out, ok = runOn(t, failing)
+	if ok {
+		t.Errorf("a failing second run reported success:\n%s", out)
+	}
+	inOrder(t, out,
+		"skipped tests: 1 (package, test, the message it skipped with)",
+		"  example.com/tr/allocs  TestNothingAllocates  a_test.go:9: allocation counts are not meaningful under -race",
+		"tests: 1 passed, 1 failed, 1 skipped; packages: 0 ok, 1 failed, 0 without tests",
+		"FAIL: example.com/tr/allocs",
+	)
 }
