@@ -146,8 +146,13 @@ func TestShimOnFakeDriver(t *testing.T) {
 		}
 		old := d.withoutEntryPoint("cuMemAlloc")
 		defer old.Close()
-		if _, err := old.MemAlloc(64); !errors.Is(err, ErrNotAvailable) {
-			t.Errorf("MemAlloc without cuMemAlloc: %v, want ErrNotAvailable", err)
+		if _, err := old.MemAlloc(64); !errors.Is(err, ErrNotAvailable) || !strings.Contains(err.Error(), "cuMemAlloc") {
+			t.Errorf("MemAlloc without cuMemAlloc: %v, want ErrNotAvailable naming the call", err)
+		}
+		nb := d.withoutEntryPoint("cuMemcpyBatchAsync")
+		defer nb.Close()
+		if d.BestCopyMode() == CopyPerEntry || nb.BestCopyMode() != CopyPerEntry {
+			t.Errorf("best copy mode %v, without the batch entry points %v; want a batch form, then per entry", d.BestCopyMode(), nb.BestCopyMode())
 		}
 	})
 
