@@ -97,14 +97,16 @@ func needBuildTools(t *testing.T) {
 }
 
 // buildDir is kept between runs (make rebuilds what changed): a cold build
-// of Mooncake's headers takes minutes on a small machine.
+// of Mooncake's headers takes minutes on a small machine. It is one per
+// checkout of this tree and Mooncake checkout: make judges by times, so
+// objects built from another checkout's newer sources would be linked.
 func buildDir(t *testing.T, src string) string {
 	t.Helper()
 	base, err := os.UserCacheDir()
 	if err != nil {
 		base = os.TempDir()
 	}
-	sum := sha256.Sum256([]byte(src))
+	sum := sha256.Sum256([]byte(repoRoot(t) + "\x00" + src))
 	dir := filepath.Join(base, "pxn", "mooncake-test-"+hex.EncodeToString(sum[:6]))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
