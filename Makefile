@@ -35,17 +35,28 @@ lint: tools
 # (installed when missing, as make demo does), then every test with the race
 # detector. PXN_REQUIRE_TOOLS makes a test that needs a tool fail instead of
 # skip; the end-to-end suite still skips, saying why, when this machine cannot
-# install its packages (not root, no apt-get).
+# install its packages (not root, no apt-get). The allocation tests skip
+# under the race detector (it allocates on its own), so they run a second
+# time without it, in the packages that have one (a Test...Alloc... name).
+# hack/testreport prints go test's usual lines as they come and, at the end,
+# every test that skipped with its message and the counts; the whole -json
+# stream stays in _output/test.json.
+TEST_PKGS ?= ./...
+ALLOC_PKGS ?= $(sort $(addprefix ./,$(dir $(shell grep -rlE --include='*_test.go' '^func Test[A-Za-z0-9_]*Alloc' api cmd hack integrations internal pkg test))))
 test: lint host-packages
-	PXN_REQUIRE_TOOLS=1 PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools} \
-	KUBEBUILDER_ASSETS=$$($(TOOLS) assets) \
-	$(GO) test $(GOTEST_FLAGS) ./...
+	@mkdir -p _output
+	@$(GO) build -o _output/testreport ./hack/testreport
+	set -o pipefail; export PXN_REQUIRE_TOOLS=1 PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools}; \
+	export KUBEBUILDER_ASSETS=$$($(TOOLS) assets); \
+	( rc=0; $(GO) test -json $(GOTEST_FLAGS) $(TEST_PKGS) || rc=1; \
+	  $(GO) test -json -count=1 -timeout 30m -run Alloc $(ALLOC_PKGS) || rc=1; exit $$rc ) \
+	| _output/testreport -save _output/test.json
 
-# What the end-to-end suite, make demo, hack/local-cluster.sh and the Mooncake
-# transport need from
-# the machine (hack/host-packages.sh owns the list).
+# What the end-to-end suite, make demo, hack/local-cluster.sh, the Mooncake
+# transport and the arm64 image tests need from the machine
+# (hack/host-packages.sh owns the list).
 host-packages:
-	@hack/host-packages.sh ensure cluster mooncake
+	@hack/host-packages.sh ensure cluster mooncake cross
 
 # The Mooncake transport (integrations/mooncake) against a Mooncake checkout:
 # _output/mooncake/libpxn_mooncake.a and libpxn.so, and the factory patch

@@ -16,6 +16,7 @@
 #            hack/local-cluster.sh, make demo and the end-to-end suite (test/e2e);
 #            prometheus, which scrapes the agent there
 #   cross    gcc-aarch64-linux-gnu and the arm64 C library: hack/image for linux/arm64
+#            and its tests
 #   mooncake g++, patch and the headers Mooncake's transfer engine includes
 #            (glog, gflags, jsoncpp, libibverbs, libnuma): integrations/mooncake
 #

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/pxn-project/pxn/internal/testtools"
 )
 
 // buildFor compiles the pause program for one architecture (pure Go, so no
@@ -116,7 +118,7 @@ func TestSysrootLibraries(t *testing.T) {
 	const sysroot = "/usr/aarch64-linux-gnu"
 	cc, err := exec.LookPath("aarch64-linux-gnu-gcc")
 	if err != nil {
-		t.Skip("skipping: no aarch64-linux-gnu-gcc (hack/host-packages.sh install cross)")
+		testtools.Missing(t, "no aarch64-linux-gnu-gcc (hack/host-packages.sh install cross): %v", err)
 	}
 	dir := t.TempDir()
 	src := filepath.Join(dir, "hello.c")

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/pxn-project/pxn/internal/sanitize"
+	"github.com/pxn-project/pxn/internal/testtools"
 	"github.com/pxn-project/pxn/pkg/contract"
 )
 
@@ -50,7 +51,8 @@ func repoRoot(t *testing.T) string {
 }
 
 // mooncakeSrc is MOONCAKE_SRC, else the reference checkout CI keeps beside
-// the clone; without one the tests skip.
+// the clone; without one the tests skip, or fail under PXN_REQUIRE_TOOLS=1
+// (make test: CI has the checkout).
 func mooncakeSrc(t *testing.T, root string) string {
 	t.Helper()
 	src := os.Getenv("MOONCAKE_SRC")
@@ -63,7 +65,7 @@ func mooncakeSrc(t *testing.T, root string) string {
 	}
 	hdr := filepath.Join(src, "mooncake-transfer-engine", "include", "transport", "rdma_transport", "rdma_transport.h")
 	if _, err := os.Stat(hdr); err != nil {
-		t.Skipf("no Mooncake checkout at %s (%v): set MOONCAKE_SRC to one to build and test the transport", src, err)
+		testtools.Missing(t, "no Mooncake checkout at %s (%v): set MOONCAKE_SRC to one to build and test the transport", src, err)
 	}
 	return src
 }
@@ -73,17 +75,9 @@ func mooncakeSrc(t *testing.T, root string) string {
 // test, where .ci/run installs them).
 func needBuildTools(t *testing.T) {
 	t.Helper()
-	missing := func(format string, args ...any) {
-		t.Helper()
-		msg := fmt.Sprintf(format, args...)
-		if os.Getenv("PXN_REQUIRE_TOOLS") == "1" {
-			t.Fatalf("%s, and PXN_REQUIRE_TOOLS=1", msg)
-		}
-		t.Skip(msg)
-	}
 	for _, tool := range []string{"g++", "make", "patch", "ar"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			missing("%s not found in PATH: the transport is C++ built by make", tool)
+			testtools.Missing(t, "%s not found in PATH: the transport is C++ built by make", tool)
 		}
 	}
 	var src strings.Builder
@@ -97,20 +91,22 @@ func needBuildTools(t *testing.T) {
 		for _, p := range packages {
 			pkgs = append(pkgs, p.pkg)
 		}
-		missing("Mooncake's headers need %s (apt-get install -y %s): %v\n%s",
+		testtools.Missing(t, "Mooncake's headers need %s (apt-get install -y %s): %v\n%s",
 			strings.Join(pkgs, ", "), strings.Join(pkgs, " "), err, out)
 	}
 }
 
 // buildDir is kept between runs (make rebuilds what changed): a cold build
-// of Mooncake's headers takes minutes on a small machine.
+// of Mooncake's headers takes minutes on a small machine. It is one per
+// checkout of this tree and Mooncake checkout: make judges by times, so
+// objects built from another checkout's newer sources would be linked.
 func buildDir(t *testing.T, src string) string {
 	t.Helper()
 	base, err := os.UserCacheDir()
 	if err != nil {
 		base = os.TempDir()
 	}
-	sum := sha256.Sum256([]byte(src))
+	sum := sha256.Sum256([]byte(repoRoot(t) + "\x00" + src))
 	dir := filepath.Join(base, "pxn", "mooncake-test-"+hex.EncodeToString(sum[:6]))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -280,7 +276,7 @@ func (r *results) add(line string) {
 func (r *results) report(t *testing.T, stderr func() string) {
 	t.Helper()
 	if r.skip != "" && len(r.lines) == 0 {
-		t.Skip(r.skip)
+		testtools.Missing(t, "%s", r.skip)
 	}
 	if len(r.lines) == 0 {
 		t.Fatalf("the test program reported no case\n%s", stderr())
@@ -403,7 +399,7 @@ func testThroughRelay(t *testing.T, p program) {
 	relayOut := bufio.NewScanner(relayOutPipe)
 	relayOut.Scan()
 	if why, ok := strings.CutPrefix(relayOut.Text(), "SKIP "); ok {
-		t.Skip(why)
+		testtools.Missing(t, "%s", why)
 	}
 	if relayOut.Text() != "READY" {
 		t.Fatalf("relay did not start: %q\n%s", relayOut.Text(), relayErr.String())

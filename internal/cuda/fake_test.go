@@ -14,29 +14,16 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pxn-project/pxn/internal/cuda/fakecuda"
 	"github.com/pxn-project/pxn/internal/sanitize"
 )
 
-// fakeLibEnv names a testdata/fakecuda.c library built already: the
-// sanitized run's, built with the sanitizers.
-const fakeLibEnv = "PXN_FAKECUDA_LIB"
+const fakeLibEnv = fakecuda.LibEnv
 
 // buildFake compiles testdata/fakecuda.c into dir with flags.
 func buildFake(t *testing.T, dir string, flags ...string) string {
 	t.Helper()
-	if _, err := exec.LookPath("gcc"); err != nil {
-		if os.Getenv("PXN_REQUIRE_TOOLS") == "1" {
-			t.Fatalf("gcc not found in PATH, and PXN_REQUIRE_TOOLS=1: %v", err)
-		}
-		t.Skipf("gcc not found in PATH: the fake driver is C: %v", err)
-	}
-	lib := filepath.Join(dir, "libfakecuda.so")
-	args := append([]string{"-std=c11", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror"}, flags...)
-	args = append(args, filepath.Join("testdata", "fakecuda.c"), "-lpthread", "-o", lib)
-	if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
-		t.Fatalf("gcc %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return lib
+	return fakecuda.Build(t, dir, flags...)
 }
 
 func fakeDriverLib(t *testing.T) string {
@@ -159,8 +146,13 @@ func TestShimOnFakeDriver(t *testing.T) {
 		}
 		old := d.withoutEntryPoint("cuMemAlloc")
 		defer old.Close()
-		if _, err := old.MemAlloc(64); !errors.Is(err, ErrNotAvailable) {
-			t.Errorf("MemAlloc without cuMemAlloc: %v, want ErrNotAvailable", err)
+		if _, err := old.MemAlloc(64); !errors.Is(err, ErrNotAvailable) || !strings.Contains(err.Error(), "cuMemAlloc") {
+			t.Errorf("MemAlloc without cuMemAlloc: %v, want ErrNotAvailable naming the call", err)
+		}
+		nb := d.withoutEntryPoint("cuMemcpyBatchAsync")
+		defer nb.Close()
+		if d.BestCopyMode() == CopyPerEntry || nb.BestCopyMode() != CopyPerEntry {
+			t.Errorf("best copy mode %v, without the batch entry points %v; want a batch form, then per entry", d.BestCopyMode(), nb.BestCopyMode())
 		}
 	})
 

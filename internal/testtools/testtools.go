@@ -35,17 +35,26 @@ func Path(name string) (string, error) {
 	return p, nil
 }
 
-// Require returns the path of a tool. When the tool is missing the test is
-// skipped with the reason, or fails when PXN_REQUIRE_TOOLS=1 (make test and
-// CI set it, so a missing tool never passes silently there).
+// Missing skips the test with the reason, or fails it when
+// PXN_REQUIRE_TOOLS=1: make test and CI set it, after installing every
+// package and tool the suite needs, so that what is missing there is a
+// broken setup and never a silent pass.
+func Missing(t testing.TB, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if os.Getenv("PXN_REQUIRE_TOOLS") == "1" {
+		t.Fatalf("%s, and PXN_REQUIRE_TOOLS=1", msg)
+	}
+	t.Skip("skipping: " + msg)
+}
+
+// Require returns the path of a tool; when the tool is missing the test
+// skips or fails as Missing says.
 func Require(t testing.TB, name string) string {
 	t.Helper()
 	p, err := Path(name)
 	if err != nil {
-		if os.Getenv("PXN_REQUIRE_TOOLS") == "1" {
-			t.Fatalf("%v", err)
-		}
-		t.Skipf("skipping: %v", err)
+		Missing(t, "%v", err)
 	}
 	return p
 }

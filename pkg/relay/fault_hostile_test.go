@@ -229,14 +229,17 @@ func TestFaultSenderIgnoringCredit(t *testing.T) {
 	eventually(t, 20*time.Second, "the relay refusing seqs 2..18", func() bool {
 		return r.counters().Counters.InvalidDescs == staging.SlotsPerLane-1
 	})
+	// Every pump round polls every inbound lane and, finding nothing to
+	// take, ends in a sleep: two sleeps past the count read before the
+	// doorbell rang hold a whole round that began after it, in which the
+	// relay saw seq 19's doorbell and would have taken it.
+	sleeps := r.counters().Counters.PumpSleeps
 	over := h.post(faultSession(1), dst, n, 0, broken)
-	// Give the relay time to take seq 19 if it would.
-	deadline := time.Now().Add(300 * time.Millisecond)
-	for time.Now().Before(deadline) {
-		if got := r.counters().Counters.InvalidDescs; got != staging.SlotsPerLane-1 {
-			t.Fatalf("relay took seq %d while seq %d of the same slot was in flight", over, first)
-		}
-		time.Sleep(10 * time.Millisecond)
+	eventually(t, 20*time.Second, "a relay pump round after the doorbell of seq 19", func() bool {
+		return r.counters().Counters.PumpSleeps >= sleeps+2
+	})
+	if got := r.counters().Counters.InvalidDescs; got != staging.SlotsPerLane-1 {
+		t.Fatalf("relay took seq %d while seq %d of the same slot was in flight (%d refused, want %d)", over, first, got, staging.SlotsPerLane-1)
 	}
 	r.call(faultReq{Op: "hold", On: false})
 	// Seq 19 shares slot 0 with seq 1: its completion replaces seq 1's, so

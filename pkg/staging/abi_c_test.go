@@ -19,6 +19,8 @@ import (
 	"testing"
 	"unicode"
 	"unsafe"
+
+	"github.com/pxn-project/pxn/internal/testtools"
 )
 
 var updateABIDoc = flag.Bool("update-abi-doc", false, "rewrite the generated layout section of docs/abi.md")
@@ -228,7 +230,7 @@ var cCompilers = []cCompiler{
 func compileC(t *testing.T, cc cCompiler, includeDir, src string) (bin string, diag string, ok bool) {
 	t.Helper()
 	if _, err := exec.LookPath(cc.name); err != nil {
-		t.Skipf("%s not installed: %v", cc.name, err)
+		testtools.Missing(t, "%s not installed: %v", cc.name, err)
 	}
 	dir := t.TempDir()
 	srcPath := filepath.Join(dir, "abi_check.c")

@@ -89,13 +89,9 @@ func wakeFile(t testing.TB, path string) (*WakeWord, *uint32) {
 	return (*WakeWord)(unsafe.Pointer(&mem[0])), (*uint32)(unsafe.Pointer(&mem[CacheLine]))
 }
 
-// TestWakeWordHelper is the sleeping process of
-// TestWakeWordAcrossProcesses; it does nothing in a normal run.
-func TestWakeWordHelper(t *testing.T) {
-	path := os.Getenv(wakeHelperEnv)
-	if path == "" {
-		t.Skip("helper process only")
-	}
+// wakeHelper is the sleeping process of TestWakeWordAcrossProcesses: the
+// test binary run again with wakeHelperEnv naming the shared file.
+func wakeHelper(t *testing.T, path string) {
 	w, rounds := wakeFile(t, path)
 	for range wakeHelperRounds {
 		for {
@@ -112,6 +108,10 @@ func TestWakeWordHelper(t *testing.T) {
 // no timeout, through a MAP_SHARED file in /dev/shm: without a shared
 // futex the helper would sleep until the deadline kills it.
 func TestWakeWordAcrossProcesses(t *testing.T) {
+	if path := os.Getenv(wakeHelperEnv); path != "" {
+		wakeHelper(t, path)
+		return
+	}
 	if _, err := os.Stat("/dev/shm"); err != nil {
 		t.Skipf("no /dev/shm: %v", err)
 	}
@@ -127,7 +127,7 @@ func TestWakeWordAcrossProcesses(t *testing.T) {
 	f.Close()
 	w, rounds := wakeFile(t, path)
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestWakeWordHelper$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestWakeWordAcrossProcesses$", "-test.count=1")
 	cmd.Env = append(os.Environ(), wakeHelperEnv+"="+path)
 	out := &lockedBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
