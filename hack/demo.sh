@@ -69,8 +69,8 @@ What the table means:
 What this machine cannot show: host memory stands in for GPU memory and a TCP
 hop on loopback stands in for RDMA. Through PXN each byte takes one more CPU
 copy (the staging copy, which on GPUs is an NVLink copy engine's) before the
-same TCP hop, on this machine's CPUs, so a RATIO below 1 (about 0.4 on two
-cores) is the price of the stand-in's extra CPU copy, not a measurement of
+same TCP hop, on this machine's CPUs, so a RATIO below 1 (0.2 to 0.4 seen on
+two busy cores) is the price of the stand-in's extra CPU copy, not a measurement of
 the engine on GPUs. docs/benchmarks.md has the GPU figures. What the host path
 does show is the engine's behaviour: cross-rail bytes RELAYED through the
 right peer, nothing FAILED, VERIFIED true.
