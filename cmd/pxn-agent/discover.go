@@ -7,12 +7,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strconv"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
 	"github.com/pxn-project/pxn/internal/cli"
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/rail"
 )
 
@@ -26,23 +28,31 @@ func newDiscoverCommand(ctx context.Context) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "discover",
 		Short: "Print the node's GPUs, HCAs, PCIe distances and rails",
-		Long:  "Prints the node's GPUs, HCAs, PCIe distances and rails without contacting Kubernetes.",
+		Long: `Prints the node's GPUs, HCAs, PCIe distances and rails without contacting Kubernetes.
+Exits 0 when the node is ready for PXN, 3 when it is not (the layout is
+printed all the same, and stderr says why), 1 when discovery failed and 2 on
+bad usage.`,
 		Example: `  pxn-agent discover
-  pxn-agent discover --host-root /host -o json`,
+  pxn-agent discover --host-root /host -o json
+  pxn-agent discover -o railmap    # the MC_PXN_RAIL_MAP a pod on this node gets`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return c.run(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	bindRailFlags(cmd.Flags(), &c.rail)
-	cmd.Flags().StringVarP(&c.output, "output", "o", "table", "output format: table or json")
+	cmd.Flags().StringVarP(&c.output, "output", "o", "table", "output format: table, json, or railmap (the rail map alone, as "+contract.EnvRailMap+")")
 	return cmd
 }
 
-// run prints the node's layout; a failed discovery exits 1.
+// exitNotReady is discover's exit status for a node that is not ready.
+const exitNotReady = 3
+
+// run prints the node's layout; a failed discovery exits 1, a node that is
+// not ready exitNotReady.
 func (c *discoverConfig) run(ctx context.Context, stdout, stderr io.Writer) error {
-	if c.output != "table" && c.output != "json" {
-		return fmt.Errorf("output format %q: want table or json", c.output)
+	if c.output != "table" && c.output != "json" && c.output != "railmap" {
+		return fmt.Errorf("output format %q: want table, json or railmap", c.output)
 	}
 	layout, err := rail.Discover(ctx, c.rail)
 	if err != nil {
@@ -57,10 +67,26 @@ func (c *discoverConfig) run(ctx context.Context, stdout, stderr io.Writer) erro
 			return cli.Failed(err)
 		}
 		fmt.Fprintf(stdout, "%s\n", b)
+	} else if c.output == "railmap" {
+		fmt.Fprintln(stdout, layout.RailMapJSON())
+	} else {
+		discoverTable(stdout, layout)
+	}
+	return notReady(layout, c.rail.HostRoot)
+}
+
+// notReady is the exit of a node that is not ready, saying why; nil when it
+// is. Where nothing at all was found, the host root is the likely mistake.
+func notReady(l *rail.Layout, hostRoot string) error {
+	ready, why := l.Ready()
+	if ready {
 		return nil
 	}
-	discoverTable(stdout, layout)
-	return nil
+	err := fmt.Errorf("node not ready: %s", why)
+	if len(l.GPUs) == 0 && len(l.HCAs) == 0 {
+		err = fmt.Errorf("node not ready: no GPU and no HCA under %s: is --host-root the folder where the host's / is visible?", filepath.Join(hostRoot, "sys"))
+	}
+	return cli.ExitError{Code: exitNotReady, Err: err}
 }
 
 // discoverTable writes the layout for an operator: GPUs with their nearest

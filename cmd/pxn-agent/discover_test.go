@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/rail"
 )
 
@@ -81,17 +82,21 @@ func TestDiscoverJSONIsTheLayout(t *testing.T) {
 		},
 	}
 	for _, tc := range tests {
+		want, err := rail.Discover(context.Background(), tc.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantCode := 0
+		if ready, _ := want.Ready(); !ready {
+			wantCode = exitNotReady
+		}
 		code, out, _ := runDiscover(t, tc.args...)
-		if code != 0 {
-			t.Fatalf("%q: exit %d", tc.args, code)
+		if code != wantCode {
+			t.Fatalf("%q: exit %d, want %d", tc.args, code, wantCode)
 		}
 		var got rail.Layout
 		if err := json.Unmarshal([]byte(out), &got); err != nil {
 			t.Fatalf("%q: output is not a layout: %v", tc.args, err)
-		}
-		want, err := rail.Discover(context.Background(), tc.opts)
-		if err != nil {
-			t.Fatal(err)
 		}
 		want.Warnings = nil
 		if !reflect.DeepEqual(&got, want) {
@@ -100,10 +105,26 @@ func TestDiscoverJSONIsTheLayout(t *testing.T) {
 	}
 }
 
+// TestDiscoverRailMap: -o railmap is the rail map a pod gets, and it is
+// what the engine's parser reads back.
+func TestDiscoverRailMap(t *testing.T) {
+	code, out, errOut := runDiscover(t, "--host-root", railFixture("hgx-8gpu"), "-o", "railmap")
+	want := `{"mlx5_0":"rail0","mlx5_2":"rail1","mlx5_3":"rail2","mlx5_4":"rail3","mlx5_5":"rail4","mlx5_7":"rail5","mlx5_8":"rail6","mlx5_9":"rail7"}` + "\n"
+	if code != 0 || errOut != "" || out != want {
+		t.Fatalf("exit %d, stderr %q, stdout %q; want %q", code, errOut, out, want)
+	}
+	if m, err := contract.ParseRailMap(out); err != nil || len(m) != 8 || m["mlx5_2"] != "rail1" {
+		t.Errorf("ParseRailMap(%q) = %v, %v", out, m, err)
+	}
+}
+
 func TestDiscoverReportsNotReady(t *testing.T) {
-	code, out, _ := runDiscover(t, "--host-root", railFixture("hgx-8gpu-portdown"))
-	if code != 0 {
-		t.Fatalf("exit %d", code)
+	code, out, errOut := runDiscover(t, "--host-root", railFixture("hgx-8gpu-portdown"))
+	if code != exitNotReady || errOut != "pxn-agent discover: node not ready: not active: mlx5_3 port 1 DOWN (Disabled)\n" {
+		t.Fatalf("exit %d, stderr %q; want exit %d and the reason", code, errOut, exitNotReady)
+	}
+	if code, _, errOut := runDiscover(t, "--host-root", railFixture("hgx-8gpu-portdown"), "-o", "json"); code != exitNotReady || !strings.Contains(errOut, "node not ready") {
+		t.Errorf("-o json: exit %d, stderr %q; want exit %d", code, errOut, exitNotReady)
 	}
 	for _, want := range []string{
 		"mlx5_3  0000:4c:00.0  0     1     InfiniBand  DOWN    Disabled    10 Gb/sec (4X SDR)   ibp76s0      rail2",
@@ -118,8 +139,11 @@ func TestDiscoverReportsNotReady(t *testing.T) {
 func TestDiscoverWarningsGoToStderr(t *testing.T) {
 	root := t.TempDir()
 	code, out, errOut := runDiscover(t, "--host-root", root)
-	if code != 0 {
+	if code != exitNotReady {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	if want := "pxn-agent discover: node not ready: no GPU and no HCA under " + filepath.Join(root, "sys") + ": is --host-root the folder where the host's / is visible?\n"; !strings.HasSuffix(errOut, want) {
+		t.Errorf("stderr does not end with %q:\n%s", want, errOut)
 	}
 	for _, want := range []string{
 		"pxn-agent discover: warning: " + filepath.Join(root, "sys/class/infiniband") + ": missing: no RDMA devices\n",
@@ -151,7 +175,7 @@ func TestDiscoverErrors(t *testing.T) {
 		{[]string{"--host-root", root, "--rail-strategy", "static", "--static-file", bad}, 1, `HCA "mlx5_0" maps to a number, want a string`},
 		{[]string{"--host-root", root, "--rail-strategy", "subnet", "--subnet-prefix-len", "40"}, 1, "subnet prefix length 40: want 1..32"},
 		{[]string{"--host-root", filepath.Join(dir, "missing")}, 1, "pxn-agent discover: host root: "},
-		{[]string{"--host-root", root, "-o", "yaml"}, 2, `output format "yaml": want table or json`},
+		{[]string{"--host-root", root, "-o", "yaml"}, 2, `output format "yaml": want table, json or railmap`},
 		{[]string{"--host-root", root, "--subnet-prefix-len", "x"}, 2, `invalid argument "x" for "--subnet-prefix-len"`},
 		{[]string{"--no-such-flag"}, 2, "pxn-agent discover: unknown flag: --no-such-flag"},
 		{[]string{"--host-root", root, "extra"}, 2, `unknown command "extra" for "pxn-agent discover"`},

@@ -18,12 +18,14 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/pxn-project/pxn/internal/bench"
+	"github.com/pxn-project/pxn/internal/cli"
 	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/gpu"
@@ -85,7 +87,7 @@ emulated NIC copies into the targets' device memory).`,
 		SilenceErrors: true,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) > 0 {
-				return usageError{fmt.Errorf("unknown command %q (want run or soak)", args[0])}
+				return usageError{fmt.Errorf("unknown command %q (want run, soak or version)", args[0])}
 			}
 			return nil
 		},
@@ -100,6 +102,7 @@ emulated NIC copies into the targets' device memory).`,
 		command("target", "One remote target of a run (started by run)", true, targetFlags),
 		command("soak-rank", "One rank of a soak (started by soak)", true, soakRankFlags),
 		command("cuda-firsthop", "The P2 first-hop ring (started by run --suite p2)", true, firsthopFlags),
+		cli.VersionCommand("pxn-bench"),
 	)
 	return root
 }
@@ -133,12 +136,12 @@ func command(use, short string, hidden bool, flags func(*pflag.FlagSet) func() i
 
 func runFlags(fs *pflag.FlagSet) func() int {
 	o := bench.RunOptions{Out: os.Stdout, ErrOut: os.Stderr, Getenv: os.Getenv}
-	var bytesFlag, blockFlag, firstPieceFlag string
+	var bytesFlag, blockFlag, firstPieceFlag, railMapFlag string
 	fs.StringVar(&o.Device, "device", "host", "host (CPU memory stands in for GPU memory) or cuda")
 	fs.IntVar(&o.Ranks, "ranks", 8, "ranks, one per GPU and HCA (2..8)")
 	fs.StringVar(&bytesFlag, "bytes", "256MiB", "bytes each rank writes")
 	fs.StringVar(&blockFlag, "block", "0", "request size (0: one request per transfer)")
-	fs.StringVar(&o.Pattern, "pattern", "cross-rail", "cross-rail, fan-in, same-rail, all-to-all, or kv (KV-cache-shaped requests: --kv-*)")
+	fs.StringVar(&o.Pattern, "pattern", "cross-rail", "cross-rail, fan-in, same-rail, all-to-all, or kv (KV-cache-shaped requests sized by --kv-*, not --bytes and --block)")
 	fs.StringVar(&o.JSON, "json", "", "also write the rows as JSON to this file")
 	fs.StringVar(&o.Credit, "credit-timeout", "", contract.EnvCreditTimeout+" for the ranks (empty: the engine default, 1000)")
 	fs.StringVar(&firstPieceFlag, "first-piece", "", "the most bytes of a request's first Piece, each next twice the one before up to the 8 MiB slot ("+contract.EnvFirstPiece+" for the ranks; empty: the engine default, "+strconv.Itoa(contract.DefaultFirstPieceKiB)+"KiB; 8MiB: no ramp)")
@@ -148,6 +151,9 @@ func runFlags(fs *pflag.FlagSet) func() int {
 	fs.StringVar(&o.RegistryRoot, "registry-root", os.Getenv(contract.EnvRegistryRoot),
 		"folder in which the ranks' registry folder (their "+contract.EnvRegistryRoot+") is created; the staging arenas live there, so it must be a large tmpfs. "+
 			"Default: $"+contract.EnvRegistryRoot+" (in a pod holding pxn.io/relay, the device plugin's group folder), else /dev/shm")
+	fs.StringVar(&railMapFlag, "rail-map", os.Getenv(contract.EnvRailMap),
+		"a node's rail map (JSON object of HCA to rail, as "+contract.EnvRailMap+"): rank k then uses the first HCA of the map's k-th rail, so the ranks' HCA and rail names are the node's. "+
+			"Default: $"+contract.EnvRailMap+" (in a pod holding pxn.io/relay, the node's map), else mlx5_k on railk")
 	fs.StringVar(&o.CUDA.Suite, "suite", "", "cuda: run the performance scenarios instead of one pattern: all (p1, p2, p3), or a comma list of p1 (with P4, P5, P6), p2, p3, p9 (KV-shaped throughput), p10 (kv-small completion time)")
 	fs.StringVar(&o.CUDA.GPUs, "gpus", "", "cuda: GPU of each rank, comma-separated (default: rank r on GPU r % number of GPUs)")
 	fs.Float64Var(&o.CUDA.Rate, "rate", 0, "cuda: the emulated NIC's rate cap in GB/s (0: the copy engine's own rate)")
@@ -162,6 +168,10 @@ func runFlags(fs *pflag.FlagSet) func() int {
 	fs.BoolVar(&o.PIDNS, "pidns", false, "start each rank in a PID and mount namespace of its own, with its own /proc, as ranks in separate pods without hostPID (needs root); the targets stay in this one")
 	return func() int {
 		var err error
+		if msg := ignoredFlags(fs, o.Pattern, o.CUDA.Suite); msg != "" {
+			fmt.Fprintf(os.Stderr, "pxn-bench: %s\n", msg)
+			return 2
+		}
 		if o.Bytes, err = bench.ParseSize(bytesFlag); err != nil {
 			fmt.Fprintf(os.Stderr, "pxn-bench: --bytes: %v\n", err)
 			return 2
@@ -178,12 +188,20 @@ func runFlags(fs *pflag.FlagSet) func() int {
 			}
 			o.FirstPiece = strconv.FormatUint(n>>10, 10)
 		}
+		if o.RailMap, err = contract.ParseRailMap(railMapFlag); err != nil {
+			fmt.Fprintf(os.Stderr, "pxn-bench: --rail-map: %v\n", err)
+			return 2
+		}
 		if _, err := gpu.ParseArenaShare(o.CUDA.ArenaShare); err != nil {
 			fmt.Fprintf(os.Stderr, "pxn-bench: --arena-share: %v\n", err)
 			return 2
 		}
 		if o.CUDA.Raw && o.Device != "cuda" {
 			fmt.Fprintln(os.Stderr, "pxn-bench: --raw times a copy-engine copy: it needs --device cuda")
+			return 2
+		}
+		if err := o.Check(); err != nil {
+			fmt.Fprintf(os.Stderr, "pxn-bench: %v\n", err)
 			return 2
 		}
 		rows, err := bench.Run(o)
@@ -198,6 +216,35 @@ func runFlags(fs *pflag.FlagSet) func() int {
 		}
 		return 0
 	}
+}
+
+// ignoredFlags names the flags given on the command line that the pattern
+// (or the suite) would ignore, and what sizes its traffic instead ("": none).
+func ignoredFlags(fs *pflag.FlagSet, pattern, suite string) string {
+	var given []string
+	check := func(names ...string) {
+		for _, n := range names {
+			if fs.Changed(n) {
+				given = append(given, "--"+n)
+			}
+		}
+	}
+	var why string
+	switch {
+	case suite != "":
+		check("bytes", "block", "pattern", "ranks", "kv-shape", "kv-traffic", "kv-requests", "kv-inflight")
+		why = "--suite runs the scenarios of docs/benchmarks.md, each with its own sizes and pattern"
+	case pattern == "kv":
+		check("bytes", "block")
+		why = "--pattern kv sizes its requests with --kv-shape, --kv-requests and --kv-inflight"
+	default:
+		check("kv-shape", "kv-traffic", "kv-requests", "kv-inflight")
+		why = "the --kv-* flags size the requests of --pattern kv only; --pattern " + pattern + " moves --bytes per rank"
+	}
+	if len(given) == 0 {
+		return ""
+	}
+	return strings.Join(given, ", ") + " would be ignored: " + why
 }
 
 func rankFlags(fs *pflag.FlagSet) func() int {
@@ -266,6 +313,12 @@ func soakFlags(fs *pflag.FlagSet) func() int {
 		if o.Faults, err = bench.ParseFaults(faultsFlag); err != nil {
 			fmt.Fprintf(os.Stderr, "pxn-bench soak: %v\n", err)
 			return 2
+		}
+		if o.JSON != "" {
+			if err := bench.CheckOutput("--json", o.JSON); err != nil {
+				fmt.Fprintf(os.Stderr, "pxn-bench soak: %v\n", err)
+				return 2
+			}
 		}
 		if o.Seed == 0 {
 			o.Seed = uint64(time.Now().UnixNano())

@@ -73,8 +73,8 @@ func (o *options) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&o.registryRoot, "container-registry-root", "/run/pxn", "container path of the group directory mount, and "+contract.EnvRegistryRoot)
 	fs.StringVar(&o.groupID, "group-id", "k8s", contract.EnvGroupID+" handed to every container")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for the API server; empty: in-cluster config when in a pod, else no API access")
-	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9641", "address of the Prometheus /metrics endpoint; empty disables it")
-	fs.StringVar(&o.healthAddr, "health-probe-bind-address", ":9643", "address of /healthz (the process serves) and /readyz (registered with the kubelet); empty disables them")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":9641", `address of the Prometheus /metrics endpoint; "0" disables it`)
+	fs.StringVar(&o.healthAddr, "health-probe-bind-address", ":9643", `address of /healthz (the process serves) and /readyz (registered with the kubelet); "0" disables them`)
 	fs.DurationVar(&o.gcInterval, "gc-interval", 30*time.Second, "how often unused slot links and group directories are collected")
 	fs.DurationVar(&o.gcGrace, "gc-grace", 5*time.Minute, "how long an unassigned slot link or unreferenced group directory is kept")
 	fs.DurationVar(&o.gcKubeletSettle, "gc-kubelet-settle", deviceplugin.DefaultKubeletSettle, "how long collection waits after a kubelet (re)starts watching the plugin, while the kubelet re-admits running pods")
@@ -92,6 +92,10 @@ func (o *options) validate() error {
 	}
 	return nil
 }
+
+// serves says whether a bind address flag asks for an endpoint: "0" (and,
+// as before it was "0", an empty value) disables it, as in pxn-agent.
+func serves(addr string) bool { return addr != "0" && addr != "" }
 
 // envPrefix is the prefix of the plugin's environment variables.
 const envPrefix = "PXN_DEVICE_PLUGIN"
@@ -133,6 +137,7 @@ its job's registry folder. It runs until it is stopped (SIGTERM).`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	o.bind(root.Flags())
+	cli.DeprecatedAlias(root.Flags(), "metrics-addr", "metrics-bind-address", stderr)
 	cli.Setup(root, envPrefix, nil)
 	return root
 }
@@ -179,14 +184,14 @@ func (o *options) run(ctx context.Context) error {
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	if o.metricsAddr != "" {
+	if serves(o.metricsAddr) {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 		if err := serveHTTP(ctx, &wg, "metrics", o.metricsAddr, mux); err != nil {
 			return err
 		}
 	}
-	if o.healthAddr != "" {
+	if serves(o.healthAddr) {
 		if err := serveHTTP(ctx, &wg, "health probes", o.healthAddr, probes(server)); err != nil {
 			return err
 		}

@@ -4,6 +4,7 @@ package main_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io/fs"
@@ -86,8 +87,8 @@ type plugin struct {
 type pluginOpts struct {
 	hostRoot   string
 	kubeconfig string
-	metrics    string
-	health     string // empty: the probes are off
+	metrics    string // empty: "0", no metrics endpoint
+	health     string // empty: "0", the probes are off
 	extra      []string
 }
 
@@ -107,8 +108,8 @@ func startPlugin(t testing.TB, k *kubelet, o pluginOpts) *plugin {
 		"--host-root=" + p.hostRoot,
 		"--state-dir=" + p.stateDir,
 		"--shm-dir=" + p.shmDir,
-		"--metrics-addr=" + o.metrics,
-		"--health-probe-bind-address=" + o.health,
+		"--metrics-bind-address=" + cmp.Or(o.metrics, "0"),
+		"--health-probe-bind-address=" + cmp.Or(o.health, "0"),
 		"--rediscover-interval=100ms",
 		"--gc-interval=100ms",
 		"--gc-grace=400ms",

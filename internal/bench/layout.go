@@ -5,6 +5,7 @@ package bench
 import (
 	"fmt"
 	"sort"
+	"strings"
 )
 
 const (
@@ -33,6 +34,45 @@ type layout struct {
 	// KV, when set, makes the transfers KV-cache-shaped requests (kv.go).
 	KV *kvLayout `json:"kv,omitempty"`
 	kv *kvPlan
+	// HCAs and Rails are each rank's local HCA and its rail (nodeRails).
+	HCAs  []string `json:"hcas"`
+	Rails []string `json:"rails"`
+}
+
+// nodeRails gives ranks HCAs and rails: by default rank k's HCA is mlx5_k
+// on railk; with a rail map (a node's MC_PXN_RAIL_MAP, HCA to rail), rank k
+// is on the map's k-th rail (in natural order: rail2 before rail10) and uses
+// the first HCA of that rail, so that the ranks' names are the node's.
+func nodeRails(ranks int, m map[string]string) (hcas, rails []string, err error) {
+	if len(m) == 0 {
+		for k := 0; k < ranks; k++ {
+			hcas, rails = append(hcas, rankHCA(k)), append(rails, railName(k))
+		}
+		return hcas, rails, nil
+	}
+	first := map[string]string{}
+	for hca, r := range m {
+		if h, ok := first[r]; !ok || hca < h {
+			first[r] = hca
+		}
+	}
+	for r := range first {
+		rails = append(rails, r)
+	}
+	sort.Slice(rails, func(i, j int) bool {
+		if len(rails[i]) != len(rails[j]) {
+			return len(rails[i]) < len(rails[j])
+		}
+		return rails[i] < rails[j]
+	})
+	if len(rails) < ranks {
+		return nil, nil, fmt.Errorf("--rail-map has %d rails (%s), want one for each of the %d ranks", len(rails), strings.Join(rails, ", "), ranks)
+	}
+	rails = rails[:ranks]
+	for _, r := range rails {
+		hcas = append(hcas, first[r])
+	}
+	return hcas, rails, nil
 }
 
 func rankHCA(r int) string     { return fmt.Sprintf("mlx5_%d", r) }
@@ -50,6 +90,25 @@ func railMap(n int) map[string]string {
 		m[remoteHCA(k)] = railName(k)
 	}
 	return m
+}
+
+// railMap is the ranks' MC_PXN_RAIL_MAP: each rank's HCA and the remote
+// HCA of its rail's target on the rank's rail.
+func (l *layout) railMap() map[string]string {
+	m := map[string]string{}
+	for k := range l.Rails {
+		m[l.HCAs[k]] = l.Rails[k]
+		m[remoteHCA(k)] = l.Rails[k]
+	}
+	return m
+}
+
+// Patterns are run's traffic patterns; kv's requests are KV-cache-shaped
+// (kv.go), the others move --bytes per rank.
+var Patterns = []string{"cross-rail", "fan-in", "same-rail", "all-to-all", "kv"}
+
+func patternError(pattern string) error {
+	return fmt.Errorf("--pattern %q: want %s or %s", pattern, strings.Join(Patterns[:len(Patterns)-1], ", "), Patterns[len(Patterns)-1])
 }
 
 // newLayout places every rank's transfers. Each target k is a remote buffer
@@ -100,7 +159,7 @@ func newLayout(pattern string, ranks int, bytes, block uint64) (*layout, error) 
 			}
 		}
 	default:
-		return nil, fmt.Errorf("--pattern %q: want cross-rail, fan-in, same-rail or all-to-all", pattern)
+		return nil, patternError(pattern)
 	}
 	sort.SliceStable(l.Transfers, func(i, j int) bool { return l.Transfers[i].Rank < l.Transfers[j].Rank })
 	return l, nil

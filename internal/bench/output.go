@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"text/tabwriter"
+
+	"golang.org/x/sys/unix"
 )
 
 // Row is one line of the table and of the JSON output.
@@ -100,6 +103,27 @@ func maxAbs(a, b int64) int64 {
 		b = -b
 	}
 	return max(a, b)
+}
+
+// CheckOutput checks, before any work, that the file path of flag can be
+// written: its folder exists, is a folder and is writable, and path is not
+// a folder itself. The error names the flag and the path.
+func CheckOutput(flag, path string) error {
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		return fmt.Errorf("%s %s: is a folder, want a file name", flag, path)
+	}
+	dir := filepath.Dir(path)
+	st, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", flag, path, err)
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("%s %s: %s is not a folder", flag, path, dir)
+	}
+	if err := unix.Access(dir, unix.W_OK); err != nil {
+		return fmt.Errorf("%s %s: cannot write in %s: %w", flag, path, dir, err)
+	}
+	return nil
 }
 
 func writeJSON(path string, v any) error {

@@ -302,14 +302,14 @@ func runRank(o RankOptions) (err error) {
 	for cmd := range commands() {
 		switch cmd {
 		case "open":
-			res, e, err := openEngine(dev, dir, o, base, n)
+			res, e, err := openEngine(dev, dir, o, l.HCAs[o.Index], base, n)
 			if err != nil {
 				return err
 			}
 			eng = e
 			emit(event{Event: "opened", Open: res})
 		case "route":
-			emit(event{Event: "routed", Routed: waitRoutes(eng, mine, o.Index)})
+			emit(event{Event: "routed", Routed: waitRoutes(eng, l.Rails, mine, o.Index)})
 		case "warm", "go", "again":
 			reps := 1
 			if cmd == "go" {
@@ -385,14 +385,14 @@ func runRank(o RankOptions) (err error) {
 // openEngine opens the engine the way a host process would: the copier
 // (and, on GPUs, the arenas) exist only when MC_PXN_ENABLE says PXN is on.
 // It reports what the open cost (P6).
-func openEngine(dev rankDevice, dir relay.Directory, o RankOptions, src uintptr, n uint64) (*openResult, *relay.Engine, error) {
+func openEngine(dev rankDevice, dir relay.Directory, o RankOptions, hca string, src uintptr, n uint64) (*openResult, *relay.Engine, error) {
 	// The main goroutine may hold its thread: the first time it sleeps,
 	// the runtime starts another thread for the rest. Let that happen
 	// before counting, so the count is the open's alone.
 	time.Sleep(200 * time.Millisecond)
 	free0, _ := dev.freeMemory()
 	th0, gr0, sh0 := threadCount(), runtime.NumGoroutine(), countEntries(o.Registry)
-	deps := relay.HostDeps{Hop: dev.hop(), Directory: dir, LocalHCA: rankHCA(o.Index)}
+	deps := relay.HostDeps{Hop: dev.hop(), Directory: dir, LocalHCA: hca}
 	var desc string
 	// relay.OpenFromEnv reports a refused configuration; this only asks
 	// whether PXN is on.
@@ -440,7 +440,7 @@ func countEntries(root string) int {
 }
 
 // waitRoutes waits until every cross-rail target of this rank has a relay.
-func waitRoutes(eng *relay.Engine, mine []transfer, r int) bool {
+func waitRoutes(eng *relay.Engine, rails []string, mine []transfer, r int) bool {
 	if eng == nil || !eng.PXNActive() {
 		return false
 	}
@@ -448,7 +448,7 @@ func waitRoutes(eng *relay.Engine, mine []transfer, r int) bool {
 	for time.Now().Before(deadline) {
 		ok := true
 		for _, t := range mine {
-			if t.Target != r && !eng.HasRelay(railName(t.Target)) {
+			if t.Target != r && !eng.HasRelay(rails[t.Target]) {
 				ok = false
 			}
 		}

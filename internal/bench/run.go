@@ -35,6 +35,9 @@ type RunOptions struct {
 	KV        KVOptions
 	// RegistryRoot is the folder the ranks' registry folder is made in.
 	RegistryRoot string
+	// RailMap, when set, names the ranks' HCAs and rails after a node's
+	// (nodeRails); nil: mlx5_k on railk.
+	RailMap map[string]string
 	// AllocPass repeats the engine phase's transfer once more, only to
 	// count heap allocations in steady state.
 	AllocPass bool
@@ -118,6 +121,50 @@ type device struct {
 	mps mpsState
 	// pidns starts each rank in namespaces of its own.
 	pidns bool
+	// progress takes a line as each step of a phase starts (nil: none).
+	progress io.Writer
+}
+
+// say writes one progress line.
+func (dev *device) say(format string, args ...any) {
+	if dev.progress != nil {
+		fmt.Fprintf(dev.progress, "pxn-bench: "+format+"\n", args...)
+	}
+}
+
+// Check checks what run's options say before any work starts: the device,
+// the rank count, the pattern and the JSON file. The error names the flag
+// and its value.
+func (o RunOptions) Check() error {
+	if o.Device != "host" && o.Device != "cuda" {
+		return fmt.Errorf("--device %q: want host or cuda", o.Device)
+	}
+	if o.CUDA.Suite == "" {
+		if o.Ranks < 2 || o.Ranks > 8 {
+			return fmt.Errorf("--ranks %d: want 2..8 (one rank per GPU of a node)", o.Ranks)
+		}
+		if !slices.Contains(Patterns, o.Pattern) {
+			return patternError(o.Pattern)
+		}
+		if o.Pattern != "kv" && o.Bytes == 0 {
+			return fmt.Errorf("--bytes must be > 0")
+		}
+		if _, _, err := nodeRails(o.Ranks, o.RailMap); err != nil {
+			return err
+		}
+		if o.Pattern == "kv" {
+			if o.CUDA.Raw || o.CUDA.Latency > 0 || o.AllocPass {
+				return fmt.Errorf("--pattern kv: --raw, --latency and --alloc-pass time other traffic; the kv rows time each request")
+			}
+			if _, err := newKVLayout(o.Ranks, o.KV); err != nil {
+				return err
+			}
+		}
+	}
+	if o.JSON != "" {
+		return CheckOutput("--json", o.JSON)
+	}
+	return nil
 }
 
 // Run runs one traffic pattern, or with CUDA.Suite the CUDA performance
@@ -125,10 +172,14 @@ type device struct {
 // target commands). It prints each scenario's rows to o.Out as soon as the
 // scenario ends (and rewrites o.JSON), and returns every row.
 func Run(o RunOptions) ([]Row, error) {
+	if err := o.Check(); err != nil {
+		return nil, err
+	}
 	dev, err := openDevice(o)
 	if err != nil {
 		return nil, err
 	}
+	dev.progress = o.ErrOut
 	if dev.pidns = o.PIDNS; o.PIDNS {
 		fmt.Fprintln(o.Out, "pxn-bench: each rank runs in a PID and mount namespace of its own, with its own /proc")
 	}
@@ -137,9 +188,6 @@ func Run(o RunOptions) ([]Row, error) {
 		s := scenario{pattern: o.Pattern, ranks: o.Ranks, bytes: o.Bytes, block: o.Block, rate: o.CUDA.Rate,
 			raw: o.CUDA.Raw, bare: true, idle: true, again: o.AllocPass, latency: o.CUDA.Latency, hold: o.HoldAfter}
 		if o.Pattern == "kv" {
-			if o.CUDA.Raw || o.CUDA.Latency > 0 || o.AllocPass {
-				return nil, fmt.Errorf("--pattern kv: --raw, --latency and --alloc-pass time other traffic; the kv rows time each request")
-			}
 			s.kv, s.idle = &o.KV, false
 		}
 		if dev.kind == "cuda" {
@@ -426,6 +474,9 @@ func (dev *device) exec(o RunOptions, s scenario) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
+	if l.HCAs, l.Rails, err = nodeRails(l.Ranks, o.RailMap); err != nil {
+		return nil, err
+	}
 	work, err := os.MkdirTemp("", "pxn-bench-")
 	if err != nil {
 		return nil, err
@@ -480,7 +531,7 @@ func (dev *device) exec(o RunOptions, s scenario) ([]Row, error) {
 	if err := writeJSON(nicPath, nics); err != nil {
 		return nil, err
 	}
-	rm, err := contract.EncodeRailMap(railMap(s.ranks))
+	rm, err := contract.EncodeRailMap(l.railMap())
 	if err != nil {
 		return nil, err
 	}
@@ -540,6 +591,14 @@ func (dev *device) phase(s scenario, l *layout, targets []*child, args func(int,
 			c.kill()
 		}
 	}()
+	label := "PXN phase (" + contract.EnvEnable + "=1)"
+	if mode != "engine" {
+		label = "baseline phase (" + contract.EnvEnable + "=0, the " + dev.hop + " alone)"
+	}
+	if s.id != "" {
+		label = s.id + " " + label
+	}
+	dev.say("%s: starting %d ranks and opening their engines", label, l.Ranks)
 	for k := 0; k < l.Ranks; k++ {
 		c, err := startChildIn(fmt.Sprintf("rank %d", k), dev.pidns, env, args(k, mode)...)
 		if err != nil {
@@ -583,6 +642,7 @@ func (dev *device) phase(s scenario, l *layout, targets []*child, args func(int,
 		}
 	}
 	if s.warm {
+		dev.say("%s: an untimed warm-up transfer", label)
 		if _, err := all(ranks, "warm", "warmed", 20*time.Minute); err != nil {
 			return nil, err
 		}
@@ -591,6 +651,7 @@ func (dev *device) phase(s scenario, l *layout, targets []*child, args func(int,
 	if err != nil {
 		return nil, err
 	}
+	dev.say("%s: every rank transfers its share at once", label)
 	t0 := time.Now()
 	evs, err := all(ranks, "go", "done", 30*time.Minute)
 	if err != nil {
@@ -615,27 +676,32 @@ func (dev *device) phase(s scenario, l *layout, targets []*child, args func(int,
 			contended: a.Counters.InboundContended - b.Counters.InboundContended, outOfTurn: a.Counters.InboundOutOfTurn - b.Counters.InboundOutOfTurn})
 	}
 	engine := mode == "engine"
+	// what, when not empty, is the step's progress line.
 	steps := []struct {
 		on        bool
 		cmd       string
+		what      string
 		timeout   time.Duration
 		collected func(event)
 	}{
-		{engine && s.kv != nil && s.kv.Inflight == 1, "times", time.Minute, func(ev event) { res.kvTimes = append(res.kvTimes, ev.Times) }},
-		{engine && s.again, "again", 30 * time.Minute, func(ev event) { res.again = append(res.again, *ev.Result) }},
-		{engine && s.raw, "raw", 10 * time.Minute, func(ev event) { res.raws = append(res.raws, *ev.Raw) }},
-		{engine && s.latency > 0, "latency", 10 * time.Minute, func(ev event) { res.lats = append(res.lats, *ev.Latency) }},
-		{engine && s.latency > 0, "times", time.Minute, func(ev event) { res.latTimes = append(res.latTimes, ev.Times) }},
-		{engine && s.idle, "idle", time.Minute, func(ev event) { res.idle = append(res.idle, *ev.Idle) }},
-		{engine && s.idle, "times", time.Minute, func(ev event) { res.idleTimes = append(res.idleTimes, ev.Times) }},
+		{engine && s.kv != nil && s.kv.Inflight == 1, "times", "", time.Minute, func(ev event) { res.kvTimes = append(res.kvTimes, ev.Times) }},
+		{engine && s.again, "again", "the same transfer again, counting heap allocations (--alloc-pass)", 30 * time.Minute, func(ev event) { res.again = append(res.again, *ev.Result) }},
+		{engine && s.raw, "raw", "a raw copy-engine copy of the same traffic (--raw)", 10 * time.Minute, func(ev event) { res.raws = append(res.raws, *ev.Raw) }},
+		{engine && s.latency > 0, "latency", fmt.Sprintf("%d 10KiB writes through PXN and direct (--latency)", s.latency), 10 * time.Minute, func(ev event) { res.lats = append(res.lats, *ev.Latency) }},
+		{engine && s.latency > 0, "times", "", time.Minute, func(ev event) { res.latTimes = append(res.latTimes, ev.Times) }},
+		{engine && s.idle, "idle", fmt.Sprintf("the ranks stay idle for %v (the pumps' CPU while idle), then time the first write after it", idleWindow), time.Minute, func(ev event) { res.idle = append(res.idle, *ev.Idle) }},
+		{engine && s.idle, "times", "", time.Minute, func(ev event) { res.idleTimes = append(res.idleTimes, ev.Times) }},
 		// On GPUs the first write after idle is compared with a direct
 		// one after as long an idle: the GPU's and the NIC emulation's
 		// share of it.
-		{engine && s.idle && dev.kind == "cuda", "idle-direct", time.Minute, func(ev event) { res.idleDirect = append(res.idleDirect, *ev.Idle) }},
+		{engine && s.idle && dev.kind == "cuda", "idle-direct", fmt.Sprintf("the same write on a direct hop after %v idle", idleWindow), time.Minute, func(ev event) { res.idleDirect = append(res.idleDirect, *ev.Idle) }},
 	}
 	for _, st := range steps {
 		if !st.on {
 			continue
+		}
+		if st.what != "" {
+			dev.say("%s: %s", label, st.what)
 		}
 		want := st.cmd
 		if want == "again" {
@@ -653,6 +719,7 @@ func (dev *device) phase(s scenario, l *layout, targets []*child, args func(int,
 		fmt.Fprintf(os.Stderr, "pxn-bench: the ranks stay registered for %v (--hold-after)\n", s.hold)
 		time.Sleep(s.hold)
 	}
+	dev.say("%s: the ranks exit; the targets check every byte they received", label)
 	if res.verified, res.verifyErr, err = endPhase(ranks, targets, 2*time.Minute); err != nil {
 		return nil, err
 	}

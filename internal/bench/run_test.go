@@ -169,4 +169,64 @@ func TestKitP14Baseline(t *testing.T) {
 			t.Errorf("hack/gpu-kit.sh has no line %s", line)
 		}
 	}
+
+func TestNodeRails(t *testing.T) {
+	hgx := map[string]string{"mlx5_0": "rail0", "mlx5_2": "rail1", "mlx5_3": "rail2", "mlx5_4": "rail3", "mlx5_5": "rail4",
+		"mlx5_7": "rail5", "mlx5_8": "rail6", "mlx5_9": "rail7", "mlx5_10": "rail10", "mlx5_11": "rail10", "mlx5_12": "rail8"}
+	tests := []struct {
+		ranks     int
+		m         map[string]string
+		hcas, rls []string
+		bad       bool
+	}{
+		{ranks: 3, hcas: []string{"mlx5_0", "mlx5_1", "mlx5_2"}, rls: []string{"rail0", "rail1", "rail2"}},
+		{ranks: 3, m: hgx, hcas: []string{"mlx5_0", "mlx5_2", "mlx5_3"}, rls: []string{"rail0", "rail1", "rail2"}},
+		{ranks: 8, m: hgx, hcas: []string{"mlx5_0", "mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_7", "mlx5_8", "mlx5_9"},
+			rls: []string{"rail0", "rail1", "rail2", "rail3", "rail4", "rail5", "rail6", "rail7"}},
+		{ranks: 2, m: map[string]string{"a": "r", "b": "r"}, bad: true},
+	}
+	for _, tt := range tests {
+		hcas, rails, err := nodeRails(tt.ranks, tt.m)
+		if (err != nil) != tt.bad || !slices.Equal(hcas, tt.hcas) || !slices.Equal(rails, tt.rls) {
+			t.Errorf("nodeRails(%d, %v) = %v, %v, %v; want %v, %v", tt.ranks, tt.m, hcas, rails, err, tt.hcas, tt.rls)
+		}
+	}
+	// rail10 sorts after rail8, and its first HCA by name is mlx5_10.
+	hcas, rails, err := nodeRails(10, hgx)
+	if err != nil || rails[8] != "rail8" || rails[9] != "rail10" || hcas[9] != "mlx5_10" {
+		t.Errorf("nodeRails(10) = %v, %v, %v", hcas, rails, err)
+	}
+}
+
+func TestCheckBeforeWork(t *testing.T) {
+	ok := RunOptions{Device: "host", Ranks: 2, Bytes: 1, Pattern: "cross-rail"}
+	if err := ok.Check(); err != nil {
+		t.Fatalf("Check(%+v) = %v", ok, err)
+	}
+	dir := t.TempDir()
+	tests := []struct {
+		change func(*RunOptions)
+		want   string
+	}{
+		{func(o *RunOptions) { o.Pattern = "ring" }, `--pattern "ring": want cross-rail, fan-in, same-rail, all-to-all or kv`},
+		{func(o *RunOptions) { o.JSON = dir + "/no/x.json" }, "--json " + dir + "/no/x.json"},
+		{func(o *RunOptions) { o.JSON = dir }, "is a folder"},
+		{func(o *RunOptions) { o.Ranks = 1 }, "--ranks 1"},
+		{func(o *RunOptions) { o.RailMap = map[string]string{"mlx5_0": "rail0"} }, "--rail-map has 1 rails"},
+		{func(o *RunOptions) {
+			o.Pattern, o.KV = "kv", KVOptions{Shape: "huge", Traffic: "fan-in", Requests: 1, Inflight: 1}
+		}, `--kv-shape "huge"`},
+	}
+	for _, tt := range tests {
+		o := ok
+		tt.change(&o)
+		if err := o.Check(); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Check(%+v) = %v, want %q", o, err, tt.want)
+		}
+	}
+	o := ok
+	o.JSON = dir + "/x.json"
+	if err := o.Check(); err != nil {
+		t.Errorf("Check with --json in a writable folder: %v", err)
+	}
 }

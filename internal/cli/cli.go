@@ -51,13 +51,25 @@ func BindEnv(fs *pflag.FlagSet, prefix string, override map[string]string) {
 }
 
 // ApplyEnv sets every flag that the command line left alone from its
-// environment variable, when that is set. The error names the variable and
-// its value.
+// environment variable, when that is set. A flag and its deprecated alias
+// count as one: either given on the command line, neither variable is read,
+// and the current name's variable wins over the alias's. The error names the
+// variable and its value.
 func ApplyEnv(fs *pflag.FlagSet) error {
+	changed := map[string]bool{}
+	fs.Visit(func(f *pflag.Flag) {
+		changed[f.Name] = true
+		for _, t := range f.Annotations[aliasAnnotation] {
+			changed[t] = true
+		}
+	})
 	var err error
 	fs.VisitAll(func(f *pflag.Flag) {
 		names := f.Annotations[envAnnotation]
-		if err != nil || f.Changed || len(names) == 0 {
+		if err != nil || changed[f.Name] || len(names) == 0 {
+			return
+		}
+		if t := f.Annotations[aliasAnnotation]; len(t) > 0 && changed[t[0]] {
 			return
 		}
 		v, ok := os.LookupEnv(names[0])
@@ -69,6 +81,42 @@ func ApplyEnv(fs *pflag.FlagSet) error {
 		}
 	})
 	return err
+}
+
+// aliasAnnotation is the pflag annotation of a deprecated alias that names
+// the flag it stands for.
+const aliasAnnotation = "pxn.io/alias-of"
+
+// DeprecatedAlias adds the hidden flag old to fs as another name of the flag
+// current: it sets the same value. The first time it is set, from the command
+// line or its environment variable, it writes one line to warn saying so.
+// Set it up before Setup, so that the alias gets its environment variable
+// too.
+func DeprecatedAlias(fs *pflag.FlagSet, old, current string, warn io.Writer) {
+	f := fs.Lookup(current)
+	if f == nil {
+		panic("cli: DeprecatedAlias of unknown flag --" + current)
+	}
+	fs.Var(&aliasValue{Value: f.Value, old: old, current: current, warn: warn}, old, "deprecated: use --"+current)
+	_ = fs.SetAnnotation(old, aliasAnnotation, []string{current})
+	_ = fs.MarkHidden(old)
+}
+
+// aliasValue is the value of a deprecated alias: the current flag's value,
+// and a warning on its first Set.
+type aliasValue struct {
+	pflag.Value
+	old, current string
+	warn         io.Writer
+	warned       bool
+}
+
+func (a *aliasValue) Set(s string) error {
+	if !a.warned {
+		a.warned = true
+		fmt.Fprintf(a.warn, "warning: --%s is deprecated and will be removed; use --%s\n", a.old, a.current)
+	}
+	return a.Value.Set(s)
 }
 
 // LoggingFlags is klog's flags as a pflag set of their own, so that help can
@@ -93,14 +141,7 @@ func Setup(root *cobra.Command, prefix string, override map[string]string) {
 	root.SilenceUsage = true
 	root.SilenceErrors = true
 	root.CompletionOptions.DisableDefaultCmd = true
-	root.AddCommand(&cobra.Command{
-		Use:   "version",
-		Short: "Print the version",
-		Args:  cobra.NoArgs,
-		Run: func(cmd *cobra.Command, _ []string) {
-			fmt.Fprintln(cmd.OutOrStdout(), version.Line(root.Name()))
-		},
-	})
+	root.AddCommand(VersionCommand(root.Name()))
 	var walk func(*cobra.Command)
 	walk = func(c *cobra.Command) {
 		BindEnv(c.LocalNonPersistentFlags(), prefix, override)
@@ -131,6 +172,19 @@ func Setup(root *cobra.Command, prefix string, override map[string]string) {
 		}
 	}
 	walk(root)
+}
+
+// VersionCommand is the version subcommand of binary: it prints the same
+// line as --version.
+func VersionCommand(binary string) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			fmt.Fprintln(cmd.OutOrStdout(), version.Line(binary))
+		},
+	}
 }
 
 // usage writes a command's usage in kubectl's order: commands, the tool's

@@ -360,7 +360,7 @@ func TestTemplateDefaults(t *testing.T) {
 		"--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
 		"--host-root=/host", "--rail-strategy=pci-order",
 		"--state-dir=/run/pxn", "--shm-dir=/dev/shm/pxn", "--container-registry-root=/run/pxn",
-		"--group-id=k8s", "--metrics-addr=:9641", "--health-probe-bind-address=:9643", "--gc-interval=30s", "--gc-grace=5m",
+		"--group-id=k8s", "--metrics-bind-address=:9641", "--health-probe-bind-address=:9643", "--gc-interval=30s", "--gc-grace=5m",
 		"--rediscover-interval=30s", "--pod-lookup-timeout=5s",
 	}
 	if !slices.Equal(c.Args, wantArgs) {
@@ -472,7 +472,7 @@ func TestTemplateCustom(t *testing.T) {
 		"--pod-resources-socket=/var/lib/k0s/kubelet/pod-resources/kubelet.sock",
 		"--host-root=/host", "--rail-strategy=static", "--static-file=/etc/pxn/rails/rails.json",
 		"--state-dir=/run/pxn-test", "--shm-dir=/dev/shm/pxn-test", "--container-registry-root=/var/run/pxn-registry",
-		"--group-id=team-a", "--metrics-addr=:19641", "--health-probe-bind-address=127.0.0.1:19643", "--gc-interval=10s", "--gc-grace=90s",
+		"--group-id=team-a", "--metrics-bind-address=:19641", "--health-probe-bind-address=127.0.0.1:19643", "--gc-interval=10s", "--gc-grace=90s",
 		"--rediscover-interval=1m", "--pod-lookup-timeout=2s", "-v=2",
 	}
 	if !slices.Equal(c.Args, wantArgs) {
@@ -578,9 +578,21 @@ func TestTemplateVariants(t *testing.T) {
 			pluginArgs: []string{"--shm-dir=/dev/shm/pxn"},
 		},
 		{
-			name:       "plugin only, digest, pod-resources inside the plugin dir",
-			args:       []string{"--set", "agent.enabled=false", "--set", "image.digest=sha256:" + strings.Repeat("ab", 32), "--set", "devicePlugin.podResourcesSocket=/var/lib/kubelet/device-plugins/pr.sock", "--set", "devicePlugin.metricsAddr=", "--set", "devicePlugin.healthProbeBindAddress="},
-			pluginArgs: []string{"--pod-resources-socket=/var/lib/kubelet/device-plugins/pr.sock", "--metrics-addr=", "--health-probe-bind-address="},
+			name:       "plugin only, digest, pod-resources inside the plugin dir, metrics and probes off",
+			args:       []string{"--set", "agent.enabled=false", "--set", "image.digest=sha256:" + strings.Repeat("ab", 32), "--set", "devicePlugin.podResourcesSocket=/var/lib/kubelet/device-plugins/pr.sock", "--set", "devicePlugin.metricsBindAddress=0", "--set", "devicePlugin.healthProbeBindAddress=0"},
+			pluginArgs: []string{"--pod-resources-socket=/var/lib/kubelet/device-plugins/pr.sock", "--metrics-bind-address=0", "--health-probe-bind-address=0"},
+		},
+		{
+			name:       "the plugin's deprecated metricsAddr and an empty health address still turn them off",
+			args:       []string{"--set", "devicePlugin.metricsAddr=", "--set", "devicePlugin.healthProbeBindAddress="},
+			agentArgs:  []string{"--metrics-bind-address=:9640"},
+			pluginArgs: []string{"--metrics-bind-address=0", "--health-probe-bind-address=0"},
+		},
+		{
+			name:       "the plugin's deprecated metricsAddr, when set, is the address",
+			args:       []string{"--set", "devicePlugin.metricsAddr=:7777"},
+			agentArgs:  []string{"--metrics-bind-address=:9640"},
+			pluginArgs: []string{"--metrics-bind-address=:7777"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -88,7 +88,7 @@ func TestValidationRejects(t *testing.T) {
 		{"pod-resources socket is a folder", []string{"--set", "devicePlugin.podResourcesSocket=/var/lib/kubelet/pod-resources/"},
 			"devicePlugin.podResourcesSocket=/var/lib/kubelet/pod-resources/ names a folder"},
 		{"service monitor without metrics", []string{"--set", "serviceMonitor.enabled=true", "--set", "agent.metricsBindAddress=0",
-			"--set", "devicePlugin.metricsAddr="}, "serviceMonitor.enabled=true but no enabled component serves metrics"},
+			"--set", "devicePlugin.metricsBindAddress=0"}, "serviceMonitor.enabled=true but no enabled component serves metrics"},
 		{"pod monitor without metrics", []string{"--set", "podMonitor.enabled=true", "--set", "agent.metricsBindAddress=0",
 			"--set", "devicePlugin.metricsAddr="}, "podMonitor.enabled=true but no enabled component serves metrics"},
 		{"service monitor without the Services", []string{"--set", "serviceMonitor.enabled=true", "--set", "metricsService.enabled=false"},
