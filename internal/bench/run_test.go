@@ -169,6 +169,7 @@ func TestKitP14Baseline(t *testing.T) {
 			t.Errorf("hack/gpu-kit.sh has no line %s", line)
 		}
 	}
+}
 
 func TestNodeRails(t *testing.T) {
 	hgx := map[string]string{"mlx5_0": "rail0", "mlx5_2": "rail1", "mlx5_3": "rail2", "mlx5_4": "rail3", "mlx5_5": "rail4",
