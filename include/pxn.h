@@ -27,11 +27,12 @@ extern "C" {
 
 /*
  * 3 added route handles and keys, arena registration, Mooncake's task
- * states and the live-batch bound. A host built against an older header
- * keeps working: it passes an older PXN_OPTIONS_VERSION, and the engine then
- * speaks that version's structs and states (docs/c-abi.md, "Versions").
+ * states and the live-batch bound; 4 the transport's optional submit_piece.
+ * A host built against an older header keeps working: it passes an older
+ * PXN_OPTIONS_VERSION or a shorter pxn_transport, and the engine then speaks
+ * that version's structs and states (docs/c-abi.md, "Versions").
  */
-#define PXN_API_VERSION 3
+#define PXN_API_VERSION 4
 
 /* Result codes. PXN_OK is success; every failure is negative. */
 #define PXN_OK 0
@@ -190,13 +191,31 @@ typedef int (*pxn_transport_submit_fn)(void *user, const pxn_transport_op *ops, 
  */
 typedef size_t (*pxn_transport_poll_fn)(void *user, pxn_transport_completion *out, size_t capacity);
 
-/* The host's transport. pxn_open copies the table; user must outlive the engine. */
+/*
+ * Since PXN_API_VERSION 4, optional: takes all count ops of one relayed Piece
+ * (at most 4096, each flagged PXN_OP_RELAYED; their token fields are 0) in
+ * one call, and reports their end with ONE completion carrying token, whose
+ * status is the first failed op's (PXN_OK when all succeeded). Returns as
+ * submit does: PXN_OK, PXN_BUSY when it takes none of them now (the engine
+ * offers the whole Piece again later), or another negative code, which fails
+ * the Piece. A transport that has it counts a Piece, not its ops, toward
+ * whatever bounds its queue. It must not block. Without it, a Piece's ops go
+ * through submit in chunks, a token and a completion each.
+ */
+typedef int (*pxn_transport_submit_piece_fn)(void *user, const pxn_transport_op *ops, size_t count, uint64_t token);
+
+/*
+ * The host's transport. pxn_open copies the table; user must outlive the
+ * engine. A table of API version 3 ends at poll (struct_size 32 on LP64).
+ */
 typedef struct pxn_transport {
 	uint32_t struct_size;
 	uint32_t reserved;
 	void *user;
 	pxn_transport_submit_fn submit;
 	pxn_transport_poll_fn poll;
+	/* Since PXN_API_VERSION 4; NULL: relayed ops go through submit. */
+	pxn_transport_submit_piece_fn submit_piece;
 } pxn_transport;
 
 /*

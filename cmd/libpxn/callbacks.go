@@ -125,6 +125,9 @@ const (
 	// legacyOpSize is pxn_transport_op of API version 2: it ends before
 	// route.
 	legacyOpSize = int(unsafe.Offsetof(C.pxn_transport_op{}.route))
+	// transportV3Size is pxn_transport of API version 3: it ends before
+	// submit_piece.
+	transportV3Size = uint32(unsafe.Offsetof(C.pxn_transport{}.submit_piece))
 )
 
 // Route implements relay.Router with the handle the host's directory gave
@@ -147,6 +150,29 @@ func (h *cHop) Submit(ops []relay.WriteOp) (err error) {
 	if len(ops) == 0 {
 		return nil
 	}
+	buf, err := h.cOps(ops)
+	if err != nil {
+		return err
+	}
+	defer h.bufs.put(buf)
+	return submitResult(int32(C.pxnlib_call_submit(h.submitFn, h.user, (*C.pxn_transport_op)(buf.p), C.size_t(len(ops)))), "submit", len(ops))
+}
+
+// submitResult maps the host's answer to a submit of n ops.
+func submitResult(rc int32, call string, n int) error {
+	switch rc {
+	case codeOK:
+		return nil
+	case codeBusy:
+		return relay.ErrHopBusy
+	default:
+		return &transportError{code: rc, msg: fmt.Sprintf("%s of %d ops refused", call, n)}
+	}
+}
+
+// cOps lays ops out as the host's op array, followed by their target
+// strings, in a lent C buffer the caller puts back.
+func (h *cHop) cOps(ops []relay.WriteOp) (cBuffer, error) {
 	stride := h.opSize
 	size := len(ops) * stride
 	for i := range ops {
@@ -156,9 +182,8 @@ func (h *cHop) Submit(ops []relay.WriteOp) (err error) {
 	}
 	buf, err := h.bufs.get(size)
 	if err != nil {
-		return err
+		return cBuffer{}, err
 	}
-	defer h.bufs.put(buf)
 	strs := unsafe.Slice((*byte)(unsafe.Add(buf.p, len(ops)*stride)), size-len(ops)*stride)
 	off := 0
 	var target *C.char
@@ -202,14 +227,36 @@ func (h *cHop) Submit(ops []relay.WriteOp) (err error) {
 		}
 		c.flags = flags
 	}
-	switch rc := int32(C.pxnlib_call_submit(h.submitFn, h.user, (*C.pxn_transport_op)(buf.p), C.size_t(len(ops)))); rc {
-	case codeOK:
-		return nil
-	case codeBusy:
-		return relay.ErrHopBusy
-	default:
-		return &transportError{code: rc, msg: fmt.Sprintf("submit of %d ops refused", len(ops))}
+	return buf, nil
+}
+
+// cPieceHop is a cHop whose host takes relayed Pieces whole through its
+// submit_piece callback (relay.PieceHop).
+type cPieceHop struct {
+	*cHop
+	pieceFn C.pxn_transport_submit_piece_fn
+}
+
+var _ relay.PieceHop = cPieceHop{}
+
+// SubmitPiece hands a relayed Piece's ops to the host in one call, under
+// one token.
+func (h cPieceHop) SubmitPiece(ops []relay.WriteOp, token uint64) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("libpxn internal error in transport submit_piece: %v", r)
+		}
+	}()
+	buf, err := h.cOps(ops)
+	if err != nil {
+		return err
 	}
+	defer h.bufs.put(buf)
+	var arr *C.pxn_transport_op
+	if len(ops) > 0 {
+		arr = (*C.pxn_transport_op)(buf.p)
+	}
+	return submitResult(int32(C.pxnlib_call_submit_piece(h.pieceFn, h.user, arr, C.size_t(len(ops)), C.uint64_t(token))), "submit_piece", len(ops))
 }
 
 // Poll asks the host for up to len(out) completions. Calls are serialized,

@@ -131,10 +131,15 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 		if o.transport == nil {
 			return fail(codeInvalid, "pxn_open: options.transport is NULL")
 		}
-		if size := uint32(o.transport.struct_size); size < C.sizeof_pxn_transport {
-			return fail(codeInvalid, "pxn_open: transport struct_size %d; want at least %d", size, C.sizeof_pxn_transport)
+		size := uint32(o.transport.struct_size)
+		if size < transportV3Size {
+			return fail(codeInvalid, "pxn_open: transport struct_size %d; want at least %d", size, transportV3Size)
 		}
-		t := *o.transport
+		// A table of API version 3 ends at poll: only struct_size bytes
+		// are the host's, and the rest of t stays zero.
+		var t C.pxn_transport
+		n := min(uintptr(size), unsafe.Sizeof(t))
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(&t)), n), unsafe.Slice((*byte)(unsafe.Pointer(o.transport)), n))
 		if t.submit == nil || t.poll == nil {
 			return fail(codeInvalid, "pxn_open: the transport needs both submit and poll")
 		}
@@ -177,6 +182,10 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 		}
 		hop := &cHop{submitFn: t.submit, pollFn: t.poll, user: C.uintptr_t(cAddress(&t.user)), bufs: bufs,
 			opSize: stride, arena: arena, routes: routes}
+		var engineHop relay.Hop = hop
+		if t.submit_piece != nil && !legacy {
+			engineHop = cPieceHop{cHop: hop, pieceFn: t.submit_piece}
+		}
 		var dir relay.Directory
 		var table *tableDirectory
 		if o.resolve != nil {
@@ -192,7 +201,7 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 		ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 		defer cancel()
 		eng, err := relay.OpenFromEnv(ctx, cLookupEnv, relay.HostDeps{
-			Hop: hop, Directory: dir, Copier: first.copier, LocalHCA: hca,
+			Hop: engineHop, Directory: dir, Copier: first.copier, LocalHCA: hca,
 			Arenas: first.arenas, Memory: arena, Logger: log,
 		})
 		if err != nil {

@@ -460,7 +460,9 @@ func testExampleRanks(t *testing.T, lib libpxn) {
 					// Rail 1 will never have a relay.
 					extra = []string{"--wait-relay", "0"}
 				case tc.stale:
-					extra = []string{"--stale-check", "1"}
+					// The stale-route case also keeps the transport's
+					// submit_piece unset: relayed ops go one by one.
+					extra = []string{"--stale-check", "1", "--pieces", "0"}
 				}
 				runs[r] = startRank(ctx, t, b, env, r, ranks, targets, tc.directories[r], tc.busyEvery, extra...)
 			}
@@ -597,7 +599,8 @@ func testExampleRanks(t *testing.T, lib libpxn) {
 
 // checkV3Line checks what an API version 3 rank's transport saw: every
 // second-hop op carried the arena's key and the route and key the
-// directory gave, and none was stale.
+// directory gave, and none was stale. Relayed Pieces came whole through
+// submit_piece, except in the stale-route case, whose transport has none.
 func checkV3Line(t *testing.T, r int, v3, counters map[string]uint64, relayed, refused, stale bool) {
 	t.Helper()
 	if v3["bad_keys"] != 0 || v3["live_batches"] != 0 || (v3["stale_ops"] != 0) != stale {
@@ -619,8 +622,11 @@ func checkV3Line(t *testing.T, r int, v3, counters map[string]uint64, relayed, r
 		if v3["arena_registrations"] != 1 || v3["relayed_ops"] == 0 || v3["routed_ops"] != v3["relayed_ops"] {
 			t.Errorf("rank %d: every second-hop op should carry the arena key and a route: %v", r, v3)
 		}
+		if whole := !stale; whole != (v3["pieces"] > 0) || v3["pieces"] > v3["relayed_ops"] {
+			t.Errorf("rank %d: %d Pieces taken whole for %d relayed ops; want them whole: %v", r, v3["pieces"], v3["relayed_ops"], whole)
+		}
 	default:
-		if v3["relayed_ops"] != 0 || v3["routed_ops"] != 0 {
+		if v3["relayed_ops"] != 0 || v3["routed_ops"] != 0 || v3["pieces"] != 0 {
 			t.Errorf("rank %d relayed without PXN: %v", r, v3)
 		}
 	}

@@ -70,6 +70,11 @@ int pxnlib_call_submit(pxn_transport_submit_fn fn, uintptr_t user, const pxn_tra
 	return fn((void *)user, ops, count);
 }
 
+int pxnlib_call_submit_piece(pxn_transport_submit_piece_fn fn, uintptr_t user, const pxn_transport_op *ops, size_t count, uint64_t token)
+{
+	return fn((void *)user, ops, count, token);
+}
+
 size_t pxnlib_call_poll(pxn_transport_poll_fn fn, uintptr_t user, pxn_transport_completion *out, size_t capacity)
 {
 	return fn((void *)user, out, capacity);

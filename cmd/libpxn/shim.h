@@ -21,6 +21,7 @@ PXNLIB_HIDDEN void pxnlib_set_error(const char *msg, size_t len);
  * by Go as an integer.
  */
 PXNLIB_HIDDEN int pxnlib_call_submit(pxn_transport_submit_fn fn, uintptr_t user, const pxn_transport_op *ops, size_t count);
+PXNLIB_HIDDEN int pxnlib_call_submit_piece(pxn_transport_submit_piece_fn fn, uintptr_t user, const pxn_transport_op *ops, size_t count, uint64_t token);
 PXNLIB_HIDDEN size_t pxnlib_call_poll(pxn_transport_poll_fn fn, uintptr_t user, pxn_transport_completion *out, size_t capacity);
 PXNLIB_HIDDEN int pxnlib_call_resolve(pxn_resolve_fn fn, uintptr_t user, const char *session, uint64_t dst, pxn_target_info *out);
 PXNLIB_HIDDEN int pxnlib_call_register_arena(pxn_register_arena_fn fn, uintptr_t user, uintptr_t addr, uint64_t len, int kind, uint64_t *local_key);

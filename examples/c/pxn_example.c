@@ -210,17 +210,21 @@ static void print_counters(const example *ex, const char *tag)
 #if PXN_API_VERSION >= 3
 	shm_transport_stats s = shm_transport_get_stats(ex->transport);
 	printf("%s3 rank=%d copier=%llu live_batches=%llu relayed_ops=%llu routed_ops=%llu bad_keys=%llu stale_ops=%llu "
-	       "arena_registrations=%llu\n",
+	       "arena_registrations=%llu",
 	       tag, ex->rank, (unsigned long long)cn.copier, (unsigned long long)cn.live_batches,
 	       (unsigned long long)s.relayed_ops, (unsigned long long)s.routed_ops, (unsigned long long)s.bad_keys,
 	       (unsigned long long)s.stale_ops, (unsigned long long)s.arena_registrations);
+#if PXN_API_VERSION >= 4
+	printf(" pieces=%llu", (unsigned long long)s.pieces);
+#endif
+	printf("\n");
 #endif
 }
 
 static void usage(void)
 {
 	fprintf(stderr, "usage: pxn_example --rank R --ranks N --dir DIR [--directory table|callback] "
-			"[--busy-every N] [--refuse-arena 0|1] [--wait-relay 1|0] [--stale-check 0|1]\n");
+			"[--busy-every N] [--refuse-arena 0|1] [--wait-relay 1|0] [--stale-check 0|1] [--pieces 1|0]\n");
 	exit(2);
 }
 
@@ -233,6 +237,7 @@ int main(int argc, char **argv)
 	int refuse_arena = 0;
 	int wait_relay = 1;
 	int stale_check = 0;
+	int whole_pieces = 1;
 	for (int i = 1; i < argc; i++) {
 		if (i + 1 >= argc)
 			usage();
@@ -252,6 +257,8 @@ int main(int argc, char **argv)
 			wait_relay = atoi(argv[++i]);
 		else if (strcmp(argv[i], "--stale-check") == 0)
 			stale_check = atoi(argv[++i]);
+		else if (strcmp(argv[i], "--pieces") == 0)
+			whole_pieces = atoi(argv[++i]);
 		else
 			usage();
 	}
@@ -293,6 +300,12 @@ int main(int argc, char **argv)
 		.submit = shm_transport_submit,
 		.poll = shm_transport_poll,
 	};
+#if PXN_API_VERSION >= 4
+	if (whole_pieces)
+		transport.submit_piece = shm_transport_submit_piece;
+#else
+	(void)whole_pieces;
+#endif
 	pxn_options opts = {
 		.struct_size = sizeof(pxn_options),
 		.version = PXN_OPTIONS_VERSION,

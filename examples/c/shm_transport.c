@@ -32,6 +32,12 @@ typedef struct queued_op {
 	int read;
 	/* Set at submit: the op names a route the transport no longer honours. */
 	int stale;
+	/*
+	 * An op of a Piece taken whole (submit_piece): token is the Piece's,
+	 * and only its last op (piece_end) reports, for all of them.
+	 */
+	int piece;
+	int piece_end;
 } queued_op;
 
 struct shm_transport {
@@ -142,13 +148,17 @@ static int reserve(shm_transport *t, size_t n)
 	return 0;
 }
 
-int shm_transport_submit(void *user, const pxn_transport_op *ops, size_t count)
+/*
+ * Queues count ops, or none with PXN_BUSY. A Piece (piece set) counts as one
+ * op toward the capacity, and its ops report once, under token.
+ */
+static int queue_ops(shm_transport *t, const pxn_transport_op *ops, size_t count, int piece, uint64_t token)
 {
-	shm_transport *t = user;
 	pthread_mutex_lock(&t->mu);
 	t->submits++;
+	size_t counts = piece ? 1 : count;
 	if ((t->busy_every > 0 && t->submits % t->busy_every == 0) ||
-	    (t->count > 0 && t->count + count > t->capacity)) {
+	    (t->count > 0 && t->count + counts > t->capacity)) {
 		t->busy++;
 		pthread_mutex_unlock(&t->mu);
 		return PXN_BUSY;
@@ -164,9 +174,11 @@ int shm_transport_submit(void *user, const pxn_transport_op *ops, size_t count)
 		/* The session string is the engine's and dies with this call. */
 		q->target = find_target(t, ops[i].target);
 		q->dst = ops[i].dst;
-		q->token = ops[i].token;
+		q->token = piece ? token : ops[i].token;
 		q->read = ops[i].read != 0;
 		q->stale = 0;
+		q->piece = piece;
+		q->piece_end = piece && i == count - 1;
 #if PXN_API_VERSION >= 3
 		const pxn_transport_op *op = &ops[i];
 		if (op->flags & PXN_OP_RELAYED) {
@@ -190,9 +202,27 @@ int shm_transport_submit(void *user, const pxn_transport_op *ops, size_t count)
 #endif
 	}
 	t->count += count;
+#if PXN_API_VERSION >= 4
+	if (piece)
+		t->stats.pieces++;
+#endif
 	pthread_mutex_unlock(&t->mu);
 	return PXN_OK;
 }
+
+int shm_transport_submit(void *user, const pxn_transport_op *ops, size_t count)
+{
+	return queue_ops(user, ops, count, 0, 0);
+}
+
+#if PXN_API_VERSION >= 4
+int shm_transport_submit_piece(void *user, const pxn_transport_op *ops, size_t count, uint64_t token)
+{
+	if (count == 0)
+		return PXN_EINVAL;
+	return queue_ops(user, ops, count, 1, token);
+}
+#endif
 
 static void fail(pxn_transport_completion *c, int status, const char *msg, const queued_op *op)
 {
@@ -201,11 +231,43 @@ static void fail(pxn_transport_completion *c, int status, const char *msg, const
 		 (unsigned long long)op->dst, (unsigned long long)op->len);
 }
 
+/* Moves op's bytes, or fills c with why it cannot. */
+static void perform(shm_transport *t, const queued_op *op, pxn_transport_completion *c)
+{
+	if (op->target < 0) {
+		fail(c, PXN_EINVAL, "unknown target session", op);
+		return;
+	}
+#if PXN_API_VERSION >= 3
+	if (op->stale) {
+		fail(c, PXN_ESTALE, "stale route handle", op);
+		return;
+	}
+#endif
+	const shm_target *tg = &t->targets[op->target];
+	if (op->dst < tg->base || op->dst - tg->base > tg->len || op->len > tg->len - (op->dst - tg->base)) {
+		fail(c, PXN_EINVAL, "destination outside the target", op);
+		return;
+	}
+	uint8_t *remote = tg->mem + (op->dst - tg->base);
+	if (op->read)
+		memcpy(op->local, remote, op->len);
+	else
+		memcpy(remote, op->local, op->len);
+}
+
 size_t shm_transport_poll(void *user, pxn_transport_completion *out, size_t capacity)
 {
 	shm_transport *t = user;
 	pthread_mutex_lock(&t->mu);
-	size_t n = t->count < capacity ? t->count : capacity;
+	/* Ops up to capacity reports; a Piece's ops report once, at its end. */
+	size_t n = 0, reports = 0;
+	while (n < t->count && reports < capacity) {
+		const queued_op *q = &t->q[t->head + n];
+		n++;
+		if (!q->piece || q->piece_end)
+			reports++;
+	}
 	if (n == 0) {
 		pthread_mutex_unlock(&t->mu);
 		return 0;
@@ -225,34 +287,25 @@ size_t shm_transport_poll(void *user, pxn_transport_completion *out, size_t capa
 	pthread_mutex_unlock(&t->mu);
 
 	/* The copies run outside the lock, so submitters never wait for them. */
+	size_t k = 0;
+	pxn_transport_completion piece = {.status = PXN_OK};
 	for (size_t i = 0; i < n; i++) {
 		const queued_op *op = &t->batch[i];
-		pxn_transport_completion *c = &out[i];
-		c->token = op->token;
-		c->status = PXN_OK;
-		c->reserved = 0;
-		if (op->target < 0) {
-			fail(c, PXN_EINVAL, "unknown target session", op);
-			continue;
+		pxn_transport_completion c = {.token = op->token, .status = PXN_OK};
+		perform(t, op, &c);
+		if (op->piece) {
+			/* A Piece reports its first failure, once, at its end. */
+			if (piece.status == PXN_OK && c.status != PXN_OK)
+				piece = c;
+			if (!op->piece_end)
+				continue;
+			c.status = piece.status;
+			memcpy(c.message, piece.message, sizeof(c.message));
+			piece = (pxn_transport_completion){.status = PXN_OK};
 		}
-#if PXN_API_VERSION >= 3
-		if (op->stale) {
-			fail(c, PXN_ESTALE, "stale route handle", op);
-			continue;
-		}
-#endif
-		const shm_target *tg = &t->targets[op->target];
-		if (op->dst < tg->base || op->dst - tg->base > tg->len || op->len > tg->len - (op->dst - tg->base)) {
-			fail(c, PXN_EINVAL, "destination outside the target", op);
-			continue;
-		}
-		uint8_t *remote = tg->mem + (op->dst - tg->base);
-		if (op->read)
-			memcpy(op->local, remote, op->len);
-		else
-			memcpy(remote, op->local, op->len);
+		out[k++] = c;
 	}
-	return n;
+	return k;
 }
 
 void shm_transport_set_busy_every(shm_transport *t, unsigned n)

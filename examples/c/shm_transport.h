@@ -40,6 +40,13 @@ int shm_transport_add_target(shm_transport *t, const char *session, const char *
 /* The callbacks for pxn_transport; user is the shm_transport. */
 int shm_transport_submit(void *user, const pxn_transport_op *ops, size_t count);
 size_t shm_transport_poll(void *user, pxn_transport_completion *out, size_t capacity);
+#if PXN_API_VERSION >= 4
+/*
+ * submit_piece: queues a relayed Piece's ops, counted as one toward the
+ * capacity; poll reports them once, under token, with the first failure.
+ */
+int shm_transport_submit_piece(void *user, const pxn_transport_op *ops, size_t count, uint64_t token);
+#endif
 
 /*
  * Makes every nth submit answer PXN_BUSY whatever the queue holds, as a full
@@ -73,7 +80,8 @@ void shm_transport_refuse_arena(shm_transport *t);
 /*
  * What the transport saw: second-hop ops (relayed), ops with a route
  * (routed), ops whose keys were wrong (bad_keys: any is a bug of the
- * engine), ops refused as stale, and arena (de)registrations.
+ * engine), ops refused as stale, arena (de)registrations, and Pieces
+ * taken whole.
  */
 typedef struct shm_transport_stats {
 	uint64_t relayed_ops;
@@ -82,6 +90,10 @@ typedef struct shm_transport_stats {
 	uint64_t stale_ops;
 	uint64_t arena_registrations;
 	uint64_t arena_deregistrations;
+#if PXN_API_VERSION >= 4
+	/* Pieces taken whole through submit_piece. */
+	uint64_t pieces;
+#endif
 } shm_transport_stats;
 
 shm_transport_stats shm_transport_get_stats(shm_transport *t);

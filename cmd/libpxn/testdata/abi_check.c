@@ -26,7 +26,8 @@ _Static_assert(sizeof(void *) != 8 || offsetof(pxn_transport_op, flags) == 44, "
 _Static_assert(sizeof(void *) != 8 || offsetof(pxn_transport_op, route) == 48, "pxn_transport_op.route");
 _Static_assert(sizeof(void *) != 8 || sizeof(pxn_transport_completion) == 128, "pxn_transport_completion");
 _Static_assert(sizeof(void *) != 8 || offsetof(pxn_transport_completion, message) == 16, "completion.message");
-_Static_assert(sizeof(void *) != 8 || sizeof(pxn_transport) == 32, "pxn_transport");
+_Static_assert(sizeof(void *) != 8 || sizeof(pxn_transport) == 40, "pxn_transport");
+_Static_assert(sizeof(void *) != 8 || offsetof(pxn_transport, submit_piece) == 32, "pxn_transport.submit_piece");
 _Static_assert(sizeof(void *) != 8 || sizeof(pxn_target_info) == 104, "pxn_target_info");
 _Static_assert(sizeof(void *) != 8 || offsetof(pxn_target_info, route) == 88, "pxn_target_info.route");
 _Static_assert(sizeof(void *) != 8 || sizeof(pxn_options) == 88, "pxn_options");
@@ -225,6 +226,12 @@ static void check_open_errors(void)
 	o.transport = &t;
 	t.struct_size = 0;
 	CHECK_RC(pxn_open(&o, &e), PXN_EINVAL);
+	/* One byte short of API version 3's table is refused; that table is not. */
+	t.struct_size = offsetof(pxn_transport, submit_piece) - 1;
+	CHECK_RC(pxn_open(&o, &e), PXN_EINVAL);
+	t.struct_size = offsetof(pxn_transport, submit_piece);
+	CHECK_RC(pxn_open(&o, &e), PXN_OK);
+	CHECK_RC(pxn_close(e, 1000), PXN_OK);
 	t = transport;
 	t.poll = NULL;
 	CHECK_RC(pxn_open(&o, &e), PXN_EINVAL);
