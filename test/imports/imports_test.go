@@ -120,6 +120,11 @@ var rules = []rule{
 		},
 	},
 	{
+		name:   "the agent never links the device plugin: the group-folder layout they share is the contract's",
+		from:   []string{"pkg/agent/..."},
+		forbid: func(_, dep string) bool { return matches("pkg/deviceplugin/...", dep) },
+	},
+	{
 		name:   "the benchmark never links the control plane",
 		from:   []string{"internal/bench/...", "cmd/pxn-bench"},
 		forbid: func(_, dep string) bool { return anyMatch(controlPlane, dep) },
