@@ -164,7 +164,7 @@ func (o *options) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	relay, err := deviceplugin.NewRelay(deviceplugin.Config{
+	resource, err := deviceplugin.NewGroupResource(deviceplugin.Config{
 		ResourceName:     o.resourceName,
 		DeviceCount:      o.devices,
 		GroupID:          o.groupID,
@@ -175,7 +175,7 @@ func (o *options) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	server := deviceplugin.NewServer(deviceplugin.ServerConfig{ResourceName: o.resourceName, PluginDir: o.devicePluginDir}, relay, metrics)
+	server := deviceplugin.NewServer(deviceplugin.ServerConfig{ResourceName: o.resourceName, PluginDir: o.devicePluginDir}, resource, metrics)
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -192,7 +192,7 @@ func (o *options) run(ctx context.Context) error {
 		}
 	}
 	wg.Go(func() { monitor.Run(ctx) })
-	wg.Go(func() { relay.RunGarbageCollector(ctx, o.gcInterval, o.gcGrace, o.gcKubeletSettle) })
+	wg.Go(func() { resource.RunGarbageCollector(ctx, o.gcInterval, o.gcGrace, o.gcKubeletSettle) })
 	klog.InfoS("Serving the device plugin", "resource", o.resourceName, "devices", o.devices,
 		"socket", server.SocketPath(), "stateDir", o.stateDir, "shmDir", o.shmDir, "apiAccess", api != nil)
 	return server.Run(ctx)
