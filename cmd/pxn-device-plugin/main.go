@@ -147,11 +147,12 @@ func (o *options) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	log := klog.Background()
 	monitor := deviceplugin.NewMonitor(discoverer, o.rediscoverInterval, func(st deviceplugin.NodeState) {
 		metrics.SetDeviceHealth(o.devices, st.Healthy)
-	})
+	}, log)
 
-	store := deviceplugin.NewStore(o.stateDir, o.shmDir)
+	store := deviceplugin.NewStore(o.stateDir, o.shmDir, log)
 	if err := store.Prepare(); err != nil {
 		return err
 	}
@@ -171,11 +172,12 @@ func (o *options) run(ctx context.Context) error {
 		RegistryRoot:     o.registryRoot,
 		PodLookupTimeout: o.podLookupTimeout,
 		APITimeout:       5 * time.Second,
+		Logger:           log,
 	}, monitor, store, pods, api, metrics)
 	if err != nil {
 		return err
 	}
-	server := deviceplugin.NewServer(deviceplugin.ServerConfig{ResourceName: o.resourceName, PluginDir: o.devicePluginDir}, resource, metrics)
+	server := deviceplugin.NewServer(deviceplugin.ServerConfig{ResourceName: o.resourceName, PluginDir: o.devicePluginDir, Logger: log}, resource, metrics)
 
 	var wg sync.WaitGroup
 	defer wg.Wait()

@@ -45,6 +45,9 @@ type Config struct {
 	PodLookupTimeout time.Duration
 	// APITimeout bounds one pod read from the API server.
 	APITimeout time.Duration
+	// Logger receives one line per linked container and per garbage
+	// collection problem; the zero Logger discards them.
+	Logger klog.Logger
 }
 
 // Validate reports the first invalid field.
@@ -201,7 +204,7 @@ func (r *GroupResource) PreStartContainer(ctx context.Context, deviceIDs []strin
 	if err != nil {
 		return status.Error(codes.Internal, err.Error())
 	}
-	klog.InfoS("Linked container to group", "pod", klog.KRef(ref.Namespace, ref.Pod), "container", ref.Container,
+	r.cfg.Logger.Info("Linked container to group", "pod", klog.KRef(ref.Namespace, ref.Pod), "container", ref.Container,
 		"devices", deviceIDs, "group", key, "groupSource", source, "dir", dir)
 	return nil
 }
@@ -262,7 +265,7 @@ func (r *GroupResource) groupKey(ctx context.Context, ref containerRef) (key, so
 // settle of a kubelet starting to watch it.
 func (r *GroupResource) CollectGarbage(ctx context.Context, grace, settle time.Duration) error {
 	if w := r.watched.Load(); w == 0 || time.Since(time.Unix(0, w)) < settle {
-		klog.V(2).InfoS("Garbage collection waits for the kubelet's view of running pods to settle", "kubeletWatchingSince", time.Unix(0, w))
+		r.cfg.Logger.V(2).Info("Garbage collection waits for the kubelet's view of running pods to settle", "kubeletWatchingSince", time.Unix(0, w))
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -287,7 +290,7 @@ func (r *GroupResource) RunGarbageCollector(ctx context.Context, interval, grace
 		case <-t.C:
 		}
 		if err := r.CollectGarbage(ctx, grace, settle); err != nil && !errors.Is(ctx.Err(), context.Canceled) {
-			klog.ErrorS(err, "Garbage collection incomplete")
+			r.cfg.Logger.Error(err, "Garbage collection incomplete")
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
@@ -74,7 +75,7 @@ func testConfig() Config {
 func newTestResource(t testing.TB, pods PodResourcesLister, api PodGetter) (*GroupResource, *Store) {
 	t.Helper()
 	base := t.TempDir()
-	store := NewStore(filepath.Join(base, "state"), filepath.Join(base, "shm"))
+	store := NewStore(filepath.Join(base, "state"), filepath.Join(base, "shm"), klog.Background())
 	if err := store.Prepare(); err != nil {
 		t.Fatal(err)
 	}

@@ -31,14 +31,17 @@ type Store struct {
 	slotsDir  string
 	groupsDir string
 
+	log       klog.Logger
 	mu        sync.Mutex
 	linked    map[string]time.Time // device ID → when Link last pointed it
 	groupSeen map[string]time.Time // group key → when last referenced by a slot link
 }
 
-// NewStore returns a Store for the given host directories.
-func NewStore(stateDir, shmDir string) *Store {
+// NewStore returns a Store for the given host directories. log receives a
+// line per removed slot link and group directory.
+func NewStore(stateDir, shmDir string, log klog.Logger) *Store {
 	return &Store{
+		log:       log,
 		stateDir:  filepath.Clean(stateDir),
 		shmDir:    filepath.Clean(shmDir),
 		slotsDir:  contract.SlotsDir(stateDir),
@@ -182,7 +185,7 @@ func (s *Store) Collect(assigned map[string]bool, now time.Time, grace time.Dura
 			} else {
 				delete(s.linked, name)
 				slots++
-				klog.V(2).InfoS("Removed slot link of unassigned device", "device", name)
+				s.log.V(2).Info("Removed slot link of unassigned device", "device", name)
 				continue
 			}
 		}
@@ -220,7 +223,7 @@ func (s *Store) Collect(assigned map[string]bool, now time.Time, grace time.Dura
 			}
 			delete(s.groupSeen, key)
 			groups++
-			klog.InfoS("Removed unused group directory", "group", key, "unusedFor", now.Sub(seen).Round(time.Millisecond))
+			s.log.Info("Removed unused group directory", "group", key, "unusedFor", now.Sub(seen).Round(time.Millisecond))
 		}
 	}
 	for key := range s.groupSeen {
