@@ -8,7 +8,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/pxn-project/pxn/internal/cuda"
+	"github.com/pxn-project/pxn/pkg/cuda"
 	"github.com/pxn-project/pxn/pkg/gpu"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
@@ -74,7 +74,7 @@ func hostFirstHop(kind uint32) *firstHop {
 // stream, no device memory), though an explicit CUDA request still needs a
 // driver. DEFAULT falls back to the host copier, with one log line, where
 // CUDA cannot run; an explicit CUDA request fails with PXN_ENOTSUP instead.
-func newFirstHop(kind uint32, pxnOn bool, dev deviceChoice, lookup func(string) (string, bool), log klog.Logger) (*firstHop, error) {
+func newFirstHop(kind uint32, pxnOn bool, dev deviceChoice, copyMode string, log klog.Logger) (*firstHop, error) {
 	switch kind {
 	case copierHost:
 		if !pxnOn {
@@ -101,7 +101,7 @@ func newFirstHop(kind uint32, pxnOn bool, dev deviceChoice, lookup func(string) 
 		d.Close()
 		return hostFirstHop(copierDefault), nil
 	}
-	f, err := cudaFirstHop(d, ordinal, lookup, log)
+	f, err := cudaFirstHop(d, ordinal, copyMode, log)
 	if err != nil {
 		d.Close()
 		if explicit {
@@ -142,13 +142,16 @@ func cudaDevice(dev deviceChoice) (*cuda.Driver, int, error) {
 	return d, 0, nil
 }
 
-func cudaFirstHop(d *cuda.Driver, ordinal int, lookup func(string) (string, bool), log klog.Logger) (*firstHop, error) {
+func cudaFirstHop(d *cuda.Driver, ordinal int, copyMode string, log klog.Logger) (*firstHop, error) {
+	gather, err := gpu.ParseGatherMode(copyMode)
+	if err != nil {
+		return nil, err
+	}
 	g, err := gpu.Open(d, ordinal)
 	if err != nil {
 		return nil, err
 	}
-	warn := func(err error) { log.Info("pxn first hop: configuration", "err", err.Error()) }
-	c, err := gpu.NewCopier(g, gpu.CopierOptions{Gather: gpu.GatherModeFromEnv(lookup, warn), Logger: log})
+	c, err := gpu.NewCopier(g, gpu.CopierOptions{Gather: gather, Logger: log})
 	if err != nil {
 		return nil, errors.Join(err, g.Close())
 	}

@@ -162,14 +162,15 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 		}
 		dev := deviceChoice{ordinal: int(o.cuda_device), set: o.flags&C.PXN_OPEN_CUDA_DEVICE != 0}
 		log := klog.Background()
-		pxnOn := staging.Load(cLookupEnv, nil).Enable && hca != ""
+		cfg := staging.Load(cLookupEnv, nil)
+		pxnOn := cfg.Enable && hca != ""
 		kind := uint32(o.copier)
 		if legacy && kind == copierDefault {
 			// API version 2 documented DEFAULT as the host copier, and its
 			// hosts may register CPU memory as device memory under it.
 			kind = copierHost
 		}
-		first, err := newFirstHop(kind, pxnOn, dev, cLookupEnv, log)
+		first, err := newFirstHop(kind, pxnOn, dev, cfg.CopyMode, log)
 		if err != nil {
 			return err
 		}

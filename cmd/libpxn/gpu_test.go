@@ -36,7 +36,7 @@ func TestFirstHopChoice(t *testing.T) {
 		{"unknown", 7, true, 0, codeInvalid},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f, err := newFirstHop(tc.kind, tc.pxnOn, deviceChoice{}, func(string) (string, bool) { return "", false }, klog.Background())
+			f, err := newFirstHop(tc.kind, tc.pxnOn, deviceChoice{}, contract.CopyModeAuto, klog.Background())
 			if got := codeOf(err); got != tc.wantCode {
 				t.Fatalf("newFirstHop(%d) = %v (code %d), want code %d", tc.kind, err, got, tc.wantCode)
 			}
@@ -63,7 +63,7 @@ func TestFirstHopChoice(t *testing.T) {
 		if !cuda {
 			t.Skip("no CUDA driver or device (libcuda.so.1)")
 		}
-		_, err := newFirstHop(copierCUDA, true, deviceChoice{ordinal: 4096, set: true}, nil, klog.Background())
+		_, err := newFirstHop(copierCUDA, true, deviceChoice{ordinal: 4096, set: true}, contract.CopyModeAuto, klog.Background())
 		if codeOf(err) != codeNotSup || !strings.Contains(err.Error(), "cuda_device 4096") {
 			t.Fatalf("device 4096: %v", err)
 		}

@@ -18,9 +18,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pxn-project/pxn/internal/cuda"
 	"github.com/pxn-project/pxn/internal/sanitize"
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/cuda"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 

@@ -34,7 +34,7 @@ printed all the same, and stderr says why), 1 when discovery failed and 2 on
 bad usage.`,
 		Example: `  pxn-agent discover
   pxn-agent discover --host-root /host -o json
-  pxn-agent discover -o railmap    # the MC_PXN_RAIL_MAP a pod on this node gets`,
+  pxn-agent discover -o railmap    # the ` + contract.EnvRailMap + ` a pod on this node gets`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return c.run(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr())

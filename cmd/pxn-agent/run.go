@@ -131,6 +131,7 @@ func (c *runConfig) run(ctx context.Context) error {
 			c.opts.Ranks.Pods = pods
 		}
 	}
+	c.opts.Logger = klog.Background()
 	if err := agent.Run(ctx, cfg, c.opts); err != nil {
 		klog.ErrorS(err, "agent failed", "node", klog.KRef("", c.opts.NodeName))
 		return cli.ExitError{Code: 1}

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pxn-project/pxn/internal/cuda"
+	"github.com/pxn-project/pxn/pkg/cuda"
 )
 
 // TestCUDAWithoutDriver: on a machine without libcuda.so.1 the CUDA path

@@ -148,10 +148,10 @@ func runFlags(fs *pflag.FlagSet) func() int {
 	fs.IntVar(&o.PerSubmit, "per-submit", 0, "requests per Submit (0: all at once; with --device cuda 16); a Piece never spans two Submits, so with --block under 8MiB this sets the Piece size")
 	fs.DurationVar(&o.HoldAfter, "hold-after", 0, "keep the engine phase's ranks registered, idle, this long after their transfer, so that a metrics scraper (pxn-agent) sees their counters; single runs only")
 	fs.BoolVar(&o.AllocPass, "alloc-pass", false, "run the PXN phase's transfer a second time and report P5 heap allocations per piece from that warm pass (steady state) rather than from the first")
-	fs.StringVar(&o.RegistryRoot, "registry-root", os.Getenv(contract.EnvRegistryRoot),
+	fs.StringVar(&o.RegistryRoot, "registry-root", "",
 		"folder in which the ranks' registry folder (their "+contract.EnvRegistryRoot+") is created; the staging arenas live there, so it must be a large tmpfs. "+
 			"Default: $"+contract.EnvRegistryRoot+" (in a pod holding pxn.io/relay, the device plugin's group folder), else /dev/shm")
-	fs.StringVar(&railMapFlag, "rail-map", os.Getenv(contract.EnvRailMap),
+	fs.StringVar(&railMapFlag, "rail-map", "",
 		"a node's rail map (JSON object of HCA to rail, as "+contract.EnvRailMap+"): rank k then uses the first HCA of the map's k-th rail, so the ranks' HCA and rail names are the node's. "+
 			"Default: $"+contract.EnvRailMap+" (in a pod holding pxn.io/relay, the node's map), else mlx5_k on railk")
 	fs.StringVar(&o.CUDA.Suite, "suite", "", "cuda: run the performance scenarios instead of one pattern: all (p1, p2, p3), or a comma list of p1 (with P4, P5, P6), p2, p3, p9 (KV-shaped throughput), p10 (kv-small completion time)")
@@ -188,9 +188,20 @@ func runFlags(fs *pflag.FlagSet) func() int {
 			}
 			o.FirstPiece = strconv.FormatUint(n>>10, 10)
 		}
-		if o.RailMap, err = contract.ParseRailMap(railMapFlag); err != nil {
+		if railMapFlag == "" {
+			if o.RailMap, err = staging.RailMapFromEnv(nil); err != nil {
+				fmt.Fprintf(os.Stderr, "pxn-bench: --rail-map default: %v\n", err)
+				return 2
+			}
+		} else if o.RailMap, err = contract.ParseRailMap(railMapFlag); err != nil {
 			fmt.Fprintf(os.Stderr, "pxn-bench: --rail-map: %v\n", err)
 			return 2
+		}
+		if o.RegistryRoot == "" {
+			if o.RegistryRoot, err = staging.RegistryRootFromEnv(nil); err != nil {
+				fmt.Fprintf(os.Stderr, "pxn-bench: --registry-root default: %v\n", err)
+				return 2
+			}
 		}
 		if _, err := gpu.ParseArenaShare(o.CUDA.ArenaShare); err != nil {
 			fmt.Fprintf(os.Stderr, "pxn-bench: --arena-share: %v\n", err)

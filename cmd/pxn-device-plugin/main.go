@@ -152,11 +152,12 @@ func (o *options) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	log := klog.Background()
 	monitor := deviceplugin.NewMonitor(discoverer, o.rediscoverInterval, func(st deviceplugin.NodeState) {
 		metrics.SetDeviceHealth(o.devices, st.Healthy)
-	})
+	}, log)
 
-	store := deviceplugin.NewStore(o.stateDir, o.shmDir)
+	store := deviceplugin.NewStore(o.stateDir, o.shmDir, log)
 	if err := store.Prepare(); err != nil {
 		return err
 	}
@@ -169,18 +170,19 @@ func (o *options) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	relay, err := deviceplugin.NewRelay(deviceplugin.Config{
+	resource, err := deviceplugin.NewGroupResource(deviceplugin.Config{
 		ResourceName:     o.resourceName,
 		DeviceCount:      o.devices,
 		GroupID:          o.groupID,
 		RegistryRoot:     o.registryRoot,
 		PodLookupTimeout: o.podLookupTimeout,
 		APITimeout:       5 * time.Second,
+		Logger:           log,
 	}, monitor, store, pods, api, metrics)
 	if err != nil {
 		return err
 	}
-	server := deviceplugin.NewServer(deviceplugin.ServerConfig{ResourceName: o.resourceName, PluginDir: o.devicePluginDir}, relay, metrics)
+	server := deviceplugin.NewServer(deviceplugin.ServerConfig{ResourceName: o.resourceName, PluginDir: o.devicePluginDir, Logger: log}, resource, metrics)
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -197,7 +199,7 @@ func (o *options) run(ctx context.Context) error {
 		}
 	}
 	wg.Go(func() { monitor.Run(ctx) })
-	wg.Go(func() { relay.RunGarbageCollector(ctx, o.gcInterval, o.gcGrace, o.gcKubeletSettle) })
+	wg.Go(func() { resource.RunGarbageCollector(ctx, o.gcInterval, o.gcGrace, o.gcKubeletSettle) })
 	klog.InfoS("Serving the device plugin", "resource", o.resourceName, "devices", o.devices,
 		"socket", server.SocketPath(), "stateDir", o.stateDir, "shmDir", o.shmDir, "apiAccess", api != nil)
 	return server.Run(ctx)

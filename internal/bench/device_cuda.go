@@ -13,10 +13,11 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/pxn-project/pxn/internal/cuda"
+	"github.com/pxn-project/pxn/pkg/cuda"
 	"github.com/pxn-project/pxn/pkg/gpu"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/gpunic"
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // cudaRank is a rank on a GPU: its source in device memory, the GPU
@@ -94,8 +95,11 @@ func (r *cudaRank) newHop() (relay.Hop, error) { return gpunic.New(r.g, r.maps, 
 
 func (r *cudaRank) firstHop(deps *relay.HostDeps, _ uintptr, _ uint64) (string, error) {
 	log := klog.Background()
-	warn := func(err error) { log.Info("pxn-bench: configuration", "err", err.Error()) }
-	c, err := gpu.NewCopier(r.g, gpu.CopierOptions{Gather: gpu.GatherModeFromEnv(nil, warn), GatherPTX: r.ptx, PollSpin: r.pollSpin, PollNap: r.pollNap})
+	gather, err := gpu.ParseGatherMode(staging.Load(nil, nil).CopyMode)
+	if err != nil {
+		return "", err
+	}
+	c, err := gpu.NewCopier(r.g, gpu.CopierOptions{Gather: gather, GatherPTX: r.ptx, PollSpin: r.pollSpin, PollNap: r.pollNap})
 	if err != nil {
 		return "", err
 	}

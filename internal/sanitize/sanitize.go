@@ -4,7 +4,7 @@
 // libpxn.so it loads, under AddressSanitizer (LeakSanitizer included) and
 // UndefinedBehaviorSanitizer, runs it so that the first report ends the
 // process, and finds the reports in what it printed. The tests of
-// cmd/libpxn, internal/cuda and integrations/mooncake use it; docs/c-abi.md
+// cmd/libpxn, pkg/cuda and integrations/mooncake use it; docs/c-abi.md
 // ("Sanitizers") says which combination runs where and why.
 package sanitize
 

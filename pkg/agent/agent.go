@@ -87,6 +87,9 @@ type Options struct {
 	// Ranks, when set, adds the pxn_* metrics of the node's ranks
 	// (RankCollector) to the metrics endpoint.
 	Ranks *RankMetricsOptions
+	// Logger receives the agent's lines and controller-runtime's; the zero
+	// Logger discards them.
+	Logger klog.Logger
 }
 
 func (o *Options) defaults() error {
@@ -150,7 +153,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if err != nil {
 		return err
 	}
-	logger := klog.NewKlogr().WithValues("node", opts.NodeName)
+	logger := opts.Logger.WithValues("node", opts.NodeName)
 	if opts.Ranks != nil {
 		ro := *opts.Ranks
 		if ro.Logger.GetSink() == nil {
@@ -186,7 +189,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		opts.Events = rec
 	}
 
-	loop := newDiscoveryLoop(opts, m)
+	loop := newDiscoveryLoop(opts, m, logger)
 	r := &reconciler{
 		node:         opts.NodeName,
 		agentVersion: opts.AgentVersion,
@@ -195,6 +198,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		state:        loop,
 		metrics:      m,
 		events:       opts.Events,
+		log:          logger,
 	}
 	c, err := controller.New("pxn-agent", mgr, controller.Options{
 		Reconciler:              r,
@@ -218,6 +222,6 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if err := mgr.AddReadyzCheck("published", r.published); err != nil {
 		return err
 	}
-	klog.InfoS("Watching the node and its PxnRailMap", "node", klog.KRef("", opts.NodeName), "resync", opts.Resync)
+	logger.Info("Watching the node and its PxnRailMap", "resync", opts.Resync)
 	return mgr.Start(ctx)
 }

@@ -18,14 +18,15 @@ type discoveryLoop struct {
 	opts    Options
 	metrics *metrics
 	events  chan event.TypedGenericEvent[struct{}]
+	log     klog.Logger
 
 	mu      sync.Mutex
 	last    *Discovery // last successful discovery; nil before the first
 	lastErr error      // error of the most recent discovery; nil when it succeeded
 }
 
-func newDiscoveryLoop(opts Options, m *metrics) *discoveryLoop {
-	return &discoveryLoop{opts: opts, metrics: m, events: make(chan event.TypedGenericEvent[struct{}], 1)}
+func newDiscoveryLoop(opts Options, m *metrics, log klog.Logger) *discoveryLoop {
+	return &discoveryLoop{opts: opts, metrics: m, log: log, events: make(chan event.TypedGenericEvent[struct{}], 1)}
 }
 
 // snapshot returns the last successful discovery and the latest error.
@@ -51,11 +52,11 @@ func (l *discoveryLoop) Start(ctx context.Context) error {
 		case <-poll.C:
 			now, err := l.opts.Discoverer.Fingerprint()
 			if err != nil {
-				klog.ErrorS(err, "fingerprint failed", "node", klog.KRef("", l.opts.NodeName))
+				l.log.Error(err, "fingerprint failed")
 				continue
 			}
 			if now != fp {
-				klog.InfoS("host changed, rediscovering", "node", klog.KRef("", l.opts.NodeName))
+				l.log.Info("host changed, rediscovering")
 				fp = l.discover(ctx)
 			}
 		}
@@ -67,7 +68,7 @@ func (l *discoveryLoop) Start(ctx context.Context) error {
 func (l *discoveryLoop) discover(ctx context.Context) string {
 	fp, err := l.opts.Discoverer.Fingerprint()
 	if err != nil {
-		klog.ErrorS(err, "fingerprint failed", "node", klog.KRef("", l.opts.NodeName))
+		l.log.Error(err, "fingerprint failed")
 	}
 	d, err := l.opts.Discoverer.Discover(ctx)
 	l.metrics.discoveries.Inc()
@@ -79,11 +80,11 @@ func (l *discoveryLoop) discover(ctx context.Context) string {
 	l.mu.Unlock()
 	if err != nil {
 		l.metrics.errors.WithLabelValues("discover").Inc()
-		klog.ErrorS(err, "discovery failed", "node", klog.KRef("", l.opts.NodeName))
+		l.log.Error(err, "discovery failed")
 	} else {
 		l.metrics.rails.Set(float64(d.Layout.Rails))
 		for _, w := range d.Warnings {
-			klog.InfoS("discovery warning", "node", klog.KRef("", l.opts.NodeName), "warning", w)
+			l.log.Info("discovery warning", "warning", w)
 		}
 	}
 	select {

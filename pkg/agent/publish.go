@@ -40,6 +40,7 @@ type reconciler struct {
 	state        interface{ snapshot() (*Discovery, error) }
 	metrics      *metrics
 	events       events.EventRecorder
+	log          klog.Logger
 
 	synced atomic.Bool
 }
@@ -61,7 +62,7 @@ func (r *reconciler) sync(ctx context.Context) error {
 	var err error
 	if err = r.reader.Get(ctx, types.NamespacedName{Name: r.node}, node); err != nil {
 		if apierrors.IsNotFound(err) {
-			klog.InfoS("node not found, waiting for it", "node", klog.KRef("", r.node))
+			r.log.Info("node not found, waiting for it")
 			return nil // the node watch wakes us when it appears
 		}
 		return fmt.Errorf("get node %s from cache: %w", r.node, err)
@@ -165,7 +166,7 @@ func (r *reconciler) applyMap(ctx context.Context, node *corev1.Node, rv string)
 		return "", fmt.Errorf("apply PxnRailMap %s: %w", r.node, err)
 	}
 	r.metrics.publishes.WithLabelValues("map").Inc()
-	klog.InfoS("applied PxnRailMap", "prm", klog.KRef("", r.node), "owner", klog.KObj(node), "ownerUID", node.UID)
+	r.log.Info("applied PxnRailMap", "prm", klog.KRef("", r.node), "owner", klog.KObj(node), "ownerUID", node.UID)
 	r.awaitCache(ctx, &pxnv1alpha1.PxnRailMap{}, r.node, rv, u.GetResourceVersion())
 	return u.GetResourceVersion(), nil
 }
@@ -190,7 +191,7 @@ func (r *reconciler) applyStatus(ctx context.Context, s pxnv1alpha1.PxnRailMapSt
 	r.awaitCache(ctx, &pxnv1alpha1.PxnRailMap{}, r.node, rv, u.GetResourceVersion())
 	ready := meta.FindStatusCondition(s.Conditions, pxnv1alpha1.ConditionReady)
 	consistent := meta.FindStatusCondition(s.Conditions, pxnv1alpha1.ConditionConsistent)
-	klog.InfoS("published", "prm", klog.KRef("", r.node), "rails", s.Rails, "gpus", s.GPUCount, "hcas", s.HCACount,
+	r.log.Info("published", "prm", klog.KRef("", r.node), "rails", s.Rails, "gpus", s.GPUCount, "hcas", s.HCACount,
 		"ready", ready.Status, "readyReason", ready.Reason, "consistent", consistent.Status, "consistentReason", consistent.Reason)
 	return u, nil
 }
@@ -225,7 +226,7 @@ func (r *reconciler) applyLabels(ctx context.Context, node *corev1.Node, s pxnv1
 	}
 	r.metrics.publishes.WithLabelValues("node-labels").Inc()
 	r.awaitCache(ctx, &corev1.Node{}, node.Name, node.ResourceVersion, patched.ResourceVersion)
-	klog.InfoS("labelled node", "node", klog.KObj(node), "labels", want)
+	r.log.Info("labelled node", "labels", want)
 	return nil
 }
 
@@ -245,7 +246,7 @@ func (r *reconciler) awaitCache(ctx context.Context, obj client.Object, name, be
 		return obj.GetResourceVersion() != before, nil
 	})
 	if err != nil {
-		klog.V(2).InfoS("cache did not catch up with a write", "kind", fmt.Sprintf("%T", obj), "name", name, "err", err)
+		r.log.V(2).Info("cache did not catch up with a write", "kind", fmt.Sprintf("%T", obj), "name", name, "err", err)
 	}
 }
 

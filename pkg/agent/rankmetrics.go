@@ -17,7 +17,7 @@ import (
 	"k8s.io/klog/v2"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
-	"github.com/pxn-project/pxn/pkg/deviceplugin"
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
@@ -280,7 +280,7 @@ func (r LiveRank) labels() []string {
 // folder, as pxn-bench does).
 func (c *RankCollector) Ranks() []LiveRank {
 	log := c.o.Logger
-	groupsDir := deviceplugin.GroupsDir(c.o.ShmDir)
+	groupsDir := contract.GroupsDir(c.o.ShmDir)
 	keys, err := os.ReadDir(groupsDir)
 	if err != nil {
 		// No group folder yet: the device plugin has served no pod.
@@ -370,7 +370,7 @@ func (c *RankCollector) podsByGroup() groupPods {
 	if c.o.Pods == nil || c.o.StateDir == "" {
 		return nil
 	}
-	slots, err := deviceplugin.ReadSlots(c.o.StateDir)
+	slots, err := contract.ReadSlots(c.o.StateDir)
 	if err != nil || len(slots) == 0 {
 		return nil
 	}

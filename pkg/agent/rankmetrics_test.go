@@ -16,6 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/pxn-project/pxn/pkg/agent"
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/deviceplugin"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
@@ -201,7 +202,7 @@ func TestRankMetricsBoundAHostileGroup(t *testing.T) {
 	t.Cleanup(func() { os.RemoveAll(shm) })
 	hostile := deviceplugin.GroupKey("evil", deviceplugin.SourceUID, "x")
 	other := deviceplugin.GroupKey("good", deviceplugin.SourceUID, "y")
-	groups := deviceplugin.GroupsDir(shm)
+	groups := contract.GroupsDir(shm)
 	for _, k := range []string{hostile, other} {
 		if err := os.MkdirAll(filepath.Join(groups, k), 0o777); err != nil {
 			t.Fatal(err)

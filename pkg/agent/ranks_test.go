@@ -251,19 +251,19 @@ func newRankNode(t *testing.T) *rankNode {
 		jobA: deviceplugin.GroupKey("team-a", deviceplugin.SourceLabel, "job-a"),
 		jobB: deviceplugin.GroupKey("team-b", deviceplugin.SourceUID, "0b9e0bd2-pod")}
 	for dev, key := range map[string]string{"dev-0": n.jobA, "dev-1": n.jobA, "dev-2": n.jobB} {
-		dir := filepath.Join(deviceplugin.GroupsDir(shm), key)
+		dir := filepath.Join(contract.GroupsDir(shm), key)
 		if err := os.MkdirAll(dir, 0o777); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.MkdirAll(deviceplugin.SlotsDir(n.state), 0o755); err != nil {
+		if err := os.MkdirAll(contract.SlotsDir(n.state), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Symlink(dir, filepath.Join(deviceplugin.SlotsDir(n.state), dev)); err != nil {
+		if err := os.Symlink(dir, filepath.Join(contract.SlotsDir(n.state), dev)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	jobA := filepath.Join(deviceplugin.GroupsDir(shm), n.jobA)
-	jobB := filepath.Join(deviceplugin.GroupsDir(shm), n.jobB, "bench-registry")
+	jobA := filepath.Join(contract.GroupsDir(shm), n.jobA)
+	jobB := filepath.Join(contract.GroupsDir(shm), n.jobB, "bench-registry")
 	if err := os.Mkdir(jobB, 0o700); err != nil {
 		t.Fatal(err)
 	}

@@ -32,16 +32,3 @@ func GroupKey(namespace, source, identity string) string {
 	var sum [sha256.Size]byte
 	return hex.EncodeToString(h.Sum(sum[:0])[:8])
 }
-
-func isGroupKey(name string) bool {
-	if len(name) != 16 {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
-}

@@ -2,7 +2,11 @@
 
 package deviceplugin
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/pxn-project/pxn/pkg/contract"
+)
 
 func TestGroupKeyIsUnambiguous(t *testing.T) {
 	type triple struct{ ns, source, id string }
@@ -27,7 +31,7 @@ func TestGroupKeyIsUnambiguous(t *testing.T) {
 				t.Fatalf("GroupKey%q == GroupKey%q == %s", p.a, p.b, ka)
 			}
 			for _, k := range []string{ka, kb} {
-				if !isGroupKey(k) {
+				if !contract.IsGroupKey(k) {
 					t.Fatalf("key %q is not 16 lower-case hex digits", k)
 				}
 			}
@@ -50,7 +54,7 @@ func FuzzGroupKey(f *testing.F) {
 	f.Fuzz(func(t *testing.T, ns1, id1, ns2, id2 string) {
 		k1 := GroupKey(ns1, SourceLabel, id1)
 		k2 := GroupKey(ns2, SourceLabel, id2)
-		if !isGroupKey(k1) || !isGroupKey(k2) {
+		if !contract.IsGroupKey(k1) || !contract.IsGroupKey(k2) {
 			t.Fatalf("malformed key %q or %q", k1, k2)
 		}
 		if (ns1 == ns2 && id1 == id2) != (k1 == k2) {

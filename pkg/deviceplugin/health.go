@@ -38,6 +38,7 @@ type Monitor struct {
 	interval   time.Duration
 	timeout    time.Duration
 	observe    func(NodeState)
+	log        klog.Logger
 
 	mu      sync.Mutex
 	state   NodeState
@@ -45,13 +46,13 @@ type Monitor struct {
 }
 
 // NewMonitor returns a Monitor that runs d every interval. observe, when not
-// nil, is called with every changed state.
-func NewMonitor(d Discoverer, interval time.Duration, observe func(NodeState)) *Monitor {
+// nil, is called with every changed state; log receives a line per change.
+func NewMonitor(d Discoverer, interval time.Duration, observe func(NodeState), log klog.Logger) *Monitor {
 	timeout := interval
 	if timeout < 10*time.Second {
 		timeout = 10 * time.Second
 	}
-	return &Monitor{discoverer: d, interval: interval, timeout: timeout, observe: observe, changed: make(chan struct{})}
+	return &Monitor{discoverer: d, interval: interval, timeout: timeout, observe: observe, log: log, changed: make(chan struct{})}
 }
 
 // State returns the current state and a channel closed at the next change.
@@ -105,11 +106,11 @@ func (m *Monitor) update(railMap string, healthy bool, err error) {
 
 	switch {
 	case err != nil:
-		klog.ErrorS(err, "Node discovery failed; devices unhealthy")
+		m.log.Error(err, "Node discovery failed; devices unhealthy")
 	case !next.Healthy:
-		klog.InfoS("No railed HCA port is ACTIVE; devices unhealthy", "railMap", next.RailMap)
+		m.log.Info("No railed HCA port is ACTIVE; devices unhealthy", "railMap", next.RailMap)
 	default:
-		klog.InfoS("Node discovered; devices healthy", "railMap", next.RailMap, "recovered", prev.Discovered && !prev.Healthy)
+		m.log.Info("Node discovered; devices healthy", "railMap", next.RailMap, "recovered", prev.Discovered && !prev.Healthy)
 	}
 	if m.observe != nil {
 		m.observe(next)

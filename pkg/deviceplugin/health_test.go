@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"testing"
+
+	"k8s.io/klog/v2"
 )
 
 type scriptedDiscoverer struct {
@@ -21,7 +23,7 @@ func (d *scriptedDiscoverer) Discover(context.Context) (string, bool, error) {
 func TestMonitorStates(t *testing.T) {
 	d := &scriptedDiscoverer{}
 	var observed []NodeState
-	m := NewMonitor(d, 1, func(s NodeState) { observed = append(observed, s) })
+	m := NewMonitor(d, 1, func(s NodeState) { observed = append(observed, s) }, klog.Background())
 	ctx := context.Background()
 
 	st, changed := m.State()

@@ -33,6 +33,9 @@ type ServerConfig struct {
 	// CheckInterval is how often both sockets are checked besides the
 	// directory watch; zero means one second.
 	CheckInterval time.Duration
+	// Logger receives the server's lines (serving, registering, the
+	// kubelet's calls that failed); the zero Logger discards them.
+	Logger klog.Logger
 }
 
 // SocketNameFor derives a plugin socket name from a resource name.
@@ -125,14 +128,14 @@ func (s *Server) Run(ctx context.Context) error {
 	for {
 		if s.grpc == nil {
 			if err := s.serve(ctx); err != nil {
-				klog.ErrorS(err, "Cannot serve device plugin", "socket", s.socket)
+				s.cfg.Logger.Error(err, "Cannot serve device plugin", "socket", s.socket)
 			}
 		}
 		if s.grpc != nil && !s.registered.Load() {
 			kubeletID, _ = statID(s.kubeletSocket)
 			if err := s.register(ctx); err != nil {
 				if failures++; failures == 1 || failures%60 == 0 {
-					klog.ErrorS(err, "Cannot register with kubelet; retrying", "kubeletSocket", s.kubeletSocket, "attempts", failures)
+					s.cfg.Logger.Error(err, "Cannot register with kubelet; retrying", "kubeletSocket", s.kubeletSocket, "attempts", failures)
 				}
 			} else {
 				failures = 0
@@ -145,7 +148,7 @@ func (s *Server) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			s.registered.Store(false)
 			s.teardown()
-			klog.InfoS("Device plugin stopped", "socket", s.socket)
+			s.cfg.Logger.Info("Device plugin stopped", "socket", s.socket)
 			return nil
 		case ev, ok := <-w.Events:
 			if !ok {
@@ -153,7 +156,7 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 			restart = s.changed(filepath.Clean(ev.Name), kubeletID, s.registered.Load())
 		case err := <-w.Errors:
-			klog.ErrorS(err, "Watching device plugin directory", "dir", s.cfg.PluginDir)
+			s.cfg.Logger.Error(err, "Watching device plugin directory", "dir", s.cfg.PluginDir)
 		case <-tick.C:
 			registered := s.registered.Load()
 			restart = s.changed(s.socket, kubeletID, registered) || s.changed(s.kubeletSocket, kubeletID, registered)
@@ -172,12 +175,12 @@ func (s *Server) changed(path string, kubeletID fileID, registered bool) bool {
 	switch path {
 	case s.socket:
 		if s.grpc != nil && (err != nil || id != s.own) {
-			klog.InfoS("Plugin socket removed or replaced; serving again", "socket", s.socket)
+			s.cfg.Logger.Info("Plugin socket removed or replaced; serving again", "socket", s.socket)
 			return true
 		}
 	case s.kubeletSocket:
 		if registered && err == nil && id != kubeletID {
-			klog.InfoS("kubelet.sock re-created; registering again", "kubeletSocket", s.kubeletSocket)
+			s.cfg.Logger.Info("kubelet.sock re-created; registering again", "kubeletSocket", s.kubeletSocket)
 			return true
 		}
 	}
@@ -201,12 +204,12 @@ func (s *Server) serve(ctx context.Context) error {
 	}
 	stop := make(chan struct{})
 	g := grpc.NewServer()
-	pluginapi.RegisterDevicePluginServer(g, &service{resource: s.resource, metrics: s.metrics, stop: stop})
+	pluginapi.RegisterDevicePluginServer(g, &service{resource: s.resource, metrics: s.metrics, stop: stop, log: s.cfg.Logger})
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
 		if err := g.Serve(l); err != nil {
-			klog.ErrorS(err, "Device plugin server ended", "socket", s.socket)
+			s.cfg.Logger.Error(err, "Device plugin server ended", "socket", s.socket)
 		}
 	}()
 	s.grpc, s.stop, s.served, s.own = g, stop, served, id
@@ -215,7 +218,7 @@ func (s *Server) serve(ctx context.Context) error {
 		s.teardown()
 		return err
 	}
-	klog.InfoS("Serving device plugin", "socket", s.socket, "resource", s.cfg.ResourceName)
+	s.cfg.Logger.Info("Serving device plugin", "socket", s.socket, "resource", s.cfg.ResourceName)
 	return nil
 }
 
@@ -254,7 +257,7 @@ func (s *Server) register(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("register %s at %s: %w", s.cfg.ResourceName, s.kubeletSocket, err)
 	}
-	klog.InfoS("Registered with kubelet", "resource", s.cfg.ResourceName, "endpoint", s.cfg.SocketName,
+	s.cfg.Logger.Info("Registered with kubelet", "resource", s.cfg.ResourceName, "endpoint", s.cfg.SocketName,
 		"preStartRequired", req.Options.PreStartRequired)
 	return nil
 }
@@ -270,7 +273,7 @@ func (s *Server) teardown() {
 	<-s.served
 	if id, err := statID(s.socket); err == nil && id == s.own {
 		if err := os.Remove(s.socket); err != nil {
-			klog.ErrorS(err, "Cannot remove own socket", "socket", s.socket)
+			s.cfg.Logger.Error(err, "Cannot remove own socket", "socket", s.socket)
 		}
 	}
 	s.grpc, s.stop, s.served = nil, nil, nil

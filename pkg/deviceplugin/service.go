@@ -42,6 +42,7 @@ type service struct {
 	metrics  *Metrics
 	// stop ends ListAndWatch streams when the server is torn down.
 	stop <-chan struct{}
+	log  klog.Logger
 }
 
 func pluginOptions(r Resource) *pluginapi.DevicePluginOptions {
@@ -65,7 +66,7 @@ func (s *service) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingSe
 			if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: devs}); err != nil {
 				return err
 			}
-			klog.V(2).InfoS("Sent device list", "devices", len(devs), "health", devs[0].GetHealth())
+			s.log.V(2).Info("Sent device list", "devices", len(devs), "health", devs[0].GetHealth())
 			last, sent = devs, true
 		}
 		select {
@@ -98,7 +99,7 @@ func (s *service) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) 
 	resp, err := s.resource.Allocate(ctx, req)
 	s.metrics.allocated(err)
 	if err != nil {
-		klog.ErrorS(err, "Allocate failed", "containers", len(req.GetContainerRequests()))
+		s.log.Error(err, "Allocate failed", "containers", len(req.GetContainerRequests()))
 		return nil, err
 	}
 	return resp, nil
@@ -113,7 +114,7 @@ func (s *service) PreStartContainer(ctx context.Context, req *pluginapi.PreStart
 	err := p.PreStartContainer(ctx, req.GetDevicesIds())
 	s.metrics.preStarted(err, time.Since(start).Seconds())
 	if err != nil {
-		klog.ErrorS(err, "PreStartContainer failed", "devices", req.GetDevicesIds())
+		s.log.Error(err, "PreStartContainer failed", "devices", req.GetDevicesIds())
 		return nil, err
 	}
 	return &pluginapi.PreStartContainerResponse{}, nil

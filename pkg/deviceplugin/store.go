@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/pxn-project/pxn/pkg/contract"
 )
 
 // groupDirMode lets ranks of any uid create their own 0700 registry inside a
@@ -29,49 +31,21 @@ type Store struct {
 	slotsDir  string
 	groupsDir string
 
+	log       klog.Logger
 	mu        sync.Mutex
 	linked    map[string]time.Time // device ID → when Link last pointed it
 	groupSeen map[string]time.Time // group key → when last referenced by a slot link
 }
 
-// SlotsDir is the folder of the slot links under the state folder.
-func SlotsDir(stateDir string) string { return filepath.Join(stateDir, "slots") }
-
-// GroupsDir is the folder of the group directories under the shm folder.
-func GroupsDir(shmDir string) string { return filepath.Join(shmDir, "groups") }
-
-// ReadSlots returns the group key each slot link under stateDir points at,
-// by device ID. It only reads. Links that do not point at a group
-// directory (a runtime's empty folder, a temporary link) are left out.
-func ReadSlots(stateDir string) (map[string]string, error) {
-	dir := SlotsDir(stateDir)
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, fmt.Errorf("read slots %s: %w", dir, err)
-	}
-	slots := make(map[string]string, len(entries))
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
-		target, err := os.Readlink(filepath.Join(dir, e.Name()))
-		if err != nil {
-			continue
-		}
-		if key := filepath.Base(target); isGroupKey(key) {
-			slots[e.Name()] = key
-		}
-	}
-	return slots, nil
-}
-
-// NewStore returns a Store for the given host directories.
-func NewStore(stateDir, shmDir string) *Store {
+// NewStore returns a Store for the given host directories. log receives a
+// line per removed slot link and group directory.
+func NewStore(stateDir, shmDir string, log klog.Logger) *Store {
 	return &Store{
+		log:       log,
 		stateDir:  filepath.Clean(stateDir),
 		shmDir:    filepath.Clean(shmDir),
-		slotsDir:  SlotsDir(stateDir),
-		groupsDir: GroupsDir(shmDir),
+		slotsDir:  contract.SlotsDir(stateDir),
+		groupsDir: contract.GroupsDir(shmDir),
 		linked:    make(map[string]time.Time),
 		groupSeen: make(map[string]time.Time),
 	}
@@ -118,7 +92,7 @@ func checkPrivateDir(dir string) error {
 // Link creates the group directory of key and atomically points the slot link
 // of every device at it. It returns the group directory.
 func (s *Store) Link(deviceIDs []string, key string, now time.Time) (string, error) {
-	if !isGroupKey(key) {
+	if !contract.IsGroupKey(key) {
 		return "", fmt.Errorf("invalid group key %q", key)
 	}
 	s.mu.Lock()
@@ -211,7 +185,7 @@ func (s *Store) Collect(assigned map[string]bool, now time.Time, grace time.Dura
 			} else {
 				delete(s.linked, name)
 				slots++
-				klog.V(2).InfoS("Removed slot link of unassigned device", "device", name)
+				s.log.V(2).Info("Removed slot link of unassigned device", "device", name)
 				continue
 			}
 		}
@@ -232,7 +206,7 @@ func (s *Store) Collect(assigned map[string]bool, now time.Time, grace time.Dura
 	present := make(map[string]bool, len(entries))
 	for _, e := range entries {
 		key := e.Name()
-		if !isGroupKey(key) {
+		if !contract.IsGroupKey(key) {
 			continue
 		}
 		present[key] = true
@@ -249,7 +223,7 @@ func (s *Store) Collect(assigned map[string]bool, now time.Time, grace time.Dura
 			}
 			delete(s.groupSeen, key)
 			groups++
-			klog.InfoS("Removed unused group directory", "group", key, "unusedFor", now.Sub(seen).Round(time.Millisecond))
+			s.log.Info("Removed unused group directory", "group", key, "unusedFor", now.Sub(seen).Round(time.Millisecond))
 		}
 	}
 	for key := range s.groupSeen {

@@ -7,12 +7,14 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"k8s.io/klog/v2"
 )
 
 func newTestStore(t *testing.T) *Store {
 	t.Helper()
 	base := t.TempDir()
-	s := NewStore(filepath.Join(base, "state"), filepath.Join(base, "shm"))
+	s := NewStore(filepath.Join(base, "state"), filepath.Join(base, "shm"), klog.Background())
 	if err := s.Prepare(); err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +116,7 @@ func TestPrepareRefusesWritableByOthers(t *testing.T) {
 	if err := os.Chmod(shm, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	if err := NewStore(filepath.Join(base, "state"), shm).Prepare(); err == nil {
+	if err := NewStore(filepath.Join(base, "state"), shm, klog.Background()).Prepare(); err == nil {
 		t.Fatal("Prepare accepted a world-writable shm-dir")
 	}
 }

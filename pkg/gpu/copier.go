@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
-	"github.com/pxn-project/pxn/internal/cuda"
+	"github.com/pxn-project/pxn/pkg/cuda"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -74,7 +74,7 @@ type CopierOptions struct {
 	Doorbell DoorbellMode
 	Copy     CopyPolicy
 	// Gather chooses between copy engines and the SM gather kernel
-	// (GatherModeFromEnv reads MC_PXN_COPY_MODE). GatherAuto with a forced
+	// (ParseGatherMode of staging.Config.CopyMode). GatherAuto with a forced
 	// Copy form means the copy engines.
 	Gather GatherMode
 	// GatherPTX replaces the embedded kernel (kernel development only).

@@ -5,14 +5,13 @@ package gpu
 import (
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/pxn-project/pxn/internal/cuda"
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/cuda"
 	"github.com/pxn-project/pxn/pkg/gpu/kernel"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -45,8 +44,9 @@ func (m GatherMode) String() string {
 	return fmt.Sprintf("gather mode %d", int(m))
 }
 
-// ParseGatherMode reads a contract.EnvCopyMode value, which overrides the
-// copier's choice between copy engines and SMs; "" is auto.
+// ParseGatherMode reads a copy mode (staging.Config.CopyMode, parsed from
+// contract.EnvCopyMode), which overrides the copier's choice between copy
+// engines and SMs; "" is auto.
 func ParseGatherMode(s string) (GatherMode, error) {
 	switch strings.TrimSpace(s) {
 	case "", contract.CopyModeAuto:
@@ -58,23 +58,6 @@ func ParseGatherMode(s string) (GatherMode, error) {
 	}
 	return GatherAuto, fmt.Errorf("%s=%q: want %s, %s or %s", contract.EnvCopyMode, s, contract.CopyModeCE, contract.CopyModeSM, contract.CopyModeAuto)
 }
-
-// GatherModeFromEnv reads MC_PXN_COPY_MODE through lookup (nil: the process
-// environment). An invalid value is reported to warn once and gives
-// GatherAuto: a bad value never stops the host process.
-func GatherModeFromEnv(lookup func(string) (string, bool), warn func(error)) GatherMode {
-	if lookup == nil {
-		lookup = lookupEnv
-	}
-	v, _ := lookup(contract.EnvCopyMode)
-	m, err := ParseGatherMode(v)
-	if err != nil && warn != nil {
-		warn(fmt.Errorf("%w; using auto", err))
-	}
-	return m
-}
-
-func lookupEnv(k string) (string, bool) { return os.LookupEnv(k) }
 
 // GatherThreshold is the mean entry length below which GatherAuto moves a
 // Piece with the SM kernel. Measured on H200 (docs/benchmarks.md, P2): the

@@ -15,8 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/pxn-project/pxn/internal/cuda"
-	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/cuda"
 	"github.com/pxn-project/pxn/pkg/gpu"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -39,16 +38,6 @@ func TestParseGatherMode(t *testing.T) {
 		got, err := gpu.ParseGatherMode(tt.in)
 		if got != tt.want || (err != nil) != tt.bad {
 			t.Errorf("ParseGatherMode(%q) = %v, %v", tt.in, got, err)
-		}
-		var warned []error
-		lookup := func(k string) (string, bool) {
-			if k != contract.EnvCopyMode {
-				t.Fatalf("looked up %q", k)
-			}
-			return tt.in, true
-		}
-		if m := gpu.GatherModeFromEnv(lookup, func(err error) { warned = append(warned, err) }); m != tt.want || (len(warned) == 1) != tt.bad || len(warned) > 1 {
-			t.Errorf("GatherModeFromEnv(%q) = %v, warnings %v", tt.in, m, warned)
 		}
 	}
 }

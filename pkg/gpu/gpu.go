@@ -5,14 +5,14 @@
 // (Arenas), and a relay.Copier that moves Pieces into a peer's arena with
 // the copy engines or, for fragmented Pieces, the SM gather kernel of
 // pkg/gpu/kernel, and rings the slot's doorbell from the GPU (Copier). It
-// speaks to the driver through internal/cuda, which loads libcuda at run
+// speaks to the driver through pkg/cuda, which loads libcuda at run
 // time; docs/cuda.md explains the choices.
 package gpu
 
 import (
 	"fmt"
 
-	"github.com/pxn-project/pxn/internal/cuda"
+	"github.com/pxn-project/pxn/pkg/cuda"
 )
 
 // GPU is one device of this process and its retained primary context: the

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/pxn-project/pxn/internal/cuda"
+	"github.com/pxn-project/pxn/pkg/cuda"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 

@@ -28,7 +28,7 @@ func TestHostCopierAllocs(t *testing.T) {
 	src, dst := mapped(t, 256), mapped(t, 256)
 	fill(src, 43)
 	for _, hold := range []bool{false, true} {
-		c := newCopier(t, HostCopierOptions{HoldReady: hold})
+		c := newCopier(t, hold)
 		if err := c.RegisterDevice(addr(src), 256); err != nil {
 			t.Fatal(err)
 		}

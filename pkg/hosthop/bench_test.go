@@ -88,11 +88,11 @@ func BenchmarkHostCopierCallerPath(b *testing.B) {
 	}
 }
 
-// BenchmarkHostCopierHeldPath runs the HoldReady cycle of one Piece: record
+// BenchmarkHostCopierHeldPath runs the held cycle of one Piece: record
 // a held event, enqueue a copy behind it, release it, forget it and wait for
 // the doorbell.
 func BenchmarkHostCopierHeldPath(b *testing.B) {
-	c := NewHostCopier(HostCopierOptions{HoldReady: true})
+	c := newSimCopier(true)
 	defer c.Close()
 	src, dst := mapped(b, 64), mapped(b, 64)
 	entries := []relay.CopyEntry{{Src: addr(src), Dst: addr(dst), Len: 64}}

@@ -5,12 +5,11 @@ package hosthop
 import (
 	"errors"
 	"fmt"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"unsafe"
 
-	"github.com/pxn-project/pxn/internal/hostmem"
+	"github.com/pxn-project/pxn/pkg/hostmem"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -28,12 +27,36 @@ var (
 // an engine that respects credit never sees ErrLaneFull.
 const LaneQueueDepth = 2 * staging.SlotsPerLane
 
-// HostCopierOptions configures a HostCopier.
+// HostCopierOptions configures a HostCopier. The zero value is the copier
+// libpxn ships: every source-ready event complete at once, no copy failed
+// on purpose.
 type HostCopierOptions struct {
-	// HoldReady keeps every source-ready event incomplete until ReleaseReady
-	// or ReleaseAllReady completes it, so that a test can prove that nothing
-	// reads a source before its ready event.
-	HoldReady bool
+	// Ready, when set, holds the source-ready events it chooses until it
+	// releases them.
+	Ready ReadyHolder
+	// Faults, when set, is asked before each Copy is enqueued.
+	Faults CopyFaults
+}
+
+// ReadyHolder decides which source-ready events wait to be released: a
+// simulation supplies one (pkg/sim/hostfault) to prove that nothing reads a
+// source before its ready event.
+type ReadyHolder interface {
+	// Attach is called once, by NewHostCopier, with the function that
+	// completes a held event; for any other event it returns an error
+	// wrapping ErrUnknownEvent.
+	Attach(release func(relay.Event) error)
+	// Hold reports whether ev, just recorded, waits for release. It must
+	// not call release.
+	Hold(ev relay.Event) bool
+}
+
+// CopyFaults fails chosen copies: a simulation supplies one to drive the
+// engine's error paths.
+type CopyFaults interface {
+	// CopyFault returns the error that this Copy on lane fails with,
+	// without enqueueing anything, or nil.
+	CopyFault(lane int) error
 }
 
 // HostCopierStats are a HostCopier's counters.
@@ -47,7 +70,7 @@ type HostCopierStats struct {
 	Abandoned uint64
 	// LiveEvents is the number of recorded events not yet released.
 	LiveEvents int
-	// HeldEvents is the number of events that wait for ReleaseReady.
+	// HeldEvents is the number of events that wait for their ReadyHolder.
 	HeldEvents int
 	// Lanes is the number of lane workers started.
 	Lanes int
@@ -59,7 +82,8 @@ type HostCopierStats struct {
 // ready event, and each ends with the doorbell store. Memory registered with
 // RegisterDevice classifies as relay.Device; all other memory is relay.Host.
 type HostCopier struct {
-	holdReady bool
+	ready  ReadyHolder
+	faults CopyFaults
 
 	devMu sync.RWMutex
 	dev   hostmem.Spans
@@ -67,18 +91,17 @@ type HostCopier struct {
 	evMu   sync.Mutex
 	lastEv relay.Event
 	// events maps each live event to its gate, nil for an event complete
-	// at birth; held maps the events that wait for ReleaseReady. gates
+	// at birth; held maps the events that wait for their release. gates
 	// are the gates that nothing refers to any more, for reuse.
 	events map[relay.Event]*readyGate
 	held   map[relay.Event]*readyGate
 	gates  []*readyGate
 
-	laneMu   sync.Mutex
-	closed   bool
-	closing  chan struct{}
-	lanes    [staging.LaneCount]*hostLane
-	failNext [staging.LaneCount]error
-	workers  sync.WaitGroup
+	laneMu  sync.Mutex
+	closed  bool
+	closing chan struct{}
+	lanes   [staging.LaneCount]*hostLane
+	workers sync.WaitGroup
 
 	copies    atomic.Uint64
 	bytes     atomic.Uint64
@@ -121,12 +144,17 @@ var (
 
 // NewHostCopier returns a copier. It starts no goroutine until the first Copy.
 func NewHostCopier(opts HostCopierOptions) *HostCopier {
-	return &HostCopier{
-		holdReady: opts.HoldReady,
-		events:    make(map[relay.Event]*readyGate),
-		held:      make(map[relay.Event]*readyGate),
-		closing:   make(chan struct{}),
+	c := &HostCopier{
+		ready:   opts.Ready,
+		faults:  opts.Faults,
+		events:  make(map[relay.Event]*readyGate),
+		held:    make(map[relay.Event]*readyGate),
+		closing: make(chan struct{}),
 	}
+	if c.ready != nil {
+		c.ready.Attach(c.releaseReady)
+	}
+	return c
 }
 
 // RegisterDevice marks [addr, addr+n) as simulated device memory.
@@ -169,13 +197,13 @@ func (c *HostCopier) ClassifyRange(addr uintptr, n uint64) (relay.Kind, uintptr,
 }
 
 // RecordReady returns a new source-ready event. It is complete at once unless
-// the copier holds ready events. The stream is not interpreted.
+// the ReadyHolder holds it. The stream is not interpreted.
 func (c *HostCopier) RecordReady(stream uintptr) (relay.Event, error) {
 	c.evMu.Lock()
 	defer c.evMu.Unlock()
 	c.lastEv++
 	ev := c.lastEv
-	if c.holdReady {
+	if c.ready != nil && c.ready.Hold(ev) {
 		g := c.newGate()
 		c.events[ev] = g
 		c.held[ev] = g
@@ -233,7 +261,7 @@ func (c *HostCopier) Query(ev relay.Event) (bool, error) {
 }
 
 // Release forgets ev. A Copy already enqueued behind ev still waits for it,
-// and a held event stays releasable with ReleaseReady.
+// and a held event stays releasable by its ReadyHolder.
 func (c *HostCopier) Release(ev relay.Event) {
 	c.evMu.Lock()
 	if g, ok := c.events[ev]; ok {
@@ -245,8 +273,9 @@ func (c *HostCopier) Release(ev relay.Event) {
 	c.evMu.Unlock()
 }
 
-// ReleaseReady completes a held source-ready event.
-func (c *HostCopier) ReleaseReady(ev relay.Event) error {
+// releaseReady completes a held source-ready event; its ReadyHolder calls
+// it.
+func (c *HostCopier) releaseReady(ev relay.Event) error {
 	c.evMu.Lock()
 	g, ok := c.held[ev]
 	if ok {
@@ -260,22 +289,6 @@ func (c *HostCopier) ReleaseReady(ev relay.Event) error {
 	}
 	c.wakeLanes()
 	return nil
-}
-
-// ReleaseAllReady completes every held event and returns how many there were.
-func (c *HostCopier) ReleaseAllReady() int {
-	c.evMu.Lock()
-	n := len(c.held)
-	for _, g := range c.held {
-		g.open.Store(true)
-		c.unref(g)
-	}
-	clear(c.held)
-	c.evMu.Unlock()
-	if n > 0 {
-		c.wakeLanes()
-	}
-	return n
 }
 
 // wakeLanes nudges every lane after a gate opened.
@@ -292,33 +305,6 @@ func (c *HostCopier) wakeLanes() {
 		}
 	}
 	c.laneMu.Unlock()
-}
-
-// HeldReady returns the held events in the order they were recorded.
-func (c *HostCopier) HeldReady() []relay.Event {
-	c.evMu.Lock()
-	out := make([]relay.Event, 0, len(c.held))
-	for ev := range c.held {
-		out = append(out, ev)
-	}
-	c.evMu.Unlock()
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
-	return out
-}
-
-// FailNextCopy makes the next Copy on lane return err without enqueueing
-// anything.
-func (c *HostCopier) FailNextCopy(lane int, err error) error {
-	if lane < 0 || lane >= staging.LaneCount {
-		return fmt.Errorf("hosthop: lane %d out of range [0, %d)", lane, staging.LaneCount)
-	}
-	if err == nil {
-		return errors.New("hosthop: FailNextCopy needs a non-nil error")
-	}
-	c.laneMu.Lock()
-	c.failNext[lane] = err
-	c.laneMu.Unlock()
-	return nil
 }
 
 // Copy enqueues, on lane, a wait for ready, the copies of entries in order,
@@ -373,9 +359,10 @@ func (c *HostCopier) enqueue(lane int, wait *readyGate, entries []relay.CopyEntr
 	if c.closed {
 		return ErrClosed
 	}
-	if err := c.failNext[lane]; err != nil {
-		c.failNext[lane] = nil
-		return err
+	if c.faults != nil {
+		if err := c.faults.CopyFault(lane); err != nil {
+			return err
+		}
 	}
 	l := c.lanes[lane]
 	if l == nil {

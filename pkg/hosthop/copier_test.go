@@ -16,9 +16,9 @@ import (
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
-func newCopier(t *testing.T, opts HostCopierOptions) *HostCopier {
+func newCopier(t testing.TB, hold bool) *simCopier {
 	t.Helper()
-	c := NewHostCopier(opts)
+	c := newSimCopier(hold)
 	t.Cleanup(func() {
 		c.ReleaseAllReady()
 		_ = c.Close()
@@ -35,7 +35,7 @@ type bell struct {
 func (b *bell) load() uint64 { return atomic.LoadUint64(&b.seq) }
 
 func TestHostCopierClassify(t *testing.T) {
-	c := newCopier(t, HostCopierOptions{})
+	c := newCopier(t, false)
 	const a, b = 0x10000, 0x20000
 	for _, r := range []struct{ addr, n uint64 }{{a, 0x1000}, {a + 0x1000, 0x1000}, {b, 0x10}} {
 		if err := c.RegisterDevice(uintptr(r.addr), r.n); err != nil {
@@ -85,7 +85,7 @@ func TestHostCopierClassify(t *testing.T) {
 }
 
 func TestHostCopierClassifyConcurrent(t *testing.T) {
-	c := newCopier(t, HostCopierOptions{})
+	c := newCopier(t, false)
 	const ranges = 64
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -120,7 +120,7 @@ func TestHostCopierClassifyConcurrent(t *testing.T) {
 
 func TestHostCopierNoGoroutineBeforeFirstCopy(t *testing.T) {
 	before := runtime.NumGoroutine()
-	c := newCopier(t, HostCopierOptions{})
+	c := newCopier(t, false)
 	if err := c.RegisterDevice(0x1000, 0x1000); err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestHostCopierNoGoroutineBeforeFirstCopy(t *testing.T) {
 }
 
 func TestHostCopierEvents(t *testing.T) {
-	c := newCopier(t, HostCopierOptions{})
+	c := newCopier(t, false)
 	e1, _ := c.RecordReady(0)
 	e2, _ := c.RecordReady(0xdead)
 	if e1 == 0 || e2 == 0 || e1 == e2 {
@@ -186,7 +186,7 @@ func TestHostCopierEvents(t *testing.T) {
 // last byte, the one a copy writes last, first.
 func TestHostCopierDoorbellAfterData(t *testing.T) {
 	const slots, slotSize, rounds = 6, 256 << 10, 120
-	c := newCopier(t, HostCopierOptions{})
+	c := newCopier(t, false)
 	src := make([]byte, slots*slotSize)
 	dst := make([]byte, slots*slotSize)
 	bells := make([]bell, slots)
@@ -239,7 +239,7 @@ func TestHostCopierDoorbellAfterData(t *testing.T) {
 }
 
 func TestHostCopierLaneOrder(t *testing.T) {
-	c := newCopier(t, HostCopierOptions{})
+	c := newCopier(t, false)
 	const n = LaneQueueDepth
 	srcs := mapped(t, n*256)
 	dst := mapped(t, 256)
@@ -284,7 +284,7 @@ func TestHostCopierLaneOrder(t *testing.T) {
 }
 
 func TestHostCopierHoldReady(t *testing.T) {
-	c := newCopier(t, HostCopierOptions{HoldReady: true})
+	c := newCopier(t, true)
 	src, dst := mapped(t, 4096), mapped(t, 4096)
 	src2, dst2 := mapped(t, 16), mapped(t, 16)
 	fill(src, 1)
@@ -343,7 +343,7 @@ func TestHostCopierHoldReady(t *testing.T) {
 }
 
 func TestHostCopierLaneFull(t *testing.T) {
-	c := newCopier(t, HostCopierOptions{HoldReady: true})
+	c := newCopier(t, true)
 	ev, _ := c.RecordReady(0)
 	bells := make([]bell, LaneQueueDepth+1)
 	for i := range LaneQueueDepth {
@@ -375,7 +375,7 @@ func TestHostCopierLaneFull(t *testing.T) {
 }
 
 func TestHostCopierCopyErrors(t *testing.T) {
-	c := newCopier(t, HostCopierOptions{})
+	c := newCopier(t, false)
 	var b bell
 	buf := mapped(t, 64)
 	tests := []struct {
@@ -411,7 +411,7 @@ func TestHostCopierCopyErrors(t *testing.T) {
 }
 
 func TestHostCopierFailNextCopy(t *testing.T) {
-	c := newCopier(t, HostCopierOptions{})
+	c := newCopier(t, false)
 	src, dst := mapped(t, 32), mapped(t, 32)
 	fill(src, 9)
 	injected := errors.New("injected doorbell failure")
@@ -476,7 +476,7 @@ func TestHostCopierCloseDrains(t *testing.T) {
 }
 
 func TestHostCopierCloseDropsHeld(t *testing.T) {
-	c := NewHostCopier(HostCopierOptions{HoldReady: true})
+	c := newSimCopier(true)
 	src, dst := mapped(t, 64), mapped(t, 64)
 	fill(src, 1)
 	ev, _ := c.RecordReady(0)
@@ -509,7 +509,7 @@ func TestHostCopierCloseDropsHeld(t *testing.T) {
 // reused only once no event and no waiting copy refers to it, and starts
 // closed again.
 func TestHostCopierGateReuse(t *testing.T) {
-	c := newCopier(t, HostCopierOptions{HoldReady: true})
+	c := newCopier(t, true)
 	src, dst := mapped(t, 64), mapped(t, 64)
 	fill(src, 44)
 	e := []relay.CopyEntry{{Src: addr(src), Dst: addr(dst), Len: 64}}

@@ -16,6 +16,7 @@ import (
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
+	"github.com/pxn-project/pxn/pkg/sim/hostfault"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
@@ -39,6 +40,7 @@ type pair struct {
 	hopA     *fabric.Loopback
 	hopB     *fabric.Loopback
 	copA     *hosthop.HostCopier
+	holdA    *hostfault.Holder
 	tgt      map[string][]byte
 	rankA    *memRank
 	rankB    *memRank
@@ -97,7 +99,12 @@ func newPairTB(t testing.TB, o pairOpts) *pair {
 	}
 	p.srcBytes = mapAnon(t, o.srcSize)
 	fillPattern(p.srcBytes, 1)
-	p.copA = hosthop.NewHostCopier(hosthop.HostCopierOptions{HoldReady: o.holdReady})
+	var copOpts hosthop.HostCopierOptions
+	if o.holdReady {
+		p.holdA = hostfault.NewHolder()
+		copOpts.Ready = p.holdA
+	}
+	p.copA = hosthop.NewHostCopier(copOpts)
 	if err := p.copA.RegisterDevice(p.src(0), uint64(len(p.srcBytes))); err != nil {
 		t.Fatal(err)
 	}
@@ -390,7 +397,7 @@ func TestFallbackWaitsForSourceReady(t *testing.T) {
 	if p.a.Counters().FallbackPieces != 0 || b.Done() {
 		t.Fatal("the fallback ran before its source-ready event")
 	}
-	if n := p.copA.ReleaseAllReady(); n == 0 {
+	if n := p.holdA.ReleaseAllReady(); n == 0 {
 		t.Fatal("no source-ready event was held")
 	}
 	waitBatch(t, b)

@@ -22,6 +22,7 @@ import (
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
+	"github.com/pxn-project/pxn/pkg/sim/hostfault"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
@@ -162,13 +163,19 @@ func (h *gateHop) setHold(on bool) {
 // test can prove that nothing reads a source before its event.
 type holdCopier struct {
 	*hosthop.HostCopier
-	hold atomic.Bool
+	holder *hostfault.Holder
+	hold   atomic.Bool
+}
+
+func newHoldCopier() *holdCopier {
+	h := hostfault.NewHolder()
+	return &holdCopier{HostCopier: hosthop.NewHostCopier(hosthop.HostCopierOptions{Ready: h}), holder: h}
 }
 
 func (c *holdCopier) RecordReady(stream uintptr) (relay.Event, error) {
 	ev, err := c.HostCopier.RecordReady(stream)
 	if err == nil && !c.hold.Load() {
-		err = c.HostCopier.ReleaseReady(ev)
+		err = c.holder.ReleaseReady(ev)
 	}
 	return ev, err
 }
@@ -229,7 +236,7 @@ func faultRank() error {
 	tcp := fabric.NewTCPHop(fabric.TCPHopOptions{Targets: dir.Addresses(), QueueDepth: 256})
 	defer tcp.Close()
 	hop := &gateHop{inner: tcp}
-	cop := &holdCopier{HostCopier: hosthop.NewHostCopier(hosthop.HostCopierOptions{HoldReady: true})}
+	cop := newHoldCopier()
 	if err := cop.RegisterDevice(base, srcN); err != nil {
 		return err
 	}
@@ -353,7 +360,7 @@ func faultRank() error {
 		case "holdready":
 			cop.hold.Store(req.On)
 		case "releaseready":
-			resp.Released = cop.ReleaseAllReady()
+			resp.Released = cop.holder.ReleaseAllReady()
 		case "pausebeat":
 			if stall == nil {
 				resp.OK, resp.Err = false, "no registry"

@@ -38,6 +38,9 @@ type Config struct {
 	// FirstPiece is the byte cap of a request's first Piece (the
 	// planner's ramp); SlotSize is no ramp.
 	FirstPiece uint64
+	// CopyMode is how a CUDA sender moves a Piece into a relay's slot:
+	// contract.CopyModeAuto, CopyModeCE or CopyModeSM.
+	CopyMode string
 }
 
 // DefaultConfig is PXN off with every default in place.
@@ -48,6 +51,7 @@ func DefaultConfig() Config {
 		HeartbeatTimeout: contract.DefaultHeartbeatTimeout,
 		RegistryRoot:     contract.DefaultRegistryRoot,
 		FirstPiece:       contract.DefaultFirstPieceKiB << 10,
+		CopyMode:         contract.CopyModeAuto,
 	}
 }
 
@@ -126,6 +130,14 @@ func ConfigFromEnv(lookup func(string) (string, bool)) (Config, []error) {
 			cfg.FirstPiece = uint64(n) << 10
 		}
 	}
+	if v, ok := get(contract.EnvCopyMode); ok {
+		switch v {
+		case contract.CopyModeAuto, contract.CopyModeCE, contract.CopyModeSM:
+			cfg.CopyMode = v
+		default:
+			fail(contract.EnvCopyMode, v, fmt.Errorf("want %s, %s or %s", contract.CopyModeCE, contract.CopyModeSM, contract.CopyModeAuto))
+		}
+	}
 	if v, ok := get(contract.EnvRailMap); ok {
 		if m, err := contract.ParseRailMap(v); err != nil {
 			fail(contract.EnvRailMap, v, err)
@@ -152,15 +164,57 @@ func ConfigFromEnv(lookup func(string) (string, bool)) (Config, []error) {
 		}
 		*d.dst = time.Duration(ms) * time.Millisecond
 	}
-	if v, ok := get(contract.EnvRegistryRoot); ok {
-		if root, err := checkRegistryRoot(v); err != nil {
-			fail(contract.EnvRegistryRoot, v, err)
-		} else {
-			cfg.RegistryRoot = root
-		}
+	if root, err := registryRoot(get); err != nil {
+		errs = append(errs, err)
+	} else if root != "" {
+		cfg.RegistryRoot = root
 	}
 	cfg.Enable = len(errs) == 0
 	return cfg, errs
+}
+
+// RegistryRootFromEnv reads contract.EnvRegistryRoot through lookup
+// (os.LookupEnv when nil) whether or not PXN is on, for a tool that makes
+// the registry folders of ranks it starts: the cleaned path, "" when unset
+// or empty, or an *EnvError.
+func RegistryRootFromEnv(lookup func(string) (string, bool)) (string, error) {
+	if lookup == nil {
+		lookup = os.LookupEnv
+	}
+	return registryRoot(func(name string) (string, bool) {
+		v, ok := lookup(name)
+		return v, ok && v != ""
+	})
+}
+
+// RailMapFromEnv reads contract.EnvRailMap through lookup (os.LookupEnv
+// when nil) whether or not PXN is on, for a tool that starts ranks with a
+// node's map: the map, nil when unset or empty, or an *EnvError.
+func RailMapFromEnv(lookup func(string) (string, bool)) (map[string]string, error) {
+	if lookup == nil {
+		lookup = os.LookupEnv
+	}
+	v, ok := lookup(contract.EnvRailMap)
+	if !ok || v == "" {
+		return nil, nil
+	}
+	m, err := contract.ParseRailMap(v)
+	if err != nil {
+		return nil, &EnvError{Var: contract.EnvRailMap, Value: v, Set: true, Err: err}
+	}
+	return m, nil
+}
+
+func registryRoot(get func(string) (string, bool)) (string, error) {
+	v, ok := get(contract.EnvRegistryRoot)
+	if !ok {
+		return "", nil
+	}
+	root, err := checkRegistryRoot(v)
+	if err != nil {
+		return "", &EnvError{Var: contract.EnvRegistryRoot, Value: v, Set: true, Err: err}
+	}
+	return root, nil
 }
 
 // Load is ConfigFromEnv that hands each problem to warn, once. A host process

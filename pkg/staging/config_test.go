@@ -50,6 +50,7 @@ func TestConfigDefaults(t *testing.T) {
 		HeartbeatTimeout: 3000 * time.Millisecond,
 		RegistryRoot:     "/dev/shm",
 		FirstPiece:       SlotSize,
+		CopyMode:         "auto",
 	}
 	if !equalConfig(cfg, want) {
 		t.Fatalf("config = %+v, want %+v", cfg, want)
@@ -73,6 +74,7 @@ func TestConfigDisabledReadsNothing(t *testing.T) {
 		contract.EnvCreditTimeout:    "soon",
 		contract.EnvHeartbeatTimeout: "0",
 		contract.EnvRegistryRoot:     "relative",
+		contract.EnvCopyMode:         "kernel",
 	}
 	for _, enable := range []*string{nil, ptr(""), ptr("0")} {
 		e := garbage
@@ -171,6 +173,15 @@ func TestConfigVariables(t *testing.T) {
 		{"first piece past the slot", enabled.with(contract.EnvFirstPiece, "8193"), contract.EnvFirstPiece, nil},
 		{"first piece with unit", enabled.with(contract.EnvFirstPiece, "256KiB"), contract.EnvFirstPiece, nil},
 
+		{"copy mode default", enabled, "", func(c Config) bool { return c.CopyMode == contract.CopyModeAuto }},
+		{"copy mode empty", enabled.with(contract.EnvCopyMode, ""), "", func(c Config) bool { return c.CopyMode == contract.CopyModeAuto }},
+		{"copy mode auto", enabled.with(contract.EnvCopyMode, "auto"), "", func(c Config) bool { return c.CopyMode == contract.CopyModeAuto }},
+		{"copy mode ce", enabled.with(contract.EnvCopyMode, "ce"), "", func(c Config) bool { return c.CopyMode == contract.CopyModeCE }},
+		{"copy mode sm", enabled.with(contract.EnvCopyMode, "sm"), "", func(c Config) bool { return c.CopyMode == contract.CopyModeSM }},
+		{"copy mode upper case", enabled.with(contract.EnvCopyMode, "SM"), contract.EnvCopyMode, nil},
+		{"copy mode padded", enabled.with(contract.EnvCopyMode, " sm "), contract.EnvCopyMode, nil},
+		{"copy mode unknown", enabled.with(contract.EnvCopyMode, "kernel"), contract.EnvCopyMode, nil},
+
 		{"root default", enabled, "", func(c Config) bool { return c.RegistryRoot == "/dev/shm" }},
 		{"root empty", enabled.with(contract.EnvRegistryRoot, ""), "", func(c Config) bool { return c.RegistryRoot == "/dev/shm" }},
 		{"root absolute", enabled.with(contract.EnvRegistryRoot, "/run/pxn/slots/3"), "", func(c Config) bool { return c.RegistryRoot == "/run/pxn/slots/3" }},
@@ -263,6 +274,7 @@ func TestConfigErrorMessages(t *testing.T) {
 		{enabled.with(contract.EnvHeartbeatTimeout, "150"), `MC_PXN_HEARTBEAT_TIMEOUT_MS="150": out of range 200..600000`},
 		{enabled.with(contract.EnvRegistryRoot, "shm"), `MC_PXN_REGISTRY_ROOT="shm": not an absolute path`},
 		{enabled.with(contract.EnvFirstPiece, "9000"), `MC_PXN_FIRST_PIECE_KIB="9000": out of range 4..8192`},
+		{enabled.with(contract.EnvCopyMode, "gpu"), `MC_PXN_COPY_MODE="gpu": want ce, sm or auto`},
 		{enabled.with(contract.EnvGroupID, "a:b"), `MC_PXN_GROUP_ID="a:b": byte 1 (':') not in [A-Za-z0-9_.-]`},
 		{enabled.with(contract.EnvRailMap, `{"mlx5_0":1}`), `MC_PXN_RAIL_MAP="{\"mlx5_0\":1}": rail map: HCA "mlx5_0" maps to a number, want a string`},
 	}
@@ -293,13 +305,14 @@ func TestConfigEveryProblemReported(t *testing.T) {
 		contract.EnvCreditTimeout:    "250",
 		contract.EnvHeartbeatTimeout: "9999999",
 		contract.EnvRegistryRoot:     "tmp",
+		contract.EnvCopyMode:         "kernel",
 	}
 	var warned []error
 	cfg := Load(e.lookup, func(err error) { warned = append(warned, err) })
 	if cfg.Enable {
 		t.Fatal("PXN on despite invalid values")
 	}
-	want := []string{contract.EnvGroupID, contract.EnvInflightDepth, contract.EnvRailMap, contract.EnvHeartbeatTimeout, contract.EnvRegistryRoot}
+	want := []string{contract.EnvGroupID, contract.EnvInflightDepth, contract.EnvCopyMode, contract.EnvRailMap, contract.EnvHeartbeatTimeout, contract.EnvRegistryRoot}
 	if len(warned) != len(want) {
 		t.Fatalf("warnings %v, want one for each of %v", warned, want)
 	}
@@ -320,6 +333,47 @@ func TestConfigEveryProblemReported(t *testing.T) {
 	}
 	if cfg := Load(e.lookup, nil); cfg.Enable {
 		t.Fatal("PXN on with a nil warn func")
+	}
+}
+
+// TestRegistryRootFromEnv reads the root whether or not PXN is on, and
+// refuses what ConfigFromEnv refuses.
+func TestRegistryRootFromEnv(t *testing.T) {
+	for _, tc := range []struct {
+		env  env
+		want string
+		bad  bool
+	}{
+		{env{}, "", false},
+		{env{contract.EnvRegistryRoot: ""}, "", false},
+		{env{contract.EnvRegistryRoot: "/run//pxn/./x/../"}, "/run/pxn", false},
+		{env{contract.EnvEnable: "0", contract.EnvRegistryRoot: "/run/pxn"}, "/run/pxn", false},
+		{env{contract.EnvRegistryRoot: "shm"}, "", true},
+	} {
+		got, err := RegistryRootFromEnv(tc.env.lookup)
+		var ee *EnvError
+		if got != tc.want || (err != nil) != tc.bad || (err != nil && (!errors.As(err, &ee) || ee.Var != contract.EnvRegistryRoot)) {
+			t.Errorf("RegistryRootFromEnv(%v) = %q, %v; want %q, error %v", tc.env, got, err, tc.want, tc.bad)
+		}
+	}
+}
+
+func TestRailMapFromEnv(t *testing.T) {
+	for _, tc := range []struct {
+		env  env
+		want map[string]string
+		bad  bool
+	}{
+		{env{}, nil, false},
+		{env{contract.EnvRailMap: ""}, nil, false},
+		{env{contract.EnvEnable: "0", contract.EnvRailMap: `{"mlx5_2":"rail1"}`}, map[string]string{"mlx5_2": "rail1"}, false},
+		{env{contract.EnvRailMap: `{"mlx5_2":`}, nil, true},
+	} {
+		got, err := RailMapFromEnv(tc.env.lookup)
+		var ee *EnvError
+		if !maps.Equal(got, tc.want) || (err != nil) != tc.bad || (err != nil && (!errors.As(err, &ee) || ee.Var != contract.EnvRailMap)) {
+			t.Errorf("RailMapFromEnv(%v) = %v, %v; want %v, error %v", tc.env, got, err, tc.want, tc.bad)
+		}
 	}
 }
 
@@ -360,7 +414,7 @@ func equalConfig(a, b Config) bool {
 	return a.Enable == b.Enable && a.GroupID == b.GroupID && a.InflightDepth == b.InflightDepth &&
 		maps.Equal(a.RailMap, b.RailMap) && (a.RailMap == nil) == (b.RailMap == nil) &&
 		a.CreditTimeout == b.CreditTimeout && a.HeartbeatTimeout == b.HeartbeatTimeout &&
-		a.RegistryRoot == b.RegistryRoot && a.FirstPiece == b.FirstPiece
+		a.RegistryRoot == b.RegistryRoot && a.FirstPiece == b.FirstPiece && a.CopyMode == b.CopyMode
 }
 
 // equalConfigExcept compares the fields other than Enable and GroupID, and
@@ -380,6 +434,8 @@ func equalConfigExcept(a, b Config, name string) bool {
 		b.RegistryRoot = a.RegistryRoot
 	case contract.EnvFirstPiece:
 		b.FirstPiece = a.FirstPiece
+	case contract.EnvCopyMode:
+		b.CopyMode = a.CopyMode
 	}
 	return equalConfig(a, b)
 }

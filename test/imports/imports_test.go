@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Package imports_test enforces the package map of docs/architecture.md:
-// which packages of the module each package may link.
+// Package imports_test enforces the levels and the package map of
+// docs/architecture.md: which packages of the module each package may link.
 package imports_test
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -34,9 +36,46 @@ func isSim(pkg string) bool {
 
 var (
 	controlPlane = []string{"api/...", "pkg/agent/...", "pkg/deviceplugin/...", "pkg/rail/...", "cmd/pxn-agent", "cmd/pxn-device-plugin"}
-	engine       = []string{"pkg/relay/...", "pkg/staging/...", "internal/cuda/...", "pkg/gpu/...", "pkg/hosthop/..."}
+	engine       = []string{"pkg/relay/...", "pkg/staging/...", "pkg/cuda/...", "pkg/gpu/...", "pkg/hosthop/...", "pkg/hostmem/..."}
 	shipped      = []string{"cmd/libpxn", "cmd/pxn-agent", "cmd/pxn-device-plugin"}
+	testHelpers  = []string{"internal/testtools/...", "internal/testmem/...", "internal/sanitize/...", "internal/fakecuda/..."}
 )
+
+// levels lists the module's packages from the bottom up (docs/architecture.md,
+// "Levels"). A package links packages of its own level or below, never one
+// above. A package no level names fails the test until it is given one.
+var levels = []struct {
+	name string
+	pkgs []string
+}{
+	{"contract", []string{"pkg/contract/..."}},
+	{"primitives", []string{"api/...", "pkg/rail/...", "pkg/staging", "pkg/cuda/...", "pkg/hostmem/...", "pkg/gpu/kernel/..."}},
+	{"registry", []string{"pkg/staging/registry/..."}},
+	{"engine core", []string{"pkg/relay/..."}},
+	{"components", []string{"pkg/gpu", "pkg/hosthop/...", "pkg/deviceplugin/...", "pkg/agent/..."}},
+	{"stand-ins", []string{"pkg/sim/..."}},
+	{"program parts", []string{"internal/..."}},
+	{"programs", []string{"cmd/...", "hack/...", "test/...", "integrations/..."}},
+}
+
+// levelOf returns the index in levels of the level that names pkg, or an
+// error when none or more than one does.
+func levelOf(pkg string) (int, error) {
+	found := -1
+	for i, l := range levels {
+		if !anyMatch(l.pkgs, pkg) {
+			continue
+		}
+		if found >= 0 {
+			return 0, fmt.Errorf("%s is on two levels, %s and %s", pkg, levels[found].name, l.name)
+		}
+		found = i
+	}
+	if found < 0 {
+		return 0, fmt.Errorf("%s is on no level: give it one in docs/architecture.md and here", pkg)
+	}
+	return found, nil
+}
 
 type rule struct {
 	name string
@@ -56,6 +95,18 @@ func anyMatch(patterns []string, pkg string) bool {
 
 var rules = []rule{
 	{
+		name:   "no library package links internal/",
+		from:   []string{"pkg/...", "api/..."},
+		forbid: func(_, dep string) bool { return matches("internal/...", dep) },
+	},
+	{
+		name: "test helpers are linked by test files only",
+		from: []string{"api/...", "pkg/...", "internal/...", "cmd/...", "hack/..."},
+		forbid: func(from, dep string) bool {
+			return anyMatch(testHelpers, dep) && !anyMatch(testHelpers, from)
+		},
+	},
+	{
 		name: "the control plane never links the engine",
 		from: controlPlane,
 		forbid: func(from, dep string) bool {
@@ -67,6 +118,11 @@ var rules = []rule{
 			}
 			return anyMatch(engine, dep) || isSim(dep)
 		},
+	},
+	{
+		name:   "the agent never links the device plugin: the group-folder layout they share is the contract's",
+		from:   []string{"pkg/agent/..."},
+		forbid: func(_, dep string) bool { return matches("pkg/deviceplugin/...", dep) },
 	},
 	{
 		name:   "the benchmark never links the control plane",
@@ -92,7 +148,7 @@ var rules = []rule{
 		name: "staging never imports the relay, CUDA or the GPU copier",
 		from: []string{"pkg/staging/..."},
 		forbid: func(_, dep string) bool {
-			return anyMatch([]string{"pkg/relay/...", "internal/cuda/...", "pkg/gpu/..."}, dep)
+			return anyMatch([]string{"pkg/relay/...", "pkg/cuda/...", "pkg/gpu/..."}, dep)
 		},
 	},
 	{
@@ -177,6 +233,65 @@ func TestImportRules(t *testing.T) {
 			sort.Strings(checked)
 			t.Logf("checked %d packages: %s", len(checked), strings.Join(checked, " "))
 		})
+	}
+}
+
+func TestLevels(t *testing.T) {
+	all := deps(t)
+	pkgs := make([]string, 0, len(all))
+	for pkg := range all {
+		pkgs = append(pkgs, pkg)
+	}
+	sort.Strings(pkgs)
+	for _, pkg := range pkgs {
+		own, err := levelOf(pkg)
+		if err != nil {
+			t.Error(err)
+			continue
+		}
+		for _, d := range all[pkg] {
+			dl, err := levelOf(d)
+			if err != nil {
+				t.Error(err)
+				continue
+			}
+			if dl > own {
+				t.Errorf("%s (%s) links %s, a level above (%s)", pkg, levels[own].name, d, levels[dl].name)
+			}
+		}
+	}
+	for _, l := range levels {
+		for _, p := range l.pkgs {
+			if !slices.ContainsFunc(pkgs, func(pkg string) bool { return matches(p, pkg) }) {
+				t.Errorf("no package matches %s (level %s): the level names nothing", p, l.name)
+			}
+		}
+	}
+}
+
+func TestLevelOf(t *testing.T) {
+	for _, tc := range []struct {
+		pkg  string
+		want string
+	}{
+		{"pkg/contract", "contract"},
+		{"pkg/staging", "primitives"},
+		{"pkg/staging/registry", "registry"},
+		{"pkg/gpu/kernel", "primitives"},
+		{"pkg/gpu", "components"},
+		{"pkg/sim/fabric", "stand-ins"},
+		{"internal/bench", "program parts"},
+		{"cmd/libpxn", "programs"},
+	} {
+		i, err := levelOf(tc.pkg)
+		if err != nil || levels[i].name != tc.want {
+			t.Errorf("levelOf(%q) = %d (%v), want level %s", tc.pkg, i, err, tc.want)
+		}
+	}
+	for _, pkg := range []string{"pkg/staging/newthing", "pkg/gpu/newthing", "tools/x"} {
+		if _, err := levelOf(pkg); err == nil {
+			t.Errorf("levelOf(%q) found a level for a package no level names", pkg)
+		}
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
@@ -98,7 +99,7 @@ func rank(rep *rankReport, index int, hca, peerHCA string) error {
 	rep.PidNS = ns.String()
 	cfg := staging.Load(nil, func(err error) { fmt.Fprintln(os.Stderr, "config:", err) })
 	if !cfg.Enable {
-		return errors.New("MC_PXN_ENABLE is not on: the pod did not get pxn.io/relay")
+		return errors.New(contract.EnvEnable + " is not on: the pod did not get pxn.io/relay")
 	}
 	shared := cfg.RegistryRoot
 	peer := 1 - index

@@ -9,7 +9,7 @@ import (
 	"io"
 	"slices"
 
-	"github.com/pxn-project/pxn/internal/hostmem"
+	"github.com/pxn-project/pxn/pkg/hostmem"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )

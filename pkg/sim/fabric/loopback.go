@@ -8,7 +8,7 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/pxn-project/pxn/internal/hostmem"
+	"github.com/pxn-project/pxn/pkg/hostmem"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 

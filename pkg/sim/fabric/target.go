@@ -14,7 +14,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/pxn-project/pxn/internal/hostmem"
+	"github.com/pxn-project/pxn/pkg/hostmem"
 )
 
 // DefaultWriteTimeout bounds one frame write of the TCP hop and of a target

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pxn-project/pxn/internal/hostmem"
+	"github.com/pxn-project/pxn/pkg/hostmem"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 

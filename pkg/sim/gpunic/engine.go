@@ -5,7 +5,7 @@ package gpunic
 import (
 	"errors"
 
-	"github.com/pxn-project/pxn/internal/cuda"
+	"github.com/pxn-project/pxn/pkg/cuda"
 	"github.com/pxn-project/pxn/pkg/gpu"
 )
 

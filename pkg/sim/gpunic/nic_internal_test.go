@@ -6,7 +6,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/pxn-project/pxn/internal/cuda"
+	"github.com/pxn-project/pxn/pkg/cuda"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 

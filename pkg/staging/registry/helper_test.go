@@ -93,7 +93,7 @@ func helperRank() int {
 	opts := regOptions(os.Getenv(helperRootEnv), os.Getenv(helperGroupEnv), os.Getenv(helperRailEnv))
 	failStep, _ := strconv.Atoi(os.Getenv(helperFailEnv))
 	hangStep, _ := strconv.Atoi(os.Getenv(helperHangEnv))
-	opts.InjectFault = func(s InitStep) error {
+	inject := func(s InitStep) error {
 		switch int(s) {
 		case failStep:
 			return errors.New("injected")
@@ -108,7 +108,7 @@ func helperRank() int {
 	if os.Getenv(helperMemFailEnv) == "1" {
 		opts.Memory = failingRegistrar{}
 	}
-	r, err := Register(ctx, opts)
+	r, err := register(ctx, opts, inject)
 	if err != nil {
 		fmt.Println("register-error", oneLine(err))
 		return 3
@@ -205,7 +205,7 @@ func helperRank() int {
 				fmt.Println("close-error", oneLine(err))
 				continue
 			}
-			if r, err = Register(ctx, opts); err != nil {
+			if r, err = register(ctx, opts, inject); err != nil {
 				fmt.Println("register-error", oneLine(err))
 				return 3
 			}

@@ -145,9 +145,6 @@ type Options struct {
 	// PCI bus id or UUID), for the rank's counters block. Empty: the
 	// provider's name for it (DeviceNamer), else "host" for host memory.
 	Device string
-	// InjectFault, when set, runs before each step of Register; an error
-	// fails that step. For tests.
-	InjectFault func(InitStep) error
 	// Logger receives the registry's few log lines (one per event: a rank
 	// published, PXN turned off, a peer refused, a lane reclaimed); the
 	// zero Logger discards them.
@@ -241,6 +238,12 @@ type Rank struct {
 // arena (see MemoryRegistrar). The arena provider, directory and memory
 // registrar must outlive the Rank.
 func Register(ctx context.Context, opts Options) (*Rank, error) {
+	return register(ctx, opts, nil)
+}
+
+// register is Register with inject, when not nil, run before each step: an
+// error it returns fails that step. Tests drive the roll-back through it.
+func register(ctx context.Context, opts Options, inject func(InitStep) error) (*Rank, error) {
 	if err := opts.fill(); err != nil {
 		return nil, fmt.Errorf("pxn registry: %w", err)
 	}
@@ -264,7 +267,8 @@ func Register(ctx context.Context, opts Options) (*Rank, error) {
 		leasePoll:    leasePoll,
 	}
 	r.scan.self = ns
-	if err := r.init(ctx); err != nil {
+	r.scan.host = machineScanHost()
+	if err := r.init(ctx, inject); err != nil {
 		if uerr := r.unwind(); uerr != nil {
 			err = errors.Join(err, fmt.Errorf("pxn registry: roll back: %w", uerr))
 		}
@@ -274,7 +278,7 @@ func Register(ctx context.Context, opts Options) (*Rank, error) {
 	return r, nil
 }
 
-func (r *Rank) init(ctx context.Context) error {
+func (r *Rank) init(ctx context.Context, inject func(InitStep) error) error {
 	for _, s := range [...]struct {
 		step InitStep
 		run  func() error
@@ -287,8 +291,8 @@ func (r *Rank) init(ctx context.Context) error {
 		{StepServeArena, r.serveArena},
 		{StepPublish, func() error { return r.publish(ctx) }},
 	} {
-		if r.opts.InjectFault != nil {
-			if err := r.opts.InjectFault(s.step); err != nil {
+		if inject != nil {
+			if err := inject(s.step); err != nil {
 				return &InitError{Step: s.step, Err: err}
 			}
 		}

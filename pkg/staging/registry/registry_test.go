@@ -392,14 +392,14 @@ func TestRegistryInitFailureRollsBack(t *testing.T) {
 			o := regOptions(root, "g", "rail0")
 			o.Memory = reg
 			var ran []InitStep
-			o.InjectFault = func(s InitStep) error {
+			inject := func(s InitStep) error {
 				ran = append(ran, s)
 				if s == step {
 					return errors.New("injected")
 				}
 				return nil
 			}
-			r, err := Register(context.Background(), o)
+			r, err := register(context.Background(), o, inject)
 			var ie *InitError
 			if r != nil || !errors.As(err, &ie) || ie.Step != step || !strings.Contains(err.Error(), step.String()) {
 				t.Fatalf("Register = %v, %v; want an InitError of step %q", r, err, step)

@@ -80,16 +80,22 @@ type peerScan struct {
 	// changes counts entries added and dropped: an unclassified watch is
 	// read again only after one.
 	changes uint64
-	// test outlives release.
-	test scanTest
+	// host outlives release.
+	host scanHost
 }
 
-// scanTest lets tests take the paths that other machines take.
-type scanTest struct {
-	// noPidfd makes every watch read /proc, as where pidfds are missing.
-	noPidfd bool
-	// listEvery replaces the constant when set.
+// scanHost is what the scan takes from the machine it runs on: how long it
+// trusts an unchanged directory, and how it opens a pidfd (nil: the
+// machine has none, and every watch reads /proc). Register sets the
+// machine's own (machineScanHost); a test sets another to take the paths
+// that other machines take.
+type scanHost struct {
 	listEvery time.Duration
+	pidfdOpen func(pid, flags int) (int, error)
+}
+
+func machineScanHost() scanHost {
+	return scanHost{listEvery: listEvery, pidfdOpen: unix.PidfdOpen}
 }
 
 // scanEntry is one entry of the directory. Only control files of other
@@ -162,7 +168,7 @@ func (s *peerScan) init(d *registryDir) error {
 	if err != nil {
 		return &os.PathError{Op: "open", Path: d.path, Err: err}
 	}
-	*s = peerScan{open: true, listFd: fd, test: s.test, self: s.self, byName: make(map[string]*scanEntry), buf: make([]byte, direntBuf)}
+	*s = peerScan{open: true, listFd: fd, host: s.host, self: s.self, byName: make(map[string]*scanEntry), buf: make([]byte, direntBuf)}
 	return nil
 }
 
@@ -178,7 +184,7 @@ func (s *peerScan) release() {
 		w.close()
 	}
 	unix.Close(s.listFd)
-	*s = peerScan{test: s.test, self: s.self}
+	*s = peerScan{host: s.host, self: s.self}
 }
 
 // refresh brings the entries up to date: it lists the directory when its
@@ -193,10 +199,7 @@ func (s *peerScan) refresh(d *registryDir, self staging.Identity) error {
 	if err := unix.Fstat(s.listFd, &st); err != nil {
 		return &os.PathError{Op: "fstat", Path: d.path, Err: err}
 	}
-	every := listEvery
-	if s.test.listEvery > 0 {
-		every = s.test.listEvery
-	}
+	every := s.host.listEvery
 	stamp, now := stampOf(&st), staging.MonoNanos()
 	if s.trusted && stamp == s.stamp && now-s.listedAt < int64(every) {
 		return nil
@@ -329,7 +332,7 @@ func (s *peerScan) watch(d *registryDir, id staging.Identity, ns *staging.PidNS)
 	w := &procWatch{id: id, pidfd: -1, statfd: -1, ctlfd: -1}
 	switch {
 	case ns != nil:
-		w.setMode(*ns, s.self, !s.test.noPidfd)
+		w.setMode(*ns, s.self, s.host.pidfdOpen)
 	default:
 		s.classify(d, w)
 	}
@@ -343,15 +346,15 @@ func (s *peerScan) classify(d *registryDir, w *procWatch) {
 	c := readRegControl(d.fd(), d.path, d.uid, w.id)
 	w.ctl, w.changes = c.kind, s.changes
 	if c.kind == ctlValid {
-		w.setMode(headerNS(&c.hdr), s.self, !s.test.noPidfd)
+		w.setMode(headerNS(&c.hdr), s.self, s.host.pidfdOpen)
 	}
 }
 
-func (w *procWatch) setMode(ns, self staging.PidNS, pidfd bool) {
+func (w *procWatch) setMode(ns, self staging.PidNS, pidfdOpen func(pid, flags int) (int, error)) {
 	w.ns = ns
 	if ns == self {
 		w.mode = watchPid
-		w.openProc(pidfd)
+		w.openProc(pidfdOpen)
 		return
 	}
 	w.mode = watchHeartbeat
@@ -512,15 +515,15 @@ func (w *procWatch) unchangedSince(id staging.Identity, hb uint64) (int64, bool)
 // namespace. A process already gone is gone for good; one whose state
 // cannot be proven stays watched with kill(pid, 0) alone, as goneReason
 // would judge it.
-func (w *procWatch) openProc(pidfd bool) {
+func (w *procWatch) openProc(pidfdOpen func(pid, flags int) (int, error)) {
 	id := w.id
 	if id.Pid <= 0 || id.Pid > staging.MaxPid {
 		w.gone = fmt.Sprintf("pid %d is not a valid pid", id.Pid)
 		return
 	}
 	err := errNoPidfd
-	if pidfd {
-		w.pidfd, err = unix.PidfdOpen(id.Pid, 0)
+	if pidfdOpen != nil {
+		w.pidfd, err = pidfdOpen(id.Pid, 0)
 	}
 	if err != nil {
 		w.pidfd = -1

@@ -31,9 +31,22 @@ func scanObserver(t *testing.T, root, group string, timeout time.Duration, test 
 	}
 	r := mustRegister(t, o)
 	r.scanMu.Lock()
-	r.scan.test = test
+	if test.noPidfd {
+		r.scan.host.pidfdOpen = nil
+	}
+	if test.listEvery > 0 {
+		r.scan.host.listEvery = test.listEvery
+	}
 	r.scanMu.Unlock()
 	return r
+}
+
+// scanTest takes the paths that other machines take.
+type scanTest struct {
+	// noPidfd makes every watch read /proc, as where pidfds are missing.
+	noPidfd bool
+	// listEvery replaces the machine's period when set.
+	listEvery time.Duration
 }
 
 func listings(r *Rank) int {
@@ -570,7 +583,7 @@ func TestPeersSteadyStateAllocatesNothing(t *testing.T) {
 				t.Errorf("a call with nothing changed: %v allocations, want 0", a)
 			}
 			// A listing of known names allocates nothing either.
-			r.scan.test.listEvery = time.Nanosecond
+			r.scan.host.listEvery = time.Nanosecond
 			before := listings(r)
 			if a := testing.AllocsPerRun(200, call); a != 0 {
 				t.Errorf("a call that lists the directory again: %v allocations, want 0", a)
@@ -598,7 +611,7 @@ func BenchmarkPeersListing(b *testing.B) {
 		ranks = append(ranks, r)
 	}
 	r := ranks[0]
-	r.scan.test.listEvery = time.Nanosecond
+	r.scan.host.listEvery = time.Nanosecond
 	buf := make([]PeerInfo, 0, staging.LaneCount)
 	b.ReportAllocs()
 	for b.Loop() {

@@ -14,8 +14,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pxn-project/pxn/internal/cuda/fakecuda"
 	"github.com/pxn-project/pxn/internal/sanitize"
+	"github.com/pxn-project/pxn/internal/fakecuda"
 )
 
 const fakeLibEnv = fakecuda.LibEnv

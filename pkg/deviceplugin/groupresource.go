@@ -45,6 +45,9 @@ type Config struct {
 	PodLookupTimeout time.Duration
 	// APITimeout bounds one pod read from the API server.
 	APITimeout time.Duration
+	// Logger receives one line per linked container and per garbage
+	// collection problem; the zero Logger discards them.
+	Logger klog.Logger
 }
 
 // Validate reports the first invalid field.
@@ -67,9 +70,10 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Relay is the pxn.io/relay resource: shared, counted virtual devices whose
-// containers get the PXN environment and their group's registry directory.
-type Relay struct {
+// GroupResource is the pxn.io/relay resource: shared, counted virtual
+// devices whose containers get the PXN environment and their group's
+// registry directory.
+type GroupResource struct {
 	cfg     Config
 	ids     []string
 	known   map[string]bool
@@ -93,15 +97,15 @@ type Relay struct {
 const DefaultKubeletSettle = 30 * time.Second
 
 // KubeletWatching records that a kubelet started watching the devices.
-func (r *Relay) KubeletWatching(at time.Time) { r.watched.Store(at.UnixNano()) }
+func (r *GroupResource) KubeletWatching(at time.Time) { r.watched.Store(at.UnixNano()) }
 
-// NewRelay returns the resource. api may be nil when the API server is not
-// reachable; groups are then keyed by pod name.
-func NewRelay(cfg Config, state StateSource, store *Store, pods PodResourcesLister, api PodGetter, m *Metrics) (*Relay, error) {
+// NewGroupResource returns the resource. api may be nil when the API
+// server is not reachable; groups are then keyed by pod name.
+func NewGroupResource(cfg Config, state StateSource, store *Store, pods PodResourcesLister, api PodGetter, m *Metrics) (*GroupResource, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, state: state, store: store, pods: pods, api: api, metrics: m, known: make(map[string]bool, cfg.DeviceCount)}
+	r := &GroupResource{cfg: cfg, state: state, store: store, pods: pods, api: api, metrics: m, known: make(map[string]bool, cfg.DeviceCount)}
 	width := len(fmt.Sprint(cfg.DeviceCount - 1))
 	if width < 2 {
 		width = 2
@@ -116,11 +120,11 @@ func NewRelay(cfg Config, state StateSource, store *Store, pods PodResourcesList
 }
 
 // DeviceIDs returns the advertised device IDs in order.
-func (r *Relay) DeviceIDs() []string { return append([]string(nil), r.ids...) }
+func (r *GroupResource) DeviceIDs() []string { return append([]string(nil), r.ids...) }
 
 // Devices returns the full device list, whether discovery has finished (until
 // then nothing may be advertised), and a channel closed when it changes.
-func (r *Relay) Devices() ([]*pluginapi.Device, bool, <-chan struct{}) {
+func (r *GroupResource) Devices() ([]*pluginapi.Device, bool, <-chan struct{}) {
 	st, changed := r.state.State()
 	if !st.Discovered {
 		return nil, false, changed
@@ -136,7 +140,7 @@ func (r *Relay) Devices() ([]*pluginapi.Device, bool, <-chan struct{}) {
 	return devs, true, changed
 }
 
-func (r *Relay) checkIDs(ids []string) (first string, err error) {
+func (r *GroupResource) checkIDs(ids []string) (first string, err error) {
 	if len(ids) == 0 {
 		return "", status.Error(codes.InvalidArgument, "no device IDs in request")
 	}
@@ -155,7 +159,7 @@ func (r *Relay) checkIDs(ids []string) (first string, err error) {
 // Allocate answers from configuration and the last discovered rail map only:
 // the same devices always get the same answer. The mount source is the slot
 // link of the container's lowest device ID; PreStartContainer creates it.
-func (r *Relay) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+func (r *GroupResource) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 	st, _ := r.state.State()
 	if st.RailMap == "" {
 		return nil, status.Error(codes.Unavailable, errNotDiscovered.Error())
@@ -184,7 +188,7 @@ func (r *Relay) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pl
 
 // PreStartContainer finds the pod holding deviceIDs, computes its group key
 // and points the devices' slot links at the group directory.
-func (r *Relay) PreStartContainer(ctx context.Context, deviceIDs []string) error {
+func (r *GroupResource) PreStartContainer(ctx context.Context, deviceIDs []string) error {
 	if _, err := r.checkIDs(deviceIDs); err != nil {
 		return err
 	}
@@ -200,14 +204,14 @@ func (r *Relay) PreStartContainer(ctx context.Context, deviceIDs []string) error
 	if err != nil {
 		return status.Error(codes.Internal, err.Error())
 	}
-	klog.InfoS("Linked container to group", "pod", klog.KRef(ref.Namespace, ref.Pod), "container", ref.Container,
+	r.cfg.Logger.Info("Linked container to group", "pod", klog.KRef(ref.Namespace, ref.Pod), "container", ref.Container,
 		"devices", deviceIDs, "group", key, "groupSource", source, "dir", dir)
 	return nil
 }
 
 // locate polls PodResources until it shows deviceIDs: the kubelet may call
 // PreStartContainer before its own view is updated.
-func (r *Relay) locate(ctx context.Context, deviceIDs []string) (containerRef, error) {
+func (r *GroupResource) locate(ctx context.Context, deviceIDs []string) (containerRef, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.PodLookupTimeout)
 	defer cancel()
 	wait := 5 * time.Millisecond
@@ -236,7 +240,7 @@ func (r *Relay) locate(ctx context.Context, deviceIDs []string) (containerRef, e
 // groupKey keys the group by the pod's GroupLabel, else its UID, both read
 // from the API server; without API access, by the pod's name. A configured but
 // failing API server fails the call rather than splitting a job.
-func (r *Relay) groupKey(ctx context.Context, ref containerRef) (key, source string, err error) {
+func (r *GroupResource) groupKey(ctx context.Context, ref containerRef) (key, source string, err error) {
 	if r.api == nil {
 		return GroupKey(ref.Namespace, SourcePodName, ref.Pod), SourcePodName, nil
 	}
@@ -259,9 +263,9 @@ func (r *Relay) groupKey(ctx context.Context, ref containerRef) (key, source str
 // directories unused for longer than grace. Nothing is removed when the
 // kubelet cannot be asked, before any kubelet watches the plugin, or within
 // settle of a kubelet starting to watch it.
-func (r *Relay) CollectGarbage(ctx context.Context, grace, settle time.Duration) error {
+func (r *GroupResource) CollectGarbage(ctx context.Context, grace, settle time.Duration) error {
 	if w := r.watched.Load(); w == 0 || time.Since(time.Unix(0, w)) < settle {
-		klog.V(2).InfoS("Garbage collection waits for the kubelet's view of running pods to settle", "kubeletWatchingSince", time.Unix(0, w))
+		r.cfg.Logger.V(2).Info("Garbage collection waits for the kubelet's view of running pods to settle", "kubeletWatchingSince", time.Unix(0, w))
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -276,7 +280,7 @@ func (r *Relay) CollectGarbage(ctx context.Context, grace, settle time.Duration)
 }
 
 // RunGarbageCollector calls CollectGarbage every interval until ctx ends.
-func (r *Relay) RunGarbageCollector(ctx context.Context, interval, grace, settle time.Duration) {
+func (r *GroupResource) RunGarbageCollector(ctx context.Context, interval, grace, settle time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -286,7 +290,7 @@ func (r *Relay) RunGarbageCollector(ctx context.Context, interval, grace, settle
 		case <-t.C:
 		}
 		if err := r.CollectGarbage(ctx, grace, settle); err != nil && !errors.Is(ctx.Err(), context.Canceled) {
-			klog.ErrorS(err, "Garbage collection incomplete")
+			r.cfg.Logger.Error(err, "Garbage collection incomplete")
 		}
 	}
 }

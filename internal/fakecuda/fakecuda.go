@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package fakecuda builds the stand-in CUDA driver of the binding's tests
-// (internal/cuda/testdata/fakecuda.c: device memory is host memory, every
+// (pkg/cuda/testdata/fakecuda.c: device memory is host memory, every
 // call has completed when it returns) for tests that drive the binding, or
 // what sits on it, on a machine without a GPU. Only tests import it.
 package fakecuda
@@ -31,7 +31,7 @@ const (
 // Source is the path of fakecuda.c.
 func Source() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "testdata", "fakecuda.c")
+	return filepath.Join(filepath.Dir(file), "..", "..", "pkg", "cuda", "testdata", "fakecuda.c")
 }
 
 // Build compiles the fake driver into dir with extra compiler flags and

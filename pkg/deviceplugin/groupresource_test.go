@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
@@ -71,15 +72,15 @@ func testConfig() Config {
 		PodLookupTimeout: 2 * time.Second, APITimeout: time.Second}
 }
 
-func newTestRelay(t testing.TB, pods PodResourcesLister, api PodGetter) (*Relay, *Store) {
+func newTestResource(t testing.TB, pods PodResourcesLister, api PodGetter) (*GroupResource, *Store) {
 	t.Helper()
 	base := t.TempDir()
-	store := NewStore(filepath.Join(base, "state"), filepath.Join(base, "shm"))
+	store := NewStore(filepath.Join(base, "state"), filepath.Join(base, "shm"), klog.Background())
 	if err := store.Prepare(); err != nil {
 		t.Fatal(err)
 	}
 	st := fixedState{NodeState{Discovered: true, Healthy: true, RailMap: `{"mlx5_0":"rail0","mlx5_1":"rail1"}`}}
-	r, err := NewRelay(testConfig(), st, store, pods, api, nil)
+	r, err := NewGroupResource(testConfig(), st, store, pods, api, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +112,7 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func TestDeviceIDs(t *testing.T) {
-	r, _ := newTestRelay(t, &fakePods{}, nil)
+	r, _ := newTestResource(t, &fakePods{}, nil)
 	ids := r.DeviceIDs()
 	if len(ids) != 16 || ids[0] != "pxn-relay-00" || ids[15] != "pxn-relay-15" {
 		t.Fatalf("ids = %v", ids)
@@ -119,7 +120,7 @@ func TestDeviceIDs(t *testing.T) {
 }
 
 func TestDevicesNotAdvertisedBeforeDiscovery(t *testing.T) {
-	r, _ := newTestRelay(t, &fakePods{}, nil)
+	r, _ := newTestResource(t, &fakePods{}, nil)
 	r.state = fixedState{}
 	if devs, ready, _ := r.Devices(); ready || devs != nil {
 		t.Fatalf("advertised %d devices before discovery", len(devs))
@@ -130,7 +131,7 @@ func TestDevicesNotAdvertisedBeforeDiscovery(t *testing.T) {
 }
 
 func TestAllocate(t *testing.T) {
-	r, store := newTestRelay(t, &fakePods{}, nil)
+	r, store := newTestResource(t, &fakePods{}, nil)
 	req := &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{
 		{DevicesIds: []string{"pxn-relay-07", "pxn-relay-03"}},
 		{DevicesIds: []string{"pxn-relay-09"}},
@@ -200,7 +201,7 @@ func TestPreStartContainer(t *testing.T) {
 	)
 
 	t.Run("with API", func(t *testing.T) {
-		r, store := newTestRelay(t, pods, api)
+		r, store := newTestResource(t, pods, api)
 		for _, ids := range [][]string{{"pxn-relay-00"}, {"pxn-relay-01"}, {"pxn-relay-02"}, {"pxn-relay-03", "pxn-relay-04"}} {
 			if err := r.PreStartContainer(context.Background(), ids); err != nil {
 				t.Fatalf("PreStartContainer(%v): %v", ids, err)
@@ -217,7 +218,7 @@ func TestPreStartContainer(t *testing.T) {
 	})
 
 	t.Run("without API", func(t *testing.T) {
-		r, store := newTestRelay(t, pods, nil)
+		r, store := newTestResource(t, pods, nil)
 		for _, ids := range [][]string{{"pxn-relay-00"}, {"pxn-relay-02"}} {
 			if err := r.PreStartContainer(context.Background(), ids); err != nil {
 				t.Fatal(err)
@@ -228,7 +229,7 @@ func TestPreStartContainer(t *testing.T) {
 	})
 
 	t.Run("unknown pod", func(t *testing.T) {
-		r, store := newTestRelay(t, pods, api)
+		r, store := newTestResource(t, pods, api)
 		r.cfg.PodLookupTimeout = 50 * time.Millisecond
 		if err := r.PreStartContainer(context.Background(), []string{"pxn-relay-05"}); err == nil {
 			t.Fatal("linked a device that PodResources holds under another resource")
@@ -239,7 +240,7 @@ func TestPreStartContainer(t *testing.T) {
 	})
 
 	t.Run("API error", func(t *testing.T) {
-		r, _ := newTestRelay(t, pods, fakeAPI{})
+		r, _ := newTestResource(t, pods, fakeAPI{})
 		if err := r.PreStartContainer(context.Background(), []string{"pxn-relay-00"}); err == nil {
 			t.Fatal("a failing API server was silently replaced by pod-name grouping")
 		}
@@ -249,7 +250,7 @@ func TestPreStartContainer(t *testing.T) {
 func TestCollectGarbageKeepsEverythingWhenKubeletIsDown(t *testing.T) {
 	pods := &fakePods{}
 	pods.set(podRes("a", "p0", "pxn.io/relay", "pxn-relay-00"))
-	r, store := newTestRelay(t, pods, nil)
+	r, store := newTestResource(t, pods, nil)
 	if err := r.PreStartContainer(context.Background(), []string{"pxn-relay-00"}); err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +268,7 @@ func TestCollectGarbageKeepsEverythingWhenKubeletIsDown(t *testing.T) {
 func TestCollectGarbageWaitsForARestartedKubelet(t *testing.T) {
 	pods := &fakePods{}
 	pods.set(podRes("a", "p0", "pxn.io/relay", "pxn-relay-00"))
-	r, store := newTestRelay(t, pods, nil)
+	r, store := newTestResource(t, pods, nil)
 	if err := r.PreStartContainer(context.Background(), []string{"pxn-relay-00"}); err != nil {
 		t.Fatal(err)
 	}
@@ -314,7 +315,7 @@ func (failingPods) List(context.Context) (*podresourcesv1.ListPodResourcesRespon
 }
 
 func BenchmarkAllocate(b *testing.B) {
-	r, _ := newTestRelay(b, &fakePods{}, nil)
+	r, _ := newTestResource(b, &fakePods{}, nil)
 	req := &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"pxn-relay-05"}}}}
 	ctx := context.Background()
 	b.ReportAllocs()
