@@ -15,6 +15,7 @@ import (
 
 	"github.com/pxn-project/pxn/internal/cuda"
 	"github.com/pxn-project/pxn/pkg/gpu"
+	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/gpunic"
 )
@@ -92,7 +93,7 @@ func (r *cudaRank) hop() relay.Hop { return r.nic }
 
 func (r *cudaRank) newHop() (relay.Hop, error) { return gpunic.New(r.g, r.maps, gpunic.Options{}) }
 
-func (r *cudaRank) firstHop(deps *relay.HostDeps, _ uintptr, _ uint64) (string, error) {
+func (r *cudaRank) firstHop(deps *hostengine.HostDeps, _ uintptr, _ uint64) (string, error) {
 	log := klog.Background()
 	warn := func(err error) { log.Info("pxn-bench: configuration", "err", err.Error()) }
 	c, err := gpu.NewCopier(r.g, gpu.CopierOptions{Gather: gpu.GatherModeFromEnv(nil, warn), GatherPTX: r.ptx, PollSpin: r.pollSpin, PollNap: r.pollNap})

@@ -34,7 +34,7 @@ func isSim(pkg string) bool {
 
 var (
 	controlPlane = []string{"api/...", "pkg/agent/...", "pkg/deviceplugin/...", "pkg/rail/...", "cmd/pxn-agent", "cmd/pxn-device-plugin"}
-	engine       = []string{"pkg/relay/...", "pkg/staging/...", "internal/cuda/...", "pkg/gpu/...", "pkg/hosthop/..."}
+	engine       = []string{"pkg/relay/...", "pkg/hostengine/...", "pkg/staging/...", "internal/cuda/...", "pkg/gpu/...", "pkg/hosthop/..."}
 	shipped      = []string{"cmd/libpxn", "cmd/pxn-agent", "cmd/pxn-device-plugin"}
 )
 

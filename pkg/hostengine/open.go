@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package relay
+// Package hostengine builds an engine for a host process: it reads the
+// process's MC_PXN_* environment, registers the rank in the shared-memory
+// registry and hands the engine an adapter of that registry.
+package hostengine
 
 import (
 	"context"
@@ -9,6 +12,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
@@ -16,9 +20,9 @@ import (
 // HostDeps are what a host process supplies to OpenFromEnv: its transport,
 // its directory, its first-hop copier and the one HCA it uses.
 type HostDeps struct {
-	Hop       Hop
-	Directory Directory
-	Copier    Copier
+	Hop       relay.Hop
+	Directory relay.Directory
+	Copier    relay.Copier
 	LocalHCA  string
 	// Arenas allocates the staging arena; nil means host memory.
 	Arenas staging.ArenaProvider
@@ -33,7 +37,7 @@ type HostDeps struct {
 // side (bad values, an unsafe registry, no HCA) is logged once and leaves an
 // engine that sends everything direct: a host process never fails to start
 // because of PXN. Only a missing hop is an error.
-func OpenFromEnv(ctx context.Context, lookup func(string) (string, bool), deps HostDeps) (*Engine, error) {
+func OpenFromEnv(ctx context.Context, lookup func(string) (string, bool), deps HostDeps) (*relay.Engine, error) {
 	log := deps.Logger
 	if log.GetSink() == nil {
 		log = klog.Background()
@@ -41,24 +45,24 @@ func OpenFromEnv(ctx context.Context, lookup func(string) (string, bool), deps H
 	cfg := staging.Load(lookup, func(err error) {
 		log.Info("PXN configuration refused; sending direct", "err", err.Error())
 	})
-	base := Deps{Hop: deps.Hop, Directory: deps.Directory, Copier: deps.Copier, LocalHCA: deps.LocalHCA, Logger: log}
+	base := relay.Deps{Hop: deps.Hop, Directory: deps.Directory, Copier: deps.Copier, LocalHCA: deps.LocalHCA, Logger: log}
 	if !cfg.Enable {
-		return Open(cfg, base)
+		return relay.Open(cfg, base)
 	}
 	reg, err := register(ctx, cfg, deps, log)
 	if err != nil {
 		log.Info("PXN registry unavailable; sending direct", "err", err.Error())
 		cfg.Enable = false
-		return Open(cfg, base)
+		return relay.Open(cfg, base)
 	}
 	base.Registry = reg
-	e, err := Open(cfg, base)
+	e, err := relay.Open(cfg, base)
 	if err != nil {
 		_ = reg.Close(ctx)
 		log.Info("PXN engine refused its dependencies; sending direct", "err", err.Error())
 		cfg.Enable = false
 		base.Registry = nil
-		return Open(cfg, base)
+		return relay.Open(cfg, base)
 	}
 	return e, nil
 }
