@@ -3,6 +3,7 @@
 package chart_test
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -71,5 +72,60 @@ func TestPrometheusRule(t *testing.T) {
 	}
 	if e := fallback["expr"].(string); !strings.Contains(e, "[2m]") || !strings.HasSuffix(e, "> 1048576") {
 		t.Errorf("PxnFallbackSustained expr %q, want the 2m window and the 1048576 B/s threshold", e)
+	}
+}
+
+// helm test runs one verify pod per node: given nodes here, since helm
+// template cannot look the cluster's nodes up (the end-to-end suite runs it
+// against a real node).
+func TestNodeValidationPods(t *testing.T) {
+	h := newHelm(t)
+	for _, o := range h.template(t) {
+		if o.GetAnnotations()["helm.sh/hook"] == "test" {
+			t.Errorf("helm template without a cluster rendered test hook %s %s", o.GetKind(), o.GetName())
+		}
+	}
+	objs := h.template(t, "--set", "nodeValidation.nodes={gpu-1,gpu-2}", "--set", "nodeValidation.bytes=4MiB")
+	var pods []string
+	for _, o := range objs {
+		if o.GetAnnotations()["helm.sh/hook"] != "test" {
+			continue
+		}
+		if o.GetKind() != "Pod" {
+			if !slices.Contains([]string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}, o.GetKind()) || o.GetName() != "pxn-verify" ||
+				o.GetAnnotations()["helm.sh/hook-weight"] != "-10" {
+				t.Errorf("test hook %s %s weight %q", o.GetKind(), o.GetName(), o.GetAnnotations()["helm.sh/hook-weight"])
+			}
+			continue
+		}
+		pods = append(pods, o.GetName())
+		node, _, _ := unstructured.NestedString(o.Object, "spec", "nodeName")
+		sa, _, _ := unstructured.NestedString(o.Object, "spec", "serviceAccountName")
+		cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "containers")
+		if len(cs) != 1 {
+			t.Fatalf("pod %s: %d containers, want 1 (helm test --logs reads one)", o.GetName(), len(cs))
+		}
+		c := cs[0].(map[string]any)
+		args, _, _ := unstructured.NestedStringSlice(c, "args")
+		cmd, _, _ := unstructured.NestedStringSlice(c, "command")
+		limit, _, _ := unstructured.NestedFieldNoCopy(c, "resources", "limits", "pxn.io/relay")
+		relay := fmt.Sprint(limit)
+		if o.GetName() != "pxn-verify-"+node || sa != "pxn-verify" || relay != "1" ||
+			!slices.Equal(cmd, []string{"/usr/local/bin/pxn-agent", "verify-node"}) ||
+			!slices.Equal(args, []string{"--node=" + node, "--bytes=4MiB", "--timeout=5m"}) {
+			t.Errorf("pod %s: node %s, sa %s, relay %q, command %v %v", o.GetName(), node, sa, relay, cmd, args)
+		}
+	}
+	if !slices.Equal(pods, []string{"pxn-verify-gpu-1", "pxn-verify-gpu-2"}) {
+		t.Errorf("verify pods %v, want one per node", pods)
+	}
+	cr := find(objs, "ClusterRole", "pxn-verify")
+	if rules, _, _ := unstructured.NestedSlice(cr.Object, "rules"); len(rules) != 1 {
+		t.Errorf("verify ClusterRole rules %v, want get pxnrailmaps only", rules)
+	}
+	for _, o := range h.template(t, "--set", "nodeValidation.nodes={gpu-1}", "--set", "nodeValidation.enabled=false") {
+		if o.GetAnnotations()["helm.sh/hook"] == "test" {
+			t.Errorf("nodeValidation.enabled=false rendered %s %s", o.GetKind(), o.GetName())
+		}
 	}
 }

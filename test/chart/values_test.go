@@ -54,6 +54,9 @@ func TestSchemaRejects(t *testing.T) {
 		{"alert for not a Prometheus duration", []string{"--set", "prometheusRule.enabled=true", "--set", "prometheusRule.for.staleRelay=1.5m"}, "staleRelay"},
 		{"alert window without unit", []string{"--set", "prometheusRule.fallbackWindow=10"}, "fallbackWindow"},
 		{"alert threshold negative", []string{"--set", "prometheusRule.fallbackBytesPerSecond=-1"}, "fallbackBytesPerSecond"},
+		{"validation node name with capitals", []string{"--set", "nodeValidation.nodes={GPU-1}"}, "nodes"},
+		{"validation bytes without unit", []string{"--set", "nodeValidation.bytes=16"}, "bytes"},
+		{"validation timeout in words", []string{"--set", "nodeValidation.timeout=long"}, "timeout"},
 		{"alert severity with a space", []string{"--set", "prometheusRule.severity=very bad"}, "severity"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
