@@ -18,8 +18,6 @@ func (c *cluster) checkNodeVerdict() {
 	c.root.Cleanup(func() {
 		d := c.detached()
 		_, _ = d.kc("delete", "pod", "-n", namespace, pod, "--ignore-not-found", "--wait=false")
-		_, _ = d.kc("delete", "serviceaccount", "-n", namespace, release+"-verify", "--ignore-not-found")
-		_, _ = d.kc("delete", "clusterrolebinding,clusterrole", release+"-verify", "--ignore-not-found")
 	})
 	out, err := c.run(8*time.Minute, c.helm, "test", release, "-n", namespace, "--kubeconfig", c.kubeconfig(), "--logs", "--timeout", "7m")
 	t.Logf("helm test:\n%s", out)
