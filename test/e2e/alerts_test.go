@@ -133,7 +133,11 @@ func (c *cluster) checkAlerts() {
 	})
 
 	c.mustKC("create", "namespace", alertsNS)
-	c.root.Cleanup(func() { _, _ = c.detached().kc("delete", "namespace", alertsNS, "--wait=false") })
+	t.Cleanup(func() {
+		if out, err := c.detached().kc("delete", "namespace", alertsNS, "--wait=true", "--timeout=2m"); err != nil {
+			t.Errorf("delete namespace %s: %v\n%s", alertsNS, err, out)
+		}
+	})
 	cmd, err := json.Marshal([]string{"/probe", "open", contract.EnvRailMap + "=" + badRail})
 	if err != nil {
 		t.Fatal(err)

@@ -15,9 +15,12 @@ import (
 func (c *cluster) checkNodeVerdict() {
 	t := c.t
 	pod := release + "-verify-" + c.node
-	c.root.Cleanup(func() {
-		d := c.detached()
-		_, _ = d.kc("delete", "pod", "-n", namespace, pod, "--ignore-not-found", "--wait=false")
+	// The finished pod holds a pxn.io/relay slot until it is deleted, and
+	// later steps expect the node's group folders gone.
+	t.Cleanup(func() {
+		if out, err := c.detached().kc("delete", "pod", "-n", namespace, pod, "--ignore-not-found", "--wait=true", "--timeout=2m"); err != nil {
+			t.Errorf("delete %s: %v\n%s", pod, err, out)
+		}
 	})
 	out, err := c.run(8*time.Minute, c.helm, "test", release, "-n", namespace, "--kubeconfig", c.kubeconfig(), "--logs", "--timeout", "7m")
 	t.Logf("helm test:\n%s", out)
