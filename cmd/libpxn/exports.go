@@ -17,6 +17,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -201,7 +202,7 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 		defer cancel()
-		eng, err := relay.OpenFromEnv(ctx, cLookupEnv, relay.HostDeps{
+		eng, err := hostengine.OpenFromEnv(ctx, cLookupEnv, hostengine.HostDeps{
 			Hop: engineHop, Directory: dir, Copier: first.copier, LocalHCA: hca,
 			Arenas: first.arenas, Memory: arena, Logger: log,
 		})

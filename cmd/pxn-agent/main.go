@@ -70,6 +70,7 @@ the agent (pxn-agent run).`,
 		newDiscoverCommand(ctx),
 		newInspectCommand(),
 		newRemoveLabelsCommand(ctx),
+		newVerifyNodeCommand(ctx),
 	)
 	cli.Setup(root, envPrefix, envOverride)
 	return root

@@ -222,8 +222,34 @@ func TestRunPublishesAndServesEndpoints(t *testing.T) {
 		"pxn_agent_rails 8",
 		`pxn_build_info{goversion="` + goruntime.Version() + `",revision=`,
 		`controller_runtime_reconcile_total{controller="pxn-agent",result="success"}`,
+		`pxn_agent_rail_map_condition{condition="Ready",node="run-node"} 1`,
+		`pxn_agent_rail_map_condition{condition="Consistent",node="run-node"} 1`,
 	} {
 		waitHTTP(t, "http://"+metricsAddr+"/metrics", series)
+	}
+
+	// verify-node reads the map the agent published through the API
+	// server; a process standing in for pxn-bench writes the rows.
+	bench := filepath.Join(t.TempDir(), "bench")
+	rows := `for a; do case $a in --json=*) out=${a#--json=};; esac; done
+echo '[{"bytes":33554432,"relayed_bytes":33554432,"failed_tasks":0,"verified":true}]' >"$out"
+`
+	if err := os.WriteFile(bench, []byte("#!/bin/sh\n"+rows), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		node string
+		code int
+		line string
+	}{
+		{node.Name, 0, "pxn node run-node: PASS: rail map Ready and Consistent (8 rails); cross-rail write of 32 MiB relayed 32 MiB and arrived verified\n"},
+		{"other-node", 1, "pxn node other-node: FAIL: PxnRailMap other-node: pxnrailmaps.pxn.io \"other-node\" not found\n"},
+	} {
+		var out bytes.Buffer
+		code := execute(ctx, []string{"verify-node", "--node=" + tc.node, "--kubeconfig=" + kubeconfig, "--bench=" + bench}, &out, io.Discard)
+		if code != tc.code || out.String() != tc.line {
+			t.Errorf("verify-node --node=%s: exit %d, %q; want %d, %q", tc.node, code, out.String(), tc.code, tc.line)
+		}
 	}
 
 	cancel()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/deviceplugin"
+	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -66,7 +67,7 @@ func TestRoCESubnetNodeGetsPXN(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	e, err := relay.OpenFromEnv(ctx, lookup(env), relay.HostDeps{Hop: idleHop{}, Directory: noTargets{}, Copier: hosthop.NewHostCopier(hosthop.HostCopierOptions{}), LocalHCA: "mlx5_2", Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
+	e, err := hostengine.OpenFromEnv(ctx, lookup(env), hostengine.HostDeps{Hop: idleHop{}, Directory: noTargets{}, Copier: hosthop.NewHostCopier(hosthop.HostCopierOptions{}), LocalHCA: "mlx5_2", Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,11 +16,13 @@
 #   PXN_PROMETHEUS_PORT      listen port on 127.0.0.1 (default 19090)
 #   PXN_PROMETHEUS_INTERVAL  scrape interval (default 2s)
 #   PXN_PROMETHEUS_WAIT      seconds start waits for it to be ready (default 60)
+#   PXN_PROMETHEUS_RULES     a rule file Prometheus loads and evaluates (default none)
 set -euo pipefail
 
 PORT=${PXN_PROMETHEUS_PORT:-19090}
 INTERVAL=${PXN_PROMETHEUS_INTERVAL:-2s}
 WAIT=${PXN_PROMETHEUS_WAIT:-60}
+RULES=${PXN_PROMETHEUS_RULES:-}
 
 die() { echo "prometheus.sh: $*" >&2; exit 1; }
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2; }
@@ -46,6 +48,11 @@ start() {
   fi
   mkdir -p "$dir/data"
   for t in "$@"; do targets+="\"$t\", "; done
+  local rules=""
+  if [ -n "$RULES" ]; then
+    [ -r "$RULES" ] || die "no rule file $RULES"
+    rules="rule_files: [\"$RULES\"]"
+  fi
   # honor_labels keeps the namespace and pod the agent exports (the
   # workload's), as the chart's ServiceMonitor and PodMonitor do.
   cat >"$dir/prometheus.yml" <<EOF
@@ -53,6 +60,7 @@ global:
   scrape_interval: $INTERVAL
   scrape_timeout: $INTERVAL
   evaluation_interval: $INTERVAL
+$rules
 scrape_configs:
   - job_name: pxn-agent
     honor_labels: true

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"unsafe"
 
+	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
@@ -42,7 +43,7 @@ func (h *hostRank) newHop() (relay.Hop, error) {
 	return fabric.NewTCPHop(fabric.TCPHopOptions{Targets: h.dir.Addresses()}), nil
 }
 
-func (h *hostRank) firstHop(deps *relay.HostDeps, src uintptr, n uint64) (string, error) {
+func (h *hostRank) firstHop(deps *hostengine.HostDeps, src uintptr, n uint64) (string, error) {
 	c := hosthop.NewHostCopier(hosthop.HostCopierOptions{})
 	if err := c.RegisterDevice(src, n); err != nil {
 		return "", err

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -225,7 +226,7 @@ type rankDevice interface {
 	newHop() (relay.Hop, error)
 	// firstHop fills deps with the copier (and arenas) PXN needs; it is
 	// called only when MC_PXN_ENABLE turns PXN on. It describes the copier.
-	firstHop(deps *relay.HostDeps, src uintptr, n uint64) (string, error)
+	firstHop(deps *hostengine.HostDeps, src uintptr, n uint64) (string, error)
 	// freeMemory is the device's free memory, or false where there is no
 	// device memory to count.
 	freeMemory() (uint64, bool)
@@ -392,9 +393,9 @@ func openEngine(dev rankDevice, dir relay.Directory, o RankOptions, hca string, 
 	time.Sleep(200 * time.Millisecond)
 	free0, _ := dev.freeMemory()
 	th0, gr0, sh0 := threadCount(), runtime.NumGoroutine(), countEntries(o.Registry)
-	deps := relay.HostDeps{Hop: dev.hop(), Directory: dir, LocalHCA: hca}
+	deps := hostengine.HostDeps{Hop: dev.hop(), Directory: dir, LocalHCA: hca}
 	var desc string
-	// relay.OpenFromEnv reports a refused configuration; this only asks
+	// hostengine.OpenFromEnv reports a refused configuration; this only asks
 	// whether PXN is on.
 	if staging.Load(nil, nil).Enable {
 		var err error
@@ -402,7 +403,7 @@ func openEngine(dev rankDevice, dir relay.Directory, o RankOptions, hca string, 
 			return nil, nil, err
 		}
 	}
-	eng, err := relay.OpenFromEnv(context.Background(), nil, deps)
+	eng, err := hostengine.OpenFromEnv(context.Background(), nil, deps)
 	if err != nil {
 		return nil, nil, err
 	}

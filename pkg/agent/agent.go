@@ -149,7 +149,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if err := pxnv1alpha1.AddToScheme(scheme); err != nil {
 		return err
 	}
-	m, err := newMetrics(opts.Registerer)
+	m, err := newMetrics(opts.Registerer, opts.NodeName)
 	if err != nil {
 		return err
 	}

@@ -57,6 +57,13 @@ func TestAgentPublishesFixtureNode(t *testing.T) {
 			a.metric(t, "pxn_agent_discoveries_total"), a.metric(t, "pxn_agent_publishes_total", "target", "status"))
 	}
 
+	eventually(t, agentSettle, func() error {
+		if r, c := a.metric(t, "pxn_agent_rail_map_condition", "condition", "Ready"), a.metric(t, "pxn_agent_rail_map_condition", "condition", "Consistent"); r != 1 || c != 1 {
+			return fmt.Errorf("pxn_agent_rail_map_condition Ready %v Consistent %v, want 1 and 1", r, c)
+		}
+		return nil
+	})
+
 	table := kubectl(t, "get", "pxnrailmaps", node.Name)
 	t.Logf("kubectl get pxnrailmaps %s:\n%s", node.Name, table)
 	header := regexp.MustCompile(`^NAME\s+RAILS\s+GPUS\s+HCAS\s+READY\s+CONSISTENT\s+AGE\n`)

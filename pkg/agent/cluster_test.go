@@ -27,7 +27,7 @@ func TestInconsistentRailNames(t *testing.T) {
 	b := createNode(t, c, "gpu-node-static")
 	// Same hardware, two strategies: mlx5_0 is rail0 on one node and rail-a
 	// on the other.
-	startAgent(t, cfg, railAgent(a.Name, railTestdata("sysfs", "hgx-8gpu"), time.Second, time.Hour))
+	pci := startAgent(t, cfg, railAgent(a.Name, railTestdata("sysfs", "hgx-8gpu"), time.Second, time.Hour))
 	static := railAgent(b.Name, railTestdata("sysfs", "hgx-8gpu"), time.Second, time.Hour)
 	static.Discoverer = agent.RailDiscoverer{Options: rail.Options{
 		HostRoot: railTestdata("sysfs", "hgx-8gpu"), Strategy: rail.StrategyStatic, StaticFile: railTestdata("static", "hgx-8gpu.json"),
@@ -49,6 +49,12 @@ func TestInconsistentRailNames(t *testing.T) {
 		// The conflict is about naming, not ports.
 		mapCondition(t, c, n, pxnv1alpha1.ConditionReady, metav1.ConditionTrue, time.Second)
 	}
+	eventually(t, agentSettle, func() error {
+		if r, c := pci.metric(t, "pxn_agent_rail_map_condition", "condition", "Ready"), pci.metric(t, "pxn_agent_rail_map_condition", "condition", "Consistent"); r != 1 || c != 0 {
+			return fmt.Errorf("pxn_agent_rail_map_condition Ready %v Consistent %v, want 1 and 0", r, c)
+		}
+		return nil
+	})
 }
 
 func TestAgentSurvivesAPIServerRestart(t *testing.T) {

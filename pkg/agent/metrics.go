@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	pxnv1alpha1 "github.com/pxn-project/pxn/api/v1alpha1"
 )
 
 type metrics struct {
@@ -13,9 +15,10 @@ type metrics struct {
 	publishes   *prometheus.CounterVec
 	errors      *prometheus.CounterVec
 	rails       prometheus.Gauge
+	conditions  *prometheus.GaugeVec
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, node string) (*metrics, error) {
 	m := &metrics{
 		discoveries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pxn_agent_discoveries_total",
@@ -33,6 +36,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "pxn_agent_rails",
 			Help: "Canonical rails found by the last successful discovery.",
 		}),
+		conditions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name:        "pxn_agent_rail_map_condition",
+			Help:        "1 when the condition (Ready, Consistent) of the node's PxnRailMap, as the agent last published it, is True; 0 otherwise, and before the first publish.",
+			ConstLabels: prometheus.Labels{"node": node},
+		}, []string{"condition"}),
 	}
 	for _, target := range []string{"map", "status", "node-labels"} {
 		m.publishes.WithLabelValues(target)
@@ -40,7 +48,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, op := range []string{"discover", "publish"} {
 		m.errors.WithLabelValues(op)
 	}
-	for _, c := range []prometheus.Collector{m.discoveries, m.publishes, m.errors, m.rails} {
+	for _, c := range []string{pxnv1alpha1.ConditionReady, pxnv1alpha1.ConditionConsistent} {
+		m.conditions.WithLabelValues(c)
+	}
+	for _, c := range []prometheus.Collector{m.discoveries, m.publishes, m.errors, m.rails, m.conditions} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register agent metrics: %w", err)
 		}

@@ -100,6 +100,13 @@ func (r *reconciler) sync(ctx context.Context) error {
 		}
 		recordConditionChanges(r.events, node, applied, old, status.Conditions)
 	}
+	for _, typ := range []string{pxnv1alpha1.ConditionReady, pxnv1alpha1.ConditionConsistent} {
+		v := 0.0
+		if meta.IsStatusConditionTrue(status.Conditions, typ) {
+			v = 1
+		}
+		r.metrics.conditions.WithLabelValues(typ).Set(v)
+	}
 	if err := r.applyLabels(ctx, node, status); err != nil {
 		return err
 	}

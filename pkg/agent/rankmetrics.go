@@ -142,10 +142,13 @@ const (
 // only, no lock, nothing a pump waits for. A rank that left (its file
 // removed, its heartbeat stale) is gone from the next scrape.
 type RankCollector struct {
-	o      RankMetricsOptions
-	keep   []int // indexes into RankLabels
-	descs  []*prometheus.Desc
-	errors prometheus.Counter
+	o     RankMetricsOptions
+	keep  []int // indexes into RankLabels
+	descs []*prometheus.Desc
+	// stale and refused are the gauges of ranks that are not live: a
+	// heartbeat older than StaleAfter, a refused configuration.
+	stale, refused *prometheus.Desc
+	errors         prometheus.Counter
 }
 
 var _ prometheus.Collector = (*RankCollector)(nil)
@@ -187,6 +190,12 @@ func NewRankCollector(o RankMetricsOptions) (*RankCollector, error) {
 		}
 		c.descs = append(c.descs, prometheus.NewDesc(m.name, m.help, labels, nil))
 	}
+	c.stale = prometheus.NewDesc("pxn_stale_ranks",
+		"Ranks whose control file is published but whose heartbeat is older than the agent's stale-after: hung, or exited without closing. Senders give them no new tickets and write to their rail direct.",
+		names, nil)
+	c.refused = prometheus.NewDesc("pxn_rank_config_refused",
+		"Processes that refused their PXN configuration and send everything direct, by the MC_PXN_* variable refused (from the refusal records in the group folders).",
+		append(slices.Clone(names), "variable"), nil)
 	c.errors = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "pxn_agent_rank_read_errors_total",
 		Help: "Ranks left out of a scrape (a corrupt control file, a counters block that stayed busy, names that are not UTF-8, a group folder over its bound of ranks), and failed pod lookups.",
@@ -199,6 +208,8 @@ func (c *RankCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.descs {
 		ch <- d
 	}
+	ch <- c.stale
+	ch <- c.refused
 	c.errors.Describe(ch)
 }
 
@@ -211,14 +222,11 @@ type rankSeries struct {
 
 // Collect reads every rank and sends the sums of each label set.
 func (c *RankCollector) Collect(ch chan<- prometheus.Metric) {
+	scan := c.scan()
 	sums := map[string]*rankSeries{}
 	var order []string
-	for _, r := range c.Ranks() {
-		vals := r.labels()
-		kept := make([]string, len(c.keep))
-		for j, i := range c.keep {
-			kept[j] = vals[i]
-		}
+	for _, r := range scan.live {
+		kept := c.kept(r.labels())
 		key := strings.Join(kept, "\x00")
 		s := sums[key]
 		if s == nil {
@@ -256,7 +264,44 @@ func (c *RankCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
+	gauge := func(d *prometheus.Desc, counts map[string]float64) {
+		keys := make([]string, 0, len(counts))
+		for k := range counts {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			metric, err := prometheus.NewConstMetric(d, prometheus.GaugeValue, counts[k], strings.Split(k, "\x00")...)
+			if err != nil {
+				c.errors.Inc()
+				continue
+			}
+			ch <- metric
+		}
+	}
+	stale := map[string]float64{}
+	for _, r := range scan.stale {
+		stale[strings.Join(c.kept(r.labels()), "\x00")]++
+	}
+	gauge(c.stale, stale)
+	refused := map[string]float64{}
+	for _, r := range scan.refused {
+		kept := strings.Join(c.kept(r.labels()), "\x00")
+		for _, v := range r.Variables {
+			refused[kept+"\x00"+v]++
+		}
+	}
+	gauge(c.refused, refused)
 	c.errors.Collect(ch)
+}
+
+// kept picks the collector's labels out of a full set of RankLabels values.
+func (c *RankCollector) kept(vals []string) []string {
+	kept := make([]string, len(c.keep))
+	for j, i := range c.keep {
+		kept[j] = vals[i]
+	}
+	return kept
 }
 
 // LiveRank is one rank the agent exports: where it is and what it
@@ -270,7 +315,34 @@ type LiveRank struct {
 }
 
 func (r LiveRank) labels() []string {
-	return []string{r.Node, r.Rail, r.HCA, r.Stats.Device, r.Group, r.Namespace, r.Pod}
+	device := ""
+	if r.Stats != nil {
+		device = r.Stats.Device
+	}
+	return []string{r.Node, r.Rail, r.HCA, device, r.Group, r.Namespace, r.Pod}
+}
+
+// RefusedRank is a process of a group folder that refused its PXN
+// configuration: it registered no control file, and left a refusal record
+// (registry.WriteRefusal) in its registry root instead.
+type RefusedRank struct {
+	Node, Group, Namespace, Pod string
+	// Root is the registry root holding the record.
+	Root string
+	Pid  int
+	// Variables are the names of the variables it refused, each once.
+	Variables []string
+}
+
+func (r RefusedRank) labels() []string {
+	return []string{r.Node, "", "", "", r.Group, r.Namespace, r.Pod}
+}
+
+// nodeScan is what one read of the node's group folders found.
+type nodeScan struct {
+	live    []LiveRank
+	stale   []LiveRank
+	refused []RefusedRank
 }
 
 // Ranks lists the live ranks of the node's group folders: published
@@ -278,17 +350,23 @@ func (r LiveRank) labels() []string {
 // readable. A group folder's ranks may register in it or in a folder one
 // level below (a tool that makes its own registry root in the group
 // folder, as pxn-bench does).
-func (c *RankCollector) Ranks() []LiveRank {
+func (c *RankCollector) Ranks() []LiveRank { return c.scan().live }
+
+// Refused lists the processes of the node's group folders that refused
+// their configuration.
+func (c *RankCollector) Refused() []RefusedRank { return c.scan().refused }
+
+func (c *RankCollector) scan() nodeScan {
+	var out nodeScan
 	log := c.o.Logger
 	groupsDir := contract.GroupsDir(c.o.ShmDir)
 	keys, err := os.ReadDir(groupsDir)
 	if err != nil {
 		// No group folder yet: the device plugin has served no pod.
 		log.V(4).Info("no group folders", "dir", groupsDir, "err", err.Error())
-		return nil
+		return out
 	}
 	pods := c.podsByGroup()
-	var live []LiveRank
 	for _, k := range keys {
 		if !k.IsDir() {
 			continue
@@ -304,16 +382,49 @@ func (c *RankCollector) Ranks() []LiveRank {
 			}
 		}
 		ns, pod := pods.of(k.Name())
-		inGroup := 0
+		inGroup, staleInGroup, refusedInGroup := 0, 0, 0
 		for _, root := range roots {
+			refusals, bad, err := registry.ReadRefusals(root)
+			if err == nil {
+				for i := 0; i < bad; i++ {
+					c.errors.Inc()
+				}
+				for _, rf := range refusals {
+					if refusedInGroup++; refusedInGroup > maxGroupRanks {
+						c.errors.Inc()
+						continue
+					}
+					var vars []string
+					for _, v := range rf.Variables {
+						if !slices.Contains(vars, v.Name) {
+							vars = append(vars, v.Name)
+						}
+					}
+					out.refused = append(out.refused, RefusedRank{Node: c.o.NodeName, Group: k.Name(), Namespace: ns, Pod: pod,
+						Root: root, Pid: rf.Pid, Variables: vars})
+				}
+			}
 			groups, err := registry.InspectRoot(root, c.o.StaleAfter)
 			if err != nil {
 				continue
 			}
 			for _, g := range groups {
 				for _, rr := range g.Ranks {
-					if !rr.Published || (rr.State != "READY" && rr.State != "CLOSING") ||
-						rr.HeartbeatAge < 0 || rr.HeartbeatAge > c.o.StaleAfter {
+					if !rr.Published || (rr.State != "READY" && rr.State != "CLOSING") || rr.HeartbeatAge < 0 {
+						continue
+					}
+					if rr.HeartbeatAge > c.o.StaleAfter {
+						if !utf8.ValidString(rr.Rail) || !utf8.ValidString(rr.HCA) ||
+							(rr.Stats != nil && !utf8.ValidString(rr.Stats.Device)) {
+							c.errors.Inc()
+							continue
+						}
+						if staleInGroup++; staleInGroup > maxGroupRanks {
+							c.errors.Inc()
+							continue
+						}
+						out.stale = append(out.stale, LiveRank{Node: c.o.NodeName, Rail: rr.Rail, HCA: rr.HCA, Group: k.Name(),
+							Namespace: ns, Pod: pod, Registry: g.Path, Pid: rr.Pid, Stats: rr.Stats})
 						continue
 					}
 					if rr.Stats == nil {
@@ -330,13 +441,13 @@ func (c *RankCollector) Ranks() []LiveRank {
 						c.errors.Inc()
 						continue
 					}
-					live = append(live, LiveRank{Node: c.o.NodeName, Rail: rr.Rail, HCA: rr.HCA, Group: k.Name(),
+					out.live = append(out.live, LiveRank{Node: c.o.NodeName, Rail: rr.Rail, HCA: rr.HCA, Group: k.Name(),
 						Namespace: ns, Pod: pod, Registry: g.Path, Pid: rr.Pid, Stats: rr.Stats})
 				}
 			}
 		}
 	}
-	return live
+	return out
 }
 
 // groupPods are the pods holding each group folder's slots.

@@ -269,3 +269,102 @@ func TestRankMetricsBoundAHostileGroup(t *testing.T) {
 		t.Errorf("read errors %v, want %d (one name not UTF-8, %d ranks over the bound)\n%s", v, 1+fakes+1-64, fakes+1-64, text)
 	}
 }
+
+// A process that refused its configuration registers no control file; the
+// agent counts its refusal record, by variable, in the group folder's
+// labels. A rank whose heartbeat went stale leaves pxn_ranks for
+// pxn_stale_ranks.
+func TestRankMetricsRefusedAndStale(t *testing.T) {
+	shm, err := os.MkdirTemp("/dev/shm", "pxn-agent-refused-")
+	if err != nil {
+		t.Skipf("no /dev/shm: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(shm) })
+	state := t.TempDir()
+	job := deviceplugin.GroupKey("team-a", deviceplugin.SourceLabel, "job-a")
+	dir := filepath.Join(deviceplugin.GroupsDir(shm), job)
+	bench := filepath.Join(dir, "bench-registry")
+	if err := os.MkdirAll(bench, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(deviceplugin.SlotsDir(state), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(dir, filepath.Join(deviceplugin.SlotsDir(state), "dev-0")); err != nil {
+		t.Fatal(err)
+	}
+	refuse := func(root string, pid int, vars ...string) {
+		t.Helper()
+		r := registry.Refusal{Pid: pid}
+		for _, v := range vars {
+			r.Variables = append(r.Variables, registry.RefusedVariable{Name: v, Value: "junk", Reason: "test"})
+		}
+		if err := registry.WriteRefusal(root, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refuse(dir, 10, "MC_PXN_RAIL_MAP", "MC_PXN_GROUP_ID")
+	refuse(dir, 11, "MC_PXN_RAIL_MAP")
+	refuse(bench, 12, "MC_PXN_RAIL_MAP", "MC_PXN_RAIL_MAP")
+	if err := os.WriteFile(filepath.Join(dir, registry.RefusalPrefix+"13"), []byte(`{"pid":13,"variables":[{"name":"HOME"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r, err := registry.Register(context.Background(), registry.Options{Root: dir, Group: "g", UID: os.Geteuid(),
+		Rail: "rail0", HCA: "mlx5_0", HeartbeatTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close(context.Background()) })
+
+	const staleAfter = 200 * time.Millisecond
+	c, err := agent.NewRankCollector(agent.RankMetricsOptions{NodeName: testNode, ShmDir: shm, StateDir: state,
+		Pods: fakePods{"dev-0": {"team-a", "a-0"}}, ResourceName: "pxn.io/relay", StaleAfter: staleAfter})
+	if err != nil {
+		t.Fatal(err)
+	}
+	group := map[string]string{"node": testNode, "group": job, "namespace": "team-a", "pod": "a-0"}
+	with := func(k, v string) map[string]string {
+		m := map[string]string{k: v}
+		for gk, gv := range group {
+			m[gk] = gv
+		}
+		return m
+	}
+	text, fams := scrape(t, c)
+	for v, want := range map[string]float64{"MC_PXN_RAIL_MAP": 3, "MC_PXN_GROUP_ID": 1} {
+		if got, ok := value(fams, "pxn_rank_config_refused", with("variable", v)); !ok || got != want {
+			t.Errorf("pxn_rank_config_refused{variable=%s} = %v (%v), want %v\n%s", v, got, ok, want, text)
+		}
+	}
+	if n := len(fams["pxn_rank_config_refused"].GetMetric()); n != 2 {
+		t.Errorf("%d refused series, want 2 (the variable outside the contract is left out)\n%s", n, text)
+	}
+	if v, _ := value(fams, "pxn_agent_rank_read_errors_total", nil); v != 1 {
+		t.Errorf("read errors %v, want 1 (the record naming HOME)", v)
+	}
+	if rs := c.Refused(); len(rs) != 3 || rs[0].Pod != "a-0" {
+		t.Errorf("Refused() = %+v, want 3 processes of pod a-0", rs)
+	}
+
+	// The registered rank never beats again: it goes stale.
+	_, fams = pollScrape(t, c, "the rank stale", func(f map[string]*dto.MetricFamily) bool {
+		v, _ := value(f, "pxn_stale_ranks", with("rail", "rail0"))
+		return v == 1
+	})
+	if _, ok := value(fams, "pxn_ranks", group); ok {
+		t.Errorf("a stale rank is still in pxn_ranks")
+	}
+
+	// A record removed (the process restarted with a good configuration)
+	// leaves the next scrape.
+	for _, root := range []string{dir, bench} {
+		for _, pid := range []int{10, 11, 12} {
+			if err := registry.RemoveRefusal(root, pid); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if text, fams := scrape(t, c); len(fams["pxn_rank_config_refused"].GetMetric()) != 0 {
+		t.Errorf("refusals after their records went:\n%s", text)
+	}
+}

@@ -28,6 +28,7 @@ import (
 
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/deviceplugin"
+	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
@@ -92,7 +93,7 @@ func runRankRole() int {
 		return 1
 	}
 	ctx := context.Background()
-	eng, err := relay.OpenFromEnv(ctx, nil, relay.HostDeps{Hop: hop, Directory: hop, Copier: copier, LocalHCA: rankHCA(k)})
+	eng, err := hostengine.OpenFromEnv(ctx, nil, hostengine.HostDeps{Hop: hop, Directory: hop, Copier: copier, LocalHCA: rankHCA(k)})
 	if err != nil || !eng.PXNActive() {
 		fmt.Println("error engine without PXN:", err)
 		return 1

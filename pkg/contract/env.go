@@ -113,3 +113,13 @@ func ValidateRegistryRoot(s string) error {
 	}
 	return nil
 }
+
+// IsVariable reports whether name is one of the engine's variables.
+func IsVariable(name string) bool {
+	switch name {
+	case EnvEnable, EnvGroupID, EnvInflightDepth, EnvRailMap, EnvCreditTimeout,
+		EnvFirstPiece, EnvHeartbeatTimeout, EnvRegistryRoot, EnvCopyMode:
+		return true
+	}
+	return false
+}

@@ -20,7 +20,7 @@ import (
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
-// The copier's bookkeeping on the stand-in driver of internal/cuda's tests,
+// The copier's bookkeeping on the stand-in driver of pkg/cuda's tests,
 // which runs on any machine: device memory is host memory and every call
 // has completed when it returns. These tests judge what the copier counts,
 // chooses, rings and refuses; when a GPU does the work, and in which order,

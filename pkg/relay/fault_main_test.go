@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
@@ -183,7 +184,7 @@ func (c *holdCopier) RecordReady(stream uintptr) (relay.Event, error) {
 // stallRegistry is the real registry with a heartbeat that a test can stop
 // while the rank keeps running.
 type stallRegistry struct {
-	*relay.StagingRegistry
+	*hostengine.StagingRegistry
 	paused atomic.Bool
 }
 
@@ -255,7 +256,7 @@ func faultRank() error {
 			return err
 		}
 		rankName = rank.Name()
-		stall = &stallRegistry{StagingRegistry: relay.NewStagingRegistry(rank)}
+		stall = &stallRegistry{StagingRegistry: hostengine.NewStagingRegistry(rank)}
 		reg = stall
 	}
 	eng, err := relay.OpenWithFaultHooks(cfg, relay.Deps{Hop: hop, Directory: dir, Copier: cop, Registry: reg, LocalHCA: hca}, hooks)

@@ -102,6 +102,7 @@ func TestServerDryRun(t *testing.T) {
 		args []string
 	}{
 		{"defaults", nil},
+		{"node validation pods", []string{"--set", "nodeValidation.nodes={gpu-1,gpu-2}"}},
 		{"custom", []string{"-f", customFile}},
 		{"agent only", []string{"--set", "devicePlugin.enabled=false", "--set", "rails.strategy=subnet", "--set", "rbac.create=false",
 			"--set", "agent.serviceAccount.create=false", "--set", "agent.serviceAccount.name=pxn-agent"}},

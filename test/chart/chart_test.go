@@ -277,12 +277,12 @@ func checkCleanupHook(t *testing.T, objs []*unstructured.Unstructured) {
 func TestTemplateDefaults(t *testing.T) {
 	objs := newHelm(t).template(t)
 	want := []string{
-		"ClusterRole/pxn-agent", "ClusterRole/pxn-device-plugin",
-		"ClusterRoleBinding/pxn-agent", "ClusterRoleBinding/pxn-device-plugin",
+		"ClusterRole/pxn-agent", "ClusterRole/pxn-device-plugin", "ClusterRole/pxn-verify",
+		"ClusterRoleBinding/pxn-agent", "ClusterRoleBinding/pxn-device-plugin", "ClusterRoleBinding/pxn-verify",
 		"DaemonSet/pxn-agent", "DaemonSet/pxn-device-plugin",
 		"Role/pxn-agent-events", "RoleBinding/pxn-agent-events",
 		"Service/pxn-agent-metrics", "Service/pxn-device-plugin-metrics",
-		"ServiceAccount/pxn-agent", "ServiceAccount/pxn-device-plugin",
+		"ServiceAccount/pxn-agent", "ServiceAccount/pxn-device-plugin", "ServiceAccount/pxn-verify",
 		"ValidatingAdmissionPolicy/pxn-agent-node-restriction", "ValidatingAdmissionPolicyBinding/pxn-agent-node-restriction",
 	}
 	if got := names(objs); !slices.Equal(got, want) {

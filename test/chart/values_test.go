@@ -51,6 +51,13 @@ func TestSchemaRejects(t *testing.T) {
 		{"rank metric label twice", []string{"--set", "agent.rankMetrics.labels={rail,rail}"}, "labels"},
 		{"rank staleness not a duration", []string{"--set", "agent.rankMetrics.staleAfter=ten"}, "staleAfter"},
 		{"dashboard namespace with capitals", []string{"--set", "grafanaDashboard.namespace=Monitoring"}, "namespace"},
+		{"alert for not a Prometheus duration", []string{"--set", "prometheusRule.enabled=true", "--set", "prometheusRule.for.staleRelay=1.5m"}, "staleRelay"},
+		{"alert window without unit", []string{"--set", "prometheusRule.fallbackWindow=10"}, "fallbackWindow"},
+		{"alert threshold negative", []string{"--set", "prometheusRule.fallbackBytesPerSecond=-1"}, "fallbackBytesPerSecond"},
+		{"validation node name with capitals", []string{"--set", "nodeValidation.nodes={GPU-1}"}, "nodes"},
+		{"validation bytes without unit", []string{"--set", "nodeValidation.bytes=16"}, "bytes"},
+		{"validation timeout in words", []string{"--set", "nodeValidation.timeout=long"}, "timeout"},
+		{"alert severity with a space", []string{"--set", "prometheusRule.severity=very bad"}, "severity"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			expectFailure(t, h, tc.args, tc.want)

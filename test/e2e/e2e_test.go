@@ -94,6 +94,8 @@ func TestLocalCluster(t *testing.T) {
 		{"MultiPodGroup", (*cluster).checkMultiPodGroup},
 		{"KubeletRestart", (*cluster).checkKubeletRestart},
 		{"Metrics", (*cluster).checkMetrics},
+		{"Alerts", (*cluster).checkAlerts},
+		{"NodeVerdict", (*cluster).checkNodeVerdict},
 		{"GarbageCollection", (*cluster).checkGarbageCollection},
 	}
 	for _, s := range steps {

@@ -12,6 +12,8 @@
 //	probe writable DIR        create and remove a file in DIR; print "writable"
 //	probe rank I HCA PEER     one of the two ranks of a group spanning two pods
 //	                          (rank.go): relay through the other, check its bytes
+//	probe open VAR=VALUE...   open an engine with these MC_PXN_* values over the
+//	                          container's (open.go), print "pxn active BOOL", hold it
 //
 // It is built with CGO_ENABLED=0 and packed with hack/image; see test/e2e.
 package main
@@ -49,6 +51,8 @@ func run(args []string) error {
 	switch args[0] {
 	case "rank":
 		return runRank(args[1:])
+	case "open":
+		return runOpen(args[1:])
 	case "sleep":
 		c := make(chan os.Signal, 1)
 		signal.Notify(c, syscall.SIGTERM, syscall.SIGINT)

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
@@ -151,7 +152,7 @@ func rank(rep *rankReport, index int, hca, peerHCA string) error {
 	}
 	hop := fabric.NewTCPHop(fabric.TCPHopOptions{Targets: dir.Addresses(), QueueDepth: 256})
 	defer hop.Close()
-	eng, err := relay.OpenFromEnv(ctx, nil, relay.HostDeps{Hop: hop, Directory: dir, Copier: cop, LocalHCA: hca})
+	eng, err := hostengine.OpenFromEnv(ctx, nil, hostengine.HostDeps{Hop: hop, Directory: dir, Copier: cop, LocalHCA: hca})
 	if err != nil {
 		return err
 	}

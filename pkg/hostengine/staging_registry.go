@@ -1,18 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package relay
+package hostengine
 
 import (
 	"context"
 	"errors"
 	"time"
 
+	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
 // StagingRegistry adapts a rank of the shared-memory registry to the
-// engine's Registry. Peers reuses its buffers, so that the pump's refresh
+// engine's relay.Registry. Peers reuses its buffers, so that the pump's refresh
 // allocates nothing while the group stays the same. What the pump calls
 // never waits on another process: the registry lock is only tried, and
 // whatever needs it and finds it busy is retried at a later refresh.
@@ -21,7 +22,7 @@ type StagingRegistry struct {
 	// infos is the rank's last answer, for Peers and Attach; peers is
 	// what Peers returned last, which Attach leaves alone.
 	infos []registry.PeerInfo
-	peers []Peer
+	peers []relay.Peer
 	// offErr is the rank's last ErrTooManyPeers error and offJoined the
 	// error Peers made of it.
 	offErr, offJoined error
@@ -49,13 +50,13 @@ func (s *StagingRegistry) PublishStats(st *staging.RankStats) {
 }
 
 // Peers returns a slice of its own, valid until the next call of Peers.
-func (s *StagingRegistry) Peers() ([]Peer, error) {
+func (s *StagingRegistry) Peers() ([]relay.Peer, error) {
 	var err error
 	s.infos, err = s.rank.TryAppendPeers(s.infos[:0])
 	if err != nil {
 		if errors.Is(err, registry.ErrTooManyPeers) {
 			if err != s.offErr {
-				s.offErr, s.offJoined = err, errors.Join(ErrTooManyPeers, err)
+				s.offErr, s.offJoined = err, errors.Join(relay.ErrTooManyPeers, err)
 			}
 			return nil, s.offJoined
 		}
@@ -66,14 +67,14 @@ func (s *StagingRegistry) Peers() ([]Peer, error) {
 		if p.Refused != nil || p.State != staging.StateReady {
 			continue
 		}
-		s.peers = append(s.peers, Peer{Pid: p.Pid, Epoch: p.Epoch, Rail: p.Rail, HCA: p.HCA})
+		s.peers = append(s.peers, relay.Peer{Pid: p.Pid, Epoch: p.Epoch, Rail: p.Rail, HCA: p.HCA})
 	}
 	return s.peers, nil
 }
 
 // Attach lists the peers again, so that it sees a peer as it is now; the
 // slice Peers returned stays as it was.
-func (s *StagingRegistry) Attach(p Peer) (Link, error) {
+func (s *StagingRegistry) Attach(p relay.Peer) (relay.Link, error) {
 	var err error
 	s.infos, err = s.rank.TryAppendPeers(s.infos[:0])
 	if err != nil {
@@ -83,7 +84,7 @@ func (s *StagingRegistry) Attach(p Peer) (Link, error) {
 		if info.Pid == p.Pid && info.Epoch == p.Epoch {
 			l, err := s.rank.TryAttach(info)
 			if errors.Is(err, registry.ErrLockBusy) || errors.Is(err, registry.ErrAttachPending) {
-				return nil, ErrRegistryBusy
+				return nil, relay.ErrRegistryBusy
 			}
 			if err != nil {
 				return nil, err
@@ -109,15 +110,15 @@ func (l stagingLink) Close() error                { return l.l.CloseNoWait() }
 func (l stagingLink) Wake() *staging.WakeWord     { return l.l.Wake() }
 func (l stagingLink) ArenaShare() uint32          { return l.l.ArenaShare() }
 
-func (l stagingLink) Health(time.Time) Health {
+func (l stagingLink) Health(time.Time) relay.Health {
 	err := l.l.Health(staging.MonoNanos())
 	switch {
 	case err == nil:
-		return Live
+		return relay.Live
 	case errors.Is(err, registry.ErrPeerStale):
-		return Stale
+		return relay.Stale
 	case errors.Is(err, registry.ErrPeerClosing):
-		return Closing
+		return relay.Closing
 	}
-	return Gone
+	return relay.Gone
 }
