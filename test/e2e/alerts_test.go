@@ -5,8 +5,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -70,12 +68,7 @@ type promRule struct {
 }
 
 func (p *prometheus) rules() ([]promRule, error) {
-	resp, err := http.Get(p.url + "/api/v1/rules")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+	body, status, err := p.get("/api/v1/rules")
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +82,7 @@ func (p *prometheus) rules() ([]promRule, error) {
 		} `json:"data"`
 	}
 	if err := json.Unmarshal(body, &ans); err != nil || ans.Status != "success" {
-		return nil, fmt.Errorf("/api/v1/rules: %s %v: %s", resp.Status, err, body)
+		return nil, fmt.Errorf("/api/v1/rules: %s %v: %s", status, err, body)
 	}
 	var out []promRule
 	for _, g := range ans.Data.Groups {

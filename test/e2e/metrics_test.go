@@ -52,14 +52,20 @@ type prometheus struct {
 	url string
 }
 
-// query asks for an instant vector.
-func (p *prometheus) query(expr string) ([]promSample, error) {
-	resp, err := http.Get(p.url + "/api/v1/query?query=" + url.QueryEscape(expr))
+// get reads the body of Prometheus's answer at path, with its status line.
+func (p *prometheus) get(path string) (body []byte, status string, err error) {
+	resp, err := http.Get(p.url + path)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+	body, err = io.ReadAll(resp.Body)
+	return body, resp.Status, err
+}
+
+// query asks for an instant vector.
+func (p *prometheus) query(expr string) ([]promSample, error) {
+	body, status, err := p.get("/api/v1/query?query=" + url.QueryEscape(expr))
 	if err != nil {
 		return nil, err
 	}
@@ -72,7 +78,7 @@ func (p *prometheus) query(expr string) ([]promSample, error) {
 		} `json:"data"`
 	}
 	if err := json.Unmarshal(body, &ans); err != nil {
-		return nil, fmt.Errorf("query %q: %s: %w: %s", expr, resp.Status, err, body)
+		return nil, fmt.Errorf("query %q: %s: %w: %s", expr, status, err, body)
 	}
 	if ans.Status != "success" {
 		return nil, fmt.Errorf("query %q: %s: %s", expr, ans.Status, ans.Error)
