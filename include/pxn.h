@@ -367,6 +367,11 @@ typedef struct pxn_counters {
 	uint64_t copier;
 	/* Batches submitted and not yet freed. */
 	uint64_t live_batches;
+	/*
+	 * Since PXN_API_VERSION 4. MC_PXN_* values refused at pxn_open (each
+	 * logged with its value); any is why pxn_active is 0.
+	 */
+	uint64_t config_refused;
 } pxn_counters;
 
 #ifndef PXN_NO_PROTOTYPES

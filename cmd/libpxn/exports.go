@@ -475,6 +475,7 @@ func pxn_get_counters(h C.pxn_engine_t, out *C.pxn_counters) C.int {
 				lane_quarantines:    C.uint64_t(s.LaneQuarantines),
 				copier:              C.uint64_t(e.first.kind),
 				live_batches:        C.uint64_t(e.liveBatches()),
+				config_refused:      C.uint64_t(s.ConfigRefused),
 			}
 			if e.eng.PXNActive() {
 				c.pxn_active = 1

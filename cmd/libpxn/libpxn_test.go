@@ -524,6 +524,10 @@ func testExampleRanks(t *testing.T, lib libpxn) {
 						t.Fatal(err)
 					}
 					checkV3Line(t, r, v3, done[r], tc.relayed, tc.refuseArena && r == 1, tc.stale)
+					// One variable refused is counted, and nothing else is.
+					if refused := tc.stderrHas == "PXN configuration refused"; (v3["config_refused"] == 1) != refused || v3["config_refused"] > 1 {
+						t.Errorf("rank %d: config_refused %d, want 1 only for a refused configuration (%v)", r, v3["config_refused"], refused)
+					}
 				}
 				line, err = waitLine(ctx, rr, "CLOSED")
 				if err != nil {

@@ -215,7 +215,7 @@ static void print_counters(const example *ex, const char *tag)
 	       (unsigned long long)s.relayed_ops, (unsigned long long)s.routed_ops, (unsigned long long)s.bad_keys,
 	       (unsigned long long)s.stale_ops, (unsigned long long)s.arena_registrations);
 #if PXN_API_VERSION >= 4
-	printf(" pieces=%llu", (unsigned long long)s.pieces);
+	printf(" pieces=%llu config_refused=%llu", (unsigned long long)s.pieces, (unsigned long long)cn.config_refused);
 #endif
 	printf("\n");
 #endif

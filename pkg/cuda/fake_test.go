@@ -14,8 +14,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pxn-project/pxn/internal/sanitize"
 	"github.com/pxn-project/pxn/internal/fakecuda"
+	"github.com/pxn-project/pxn/internal/sanitize"
 )
 
 const fakeLibEnv = fakecuda.LibEnv

@@ -59,7 +59,8 @@ func OpenFromEnv(ctx context.Context, lookup func(string) (string, bool), deps H
 		log.Error(err, "PXN configuration refused; sending direct", "variable", v.Name, "value", v.Value)
 	})
 	recordRefusal(lookup, refused, cfg.Enable, log)
-	base := relay.Deps{Hop: deps.Hop, Directory: deps.Directory, Copier: deps.Copier, LocalHCA: deps.LocalHCA, Logger: log}
+	base := relay.Deps{Hop: deps.Hop, Directory: deps.Directory, Copier: deps.Copier, LocalHCA: deps.LocalHCA, Logger: log,
+		ConfigRefused: len(refused)}
 	if !cfg.Enable {
 		return relay.Open(cfg, base)
 	}

@@ -60,6 +60,9 @@ func TestOpenFromEnvRefusal(t *testing.T) {
 	if e.PXNActive() {
 		t.Error("a refused configuration left PXN on")
 	}
+	if n := e.Counters().ConfigRefused; n != 2 {
+		t.Errorf("the engine counts %d refused values; want 2", n)
+	}
 	var lines []string
 	for _, l := range logged {
 		if strings.Contains(l, "PXN configuration refused") {
@@ -84,8 +87,8 @@ func TestOpenFromEnvRefusal(t *testing.T) {
 
 	// The same pid with an accepted configuration clears the record.
 	good := map[string]string{contract.EnvEnable: "1", contract.EnvGroupID: "job", contract.EnvRegistryRoot: root}
-	if e, _ := open(t, good); !e.PXNActive() {
-		t.Fatal("an accepted configuration left PXN off")
+	if e, _ := open(t, good); !e.PXNActive() || e.Counters().ConfigRefused != 0 {
+		t.Fatalf("an accepted configuration: PXN on %v, %d refused values counted; want on and 0", e.PXNActive(), e.Counters().ConfigRefused)
 	}
 	if rs, _, _ := registry.ReadRefusals(root); len(rs) != 0 {
 		t.Errorf("after an accepted configuration: %+v, want no record", rs)

@@ -32,6 +32,7 @@ type Counters struct {
 	outOfTurn      atomic.Uint64
 	arenaByFD      atomic.Uint64
 	arenaByHandle  atomic.Uint64
+	configRefused  atomic.Uint64
 }
 
 // CounterSnapshot is a copy of the counters at one moment.
@@ -84,6 +85,9 @@ type CounterSnapshot struct {
 	// arena socket, or the handle in its header.
 	ArenasByFD     uint64 `json:"arenas_by_fd"`
 	ArenasByHandle uint64 `json:"arenas_by_handle"`
+	// ConfigRefused counts the MC_PXN_* values the host refused when it
+	// opened the engine (Deps.ConfigRefused); any is why PXN is off.
+	ConfigRefused uint64 `json:"config_refused"`
 }
 
 // fallback counts one Piece of n bytes that went direct for reason.
@@ -94,6 +98,7 @@ func (c *Counters) fallback(reason fallbackReason, n uint64) {
 
 func (c *Counters) snapshot() CounterSnapshot {
 	s := CounterSnapshot{
+		ConfigRefused:     c.configRefused.Load(),
 		RelayedBytes:      c.relayedBytes.Load(),
 		RelayedPieces:     c.relayedPieces.Load(),
 		DirectBytes:       c.directBytes.Load(),

@@ -27,6 +27,10 @@ type Deps struct {
 	LocalHCA string
 	// Logger receives the engine's few log lines; defaults to klog.
 	Logger klog.Logger
+	// ConfigRefused is how many of its configuration values the host
+	// refused before opening the engine (each turns PXN off); the engine
+	// counts them in CounterSnapshot.ConfigRefused.
+	ConfigRefused int
 }
 
 // Engine routes a host's transfers: cross-rail device writes through a relay
@@ -90,6 +94,7 @@ func open(cfg staging.Config, deps Deps, hooks testHooks) (*Engine, error) {
 		scratch: newScratchPool(),
 	}
 	e.pieceHop, _ = deps.Hop.(PieceHop)
+	e.counters.configRefused.Store(uint64(max(deps.ConfigRefused, 0)))
 	e.routes.Store(&routeTable{})
 	if !cfg.Enable || deps.Registry == nil {
 		return e, nil

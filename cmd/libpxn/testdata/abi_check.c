@@ -35,7 +35,8 @@ _Static_assert(sizeof(void *) != 8 || offsetof(pxn_options, copier) == 40, "pxn_
 _Static_assert(sizeof(void *) != 8 || offsetof(pxn_options, register_arena) == 48, "pxn_options.register_arena");
 _Static_assert(sizeof(void *) != 8 || sizeof(pxn_request) == 48, "pxn_request");
 _Static_assert(sizeof(pxn_task_status) == 16, "pxn_task_status");
-_Static_assert(sizeof(pxn_counters) == 120, "pxn_counters");
+_Static_assert(sizeof(pxn_counters) == 128, "pxn_counters");
+_Static_assert(offsetof(pxn_counters, config_refused) == 120, "pxn_counters.config_refused");
 _Static_assert(offsetof(pxn_counters, copier) == 104, "pxn_counters.copier");
 _Static_assert(offsetof(pxn_counters, relayed_bytes) == 8, "pxn_counters.relayed_bytes");
 
