@@ -282,15 +282,15 @@ func TestRankMetricsRefusedAndStale(t *testing.T) {
 	t.Cleanup(func() { os.RemoveAll(shm) })
 	state := t.TempDir()
 	job := deviceplugin.GroupKey("team-a", deviceplugin.SourceLabel, "job-a")
-	dir := filepath.Join(deviceplugin.GroupsDir(shm), job)
+	dir := filepath.Join(contract.GroupsDir(shm), job)
 	bench := filepath.Join(dir, "bench-registry")
 	if err := os.MkdirAll(bench, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(deviceplugin.SlotsDir(state), 0o755); err != nil {
+	if err := os.MkdirAll(contract.SlotsDir(state), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(dir, filepath.Join(deviceplugin.SlotsDir(state), "dev-0")); err != nil {
+	if err := os.Symlink(dir, filepath.Join(contract.SlotsDir(state), "dev-0")); err != nil {
 		t.Fatal(err)
 	}
 	refuse := func(root string, pid int, vars ...string) {
