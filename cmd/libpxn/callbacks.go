@@ -13,6 +13,7 @@ import (
 	"bytes"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/pxn-project/pxn/pkg/relay"
@@ -109,6 +110,10 @@ type cHop struct {
 	arena  *cArena
 	routes *routeBook
 
+	// held counts the ops the host took and has not reported complete; a
+	// NIC may still read the arena for any of them.
+	held atomic.Int64
+
 	pollMu   sync.Mutex
 	pollBuf  *C.pxn_transport_completion
 	pollCap  int
@@ -204,6 +209,7 @@ func (h *cHop) Submit(ops []relay.WriteOp) (err error) {
 	}
 	switch rc := int32(C.pxnlib_call_submit(h.submitFn, h.user, (*C.pxn_transport_op)(buf.p), C.size_t(len(ops)))); rc {
 	case codeOK:
+		h.held.Add(int64(len(ops)))
 		return nil
 	case codeBusy:
 		return relay.ErrHopBusy
@@ -238,6 +244,9 @@ func (h *cHop) Poll(out []relay.HopCompletion) (n int) {
 	// A host that reports more than it was given room for has already
 	// overrun the array; what lies past it is not read.
 	got = min(got, len(out))
+	if h.held.Add(-int64(got)) < 0 {
+		h.held.Store(0)
+	}
 	cs := unsafe.Slice(h.pollBuf, got)
 	for i := range cs {
 		out[i] = relay.HopCompletion{Token: uint64(cs[i].token)}

@@ -177,6 +177,7 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 		}
 		hop := &cHop{submitFn: t.submit, pollFn: t.poll, user: C.uintptr_t(cAddress(&t.user)), bufs: bufs,
 			opSize: stride, arena: arena, routes: routes}
+		arena.busy = hop.held.Load
 		var dir relay.Directory
 		var table *tableDirectory
 		if o.resolve != nil {
