@@ -18,10 +18,14 @@
 #include "config.h"
 #include "memory_location.h"
 #include "pxn.h"
+#include "pxn_layout.h"
 
 #ifndef PXN_LIBRARY
 #define PXN_LIBRARY "libpxn.so"
 #endif
+
+// The transport's view of the structs it shares with the engine.
+PXN_MOONCAKE_DEFINE_LAYOUT(pxn_mooncake_transport_layout)
 
 namespace mooncake {
 
@@ -774,6 +778,13 @@ PxnRdmaTransport::PxnRdmaTransport() = default;
 
 bool PxnRdmaTransport::enabled() { return pxnRequested(); }
 
+std::string PxnRdmaTransport::layoutMismatch() {
+    const pxn_layout_field *engine, *mine;
+    size_t ne = pxn_mooncake_engine_layout(&engine);
+    size_t nm = pxn_mooncake_transport_layout(&mine);
+    return pxnLayoutMismatch(engine, ne, mine, nm);
+}
+
 PxnRdmaTransport::~PxnRdmaTransport() {
     // libpxn drains through RdmaTransport, which must still be whole.
     if (pxn_) pxn_->close();
@@ -783,6 +794,14 @@ PxnRdmaTransport::~PxnRdmaTransport() {
 int PxnRdmaTransport::install(std::string &local_server_name,
                               std::shared_ptr<TransferMetadata> meta,
                               std::shared_ptr<Topology> topo) {
+    std::string skew = layoutMismatch();
+    if (!skew.empty()) {
+        LOG(ERROR) << "PxnRdmaTransport was compiled with other Mooncake "
+                      "struct layouts than the engine (engine first): "
+                   << skew
+                   << "; build it inside Mooncake's tree with the PXN patch";
+        return ERR_INVALID_ARGUMENT;
+    }
     int rc = RdmaTransport::install(local_server_name, meta, topo);
     if (rc != 0 || !pxnRequested()) return rc;
     std::string why = "no topology";

@@ -35,6 +35,11 @@ class PxnRdmaTransport : public RdmaTransport {
     // this transport over RdmaTransport.
     static bool enabled();
 
+    // Where this transport and the engine it is linked into disagree on a
+    // shared struct's size or field offset (pxn_layout.h), said as the first
+    // difference; empty when they agree. install fails unless it is empty.
+    static std::string layoutMismatch();
+
     int install(std::string &local_server_name,
                 std::shared_ptr<TransferMetadata> meta,
                 std::shared_ptr<Topology> topo) override;
