@@ -43,10 +43,10 @@ lint: tools
 # stream stays in _output/test.json.
 TEST_PKGS ?= ./...
 ALLOC_PKGS ?= $(sort $(addprefix ./,$(dir $(shell grep -rlE --include='*_test.go' '^func Test[A-Za-z0-9_]*Alloc' api cmd hack integrations internal pkg test))))
-test: lint host-packages
+test: lint host-packages mooncake
 	@mkdir -p _output
 	@$(GO) build -o _output/testreport ./hack/testreport
-	set -o pipefail; export PXN_REQUIRE_TOOLS=1 PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools}; \
+	set -o pipefail; export PXN_REQUIRE_TOOLS=1 PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools} MOONCAKE_TREE=$(abspath $(MOONCAKE_TREE)); \
 	export KUBEBUILDER_ASSETS=$$($(TOOLS) assets); \
 	( rc=0; $(GO) test -json $(GOTEST_FLAGS) $(TEST_PKGS) || rc=1; \
 	  $(GO) test -json -count=1 -timeout 30m -run Alloc $(ALLOC_PKGS) || rc=1; exit $$rc ) \
@@ -58,17 +58,29 @@ test: lint host-packages
 host-packages:
 	@hack/host-packages.sh ensure cluster mooncake cross
 
-# The Mooncake transport (integrations/mooncake) against a Mooncake checkout:
-# _output/mooncake/libpxn_mooncake.a and libpxn.so, and the factory patch
-# compiled on a copy of the checkout's multi_transport.cpp. make test runs
-# its tests through go test ./...; mooncake-test runs them alone.
-.PHONY: mooncake mooncake-test
+# Mooncake's transfer engine with PXN's transport compiled inside it
+# (integrations/mooncake/patches/mooncake.patch), in every configuration, with
+# Mooncake's unit tests and PXN's layout check: hack/mooncake.sh, cached in
+# PXN_TOOLS_DIR by Mooncake commit and patch hash. Without a Mooncake tree it
+# says so and the engine tests skip. make test runs the tests through
+# go test ./...; mooncake-test runs them alone.
+.PHONY: mooncake mooncake-seam mooncake-test
+MOONCAKE_TREE ?= ../shared/reference/mooncake-src/mooncake
 MOONCAKE_SRC ?= ../shared/reference/mooncake
 mooncake:
+	@if [ -f $(MOONCAKE_TREE)/mooncake-transfer-engine/CMakeLists.txt ]; then \
+		MOONCAKE_TREE=$(abspath $(MOONCAKE_TREE)) PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools} hack/mooncake.sh build; \
+	else echo "mooncake: no Mooncake tree at $(MOONCAKE_TREE) (MOONCAKE_TREE): the engine is not built"; fi
+
+# The transport beside a Mooncake checkout, against the link seam its NIC
+# tests use: _output/mooncake/libpxn_mooncake.a and libpxn.so, and the
+# factory part of the patch compiled on a copy of multi_transport.cpp.
+mooncake-seam:
 	@$(MAKE) -C integrations/mooncake all patch-check MOONCAKE_SRC=$(abspath $(MOONCAKE_SRC)) OUT=$(CURDIR)/_output/mooncake
 
-mooncake-test:
-	MOONCAKE_SRC=$(abspath $(MOONCAKE_SRC)) $(GO) test -count=1 -v ./integrations/mooncake/
+mooncake-test: mooncake
+	MOONCAKE_SRC=$(abspath $(MOONCAKE_SRC)) MOONCAKE_TREE=$(abspath $(MOONCAKE_TREE)) \
+	PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools} $(GO) test -count=1 -v ./integrations/mooncake/
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...

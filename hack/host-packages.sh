@@ -18,7 +18,10 @@
 #   cross    gcc-aarch64-linux-gnu and the arm64 C library: hack/image for linux/arm64
 #            and its tests
 #   mooncake g++, patch and the headers Mooncake's transfer engine includes
-#            (glog, gflags, jsoncpp, libibverbs, libnuma): integrations/mooncake
+#            (glog, gflags, jsoncpp, libibverbs, libnuma): integrations/mooncake;
+#            cmake, yaml-cpp, googletest's sources, Python's headers (pybind11
+#            looks for them) and ccache: the engine built with PXN's transport
+#            (hack/mooncake.sh)
 #
 # Exit codes: 0 nothing missing (or ensure could not install and said why), 1 an
 # install failed, 2 usage, 3 (check) something is missing and this machine
@@ -61,6 +64,11 @@ group_needs() {
       echo "libjsoncpp-dev /usr/include/jsoncpp/json/json.h"
       echo "libibverbs-dev /usr/include/infiniband/verbs.h"
       echo "libnuma-dev /usr/include/numa.h"
+      echo "cmake cmake"
+      echo "libyaml-cpp-dev /usr/include/yaml-cpp/yaml.h"
+      echo "libgtest-dev /usr/src/googletest/CMakeLists.txt"
+      echo "python3-dev python3-config"
+      echo "ccache ccache"
       ;;
     *) echo "host-packages: unknown group $1 (want build, cluster, cross or mooncake)" >&2; exit 2 ;;
   esac

@@ -393,6 +393,9 @@ int pxn_open(const pxn_options *opts, pxn_engine_t *out);
  * Drains in-flight work for up to timeout_ms, fails what is left, withdraws
  * the rank and releases the engine and all its batches. The handle is
  * released even when the result is an error (PXN_ETIMEDOUT: work was left).
+ * When the host's transport still holds second-hop ops after the drain, the
+ * staging arena is neither deregistered (no deregister_arena call) nor freed:
+ * it stays allocated until the process exits, and the result is an error.
  */
 int pxn_close(pxn_engine_t engine, uint32_t timeout_ms);
 

@@ -36,6 +36,11 @@ type cArena struct {
 	key    atomic.Uint64
 	hasKey atomic.Bool
 
+	// busy counts the second-hop ops the host's transport still holds
+	// (nil: none are tracked). While it is above zero the arena is neither
+	// deregistered nor freed.
+	busy func() int64
+
 	mu         sync.Mutex
 	registered bool
 }
@@ -68,6 +73,14 @@ func (a *cArena) Deregister(base uintptr, size uint64) error {
 	defer a.mu.Unlock()
 	if !a.registered || a.base.Load() != base || a.size.Load() != size {
 		return fmt.Errorf("libpxn: deregister of %#x+%d, which is not the registered arena", base, size)
+	}
+	// The registry keeps an arena it could not deregister allocated until
+	// the process exits: a close whose drain ran out must not free memory
+	// that a work request the host still holds may read.
+	if a.busy != nil {
+		if n := a.busy(); n > 0 {
+			return fmt.Errorf("libpxn: staging arena %#x+%d stays registered: the host's transport still holds %d ops that may read it", base, size, n)
+		}
 	}
 	a.registered = false
 	a.base.Store(0)

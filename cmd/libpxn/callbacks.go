@@ -13,6 +13,7 @@ import (
 	"bytes"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/pxn-project/pxn/pkg/relay"
@@ -109,6 +110,11 @@ type cHop struct {
 	arena  *cArena
 	routes *routeBook
 
+	// held counts the completions the host owes: one for each op it took
+	// through submit, one for each Piece through submit_piece; a NIC may
+	// still read the arena for any of them.
+	held atomic.Int64
+
 	pollMu   sync.Mutex
 	pollBuf  *C.pxn_transport_completion
 	pollCap  int
@@ -155,7 +161,11 @@ func (h *cHop) Submit(ops []relay.WriteOp) (err error) {
 		return err
 	}
 	defer h.bufs.put(buf)
-	return submitResult(int32(C.pxnlib_call_submit(h.submitFn, h.user, (*C.pxn_transport_op)(buf.p), C.size_t(len(ops)))), "submit", len(ops))
+	err = submitResult(int32(C.pxnlib_call_submit(h.submitFn, h.user, (*C.pxn_transport_op)(buf.p), C.size_t(len(ops)))), "submit", len(ops))
+	if err == nil {
+		h.held.Add(int64(len(ops)))
+	}
+	return err
 }
 
 // submitResult maps the host's answer to a submit of n ops.
@@ -256,7 +266,12 @@ func (h cPieceHop) SubmitPiece(ops []relay.WriteOp, token uint64) (err error) {
 	if len(ops) > 0 {
 		arr = (*C.pxn_transport_op)(buf.p)
 	}
-	return submitResult(int32(C.pxnlib_call_submit_piece(h.pieceFn, h.user, arr, C.size_t(len(ops)), C.uint64_t(token))), "submit_piece", len(ops))
+	err = submitResult(int32(C.pxnlib_call_submit_piece(h.pieceFn, h.user, arr, C.size_t(len(ops)), C.uint64_t(token))), "submit_piece", len(ops))
+	if err == nil {
+		// One completion reports the whole Piece.
+		h.held.Add(1)
+	}
+	return err
 }
 
 // Poll asks the host for up to len(out) completions. Calls are serialized,
@@ -285,6 +300,9 @@ func (h *cHop) Poll(out []relay.HopCompletion) (n int) {
 	// A host that reports more than it was given room for has already
 	// overrun the array; what lies past it is not read.
 	got = min(got, len(out))
+	if h.held.Add(-int64(got)) < 0 {
+		h.held.Store(0)
+	}
 	cs := unsafe.Slice(h.pollBuf, got)
 	for i := range cs {
 		out[i] = relay.HopCompletion{Token: uint64(cs[i].token)}

@@ -188,6 +188,7 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 		if t.submit_piece != nil && !legacy {
 			engineHop = cPieceHop{cHop: hop, pieceFn: t.submit_piece}
 		}
+		arena.busy = hop.held.Load
 		var dir relay.Directory
 		var table *tableDirectory
 		if o.resolve != nil {

@@ -129,8 +129,13 @@ func withoutRace(goflags string) string {
 // the program, by the Makefile's test-bin target. A sanitized one compiles
 // the C++ (the checkout's files it links included) with ASan and UBSan and
 // builds libpxn.so with go build -asan, its cgo C code under both.
+//
+// An event-driven one compiles the C++ with USE_EVENT_DRIVEN_COMPLETION, as
+// Mooncake's option of that name does: tasks and batches complete through
+// the counters and condition variable it adds.
 type testBuild struct {
 	sanitized bool
+	event     bool
 	once      sync.Once
 	err       error
 }
@@ -138,6 +143,7 @@ type testBuild struct {
 var (
 	plainBuild     testBuild
 	sanitizedBuild = testBuild{sanitized: true}
+	eventBuild     = testBuild{event: true}
 )
 
 // A program is a built test program and the folder that holds it and
@@ -172,6 +178,10 @@ func (b *testBuild) build(t *testing.T) program {
 	out := buildDir(t, src)
 	vars := []string{"CXXFLAGS=-O1 -g"}
 	env := append(os.Environ(), "CGO_ENABLED=1", "GOFLAGS="+withoutRace(os.Getenv("GOFLAGS")))
+	if b.event {
+		out += "-event"
+		vars = []string{"CXXFLAGS=-O1 -g -DUSE_EVENT_DRIVEN_COMPLETION"}
+	}
 	if b.sanitized {
 		sanitize.Require(t, "g++")
 		out += "-asan-ubsan"
@@ -360,6 +370,12 @@ func testPxnOff(t *testing.T, p program) {
 // hold, release or fail its NIC, or to check what it posted.
 func TestTransportThroughRelay(t *testing.T) {
 	testThroughRelay(t, plainBuild.build(t))
+}
+
+// TestTransportThroughRelayEventDriven is TestTransportThroughRelay with
+// Mooncake's event-driven completion compiled in.
+func TestTransportThroughRelayEventDriven(t *testing.T) {
+	testThroughRelay(t, eventBuild.build(t))
 }
 
 // TestTransportThroughRelaySanitized is TestTransportThroughRelay with both

@@ -18,10 +18,14 @@
 #include "config.h"
 #include "memory_location.h"
 #include "pxn.h"
+#include "pxn_layout.h"
 
 #ifndef PXN_LIBRARY
 #define PXN_LIBRARY "libpxn.so"
 #endif
+
+// The transport's view of the structs it shares with the engine.
+PXN_MOONCAKE_DEFINE_LAYOUT(pxn_mooncake_transport_layout)
 
 namespace mooncake {
 
@@ -40,6 +44,10 @@ bool isDeviceLocation(const std::string &location) {
 // stands for the whole request: MultiTransport's slice timeout reads its
 // timestamp, and ~TransferTask returns it to the slice cache.
 void pxnTaskSlice(Transport::Slice *) {}
+
+// Written into such a slice's rdma.retry_cnt, which nothing else reads on
+// it, when libpxn reported the task TIMEOUT.
+constexpr uint32_t kTimedOutMark = 0x7fffffff;
 
 bool isFinal(int32_t state) {
     return state != PXN_TASK_WAITING && state != PXN_TASK_PENDING;
@@ -176,6 +184,8 @@ struct PxnRdmaTransport::Engine {
     std::vector<pxn_transport_completion> refused;
 
     bool arena_offered = false;
+    // Set by close: libpxn is gone and every request goes to RdmaTransport.
+    std::atomic<bool> closed{false};
 
     // Opens libpxn, or returns null and says why in why.
     static std::unique_ptr<Engine> open(PxnRdmaTransport &owner,
@@ -235,35 +245,61 @@ struct PxnRdmaTransport::Engine {
         return e;
     }
 
+    // Closes libpxn (a drain of up to 5 s; when the host's transport still
+    // holds second-hop ops, libpxn keeps its arena registered and allocated
+    // until the process exits), fails for Mooncake the tasks libpxn still
+    // had, and frees the internal batches RDMA has finished. A later call
+    // frees those RDMA finished since.
     void close() {
-        int rc = api.close(handle, 5000);
-        if (rc != PXN_OK)
-            LOG(WARNING) << "pxn_close: " << api.lastError();
-        {
-            std::lock_guard<std::mutex> g(task_mu);
-            std::vector<Submission *> subs;
-            for (auto &kv : tasks) subs.push_back(kv.second.sub);
-            std::sort(subs.begin(), subs.end());
-            subs.erase(std::unique(subs.begin(), subs.end()), subs.end());
-            for (auto *s : subs) delete s;
-            tasks.clear();
+        bool first = !closed.exchange(true);
+        if (first) {
+            int rc = api.close(handle, 5000);
+            if (rc != PXN_OK)
+                LOG(WARNING) << "pxn_close: " << api.lastError();
+            std::vector<std::pair<TransferTask *, Submission *>> left;
+            {
+                std::lock_guard<std::mutex> g(task_mu);
+                for (auto &kv : tasks)
+                    left.emplace_back(const_cast<TransferTask *>(kv.first),
+                                      kv.second.sub);
+                tasks.clear();
+            }
+            std::sort(left.begin(), left.end(),
+                      [](const auto &a, const auto &b) { return a.second < b.second; });
+            Submission *prev = nullptr;
+            for (auto &[task, sub] : left) {
+                // Their libpxn batches went with the engine.
+                if (Slice *sl = pxnSlice(*task)) sl->markFailed();
+                if (sub != prev) {
+                    delete sub;
+                    live_submissions--;
+                    prev = sub;
+                }
+            }
         }
         std::lock_guard<std::mutex> g(op_mu);
-        size_t held = 0;
-        for (auto *ob : live) {
+        size_t held = sweep();
+        if (held && first)
+            LOG(WARNING) << "PXN closed with " << held
+                         << " op batches still held by RDMA";
+    }
+
+    // Frees the op batches whose tasks RDMA has all finished, reporting
+    // nothing to libpxn; returns how many are left. op_mu held.
+    size_t sweep() {
+        for (size_t i = 0; i < live.size();) {
+            OpBatch *ob = live[i];
             reap(ob, nullptr, 0);
             if (ob->open == 0 && finished(ob)) {
                 owner.Transport::freeBatchID(ob->id);
                 delete ob;
-            } else {
-                // RDMA may still write from these requests' memory.
-                held++;
+                live[i] = live.back();
+                live.pop_back();
+                continue;
             }
+            i++;
         }
-        live.clear();
-        if (held)
-            LOG(WARNING) << "PXN closed with " << held
-                         << " op batches still held by RDMA";
+        return live.size();
     }
 
     // Memory classification.
@@ -549,8 +585,8 @@ struct PxnRdmaTransport::Engine {
         return true;
     }
 
-    // Reports what finished in ob, at most cap completions into out; op_mu
-    // held.
+    // Reports what finished in ob, at most cap completions into out (out
+    // NULL: every one, reported nowhere); op_mu held.
     size_t reap(OpBatch *ob, pxn_transport_completion *out, size_t cap) {
         size_t n = 0;
         for (size_t i = 0; i < ob->state.size(); i++) {
@@ -563,18 +599,22 @@ struct PxnRdmaTransport::Engine {
                 if (done) ob->state[i] = 1;
                 continue;
             }
-            if (n == cap) continue;
+            if (out != nullptr && n == cap) continue;
             auto &task = Transport::toBatchDesc(ob->id).task_list[i];
             if (done) {
-                out[n++] =
-                    st.s == TransferStatusEnum::COMPLETED
-                        ? refusal(ob->tokens[i], PXN_OK, "")
-                        : refusal(ob->tokens[i], PXN_EIO, "RDMA write failed");
+                if (out != nullptr)
+                    out[n] = st.s == TransferStatusEnum::COMPLETED
+                                 ? refusal(ob->tokens[i], PXN_OK, "")
+                                 : refusal(ob->tokens[i], PXN_EIO,
+                                           "RDMA write failed");
+                n++;
                 ob->state[i] = 1;
                 ob->open--;
             } else if (sliceTimedOut(task)) {
-                out[n++] =
-                    refusal(ob->tokens[i], PXN_ETIMEDOUT, "RDMA slice timed out");
+                if (out != nullptr)
+                    out[n] = refusal(ob->tokens[i], PXN_ETIMEDOUT,
+                                     "RDMA slice timed out");
+                n++;
                 ob->state[i] = 2;
                 ob->open--;
             }
@@ -673,6 +713,7 @@ struct PxnRdmaTransport::Engine {
             s->peer_nic_path.clear();
             s->source_location.clear();
             s->rdma.dest_addr = q.target_offset;
+            s->rdma.retry_cnt = 0;
             s->task = &task;
             s->status = Slice::POSTED;
             s->ts = now;
@@ -707,15 +748,13 @@ struct PxnRdmaTransport::Engine {
         } else {
             __atomic_fetch_add(&task.transferred_bytes, transferred,
                                __ATOMIC_RELAXED);
-            if (state == PXN_TASK_TIMEOUT) {
-                // The status is written before the count that makes the
-                // task final, which readers load with acquire.
-                s.status = Slice::TIMEOUT;
-                __atomic_fetch_add(&task.failed_slice_count, 1,
-                                   __ATOMIC_ACQ_REL);
-            } else {
-                s.markFailed();
-            }
+            // markFailed counts the slice and, in an event-driven build,
+            // completes the task and its batch; the mark it cannot carry
+            // (it sets FAILED) is written before its count, which readers
+            // load with acquire.
+            s.rdma.retry_cnt =
+                state == PXN_TASK_TIMEOUT ? kTimedOutMark : 0;
+            s.markFailed();
         }
         if (ref.sub->open.fetch_sub(1) == 1) {
             if (api.free_batch(handle, ref.batch) != PXN_OK)
@@ -740,15 +779,20 @@ struct PxnRdmaTransport::Engine {
             if (mapped) {
                 pxn_task_status st{};
                 int rc = api.get_status(handle, ref.batch, ref.index, &st);
-                if (rc == PXN_OK && !isFinal(st.state)) {
+                if (rc != PXN_OK) {
+                    // libpxn may still work on the batch: it is neither
+                    // freed nor reported final here. MultiTransport's
+                    // slice timeout, or close, ends the task.
+                    LOG_EVERY_N(WARNING, 1000)
+                        << "pxn_get_status: " << api.lastError();
+                    out.s = TransferStatusEnum::WAITING;
+                    out.transferred_bytes = task.transferred_bytes;
+                    return;
+                }
+                if (!isFinal(st.state)) {
                     out.s = TransferStatusEnum::WAITING;
                     out.transferred_bytes = st.transferred;
                     return;
-                }
-                if (rc != PXN_OK) {
-                    LOG_EVERY_N(WARNING, 1000)
-                        << "pxn_get_status: " << api.lastError();
-                    st.state = PXN_TASK_FAILED;
                 }
                 finalize(task, s, st.state, st.transferred);
             }
@@ -762,7 +806,7 @@ struct PxnRdmaTransport::Engine {
         }
         if (bad == 0)
             out.s = TransferStatusEnum::COMPLETED;
-        else if (s.status == Slice::TIMEOUT)
+        else if (s.rdma.retry_cnt == kTimedOutMark)
             out.s = TransferStatusEnum::TIMEOUT;
         else
             out.s = TransferStatusEnum::FAILED;
@@ -774,15 +818,34 @@ PxnRdmaTransport::PxnRdmaTransport() = default;
 
 bool PxnRdmaTransport::enabled() { return pxnRequested(); }
 
+std::string PxnRdmaTransport::layoutMismatch() {
+    const pxn_layout_field *engine, *mine;
+    size_t ne = pxn_mooncake_engine_layout(&engine);
+    size_t nm = pxn_mooncake_transport_layout(&mine);
+    return pxnLayoutMismatch(engine, ne, mine, nm);
+}
+
 PxnRdmaTransport::~PxnRdmaTransport() {
     // libpxn drains through RdmaTransport, which must still be whole.
-    if (pxn_) pxn_->close();
+    pxnClose();
     pxn_.reset();
+}
+
+void PxnRdmaTransport::pxnClose() {
+    if (pxn_) pxn_->close();
 }
 
 int PxnRdmaTransport::install(std::string &local_server_name,
                               std::shared_ptr<TransferMetadata> meta,
                               std::shared_ptr<Topology> topo) {
+    std::string skew = layoutMismatch();
+    if (!skew.empty()) {
+        LOG(ERROR) << "PxnRdmaTransport was compiled with other Mooncake "
+                      "struct layouts than the engine (engine first): "
+                   << skew
+                   << "; build it inside Mooncake's tree with the PXN patch";
+        return ERR_INVALID_ARGUMENT;
+    }
     int rc = RdmaTransport::install(local_server_name, meta, topo);
     if (rc != 0 || !pxnRequested()) return rc;
     std::string why = "no topology";
@@ -828,7 +891,7 @@ int PxnRdmaTransport::unregisterLocalMemoryBatch(
 
 Status PxnRdmaTransport::submitTransferTask(
     const std::vector<TransferTask *> &task_list) {
-    if (!pxn_) return RdmaTransport::submitTransferTask(task_list);
+    if (!pxn_ || pxn_->closed) return RdmaTransport::submitTransferTask(task_list);
     std::vector<TransferTask *> direct;
     direct.reserve(task_list.size());
     pxn_->route(task_list, direct);
@@ -866,7 +929,7 @@ PxnRdmaTransport::PxnStats PxnRdmaTransport::pxnStats() const {
     PxnStats st;
     if (!pxn_) return st;
     auto &e = *pxn_;
-    st.active = true;
+    st.active = !e.closed;
     {
         std::lock_guard<std::mutex> g(e.task_mu);
         st.tasks = e.tasks.size();
@@ -878,7 +941,7 @@ PxnRdmaTransport::PxnStats PxnRdmaTransport::pxnStats() const {
     }
     pxn_counters c{};
     c.struct_size = sizeof c;
-    if (e.api.get_counters(e.handle, &c) == PXN_OK) {
+    if (!e.closed && e.api.get_counters(e.handle, &c) == PXN_OK) {
         st.relayed_bytes = c.relayed_bytes;
         st.relayed_pieces = c.relayed_pieces;
         st.fallback_bytes = c.fallback_bytes;
@@ -895,7 +958,7 @@ PxnRdmaTransport::PxnStats PxnRdmaTransport::pxnStats() const {
 
 bool PxnRdmaTransport::pxnWaitRelay(const std::string &rail,
                                     uint32_t timeout_ms) {
-    if (!pxn_) return false;
+    if (!pxn_ || pxn_->closed) return false;
     return pxn_->api.wait_relay(pxn_->handle, rail.c_str(), timeout_ms) ==
            PXN_OK;
 }

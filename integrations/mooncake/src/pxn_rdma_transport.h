@@ -35,6 +35,11 @@ class PxnRdmaTransport : public RdmaTransport {
     // this transport over RdmaTransport.
     static bool enabled();
 
+    // Where this transport and the engine it is linked into disagree on a
+    // shared struct's size or field offset (pxn_layout.h), said as the first
+    // difference; empty when they agree. install fails unless it is empty.
+    static std::string layoutMismatch();
+
     int install(std::string &local_server_name,
                 std::shared_ptr<TransferMetadata> meta,
                 std::shared_ptr<Topology> topo) override;
@@ -60,8 +65,17 @@ class PxnRdmaTransport : public RdmaTransport {
     Status getTransferStatus(BatchID batch_id,
                              std::vector<TransferStatus> &status);
 
+    // Closes the PXN side now; later requests all go to RdmaTransport.
+    // libpxn drains for up to 5 s; tasks it still had end FAILED; its
+    // staging arena stays registered and allocated until the process exits
+    // when RDMA still holds work requests that read it. Internal batches
+    // RDMA still holds are kept (pxnStats().op_batches) and freed by a
+    // later call once RDMA has finished them. The destructor calls it.
+    void pxnClose();
+
     // What the PXN side holds and has done; all zero with PXN off.
     struct PxnStats {
+        // PXN is on and not closed.
         bool active = false;
         // Tasks handed to libpxn and not yet reported final.
         uint64_t tasks = 0;

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Builds Mooncake's transfer engine with PXN's transport inside it: copies a
+# Mooncake source tree, applies integrations/mooncake/patches/mooncake.patch to
+# the copy, and builds the engine, its unit tests and PXN's layout check with
+# CMake, in a cache folder keyed by Mooncake commit and patch hash (the copy and
+# the CMake build folders are kept; a later run rebuilds what changed, the
+# transport's sources included).
+#
+#   hack/mooncake.sh build [CONFIG...]   build (default: every configuration)
+#   hack/mooncake.sh dir CONFIG          print CONFIG's CMake build folder (it
+#                                        holds .built once a build succeeded)
+#   hack/mooncake.sh tests               print the Mooncake test programs that
+#                                        run without an RDMA device or a
+#                                        metadata server, one a line
+#   hack/mooncake.sh configs             print the configurations
+#
+# Configurations: default (Mooncake's defaults: WITH_METRICS on) and event
+# (USE_EVENT_DRIVEN_COMPLETION=ON, which changes TransferTask and BatchDesc).
+#
+# MOONCAKE_TREE: a Mooncake tree holding mooncake-transfer-engine,
+# mooncake-common and extern/{pybind11,yalantinglibs} (default: the reference
+# copy CI keeps beside the clone). MOONCAKE_COMMIT: its commit, when it is not
+# a git checkout. PXN_TOOLS_DIR: the cache (default .tools in the repository).
+# JOBS: parallel compile jobs (default: the number of CPUs). ccache is used
+# when it is installed (its cache in the same folder).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cache=${PXN_TOOLS_DIR:-$root/.tools}
+patch_file=$root/integrations/mooncake/patches/mooncake.patch
+src=${MOONCAKE_TREE:-$root/../shared/reference/mooncake-src/mooncake}
+# The commit the patch is made and tested against (docs/integration-mooncake.md).
+TESTED_COMMIT=3b5a594133958449a1feaf1c9e0fc1b553e34a28
+CONFIGS=(default event)
+
+# Mooncake's own test programs that pass without an RDMA device and without a
+# metadata server (tcp_transport_test and transfer_metadata_test need one;
+# the RDMA loopback and large-MR programs need a device).
+MOONCAKE_TESTS=(
+  transport_uint_test endpoint_store_test shared_segment_test
+  rdma_endpoint_state_test worker_pool_rail_state_test
+  endpoint_store_integration_test ctrl_frame_test sender_credit_test
+  rdma_endpoint_reestablish_test rdma_async_event_drain_test
+  tcp_write_visibility_test tcp_address_validation_test
+  connect_pause_tracker_test dmabuf_export_test config_test
+  rdma_gid_probe_test multi_transport_locality_test rdma_context_reprobe_test
+  rdma_transport_submit_task_test topology_test memory_location_test
+  common_test
+)
+
+log() { echo "mooncake: $*" >&2; }
+die() { echo "mooncake: $*" >&2; exit 1; }
+
+config_flags() {
+  case $1 in
+    default) echo "-DWITH_METRICS=ON -DUSE_EVENT_DRIVEN_COMPLETION=OFF" ;;
+    event) echo "-DWITH_METRICS=ON -DUSE_EVENT_DRIVEN_COMPLETION=ON" ;;
+    *) die "unknown configuration $1 (want: ${CONFIGS[*]})" ;;
+  esac
+}
+
+check_src() {
+  [ -f "$src/mooncake-transfer-engine/CMakeLists.txt" ] ||
+    die "MOONCAKE_TREE=$src holds no mooncake-transfer-engine/CMakeLists.txt: not a Mooncake tree"
+  [ -f "$src/extern/yalantinglibs/CMakeLists.txt" ] ||
+    die "MOONCAKE_TREE=$src has no extern/yalantinglibs (git submodule update --init)"
+  [ -f "$patch_file" ] || die "no patch at $patch_file"
+}
+
+commit() {
+  if git -C "$src" rev-parse HEAD >/dev/null 2>&1; then
+    git -C "$src" rev-parse HEAD
+  else
+    echo "${MOONCAKE_COMMIT:-$TESTED_COMMIT}"
+  fi
+}
+
+key_dir() {
+  local c p
+  c=$(commit)
+  p=$(sha256sum "$patch_file" | cut -c1-12)
+  echo "$cache/mooncake-${c:0:12}-$p"
+}
+
+# prepare DIR: the patched copy of the sources and yalantinglibs' headers,
+# installed into a private prefix; both made once.
+prepare() {
+  local dir=$1
+  if [ ! -f "$dir/src/.patched" ]; then
+    rm -rf "$dir/src"
+    mkdir -p "$dir/src"
+    cp -R "$src/." "$dir/src/"
+    chmod -R u+w "$dir/src"
+    patch -p1 --quiet --forward -d "$dir/src" <"$patch_file" ||
+      die "$patch_file does not apply to Mooncake $(commit) at $src"
+    touch "$dir/src/.patched"
+  fi
+  if [ ! -f "$dir/ylt-prefix/.ready" ]; then
+    cmake -S "$dir/src/extern/yalantinglibs" -B "$dir/ylt" \
+      -DBUILD_EXAMPLES=OFF -DBUILD_BENCHMARK=OFF -DBUILD_UNIT_TESTS=OFF \
+      -DINSTALL_STANDALONE=OFF -DCMAKE_INSTALL_PREFIX="$dir/ylt-prefix" >"$dir/ylt.log"
+    cmake --build "$dir/ylt" >>"$dir/ylt.log"
+    cmake --install "$dir/ylt" >>"$dir/ylt.log"
+    touch "$dir/ylt-prefix/.ready"
+  fi
+}
+
+build_config() {
+  local dir=$1 cfg=$2 b=$1/$2 start=$SECONDS launcher=()
+  local -a flags
+  read -r -a flags <<<"$(config_flags "$cfg")"
+  if command -v ccache >/dev/null 2>&1; then
+    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+    export CCACHE_DIR=$cache/ccache CCACHE_BASEDIR=$dir CCACHE_NOHASHDIR=1
+  fi
+  # ASIO_INCLUDE_DIR: mooncake-common looks for asio.hpp, which a pruned
+  # yalantinglibs may lack; the asio it compiles is yalantinglibs' own.
+  local -a args=(
+    -DCMAKE_BUILD_TYPE=Release -DENABLE_DEBUG_SYMBOLS=OFF
+    -DCMAKE_PREFIX_PATH="$dir/ylt-prefix" -DASIO_INCLUDE_DIR="$dir/ylt-prefix/include"
+    -DPython3_EXECUTABLE=/usr/bin/python3 -DPYTHON_EXECUTABLE=/usr/bin/python3
+    -DUSE_CUDA=OFF -DUSE_TENT=OFF -DUSE_ETCD=OFF -DUSE_REDIS=OFF -DUSE_HTTP=OFF
+    -DUSE_TCP=ON "${flags[@]}"
+    -DUSE_PXN=ON -DPXN_SOURCE_DIR="$root"
+    -DBUILD_EXAMPLES=OFF -DBUILD_BENCHMARK=OFF -DBUILD_UNIT_TESTS=ON
+    -DFETCHCONTENT_FULLY_DISCONNECTED=ON
+    -DFETCHCONTENT_SOURCE_DIR_GOOGLETEST=/usr/src/googletest
+    "${launcher[@]}"
+  )
+  # Configured already with the same options: cmake --build reconfigures by
+  # itself when a CMake file changed.
+  if [ -f "$b/CMakeCache.txt" ] && [ "$(cat "$b/.options" 2>/dev/null)" = "${args[*]}" ]; then
+    : >"$b.log"
+  else
+    rm -f "$b/.options"
+    cmake -S "$dir/src/mooncake-transfer-engine" -B "$b" "${args[@]}" >"$b.log" 2>&1 ||
+      { tail -30 "$b.log" >&2; die "configuring $cfg failed ($b.log)"; }
+    echo "${args[*]}" >"$b/.options"
+  fi
+  cmake --build "$b" -j"${JOBS:-$(nproc)}" --target transfer_engine pxn_layout_test "${MOONCAKE_TESTS[@]}" \
+    >>"$b.log" 2>&1 || { grep -B2 -A12 -m3 'error' "$b.log" >&2 || tail -40 "$b.log" >&2; die "building $cfg failed ($b.log)"; }
+  touch "$b/.built"
+  log "$cfg built in $((SECONDS - start)) s: $b"
+}
+
+cmd=${1:-build}
+[ $# -gt 0 ] && shift
+case $cmd in
+  build)
+    check_src
+    for tool in cmake patch g++; do
+      command -v "$tool" >/dev/null 2>&1 || die "$tool not found (hack/host-packages.sh install mooncake)"
+    done
+    dir=$(key_dir)
+    mkdir -p "$dir"
+    (flock 9 && prepare "$dir") 9>"$dir/.lock"
+    [ $# -gt 0 ] || set -- "${CONFIGS[@]}"
+    for cfg in "$@"; do
+      config_flags "$cfg" >/dev/null
+      (flock 9 && build_config "$dir" "$cfg") 9>"$dir/$cfg.lock"
+    done
+    ;;
+  dir)
+    [ $# -eq 1 ] || die "usage: $0 dir CONFIG"
+    config_flags "$1" >/dev/null
+    echo "$(key_dir)/$1"
+    ;;
+  tests) printf '%s\n' "${MOONCAKE_TESTS[@]}" ;;
+  configs) printf '%s\n' "${CONFIGS[@]}" ;;
+  *) die "usage: $0 build [CONFIG...] | dir CONFIG | tests | configs" ;;
+esac
