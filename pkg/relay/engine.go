@@ -64,10 +64,10 @@ type routeTable struct {
 // Open builds an engine. With cfg.Enable false, or without a registry, it is
 // a pass-through to the hop: no pump, no shared memory, no extra goroutine.
 func Open(cfg staging.Config, deps Deps) (*Engine, error) {
-	return open(cfg, deps, testHooks{})
+	return open(cfg, deps, nil)
 }
 
-func open(cfg staging.Config, deps Deps, hooks testHooks) (*Engine, error) {
+func open(cfg staging.Config, deps Deps, steer steering) (*Engine, error) {
 	if deps.Hop == nil {
 		return nil, errors.New("relay: a hop is required")
 	}
@@ -82,7 +82,7 @@ func open(cfg staging.Config, deps Deps, hooks testHooks) (*Engine, error) {
 			dir:    deps.Directory,
 			copier: deps.Copier,
 			log:    log,
-			hooks:  hooks,
+			steer:  steer,
 
 			batches:   newBatchPool(),
 			groups:    newGroupPool(),
@@ -111,7 +111,7 @@ func open(cfg staging.Config, deps Deps, hooks testHooks) (*Engine, error) {
 	}
 	e.pump = newPump(e.shared, deps.Registry)
 	e.pxn.Store(true)
-	if !hooks.manualPump {
+	if !e.manualPump() {
 		e.pump.start()
 	}
 	return e, nil

@@ -19,9 +19,13 @@ type FaultHooks struct {
 	ManualPump bool
 }
 
+func (h FaultHooks) laneStart() uint64          { return h.FirstSeq }
+func (h FaultHooks) ticketLimit() time.Duration { return h.TicketTimeout }
+func (h FaultHooks) manual() bool               { return h.ManualPump }
+
 // OpenWithFaultHooks is Open with test hooks in place before the pump starts.
 func OpenWithFaultHooks(cfg staging.Config, deps Deps, h FaultHooks) (*Engine, error) {
-	return open(cfg, deps, testHooks{firstSeq: h.FirstSeq, ticketTimeout: h.TicketTimeout, manualPump: h.ManualPump})
+	return open(cfg, deps, h)
 }
 
 // RunRound runs one round of a ManualPump engine's pump on the calling

@@ -243,7 +243,7 @@ func (rl *relayer) sync(i int) bool {
 	if epoch != prev {
 		il.commitWait = time.Time{}
 		rl.notReady(i)
-		if s := rl.s.hooks.firstSeq; prev == 0 && s > 1 {
+		if s := rl.s.firstSeq(); prev == 0 && s > 1 {
 			il.rx.StartAt(s)
 		}
 	}

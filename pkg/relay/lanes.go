@@ -238,7 +238,7 @@ func (sn *sender) attach(pr Peer) *senderLane {
 		return nil
 	}
 	sl := &senderLane{outLane: &outLane{peer: pr}, link: link, tx: link.Sender(), relayWake: link.Wake(), copierLane: sn.freeCopierLane()}
-	if first := s.hooks.firstSeq; first > 1 && !sn.seqHooked {
+	if first := s.firstSeq(); first > 1 && !sn.seqHooked {
 		sn.seqHooked = true
 		if err := sl.tx.StartAt(first); err != nil {
 			s.log.Error(err, "test hook firstSeq")

@@ -383,7 +383,7 @@ func (p *pump) stop(ctx context.Context) stopResult {
 	// gives up on them.
 	deadline = deadline.Add(-min(releaseGrace, max(deadline.Sub(now), 0)/4))
 	p.drainBy.Store(deadline.UnixNano())
-	if p.s.hooks.manualPump {
+	if p.s.manualPump() {
 		// The caller is the goroutine that runs the rounds.
 		return p.finishStop()
 	}

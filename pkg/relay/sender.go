@@ -78,8 +78,8 @@ const ticketTimeout = 30 * time.Second
 var errTicketTimeout = fmt.Errorf("relay made no progress on the piece: %w", ErrTimedOut)
 
 func (sn *sender) ticketTimeout() time.Duration {
-	if sn.s.hooks.ticketTimeout > 0 {
-		return sn.s.hooks.ticketTimeout
+	if st := sn.s.steer; st != nil && st.ticketLimit() > 0 {
+		return st.ticketLimit()
 	}
 	return ticketTimeout
 }

@@ -28,7 +28,8 @@ type shared struct {
 	copier    Copier
 	localRail string
 	log       klog.Logger
-	hooks     testHooks
+	// steer is nil in production (steering).
+	steer steering
 
 	// pxn is true while cross-rail writes may take the PXN path.
 	pxn atomic.Bool
