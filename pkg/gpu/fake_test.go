@@ -47,22 +47,7 @@ func openFake(t *testing.T, lib string, version int) *gpu.GPU {
 	if d.Version() != version {
 		t.Fatalf("fake driver reports version %d, want %d", d.Version(), version)
 	}
-	g, err := gpu.Open(d, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runtime.LockOSThread()
-	if err := d.CtxSetCurrent(g.Context()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		d.CtxSetCurrent(0)
-		runtime.UnlockOSThread()
-		if err := g.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	return g
+	return openCurrent(t, d)
 }
 
 // piece is n entries of size bytes each, entry i from src+2*i*size to

@@ -73,6 +73,13 @@ func loadDriver(t testing.TB) (*cuda.Driver, int) {
 func openGPU(t testing.TB) *gpu.GPU {
 	t.Helper()
 	d, _ := loadDriver(t)
+	return openCurrent(t, d)
+}
+
+// openCurrent opens device 0 of d with its context current on the test's
+// locked thread, closed at the test's end.
+func openCurrent(t testing.TB, d *cuda.Driver) *gpu.GPU {
+	t.Helper()
 	g, err := gpu.Open(d, 0)
 	if err != nil {
 		t.Fatal(err)
