@@ -207,9 +207,7 @@ func (rl *relayer) handOver(rec *inflightRec) {
 	}
 	rec.unsent = rec.unsent[:0]
 	if err != nil {
-		if ent, ok := rl.s.tokens.take(rec.token); ok {
-			rl.s.finishToken(ent, fmt.Errorf("submit to the hop: %w", err), rl)
-		}
+		rl.s.failToken(rec.token, fmt.Errorf("submit to the hop: %w", err), rl)
 	}
 }
 

@@ -120,9 +120,14 @@ func (s *shared) drainOps(ops []WriteOp, rly *relayer) []WriteOp {
 
 func (s *shared) failOps(ops []WriteOp, err error, rly *relayer) {
 	for _, op := range ops {
-		if ent, ok := s.tokens.take(op.Token); ok {
-			s.finishToken(ent, err, rly)
-		}
+		s.failToken(op.Token, err, rly)
+	}
+}
+
+// failToken finishes what tok stands for with err, if it is still out.
+func (s *shared) failToken(tok uint64, err error, rly *relayer) {
+	if ent, ok := s.tokens.take(tok); ok {
+		s.finishToken(ent, err, rly)
 	}
 }
 

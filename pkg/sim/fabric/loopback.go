@@ -277,24 +277,14 @@ func (l *Loopback) SubmitPiece(ops []relay.WriteOp, token uint64) error {
 	return nil
 }
 
-// finishPiece performs a Piece's ops, each as finish would, and queues one
-// completion with the first failure. l.mu is held.
+// finishPiece performs and counts a Piece's ops and queues one completion
+// with the first failure. l.mu is held.
 func (l *Loopback) finishPiece(ops []relay.WriteOp, token uint64, forced error) {
 	var first error
 	for _, op := range ops {
-		err := forced
-		if err == nil {
-			err = l.perform(op)
+		if err := l.count(op, forced); err != nil && first == nil {
+			first = err
 		}
-		if err != nil {
-			l.stats.Failed++
-			if first == nil {
-				first = err
-			}
-			continue
-		}
-		l.stats.Succeeded++
-		l.stats.Bytes += op.Len
 	}
 	l.done = append(l.done, relay.HopCompletion{Token: token, Err: first})
 }
@@ -308,9 +298,15 @@ func (l *Loopback) complete(h heldEntry, forced error) {
 	l.finish(h.op, forced)
 }
 
-// finish performs op unless forced or a rule or validation fails it, and
-// queues its completion. l.mu is held.
+// finish performs and counts op (count) and queues its completion. l.mu is
+// held.
 func (l *Loopback) finish(op relay.WriteOp, forced error) {
+	l.done = append(l.done, relay.HopCompletion{Token: op.Token, Err: l.count(op, forced)})
+}
+
+// count performs op unless forced or a rule or validation fails it, counts
+// the outcome and returns its error. l.mu is held.
+func (l *Loopback) count(op relay.WriteOp, forced error) error {
 	err := forced
 	if err == nil {
 		err = l.perform(op)
@@ -321,7 +317,7 @@ func (l *Loopback) finish(op relay.WriteOp, forced error) {
 		l.stats.Succeeded++
 		l.stats.Bytes += op.Len
 	}
-	l.done = append(l.done, relay.HopCompletion{Token: op.Token, Err: err})
+	return err
 }
 
 func (l *Loopback) perform(op relay.WriteOp) error {
