@@ -263,17 +263,6 @@ func (s *SenderLane) Abandon() (uint64, bool) {
 	return s.seq.reaped, true
 }
 
-// StartAt makes a lane that has published nothing start at seq instead of
-// 1, as if seqs 1..seq-1 had been published and reaped. Tests use it to
-// reach MaxLaneSeq.
-func (s *SenderLane) StartAt(seq uint64) error {
-	if s.seq.next != 1 || s.seq.published != 0 || seq == 0 || seq > MaxLaneSeq {
-		return fmt.Errorf("%w: start at %d, next %d, published %d", ErrSeqOrder, seq, s.seq.next, s.seq.published)
-	}
-	s.seq.next, s.seq.published, s.seq.reaped = seq, seq-1, seq-1
-	return nil
-}
-
 // Drained reports whether every published seq was reaped.
 func (s *SenderLane) Drained() bool { return s.seq.Drained() }
 
@@ -335,12 +324,6 @@ func (r *RelayLane) Next() uint64 { return r.next }
 
 // Completed is the highest seq below which every seq was completed.
 func (r *RelayLane) Completed() uint64 { return r.window.Completed() }
-
-// StartAt makes the current epoch's ring start at seq instead of 1, as if
-// seqs 1..seq-1 had been completed. Tests use it to reach MaxLaneSeq.
-func (r *RelayLane) StartAt(seq uint64) {
-	r.next, r.window = seq, CompletionWindowAt(seq-1)
-}
 
 // Poll looks at the next seq's doorbell and Desc commit, within credit.
 func (r *RelayLane) Poll() (uint64, TicketState) {
