@@ -91,7 +91,7 @@ func TestInspectShowsRanksLanesAndGarbage(t *testing.T) {
 		if err := tx.Commit(seq, "s", []staging.PlanEntry{{Dst: 0x1000, Len: 8}}, 8); err != nil {
 			t.Fatal(err)
 		}
-		tx.Ring(seq)
+		staging.RingDoorbell(tx.ReadyWord(seq), seq)
 		if err := tx.Publish(seq); err != nil {
 			t.Fatal(err)
 		}

@@ -19,9 +19,10 @@ import (
 //   - Ready word: written once per seq after the copy into the slot, by the
 //     sender's GPU (cuStreamWriteValue64 on the copy's stream, whose
 //     system-scope fence orders the copy first) or, as a fallback, by a
-//     release store on the CPU once the copy's event has completed (Ring).
-//     The relay acquire-loads it; a doorbell may become visible before the
-//     Desc commit (a GPU store against a CPU store), which is not an error.
+//     release store on the CPU once the copy's event has completed
+//     (RingDoorbell). The relay acquire-loads it; a doorbell may become
+//     visible before the Desc commit (a GPU store against a CPU store),
+//     which is not an error.
 //   - Completion: the relay stores Status, then release-stores Seq, for
 //     every seq in order; CompletedSeq is release-stored after them and
 //     advances only over a contiguous run of finished seqs. The sender
@@ -197,8 +198,8 @@ func (s *SenderLane) Commit(seq uint64, session string, plans []PlanEntry, piece
 }
 
 // ReadyWord is the address of seq's ready word, for a doorbell that a
-// device writes (cuStreamWriteValue64) or that Ring writes. Only seq may be
-// stored there, once, after the copy of its Piece into the slot.
+// device writes (cuStreamWriteValue64) or that RingDoorbell writes. Only
+// seq may be stored there, once, after the copy of its Piece into the slot.
 func (s *SenderLane) ReadyWord(seq uint64) *uint64 { return &s.lane.Ready[SlotOf(seq)].Seq }
 
 // Landed reports whether every seq in [from, to] has its doorbell in its
@@ -214,11 +215,8 @@ func (s *SenderLane) Landed(from, to uint64) bool {
 	return true
 }
 
-// Ring release-stores seq into its ready word: the CPU doorbell, for a
-// copy whose completion the caller has seen.
-func (s *SenderLane) Ring(seq uint64) { RingDoorbell(s.ReadyWord(seq), seq) }
-
-// RingDoorbell release-stores seq at a ready word handed out by ReadyWord.
+// RingDoorbell release-stores seq at a ready word handed out by ReadyWord:
+// the CPU doorbell, for a copy whose completion the caller has seen.
 func RingDoorbell(word *uint64, seq uint64) { atomic.StoreUint64(word, seq) }
 
 // Publish records that ticket seq's Desc is committed and its doorbell

@@ -33,7 +33,7 @@ func send(t *testing.T, tx *SenderLane) uint64 {
 	if err := tx.Commit(seq, "s", []PlanEntry{{Dst: 0x1000, Len: 64}}, 64); err != nil {
 		t.Fatal(err)
 	}
-	tx.Ring(seq)
+	tx.ring(seq)
 	if err := tx.Publish(seq); err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestLaneEndpointRules(t *testing.T) {
 	}{
 		{"doorbell before commit is rung, not ready", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
 			seq, _ := tx.Ticket()
-			tx.Ring(seq)
+			tx.ring(seq)
 			if _, st := rx.Poll(); st != TicketRung {
 				t.Fatalf("state %d, want rung", st)
 			}
@@ -129,7 +129,7 @@ func TestLaneEndpointRules(t *testing.T) {
 		{"invalid desc is taken and needs a completion", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
 			seq, _ := tx.Ticket()
 			PublishDesc(&lane.Descs[SlotOf(seq)], seq)
-			tx.Ring(seq)
+			tx.ring(seq)
 			var vd ValidDesc
 			got, err := rx.Take(&vd)
 			var de *DescError
@@ -246,7 +246,7 @@ func TestRelayLaneAnnouncedBytes(t *testing.T) {
 		if err := tx.Commit(seq, "s", []PlanEntry{{Dst: 0x1000, Len: n}}, n); err != nil {
 			t.Fatal(err)
 		}
-		tx.Ring(seq)
+		tx.ring(seq)
 		if err := tx.Publish(seq); err != nil {
 			t.Fatal(err)
 		}
@@ -298,8 +298,8 @@ func TestSenderLaneLanded(t *testing.T) {
 	if tx.Landed(1, 3) {
 		t.Fatal("Landed(1, 3) before any doorbell")
 	}
-	tx.Ring(1)
-	tx.Ring(3)
+	tx.ring(1)
+	tx.ring(3)
 	if !tx.Landed(1, 1) || tx.Landed(1, 3) || !tx.Landed(3, 3) {
 		t.Fatalf("after doorbells 1 and 3: Landed(1,1)=%v Landed(1,3)=%v Landed(3,3)=%v; want true false true",
 			tx.Landed(1, 1), tx.Landed(1, 3), tx.Landed(3, 3))
@@ -309,7 +309,7 @@ func TestSenderLaneLanded(t *testing.T) {
 	if tx.Landed(2, 2) {
 		t.Fatal("Landed(2, 2) with seq 20 in its word")
 	}
-	tx.Ring(2)
+	tx.ring(2)
 	if !tx.Landed(1, 3) {
 		t.Fatal("Landed(1, 3) false with every doorbell rung")
 	}

@@ -71,7 +71,7 @@ func TestLeaseAttachClaimsLaneAndMapsArena(t *testing.T) {
 	if err := s.Commit(seq, "session", []staging.PlanEntry{{Dst: 0x1000, Len: 8}}, 8); err != nil {
 		t.Fatal(err)
 	}
-	s.Ring(seq)
+	staging.RingDoorbell(s.ReadyWord(seq), seq)
 	if err := s.Publish(seq); err != nil {
 		t.Fatal(err)
 	}

@@ -20,3 +20,6 @@ func (s *SenderLane) startAt(seq uint64) error {
 func (r *RelayLane) startAt(seq uint64) {
 	r.next, r.window = seq, CompletionWindow{completed: seq - 1}
 }
+
+// ring is the CPU doorbell of seq, as a copier rings it.
+func (s *SenderLane) ring(seq uint64) { RingDoorbell(s.ReadyWord(seq), seq) }
