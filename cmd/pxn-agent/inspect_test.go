@@ -81,29 +81,32 @@ func TestInspectShowsRanksLanesAndGarbage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Seqs 39..41 published, 39 and 40 completed, 39 reaped.
+	// Seqs 1..41 published, 1..40 completed, 1..39 reaped.
 	tx, rx := link.Sender(), relay.Inbound(0)
-	if err := tx.StartAt(39); err != nil {
-		t.Fatal(err)
-	}
 	epoch, _ := rx.Sync()
-	rx.StartAt(39)
-	for seq := uint64(39); seq <= 41; seq++ {
+	for seq := uint64(1); seq <= 41; seq++ {
+		if got, ok := tx.Ticket(); !ok || got != seq {
+			t.Fatalf("ticket %d (%v), want %d", got, ok, seq)
+		}
 		if err := tx.Commit(seq, "s", []staging.PlanEntry{{Dst: 0x1000, Len: 8}}, 8); err != nil {
 			t.Fatal(err)
 		}
-		tx.Ring(seq)
+		staging.RingDoorbell(tx.ReadyWord(seq), seq)
 		if err := tx.Publish(seq); err != nil {
 			t.Fatal(err)
 		}
-	}
-	for seq := uint64(39); seq <= 40; seq++ {
+		if seq > 40 {
+			continue
+		}
 		if err := rx.Complete(epoch, seq, staging.CompletionOK); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if seq, _, ok := tx.Reap(); !ok || seq != 39 {
-		t.Fatalf("reaped %d (%v), want 39", seq, ok)
+		if seq > 39 {
+			continue
+		}
+		if got, _, ok := tx.Reap(); !ok || got != seq {
+			t.Fatalf("reaped %d (%v), want %d", got, ok, seq)
+		}
 	}
 	st := staging.RankStats{ForwardedBytes: 3 << 20, ForwardedPieces: 3, DirectBytes: 512, FailedPieces: 2, CreditWaits: 5, OutboundLanes: 1, PumpCPUNanos: 1_500_000}
 	st.FallbackBytes[staging.FallbackRelayStale], st.FallbackPieces[staging.FallbackRelayStale] = 64<<10, 1

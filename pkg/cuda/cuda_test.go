@@ -19,6 +19,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/pxn-project/pxn/internal/testkernel"
 )
 
 // requireEnv makes a missing driver or GPU a failure instead of a skip: set
@@ -492,12 +494,12 @@ func TestClassify(t *testing.T) {
 // ordered behind it waits for the host's flag.
 func TestSpinKernelHoldsStream(t *testing.T) {
 	g := openGPU(t, 0)
-	mod, err := g.d.ModuleLoadData([]byte(SpinKernelPTX))
+	mod, err := g.d.ModuleLoadData([]byte(testkernel.SpinKernelPTX))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer g.d.ModuleUnload(mod)
-	fn, err := g.d.ModuleGetFunction(mod, SpinKernelName)
+	fn, err := g.d.ModuleGetFunction(mod, testkernel.SpinKernelName)
 	if err != nil {
 		t.Fatal(err)
 	}

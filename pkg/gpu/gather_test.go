@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/pxn-project/pxn/internal/testkernel"
 	"github.com/pxn-project/pxn/pkg/cuda"
 	"github.com/pxn-project/pxn/pkg/gpu"
 	"github.com/pxn-project/pxn/pkg/relay"
@@ -223,12 +224,12 @@ func TestGatherPlanBusy(t *testing.T) {
 	g := openGPU(t)
 	d := g.Driver()
 	c := newCopier(t, g, gpu.CopierOptions{Gather: gpu.GatherSM})
-	mod, err := d.ModuleLoadData([]byte(cuda.SpinKernelPTX))
+	mod, err := d.ModuleLoadData([]byte(testkernel.SpinKernelPTX))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer d.ModuleUnload(mod)
-	spin, err := d.ModuleGetFunction(mod, cuda.SpinKernelName)
+	spin, err := d.ModuleGetFunction(mod, testkernel.SpinKernelName)
 	if err != nil {
 		t.Fatal(err)
 	}

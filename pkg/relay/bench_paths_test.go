@@ -157,7 +157,7 @@ func (s *fakeSender) send(tb testing.TB, e *relay.Engine, n uint64) {
 	if err := s.tx.Commit(seq, sessRail1, s.entries, n); err != nil {
 		tb.Fatal(err)
 	}
-	s.tx.Ring(seq)
+	staging.RingDoorbell(s.tx.ReadyWord(seq), seq)
 	if err := s.tx.Publish(seq); err != nil {
 		tb.Fatal(err)
 	}

@@ -10,8 +10,9 @@ import (
 
 // FaultHooks are the engine's test hooks as the fault tests set them.
 type FaultHooks struct {
-	// FirstSeq starts the first epoch of every lane there instead of at 1.
-	FirstSeq uint64
+	// LastSeq ends every epoch of the sender's lanes there instead of at
+	// staging.MaxLaneSeq.
+	LastSeq uint64
 	// TicketTimeout replaces the published-ticket timeout.
 	TicketTimeout time.Duration
 	// ManualPump leaves the pump unstarted: the test drives it with
@@ -19,7 +20,7 @@ type FaultHooks struct {
 	ManualPump bool
 }
 
-func (h FaultHooks) laneStart() uint64          { return h.FirstSeq }
+func (h FaultHooks) laneEnd() uint64            { return h.LastSeq }
 func (h FaultHooks) ticketLimit() time.Duration { return h.TicketTimeout }
 func (h FaultHooks) manual() bool               { return h.ManualPump }
 

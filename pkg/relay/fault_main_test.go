@@ -34,12 +34,12 @@ import (
 // TCP hop to the parent's target server, and obeys one JSON command per
 // line of stdin with one JSON answer per line of stdout.
 const (
-	faultRoleEnv     = "PXN_FAULT_ROLE"
-	faultIndexEnv    = "PXN_FAULT_INDEX"
-	faultDirEnv      = "PXN_FAULT_DIRECTORY"
-	faultSrcEnv      = "PXN_FAULT_SRC_BYTES"
-	faultFirstSeqEnv = "PXN_FAULT_FIRST_SEQ"
-	faultTicketEnv   = "PXN_FAULT_TICKET_TIMEOUT_MS"
+	faultRoleEnv    = "PXN_FAULT_ROLE"
+	faultIndexEnv   = "PXN_FAULT_INDEX"
+	faultDirEnv     = "PXN_FAULT_DIRECTORY"
+	faultSrcEnv     = "PXN_FAULT_SRC_BYTES"
+	faultLastSeqEnv = "PXN_FAULT_LAST_SEQ"
+	faultTicketEnv  = "PXN_FAULT_TICKET_TIMEOUT_MS"
 	// faultLockEnv names the file the "lock" role holds an flock on.
 	faultLockEnv = "PXN_FAULT_LOCK"
 )
@@ -221,8 +221,8 @@ func faultRank() error {
 	base := uintptr(unsafe.Pointer(&src[0]))
 
 	var hooks relay.FaultHooks
-	if v := os.Getenv(faultFirstSeqEnv); v != "" {
-		if hooks.FirstSeq, err = strconv.ParseUint(v, 10, 64); err != nil {
+	if v := os.Getenv(faultLastSeqEnv); v != "" {
+		if hooks.LastSeq, err = strconv.ParseUint(v, 10, 64); err != nil {
 			return err
 		}
 	}

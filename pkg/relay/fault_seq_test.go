@@ -6,17 +6,17 @@ import (
 	"strconv"
 	"testing"
 	"time"
-
-	"github.com/pxn-project/pxn/pkg/staging"
 )
 
-// A lane whose first epoch starts five seqs below MaxLaneSeq (a test hook on
-// both sides) publishes up to MaxLaneSeq, drains, and moves to a new epoch
-// that starts again at seq 1. Every Piece ends exactly once: relayed, or
-// direct when it was queued at the rollover; none is lost or repeated.
+// A lane whose epochs end at seq 5 (the sender's laneEnd steering, in place
+// of MaxLaneSeq) publishes up to its last seq, drains, and moves to a new
+// epoch that starts again at seq 1. Every Piece ends exactly once: relayed,
+// or direct when it was queued at the rollover; none is lost or repeated.
+// The lane endpoints' own run up to MaxLaneSeq and through a new claim is
+// staging's TestLaneWrapsAtMaxLaneSeq.
 func TestFaultSequenceWrap(t *testing.T) {
-	const first = staging.MaxLaneSeq - 4
-	hook := faultFirstSeqEnv + "=" + strconv.FormatUint(first, 10)
+	const last = 5
+	hook := faultLastSeqEnv + "=" + strconv.FormatUint(last, 10)
 	g := newFaultGroup(t, faultGroupOpts{})
 	r := g.start("relay", 1, faultMiB, hook)
 	s := g.start("sender", 0, 4*faultMiB, hook)
@@ -27,8 +27,8 @@ func TestFaultSequenceWrap(t *testing.T) {
 	g.verify(0, ts)
 	k := s.counters().Counters
 	if k.RelayedPieces != 5 || k.FailedPieces != 0 || k.RelayedBytes+k.FallbackBytes+k.DirectBytes != 12*faultPiece {
-		t.Errorf("relayed %d pieces (%d bytes), fallback %d bytes, direct %d bytes, failed %d: want seqs %d..%d relayed and the rest direct",
-			k.RelayedPieces, k.RelayedBytes, k.FallbackBytes, k.DirectBytes, k.FailedPieces, uint64(first), uint64(staging.MaxLaneSeq))
+		t.Errorf("relayed %d pieces (%d bytes), fallback %d bytes, direct %d bytes, failed %d: want seqs 1..%d relayed and the rest direct",
+			k.RelayedPieces, k.RelayedBytes, k.FallbackBytes, k.DirectBytes, k.FailedPieces, last)
 	}
 	if f := r.counters().Counters.ForwardedPieces; f != 5 {
 		t.Errorf("relay forwarded %d pieces, want 5", f)

@@ -7,11 +7,11 @@ import "time"
 // steering changes what production keeps fixed; only the package's tests
 // supply one (before the pump starts), and production engines have none.
 type steering interface {
-	// laneStart, when above 1, is where the first epoch of a lane starts
-	// instead of seq 1: on the sender, for the first lane this engine
-	// attaches; on the relay, for the first epoch seen on each inbound
-	// lane. It lets a test reach MaxLaneSeq.
-	laneStart() uint64
+	// laneEnd, when non-zero, is the last seq the sender takes in every
+	// epoch of its lanes, in place of staging.MaxLaneSeq: a test runs a
+	// lane to the end of its epoch and through the new claim that follows.
+	// The relay needs none: it follows whatever epoch its lane holds.
+	laneEnd() uint64
 	// ticketLimit, when non-zero, replaces ticketTimeout.
 	ticketLimit() time.Duration
 	// manual leaves the pump's goroutine unstarted: the test runs its
@@ -19,11 +19,14 @@ type steering interface {
 	manual() bool
 }
 
-func (s *shared) firstSeq() uint64 {
-	if s.steer == nil {
-		return 0
+// exhausted reports whether sl has used the last seq of its epoch.
+func (s *shared) exhausted(sl *senderLane) bool {
+	if s.steer != nil {
+		if end := s.steer.laneEnd(); end != 0 && sl.tx.Next() > end {
+			return true
+		}
 	}
-	return s.steer.laneStart()
+	return sl.tx.Exhausted()
 }
 
 func (s *shared) manualPump() bool { return s.steer != nil && s.steer.manual() }

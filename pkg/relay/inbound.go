@@ -241,9 +241,6 @@ func (rl *relayer) sync(i int) bool {
 	if epoch != prev {
 		il.commitWait = time.Time{}
 		rl.notReady(i)
-		if s := rl.s.firstSeq(); prev == 0 && s > 1 {
-			il.rx.StartAt(s)
-		}
 	}
 	return true
 }

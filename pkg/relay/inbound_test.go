@@ -79,7 +79,7 @@ func TestInboundLanesServedInTurnAcrossTheCap(t *testing.T) {
 					if err := tx.Commit(seq, sessRail1, []staging.PlanEntry{{Dst: dst, Len: size}}, size); err != nil {
 						t.Fatal(err)
 					}
-					tx.Ring(seq)
+					staging.RingDoorbell(tx.ReadyWord(seq), seq)
 					if err := tx.Publish(seq); err != nil {
 						t.Fatal(err)
 					}

@@ -163,7 +163,7 @@ func (sn *sender) checkLanes() {
 			changed = true
 			continue
 		}
-		if sl.tx.Exhausted() && !sl.tx.InFlight() {
+		if s.exhausted(sl) && !sl.tx.InFlight() {
 			// Sequence space spent and drained: a new claim gives the lane
 			// a new epoch and restarts at seq 1.
 			sn.retire(sl, nil, staging.FallbackNoLane)
@@ -238,12 +238,6 @@ func (sn *sender) attach(pr Peer) *senderLane {
 		return nil
 	}
 	sl := &senderLane{outLane: &outLane{peer: pr}, link: link, tx: link.Sender(), relayWake: link.Wake(), copierLane: sn.freeCopierLane()}
-	if first := s.firstSeq(); first > 1 && !sn.seqHooked {
-		sn.seqHooked = true
-		if err := sl.tx.StartAt(first); err != nil {
-			s.log.Error(err, "test hook firstSeq")
-		}
-	}
 	if hr, ok := s.copier.(HostRegistrar); ok {
 		unreg, err := hr.RegisterHost(sl.tx.Words())
 		if err != nil {

@@ -29,11 +29,9 @@ type sender struct {
 	zombies []*senderLane
 	// planBuf and copyBuf hold the plan entries and the first-hop copies
 	// of the Piece being published.
-	planBuf []staging.PlanEntry
-	copyBuf []CopyEntry
-	// seqHooked is set once testHooks.firstSeq has been applied.
-	seqHooked bool
-	peersOff  bool
+	planBuf  []staging.PlanEntry
+	copyBuf  []CopyEntry
+	peersOff bool
 	// noSend is set when the pump cannot use the copier: no lanes.
 	noSend bool
 	// recheck asks the next round to check the lanes' relays.
@@ -122,12 +120,12 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 		s.fallback(pr.g, pr.i, staging.FallbackRelayStale)
 		return true
 	}
-	seq, ok := sl.tx.Ticket()
-	if !ok && sl.tx.Exhausted() {
+	if s.exhausted(sl) {
 		// The sequence space is exhausted: no new tickets on this lane;
 		// the sender retires it once drained.
 		return false
 	}
+	seq, ok := sl.tx.Ticket()
 	if !ok {
 		// No credit. The credit timeout measures a stalled relay, not a
 		// busy one: it runs from the later of the moment the lane's head

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -44,14 +45,14 @@ func threadRuns(t *testing.T, tid int) uint64 {
 
 // pumpAsleep reports whether e's pump is in its sleep on its wake word w:
 // its thread blocked in a futex wait on w's Seq, as
-// /proc/self/task/<tid>/syscall shows it. SleepingNow alone holds from the
-// announce on, through a last round that may still find work and take it
-// without a waker. Where the kernel does not show a thread's system call,
-// SleepingNow stands in.
+// /proc/self/task/<tid>/syscall shows it. The Sleeping word alone holds
+// from the announce on, through a last round that may still find work and
+// take it without a waker. Where the kernel does not show a thread's system
+// call, the Sleeping word stands in.
 func pumpAsleep(e *relay.Engine, w *staging.WakeWord) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/syscall", e.PumpThreadID()))
 	if err != nil {
-		return w.SleepingNow()
+		return atomic.LoadUint32(&w.Sleeping) != 0
 	}
 	f := strings.Fields(string(b))
 	if len(f) < 2 {

@@ -55,12 +55,6 @@ func DefaultConfig() Config {
 	}
 }
 
-// RegistryDir is the directory where ranks of c's group meet:
-// <root>/mooncake-pxn-<euid>-<group>.
-func (c Config) RegistryDir(euid int) string {
-	return filepath.Join(c.RegistryRoot, "mooncake-pxn-"+strconv.Itoa(euid)+"-"+c.GroupID)
-}
-
 // EnvError is one problem with one environment variable.
 type EnvError struct {
 	Var string

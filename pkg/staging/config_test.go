@@ -377,20 +377,6 @@ func TestRailMapFromEnv(t *testing.T) {
 	}
 }
 
-func TestConfigRegistryDir(t *testing.T) {
-	cfg, errs := ConfigFromEnv(enabled.with(contract.EnvRegistryRoot, "/run/pxn/slots/2/").lookup)
-	if len(errs) != 0 {
-		t.Fatal(errs)
-	}
-	if got, want := cfg.RegistryDir(1000), "/run/pxn/slots/2/mooncake-pxn-1000-job-7"; got != want {
-		t.Fatalf("RegistryDir = %q, want %q", got, want)
-	}
-	cfg, _ = ConfigFromEnv(enabled.with(contract.EnvGroupID, "...").lookup)
-	if got, want := cfg.RegistryDir(0), "/dev/shm/mooncake-pxn-0-..."; got != want {
-		t.Fatalf("RegistryDir = %q, want %q", got, want)
-	}
-}
-
 func TestCanonicalRail(t *testing.T) {
 	m := map[string]string{"mlx5_0": "rail0", "mlx5_3": "rail1"}
 	tests := []struct {
@@ -559,7 +545,8 @@ func FuzzConfigFromEnv(f *testing.F) {
 			t.Fatalf("accepted config out of range: %+v", cfg)
 		}
 		railMapOK(t, cfg.RailMap)
-		if dir := cfg.RegistryDir(1000); filepath.Dir(dir) != cfg.RegistryRoot {
+		// The registry names its folder <root>/mooncake-pxn-<euid>-<group>.
+		if dir := filepath.Join(cfg.RegistryRoot, "mooncake-pxn-1000-"+cfg.GroupID); filepath.Dir(dir) != cfg.RegistryRoot {
 			t.Fatalf("registry dir %q is not one element below %q", dir, cfg.RegistryRoot)
 		}
 	})

@@ -19,9 +19,10 @@ import (
 //   - Ready word: written once per seq after the copy into the slot, by the
 //     sender's GPU (cuStreamWriteValue64 on the copy's stream, whose
 //     system-scope fence orders the copy first) or, as a fallback, by a
-//     release store on the CPU once the copy's event has completed (Ring).
-//     The relay acquire-loads it; a doorbell may become visible before the
-//     Desc commit (a GPU store against a CPU store), which is not an error.
+//     release store on the CPU once the copy's event has completed
+//     (RingDoorbell). The relay acquire-loads it; a doorbell may become
+//     visible before the Desc commit (a GPU store against a CPU store),
+//     which is not an error.
 //   - Completion: the relay stores Status, then release-stores Seq, for
 //     every seq in order; CompletedSeq is release-stored after them and
 //     advances only over a contiguous run of finished seqs. The sender
@@ -197,8 +198,8 @@ func (s *SenderLane) Commit(seq uint64, session string, plans []PlanEntry, piece
 }
 
 // ReadyWord is the address of seq's ready word, for a doorbell that a
-// device writes (cuStreamWriteValue64) or that Ring writes. Only seq may be
-// stored there, once, after the copy of its Piece into the slot.
+// device writes (cuStreamWriteValue64) or that RingDoorbell writes. Only
+// seq may be stored there, once, after the copy of its Piece into the slot.
 func (s *SenderLane) ReadyWord(seq uint64) *uint64 { return &s.lane.Ready[SlotOf(seq)].Seq }
 
 // Landed reports whether every seq in [from, to] has its doorbell in its
@@ -214,11 +215,8 @@ func (s *SenderLane) Landed(from, to uint64) bool {
 	return true
 }
 
-// Ring release-stores seq into its ready word: the CPU doorbell, for a
-// copy whose completion the caller has seen.
-func (s *SenderLane) Ring(seq uint64) { RingDoorbell(s.ReadyWord(seq), seq) }
-
-// RingDoorbell release-stores seq at a ready word handed out by ReadyWord.
+// RingDoorbell release-stores seq at a ready word handed out by ReadyWord:
+// the CPU doorbell, for a copy whose completion the caller has seen.
 func RingDoorbell(word *uint64, seq uint64) { atomic.StoreUint64(word, seq) }
 
 // Publish records that ticket seq's Desc is committed and its doorbell
@@ -261,17 +259,6 @@ func (s *SenderLane) Abandon() (uint64, bool) {
 	}
 	s.seq.reaped++
 	return s.seq.reaped, true
-}
-
-// StartAt makes a lane that has published nothing start at seq instead of
-// 1, as if seqs 1..seq-1 had been published and reaped. Tests use it to
-// reach MaxLaneSeq.
-func (s *SenderLane) StartAt(seq uint64) error {
-	if s.seq.next != 1 || s.seq.published != 0 || seq == 0 || seq > MaxLaneSeq {
-		return fmt.Errorf("%w: start at %d, next %d, published %d", ErrSeqOrder, seq, s.seq.next, s.seq.published)
-	}
-	s.seq.next, s.seq.published, s.seq.reaped = seq, seq-1, seq-1
-	return nil
 }
 
 // Drained reports whether every published seq was reaped.
@@ -335,12 +322,6 @@ func (r *RelayLane) Next() uint64 { return r.next }
 
 // Completed is the highest seq below which every seq was completed.
 func (r *RelayLane) Completed() uint64 { return r.window.Completed() }
-
-// StartAt makes the current epoch's ring start at seq instead of 1, as if
-// seqs 1..seq-1 had been completed. Tests use it to reach MaxLaneSeq.
-func (r *RelayLane) StartAt(seq uint64) {
-	r.next, r.window = seq, CompletionWindowAt(seq-1)
-}
 
 // Poll looks at the next seq's doorbell and Desc commit, within credit.
 func (r *RelayLane) Poll() (uint64, TicketState) {

@@ -33,7 +33,7 @@ func send(t *testing.T, tx *SenderLane) uint64 {
 	if err := tx.Commit(seq, "s", []PlanEntry{{Dst: 0x1000, Len: 64}}, 64); err != nil {
 		t.Fatal(err)
 	}
-	tx.Ring(seq)
+	tx.ring(seq)
 	if err := tx.Publish(seq); err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestLaneEndpointRules(t *testing.T) {
 	}{
 		{"doorbell before commit is rung, not ready", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
 			seq, _ := tx.Ticket()
-			tx.Ring(seq)
+			tx.ring(seq)
 			if _, st := rx.Poll(); st != TicketRung {
 				t.Fatalf("state %d, want rung", st)
 			}
@@ -129,7 +129,7 @@ func TestLaneEndpointRules(t *testing.T) {
 		{"invalid desc is taken and needs a completion", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
 			seq, _ := tx.Ticket()
 			PublishDesc(&lane.Descs[SlotOf(seq)], seq)
-			tx.Ring(seq)
+			tx.ring(seq)
 			var vd ValidDesc
 			got, err := rx.Take(&vd)
 			var de *DescError
@@ -174,10 +174,10 @@ func TestLaneEndpointRules(t *testing.T) {
 			}
 		}},
 		{"exhausted lane takes no ticket until rolled over", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
-			if err := tx.StartAt(MaxLaneSeq); err != nil {
+			if err := tx.startAt(MaxLaneSeq); err != nil {
 				t.Fatal(err)
 			}
-			rx.StartAt(MaxLaneSeq)
+			rx.startAt(MaxLaneSeq)
 			send(t, tx)
 			if _, ok := tx.Ticket(); ok || !tx.Exhausted() {
 				t.Fatal("a ticket past MaxLaneSeq")
@@ -246,7 +246,7 @@ func TestRelayLaneAnnouncedBytes(t *testing.T) {
 		if err := tx.Commit(seq, "s", []PlanEntry{{Dst: 0x1000, Len: n}}, n); err != nil {
 			t.Fatal(err)
 		}
-		tx.Ring(seq)
+		tx.ring(seq)
 		if err := tx.Publish(seq); err != nil {
 			t.Fatal(err)
 		}
@@ -298,8 +298,8 @@ func TestSenderLaneLanded(t *testing.T) {
 	if tx.Landed(1, 3) {
 		t.Fatal("Landed(1, 3) before any doorbell")
 	}
-	tx.Ring(1)
-	tx.Ring(3)
+	tx.ring(1)
+	tx.ring(3)
 	if !tx.Landed(1, 1) || tx.Landed(1, 3) || !tx.Landed(3, 3) {
 		t.Fatalf("after doorbells 1 and 3: Landed(1,1)=%v Landed(1,3)=%v Landed(3,3)=%v; want true false true",
 			tx.Landed(1, 1), tx.Landed(1, 3), tx.Landed(3, 3))
@@ -309,11 +309,99 @@ func TestSenderLaneLanded(t *testing.T) {
 	if tx.Landed(2, 2) {
 		t.Fatal("Landed(2, 2) with seq 20 in its word")
 	}
-	tx.Ring(2)
+	tx.ring(2)
 	if !tx.Landed(1, 3) {
 		t.Fatal("Landed(1, 3) false with every doorbell rung")
 	}
 	if !tx.Landed(4, 3) {
 		t.Fatal("an empty range has landed")
+	}
+}
+
+// TestLaneWrapsAtMaxLaneSeq runs a lane the way the engine does at the end
+// of its sequence space: an epoch that starts four seqs below MaxLaneSeq
+// publishes up to MaxLaneSeq, the relay finishes them out of order, the
+// sender takes no ticket past it and reaps each seq once, and a new claim
+// under a new epoch carries traffic from seq 1 while the old epoch's
+// doorbells, Descs and late completions match nothing.
+func TestLaneWrapsAtMaxLaneSeq(t *testing.T) {
+	const first = MaxLaneSeq - 4
+	lane, tx, rx := newTestLane(t, 5)
+	if err := tx.startAt(first); err != nil {
+		t.Fatal(err)
+	}
+	rx.startAt(first)
+	var vd ValidDesc
+	for want := uint64(first); want <= MaxLaneSeq; want++ {
+		if seq := send(t, tx); seq != want {
+			t.Fatalf("ticket %d, want %d", seq, want)
+		}
+		if seq := take(t, rx, &vd); seq != want || vd.Epoch() != 5 {
+			t.Fatalf("took seq %d epoch %#x, want %d epoch 5", seq, vd.Epoch(), want)
+		}
+	}
+	if _, ok := tx.Ticket(); ok || !tx.Exhausted() {
+		t.Fatalf("a ticket past MaxLaneSeq (next %d, exhausted %v)", tx.Next(), tx.Exhausted())
+	}
+	if seq, st := rx.Poll(); st != TicketNone {
+		t.Fatalf("relay polls seq %d past MaxLaneSeq: state %d", seq, st)
+	}
+	for seq := uint64(MaxLaneSeq); seq > first; seq-- {
+		if err := rx.Complete(5, seq, CompletionOK); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, ok := tx.Reap(); ok || rx.Completed() != first-1 {
+		t.Fatalf("reaped before seq %d completed (relay completed %d)", uint64(first), rx.Completed())
+	}
+	if err := rx.Complete(5, first, CompletionSecondHop); err != nil {
+		t.Fatal(err)
+	}
+	for want := uint64(first); want <= MaxLaneSeq; want++ {
+		seq, status, ok := tx.Reap()
+		wantStatus := int32(CompletionOK)
+		if want == first {
+			wantStatus = CompletionSecondHop
+		}
+		if !ok || seq != want || status != wantStatus {
+			t.Fatalf("Reap = %d, %d, %v; want %d, %d", seq, status, ok, want, wantStatus)
+		}
+	}
+	if _, _, ok := tx.Reap(); ok || !tx.Drained() || tx.InFlight() {
+		t.Fatal("reaped past MaxLaneSeq, or the lane is not drained")
+	}
+	if st := lane.State(); st.Next != MaxLaneSeq+1 || st.Published != MaxLaneSeq || st.Reaped != MaxLaneSeq || st.Completed != MaxLaneSeq {
+		t.Fatalf("lane at the end of its epoch: %+v", st)
+	}
+
+	// The engine gives up the spent claim and claims the lane anew.
+	lane.Free()
+	lane.Claim(Identity{Pid: 42, StartTime: 7, Epoch: 9}, PidNS{Dev: 3, Ino: 4}, 6, 2)
+	tx, err := NewSenderLane(lane, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if epoch, prev := rx.Sync(); epoch != 6 || prev != 5 || rx.Next() != 1 || rx.Completed() != 0 {
+		t.Fatalf("Sync = %#x, %#x, next %d, completed %d; want 6, 5, 1, 0", epoch, prev, rx.Next(), rx.Completed())
+	}
+	if err := rx.Complete(5, MaxLaneSeq, CompletionOK); err != nil || rx.Completed() != 0 {
+		t.Fatalf("a late completion of the old epoch: %v, completed %d", err, rx.Completed())
+	}
+	for want := uint64(1); want <= 3; want++ {
+		if seq := send(t, tx); seq != want {
+			t.Fatalf("ticket %d of the new epoch, want %d", seq, want)
+		}
+		if seq := take(t, rx, &vd); seq != want || vd.Epoch() != 6 {
+			t.Fatalf("took seq %d epoch %#x, want %d epoch 6", seq, vd.Epoch(), want)
+		}
+		if err := rx.Complete(6, want, CompletionOK); err != nil {
+			t.Fatal(err)
+		}
+		if seq, status, ok := tx.Reap(); !ok || seq != want || status != CompletionOK {
+			t.Fatalf("Reap = %d, %d, %v; want %d ok", seq, status, ok, want)
+		}
+	}
+	if st := lane.State(); st.Next != 4 || st.Published != 3 || st.Reaped != 3 || st.Completed != 3 {
+		t.Fatalf("lane after the new claim: %+v, want seqs 1..3", st)
 	}
 }

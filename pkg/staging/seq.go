@@ -125,13 +125,6 @@ type CompletionWindow struct {
 // The done bitmap holds one bit per slot.
 var _ [32 - SlotsPerLane]struct{}
 
-// CompletionWindowAt is a window whose lane has completed every seq up to
-// completed: the lane's next seq is completed+1. A relay starts every epoch
-// at CompletionWindow{}; tests start one near MaxLaneSeq with it.
-func CompletionWindowAt(completed uint64) CompletionWindow {
-	return CompletionWindow{completed: completed}
-}
-
 // Completed is the highest seq below which every seq has finished.
 func (w *CompletionWindow) Completed() uint64 { return w.completed }
 

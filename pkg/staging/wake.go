@@ -53,10 +53,6 @@ func (w *WakeWord) Wake() bool {
 	return true
 }
 
-// SleepingNow reports whether the waiter has announced a sleep, for tests
-// and inspect.
-func (w *WakeWord) SleepingNow() bool { return atomic.LoadUint32(&w.Sleeping) != 0 }
-
 // futex makes one futex call and retries it on EINTR only for a wake; a
 // wait that returns early is the caller's to judge by Seq.
 func futex(addr *uint32, op int, val uint32, ts *unix.Timespec) {

@@ -40,7 +40,7 @@ func TestWakeWordSleep(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var w WakeWord
 			seen := w.Announce()
-			if !w.SleepingNow() {
+			if atomic.LoadUint32(&w.Sleeping) == 0 {
 				t.Fatal("Announce did not set Sleeping")
 			}
 			if tt.wakeFirst && !w.Wake() {
@@ -49,7 +49,7 @@ func TestWakeWordSleep(t *testing.T) {
 			if got := w.Sleep(seen, tt.timeout); got != tt.wantWoken {
 				t.Fatalf("Sleep = %v, want %v", got, tt.wantWoken)
 			}
-			if w.SleepingNow() {
+			if atomic.LoadUint32(&w.Sleeping) != 0 {
 				t.Fatal("Sleeping still set after Sleep")
 			}
 		})
@@ -143,7 +143,7 @@ func TestWakeWordAcrossProcesses(t *testing.T) {
 		}
 	}()
 	for i := range wakeHelperRounds {
-		for !w.SleepingNow() {
+		for atomic.LoadUint32(&w.Sleeping) == 0 {
 			if time.Now().After(deadline) {
 				t.Fatalf("round %d: the helper never announced a sleep; output:\n%s", i, out)
 			}
@@ -154,7 +154,7 @@ func TestWakeWordAcrossProcesses(t *testing.T) {
 		}
 		for atomic.LoadUint32(rounds) != uint32(i+1) {
 			if time.Now().After(deadline) {
-				t.Fatalf("round %d: the helper did not wake (Seq %d, Sleeping %v); output:\n%s", i, atomic.LoadUint32(&w.Seq), w.SleepingNow(), out)
+				t.Fatalf("round %d: the helper did not wake (Seq %d, Sleeping %d); output:\n%s", i, atomic.LoadUint32(&w.Seq), atomic.LoadUint32(&w.Sleeping), out)
 			}
 			time.Sleep(time.Millisecond)
 		}

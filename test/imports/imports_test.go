@@ -38,7 +38,7 @@ var (
 	controlPlane = []string{"api/...", "pkg/agent/...", "pkg/deviceplugin/...", "pkg/rail/...", "cmd/pxn-agent", "cmd/pxn-device-plugin"}
 	engine       = []string{"pkg/relay/...", "pkg/hostengine/...", "pkg/staging/...", "pkg/cuda/...", "pkg/gpu/...", "pkg/hosthop/...", "pkg/hostmem/..."}
 	shipped      = []string{"cmd/libpxn", "cmd/pxn-agent", "cmd/pxn-device-plugin"}
-	testHelpers  = []string{"internal/testtools/...", "internal/testmem/...", "internal/sanitize/...", "internal/fakecuda/..."}
+	testHelpers  = []string{"internal/testtools/...", "internal/testmem/...", "internal/sanitize/...", "internal/fakecuda/...", "internal/testkernel/..."}
 )
 
 // levels lists the module's packages from the bottom up (docs/architecture.md,

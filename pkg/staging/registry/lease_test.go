@@ -71,7 +71,7 @@ func TestLeaseAttachClaimsLaneAndMapsArena(t *testing.T) {
 	if err := s.Commit(seq, "session", []staging.PlanEntry{{Dst: 0x1000, Len: 8}}, 8); err != nil {
 		t.Fatal(err)
 	}
-	s.Ring(seq)
+	staging.RingDoorbell(s.ReadyWord(seq), seq)
 	if err := s.Publish(seq); err != nil {
 		t.Fatal(err)
 	}
@@ -142,13 +142,12 @@ func TestLeaseRelayCloseWaitsForSender(t *testing.T) {
 			}
 			arena := arenaFileName(relay.Identity())
 			waits := make(chan []int, 1)
-			relay.leasePoll = time.Millisecond
-			relay.onLeaseWait = func(held []int) {
+			relay.leaseWatch = leaseWaitFunc(func(held []int) {
 				select {
 				case waits <- held:
 				default:
 				}
-			}
+			})
 			sender := startRegChild(t, childOpts{root: root, group: "g", rail: "rail1"})
 			sender.expect("ready")
 			sender.send("attach " + relay.Name())
@@ -241,7 +240,6 @@ func TestLeaseSenderNoticesClosingRelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	relay.leasePoll = time.Millisecond
 	sender := mustRegister(t, regOptions(root, "g", "rail1"))
 	l := attachByName(t, sender, relay.Name())
 	closed := make(chan error, 1)
@@ -520,4 +518,13 @@ func TestLeaseNoWaitCallsUnderAHeldLock(t *testing.T) {
 	if owned() {
 		t.Fatalf("lanes %v still leased after the sender closed", relay.Leases())
 	}
+}
+
+// leaseWaitFunc is a leaseWatcher that hands each look of Close at its
+// held lanes to a func and has it look again after a millisecond.
+type leaseWaitFunc func(held []int)
+
+func (f leaseWaitFunc) leaseWait(held []int) time.Duration {
+	f(held)
+	return time.Millisecond
 }

@@ -227,9 +227,16 @@ type Rank struct {
 	scanMu sync.Mutex
 	scan   peerScan
 
-	// leasePoll and onLeaseWait let tests watch Close wait for leases.
-	leasePoll   time.Duration
-	onLeaseWait func(held []int)
+	// leaseWatch is nil in production (leaseWatcher).
+	leaseWatch leaseWatcher
+}
+
+// leaseWatcher sees Close wait for the leases of its inbound lanes; only
+// the package's tests supply one, to watch the wait and shorten it.
+type leaseWatcher interface {
+	// leaseWait is told which lanes are still held each time Close looks,
+	// and returns how long Close waits before it looks again.
+	leaseWait(held []int) time.Duration
 }
 
 // Register joins the group: it runs the steps of InitStep in order and
@@ -264,7 +271,6 @@ func register(ctx context.Context, opts Options, inject func(InitStep) error) (*
 		shareSaid:    make(map[string]bool),
 		importFailed: make(map[string]error),
 		pending:      make(map[staging.Identity]*pendingAttach),
-		leasePoll:    leasePoll,
 	}
 	r.scan.self = ns
 	r.scan.host = machineScanHost()
@@ -860,15 +866,16 @@ func (r *Rank) waitLeases(ctx context.Context) error {
 		if len(held) == 0 {
 			return nil
 		}
-		if r.onLeaseWait != nil {
-			r.onLeaseWait(held)
+		poll := leasePoll
+		if r.leaseWatch != nil {
+			poll = r.leaseWatch.leaseWait(held)
 		}
 		r.Heartbeat(staging.MonoNanos())
 		if timer == nil {
-			timer = time.NewTimer(r.leasePoll)
+			timer = time.NewTimer(poll)
 			defer timer.Stop()
 		} else {
-			timer.Reset(r.leasePoll)
+			timer.Reset(poll)
 		}
 		select {
 		case <-ctx.Done():

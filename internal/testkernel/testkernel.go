@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package cuda
+// Package testkernel holds the GPU kernels of tests that run on a real GPU.
+// Only test files import it.
+package testkernel
 
 // SpinKernelPTX is a kernel for tests, in PTX that the driver compiles at
 // load: spin_until_set(const volatile u32 *flag) returns once *flag is not
