@@ -145,7 +145,7 @@ func runFlags(fs *pflag.FlagSet) func() int {
 	fs.StringVar(&o.JSON, "json", "", "also write the rows as JSON to this file")
 	fs.StringVar(&o.Credit, "credit-timeout", "", contract.EnvCreditTimeout+" for the ranks (empty: the engine default, 1000)")
 	fs.StringVar(&firstPieceFlag, "first-piece", "", "the most bytes of a request's first Piece, each next twice the one before up to the 8 MiB slot ("+contract.EnvFirstPiece+" for the ranks; empty: the engine default, "+strconv.Itoa(contract.DefaultFirstPieceKiB)+"KiB; 8MiB: no ramp)")
-	fs.IntVar(&o.PerSubmit, "per-submit", 0, "requests per Submit (0: all at once; with --device cuda 16); a Piece never spans two Submits, so with --block under 8MiB this sets the Piece size")
+	fs.IntVar(&o.PerSubmit, "per-submit", 0, "requests per Submit (0: all at once; with --device cuda 16); a Submit is one Piece per 8 MiB, and the sender joins queued whole Pieces of several Submits into one slot")
 	fs.DurationVar(&o.HoldAfter, "hold-after", 0, "keep the engine phase's ranks registered, idle, this long after their transfer, so that a metrics scraper (pxn-agent) sees their counters; single runs only")
 	fs.BoolVar(&o.AllocPass, "alloc-pass", false, "run the PXN phase's transfer a second time and report P5 heap allocations per piece from that warm pass (steady state) rather than from the first")
 	fs.StringVar(&o.RegistryRoot, "registry-root", "",

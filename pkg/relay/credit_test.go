@@ -26,13 +26,13 @@ const creditPiece = 64 << 10
 
 func newCreditRig(t *testing.T, pieces int) *creditRig {
 	n := pieces * creditPiece
-	p := newPair(t, pairOpts{tgtSize: n, srcSize: n, manual: true,
+	p := newPair(t, pairOpts{tgtSize: n, srcSize: n, manual: true, separate: true,
 		cfg: func(c *staging.Config) { c.CreditTimeout = time.Second }})
 	r := &creditRig{t: t, p: p, clock: time.Now()}
 	r.driveUntil("the relay's lane attached", func() bool { return p.a.HasRelay("rail1") })
 	p.hopB.SetHold(true)
 	// One Submit a Piece: each is a group of its own, so each is one Piece
-	// whatever the planner's ramp.
+	// whatever the planner's ramp, in a slot of its own.
 	for i := range pieces {
 		b, err := p.a.Submit([]relay.Request{{Op: relay.Write, Src: p.src(i * creditPiece), Len: creditPiece, Target: sessRail1, Dst: tgtBase + uint64(i*creditPiece)}})
 		if err != nil {

@@ -61,6 +61,9 @@ type pairOpts struct {
 	// its rank still registered, for a test that plays its part.
 	manual  bool
 	without string
+	// separate publishes every Piece in a slot of its own: tests that fill
+	// a ring Piece by Piece.
+	separate bool
 	// copierA, when set, gives engine a the copier it returns instead of
 	// its host copier.
 	copierA func(*hosthop.HostCopier) relay.Copier
@@ -110,7 +113,7 @@ func newPairTB(t testing.TB, o pairOpts) *pair {
 	}
 	p.rankA = p.g.add("rail0", "mlx5_0")
 	p.rankB = p.g.add("rail1", "mlx5_1")
-	hooks := relay.FaultHooks{ManualPump: o.manual}
+	hooks := relay.FaultHooks{ManualPump: o.manual, SeparateSlots: o.separate}
 	var err error
 	if o.without != "a" {
 		var copA relay.Copier = p.copA

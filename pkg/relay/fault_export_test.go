@@ -18,11 +18,14 @@ type FaultHooks struct {
 	// ManualPump leaves the pump unstarted: the test drives it with
 	// RunRound from one goroutine.
 	ManualPump bool
+	// SeparateSlots publishes every Piece in a slot of its own.
+	SeparateSlots bool
 }
 
 func (h FaultHooks) laneEnd() uint64            { return h.LastSeq }
 func (h FaultHooks) ticketLimit() time.Duration { return h.TicketTimeout }
 func (h FaultHooks) manual() bool               { return h.ManualPump }
+func (h FaultHooks) separate() bool             { return h.SeparateSlots }
 
 // OpenWithFaultHooks is Open with test hooks in place before the pump starts.
 func OpenWithFaultHooks(cfg staging.Config, deps Deps, h FaultHooks) (*Engine, error) {

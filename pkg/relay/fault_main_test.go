@@ -39,7 +39,9 @@ const (
 	faultDirEnv     = "PXN_FAULT_DIRECTORY"
 	faultSrcEnv     = "PXN_FAULT_SRC_BYTES"
 	faultLastSeqEnv = "PXN_FAULT_LAST_SEQ"
-	faultTicketEnv  = "PXN_FAULT_TICKET_TIMEOUT_MS"
+	// faultJoinEnv=1 lets the sender join queued Pieces into one slot.
+	faultJoinEnv   = "PXN_FAULT_JOIN"
+	faultTicketEnv = "PXN_FAULT_TICKET_TIMEOUT_MS"
 	// faultLockEnv names the file the "lock" role holds an flock on.
 	faultLockEnv = "PXN_FAULT_LOCK"
 )
@@ -220,7 +222,9 @@ func faultRank() error {
 	faultPattern(src, faultSeed(idx), 0)
 	base := uintptr(unsafe.Pointer(&src[0]))
 
-	var hooks relay.FaultHooks
+	// The fault matrix follows Pieces one slot each (rings filled Piece by
+	// Piece, seqs counted); a case about joined slots asks for joining.
+	hooks := relay.FaultHooks{SeparateSlots: os.Getenv(faultJoinEnv) != "1"}
 	if v := os.Getenv(faultLastSeqEnv); v != "" {
 		if hooks.LastSeq, err = strconv.ParseUint(v, 10, 64); err != nil {
 			return err

@@ -17,7 +17,13 @@ type steering interface {
 	// manual leaves the pump's goroutine unstarted: the test runs its
 	// rounds on its own goroutine, and Close fails what is left at once.
 	manual() bool
+	// separate publishes every Piece in a slot of its own (sender.join
+	// joins none): tests that count seqs or fill a ring Piece by Piece.
+	separate() bool
 }
+
+// joining reports whether the sender joins queued Pieces into one slot.
+func (s *shared) joining() bool { return s.steer == nil || !s.steer.separate() }
 
 // exhausted reports whether sl has used the last seq of its epoch.
 func (s *shared) exhausted(sl *senderLane) bool {

@@ -86,6 +86,31 @@ func (ol *outLane) queued() bool {
 	return ol.queue.len() > 0
 }
 
+// slotPieces is what one published slot carries: the Piece published into
+// it and the Pieces that joined it there (sender.join).
+type slotPieces struct {
+	lead   pieceRef
+	joined []pieceRef
+}
+
+// bytes is the slot's bytes: the lead's and every joined Piece's.
+func (sp *slotPieces) bytes() uint64 {
+	n := sp.lead.g.pieceLen(sp.lead.i)
+	for _, pr := range sp.joined {
+		n += pr.g.pieceLen(pr.i)
+	}
+	return n
+}
+
+// pieces is how many Pieces the slot carries.
+func (sp *slotPieces) pieces() uint64 { return 1 + uint64(len(sp.joined)) }
+
+// clear empties the slot and keeps the joined vector's memory.
+func (sp *slotPieces) clear() {
+	clear(sp.joined)
+	*sp = slotPieces{joined: sp.joined[:0]}
+}
+
 // senderLane is the sender's own state of one outbound lane: the claim, the
 // lane's endpoint and the Pieces in its slots. Only the pump touches it.
 type senderLane struct {
@@ -94,7 +119,7 @@ type senderLane struct {
 	tx   *staging.SenderLane
 	// relayWake is the relay's wake word, rung after each Publish.
 	relayWake *staging.WakeWord
-	inflight  [staging.SlotsPerLane]pieceRef
+	inflight  [staging.SlotsPerLane]slotPieces
 	broken    bool
 	waitSince time.Time
 	// progressAt is when the oldest published ticket became the oldest:

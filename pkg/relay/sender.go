@@ -54,8 +54,8 @@ func (sn *sender) inflightBytes(limit uint64) uint64 {
 	var n uint64
 	for _, sl := range sn.lanes {
 		for seq := sl.tx.Reaped() + 1; seq <= sl.tx.Published() && n <= limit; seq++ {
-			if pr := sl.inflight[staging.SlotOf(seq)]; pr.g != nil {
-				n += pr.g.pieceLen(pr.i)
+			if sp := &sl.inflight[staging.SlotOf(seq)]; sp.lead.g != nil {
+				n += sp.bytes()
 			}
 		}
 	}
@@ -148,47 +148,110 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 	if !sl.tx.InFlight() {
 		sl.progressAt = now
 	}
-	g, i := pr.g, pr.i
+	g := pr.g
 	slot := staging.SlotOf(seq)
 	base := sl.link.Staging() + uintptr(slot)*staging.SlotSize
-	plans, entries := sn.planBuf[:0], sn.copyBuf[:0]
-	it := g.plan.PieceSlices(g.blocks, i)
-	for c, ok := it.Next(); ok; c, ok = it.Next() {
-		plans = append(plans, staging.PlanEntry{Dst: c.Dst, Len: c.Len})
-		entries = append(entries, CopyEntry{Src: uintptr(c.Src), Dst: base + uintptr(c.Offset), Len: c.Len})
-	}
-	sn.planBuf, sn.copyBuf = plans, entries
-	if err := sl.tx.Commit(seq, g.key.session, plans, g.pieceLen(i)); err != nil {
-		s.fallback(g, i, staging.FallbackOther)
+	sp := &sl.inflight[slot]
+	sp.lead = pr
+	sn.planBuf, sn.copyBuf = sn.planBuf[:0], sn.copyBuf[:0]
+	n := sn.stage(pr, base, 0)
+	n = sn.join(sl, sp, base, n)
+	if err := sl.tx.Commit(seq, g.key.session, sn.planBuf, n); err != nil {
+		sn.fallbackSlot(sp, staging.FallbackOther)
 		return true
 	}
 	copyAt := s.sentTimes.now()
-	if err := s.copier.Copy(sl.copierLane, g.ready, entries, sl.tx.ReadyWord(seq), seq); err != nil {
-		// Before the doorbell: the Piece is still ours to send direct,
+	if err := s.copier.Copy(sl.copierLane, g.ready, sn.copyBuf, sl.tx.ReadyWord(seq), seq); err != nil {
+		// Before the doorbell: the Pieces are still ours to send direct,
 		// and the lane is quarantined.
 		s.log.Error(err, "first-hop copy failed; lane quarantined", "relayPid", sl.peer.Pid, "lane", sl.link.LaneIndex(), "copierLane", sl.copierLane)
 		s.counters.laneQuarantine.Add(1)
 		sl.broken = true
-		s.fallback(g, i, staging.FallbackLaneBroken)
+		sn.fallbackSlot(sp, staging.FallbackLaneBroken)
 		sl.drainTo(&s.fallbacks, staging.FallbackLaneBroken)
 		return true
 	}
 	if err := sl.tx.Publish(seq); err != nil {
 		// Unreachable while Ticket and Publish agree; should it happen,
-		// the Piece fails rather than being sent twice, and the lane
+		// the Pieces fail rather than being sent twice, and the lane
 		// takes no more tickets.
 		s.log.Error(err, "publishing a ticket; lane quarantined", "relayPid", sl.peer.Pid, "lane", sl.link.LaneIndex())
 		sl.broken = true
-		s.counters.failedPieces.Add(1)
-		g.finishPiece(i, err)
-		s.pieceDone(g)
+		s.counters.failedPieces.Add(sp.pieces())
+		sn.finishSlot(sp, err)
 		sl.drainTo(&s.fallbacks, staging.FallbackLaneBroken)
 		return true
 	}
-	pr.times = s.sentTimes.add(PieceTimes{Lane: sl.link.LaneIndex(), Seq: seq, Bytes: g.pieceLen(i), Submit: g.submitted, Copy: copyAt})
-	sl.inflight[slot] = pr
+	sp.lead.times = s.sentTimes.add(PieceTimes{Lane: sl.link.LaneIndex(), Seq: seq, Bytes: n, Submit: g.submitted, Copy: copyAt})
 	sl.relayWake.Wake()
 	return true
+}
+
+// stage appends Piece pr's slices, staged from offset at of the slot at
+// base, to the pump's plan and copy vectors, and returns the slot's bytes
+// with them.
+func (sn *sender) stage(pr pieceRef, base uintptr, at uint64) uint64 {
+	it := pr.g.plan.PieceSlices(pr.g.blocks, pr.i)
+	for c, ok := it.Next(); ok; c, ok = it.Next() {
+		sn.planBuf = append(sn.planBuf, staging.PlanEntry{Dst: c.Dst, Len: c.Len})
+		sn.copyBuf = append(sn.copyBuf, CopyEntry{Src: uintptr(c.Src), Dst: base + uintptr(at+c.Offset), Len: c.Len})
+	}
+	return at + pr.g.pieceLen(pr.i)
+}
+
+// join stages, behind the slot's lead Piece (n bytes so far), the Pieces
+// queued next on the lane while each is a whole group of one Piece for the
+// lead's target session whose source is ready, and the slot has room for
+// its bytes and its plan entries; it returns the slot's bytes. A stream of
+// small Submits that the pump fell behind on thus moves in full slots, a
+// ticket, a copy, a doorbell and a second hop for many of them, instead of
+// one each. Only the pump pops the queue, so the front it looked at is the
+// one it pops; Submit only appends behind it. A Piece whose source is not
+// known to be ready stays queued for a slot of its own, whose copy waits
+// for its event: the copy of a slot waits for the lead's event only.
+func (sn *sender) join(sl *senderLane, sp *slotPieces, base uintptr, n uint64) uint64 {
+	if !sn.s.joining() {
+		return n
+	}
+	session := sp.lead.g.key.session
+	for {
+		nx := sl.front()
+		g := nx.g
+		if g == nil || nx.i != 0 || len(g.plan.Pieces) != 1 || g.key.session != session ||
+			n+g.pieceLen(0) > staging.SlotSize || len(sn.planBuf)+g.pieceEntries(0) > staging.MaxPlans {
+			return n
+		}
+		if g.ready != 0 {
+			if done, err := sn.s.copier.Query(g.ready); err != nil || !done {
+				return n
+			}
+		}
+		sl.pop()
+		n = sn.stage(nx, base, n)
+		sp.joined = append(sp.joined, nx)
+	}
+}
+
+// finishSlot finishes every Piece of a published slot with err (nil:
+// done) and empties the slot.
+func (sn *sender) finishSlot(sp *slotPieces, err error) {
+	sp.lead.g.finishPiece(sp.lead.i, err)
+	sn.s.pieceDone(sp.lead.g)
+	for _, pr := range sp.joined {
+		pr.g.finishPiece(pr.i, err)
+		sn.s.pieceDone(pr.g)
+	}
+	sp.clear()
+}
+
+// fallbackSlot sends every Piece of a slot that was not published direct,
+// for why, and empties the slot.
+func (sn *sender) fallbackSlot(sp *slotPieces, why fallbackReason) {
+	sn.s.fallback(sp.lead.g, sp.lead.i, why)
+	for _, pr := range sp.joined {
+		sn.s.fallback(pr.g, pr.i, why)
+	}
+	sp.clear()
 }
 
 func laterOf(a, b time.Time) time.Time {
@@ -208,11 +271,9 @@ func (sn *sender) reap(sl *senderLane, now time.Time) bool {
 		if !ok {
 			break
 		}
-		slot := staging.SlotOf(seq)
-		pr := sl.inflight[slot]
-		sl.inflight[slot] = pieceRef{}
-		sn.s.sentTimes.set(pr.times, stepReaped)
-		sn.finishPublished(pr, status)
+		sp := &sl.inflight[staging.SlotOf(seq)]
+		sn.s.sentTimes.set(sp.lead.times, stepReaped)
+		sn.finishPublished(sp, status)
 		progressed = true
 	}
 	if progressed {
@@ -221,9 +282,20 @@ func (sn *sender) reap(sl *senderLane, now time.Time) bool {
 	return progressed
 }
 
-func (sn *sender) finishPublished(pr pieceRef, status int32) {
+func (sn *sender) finishPublished(sp *slotPieces, status int32) {
 	s := sn.s
 	var err error
+	if len(sp.joined) > 0 && redoable(status) {
+		// Pieces of several Submits share the slot, and one write of one
+		// of them failed after every write of the slot ended: each goes
+		// direct again, so that only a write that fails there too fails
+		// its task, as it would have in a slot of its own.
+		if status == staging.CompletionSecondHop {
+			s.counters.secondHopFails.Add(1)
+		}
+		sn.fallbackSlot(sp, staging.FallbackOther)
+		return
+	}
 	if status != staging.CompletionOK {
 		// A closing relay waits for its lanes: check them in the next
 		// round rather than at the next heartbeat.
@@ -232,16 +304,15 @@ func (sn *sender) finishPublished(pr pieceRef, status int32) {
 		if status == staging.CompletionTimeout {
 			err = fmt.Errorf("%w: %w", err, ErrTimedOut)
 		}
-		s.counters.failedPieces.Add(1)
+		s.counters.failedPieces.Add(sp.pieces())
 		if status == staging.CompletionSecondHop || status == staging.CompletionTimeout {
 			s.counters.secondHopFails.Add(1)
 		}
 	} else {
-		s.counters.relayedBytes.Add(pr.g.pieceLen(pr.i))
-		s.counters.relayedPieces.Add(1)
+		s.counters.relayedBytes.Add(sp.bytes())
+		s.counters.relayedPieces.Add(sp.pieces())
 	}
-	pr.g.finishPiece(pr.i, err)
-	s.pieceDone(pr.g)
+	sn.finishSlot(sp, err)
 }
 
 // failPublished fails, exactly once, every Piece published on a lane whose
@@ -253,13 +324,23 @@ func (sn *sender) failPublished(sl *senderLane, err error) {
 		if !ok {
 			return
 		}
-		slot := staging.SlotOf(seq)
-		pr := sl.inflight[slot]
-		sl.inflight[slot] = pieceRef{}
-		s.counters.failedPieces.Add(1)
-		pr.g.finishPiece(pr.i, err)
-		s.pieceDone(pr.g)
+		sp := &sl.inflight[staging.SlotOf(seq)]
+		s.counters.failedPieces.Add(sp.pieces())
+		sn.finishSlot(sp, err)
 	}
+}
+
+// redoable reports whether a slot that ended with status wrote nothing
+// after it ended and may be written again direct: its writes all ended
+// (a second-hop failure), or none began (a refused descriptor, a target
+// the relay could not resolve). A timed-out write may still land, and a
+// closing relay's writes may still be in flight.
+func redoable(status int32) bool {
+	switch status {
+	case staging.CompletionSecondHop, staging.CompletionInvalidDesc, staging.CompletionUnresolved:
+		return true
+	}
+	return false
 }
 
 func completionReason(status int32) string {
