@@ -497,10 +497,34 @@ Status RdmaTransport::submitTransferTask(
             seam::postSlice(
                 s, seam::Post{&task, static_cast<int>(r.opcode),
                               reinterpret_cast<uint64_t>(r.source), r.length,
-                              r.target_id, r.target_offset, lkey, rkey});
+                              r.target_id, r.target_offset, lkey, rkey, false,
+                              std::string()});
         }
     }
     return result;
+}
+
+// As WorkerPool's entry: a slice without a peer NIC path fails; the others
+// go to the NIC as they are, with no lookup.
+int RdmaTransport::submitPreparedSlices(int device_id,
+                                        const std::vector<Slice *> &slice_list) {
+    if (device_id < 0 ||
+        static_cast<size_t>(device_id) >= local_topology_->getHcaList().size())
+        return ERR_INVALID_ARGUMENT;
+    for (Slice *s : slice_list) {
+        if (s->peer_nic_path.empty()) {
+            s->markFailed();
+            continue;
+        }
+        s->status = Slice::POSTED;
+        s->ts = getCurrentTimeInNano();
+        seam::postSlice(
+            s, seam::Post{s->task, static_cast<int>(s->opcode),
+                          reinterpret_cast<uint64_t>(s->source_addr), s->length,
+                          s->target_id, s->rdma.dest_addr, s->rdma.source_lkey,
+                          s->rdma.dest_rkey, true, s->peer_nic_path});
+    }
+    return 0;
 }
 
 Status RdmaTransport::getTransferStatus(BatchID batch_id, size_t task_id,

@@ -28,6 +28,9 @@ struct Post {
     uint64_t dst;
     uint32_t lkey;
     uint32_t rkey;
+    // Posted through submitPreparedSlices, to this peer NIC path.
+    bool prepared;
+    std::string peer_nic_path;
 
     bool sameWork(const Post &o) const {
         return opcode == o.opcode && source == o.source &&
