@@ -143,6 +143,22 @@ void hold() {
     fabric().budget_ = 0;
 }
 
+namespace {
+
+// The queued slices of the first n tasks waiting, past the first skip
+// slices (those already released); fabric's mu_ held.
+size_t slicesOfTasks(size_t skip, size_t n) {
+    const auto &q = fabric().queue_;
+    std::set<const Transport::TransferTask *> seen;
+    size_t k = skip;
+    for (; k < q.size(); k++) {
+        if (seen.insert(q[k]->task).second && seen.size() > n) break;
+    }
+    return k - skip;
+}
+
+}  // namespace
+
 void release(size_t n) {
     {
         std::lock_guard<std::mutex> g(fabric().mu_);
@@ -150,7 +166,7 @@ void release(size_t n) {
             fabric().holding_ = false;
             fabric().budget_ = 0;
         } else {
-            fabric().budget_ += n;
+            fabric().budget_ += slicesOfTasks(fabric().budget_, n);
         }
     }
     fabric().cv_.notify_all();
@@ -158,7 +174,9 @@ void release(size_t n) {
 
 size_t held() {
     std::lock_guard<std::mutex> g(fabric().mu_);
-    return fabric().queue_.size();
+    std::set<const Transport::TransferTask *> tasks;
+    for (auto *s : fabric().queue_) tasks.insert(s->task);
+    return tasks.size();
 }
 
 void failTarget(uint64_t segment_id, bool fail) {

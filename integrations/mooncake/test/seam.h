@@ -60,8 +60,9 @@ void setCopy(CopyFn fn);
 std::vector<Post> posts();
 std::vector<Registration> registrations();
 
-// While held, posted slices wait; release completes the oldest n (all
-// when n is 0) and ends the hold when it releases all.
+// While held, posted slices wait; release completes the slices of the
+// oldest n tasks waiting (all when n is 0, which ends the hold). held counts
+// the tasks waiting: a relayed Piece is one task, whatever its slices.
 void hold();
 void release(size_t n);
 size_t held();

@@ -94,6 +94,13 @@ std::shared_ptr<TransferMetadata::SegmentDesc> decodeSegment(
     std::string other = nic == "mlx5_0" ? "mlx5_1" : "mlx5_0";
     d->topology.parse("{\"cpu:0\": [[\"mlx5_0\"], [\"mlx5_1\"]], \"cuda:0\": [[\"" +
                       nic + "\"], [\"" + other + "\"]]}");
+    // The devices in the topology's HCA order, as Mooncake publishes them.
+    for (const char *dev : {"mlx5_0", "mlx5_1"}) {
+        TransferMetadata::DeviceDesc dd;
+        dd.name = dev;
+        dd.lid = 0;
+        d->devices.push_back(dd);
+    }
     TransferMetadata::BufferDesc b;
     b.name = "cuda:0";
     b.addr = base;
