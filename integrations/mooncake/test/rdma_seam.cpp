@@ -512,51 +512,64 @@ bool remoteKey(const TransferMetadata::SegmentDesc &target, uint64_t dst,
 
 }  // namespace
 
+// As the real one: a request in slices of at most slice_size, each
+// selecting its local key (the stand-in for selectDevice) and its remote
+// key; the target's descriptor looked up once per request. A task's slices
+// are all counted before the first is posted.
 Status RdmaTransport::submitTransferTask(
     const std::vector<TransferTask *> &task_list) {
     auto local = metadata_->getSegmentDescByID(LOCAL_SEGMENT_ID);
+    const uint64_t block = globalConfig().slice_size ? globalConfig().slice_size : 65536;
     Status result = Status::OK();
+    thread_local std::vector<std::pair<Slice *, seam::Post>> ready;
     for (auto *tp : task_list) {
         auto &task = *tp;
+        ready.clear();
         for (size_t k = 0; k < task.request_count; k++) {
             const auto &r = task.request[k];
-            if (r.length == 0) continue;
-            Slice *s = getSliceCache().allocate();
-            s->source_addr = r.source;
-            s->length = r.length;
-            s->opcode = r.opcode;
-            s->target_id = r.target_id;
-            s->peer_nic_path.clear();
-            s->source_location.clear();
-            s->status = Slice::PENDING;
-            s->task = &task;
-            s->rdma.dest_addr = r.target_offset;
-            s->rdma.retry_cnt = 0;
-            s->rdma.max_retry_cnt = 0;
-            s->ts = 0;
-            task.slice_list.push_back(s);
-            task.total_bytes += r.length;
-            __sync_fetch_and_add(&task.slice_count, 1);
-            auto target = metadata_->getSegmentDescByID(r.target_id);
-            uint32_t lkey = 0, rkey = 0;
-            if (!local || !target ||
-                !localKey(*local, reinterpret_cast<uint64_t>(r.source),
-                          r.length, lkey) ||
-                !remoteKey(*target, r.target_offset, r.length, rkey)) {
-                s->markFailed();
-                result = Status::AddressNotRegistered(
-                    "no registered range for the request");
-                continue;
+            auto target = r.length ? metadata_->getSegmentDescByID(r.target_id)
+                                   : nullptr;
+            for (uint64_t off = 0; off < r.length; off += block) {
+                uint64_t len = std::min<uint64_t>(block, r.length - off);
+                char *src = static_cast<char *>(r.source) + off;
+                Slice *s = getSliceCache().allocate();
+                s->source_addr = src;
+                s->length = len;
+                s->opcode = r.opcode;
+                s->target_id = r.target_id;
+                s->peer_nic_path.clear();
+                s->source_location.clear();
+                s->status = Slice::PENDING;
+                s->task = &task;
+                s->rdma.dest_addr = r.target_offset + off;
+                s->rdma.retry_cnt = 0;
+                s->rdma.max_retry_cnt = 0;
+                s->ts = 0;
+                task.slice_list.push_back(s);
+                task.total_bytes += len;
+                __sync_fetch_and_add(&task.slice_count, 1);
+                uint32_t lkey = 0, rkey = 0;
+                if (!local || !target ||
+                    !localKey(*local, reinterpret_cast<uint64_t>(src), len, lkey) ||
+                    !remoteKey(*target, r.target_offset + off, len, rkey)) {
+                    s->markFailed();
+                    result = Status::AddressNotRegistered(
+                        "no registered range for the request");
+                    continue;
+                }
+                s->rdma.source_lkey = lkey;
+                s->rdma.dest_rkey = rkey;
+                ready.emplace_back(
+                    s, seam::Post{&task, static_cast<int>(r.opcode),
+                                  reinterpret_cast<uint64_t>(src), len,
+                                  r.target_id, r.target_offset + off, lkey,
+                                  rkey, false, std::string()});
             }
-            s->rdma.source_lkey = lkey;
-            s->rdma.dest_rkey = rkey;
+        }
+        for (auto &[s, post] : ready) {
             s->status = Slice::POSTED;
             s->ts = getCurrentTimeInNano();
-            seam::postSlice(
-                s, seam::Post{&task, static_cast<int>(r.opcode),
-                              reinterpret_cast<uint64_t>(r.source), r.length,
-                              r.target_id, r.target_offset, lkey, rkey, false,
-                              std::string()});
+            seam::postSlice(s, post);
         }
     }
     return result;
