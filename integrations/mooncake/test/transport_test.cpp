@@ -12,6 +12,10 @@
 //                               transport against RdmaTransport
 //   pxn_transport_test pair     runs relay and sender and carries their
 //                               lines (where mooncake_test.go cannot run)
+//   pxn_transport_test bench    runs relay and bench-sender: 10 KiB, 8 MiB
+//                               and 40 MiB writes through the relay, one
+//                               "BENCH ..." line each (MC_PXN_SUBMIT_PIECE
+//                               picks the relay's second-hop path)
 //
 // Each case prints "PASS <name>" or "FAIL <name>: <why>"; the program ends
 // with "DONE". Targets are files in $SEAM_DIR mapped by both ranks, so the
@@ -960,6 +964,85 @@ int runSender() {
     return failed ? 1 : 0;
 }
 
+// The benchmark's sender: per workload, writes of one size to decode1
+// through the relay, batch by batch, timed from the first submit to the
+// last completion; the relay's counts over the workload divided by the
+// Pieces it forwarded. The last batch's bytes are checked.
+int runBench() {
+    Rank r;
+    setUp(r, 0);
+    if (r.pxn == nullptr || !r.pxn->pxnStats().active)
+        return r.pxn ? pxnOff(*r.pxn, "bench sender") : 1;
+    Sender s{r};
+    s.waitRelay();
+    struct Workload {
+        const char *name;
+        uint64_t len, stride, per_batch, batches;
+    };
+    const std::vector<Workload> loads = {
+        {"10KiB", 10 << 10, 16 << 10, 64, 64},
+        {"8MiB", 8 << 20, 8 << 20, 4, 16},
+        {"5GiB", 40ull << 20, 0, 1, 128},
+    };
+    const char *path = std::getenv("MC_PXN_SUBMIT_PIECE");
+    std::string mode = path && std::strcmp(path, "0") == 0 ? "per-op" : "piece";
+    fill(r.device, kSrcLen, 91);
+    int failed = 0;
+    for (const auto &w : loads) {
+        try {
+            std::vector<TransferRequest> reqs;
+            for (uint64_t i = 0; i < w.per_batch; i++)
+                reqs.push_back(write(r.device + (w.stride ? i * w.stride : 0),
+                                     kDecode1, kBase1 + i * w.stride, w.len));
+            // Warm-up batches, as a serving process is warm.
+            for (int k = 0; k < 3; k++) {
+                auto warm = submit(*r.mt, reqs);
+                completedAll(await(*r.mt, warm.batch, reqs.size(), 120), reqs);
+                freeBatch(*r.mt, warm.batch);
+            }
+            std::memset(r.decode[1], 0, kTargetLen);
+            auto before = relayStats();
+            auto start = Clock::now();
+            for (uint64_t b = 0; b < w.batches; b++) {
+                auto sub = submit(*r.mt, reqs);
+                completedAll(await(*r.mt, sub.batch, reqs.size(), 120), reqs);
+                freeBatch(*r.mt, sub.batch);
+            }
+            double secs = std::chrono::duration<double>(Clock::now() - start).count();
+            auto d = relayStats() - before;
+            // Write i copied the source at i * stride to the same offset.
+            for (uint64_t i = 0; i < w.per_batch; i++) {
+                uint64_t at = i * w.stride;
+                for (uint64_t j = 0; j < w.len; j++)
+                    EXPECT(static_cast<uint8_t>(r.decode[1][at + j]) ==
+                               pattern(at + j, 91),
+                           "byte " << at + j << " of decode1 differs");
+            }
+            uint64_t writes = w.per_batch * w.batches;
+            uint64_t bytes = writes * w.len;
+            double pieces = d.forwarded ? double(d.forwarded) : 1;
+            std::ostringstream os;
+            os.setf(std::ios::fixed);
+            os.precision(2);
+            os << "BENCH " << mode << " " << w.name << " writes=" << writes
+               << " bytes=" << bytes << " seconds=" << secs
+               << " GBps=" << bytes / secs / 1e9
+               << " us_per_write=" << secs * 1e6 / writes
+               << " pieces=" << d.forwarded
+               << " allocs_per_piece=" << d.allocations / pieces
+               << " batch_ids_per_piece=" << d.allocate_batch / pieces
+               << " lookups_per_piece=" << d.segment_lookups / pieces
+               << " selects_per_piece=" << d.select_device / pieces;
+            std::cout << os.str() << std::endl;
+        } catch (const CaseFailed &f) {
+            std::cout << "FAIL bench " << w.name << ": " << f.why << std::endl;
+            failed++;
+        }
+    }
+    std::cout << "DONE" << std::endl;
+    return failed ? 1 : 0;
+}
+
 // Closes the relay's PXN side while its NIC holds second-hop writes from
 // the arena: the arena must stay registered and mapped, the internal
 // batches be kept, and be freed once the NIC has finished them.
@@ -1218,7 +1301,7 @@ int runOff() {
 // Runs "relay" and "sender" as child processes and carries the sender's
 // RELAY lines to the relay and the replies back, as mooncake_test.go does,
 // for machines without Go.
-int runPair(const char *self) {
+int runPair(const char *self, const char *sender_role) {
     struct Child {
         pid_t pid;
         FILE *in;
@@ -1257,7 +1340,7 @@ int runPair(const char *self) {
                   << std::endl;
         return l.rfind("SKIP", 0) == 0 ? 0 : 1;
     }
-    Child sender = spawn("sender");
+    Child sender = spawn(sender_role);
     int failed = 0;
     while (line(sender.out, l)) {
         if (l.rfind("RELAY ", 0) != 0) {
@@ -1306,17 +1389,20 @@ int main(int argc, char **argv) {
     std::ios::sync_with_stdio(true);
     std::string role = argc > 1 ? argv[1] : "";
     try {
-        if (role == "sender" || role == "relay") {
+        if (role == "sender" || role == "relay" || role == "bench-sender") {
             if (!libpxnSpeaksOurVersion()) return 0;
         }
         if (role == "sender") return runSender();
         if (role == "relay") return runRelay();
         if (role == "off") return runOff();
-        if (role == "pair") return runPair("/proc/self/exe");
+        if (role == "pair") return runPair("/proc/self/exe", "sender");
+        if (role == "bench") return runPair("/proc/self/exe", "bench-sender");
+        if (role == "bench-sender") return runBench();
     } catch (const CaseFailed &f) {
         std::cout << "FAIL setup: " << f.why << std::endl;
         return 1;
     }
-    std::cerr << "usage: pxn_transport_test sender|relay|off|pair" << std::endl;
+    std::cerr << "usage: pxn_transport_test sender|relay|off|pair|bench"
+              << std::endl;
     return 2;
 }
