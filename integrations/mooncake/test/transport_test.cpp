@@ -724,6 +724,47 @@ struct Sender {
                 " " + std::to_string(1 << 20));
     }
 
+    // A relayed Piece whose slices the relay's NIC holds past the relay's
+    // slice_timeout is reported timed out and its task ends TIMEOUT; the
+    // relay keeps the Piece's slot (op_batches) while its NIC still holds
+    // the slices, returns it once they finish, and looks the route up
+    // again for the next write.
+    void pieceTimeout() {
+        waitRelay();
+        seed++;
+        auto before = relayStats();
+        relayOK("hold");
+        relayOK("timeout 1");
+        std::vector<TransferRequest> reqs = {prep(r.device, 0, kDecode1, 10 << 20, 1 << 20)};
+        auto sub = submit(*r.mt, reqs);
+        std::vector<TransferStatus> st;
+        try {
+            st = await(*r.mt, sub.batch, 1, 30);
+        } catch (...) {
+            relay("timeout -1");
+            relay("release 0");
+            throw;
+        }
+        std::string held = relay("opbatches");
+        relayOK("timeout -1");
+        relayOK("release 0");
+        EXPECT(st[0].s == TransferStatusEnum::TIMEOUT, "state " << st[0].s);
+        EXPECT(held != "OK 0" && held.rfind("OK", 0) == 0,
+               "the relay kept no slot for the Piece its NIC holds: " << held);
+        freeBatch(*r.mt, sub.batch);
+        auto d = relayStats() - before;
+        EXPECT(d.pieces >= 1 && d.route_drops >= 1,
+               "the timed-out Piece left its route: " << d.str());
+        seed++;
+        reqs = {prep(r.device, 0, kDecode1, 10 << 20, 1 << 20)};
+        sub = submit(*r.mt, reqs);
+        completedAll(await(*r.mt, sub.batch, 1), reqs);
+        checkBytes(kDecode1, 10 << 20, 1 << 20, seed);
+        freeBatch(*r.mt, sub.batch);
+        until([&] { return relay("opbatches") == "OK 0"; },
+              "the timed-out Piece's slot to return", 20);
+    }
+
     // A second hop that fails after the doorbell fails the task; it is not
     // replayed on the direct path.
     void secondHopFailure() {
@@ -944,6 +985,7 @@ int runSender() {
         {"status_and_progress", [&] { s.statusAndProgress(); }},
         {"piece_steady_state", [&] { s.pieceSteadyState(); }},
         {"route_rekeyed", [&] { s.routeRekeyed(); }},
+        {"piece_timeout", [&] { s.pieceTimeout(); }},
         {"second_hop_failure", [&] { s.secondHopFailure(); }},
         {"fallback_before_doorbell", [&] { s.fallbackBeforeDoorbell(); }},
         {"batches_freed", [&] { s.batchesFreed(); }},
@@ -1154,6 +1196,12 @@ int runRelay() {
             if (!why.str().empty()) reply = "FAIL " + why.str();
         } else if (cmd == "stats") {
             reply = formatStats(*r.pxn);
+        } else if (cmd == "timeout") {
+            int64_t secs = -1;
+            in >> secs;
+            globalConfig().slice_timeout = secs;
+        } else if (cmd == "opbatches") {
+            reply = "OK " + std::to_string(r.pxn->pxnStats().op_batches);
         } else if (cmd == "rekey") {
             // decode seg's buffer registered again: a new key on its NIC.
             uint64_t seg = 0, rkey = 0;
