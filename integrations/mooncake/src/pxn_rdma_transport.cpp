@@ -53,6 +53,24 @@ bool isFinal(int32_t state) {
     return state != PXN_TASK_WAITING && state != PXN_TASK_PENDING;
 }
 
+// MC_PXN_SUBMIT_PIECE=0: relayed Pieces go through submit, op by op.
+bool pieceSubmitWanted() {
+    const char *v = std::getenv("MC_PXN_SUBMIT_PIECE");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+// The longest slice the Piece path posts; Mooncake's slice_size when
+// smaller.
+constexpr uint64_t kPieceSliceMax = 64 << 10;
+
+// How long a cached route is used before it is looked up again, as
+// Mooncake's own CONFIG_CACHE_SEGMENT_DESC keeps descriptors.
+constexpr int64_t kRouteMaxAgeNs = 1000000000;
+
+// Bounds on the route cache: past them it starts over.
+constexpr size_t kMaxRouteSegments = 1024;
+constexpr size_t kMaxRoutesPerSegment = 4096;
+
 // libpxn, loaded only when MC_PXN_ENABLE=1: a Go shared library starts its
 // runtime's threads when it is loaded. It is never unloaded.
 struct PxnApi {
@@ -152,6 +170,43 @@ struct PxnRdmaTransport::Engine {
         uint64_t base = 0;
         uint64_t length = 0;
         uint64_t rkey = 0;
+        // hca's index in the segment's HCA list: its device and key index.
+        size_t device = 0;
+    };
+
+    // A target buffer as the Piece path resolved it: what a slice into it
+    // carries, and when it was resolved.
+    struct Route {
+        uint64_t base = 0;
+        uint64_t length = 0;
+        uint64_t rkey = 0;
+        std::string peer_nic_path;
+        int64_t resolved = 0;
+    };
+
+    // One relayed Piece in flight: the one task of an internal batch made
+    // once, its slices counted on it. Slots, their batches and their slices
+    // are kept for later Pieces.
+    struct PieceSlot {
+        BatchID batch = 0;
+        TransferTask *task = nullptr;
+        // Owned; as many as the largest Piece this slot carried needed.
+        std::vector<Slice *> slices;
+        // The first n of slices, as posted.
+        std::vector<Slice *> post;
+        // Where each op of the Piece goes.
+        struct Hop {
+            SegmentID id;
+            std::vector<Route> *list;
+            size_t index;
+        };
+        std::vector<Hop> hops;
+        // The routes used, as (segment, buffer base), dropped if a slice
+        // fails.
+        std::vector<std::pair<SegmentID, uint64_t>> used;
+        uint64_t token = 0;
+        // Reported timed out while RDMA still holds slices of it.
+        bool reported = false;
     };
 
     struct SegmentView {
@@ -160,6 +215,8 @@ struct PxnRdmaTransport::Engine {
     };
 
     explicit Engine(PxnRdmaTransport &o) : owner(o) {}
+
+    ~Engine() { freeSlots(); }
 
     PxnRdmaTransport &owner;
     PxnApi api;
@@ -184,6 +241,24 @@ struct PxnRdmaTransport::Engine {
     std::vector<pxn_transport_completion> refused;
 
     bool arena_offered = false;
+    // The staging arena as registered: its key on this process's one NIC.
+    uintptr_t arena_base = 0;
+    uint64_t arena_len = 0;
+    uint64_t arena_lkey = 0;
+
+    // The Piece path (submit_piece): a route cache per target segment, and
+    // pooled slots.
+    std::mutex piece_mu;
+    std::unordered_map<SegmentID, std::vector<Route>> routes;
+    std::vector<PieceSlot *> free_slots;
+    std::vector<PieceSlot *> flying;
+    size_t slots_made = 0;
+    // Times a slot grew its slices or its per-op vectors.
+    size_t slot_grows = 0;
+    std::vector<pxn_transport_completion> piece_refused;
+    std::atomic<uint64_t> pieces{0};
+    std::atomic<uint64_t> route_misses{0};
+    std::atomic<uint64_t> route_drops{0};
     // Set by close: libpxn is gone and every request goes to RdmaTransport.
     std::atomic<bool> closed{false};
 
@@ -206,6 +281,7 @@ struct PxnRdmaTransport::Engine {
         e->table.user = e.get();
         e->table.submit = &Engine::submitCb;
         e->table.poll = &Engine::pollCb;
+        if (pieceSubmitWanted()) e->table.submit_piece = &Engine::submitPieceCb;
 
         pxn_options o{};
         o.struct_size = sizeof o;
@@ -277,8 +353,14 @@ struct PxnRdmaTransport::Engine {
                 }
             }
         }
+        size_t held;
+        {
+            std::lock_guard<std::mutex> g(piece_mu);
+            reapPieces(nullptr, 0);
+            held = flying.size();
+        }
         std::lock_guard<std::mutex> g(op_mu);
-        size_t held = sweep();
+        held += sweep();
         if (held && first)
             LOG(WARNING) << "PXN closed with " << held
                          << " op batches still held by RDMA";
@@ -394,6 +476,7 @@ struct PxnRdmaTransport::Engine {
             size_t idx = static_cast<size_t>(pos - list.begin());
             if (pos == list.end() || idx >= b.rkey.size()) return false;
             out.rkey = b.rkey[idx];
+            out.device = idx;
             return true;
         }
         return false;
@@ -457,6 +540,10 @@ struct PxnRdmaTransport::Engine {
         TransferMetadata::BufferDesc b;
         if (e->localBuffer(addr, b) && e->local_hca_index < b.lkey.size()) {
             *local_key = b.lkey[e->local_hca_index];
+            std::lock_guard<std::mutex> g(e->piece_mu);
+            e->arena_base = reinterpret_cast<uintptr_t>(addr);
+            e->arena_len = len;
+            e->arena_lkey = *local_key;
             return PXN_OK;
         }
         LOG(WARNING) << "PXN: the staging arena " << addr
@@ -480,7 +567,14 @@ struct PxnRdmaTransport::Engine {
 
     static size_t pollCb(void *user, pxn_transport_completion *out,
                          size_t capacity) {
-        return static_cast<Engine *>(user)->pollOps(out, capacity);
+        auto *e = static_cast<Engine *>(user);
+        size_t n = e->pollOps(out, capacity);
+        return n + e->pollPieces(out + n, capacity - n);
+    }
+
+    static int submitPieceCb(void *user, const pxn_transport_op *ops,
+                             size_t count, uint64_t token) {
+        return static_cast<Engine *>(user)->submitPiece(ops, count, token);
     }
 
     static pxn_transport_completion refusal(uint64_t token, int code,
@@ -565,6 +659,318 @@ struct PxnRdmaTransport::Engine {
         std::lock_guard<std::mutex> g(op_mu);
         live.push_back(ob);
         return PXN_OK;
+    }
+
+    // The Piece path.
+    //
+    // A relayed Piece's ops are checked and resolved first, so a Piece the
+    // host refuses posts nothing; then cut into slices of at most
+    // kPieceSliceMax inside the op's target buffer, carrying the arena's
+    // key, the route's remote key and peer NIC path, and posted through
+    // RdmaTransport::submitPreparedSlices on this process's one NIC. The
+    // slot's task counts them; poll reports the Piece once they are all
+    // final. In the steady state (a slot free, every route cached) it looks
+    // nothing up and allocates nothing.
+
+    // The route for op, from the cache or resolved into it; PXN_OK, or why
+    // the op cannot go. Entries the earlier ops of p point at stay where
+    // they are. piece_mu held.
+    int routeFor(const PieceSlot &p, const pxn_transport_op &op, int64_t now,
+                 SegmentID &id, std::vector<Route> *&list, size_t &index,
+                 std::string &why) {
+        bool routed = (op.flags & PXN_OP_ROUTED) != 0;
+        if (routed) {
+            id = op.route;
+        } else {
+            std::lock_guard<std::mutex> g(seg_mu);
+            auto it = names.find(op.target);
+            if (it == names.end()) {
+                why = std::string("unknown segment ") + op.target;
+                return PXN_EINVAL;
+            }
+            id = it->second;
+        }
+        auto it = routes.find(id);
+        if (it == routes.end())
+            it = routes.emplace(id, std::vector<Route>()).first;
+        list = &it->second;
+        size_t stale = list->size();
+        for (size_t i = 0; i < list->size(); i++) {
+            const Route &r = (*list)[i];
+            if (op.dst < r.base || op.dst - r.base > r.length ||
+                op.len > r.length - (op.dst - r.base))
+                continue;
+            if ((routed && r.rkey != op.remote_key) ||
+                now - r.resolved > kRouteMaxAgeNs) {
+                stale = i;
+                break;
+            }
+            index = i;
+            return PXN_OK;
+        }
+        route_misses++;
+        auto desc = owner.metadata_->getSegmentDescByID(id);
+        Target t;
+        if (!desc || !target(id, desc, op.dst, op.len, t) ||
+            t.device >= desc->devices.size() ||
+            (routed && t.rkey != op.remote_key)) {
+            if (stale < list->size()) {
+                list->erase(list->begin() + stale);
+                route_drops++;
+            }
+            why = "segment " + std::to_string(id) +
+                  " no longer holds the range with that key";
+            return routed ? PXN_ESTALE : PXN_EINVAL;
+        }
+        if (stale == list->size()) {
+            bool in_use = false;
+            for (const auto &h : p.hops) in_use = in_use || h.list == list;
+            if (list->size() >= kMaxRoutesPerSegment && !in_use) list->clear();
+            stale = list->size();
+            list->emplace_back();
+        }
+        Route &r = (*list)[stale];
+        r.base = t.base;
+        r.length = t.length;
+        r.rkey = t.rkey;
+        r.peer_nic_path = MakeNicPath(desc->nicPathServerName(),
+                                      desc->devices[t.device].name);
+        r.resolved = now;
+        index = stale;
+        return PXN_OK;
+    }
+
+    // A slot whose batch, task and vectors are ready; piece_mu held.
+    PieceSlot *takeSlot() {
+        if (!free_slots.empty()) {
+            PieceSlot *p = free_slots.back();
+            free_slots.pop_back();
+            return p;
+        }
+        auto *p = new PieceSlot;
+        p->batch = owner.Transport::allocateBatchID(1);
+        auto &bd = Transport::toBatchDesc(p->batch);
+        p->task = &bd.task_list.emplace_back();
+        p->task->batch_id = p->batch;
+        p->task->is_finished = true;
+        slots_made++;
+        // Returning a slot or flying one never allocates.
+        free_slots.reserve(slots_made);
+        flying.reserve(slots_made);
+        return p;
+    }
+
+    // Readies p's task and batch to count n slices of bytes in all.
+    static void armTask(PieceSlot &p, uint64_t n, uint64_t bytes) {
+        TransferTask &t = *p.task;
+        t.slice_count = n;
+        t.success_slice_count = 0;
+        t.failed_slice_count = 0;
+        t.transferred_bytes = 0;
+        t.is_finished = false;
+        t.total_bytes = bytes;
+        auto &bd = Transport::toBatchDesc(p.batch);
+        bd.has_failure.store(false, std::memory_order_relaxed);
+        bd.is_finished.store(false, std::memory_order_relaxed);
+#ifdef USE_EVENT_DRIVEN_COMPLETION
+        t.completed_slice_count = 0;
+        t.submission_sealed = true;
+        t.completion_published = false;
+        bd.finished_task_count.store(0, std::memory_order_relaxed);
+#endif
+    }
+
+    int submitPiece(const pxn_transport_op *ops, size_t count,
+                    uint64_t token) {
+        if (count == 0) return PXN_EINVAL;
+        std::lock_guard<std::mutex> g(piece_mu);
+        int64_t now = getCurrentTimeInNano();
+        uint64_t slice_max = kPieceSliceMax;
+        if (globalConfig().slice_size > 0 &&
+            globalConfig().slice_size < slice_max)
+            slice_max = globalConfig().slice_size;
+        if (routes.size() >= kMaxRouteSegments) routes.clear();
+        PieceSlot *p = takeSlot();
+        p->hops.clear();
+        p->used.clear();
+        p->reported = false;
+        p->token = token;
+        bool grew = false;
+        if (p->hops.capacity() < count) {
+            p->hops.reserve(count);
+            p->used.reserve(count);
+            grew = true;
+        }
+        uint64_t n = 0, bytes = 0;
+        std::string why;
+        for (size_t i = 0; i < count; i++) {
+            const auto &op = ops[i];
+            auto src = reinterpret_cast<uintptr_t>(op.src);
+            int rc = PXN_OK;
+            if (op.len == 0) {
+                rc = PXN_EINVAL;
+                why = "an empty op";
+            } else if (!(op.flags & PXN_OP_LOCAL_KEY) &&
+                       (src < arena_base || src - arena_base > arena_len ||
+                        op.len > arena_len - (src - arena_base))) {
+                rc = PXN_EINVAL;
+                why = "an op from outside the staging arena without a key";
+            }
+            SegmentID id = 0;
+            std::vector<Route> *list = nullptr;
+            size_t index = 0;
+            if (rc == PXN_OK) rc = routeFor(*p, op, now, id, list, index, why);
+            if (rc != PXN_OK) {
+                free_slots.push_back(p);
+                piece_refused.push_back(refusal(token, rc, why));
+                return PXN_OK;
+            }
+            p->hops.push_back(PieceSlot::Hop{id, list, index});
+            uint64_t base = (*list)[index].base;
+            if (p->used.empty() || p->used.back().first != id ||
+                p->used.back().second != base)
+                p->used.emplace_back(id, base);
+            n += (op.len + slice_max - 1) / slice_max;
+            bytes += op.len;
+        }
+        if (p->slices.size() < n) {
+            while (p->slices.size() < n) p->slices.push_back(new Slice());
+            p->post.reserve(n);
+            grew = true;
+        }
+        if (grew) slot_grows++;
+        p->post.clear();
+        armTask(*p, n, bytes);
+        int max_retry = globalConfig().retry_cnt;
+        size_t k = 0;
+        for (size_t i = 0; i < count; i++) {
+            const auto &op = ops[i];
+            const auto &hop = p->hops[i];
+            const Route &r = (*hop.list)[hop.index];
+            uint64_t lkey = (op.flags & PXN_OP_LOCAL_KEY) ? op.local_key
+                                                          : arena_lkey;
+            auto opcode = op.read ? TransferRequest::READ : TransferRequest::WRITE;
+            for (uint64_t off = 0; off < op.len; off += slice_max) {
+                Slice *s = p->slices[k++];
+                s->source_addr = static_cast<char *>(op.src) + off;
+                s->length = std::min(slice_max, op.len - off);
+                s->opcode = opcode;
+                s->target_id = hop.id;
+                s->peer_nic_path = r.peer_nic_path;
+                s->source_location.clear();
+                s->status = Slice::PENDING;
+                s->task = p->task;
+                s->from_cache = false;
+                s->cleanup_callback = nullptr;
+                s->rdma.dest_addr = op.dst + off;
+                s->rdma.source_lkey = static_cast<Slice::mr_key_t>(lkey);
+                s->rdma.dest_rkey = static_cast<Slice::mr_key_t>(r.rkey);
+                s->rdma.retry_cnt = 0;
+                s->rdma.max_retry_cnt = max_retry;
+                s->ts = 0;
+                p->post.push_back(s);
+            }
+        }
+        flying.push_back(p);
+        pieces++;
+        if (owner.RdmaTransport::submitPreparedSlices(
+                static_cast<int>(local_hca_index), p->post) != 0) {
+            // No active device took them: each fails, and the Piece with
+            // them.
+            for (Slice *s : p->post) s->markFailed();
+        }
+        return PXN_OK;
+    }
+
+    // Drops the cached routes p used; piece_mu held.
+    void dropRoutes(const PieceSlot &p) {
+        for (const auto &[id, base] : p.used) {
+            auto it = routes.find(id);
+            if (it == routes.end()) continue;
+            auto &list = it->second;
+            for (size_t i = 0; i < list.size(); i++) {
+                if (list[i].base != base) continue;
+                list.erase(list.begin() + i);
+                route_drops++;
+                break;
+            }
+        }
+    }
+
+    static bool pieceTimedOut(const PieceSlot &p) {
+        if (globalConfig().slice_timeout <= 0) return false;
+        int64_t now = getCurrentTimeInNano();
+        int64_t limit = globalConfig().slice_timeout * 1000000000;
+        for (const Slice *s : p.post) {
+            int64_t ts = s->ts;
+            if (ts > 0 && now > ts && now - ts > limit) return true;
+        }
+        return false;
+    }
+
+    // Reports ended Pieces, at most capacity (out NULL: none reported,
+    // for close), and returns finished slots to the pool; piece_mu held.
+    size_t reapPieces(pxn_transport_completion *out, size_t capacity) {
+        size_t n = 0;
+        while (n < capacity && out != nullptr && !piece_refused.empty()) {
+            out[n++] = piece_refused.back();
+            piece_refused.pop_back();
+        }
+        for (size_t i = 0; i < flying.size();) {
+            PieceSlot *p = flying[i];
+            const TransferTask &t = *p->task;
+            uint64_t ok = __atomic_load_n(&t.success_slice_count, __ATOMIC_ACQUIRE);
+            uint64_t bad = __atomic_load_n(&t.failed_slice_count, __ATOMIC_ACQUIRE);
+            bool done = ok + bad == t.slice_count;
+            if (!p->reported && out != nullptr) {
+                if (n == capacity) {
+                    i++;
+                    continue;
+                }
+                if (done) {
+                    out[n++] = bad == 0 ? refusal(p->token, PXN_OK, "")
+                                        : refusal(p->token, PXN_EIO,
+                                                  "RDMA write failed");
+                    if (bad != 0) dropRoutes(*p);
+                } else if (pieceTimedOut(*p)) {
+                    out[n++] = refusal(p->token, PXN_ETIMEDOUT,
+                                       "RDMA slice timed out");
+                    p->reported = true;
+                    dropRoutes(*p);
+                }
+            }
+            if (!done) {
+                i++;
+                continue;
+            }
+            p->task->is_finished = true;
+            flying[i] = flying.back();
+            flying.pop_back();
+            free_slots.push_back(p);
+        }
+        return n;
+    }
+
+    size_t pollPieces(pxn_transport_completion *out, size_t capacity) {
+        std::lock_guard<std::mutex> g(piece_mu);
+        return reapPieces(out, capacity);
+    }
+
+    // Frees the pooled slots; those RDMA still holds are left, with their
+    // slices and batches, as the NIC may still complete them.
+    void freeSlots() {
+        std::lock_guard<std::mutex> g(piece_mu);
+        reapPieces(nullptr, 0);
+        for (PieceSlot *p : free_slots) {
+            for (Slice *s : p->slices) delete s;
+            owner.Transport::freeBatchID(p->batch);
+            delete p;
+        }
+        free_slots.clear();
+        if (!flying.empty())
+            LOG(WARNING) << "PXN: " << flying.size()
+                         << " relayed Pieces still held by RDMA are left "
+                            "allocated";
     }
 
     bool sliceTimedOut(const TransferTask &t) {
@@ -939,6 +1345,15 @@ PxnRdmaTransport::PxnStats PxnRdmaTransport::pxnStats() const {
         std::lock_guard<std::mutex> g(e.op_mu);
         st.op_batches = e.live.size();
     }
+    {
+        std::lock_guard<std::mutex> g(e.piece_mu);
+        st.op_batches += e.flying.size();
+        st.piece_slots = e.slots_made;
+        st.piece_slot_grows = e.slot_grows;
+    }
+    st.pieces = e.pieces.load();
+    st.route_misses = e.route_misses.load();
+    st.route_drops = e.route_drops.load();
     pxn_counters c{};
     c.struct_size = sizeof c;
     if (!e.closed && e.api.get_counters(e.handle, &c) == PXN_OK) {

@@ -81,8 +81,20 @@ class PxnRdmaTransport : public RdmaTransport {
         uint64_t tasks = 0;
         // libpxn batches not yet freed.
         uint64_t pxn_batches = 0;
-        // Internal batches of ops libpxn handed to RdmaTransport, not freed.
+        // Internal batches of ops libpxn handed to RdmaTransport, and
+        // relayed Pieces RDMA still holds.
         uint64_t op_batches = 0;
+        // Relayed Pieces taken whole (submit_piece), and the Piece path's
+        // route cache: lookups it made, and routes it dropped (a failed or
+        // timed-out slice, a key that changed).
+        uint64_t pieces = 0;
+        uint64_t route_misses = 0;
+        uint64_t route_drops = 0;
+        // The Piece path's pool: slots made (each an internal batch made
+        // once), and times a slot grew to carry a Piece of more slices or
+        // ops than it had carried.
+        uint64_t piece_slots = 0;
+        uint64_t piece_slot_grows = 0;
         // libpxn's counters (pxn_counters).
         uint64_t relayed_bytes = 0;
         uint64_t relayed_pieces = 0;

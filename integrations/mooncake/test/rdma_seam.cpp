@@ -12,6 +12,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <new>
 #include <set>
 #include <thread>
 
@@ -26,6 +27,11 @@ namespace seam {
 namespace {
 
 using Slice = Transport::Slice;
+
+std::atomic<uint64_t> n_allocate_batch{0}, n_segment_lookups{0},
+    n_select_device{0}, n_prepared_calls{0}, n_prepared_slices{0},
+    n_allocations{0};
+thread_local int quiet_depth = 0;
 
 struct Target {
     uint64_t base;
@@ -50,6 +56,7 @@ class Fabric {
     }
 
     void post(Slice *s, const Post &p) {
+        Quiet q;
         std::lock_guard<std::mutex> g(mu_);
         if (!worker_.joinable()) worker_ = std::thread([this] { run(); });
         posts_.push_back(p);
@@ -67,11 +74,13 @@ class Fabric {
     std::vector<Registration> regs_;
     std::map<uint64_t, Target> targets_;
     std::set<uint64_t> failing_;
+    std::map<uint64_t, uint32_t> keys_;
     CopyFn copy_ = &memcpyCopy;
     std::thread worker_;
 
    private:
     void run() {
+        Quiet q;
         std::unique_lock<std::mutex> l(mu_);
         for (;;) {
             cv_.wait(l, [&] {
@@ -82,6 +91,9 @@ class Fabric {
             queue_.pop_front();
             if (holding_) budget_--;
             bool ok = failing_.count(s->target_id) == 0;
+            auto key = keys_.find(s->target_id);
+            if (key != keys_.end() && key->second != s->rdma.dest_rkey)
+                ok = false;
             auto it = targets_.find(s->target_id);
             char *remote = nullptr;
             if (it != targets_.end()) {
@@ -143,22 +155,42 @@ void hold() {
     fabric().budget_ = 0;
 }
 
+namespace {
+
+// The queued slices of the first n tasks waiting, past the first skip
+// slices (those already released); fabric's mu_ held.
+size_t slicesOfTasks(size_t skip, size_t n) {
+    const auto &q = fabric().queue_;
+    std::set<const Transport::TransferTask *> seen;
+    size_t k = skip;
+    for (; k < q.size(); k++) {
+        if (seen.insert(q[k]->task).second && seen.size() > n) break;
+    }
+    return k - skip;
+}
+
+}  // namespace
+
 void release(size_t n) {
     {
+        Quiet q;
         std::lock_guard<std::mutex> g(fabric().mu_);
         if (n == 0) {
             fabric().holding_ = false;
             fabric().budget_ = 0;
         } else {
-            fabric().budget_ += n;
+            fabric().budget_ += slicesOfTasks(fabric().budget_, n);
         }
     }
     fabric().cv_.notify_all();
 }
 
 size_t held() {
+    Quiet q;
     std::lock_guard<std::mutex> g(fabric().mu_);
-    return fabric().queue_.size();
+    std::set<const Transport::TransferTask *> tasks;
+    for (auto *s : fabric().queue_) tasks.insert(s->task);
+    return tasks.size();
 }
 
 void failTarget(uint64_t segment_id, bool fail) {
@@ -167,6 +199,30 @@ void failTarget(uint64_t segment_id, bool fail) {
         fabric().failing_.insert(segment_id);
     else
         fabric().failing_.erase(segment_id);
+}
+
+void setTargetKey(uint64_t segment_id, uint32_t rkey) {
+    std::lock_guard<std::mutex> g(fabric().mu_);
+    if (rkey == 0)
+        fabric().keys_.erase(segment_id);
+    else
+        fabric().keys_[segment_id] = rkey;
+}
+
+Counts counts() {
+    return Counts{n_allocate_batch.load(), n_segment_lookups.load(),
+                  n_select_device.load(),  n_prepared_calls.load(),
+                  n_prepared_slices.load(), n_allocations.load()};
+}
+
+Quiet::Quiet() { quiet_depth++; }
+
+Quiet::~Quiet() { quiet_depth--; }
+
+void noteSegmentLookup() { n_segment_lookups++; }
+
+void noteAllocation() {
+    if (quiet_depth == 0) n_allocations.fetch_add(1, std::memory_order_relaxed);
 }
 
 void noteRegistration(const Registration &r) {
@@ -261,6 +317,7 @@ TransferMetadata::~TransferMetadata() {}
 
 std::shared_ptr<TransferMetadata::SegmentDesc>
 TransferMetadata::getSegmentDescByID(SegmentID segment_id, bool) {
+    seam::noteSegmentLookup();
     RWSpinlock::ReadGuard g(segment_lock_);
     auto it = segment_id_to_desc_map_.find(segment_id);
     return it == segment_id_to_desc_map_.end() ? nullptr : it->second;
@@ -421,6 +478,7 @@ namespace {
 
 bool localKey(const TransferMetadata::SegmentDesc &local, uint64_t src,
               uint64_t len, uint32_t &key) {
+    seam::n_select_device++;
     for (const auto &b : local.buffers) {
         if (b.lkey.empty() || src < b.addr || src - b.addr > b.length ||
             len > b.length - (src - b.addr))
@@ -454,53 +512,93 @@ bool remoteKey(const TransferMetadata::SegmentDesc &target, uint64_t dst,
 
 }  // namespace
 
+// As the real one: a request in slices of at most slice_size, each
+// selecting its local key (the stand-in for selectDevice) and its remote
+// key; the target's descriptor looked up once per request. A task's slices
+// are all counted before the first is posted.
 Status RdmaTransport::submitTransferTask(
     const std::vector<TransferTask *> &task_list) {
     auto local = metadata_->getSegmentDescByID(LOCAL_SEGMENT_ID);
+    const uint64_t block = globalConfig().slice_size ? globalConfig().slice_size : 65536;
     Status result = Status::OK();
+    thread_local std::vector<std::pair<Slice *, seam::Post>> ready;
     for (auto *tp : task_list) {
         auto &task = *tp;
+        ready.clear();
         for (size_t k = 0; k < task.request_count; k++) {
             const auto &r = task.request[k];
-            if (r.length == 0) continue;
-            Slice *s = getSliceCache().allocate();
-            s->source_addr = r.source;
-            s->length = r.length;
-            s->opcode = r.opcode;
-            s->target_id = r.target_id;
-            s->peer_nic_path.clear();
-            s->source_location.clear();
-            s->status = Slice::PENDING;
-            s->task = &task;
-            s->rdma.dest_addr = r.target_offset;
-            s->rdma.retry_cnt = 0;
-            s->rdma.max_retry_cnt = 0;
-            s->ts = 0;
-            task.slice_list.push_back(s);
-            task.total_bytes += r.length;
-            __sync_fetch_and_add(&task.slice_count, 1);
-            auto target = metadata_->getSegmentDescByID(r.target_id);
-            uint32_t lkey = 0, rkey = 0;
-            if (!local || !target ||
-                !localKey(*local, reinterpret_cast<uint64_t>(r.source),
-                          r.length, lkey) ||
-                !remoteKey(*target, r.target_offset, r.length, rkey)) {
-                s->markFailed();
-                result = Status::AddressNotRegistered(
-                    "no registered range for the request");
-                continue;
+            auto target = r.length ? metadata_->getSegmentDescByID(r.target_id)
+                                   : nullptr;
+            for (uint64_t off = 0; off < r.length; off += block) {
+                uint64_t len = std::min<uint64_t>(block, r.length - off);
+                char *src = static_cast<char *>(r.source) + off;
+                Slice *s = getSliceCache().allocate();
+                s->source_addr = src;
+                s->length = len;
+                s->opcode = r.opcode;
+                s->target_id = r.target_id;
+                s->peer_nic_path.clear();
+                s->source_location.clear();
+                s->status = Slice::PENDING;
+                s->task = &task;
+                s->rdma.dest_addr = r.target_offset + off;
+                s->rdma.retry_cnt = 0;
+                s->rdma.max_retry_cnt = 0;
+                s->ts = 0;
+                task.slice_list.push_back(s);
+                task.total_bytes += len;
+                __sync_fetch_and_add(&task.slice_count, 1);
+                uint32_t lkey = 0, rkey = 0;
+                if (!local || !target ||
+                    !localKey(*local, reinterpret_cast<uint64_t>(src), len, lkey) ||
+                    !remoteKey(*target, r.target_offset + off, len, rkey)) {
+                    s->markFailed();
+                    result = Status::AddressNotRegistered(
+                        "no registered range for the request");
+                    continue;
+                }
+                s->rdma.source_lkey = lkey;
+                s->rdma.dest_rkey = rkey;
+                ready.emplace_back(
+                    s, seam::Post{&task, static_cast<int>(r.opcode),
+                                  reinterpret_cast<uint64_t>(src), len,
+                                  r.target_id, r.target_offset + off, lkey,
+                                  rkey, false, std::string()});
             }
-            s->rdma.source_lkey = lkey;
-            s->rdma.dest_rkey = rkey;
+        }
+        for (auto &[s, post] : ready) {
             s->status = Slice::POSTED;
             s->ts = getCurrentTimeInNano();
-            seam::postSlice(
-                s, seam::Post{&task, static_cast<int>(r.opcode),
-                              reinterpret_cast<uint64_t>(r.source), r.length,
-                              r.target_id, r.target_offset, lkey, rkey});
+            seam::postSlice(s, post);
         }
     }
     return result;
+}
+
+// As WorkerPool's entry: a slice without a peer NIC path fails; the others
+// go to the NIC as they are, with no lookup.
+int RdmaTransport::submitPreparedSlices(int device_id,
+                                        const std::vector<Slice *> &slice_list) {
+    seam::Quiet q;
+    seam::n_prepared_calls++;
+    if (device_id < 0 ||
+        static_cast<size_t>(device_id) >= local_topology_->getHcaList().size())
+        return ERR_INVALID_ARGUMENT;
+    for (Slice *s : slice_list) {
+        seam::n_prepared_slices++;
+        if (s->peer_nic_path.empty()) {
+            s->markFailed();
+            continue;
+        }
+        s->status = Slice::POSTED;
+        s->ts = getCurrentTimeInNano();
+        seam::postSlice(
+            s, seam::Post{s->task, static_cast<int>(s->opcode),
+                          reinterpret_cast<uint64_t>(s->source_addr), s->length,
+                          s->target_id, s->rdma.dest_addr, s->rdma.source_lkey,
+                          s->rdma.dest_rkey, true, s->peer_nic_path});
+    }
+    return 0;
 }
 
 Status RdmaTransport::getTransferStatus(BatchID batch_id, size_t task_id,
@@ -532,3 +630,46 @@ Status RdmaTransport::getTransferStatus(BatchID batch_id,
 }
 
 }  // namespace mooncake
+
+// The test program's heap allocations, counted (seam::counts); the aligned
+// forms are left to the runtime, which pairs them among themselves.
+void *operator new(size_t n) {
+    seam::noteAllocation();
+    if (void *p = std::malloc(n ? n : 1)) return p;
+    throw std::bad_alloc();
+}
+
+void *operator new[](size_t n) { return operator new(n); }
+
+void *operator new(size_t n, const std::nothrow_t &) noexcept {
+    seam::noteAllocation();
+    return std::malloc(n ? n : 1);
+}
+
+void *operator new[](size_t n, const std::nothrow_t &) noexcept {
+    return operator new(n, std::nothrow);
+}
+
+void operator delete(void *p) noexcept { std::free(p); }
+
+void operator delete[](void *p) noexcept { std::free(p); }
+
+void operator delete(void *p, size_t) noexcept { std::free(p); }
+
+void operator delete[](void *p, size_t) noexcept { std::free(p); }
+
+void operator delete(void *p, const std::nothrow_t &) noexcept { std::free(p); }
+
+void operator delete[](void *p, const std::nothrow_t &) noexcept { std::free(p); }
+
+// Transport::allocateBatchID, wrapped at link time (-Wl,--wrap), counted.
+extern "C" mooncake::Transport::BatchID
+__real__ZN8mooncake9Transport15allocateBatchIDEm(mooncake::Transport *self,
+                                                 size_t batch_size);
+
+extern "C" mooncake::Transport::BatchID
+__wrap__ZN8mooncake9Transport15allocateBatchIDEm(mooncake::Transport *self,
+                                                 size_t batch_size) {
+    seam::n_allocate_batch++;
+    return __real__ZN8mooncake9Transport15allocateBatchIDEm(self, batch_size);
+}

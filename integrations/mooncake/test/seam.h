@@ -28,6 +28,9 @@ struct Post {
     uint64_t dst;
     uint32_t lkey;
     uint32_t rkey;
+    // Posted through submitPreparedSlices, to this peer NIC path.
+    bool prepared;
+    std::string peer_nic_path;
 
     bool sameWork(const Post &o) const {
         return opcode == o.opcode && source == o.source &&
@@ -57,14 +60,39 @@ void setCopy(CopyFn fn);
 std::vector<Post> posts();
 std::vector<Registration> registrations();
 
-// While held, posted slices wait; release completes the oldest n (all
-// when n is 0) and ends the hold when it releases all.
+// While held, posted slices wait; release completes the slices of the
+// oldest n tasks waiting (all when n is 0, which ends the hold). held counts
+// the tasks waiting: a relayed Piece is one task, whatever its slices.
 void hold();
 void release(size_t n);
 size_t held();
 
 // Slices to segment id fail instead of writing.
 void failTarget(uint64_t segment_id, bool fail);
+
+// Slices to segment id whose remote key is not rkey fail, as a NIC's remote
+// access error (0: any key).
+void setTargetKey(uint64_t segment_id, uint32_t rkey);
+
+// What the seam's stand-ins were asked, and heap allocations made through
+// operator new outside the seam's own bookkeeping and threads marked Quiet.
+struct Counts {
+    uint64_t allocate_batch;   // Transport::allocateBatchID
+    uint64_t segment_lookups;  // TransferMetadata::getSegmentDescByID
+    uint64_t select_device;    // per-slice device and key selection
+    uint64_t prepared_calls;   // RdmaTransport::submitPreparedSlices
+    uint64_t prepared_slices;
+    uint64_t allocations;
+};
+Counts counts();
+
+// While one lives, operator new on this thread is not counted.
+struct Quiet {
+    Quiet();
+    ~Quiet();
+    Quiet(const Quiet &) = delete;
+    Quiet &operator=(const Quiet &) = delete;
+};
 
 }  // namespace seam
 

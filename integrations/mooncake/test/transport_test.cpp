@@ -12,6 +12,10 @@
 //                               transport against RdmaTransport
 //   pxn_transport_test pair     runs relay and sender and carries their
 //                               lines (where mooncake_test.go cannot run)
+//   pxn_transport_test bench    runs relay and bench-sender: 10 KiB, 8 MiB
+//                               and 40 MiB writes through the relay, one
+//                               "BENCH ..." line each (MC_PXN_SUBMIT_PIECE
+//                               picks the relay's second-hop path)
 //
 // Each case prints "PASS <name>" or "FAIL <name>: <why>"; the program ends
 // with "DONE". Targets are files in $SEAM_DIR mapped by both ranks, so the
@@ -94,6 +98,13 @@ std::shared_ptr<TransferMetadata::SegmentDesc> decodeSegment(
     std::string other = nic == "mlx5_0" ? "mlx5_1" : "mlx5_0";
     d->topology.parse("{\"cpu:0\": [[\"mlx5_0\"], [\"mlx5_1\"]], \"cuda:0\": [[\"" +
                       nic + "\"], [\"" + other + "\"]]}");
+    // The devices in the topology's HCA order, as Mooncake publishes them.
+    for (const char *dev : {"mlx5_0", "mlx5_1"}) {
+        TransferMetadata::DeviceDesc dd;
+        dd.name = dev;
+        dd.lid = 0;
+        d->devices.push_back(dd);
+    }
     TransferMetadata::BufferDesc b;
     b.name = "cuda:0";
     b.addr = base;
@@ -383,6 +394,69 @@ void completedAll(const std::vector<TransferStatus> &st,
     }
 }
 
+// What the relay's seam and transport counted (its "stats" command).
+struct RelayStats {
+    uint64_t pieces = 0, forwarded = 0, route_misses = 0, route_drops = 0;
+    uint64_t allocate_batch = 0, segment_lookups = 0, select_device = 0;
+    uint64_t allocations = 0, prepared_calls = 0, prepared_slices = 0;
+    uint64_t slots = 0, slices = 0;
+
+    RelayStats operator-(const RelayStats &o) const {
+        RelayStats d;
+        d.pieces = pieces - o.pieces;
+        d.forwarded = forwarded - o.forwarded;
+        d.route_misses = route_misses - o.route_misses;
+        d.route_drops = route_drops - o.route_drops;
+        d.allocate_batch = allocate_batch - o.allocate_batch;
+        d.segment_lookups = segment_lookups - o.segment_lookups;
+        d.select_device = select_device - o.select_device;
+        d.allocations = allocations - o.allocations;
+        d.prepared_calls = prepared_calls - o.prepared_calls;
+        d.prepared_slices = prepared_slices - o.prepared_slices;
+        d.slots = slots - o.slots;
+        d.slices = slices - o.slices;
+        return d;
+    }
+
+    std::string str() const {
+        std::ostringstream os;
+        os << "pieces " << pieces << ", forwarded " << forwarded
+           << ", route misses " << route_misses << ", route drops "
+           << route_drops << ", allocateBatchID " << allocate_batch
+           << ", getSegmentDescByID " << segment_lookups << ", selectDevice "
+           << select_device << ", heap allocations " << allocations
+           << ", prepared calls " << prepared_calls << " (" << prepared_slices
+           << " slices), pool growth " << slots << " slots, " << slices
+           << " slot grows";
+        return os.str();
+    }
+};
+
+std::string formatStats(PxnRdmaTransport &t) {
+    auto st = t.pxnStats();
+    auto c = seam::counts();
+    std::ostringstream os;
+    os << "OK " << st.pieces << " " << st.forwarded_pieces << " "
+       << st.route_misses << " " << st.route_drops << " " << c.allocate_batch
+       << " " << c.segment_lookups << " " << c.select_device << " "
+       << c.allocations << " " << c.prepared_calls << " " << c.prepared_slices
+       << " " << st.piece_slots << " " << st.piece_slot_grows;
+    return os.str();
+}
+
+RelayStats relayStats() {
+    std::string reply = relay("stats");
+    std::istringstream in(reply);
+    std::string ok;
+    RelayStats r;
+    in >> ok >> r.pieces >> r.forwarded >> r.route_misses >> r.route_drops >>
+        r.allocate_batch >> r.segment_lookups >> r.select_device >>
+        r.allocations >> r.prepared_calls >> r.prepared_slices >> r.slots >>
+        r.slices;
+    EXPECT(ok == "OK" && !in.fail(), "relay stats: " << reply);
+    return r;
+}
+
 // Sender cases. Each writes its own region of the decode buffers.
 
 struct Sender {
@@ -418,7 +492,7 @@ struct Sender {
         size_t posts0 = seam::posts().size();
         auto sub = submit(*r.mt, reqs);
         auto &task = Transport::toBatchDesc(sub.batch).task_list[0];
-        EXPECT(postsOf(seam::posts(), posts0, &task) == 1,
+        EXPECT(postsOf(seam::posts(), posts0, &task) == (len + 65535) / 65536,
                what << ": RdmaTransport did not get the task itself");
         auto st = await(*r.mt, sub.batch, 1);
         completedAll(st, reqs);
@@ -556,11 +630,149 @@ struct Sender {
         freeBatch(*r.mt, sub.batch);
     }
 
+    // One round of the steady-state shape: two 8 MiB writes and 32 of
+    // 16 KiB, apart, in one batch; their bytes checked.
+    void pieceRound() {
+        seed++;
+        std::vector<TransferRequest> reqs;
+        for (uint64_t i = 0; i < 2; i++)
+            reqs.push_back(prep(r.device, i * (8 << 20), kDecode1,
+                                (20 << 20) + i * (8 << 20), 8 << 20));
+        for (uint64_t i = 0; i < 32; i++)
+            reqs.push_back(prep(r.device, (16 << 20) + i * (32 << 10), kDecode1,
+                                (40 << 20) + i * (32 << 10), 16 << 10));
+        auto sub = submit(*r.mt, reqs);
+        completedAll(await(*r.mt, sub.batch, reqs.size()), reqs);
+        for (const auto &q : reqs)
+            checkBytes(kDecode1, q.target_offset - kBase1, q.length, seed);
+        freeBatch(*r.mt, sub.batch);
+    }
+
+    // Relayed Pieces in the steady state (no slot or slice added to the
+    // pool, every route cached) cost the relay's transport no batch, no
+    // segment lookup, no device selection and no heap allocation: each goes
+    // whole through one submitPreparedSlices. Rounds are measured one by
+    // one until one is steady; a route refreshed for its age or a pool that
+    // grew makes a round unsteady, and lookups and batches are made only
+    // then. No steady round in twenty fails.
+    void pieceSteadyState() {
+        waitRelay();
+        pieceRound();
+        pieceRound();
+        std::string last;
+        for (int round = 0; round < 20; round++) {
+            auto before = relayStats();
+            pieceRound();
+            auto d = relayStats() - before;
+            last = d.str();
+            EXPECT(d.forwarded >= 3, "a round forwarded " << d.forwarded
+                                                          << " Pieces: " << last);
+            EXPECT(d.pieces == d.forwarded,
+                   "Pieces through submit_piece " << d.pieces << " of "
+                                                  << d.forwarded << ": " << last);
+            EXPECT(d.prepared_calls == d.pieces,
+                   "one submitPreparedSlices per Piece: " << last);
+            EXPECT(d.prepared_slices >= (16 << 20) >> 16,
+                   "16 MiB in at most 64 KiB slices: " << last);
+            EXPECT(d.select_device == 0, "selectDevice per Piece: " << last);
+            EXPECT(d.allocate_batch == d.slots,
+                   "allocateBatchID beyond the pool's growth: " << last);
+            EXPECT(d.segment_lookups == d.route_misses,
+                   "getSegmentDescByID beyond the route cache's misses: " << last);
+            if (d.route_misses != 0 || d.slots != 0 || d.slices != 0) continue;
+            EXPECT(d.allocate_batch == 0, "allocateBatchID per Piece: " << last);
+            EXPECT(d.segment_lookups == 0, "getSegmentDescByID per Piece: " << last);
+            EXPECT(d.allocations == 0, "heap allocations per Piece: " << last);
+            EXPECT(d.route_drops == 0, "routes dropped: " << last);
+            return;
+        }
+        EXPECT(false, "no steady round in 20; the last: " << last);
+    }
+
+    // The target's buffer gets a new remote key (registered again). The
+    // first write after it fails (the NIC refuses the cached key, or the
+    // transport finds the key changed and fails the Piece as stale), which
+    // drops the route in libpxn and in the transport; the next write looks
+    // the target up again and lands with the new key.
+    void routeRekeyed() {
+        waitRelay();
+        const uint32_t fresh = 0xb777;
+        auto before = relayStats();
+        relayOK("rekey " + std::to_string(kDecode1) + " " + std::to_string(fresh));
+        seed++;
+        std::vector<TransferRequest> reqs = {prep(r.device, 0, kDecode1, 12 << 20, 1 << 20)};
+        auto sub = submit(*r.mt, reqs);
+        auto st = await(*r.mt, sub.batch, 1);
+        EXPECT(st[0].s == TransferStatusEnum::FAILED,
+               "a write with the old key: state " << st[0].s);
+        freeBatch(*r.mt, sub.batch);
+        auto failed = relayStats() - before;
+        EXPECT(failed.route_drops >= 1 || failed.route_misses >= 1,
+               "the old route was neither dropped nor looked up: " << failed.str());
+        relayOK("clear");
+        auto mid = relayStats();
+        seed++;
+        reqs = {prep(r.device, 0, kDecode1, 12 << 20, 1 << 20)};
+        sub = submit(*r.mt, reqs);
+        completedAll(await(*r.mt, sub.batch, 1), reqs);
+        checkBytes(kDecode1, 12 << 20, 1 << 20, seed);
+        freeBatch(*r.mt, sub.batch);
+        auto d = relayStats() - mid;
+        EXPECT(d.pieces >= 1 && d.route_misses >= 1 && d.segment_lookups >= 1,
+               "the new key was not looked up: " << d.str());
+        relayOK("check " + std::to_string(kDecode1) + " " + std::to_string(fresh) +
+                " " + std::to_string(1 << 20));
+    }
+
+    // A relayed Piece whose slices the relay's NIC holds past the relay's
+    // slice_timeout is reported timed out and its task ends TIMEOUT; the
+    // relay keeps the Piece's slot (op_batches) while its NIC still holds
+    // the slices, returns it once they finish, and looks the route up
+    // again for the next write.
+    void pieceTimeout() {
+        waitRelay();
+        seed++;
+        auto before = relayStats();
+        relayOK("hold");
+        relayOK("timeout 1");
+        std::vector<TransferRequest> reqs = {prep(r.device, 0, kDecode1, 10 << 20, 1 << 20)};
+        auto sub = submit(*r.mt, reqs);
+        std::vector<TransferStatus> st;
+        try {
+            st = await(*r.mt, sub.batch, 1, 30);
+        } catch (...) {
+            relay("timeout -1");
+            relay("release 0");
+            throw;
+        }
+        std::string held = relay("opbatches");
+        relayOK("timeout -1");
+        relayOK("release 0");
+        EXPECT(st[0].s == TransferStatusEnum::TIMEOUT, "state " << st[0].s);
+        EXPECT(held != "OK 0" && held.rfind("OK", 0) == 0,
+               "the relay kept no slot for the Piece its NIC holds: " << held);
+        freeBatch(*r.mt, sub.batch);
+        auto d = relayStats() - before;
+        EXPECT(d.pieces >= 1 && d.route_drops >= 1,
+               "the timed-out Piece left its route: " << d.str());
+        seed++;
+        reqs = {prep(r.device, 0, kDecode1, 10 << 20, 1 << 20)};
+        sub = submit(*r.mt, reqs);
+        completedAll(await(*r.mt, sub.batch, 1), reqs);
+        checkBytes(kDecode1, 10 << 20, 1 << 20, seed);
+        freeBatch(*r.mt, sub.batch);
+        until([&] { return relay("opbatches") == "OK 0"; },
+              "the timed-out Piece's slot to return", 20);
+    }
+
     // A second hop that fails after the doorbell fails the task; it is not
     // replayed on the direct path.
     void secondHopFailure() {
         waitRelay();
         seed++;
+        // A route the relay's transport holds: failing its slice drops it.
+        pieceRound();
+        auto relay0 = relayStats();
         auto before = r.pxn->pxnStats();
         size_t posts0 = seam::posts().size();
         relayOK("fail " + std::to_string(kDecode1));
@@ -568,6 +780,9 @@ struct Sender {
         auto sub = submit(*r.mt, reqs);
         auto st = await(*r.mt, sub.batch, 1);
         relayOK("unfail " + std::to_string(kDecode1));
+        auto dropped = relayStats() - relay0;
+        EXPECT(dropped.pieces == 0 || dropped.route_drops >= 1,
+               "a failed Piece left its route cached: " << dropped.str());
         EXPECT(st[0].s == TransferStatusEnum::FAILED, "state " << st[0].s);
         EXPECT(seam::posts().size() == posts0, "the failed write was replayed");
         auto after = r.pxn->pxnStats();
@@ -768,6 +983,9 @@ int runSender() {
         {"read", [&] { s.read(); }},
         {"cross_rail", [&] { s.crossRail(); }},
         {"status_and_progress", [&] { s.statusAndProgress(); }},
+        {"piece_steady_state", [&] { s.pieceSteadyState(); }},
+        {"route_rekeyed", [&] { s.routeRekeyed(); }},
+        {"piece_timeout", [&] { s.pieceTimeout(); }},
         {"second_hop_failure", [&] { s.secondHopFailure(); }},
         {"fallback_before_doorbell", [&] { s.fallbackBeforeDoorbell(); }},
         {"batches_freed", [&] { s.batchesFreed(); }},
@@ -781,6 +999,85 @@ int runSender() {
             std::cout << "PASS " << c.first << std::endl;
         } catch (const CaseFailed &f) {
             std::cout << "FAIL " << c.first << ": " << f.why << std::endl;
+            failed++;
+        }
+    }
+    std::cout << "DONE" << std::endl;
+    return failed ? 1 : 0;
+}
+
+// The benchmark's sender: per workload, writes of one size to decode1
+// through the relay, batch by batch, timed from the first submit to the
+// last completion; the relay's counts over the workload divided by the
+// Pieces it forwarded. The last batch's bytes are checked.
+int runBench() {
+    Rank r;
+    setUp(r, 0);
+    if (r.pxn == nullptr || !r.pxn->pxnStats().active)
+        return r.pxn ? pxnOff(*r.pxn, "bench sender") : 1;
+    Sender s{r};
+    s.waitRelay();
+    struct Workload {
+        const char *name;
+        uint64_t len, stride, per_batch, batches;
+    };
+    const std::vector<Workload> loads = {
+        {"10KiB", 10 << 10, 16 << 10, 64, 64},
+        {"8MiB", 8 << 20, 8 << 20, 4, 16},
+        {"5GiB", 40ull << 20, 0, 1, 128},
+    };
+    const char *path = std::getenv("MC_PXN_SUBMIT_PIECE");
+    std::string mode = path && std::strcmp(path, "0") == 0 ? "per-op" : "piece";
+    fill(r.device, kSrcLen, 91);
+    int failed = 0;
+    for (const auto &w : loads) {
+        try {
+            std::vector<TransferRequest> reqs;
+            for (uint64_t i = 0; i < w.per_batch; i++)
+                reqs.push_back(write(r.device + (w.stride ? i * w.stride : 0),
+                                     kDecode1, kBase1 + i * w.stride, w.len));
+            // Warm-up batches, as a serving process is warm.
+            for (int k = 0; k < 3; k++) {
+                auto warm = submit(*r.mt, reqs);
+                completedAll(await(*r.mt, warm.batch, reqs.size(), 120), reqs);
+                freeBatch(*r.mt, warm.batch);
+            }
+            std::memset(r.decode[1], 0, kTargetLen);
+            auto before = relayStats();
+            auto start = Clock::now();
+            for (uint64_t b = 0; b < w.batches; b++) {
+                auto sub = submit(*r.mt, reqs);
+                completedAll(await(*r.mt, sub.batch, reqs.size(), 120), reqs);
+                freeBatch(*r.mt, sub.batch);
+            }
+            double secs = std::chrono::duration<double>(Clock::now() - start).count();
+            auto d = relayStats() - before;
+            // Write i copied the source at i * stride to the same offset.
+            for (uint64_t i = 0; i < w.per_batch; i++) {
+                uint64_t at = i * w.stride;
+                for (uint64_t j = 0; j < w.len; j++)
+                    EXPECT(static_cast<uint8_t>(r.decode[1][at + j]) ==
+                               pattern(at + j, 91),
+                           "byte " << at + j << " of decode1 differs");
+            }
+            uint64_t writes = w.per_batch * w.batches;
+            uint64_t bytes = writes * w.len;
+            double pieces = d.forwarded ? double(d.forwarded) : 1;
+            std::ostringstream os;
+            os.setf(std::ios::fixed);
+            os.precision(2);
+            os << "BENCH " << mode << " " << w.name << " writes=" << writes
+               << " bytes=" << bytes << " seconds=" << secs
+               << " GBps=" << bytes / secs / 1e9
+               << " us_per_write=" << secs * 1e6 / writes
+               << " pieces=" << d.forwarded
+               << " allocs_per_piece=" << d.allocations / pieces
+               << " batch_ids_per_piece=" << d.allocate_batch / pieces
+               << " lookups_per_piece=" << d.segment_lookups / pieces
+               << " selects_per_piece=" << d.select_device / pieces;
+            std::cout << os.str() << std::endl;
+        } catch (const CaseFailed &f) {
+            std::cout << "FAIL bench " << w.name << ": " << f.why << std::endl;
             failed++;
         }
     }
@@ -827,6 +1124,8 @@ std::string closeHeld(Rank &r) {
 
 // The relay: its transport relays for rank 0; commands come on stdin.
 int runRelay() {
+    // This thread reads commands; what it allocates is not the relay's.
+    seam::Quiet quiet;
     Rank r;
     setUp(r, 1);
     if (r.pxn == nullptr) {
@@ -885,11 +1184,38 @@ int runRelay() {
                         << p.rkey << "; ";
                 if (p.opcode != TransferRequest::WRITE)
                     why << "post " << i << " not a write; ";
+                // A slice the Piece path prepared names the target's NIC:
+                // Mooncake's segment name, '@', the device.
+                std::string path = seg == kDecode0 ? "decode0@mlx5_0" : "decode1@mlx5_1";
+                if (p.prepared && p.peer_nic_path != path)
+                    why << "post " << i << " to peer NIC path " << p.peer_nic_path << "; ";
             }
             if (sum != bytes) why << "posted " << sum << " of " << bytes << " bytes; ";
             auto st = r.pxn->pxnStats();
             if (st.forwarded_bytes < bytes) why << "forwarded " << st.forwarded_bytes << "; ";
             if (!why.str().empty()) reply = "FAIL " + why.str();
+        } else if (cmd == "stats") {
+            reply = formatStats(*r.pxn);
+        } else if (cmd == "timeout") {
+            int64_t secs = -1;
+            in >> secs;
+            globalConfig().slice_timeout = secs;
+        } else if (cmd == "opbatches") {
+            reply = "OK " + std::to_string(r.pxn->pxnStats().op_batches);
+        } else if (cmd == "rekey") {
+            // decode seg's buffer registered again: a new key on its NIC.
+            uint64_t seg = 0, rkey = 0;
+            in >> seg >> rkey;
+            auto d = r.meta->getSegmentDescByID(seg);
+            if (!d) {
+                reply = "FAIL no segment " + std::to_string(seg);
+            } else {
+                auto next = std::make_shared<TransferMetadata::SegmentDesc>(*d);
+                size_t nic = seg == kDecode0 ? 0 : 1;
+                next->buffers[0].rkey[nic] = static_cast<uint32_t>(rkey);
+                r.meta->addLocalSegment(seg, next->name, std::move(next));
+                seam::setTargetKey(seg, static_cast<uint32_t>(rkey));
+            }
         } else if (cmd == "close") {
             reply = closeHeld(r);
         } else if (cmd == "freed") {
@@ -1023,7 +1349,7 @@ int runOff() {
 // Runs "relay" and "sender" as child processes and carries the sender's
 // RELAY lines to the relay and the replies back, as mooncake_test.go does,
 // for machines without Go.
-int runPair(const char *self) {
+int runPair(const char *self, const char *sender_role) {
     struct Child {
         pid_t pid;
         FILE *in;
@@ -1062,7 +1388,7 @@ int runPair(const char *self) {
                   << std::endl;
         return l.rfind("SKIP", 0) == 0 ? 0 : 1;
     }
-    Child sender = spawn("sender");
+    Child sender = spawn(sender_role);
     int failed = 0;
     while (line(sender.out, l)) {
         if (l.rfind("RELAY ", 0) != 0) {
@@ -1111,17 +1437,20 @@ int main(int argc, char **argv) {
     std::ios::sync_with_stdio(true);
     std::string role = argc > 1 ? argv[1] : "";
     try {
-        if (role == "sender" || role == "relay") {
+        if (role == "sender" || role == "relay" || role == "bench-sender") {
             if (!libpxnSpeaksOurVersion()) return 0;
         }
         if (role == "sender") return runSender();
         if (role == "relay") return runRelay();
         if (role == "off") return runOff();
-        if (role == "pair") return runPair("/proc/self/exe");
+        if (role == "pair") return runPair("/proc/self/exe", "sender");
+        if (role == "bench") return runPair("/proc/self/exe", "bench-sender");
+        if (role == "bench-sender") return runBench();
     } catch (const CaseFailed &f) {
         std::cout << "FAIL setup: " << f.why << std::endl;
         return 1;
     }
-    std::cerr << "usage: pxn_transport_test sender|relay|off|pair" << std::endl;
+    std::cerr << "usage: pxn_transport_test sender|relay|off|pair|bench"
+              << std::endl;
     return 2;
 }
