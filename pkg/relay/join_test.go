@@ -41,6 +41,20 @@ func submitEach(t *testing.T, p *pair, reqs []relay.Request) []*relay.Batch {
 	return bs
 }
 
+// firstThrough runs a's pump for one round, which publishes the first
+// queued Piece in a slot of its own (the lane has completed nothing since
+// the rest were queued), and b's until it has forwarded it: a's next round
+// reaps that completion first, and may then join the rest.
+func firstThrough(t *testing.T, p *pair) {
+	t.Helper()
+	before := p.b.Counters().ForwardedPieces
+	p.a.RunRound()
+	waitFor(t, "the first slot forwarded", func() bool {
+		p.b.RunRound()
+		return p.b.Counters().ForwardedPieces > before
+	})
+}
+
 // runUntilDone runs both pumps until every batch is done.
 func runUntilDone(t *testing.T, p *pair, bs []*relay.Batch) {
 	t.Helper()
@@ -81,9 +95,10 @@ func checkLanded(t *testing.T, p *pair, reqs []relay.Request, skip int) {
 }
 
 // TestSmallSubmitsJoinOneSlot: one-block Submits queued behind each other
-// move in as few slots as their bytes need, each one's bytes where it
-// belongs and each task done through PXN; the relay forwards one slot
-// where the sender counts every Piece.
+// go in a slot each until the relay completes one; then the rest move in
+// as few slots as their bytes and entries need, each one's bytes where it
+// belongs and each task done through PXN. The relay counts slots, the
+// sender every Piece.
 func TestSmallSubmitsJoinOneSlot(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -91,11 +106,12 @@ func TestSmallSubmitsJoinOneSlot(t *testing.T) {
 		block uint64
 		slots uint64
 	}{
-		{"32 blocks of 16 KiB", 32, 16 << 10, 1},
-		// Two fit a slot; the third waits for one of its own.
-		{"3 blocks of 3 MiB", 3, 3 * mib, 2},
-		// A slot holds at most MaxPlans entries.
-		{"MaxPlans and one blocks of 1 KiB", staging.MaxPlans + 1, 1 << 10, 2},
+		// The first alone, the 31 others in one slot.
+		{"32 blocks of 16 KiB", 32, 16 << 10, 2},
+		// The first alone; two fit a slot, a third would not.
+		{"4 blocks of 3 MiB", 4, 3 * mib, 3},
+		// The first alone; a slot holds at most MaxPlans entries.
+		{"MaxPlans and two blocks of 1 KiB", staging.MaxPlans + 2, 1 << 10, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			total := tc.n * int(tc.block)
@@ -103,6 +119,7 @@ func TestSmallSubmitsJoinOneSlot(t *testing.T) {
 			reqs := singleBlocks(p, tc.n, tc.block)
 			a0, b0 := p.a.Counters(), p.b.Counters()
 			bs := submitEach(t, p, reqs)
+			firstThrough(t, p)
 			runUntilDone(t, p, bs)
 			for i, b := range bs {
 				if st := statusOf(t, b, 0); st.State != relay.Completed || b.Route(0) != relay.RoutePXN {
@@ -149,7 +166,7 @@ func TestJoinWaitsForSourceReady(t *testing.T) {
 // fails on the relay's second hop, every Piece of the slot is written again
 // direct, so that only the request whose write fails there too fails.
 func TestJoinedSlotFailureRedoesEachDirect(t *testing.T) {
-	const n, block, bad = 4, 16 << 10, 1
+	const n, block, bad = 5, 16 << 10, 2
 	p := joinPair(t, pairOpts{tgtSize: n * block, srcSize: n * block})
 	reqs := singleBlocks(p, n, block)
 	errBad := errors.New("no such memory")
@@ -158,6 +175,8 @@ func TestJoinedSlotFailureRedoesEachDirect(t *testing.T) {
 	p.hopB.FailRange(sessRail1, badRange, errBad)
 	a0, b0 := p.a.Counters(), p.b.Counters()
 	bs := submitEach(t, p, reqs)
+	// The first in a slot of its own; the four behind it join one.
+	firstThrough(t, p)
 	runUntilDone(t, p, bs)
 	for i, b := range bs {
 		st := statusOf(t, b, 0)
@@ -172,9 +191,30 @@ func TestJoinedSlotFailureRedoesEachDirect(t *testing.T) {
 	checkLanded(t, p, reqs, bad)
 	a, b := p.a.Counters(), p.b.Counters()
 	if got := b.SecondHopFailures - b0.SecondHopFailures; got != 1 {
-		t.Errorf("relay counted %d failed slots, want 1 (all %d Pieces joined)", got, n)
+		t.Errorf("relay counted %d failed slots, want 1 (the %d Pieces behind the first joined)", got, n-1)
 	}
-	if got := a.FallbackPiecesByReason[staging.FallbackOther] - a0.FallbackPiecesByReason[staging.FallbackOther]; got != n {
-		t.Errorf("%d Pieces sent direct again, want %d", got, n)
+	if got := a.FallbackPiecesByReason[staging.FallbackOther] - a0.FallbackPiecesByReason[staging.FallbackOther]; got != n-1 {
+		t.Errorf("%d Pieces sent direct again, want %d", got, n-1)
+	}
+}
+
+// TestNoJoinForARelayThatCompletedNothing: Pieces queued while their relay
+// completes nothing go in slots of their own, as they would wait for credit
+// and go direct after the credit timeout: none rides in a slot behind a
+// relay that has stopped.
+func TestNoJoinForARelayThatCompletedNothing(t *testing.T) {
+	const n, block = 4, 16 << 10
+	p := joinPair(t, pairOpts{tgtSize: n * block, srcSize: n * block})
+	reqs := singleBlocks(p, n, block)
+	b0 := p.b.Counters()
+	bs := submitEach(t, p, reqs)
+	// The relay runs no round: nothing completes while a publishes.
+	for range 2 * n {
+		p.a.RunRound()
+	}
+	runUntilDone(t, p, bs)
+	checkLanded(t, p, reqs, -1)
+	if got := p.b.Counters().ForwardedPieces - b0.ForwardedPieces; got != n {
+		t.Errorf("relay forwarded %d slots, want %d: Pieces joined behind a relay that completed nothing", got, n)
 	}
 }

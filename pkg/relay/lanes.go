@@ -25,6 +25,9 @@ type outLane struct {
 	// pieces counts the Pieces planned for this lane that have not been
 	// finished or handed to the direct path.
 	pieces atomic.Int64
+	// reaps counts the completions the pump reaped on this lane; a group
+	// notes it when queued (group.reaps).
+	reaps atomic.Uint64
 
 	// stale stops new tickets (heartbeat timeout); gone ends the lane.
 	stale atomic.Bool
@@ -42,6 +45,7 @@ func (ol *outLane) enqueue(g *group) bool {
 	if ol.gone.Load() {
 		return false
 	}
+	g.reaps = ol.reaps.Load()
 	ol.queue.push(g)
 	return true
 }

@@ -201,14 +201,20 @@ func (sn *sender) stage(pr pieceRef, base uintptr, at uint64) uint64 {
 
 // join stages, behind the slot's lead Piece (n bytes so far), the Pieces
 // queued next on the lane while each is a whole group of one Piece for the
-// lead's target session whose source is ready, and the slot has room for
-// its bytes and its plan entries; it returns the slot's bytes. A stream of
-// small Submits that the pump fell behind on thus moves in full slots, a
-// ticket, a copy, a doorbell and a second hop for many of them, instead of
-// one each. Only the pump pops the queue, so the front it looked at is the
-// one it pops; Submit only appends behind it. A Piece whose source is not
-// known to be ready stays queued for a slot of its own, whose copy waits
-// for its event: the copy of a slot waits for the lead's event only.
+// lead's target session, queued before the lane's last completion, whose
+// source is ready, and the slot has room for its bytes and its plan
+// entries; it returns the slot's bytes. A stream of small Submits that the
+// pump fell behind on thus moves in full slots, a ticket, a copy, a
+// doorbell and a second hop for many of them, instead of one each.
+//
+// Only a relay that completed a Piece since a Piece was queued gets it
+// joined: Pieces queued for a relay that has stopped completing wait for
+// credit in slots of their own, and after the credit timeout go direct,
+// instead of riding in a slot that only the ticket timeout ends. Only the
+// pump pops the queue, so the front it looked at is the one it pops;
+// Submit only appends behind it. A Piece whose source is not known to be
+// ready stays queued for a slot of its own, whose copy waits for its
+// event: the copy of a slot waits for the lead's event only.
 func (sn *sender) join(sl *senderLane, sp *slotPieces, base uintptr, n uint64) uint64 {
 	if !sn.s.joining() {
 		return n
@@ -217,7 +223,7 @@ func (sn *sender) join(sl *senderLane, sp *slotPieces, base uintptr, n uint64) u
 	for {
 		nx := sl.front()
 		g := nx.g
-		if g == nil || nx.i != 0 || len(g.plan.Pieces) != 1 || g.key.session != session ||
+		if g == nil || nx.i != 0 || len(g.plan.Pieces) != 1 || g.key.session != session || g.reaps == sl.reaps.Load() ||
 			n+g.pieceLen(0) > staging.SlotSize || len(sn.planBuf)+g.pieceEntries(0) > staging.MaxPlans {
 			return n
 		}
@@ -273,6 +279,7 @@ func (sn *sender) reap(sl *senderLane, now time.Time) bool {
 		}
 		sp := &sl.inflight[staging.SlotOf(seq)]
 		sn.s.sentTimes.set(sp.lead.times, stepReaped)
+		sl.reaps.Add(1)
 		sn.finishPublished(sp, status)
 		progressed = true
 	}

@@ -30,6 +30,10 @@ type group struct {
 	// submitted is when the Submit chunk that planned the group began
 	// (Unix ns, PieceTimes.Submit).
 	submitted int64
+	// reaps is the lane's reap count when the group was queued: the group
+	// joins a slot (sender.join) only once the lane has completed a Piece
+	// since.
+	reaps uint64
 }
 
 // pieceRef names one Piece of a group: a slot's in-flight record.
