@@ -91,28 +91,28 @@ func (ol *outLane) queued() bool {
 }
 
 // slotPieces is what one published slot carries: the Piece published into
-// it and the Pieces that joined it there (sender.join).
+// it first (refs[0], whose times the slot's are) and the Pieces that joined
+// it there (sender.join); empty while the slot holds nothing.
 type slotPieces struct {
-	lead   pieceRef
-	joined []pieceRef
+	refs []pieceRef
 }
 
-// bytes is the slot's bytes: the lead's and every joined Piece's.
+// bytes is the slot's bytes.
 func (sp *slotPieces) bytes() uint64 {
-	n := sp.lead.g.pieceLen(sp.lead.i)
-	for _, pr := range sp.joined {
+	var n uint64
+	for _, pr := range sp.refs {
 		n += pr.g.pieceLen(pr.i)
 	}
 	return n
 }
 
 // pieces is how many Pieces the slot carries.
-func (sp *slotPieces) pieces() uint64 { return 1 + uint64(len(sp.joined)) }
+func (sp *slotPieces) pieces() uint64 { return uint64(len(sp.refs)) }
 
-// clear empties the slot and keeps the joined vector's memory.
+// clear empties the slot and keeps its vector's memory.
 func (sp *slotPieces) clear() {
-	clear(sp.joined)
-	*sp = slotPieces{joined: sp.joined[:0]}
+	clear(sp.refs)
+	sp.refs = sp.refs[:0]
 }
 
 // senderLane is the sender's own state of one outbound lane: the claim, the

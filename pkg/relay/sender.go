@@ -54,7 +54,7 @@ func (sn *sender) inflightBytes(limit uint64) uint64 {
 	var n uint64
 	for _, sl := range sn.lanes {
 		for seq := sl.tx.Reaped() + 1; seq <= sl.tx.Published() && n <= limit; seq++ {
-			if sp := &sl.inflight[staging.SlotOf(seq)]; sp.lead.g != nil {
+			if sp := &sl.inflight[staging.SlotOf(seq)]; len(sp.refs) > 0 {
 				n += sp.bytes()
 			}
 		}
@@ -152,7 +152,7 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 	slot := staging.SlotOf(seq)
 	base := sl.link.Staging() + uintptr(slot)*staging.SlotSize
 	sp := &sl.inflight[slot]
-	sp.lead = pr
+	sp.refs = append(sp.refs[:0], pr)
 	sn.planBuf, sn.copyBuf = sn.planBuf[:0], sn.copyBuf[:0]
 	n := sn.stage(pr, base, 0)
 	n = sn.join(sl, sp, base, n)
@@ -182,7 +182,7 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 		sl.drainTo(&s.fallbacks, staging.FallbackLaneBroken)
 		return true
 	}
-	sp.lead.times = s.sentTimes.add(PieceTimes{Lane: sl.link.LaneIndex(), Seq: seq, Bytes: n, Submit: g.submitted, Copy: copyAt})
+	sp.refs[0].times = s.sentTimes.add(PieceTimes{Lane: sl.link.LaneIndex(), Seq: seq, Bytes: n, Submit: g.submitted, Copy: copyAt})
 	sl.relayWake.Wake()
 	return true
 }
@@ -219,11 +219,11 @@ func (sn *sender) join(sl *senderLane, sp *slotPieces, base uintptr, n uint64) u
 	if !sn.s.joining() {
 		return n
 	}
-	session := sp.lead.g.key.session
+	session, reaps := sp.refs[0].g.key.session, sl.reaps.Load()
 	for {
 		nx := sl.front()
 		g := nx.g
-		if g == nil || nx.i != 0 || len(g.plan.Pieces) != 1 || g.key.session != session || g.reaps == sl.reaps.Load() ||
+		if g == nil || nx.i != 0 || len(g.plan.Pieces) != 1 || g.key.session != session || g.reaps == reaps ||
 			n+g.pieceLen(0) > staging.SlotSize || len(sn.planBuf)+g.pieceEntries(0) > staging.MaxPlans {
 			return n
 		}
@@ -234,16 +234,14 @@ func (sn *sender) join(sl *senderLane, sp *slotPieces, base uintptr, n uint64) u
 		}
 		sl.pop()
 		n = sn.stage(nx, base, n)
-		sp.joined = append(sp.joined, nx)
+		sp.refs = append(sp.refs, nx)
 	}
 }
 
 // finishSlot finishes every Piece of a published slot with err (nil:
 // done) and empties the slot.
 func (sn *sender) finishSlot(sp *slotPieces, err error) {
-	sp.lead.g.finishPiece(sp.lead.i, err)
-	sn.s.pieceDone(sp.lead.g)
-	for _, pr := range sp.joined {
+	for _, pr := range sp.refs {
 		pr.g.finishPiece(pr.i, err)
 		sn.s.pieceDone(pr.g)
 	}
@@ -253,8 +251,7 @@ func (sn *sender) finishSlot(sp *slotPieces, err error) {
 // fallbackSlot sends every Piece of a slot that was not published direct,
 // for why, and empties the slot.
 func (sn *sender) fallbackSlot(sp *slotPieces, why fallbackReason) {
-	sn.s.fallback(sp.lead.g, sp.lead.i, why)
-	for _, pr := range sp.joined {
+	for _, pr := range sp.refs {
 		sn.s.fallback(pr.g, pr.i, why)
 	}
 	sp.clear()
@@ -278,7 +275,7 @@ func (sn *sender) reap(sl *senderLane, now time.Time) bool {
 			break
 		}
 		sp := &sl.inflight[staging.SlotOf(seq)]
-		sn.s.sentTimes.set(sp.lead.times, stepReaped)
+		sn.s.sentTimes.set(sp.refs[0].times, stepReaped)
 		sl.reaps.Add(1)
 		sn.finishPublished(sp, status)
 		progressed = true
@@ -292,7 +289,7 @@ func (sn *sender) reap(sl *senderLane, now time.Time) bool {
 func (sn *sender) finishPublished(sp *slotPieces, status int32) {
 	s := sn.s
 	var err error
-	if len(sp.joined) > 0 && redoable(status) {
+	if len(sp.refs) > 1 && redoable(status) {
 		// Pieces of several Submits share the slot, and one write of one
 		// of them failed after every write of the slot ended: each goes
 		// direct again, so that only a write that fails there too fails
