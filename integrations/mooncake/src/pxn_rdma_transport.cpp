@@ -897,17 +897,6 @@ struct PxnRdmaTransport::Engine {
         }
     }
 
-    static bool pieceTimedOut(const PieceSlot &p) {
-        if (globalConfig().slice_timeout <= 0) return false;
-        int64_t now = getCurrentTimeInNano();
-        int64_t limit = globalConfig().slice_timeout * 1000000000;
-        for (const Slice *s : p.post) {
-            int64_t ts = s->ts;
-            if (ts > 0 && now > ts && now - ts > limit) return true;
-        }
-        return false;
-    }
-
     // Reports ended Pieces, at most capacity (out NULL: none reported,
     // for close), and returns finished slots to the pool; piece_mu held.
     size_t reapPieces(pxn_transport_completion *out, size_t capacity) {
@@ -932,7 +921,7 @@ struct PxnRdmaTransport::Engine {
                                         : refusal(p->token, PXN_EIO,
                                                   "RDMA write failed");
                     if (bad != 0) dropRoutes(*p);
-                } else if (pieceTimedOut(*p)) {
+                } else if (timedOut(p->post)) {
                     out[n++] = refusal(p->token, PXN_ETIMEDOUT,
                                        "RDMA slice timed out");
                     p->reported = true;
@@ -973,11 +962,13 @@ struct PxnRdmaTransport::Engine {
                             "allocated";
     }
 
-    bool sliceTimedOut(const TransferTask &t) {
+    // Whether a slice of slices was posted longer than MultiTransport's
+    // slice timeout ago: a task's (per-op path) or a Piece's.
+    static bool timedOut(const std::vector<Slice *> &slices) {
         if (globalConfig().slice_timeout <= 0) return false;
         int64_t now = getCurrentTimeInNano();
         int64_t limit = globalConfig().slice_timeout * 1000000000;
-        for (auto *s : t.slice_list) {
+        for (const Slice *s : slices) {
             int64_t ts = s->ts;
             if (ts > 0 && now > ts && now - ts > limit) return true;
         }
@@ -1016,7 +1007,7 @@ struct PxnRdmaTransport::Engine {
                 n++;
                 ob->state[i] = 1;
                 ob->open--;
-            } else if (sliceTimedOut(task)) {
+            } else if (timedOut(task.slice_list)) {
                 if (out != nullptr)
                     out[n] = refusal(ob->tokens[i], PXN_ETIMEDOUT,
                                      "RDMA slice timed out");
