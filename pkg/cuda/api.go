@@ -307,14 +307,19 @@ func (d *Driver) EventRecord(e Event, s Stream) error {
 // EventQuery is cuEventQuery: true once the event completed, false while
 // it is pending (CUDA_ERROR_NOT_READY).
 func (d *Driver) EventQuery(e Event) (bool, error) {
-	r := C.pxn_cuEventQuery(d.t, C.pxn_handle(e))
-	switch Result(r) {
+	return d.queried(Result(C.pxn_cuEventQuery(d.t, C.pxn_handle(e))), e)
+}
+
+// queried is cuEventQuery's answer r for e: true once it completed, false
+// while pending, an error otherwise.
+func (d *Driver) queried(r Result, e Event) (bool, error) {
+	switch r {
 	case Success:
 		return true, nil
 	case ErrorNotReady:
 		return false, nil
 	}
-	return false, d.errorf(Result(r), "cuEventQuery(%#x)", uintptr(e))
+	return false, d.errorf(r, "cuEventQuery(%#x)", uintptr(e))
 }
 
 // EventSynchronize is cuEventSynchronize (tests only).

@@ -258,14 +258,7 @@ func (d *Driver) RecordEvent(ctx Context, e Event, s Stream) error {
 
 // QueryEvent is EventQuery with ctx current for the call.
 func (d *Driver) QueryEvent(ctx Context, e Event) (bool, error) {
-	r := C.pxn_query_event(d.t, C.pxn_handle(ctx), C.pxn_handle(e))
-	switch Result(r) {
-	case Success:
-		return true, nil
-	case ErrorNotReady:
-		return false, nil
-	}
-	return false, d.errorf(Result(r), "cuEventQuery(%#x)", uintptr(e))
+	return d.queried(Result(C.pxn_query_event(d.t, C.pxn_handle(ctx), C.pxn_handle(e))), e)
 }
 
 // BindContext makes ctx current on the calling OS thread and leaves it so.
