@@ -135,7 +135,7 @@ func (c *cluster) checkAlerts() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.apply(strings.Replace(probePod(alertsNS, refuser, ""), `command: ["/probe", "sleep"]`, "command: "+string(cmd), 1))
+	c.apply(strings.Replace(probePod(alertsNS, refuser, relayHolder{}), `command: ["/probe", "sleep"]`, "command: "+string(cmd), 1))
 	c.poll("the refusing pod runs with PXN off", podStartTimeout, func() (bool, string) {
 		logs, err := c.kc("logs", "-n", alertsNS, refuser)
 		if err != nil {

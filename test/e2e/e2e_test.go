@@ -342,49 +342,47 @@ func (c *cluster) checkCapacity() {
 	c.t.Logf("node %s allocatable: %s", c.node, c.mustKC("get", "node", c.node, "-o", "jsonpath={.status.allocatable}"))
 }
 
-// probePod is a pod of the probe image holding one pxn.io/relay.
-func probePod(ns, name, group string) string {
-	labels := ""
-	if group != "" {
-		labels = fmt.Sprintf("\n  labels:\n    %s: %s", groupLabel, group)
-	}
+// probePod is a pod of the probe image that sleeps, a member of the group
+// holder names.
+func probePod(ns, name string, holder relayHolder) string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: Pod
 metadata:
   name: %s
   namespace: %s%s
 spec:
-  terminationGracePeriodSeconds: 2
+  terminationGracePeriodSeconds: 2%s
   containers:
     - name: probe
       image: %s
       imagePullPolicy: Never
       command: ["/probe", "sleep"]
-      resources:
-        limits:
-          %s: 1
-`, name, ns, labels, probeImage, resource)
+      resources:%s
+`, name, ns, holder.labels(), holder.podClaims(), probeImage, holder.resources())
 }
 
-type workload struct{ ns, name, group string }
+type workload struct {
+	ns, name string
+	relayHolder
+}
 
 var (
 	nsA = "pxn-e2e-a"
 	nsB = "pxn-e2e-b"
 	// a1 and a2 are one job; c1 is another job of the same namespace; b1
 	// has a1's group label in another namespace.
-	a1 = workload{nsA, "a1", "job1"}
-	a2 = workload{nsA, "a2", "job1"}
-	c1 = workload{nsA, "c1", "job2"}
-	b1 = workload{nsB, "b1", "job1"}
+	a1 = workload{nsA, "a1", relayHolder{group: "job1"}}
+	a2 = workload{nsA, "a2", relayHolder{group: "job1"}}
+	c1 = workload{nsA, "c1", relayHolder{group: "job2"}}
+	b1 = workload{nsB, "b1", relayHolder{group: "job1"}}
 	// a3 joins job1 after the kubelet restart.
-	a3 = workload{nsA, "a3", "job1"}
+	a3 = workload{nsA, "a3", relayHolder{group: "job1"}}
 )
 
 func (c *cluster) startWorkloads(ws ...workload) {
 	var manifest []string
 	for _, w := range ws {
-		manifest = append(manifest, probePod(w.ns, w.name, w.group))
+		manifest = append(manifest, probePod(w.ns, w.name, w.relayHolder))
 	}
 	c.apply(strings.Join(manifest, "---\n"))
 	c.poll(fmt.Sprintf("%d workload pods Running", len(ws)), podStartTimeout, func() (bool, string) {
@@ -536,22 +534,21 @@ func (c *cluster) checkWorkloads() {
 	t.Logf("group folders on the host (%s): %v", c.groupsDir(), got)
 }
 
-// rankPod is a pod of one rank of job3, a group that spans two pods
+// rankPod is a pod of one rank of a group that spans two pods
 // (hack/e2e/probe rank): neither shares the host's PID namespace, nor each
-// other's.
-func rankPod(name string, index int, hca, peerHCA string) string {
+// other's. holder is what makes the pod a member of its group: the
+// pxn.io/relay resource with a group label, or a ResourceClaim.
+func rankPod(ns, name string, index int, hca, peerHCA string, holder relayHolder) string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: Pod
 metadata:
   name: %s
-  namespace: %s
-  labels:
-    %s: job3
+  namespace: %s%s
 spec:
   restartPolicy: Never
   terminationGracePeriodSeconds: 2
   hostPID: false
-  shareProcessNamespace: false
+  shareProcessNamespace: false%s
   containers:
     - name: rank
       image: %s
@@ -562,10 +559,38 @@ spec:
           valueFrom:
             fieldRef:
               fieldPath: status.podIP
-      resources:
-        limits:
-          %s: 1
-`, name, nsA, groupLabel, probeImage, index, hca, peerHCA, resource)
+      resources:%s
+`, name, ns, holder.labels(), holder.podClaims(), probeImage, index, hca, peerHCA, holder.resources())
+}
+
+// relayHolder makes a pod a member of a group: through the device plugin
+// (group: the pxn.io/group label, with pxn.io/relay requested) or through
+// the DRA driver (claim: a ResourceClaim's name; template: a
+// ResourceClaimTemplate's, a claim of the pod's own).
+type relayHolder struct{ group, claim, template string }
+
+func (h relayHolder) labels() string {
+	if h.group == "" {
+		return ""
+	}
+	return fmt.Sprintf("\n  labels:\n    %s: %s", groupLabel, h.group)
+}
+
+func (h relayHolder) podClaims() string {
+	switch {
+	case h.claim != "":
+		return "\n  resourceClaims:\n    - name: relay\n      resourceClaimName: " + h.claim
+	case h.template != "":
+		return "\n  resourceClaims:\n    - name: relay\n      resourceClaimTemplateName: " + h.template
+	}
+	return ""
+}
+
+func (h relayHolder) resources() string {
+	if h.claim != "" || h.template != "" {
+		return "\n        claims:\n          - name: relay"
+	}
+	return fmt.Sprintf("\n        limits:\n          %s: 1", resource)
 }
 
 // rankResult is what a probe rank reports (hack/e2e/probe/rank.go).
@@ -582,12 +607,19 @@ type rankResult struct {
 	Err            string            `json:"err"`
 }
 
-// checkMultiPodGroup runs the two ranks of one group in two pods, neither
-// with hostPID, the second started once the first runs: each relays its
-// writes through the other (the host path), both arenas mapped by
-// descriptor, every byte checked at its target, nothing sent direct, and
-// each sees the other's registration live, judged by heartbeat.
+// checkMultiPodGroup runs the two ranks of job3 in two pods through the
+// device plugin (see runRankPair).
 func (c *cluster) checkMultiPodGroup() {
+	c.runRankPair(nsA, []string{"rank0", "rank1"}, relayHolder{group: "job3"})
+}
+
+// runRankPair runs the two ranks of one group in two pods of namespace ns,
+// neither with hostPID, the second started once the first runs: each relays
+// its writes through the other (the host path), both arenas mapped by
+// descriptor, every byte checked at its target, nothing sent direct, and
+// each sees the other's registration live, judged by heartbeat. The pods are
+// deleted at the end.
+func (c *cluster) runRankPair(ns string, names []string, holder relayHolder) {
 	t := c.t
 	var m pxnRailMap
 	if err := c.getJSON(&m, "pxnrailmaps", c.node); err != nil {
@@ -610,18 +642,17 @@ func (c *cluster) checkMultiPodGroup() {
 	if len(pair) != 2 {
 		t.Fatalf("the node's rail map %v has no two HCAs on two rails", m.Status.RailMap)
 	}
-	names := []string{"rank0", "rank1"}
 	c.root.Cleanup(func() {
 		if c.root.Failed() && c.reuse {
-			_, _ = c.detached().kc("delete", "pod", "-n", nsA, names[0], names[1], "--ignore-not-found", "--wait=false")
+			_, _ = c.detached().kc("delete", "pod", "-n", ns, names[0], names[1], "--ignore-not-found", "--wait=false")
 		}
 	})
 	for i, name := range names {
-		c.apply(rankPod(name, i, pair[i], pair[1-i]))
+		c.apply(rankPod(ns, name, i, pair[i], pair[1-i], holder))
 		if i == 0 {
 			c.poll(name+" Running", podStartTimeout, func() (bool, string) {
 				var p pod
-				if err := c.getJSON(&p, "pod", "-n", nsA, name); err != nil {
+				if err := c.getJSON(&p, "pod", "-n", ns, name); err != nil {
 					return false, err.Error()
 				}
 				return p.Status.Phase == "Running" || p.Status.Phase == "Succeeded", p.summary()
@@ -634,7 +665,7 @@ func (c *cluster) checkMultiPodGroup() {
 		done := true
 		for _, name := range names {
 			var p pod
-			if err := c.getJSON(&p, "pod", "-n", nsA, name); err != nil {
+			if err := c.getJSON(&p, "pod", "-n", ns, name); err != nil {
 				return false, err.Error()
 			}
 			states = append(states, p.summary())
@@ -647,7 +678,7 @@ func (c *cluster) checkMultiPodGroup() {
 		return done, strings.Join(states, "; ")
 	})
 	for _, name := range names {
-		out, err := c.kc("logs", "-n", nsA, name)
+		out, err := c.kc("logs", "-n", ns, name)
 		if err != nil {
 			t.Fatalf("logs of %s: %v", name, err)
 		}
@@ -693,7 +724,7 @@ func (c *cluster) checkMultiPodGroup() {
 			t.Errorf("%s sees ranks %v; want itself live by pid and the other pod's rank live by heartbeat", name, r.Ranks)
 		}
 	}
-	c.mustKC("delete", "pod", "-n", nsA, names[0], names[1], "--wait=true", "--timeout=1m")
+	c.mustKC("delete", "pod", "-n", ns, names[0], names[1], "--wait=true", "--timeout=1m")
 }
 
 // checkKubeletRestart restarts the kubelet: the device plugin must register
