@@ -75,7 +75,7 @@ helm_() {
 }
 
 step "Tools (cached in .tools by hack/tools.sh; built when missing)"
-hack/tools.sh etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl helm
+hack/tools.sh etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl containerd helm
 
 step "A single-node cluster: etcd, kube-apiserver, controller-manager, scheduler, kubelet, containerd"
 started=1

@@ -12,9 +12,10 @@
 # Groups:
 #   build    gcc, make, git: building the binaries with cgo; gcc brings the
 #            ASan and UBSan runtimes (libasan8, libubsan1) the sanitized tests use
-#   cluster  containerd, runc, CNI plugins, openssl, curl, iptables, iproute2:
-#            hack/local-cluster.sh, make demo and the end-to-end suite (test/e2e);
-#            prometheus, which scrapes the agent there
+#   cluster  runc, CNI plugins, openssl, curl, iptables, iproute2:
+#            hack/local-cluster.sh, make demo and the end-to-end suite (test/e2e),
+#            whose containerd hack/tools.sh builds; prometheus, which scrapes the
+#            agent there
 #   cross    gcc-aarch64-linux-gnu and the arm64 C library: hack/image for linux/arm64
 #            and its tests
 #   mooncake g++, patch and the headers Mooncake's transfer engine includes
@@ -39,8 +40,6 @@ group_needs() {
       echo "git git"
       ;;
     cluster)
-      echo "containerd containerd"
-      echo "containerd ctr"
       echo "runc runc"
       echo "containernetworking-plugins /usr/lib/cni/bridge"
       echo "containernetworking-plugins /usr/lib/cni/host-local"

@@ -2,8 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 # A real single-node Kubernetes cluster on this machine, from the tools that
 # hack/tools.sh builds (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubelet, kubectl) and Debian's containerd, runc and CNI
-# plugins (installed when missing by hack/host-packages.sh). No kube-proxy and no cluster DNS. See docs/local-cluster.md.
+# kube-scheduler, kubelet, kubectl, and containerd 2 with its runc shim and
+# ctr) and Debian's runc and CNI plugins (installed when missing by
+# hack/host-packages.sh). containerd has CDI on, with the spec folder $D/cdi
+# (PXN_CLUSTER_CDI_DIR in the env file). No kube-proxy and no cluster DNS. See
+# docs/local-cluster.md.
 #
 #   hack/local-cluster.sh up        start it (idempotent); builds and imports the images
 #   hack/local-cluster.sh down      stop it and undo everything it did (safe to repeat)
@@ -24,7 +27,7 @@
 #   PXN_CLUSTER_SCHED_PORT  (defaults 10250, 10248, 10257, 10259)
 #   PXN_CLUSTER_IMAGE      pxn image name (default pxn:local)
 #   PXN_CLUSTER_INSTALL=0  never install missing packages (hack/host-packages.sh
-#                          cluster: containerd, runc, CNI, ...); fail instead
+#                          cluster: runc, CNI, ...); fail instead
 #   PXN_CLUSTER_BUILD=0    never build missing tools; fail instead
 #   PXN_TOOLS_DIR          tool cache (see hack/tools.sh)
 #
@@ -65,7 +68,13 @@ die() { log "error: $*"; exit "${2:-1}"; }
 
 tool() { bash "$repo/hack/tools.sh" path "$1"; }
 kc() { "$(tool kubectl)" --kubeconfig "$D/pki/admin.kubeconfig" "$@"; }
-ctr_() { ctr --address "$D/containerd/containerd.sock" "$@"; }
+# ctr would print containerd's deprecation warnings on every call;
+# start_containerd logs them once.
+CTR=
+ctr_() {
+  [ -n "$CTR" ] || CTR=$(tool ctr)
+  CONTAINERD_SUPPRESS_DEPRECATION_WARNINGS=1 "$CTR" --address "$D/containerd/containerd.sock" "$@"
+}
 
 need_root() { [ "$(id -u)" = 0 ] || die "must run as root (it starts containerd and the kubelet)" 2; }
 
@@ -137,7 +146,7 @@ tail_log() { [ -f "$D/logs/$1.log" ] && tail -n "${2:-30}" "$D/logs/$1.log" | se
 
 ensure_tools() {
   local t missing=()
-  for t in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; do
+  for t in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl containerd; do
     [ -x "$(tool "$t")" ] || missing+=("$t")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -295,39 +304,44 @@ make_pki() {
 # --- containerd ----------------------------------------------------------------
 
 write_containerd_config() {
-  mkdir -p "$D/containerd" "$D/cni/net.d"
+  mkdir -p "$D/containerd" "$D/cni/net.d" "$D/cdi"
   cat >"$D/containerd/config.toml" <<EOF
-version = 2
+version = 4
 root = "$D/containerd/root"
 state = "$D/containerd/state"
-
-[grpc]
-  address = "$D/containerd/containerd.sock"
-
-[ttrpc]
-  address = "$D/containerd/containerd.sock.ttrpc"
 
 [debug]
   level = "info"
 
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "docker.io/library/$PAUSE_IMAGE"
+[plugins.'io.containerd.server.v1.grpc']
+  address = "$D/containerd/containerd.sock"
+
+[plugins.'io.containerd.server.v1.ttrpc']
+  address = "$D/containerd/containerd.sock.ttrpc"
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "docker.io/library/$PAUSE_IMAGE"
+
+[plugins.'io.containerd.cri.v1.runtime']
   # The shell lacks CAP_SYS_RESOURCE on such machines: without this, sandbox
   # creation fails with "can't get final child's PID from pipe: EOF".
   restrict_oom_score_adj = true
   enable_selinux = false
   # Pod network namespaces under the state folder, not /run/netns.
   netns_mounts_under_state_dir = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+  # This cluster's CDI specs only (a DRA driver writes its specs here).
+  cdi_spec_dirs = ["$D/cdi"]
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         SystemdCgroup = false
         Root = "$D/containerd/runc"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "$CNI_BIN"
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["$CNI_BIN"]
     conf_dir = "$D/cni/net.d"
     max_conf_num = 1
 EOF
@@ -381,7 +395,12 @@ containerd_smoke() {
 
 start_containerd() {
   write_containerd_config
-  start containerd "$(command -v containerd)" --config "$D/containerd/config.toml"
+  # Its own shim first in PATH: containerd looks the shim up there, and a
+  # distribution's older containerd-shim-runc-v2 may be installed too. runc
+  # comes from the machine.
+  local bin dir; bin=$(tool containerd); dir=$(dirname "$bin")
+  local PATH="$dir:$PATH"
+  start containerd "$bin" --config "$D/containerd/config.toml"
   local i ok=0
   for ((i = 0; i < 60; i++)); do
     if ctr_ version >/dev/null 2>&1; then ok=1; break; fi
@@ -400,6 +419,10 @@ start_containerd() {
     echo "containerd cannot run a container: $why" >"$D/containerd-failure"
     return 3
   fi
+  local dep
+  dep=$(ctr_ deprecations list 2>/dev/null | awk 'NR > 1 {print $1}' | paste -sd' ')
+  [ -z "$dep" ] || log "containerd deprecations (ctr deprecations list): $dep"
+  return 0
 }
 
 # --- images ----------------------------------------------------------------------
@@ -568,6 +591,21 @@ devicePlugin:
     - {name: KUBERNETES_SERVICE_HOST, value: "$ip"}
     - {name: KUBERNETES_SERVICE_PORT, value: "$API_PORT"}
 EOF
+  # The chart's schema refuses values it does not know: the DRA driver's
+  # block only for a chart that has one.
+  if grep -q '^dra:' "$repo/charts/pxn/values.yaml"; then
+    cat >>"$D/helm-values.yaml" <<EOF
+dra:
+  cdiDir: $D/cdi
+  kubeletPluginsDir: $D/kubelet/plugins
+  kubeletRegistryDir: $D/kubelet/plugins_registry
+  stateDir: $D/pxn-dra-state
+  shmDir: $SHM_DIR
+  extraEnv:
+    - {name: KUBERNETES_SERVICE_HOST, value: "$ip"}
+    - {name: KUBERNETES_SERVICE_PORT, value: "$API_PORT"}
+EOF
+  fi
   cat >"$D/env" <<EOF
 export PXN_CLUSTER_DIR=$D
 export KUBECONFIG=$D/pki/admin.kubeconfig
@@ -576,6 +614,8 @@ export PXN_CLUSTER_NODE=$NODE
 export PXN_CLUSTER_IMAGE=$IMAGE
 export PXN_CLUSTER_HELM_VALUES=$D/helm-values.yaml
 export PXN_CLUSTER_SHM_DIR=$SHM_DIR
+export PXN_CLUSTER_CDI_DIR=$D/cdi
+export PXN_CLUSTER_CTR=$(tool ctr)
 EOF
 }
 

@@ -4,7 +4,8 @@
 # by tool and version, and reuses what is already there.
 #
 #   hack/tools.sh [TOOL...]      build (default: every tool) and print nothing else
-#   hack/tools.sh path TOOL      print the path of a built tool
+#   hack/tools.sh path TOOL      print the path of a built tool (ctr and
+#                                containerd-shim-runc-v2 come with containerd)
 #   hack/tools.sh assets         print the envtest assets folder (etcd + kube-apiserver)
 #
 # PXN_TOOLS_DIR overrides the cache folder (default: .tools in the repository).
@@ -19,6 +20,7 @@ STATICCHECK_VERSION=v0.8.2
 ETCD_VERSION=v3.7.3
 KUBE_VERSION=v1.37.2
 KUBE_STAGING_VERSION=v0.37.2
+CONTAINERD_VERSION=v2.4.2
 
 # Staging modules that k8s.io/kubernetes refers to by v0.0.0 and that its
 # module zip does not carry.
@@ -32,8 +34,10 @@ KUBE_STAGING=(api apiextensions-apiserver apimachinery apiserver cli-runtime
 # kubelet, kube-scheduler and kube-controller-manager run the local cluster of
 # hack/local-cluster.sh and test/e2e; they share kube-apiserver's module and
 # build cache, so each adds ~0.5-2 min (kubelet ~8 min on a loaded 2-core box).
+# containerd is the local cluster's container runtime (it has CDI, which
+# Debian's 1.6 lacks); its folder also holds containerd-shim-runc-v2 and ctr.
 ALL_TOOLS=(helm controller-gen staticcheck etcd kube-apiserver kubectl
-  kubelet kube-scheduler kube-controller-manager)
+  kubelet kube-scheduler kube-controller-manager containerd)
 KUBE_BINARIES=(kube-apiserver kubectl kubelet kube-scheduler kube-controller-manager)
 
 version_of() {
@@ -42,12 +46,18 @@ version_of() {
     controller-gen) echo "$CONTROLLER_GEN_VERSION" ;;
     staticcheck) echo "$STATICCHECK_VERSION" ;;
     etcd) echo "$ETCD_VERSION" ;;
+    containerd|containerd-shim-runc-v2|ctr) echo "$CONTAINERD_VERSION" ;;
     kube-apiserver|kubectl|kubelet|kube-scheduler|kube-controller-manager) echo "$KUBE_VERSION" ;;
     *) echo "unknown tool: $1" >&2; return 2 ;;
   esac
 }
 
-bin_dir() { echo "$cache/$1-$(version_of "$1")"; }
+bin_dir() {
+  case $1 in
+    containerd-shim-runc-v2|ctr) echo "$cache/containerd-$(version_of "$1")" ;;
+    *) echo "$cache/$1-$(version_of "$1")" ;;
+  esac
+}
 tool_path() { echo "$(bin_dir "$1")/$1"; }
 
 log() { echo "tools: $*" >&2; }
@@ -67,6 +77,34 @@ build_etcd() {
   fi
   (cd "$src" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$dir/etcd.tmp" go.etcd.io/etcd/server/v3)
   mv "$dir/etcd.tmp" "$dir/etcd"
+}
+
+# containerd, its runc shim and ctr, static and without cgo: the btrfs,
+# devmapper and zfs snapshotters are left out (the cluster uses overlayfs).
+CONTAINERD_CMDS=(containerd containerd-shim-runc-v2 ctr)
+CONTAINERD_TAGS="no_btrfs no_devmapper no_zfs osusergo netgo static_build"
+
+build_containerd() {
+  local src=$cache/src/containerd-$CONTAINERD_VERSION dir c
+  local mod=github.com/containerd/containerd/v2
+  dir=$(bin_dir containerd)
+  mkdir -p "$src" "$dir"
+  if [ ! -f "$src/.ready" ]; then
+    rm -f "$src/go.mod" "$src/go.sum"
+    (cd "$src" && go mod init pxn.local/tools/containerd >/dev/null 2>&1)
+    local out pkgs=()
+    for c in "${CONTAINERD_CMDS[@]}"; do pkgs+=("$mod/cmd/$c@$CONTAINERD_VERSION"); done
+    out=$(cd "$src" && go get -tool "${pkgs[@]}" 2>&1) || { echo "$out" >&2; return 1; }
+    touch "$src/.ready"
+  fi
+  local ldflags="-s -w -X $mod/version.Version=$CONTAINERD_VERSION"
+  ldflags+=" -X $mod/version.Package=$mod"
+  # containerd last: tool_path, which build tests, is the containerd binary.
+  for c in containerd-shim-runc-v2 ctr containerd; do
+    (cd "$src" && CGO_ENABLED=0 go build -trimpath -tags "$CONTAINERD_TAGS" \
+      -ldflags "$ldflags" -o "$dir/$c.tmp" "$mod/cmd/$c")
+    mv "$dir/$c.tmp" "$dir/$c"
+  done
 }
 
 kube_module() {
@@ -133,6 +171,7 @@ build() {
     controller-gen) go_install controller-gen "sigs.k8s.io/controller-tools/cmd/controller-gen@$CONTROLLER_GEN_VERSION" ;;
     staticcheck) go_install staticcheck "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION" ;;
     etcd) build_etcd ;;
+    containerd) build_containerd ;;
     kube-apiserver|kubectl|kubelet|kube-scheduler|kube-controller-manager) build_kube "$t" ;;
     *) log "unknown tool: $t"; return 2 ;;
   esac

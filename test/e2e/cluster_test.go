@@ -30,6 +30,7 @@ type cluster struct {
 	reuse   bool   // given by the caller: never torn down
 	kubectl string
 	helm    string
+	ctr     string // containerd's client, built with it by hack/tools.sh
 	helmEnv []string
 	node    string
 	shmDir  string      // the device plugin's host tmpfs folder
@@ -389,11 +390,12 @@ func checkTornDown(t *testing.T, dir, shmDir string, before hostState) {
 func startCluster(t *testing.T, ctx context.Context) *cluster {
 	t.Helper()
 	c := &cluster{t: t, root: t, ctx: ctx, repo: testtools.RepoRoot(), st: &suiteState{}}
-	for _, tool := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"} {
+	for _, tool := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "containerd"} {
 		testtools.Require(t, tool)
 	}
 	c.kubectl = testtools.Require(t, "kubectl")
 	c.helm = testtools.Require(t, "helm")
+	c.ctr = testtools.Require(t, "ctr")
 	home := t.TempDir()
 	for _, v := range []string{"HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"} {
 		c.helmEnv = append(c.helmEnv, v+"="+filepath.Join(home, strings.ToLower(v)))

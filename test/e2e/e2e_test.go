@@ -6,12 +6,13 @@
 // installs charts/pxn with helm and checks, through the cluster, what a user
 // of the chart relies on. See docs/local-cluster.md.
 //
-// It needs root and Debian's containerd, runc, CNI plugins and prometheus (the
-// cluster group of hack/host-packages.sh, which make test installs); it skips, with
-// the reason, when not root, when those packages are missing and this machine
+// It needs root and Debian's runc, CNI plugins and prometheus (the cluster
+// group of hack/host-packages.sh, which make test installs); it skips, with the
+// reason, when not root, when those packages are missing and this machine
 // cannot install them (no apt-get), or when containerd cannot start or run a
-// container here. Tools come from hack/tools.sh (missing ones skip, or fail under
-// PXN_REQUIRE_TOOLS=1 like every other test that needs a tool).
+// container here. Tools, containerd and ctr among them, come from
+// hack/tools.sh (missing ones skip, or fail under PXN_REQUIRE_TOOLS=1 like
+// every other test that needs a tool).
 //
 //	PXN_E2E_CLUSTER_DIR=DIR  use the cluster already up in DIR; leave it up
 //	PXN_E2E_STATE_DIR=DIR    state folder of the test's own cluster (default /var/tmp/pxn-e2e)
@@ -128,7 +129,7 @@ func (c *cluster) importProbeImage() {
 		"-add", bin+":/probe:0755", "-entrypoint", "/probe", "-cmd", "sleep"); err != nil {
 		c.t.Fatalf("pack probe image: %v\n%s", err, out)
 	}
-	if out, err := c.run(time.Minute, "ctr", "--address", filepath.Join(c.dir, "containerd", "containerd.sock"),
+	if out, err := c.run(time.Minute, c.ctr, "--address", filepath.Join(c.dir, "containerd", "containerd.sock"),
 		"-n", "k8s.io", "images", "import", tar); err != nil {
 		c.t.Fatalf("import probe image: %v\n%s", err, out)
 	}
