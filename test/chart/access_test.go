@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -50,7 +51,8 @@ rules:
 `
 
 // accessEnv is a kube-apiserver holding everything the chart renders by
-// default, with two nodes and a pod of each component on node-a.
+// default and with the DRA driver on, with two nodes and a pod of each
+// component on node-a.
 type accessEnv struct {
 	admin    *rest.Config
 	clients  kubernetes.Interface
@@ -95,7 +97,7 @@ func startAccessEnv(t *testing.T) *accessEnv {
 	if _, err := e.clients.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create namespace: %v", err)
 	}
-	e.objs = h.template(t)
+	e.objs = h.template(t, "--set", "dra.enabled=true")
 	if find(e.objs, "ValidatingAdmissionPolicy", "pxn-agent-node-restriction") == nil {
 		t.Fatalf("no node-restriction policy rendered for Kubernetes %s; have %v", kubeVersion, names(e.objs))
 	}
@@ -124,7 +126,7 @@ func startAccessEnv(t *testing.T) *accessEnv {
 		}
 		e.nodes[name] = n
 	}
-	for _, comp := range []string{"agent", "device-plugin"} {
+	for _, comp := range []string{"agent", "device-plugin", "dra-plugin"} {
 		p, err := e.clients.CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "pxn-" + comp + "-a", Labels: map[string]string{"pxn.io/group": "g"}},
 			Spec: corev1.PodSpec{
@@ -549,6 +551,85 @@ func TestNodeRestrictionPolicy(t *testing.T) {
 	if _, err := agentClients.CoreV1().Nodes().Get(ctx, "node-a", metav1.GetOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("the agent got a Node by name: %v; the chart grants it list and watch only", err)
 	}
+}
+
+// TestDRANodeRestrictionPolicy checks the chart's policy for the DRA driver
+// on a real kube-apiserver: the driver of node-a, authenticated by a token
+// bound to its pod there, may create, update and delete ResourceSlices of
+// driver pxn.io for node-a and nothing else.
+func TestDRANodeRestrictionPolicy(t *testing.T) {
+	e := startAccessEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	driver := kubernetes.NewForConfigOrDie(e.tokenConfig(t, "dra-plugin", true)).ResourceV1().ResourceSlices()
+	unbound := kubernetes.NewForConfigOrDie(e.tokenConfig(t, "dra-plugin", false)).ResourceV1().ResourceSlices()
+	admin := e.clients.ResourceV1().ResourceSlices()
+	slice := func(name, driverName, node string) *resourcev1.ResourceSlice {
+		return &resourcev1.ResourceSlice{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: resourcev1.ResourceSliceSpec{
+				Driver: driverName, NodeName: ptrTo(node),
+				Pool:    resourcev1.ResourcePool{Name: node, ResourceSliceCount: 1},
+				Devices: []resourcev1.Device{{Name: "relay"}},
+			},
+		}
+	}
+	create := func(c resourceSlices, s *resourcev1.ResourceSlice) error {
+		_, err := c.Create(ctx, s, metav1.CreateOptions{})
+		return err
+	}
+	poll(t, ctx, func() error {
+		if err := create(driver, slice("probe-b", "pxn.io", "node-b")); err == nil {
+			_ = admin.Delete(ctx, "probe-b", metav1.DeleteOptions{})
+			return fmt.Errorf("the driver of node-a wrote node-b's slice: the policy is not in force yet")
+		}
+		return nil
+	})
+	if err := create(admin, slice("b-slice", "pxn.io", "node-b")); err != nil {
+		t.Fatalf("administrator creates node-b's slice: %v", err)
+	}
+	relabel := func(c resourceSlices, name string) error {
+		s, err := admin.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		s.Labels = map[string]string{"x": "y"}
+		_, err = c.Update(ctx, s, metav1.UpdateOptions{})
+		return err
+	}
+	tests := []struct {
+		name    string
+		do      func() error
+		wantErr string // empty: allowed
+	}{
+		{"own node's slice", func() error { return create(driver, slice("a-slice", "pxn.io", "node-a")) }, ""},
+		{"own node's slice updated", func() error { return relabel(driver, "a-slice") }, ""},
+		{"another node's slice", func() error { return create(driver, slice("b-other", "pxn.io", "node-b")) }, "may write only its own node's ResourceSlices"},
+		{"another driver's slice", func() error { return create(driver, slice("a-gpu", "gpu.example.com", "node-a")) }, "only ResourceSlices of driver pxn.io"},
+		{"another node's slice updated", func() error { return relabel(driver, "b-slice") }, "may write only its own node's ResourceSlices"},
+		{"another node's slice deleted", func() error { return driver.Delete(ctx, "b-slice", metav1.DeleteOptions{}) }, "may write only its own node's ResourceSlices"},
+		{"token without a node", func() error { return create(unbound, slice("a-unbound", "pxn.io", "node-a")) }, "name no node"},
+		{"own node's slice deleted", func() error { return driver.Delete(ctx, "a-slice", metav1.DeleteOptions{}) }, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.do()
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.wantErr != "" && err == nil:
+				t.Fatalf("allowed, want refused with %q", tc.wantErr)
+			case tc.wantErr != "" && (!strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "pxn-dra-node-restriction")):
+				t.Fatalf("error %v, want the policy's refusal with %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// resourceSlices is the client of ResourceSlices both tokens use.
+type resourceSlices interface {
+	Create(context.Context, *resourcev1.ResourceSlice, metav1.CreateOptions) (*resourcev1.ResourceSlice, error)
+	Update(context.Context, *resourcev1.ResourceSlice, metav1.UpdateOptions) (*resourcev1.ResourceSlice, error)
 }
 
 func fromUnstructured(u *unstructured.Unstructured, out any) error {
