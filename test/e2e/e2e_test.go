@@ -97,6 +97,13 @@ func TestLocalCluster(t *testing.T) {
 		{"Metrics", (*cluster).checkMetrics},
 		{"Alerts", (*cluster).checkAlerts},
 		{"NodeVerdict", (*cluster).checkNodeVerdict},
+		{"DRASlice", (*cluster).checkDRASlice},
+		{"DRAClaims", (*cluster).checkDRAClaims},
+		{"DRARankPair", (*cluster).checkDRARankPair},
+		{"DRARestarts", (*cluster).checkDRARestarts},
+		{"DRAAdminAccess", (*cluster).checkDRAAdminAccess},
+		{"DRABadClaims", (*cluster).checkDRABadClaims},
+		{"DRACleanup", (*cluster).checkDRACleanup},
 		{"GarbageCollection", (*cluster).checkGarbageCollection},
 	}
 	for _, s := range steps {
@@ -142,8 +149,8 @@ func (c *cluster) runEnv(timeout time.Duration, env []string, name string, args 
 	return c.run(timeout, name, args...)
 }
 
-// helmInstall installs the chart and waits for the agent and the device
-// plugin to be Running and Ready.
+// helmInstall installs the chart and waits for the agent, the device plugin
+// and the DRA driver to be Running and Ready.
 func (c *cluster) helmInstall() {
 	t := c.t
 	args := []string{"install", release, filepath.Join(c.repo, "charts", "pxn"),
@@ -172,7 +179,7 @@ func (c *cluster) helmInstall() {
 		}
 	})
 	t.Logf("helm install:\n%s", lastLines(out, 8))
-	c.poll("agent and device plugin pods Running and Ready", podStartTimeout, func() (bool, string) {
+	c.poll("agent, device plugin and DRA driver pods Running and Ready", podStartTimeout, func() (bool, string) {
 		var pods podList
 		if err := c.getJSON(&pods, "pods", "-n", namespace); err != nil {
 			return false, err.Error()
@@ -186,7 +193,7 @@ func (c *cluster) helmInstall() {
 				ready[comp] = true
 			}
 		}
-		return ready["agent"] && ready["device-plugin"], strings.Join(states, "; ")
+		return ready["agent"] && ready["device-plugin"] && ready["dra-plugin"], strings.Join(states, "; ")
 	})
 	t.Logf("kubectl get pods -n %s:\n%s", namespace, c.mustKC("get", "pods", "-n", namespace, "-o", "wide"))
 }
