@@ -35,9 +35,9 @@ func isSim(pkg string) bool {
 }
 
 var (
-	controlPlane = []string{"api/...", "pkg/agent/...", "pkg/group/...", "pkg/nodestate/...", "pkg/deviceplugin/...", "pkg/dra/...", "pkg/rail/...", "cmd/pxn-agent", "cmd/pxn-device-plugin"}
+	controlPlane = []string{"api/...", "pkg/agent/...", "pkg/group/...", "pkg/nodestate/...", "pkg/deviceplugin/...", "pkg/dra/...", "pkg/rail/...", "cmd/pxn-agent", "cmd/pxn-device-plugin", "cmd/pxn-dra-plugin"}
 	engine       = []string{"pkg/relay/...", "pkg/hostengine/...", "pkg/staging/...", "pkg/cuda/...", "pkg/gpu/...", "pkg/hosthop/...", "pkg/hostmem/..."}
-	shipped      = []string{"cmd/libpxn", "cmd/pxn-agent", "cmd/pxn-device-plugin"}
+	shipped      = []string{"cmd/libpxn", "cmd/pxn-agent", "cmd/pxn-device-plugin", "cmd/pxn-dra-plugin"}
 	testHelpers  = []string{"internal/testtools/...", "internal/testmem/...", "internal/sanitize/...", "internal/fakecuda/...", "internal/testkernel/..."}
 )
 
@@ -126,7 +126,7 @@ var rules = []rule{
 	},
 	{
 		name:   "the DRA driver never links the device plugin: what they share is in pkg/group and pkg/nodestate",
-		from:   []string{"pkg/dra/..."},
+		from:   []string{"pkg/dra/...", "cmd/pxn-dra-plugin"},
 		forbid: func(_, dep string) bool { return matches("pkg/deviceplugin/...", dep) },
 	},
 	{
