@@ -438,6 +438,8 @@ func TestBadClaimsNameWhy(t *testing.T) {
 		{"unknown kind", readyState(), []claimOpt{withConfig(`{"apiVersion":"pxn.io/v1alpha1","kind":"GpuConfig"}`)}, []string{"GpuConfig", "opaque config 0"}},
 		{"unknown apiVersion", readyState(), []claimOpt{withConfig(`{"apiVersion":"pxn.io/v2","kind":"RelayConfig"}`)}, []string{"pxn.io/v2"}},
 		{"unknown field", readyState(), []claimOpt{withConfig(good), withConfig(`{"apiVersion":"pxn.io/v1alpha1","kind":"RelayConfig","rings":4}`)}, []string{"rings", "opaque config 1"}},
+		{"field twice", readyState(), []claimOpt{withConfig(`{"apiVersion":"pxn.io/v1alpha1","kind":"RelayConfig","kind":"RelayConfig"}`)}, []string{`duplicate field "kind"`}},
+		{"field name in another case", readyState(), []claimOpt{withConfig(`{"APIVersion":"pxn.io/v1alpha1","apiVersion":"pxn.io/v1alpha1","kind":"RelayConfig"}`)}, []string{"APIVersion"}},
 		{"not JSON", readyState(), []claimOpt{withConfig(`apiVersion: pxn.io/v1alpha1`)}, []string{"opaque config 0"}},
 		{"rails not ready", notReady, nil, []string{node, "mlx5_0 port 1 DOWN"}},
 		{"discovery failed", failed, nil, []string{node, "permission denied"}},

@@ -3,13 +3,11 @@
 package dra
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 
 	resourceapi "k8s.io/api/resource/v1"
+	kjson "sigs.k8s.io/json"
 )
 
 // RelayConfig is the only opaque configuration the driver accepts, from a
@@ -28,17 +26,17 @@ const (
 	ConfigKind       = "RelayConfig"
 )
 
-// decodeRelayConfig decodes raw strictly: one JSON object, no field but
-// the header, the header RelayConfig's.
+// decodeRelayConfig decodes raw strictly, as the API server decodes
+// objects: one JSON object, field names matched case-sensitively, no field
+// twice, no field but the header, the header RelayConfig's.
 func decodeRelayConfig(raw []byte) (RelayConfig, error) {
 	var c RelayConfig
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
+	strict, err := kjson.UnmarshalStrict(raw, &c)
+	if err != nil {
 		return RelayConfig{}, err
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return RelayConfig{}, errors.New("data after the object")
+	if err := errors.Join(strict...); err != nil {
+		return RelayConfig{}, err
 	}
 	if c.APIVersion != ConfigAPIVersion || c.Kind != ConfigKind {
 		return RelayConfig{}, fmt.Errorf("apiVersion %q kind %q, want %s %s", c.APIVersion, c.Kind, ConfigAPIVersion, ConfigKind)
