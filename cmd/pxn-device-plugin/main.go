@@ -34,9 +34,11 @@ import (
 
 	"github.com/pxn-project/pxn/internal/buildinfo"
 	"github.com/pxn-project/pxn/internal/cli"
+	"github.com/pxn-project/pxn/internal/railflags"
 	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/deviceplugin"
+	"github.com/pxn-project/pxn/pkg/nodestate"
 )
 
 type options struct {
@@ -44,8 +46,6 @@ type options struct {
 	devices            int
 	devicePluginDir    string
 	podResourcesSocket string
-	hostRoot           string
-	railStrategy       string
 	stateDir           string
 	shmDir             string
 	registryRoot       string
@@ -58,7 +58,7 @@ type options struct {
 	gcKubeletSettle    time.Duration
 	rediscoverInterval time.Duration
 	podLookupTimeout   time.Duration
-	rail               railFlags
+	rail               railflags.Flags
 }
 
 func (o *options) bind(fs *pflag.FlagSet) {
@@ -66,8 +66,6 @@ func (o *options) bind(fs *pflag.FlagSet) {
 	fs.IntVar(&o.devices, "devices", 16, "number of virtual devices (shared and counted, no topology)")
 	fs.StringVar(&o.devicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "kubelet's device plugin directory, holding kubelet.sock")
 	fs.StringVar(&o.podResourcesSocket, "pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet's PodResources v1 socket")
-	fs.StringVar(&o.hostRoot, "host-root", "/", "root of the host filesystem for rail discovery (sysfs under it)")
-	fs.StringVar(&o.railStrategy, "rail-strategy", "pci-order", "canonical rail strategy: pci-order, subnet or static")
 	fs.StringVar(&o.stateDir, "state-dir", "/run/pxn", "host folder for the per-device slot links (<state-dir>/slots)")
 	fs.StringVar(&o.shmDir, "shm-dir", "/dev/shm/pxn", "host tmpfs folder for group directories (<shm-dir>/groups)")
 	fs.StringVar(&o.registryRoot, "container-registry-root", "/run/pxn", "container path of the group directory mount, and "+contract.EnvRegistryRoot)
@@ -80,7 +78,7 @@ func (o *options) bind(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.gcKubeletSettle, "gc-kubelet-settle", deviceplugin.DefaultKubeletSettle, "how long collection waits after a kubelet (re)starts watching the plugin, while the kubelet re-admits running pods")
 	fs.DurationVar(&o.rediscoverInterval, "rediscover-interval", 30*time.Second, "how often rails and port states are re-read")
 	fs.DurationVar(&o.podLookupTimeout, "pod-lookup-timeout", 5*time.Second, "how long PreStartContainer waits for PodResources to show the devices")
-	o.rail.bind(fs)
+	o.rail.Bind(fs)
 }
 
 func (o *options) validate() error {
@@ -148,12 +146,12 @@ func (o *options) run(ctx context.Context) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector())
 	metrics := deviceplugin.NewMetrics(reg)
 
-	discoverer, err := o.rail.discoverer(o.hostRoot, o.railStrategy)
+	log := klog.Background()
+	discoverer, err := o.rail.Discoverer(log)
 	if err != nil {
 		return err
 	}
-	log := klog.Background()
-	monitor := deviceplugin.NewMonitor(discoverer, o.rediscoverInterval, func(st deviceplugin.NodeState) {
+	monitor := nodestate.NewMonitor(discoverer, o.rediscoverInterval, func(st nodestate.NodeState) {
 		metrics.SetDeviceHealth(o.devices, st.Healthy)
 	}, log)
 
