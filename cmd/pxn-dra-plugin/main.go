@@ -65,7 +65,7 @@ func (o *options) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&o.pluginsDir, "kubelet-plugins-dir", dra.DefaultKubeletPluginsDir, "kubelet's plugins folder; the DRA socket is <folder>/"+dra.DriverName+"/dra.sock")
 	fs.StringVar(&o.registryDir, "kubelet-registry-dir", dra.DefaultKubeletRegistryDir, "kubelet's plugin registration folder")
 	fs.StringVar(&o.stateDir, "state-dir", "/run/pxn-dra", "host folder for the checkpoint of prepared claims")
-	fs.StringVar(&o.shmDir, "shm-dir", "/dev/shm/pxn", "host tmpfs folder for group folders (<shm-dir>/groups), shared with the device plugin")
+	fs.StringVar(&o.shmDir, "shm-dir", "/dev/shm/pxn-dra", "host tmpfs folder for group folders (<shm-dir>/groups); not the device plugin's, whose collector removes folders it did not make")
 	fs.StringVar(&o.registryRoot, "container-registry-root", "/run/pxn", "container path of the group folder mount, and "+contract.EnvRegistryRoot)
 	fs.StringVar(&o.groupID, "group-id", "k8s", contract.EnvGroupID+" handed to every container")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":9644", `address of the Prometheus /metrics endpoint; "0" disables it`)
