@@ -148,6 +148,7 @@ func (o *options) run(ctx context.Context) error {
 		ShmDir:   o.shmDir,
 		CDIDir:   o.cdiDir,
 		StateDir: o.stateDir,
+		Pods:     client.CoreV1(),
 		Version:  version.String(),
 		Logger:   log,
 	}, monitor)

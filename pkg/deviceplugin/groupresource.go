@@ -21,7 +21,7 @@ import (
 )
 
 // GroupLabel is the pod label that puts pods of one job into one group.
-const GroupLabel = "pxn.io/group"
+const GroupLabel = group.Label
 
 // errNotDiscovered is returned by Allocate before any discovery succeeded.
 var errNotDiscovered = errors.New("no successful rail discovery yet")

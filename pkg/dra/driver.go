@@ -12,7 +12,9 @@ import (
 	"sync/atomic"
 
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
@@ -47,6 +49,10 @@ type Config struct {
 	CDIDir string
 	// StateDir holds the checkpoint.
 	StateDir string
+	// Pods reads the pod a claim made for an extended resource request is
+	// reserved for, for its group label; nil: such claims are groups of
+	// their own.
+	Pods corev1client.PodsGetter
 	// Version is the driver's version, published as the device's version
 	// attribute when it is a semantic version.
 	Version string
@@ -122,7 +128,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	changed := false
 	for _, claim := range claims {
-		pc, fresh, err := d.prepare(claim)
+		pc, fresh, err := d.prepare(ctx, claim)
 		if err != nil {
 			d.cfg.Logger.Info("Claim not prepared", "claim", klog.KObj(claim), "uid", claim.UID, "err", err.Error())
 			results[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)}
@@ -145,7 +151,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 
 // prepare makes a claim's folder and CDI spec. fresh is false when the
 // checkpoint already held the claim.
-func (d *Driver) prepare(claim *resourceapi.ResourceClaim) (pc preparedClaim, fresh bool, err error) {
+func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (pc preparedClaim, fresh bool, err error) {
 	if pc, ok := d.prepared[claim.UID]; ok {
 		return pc, false, d.materialize(claim.UID, pc)
 	}
@@ -183,13 +189,50 @@ func (d *Driver) prepare(claim *resourceapi.ResourceClaim) (pc preparedClaim, fr
 		if err := ready(d.cfg.NodeName, st); err != nil {
 			return preparedClaim{}, false, err
 		}
-		pc.Group = group.Key(claim.Namespace, group.SourceClaim, string(claim.UID))
+		if pc.Group, err = d.groupKey(ctx, claim); err != nil {
+			return preparedClaim{}, false, err
+		}
 		pc.Edits = edits{Env: d.cfg.Member.Env(st.RailMap), Mount: d.cfg.Member.Mount(filepath.Join(d.groupsDir, pc.Group))}
 	}
 	if err := d.materialize(claim.UID, pc); err != nil {
 		return preparedClaim{}, false, err
 	}
 	return pc, true, nil
+}
+
+// groupKey is the claim's group: its own, keyed by its UID; or, for a claim
+// the scheduler made for a pod's extended resource request (a DeviceClass
+// with extendedResourceName), the pod's group label's when it has one, keyed
+// as the device plugin keys it, so that the pods of one job still meet when
+// they move from the device plugin to the driver unchanged. A pod that
+// cannot be read fails the prepare rather than put a rank in another folder
+// than its job's.
+func (d *Driver) groupKey(ctx context.Context, claim *resourceapi.ResourceClaim) (string, error) {
+	own := group.Key(claim.Namespace, group.SourceClaim, string(claim.UID))
+	if claim.Annotations[resourceapi.ExtendedResourceClaimAnnotation] != "true" || d.cfg.Pods == nil {
+		return own, nil
+	}
+	var pods []resourceapi.ResourceClaimConsumerReference
+	for _, r := range claim.Status.ReservedFor {
+		if r.APIGroup == "" && r.Resource == "pods" {
+			pods = append(pods, r)
+		}
+	}
+	if len(pods) != 1 {
+		return "", fmt.Errorf("a claim for an extended resource is reserved for %d pods, want 1", len(pods))
+	}
+	ref := pods[0]
+	pod, err := d.cfg.Pods.Pods(claim.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("read pod %s/%s for its %s label: %w", claim.Namespace, ref.Name, group.Label, err)
+	}
+	if pod.UID != ref.UID {
+		return "", fmt.Errorf("pod %s/%s has UID %s; the claim is reserved for UID %s", claim.Namespace, ref.Name, pod.UID, ref.UID)
+	}
+	if g := pod.Labels[group.Label]; g != "" {
+		return group.Key(claim.Namespace, group.SourceLabel, g), nil
+	}
+	return own, nil
 }
 
 // ready reports why a node's rails cannot serve a new group, or nil.
@@ -252,6 +295,11 @@ func (d *Driver) unprepare(uid types.UID, pc preparedClaim) error {
 	}
 	if pc.Group == "" {
 		return nil
+	}
+	for other, o := range d.prepared {
+		if other != uid && o.Group == pc.Group {
+			return nil // another claim's pods (one job, by label) still use it
+		}
 	}
 	if !contract.IsGroupKey(pc.Group) {
 		return fmt.Errorf("checkpoint names group %q, not a group key", pc.Group)

@@ -108,6 +108,7 @@ func startPlugin(t *testing.T, dirs nodeDirs, client *fake.Clientset, state dra.
 		NodeName: node,
 		Member:   group.Member{GroupID: "k8s", RegistryRoot: registryRoot},
 		ShmDir:   dirs.shm, CDIDir: dirs.cdi, StateDir: dirs.state,
+		Pods:    client.CoreV1(),
 		Version: "0.1.0-devel",
 	}, state)
 	if err != nil {
@@ -376,6 +377,68 @@ func TestPrepareUnprepareTwoClaims(t *testing.T) {
 	checkMember(t, dirs, b)
 	// The kubelet may ask again; nothing is left to do.
 	p.unprepare(t, a)
+}
+
+// forPod makes the claim one the scheduler made for the pod's extended
+// resource request.
+func forPod(p *corev1.Pod) claimOpt {
+	return func(c *resourceapi.ResourceClaim) {
+		c.Annotations = map[string]string{resourceapi.ExtendedResourceClaimAnnotation: "true"}
+		c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: p.Name, UID: p.UID}}
+	}
+}
+
+func newPod(ns, name string, uid types.UID, job string) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: uid}}
+	if job != "" {
+		p.Labels = map[string]string{group.Label: job}
+	}
+	return p
+}
+
+// TestExtendedResourceClaimsGroupByLabel: the claims the scheduler makes for
+// pods that request the extended resource group by the pods' group label,
+// as the device plugin groups them; the folder goes with the last of them.
+func TestExtendedResourceClaimsGroupByLabel(t *testing.T) {
+	dirs := newNodeDirs(t)
+	p1, p2 := newPod("team-a", "rank-0", "pod-1", "job"), newPod("team-a", "rank-1", "pod-2", "job")
+	p3 := newPod("team-a", "other", "pod-3", "")
+	e1, e2 := newClaim("team-a", "rank-0-relay", "uid-1", forPod(p1)), newClaim("team-a", "rank-1-relay", "uid-2", forPod(p2))
+	e3 := newClaim("team-a", "other-relay", "uid-3", forPod(p3))
+	stale := newClaim("team-a", "stale-relay", "uid-4", forPod(newPod("team-a", "rank-0", "pod-old", "job")))
+	client := newClient(t, e1, e2, e3, stale)
+	for _, pod := range []*corev1.Pod{p1, p2, p3} {
+		if _, err := client.CoreV1().Pods(pod.Namespace).Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := startPlugin(t, dirs, client, newRailState(readyState()))
+	for _, c := range []*resourceapi.ResourceClaim{e1, e2, e3} {
+		p.mustPrepare(t, c)
+	}
+	job := filepath.Join(contract.GroupsDir(dirs.shm), group.Key("team-a", group.SourceLabel, "job"))
+	for _, c := range []*resourceapi.ResourceClaim{e1, e2} {
+		spec, err := inject(t, dirs.cdi, c.UID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(spec.Mounts) != 1 || spec.Mounts[0].Source != job {
+			t.Fatalf("%s mounts %+v, want the job's folder %s", c.Name, spec.Mounts, job)
+		}
+	}
+	checkMember(t, dirs, e3) // no label: a group of its own
+	if r := p.prepare(t, stale)[string(stale.UID)]; !strings.Contains(r.Error, "has UID pod-1; the claim is reserved for UID pod-old") {
+		t.Fatalf("a claim reserved for a pod that is gone: %q", r.Error)
+	}
+
+	p.unprepare(t, e1)
+	if _, err := os.Stat(job); err != nil {
+		t.Fatalf("the job's folder went with one of its two claims: %v", err)
+	}
+	p.unprepare(t, e2)
+	if _, err := os.Lstat(job); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the job's folder outlived its claims (%v)", err)
+	}
 }
 
 func TestPrepareIsIdempotent(t *testing.T) {

@@ -8,9 +8,14 @@ import (
 	"encoding/hex"
 )
 
+// Label is the pod label that puts pods of one job into one group where
+// nothing else says which pods are one job: the device plugin's pods, and
+// the pods the DRA driver gets through an extended resource request.
+const Label = "pxn.io/group"
+
 // Sources of a group key's identity.
 const (
-	SourceLabel   = "label"    // a pod's group label value (device plugin)
+	SourceLabel   = "label"    // a pod's group label value
 	SourceUID     = "uid"      // a pod's UID (device plugin)
 	SourcePodName = "pod-name" // a pod's name, when the API server is not reachable (device plugin)
 	SourceClaim   = "claim"    // a ResourceClaim's UID (DRA driver)
