@@ -26,7 +26,7 @@ func TestCommandLine(t *testing.T) {
 			"Usage:\n  pxn-dra-plugin [flags]", "--cdi-dir string", `(default "/var/run/cdi")`, "[$PXN_DRA_PLUGIN_CDI_DIR]",
 			`--kubelet-plugins-dir string`, `"/var/lib/kubelet/plugins")`,
 			`--kubelet-registry-dir string`, `"/var/lib/kubelet/plugins_registry")`,
-			`--shm-dir string`, `(default "/dev/shm/pxn")`, "--container-registry-root string", "--group-id string",
+			`--shm-dir string`, `(default "/dev/shm/pxn-dra")`, "--container-registry-root string", "--group-id string",
 			"--state-dir string", "--node-name string", "--rail-strategy string", "--static-file string", "Logging flags:\n"}},
 		{name: "version flag", args: []string{"--version"}, stdout: []string{"pxn-dra-plugin " + version.String() + " (revision "}},
 		{name: "unknown flag", args: []string{"--no-such-flag"}, code: 2, stderr: "pxn-dra-plugin: unknown flag: --no-such-flag"},
