@@ -10,10 +10,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -182,17 +180,23 @@ func (o *options) run(ctx context.Context) error {
 	}
 	server := deviceplugin.NewServer(deviceplugin.ServerConfig{ResourceName: o.resourceName, PluginDir: o.devicePluginDir, Logger: log}, resource, metrics)
 
+	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	// The server may fail while ctx lives: stop the endpoints, the monitor
+	// and the collector before waiting for them.
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
 	if serves(o.metricsAddr) {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		if err := serveHTTP(ctx, &wg, "metrics", o.metricsAddr, mux); err != nil {
+		if err := cli.ServeHTTP(ctx, &wg, "metrics", o.metricsAddr, mux); err != nil {
 			return err
 		}
 	}
 	if serves(o.healthAddr) {
-		if err := serveHTTP(ctx, &wg, "health probes", o.healthAddr, probes(server)); err != nil {
+		if err := cli.ServeHTTP(ctx, &wg, "health probes", o.healthAddr, cli.Probes(server.Registered)); err != nil {
 			return err
 		}
 	}
@@ -222,40 +226,4 @@ func apiPods(kubeconfig string) (deviceplugin.PodGetter, error) {
 		return nil, fmt.Errorf("API client: %w", err)
 	}
 	return deviceplugin.NewClientPodGetter(client), nil
-}
-
-// probes answers /healthz while the process serves and /readyz while the
-// kubelet holds the plugin's registration.
-func probes(server *deviceplugin.Server) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !server.Registered() {
-			http.Error(w, "not registered with the kubelet", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	return mux
-}
-
-func serveHTTP(ctx context.Context, wg *sync.WaitGroup, what, addr string, h http.Handler) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("%s listener: %w", what, err)
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	wg.Go(func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			klog.ErrorS(err, "HTTP server ended", "what", what, "addr", addr)
-		}
-	})
-	wg.Go(func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		srv.Shutdown(sctx)
-	})
-	klog.InfoS("Serving "+what, "addr", ln.Addr().String())
-	return nil
 }

@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -169,12 +168,12 @@ func (o *options) run(ctx context.Context) error {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector())
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		if err := serveHTTP(ctx, &wg, "metrics", o.metricsAddr, mux); err != nil {
+		if err := cli.ServeHTTP(ctx, &wg, "metrics", o.metricsAddr, mux); err != nil {
 			return err
 		}
 	}
 	if serves(o.healthAddr) {
-		if err := serveHTTP(ctx, &wg, "health probes", o.healthAddr, probes(driver)); err != nil {
+		if err := cli.ServeHTTP(ctx, &wg, "health probes", o.healthAddr, cli.Probes(driver.Registered)); err != nil {
 			return err
 		}
 	}
@@ -199,40 +198,4 @@ func apiClient(kubeconfig string) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("API client: %w", err)
 	}
 	return client, nil
-}
-
-// probes answers /healthz while the process serves and /readyz while the
-// kubelet holds the driver's registration.
-func probes(driver *dra.Driver) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !driver.Registered() {
-			http.Error(w, "not registered with the kubelet", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	return mux
-}
-
-func serveHTTP(ctx context.Context, wg *sync.WaitGroup, what, addr string, h http.Handler) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("%s listener: %w", what, err)
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	wg.Go(func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			klog.ErrorS(err, "HTTP server ended", "what", what, "addr", addr)
-		}
-	})
-	wg.Go(func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		srv.Shutdown(sctx)
-	})
-	klog.InfoS("Serving "+what, "addr", ln.Addr().String())
-	return nil
 }
