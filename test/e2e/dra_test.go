@@ -302,20 +302,7 @@ func (c *cluster) checkDRARestarts() {
 		t.Fatalf("restart-kubelet: %v\n%s", err, out)
 	}
 	c.waitRailsReady(true)
-	for _, w := range []workload{d1, d2} {
-		var got []string
-		c.poll(fmt.Sprintf("%s/%s answers exec after the restarts", w.ns, w.name), time.Minute, func() (bool, string) {
-			out, err := c.exec(w.ns, w.name, "ls", registryRoot)
-			if err != nil {
-				return false, err.Error()
-			}
-			got = strings.Fields(out)
-			return true, ""
-		})
-		if !reflect.DeepEqual(got, []string{"d1.txt", "d2.txt"}) {
-			t.Errorf("%s/%s after the restarts: %v", w.ns, w.name, got)
-		}
-	}
+	c.checkKeptFiles("the restarts", []string{"d1.txt", "d2.txt"}, d1, d2)
 	c.startWorkloads(d4)
 	if got := c.listDir(d4.ns, d4.name); !reflect.DeepEqual(got, []string{"d1.txt", "d2.txt"}) {
 		t.Errorf("d4 (job4, started after the restarts) sees %v, want d1's and d2's files", got)

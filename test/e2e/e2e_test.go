@@ -769,12 +769,21 @@ func (c *cluster) checkKubeletRestart() {
 		return false, "no registration of " + resource + " since the restart"
 	})
 	c.waitRelayCapacity(resource + " back in capacity and allocatable after the kubelet restart")
-	for _, w := range []workload{a1, a2} {
-		// A restarted kubelet reports the node Ready before it has
-		// re-admitted the pods that were running; until then an exec
-		// answers "pod does not exist".
+	c.checkKeptFiles("the kubelet restart", []string{"a1.txt", "a2.txt"}, a1, a2)
+	c.startWorkloads(a3)
+	if got := c.listDir(a3.ns, a3.name); !reflect.DeepEqual(got, []string{"a1.txt", "a2.txt"}) {
+		t.Errorf("a3 (job1, started after the restart) sees %v, want a1's and a2's files", got)
+	}
+}
+
+// checkKeptFiles checks, after a restart, that each of ws still sees want in
+// its registry root. A restarted kubelet reports the node Ready before it
+// has re-admitted the pods that were running; until then an exec answers
+// "pod does not exist".
+func (c *cluster) checkKeptFiles(after string, want []string, ws ...workload) {
+	for _, w := range ws {
 		var got []string
-		c.poll(fmt.Sprintf("%s/%s answers exec after the kubelet restart", w.ns, w.name), time.Minute, func() (bool, string) {
+		c.poll(fmt.Sprintf("%s/%s answers exec after %s", w.ns, w.name, after), time.Minute, func() (bool, string) {
 			out, err := c.exec(w.ns, w.name, "ls", registryRoot)
 			if err != nil {
 				return false, err.Error()
@@ -782,13 +791,9 @@ func (c *cluster) checkKubeletRestart() {
 			got = strings.Fields(out)
 			return true, ""
 		})
-		if !reflect.DeepEqual(got, []string{"a1.txt", "a2.txt"}) {
-			t.Errorf("%s/%s after the kubelet restart: %v", w.ns, w.name, got)
+		if !reflect.DeepEqual(got, want) {
+			c.t.Errorf("%s/%s after %s: %v, want %v", w.ns, w.name, after, got, want)
 		}
-	}
-	c.startWorkloads(a3)
-	if got := c.listDir(a3.ns, a3.name); !reflect.DeepEqual(got, []string{"a1.txt", "a2.txt"}) {
-		t.Errorf("a3 (job1, started after the restart) sees %v, want a1's and a2's files", got)
 	}
 }
 
