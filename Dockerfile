@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # syntax=docker/dockerfile:1
-# One image holding every PXN binary: pxn-agent, pxn-device-plugin, pxn-bench,
-# pxn-gpucheck and libpxn.so, stamped with the VERSION file's release:
+# One image holding every PXN binary: pxn-agent, pxn-device-plugin,
+# pxn-dra-plugin, pxn-bench, pxn-gpucheck and libpxn.so, stamped with the
+# VERSION file's release:
 #
 #   docker build --build-arg VERSION=$(cat VERSION) --build-arg REVISION=$(git rev-parse HEAD) .
 #
@@ -30,7 +31,7 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
     pkg=github.com/pxn-project/pxn/internal/version && \
     ldflags="-s -w -X $pkg.version=$release${REVISION:+ -X $pkg.revision=$REVISION}" && \
     mkdir -p /out/bin /out/lib && \
-    go build -trimpath -ldflags "$ldflags" -o /out/bin/ ./cmd/pxn-agent ./cmd/pxn-device-plugin ./cmd/pxn-bench ./cmd/pxn-gpucheck && \
+    go build -trimpath -ldflags "$ldflags" -o /out/bin/ ./cmd/pxn-agent ./cmd/pxn-device-plugin ./cmd/pxn-dra-plugin ./cmd/pxn-bench ./cmd/pxn-gpucheck && \
     go build -trimpath -buildmode=c-shared -ldflags "$ldflags" -o /out/lib/libpxn.so ./cmd/libpxn && \
     rm -f /out/lib/libpxn.h
 

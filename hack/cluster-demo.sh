@@ -113,6 +113,17 @@ for _ in $(seq 1 120); do
 done
 kc get node "$node" -o 'custom-columns=NODE:.metadata.name,CAPACITY:.status.capacity.pxn\.io/relay,ALLOCATABLE:.status.allocatable.pxn\.io/relay'
 
+step "The node's relay device for Dynamic Resource Allocation (pxn-dra-plugin; docs/dra.md)"
+for _ in $(seq 1 120); do
+  [ -n "$(kc get resourceslices --field-selector "spec.nodeName=$node,spec.driver=pxn.io" -o name 2>/dev/null)" ] && break
+  sleep 1
+done
+kc get deviceclass relay.pxn.io
+kc get resourceslices --field-selector "spec.nodeName=$node,spec.driver=pxn.io" \
+  -o 'custom-columns=SLICE:.metadata.name,DEVICE:.spec.devices[0].name,SHARED:.spec.devices[0].allowMultipleAllocations,RAILS:.spec.devices[0].attributes.rails.int,READY:.spec.devices[0].attributes.railsReady.bool'
+echo
+echo "A pod gets it through a ResourceClaim of class relay.pxn.io; the pods that share one claim are one group."
+
 step "A Prometheus on this host scrapes pxn-agent at the address of its metrics Service (hack/e2e/prometheus.sh)"
 target=""
 for _ in $(seq 1 60); do

@@ -61,6 +61,9 @@ HOST_PATHS=(/var/lib/kubelet/device-plugins /var/lib/kubelet /var/log/pods
 SHM_DIR=$(basename "$D")
 case $SHM_DIR in pxn*) ;; *) SHM_DIR=pxn-$SHM_DIR ;; esac
 SHM_DIR=/dev/shm/$SHM_DIR
+# The DRA driver's own tmpfs folder: each plugin removes group folders it did
+# not make below its own.
+DRA_SHM_DIR=$SHM_DIR-dra
 CGROUP_ROOT=/sys/fs/cgroup
 
 log() { printf 'local-cluster: %s\n' "$*" >&2; }
@@ -205,7 +208,7 @@ node_ip() {
 record_baseline() {
   local p c
   : >"$D/baseline"
-  for p in "${HOST_PATHS[@]}" "$SHM_DIR"; do
+  for p in "${HOST_PATHS[@]}" "$SHM_DIR" "$DRA_SHM_DIR"; do
     [ -e "$p" ] && echo "path $p" >>"$D/baseline"
   done
   ip link show "$BRIDGE" >/dev/null 2>&1 && echo "link $BRIDGE" >>"$D/baseline"
@@ -590,22 +593,16 @@ devicePlugin:
   extraEnv:
     - {name: KUBERNETES_SERVICE_HOST, value: "$ip"}
     - {name: KUBERNETES_SERVICE_PORT, value: "$API_PORT"}
-EOF
-  # The chart's schema refuses values it does not know: the DRA driver's
-  # block only for a chart that has one.
-  if grep -q '^dra:' "$repo/charts/pxn/values.yaml"; then
-    cat >>"$D/helm-values.yaml" <<EOF
 dra:
   cdiDir: $D/cdi
   kubeletPluginsDir: $D/kubelet/plugins
   kubeletRegistryDir: $D/kubelet/plugins_registry
   stateDir: $D/pxn-dra-state
-  shmDir: $SHM_DIR
+  shmDir: $DRA_SHM_DIR
   extraEnv:
     - {name: KUBERNETES_SERVICE_HOST, value: "$ip"}
     - {name: KUBERNETES_SERVICE_PORT, value: "$API_PORT"}
 EOF
-  fi
   cat >"$D/env" <<EOF
 export PXN_CLUSTER_DIR=$D
 export KUBECONFIG=$D/pki/admin.kubeconfig
@@ -614,6 +611,7 @@ export PXN_CLUSTER_NODE=$NODE
 export PXN_CLUSTER_IMAGE=$IMAGE
 export PXN_CLUSTER_HELM_VALUES=$D/helm-values.yaml
 export PXN_CLUSTER_SHM_DIR=$SHM_DIR
+export PXN_CLUSTER_DRA_SHM_DIR=$DRA_SHM_DIR
 export PXN_CLUSTER_CDI_DIR=$D/cdi
 export PXN_CLUSTER_CTR=$(tool ctr)
 EOF
@@ -823,7 +821,7 @@ down() {
   remove_cgroups
   remove_iptables
   local p
-  for p in "${HOST_PATHS[@]}" "$SHM_DIR"; do
+  for p in "${HOST_PATHS[@]}" "$SHM_DIR" "$DRA_SHM_DIR"; do
     [ -e "$p" ] || continue
     in_baseline path "$p" && continue
     if findmnt -rn -o TARGET | awk -v p="$p" 'index($0, p"/") == 1 || $0 == p' | grep -q .; then

@@ -6,8 +6,11 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pxn-project/pxn/internal/version"
 )
@@ -65,5 +68,29 @@ func TestCommandLine(t *testing.T) {
 	}
 	if i, j := strings.Index(stdout.String(), "Logging flags:"), strings.Index(stdout.String(), "--shm-dir"); j < 0 || j > i {
 		t.Errorf("the tool's flags are not listed before the logging flags:\n%s", stdout.String())
+	}
+}
+
+// TestServerFailureEnds: when the plugin cannot serve while nothing asked it
+// to stop, the command ends with exit 1 instead of waiting for its rail
+// monitor and collector, which only a stop ends.
+func TestServerFailureEnds(t *testing.T) {
+	dir := t.TempDir()
+	notADir := filepath.Join(dir, "file")
+	if err := os.WriteFile(notADir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--device-plugin-dir=" + filepath.Join(notADir, "plugins"), "--state-dir=" + filepath.Join(dir, "state"),
+		"--shm-dir=" + filepath.Join(dir, "shm"), "--host-root=" + dir, "--metrics-bind-address=0", "--health-probe-bind-address=0"}
+	done := make(chan int, 1)
+	var stderr bytes.Buffer
+	go func() { done <- execute(context.Background(), args, io.Discard, &stderr) }()
+	select {
+	case code := <-done:
+		if code != 1 {
+			t.Fatalf("exit %d, want 1; stderr %q", code, stderr.String())
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the command still runs a minute after its server failed")
 	}
 }

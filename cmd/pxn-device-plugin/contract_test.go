@@ -14,7 +14,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/pxn-project/pxn/pkg/contract"
-	"github.com/pxn-project/pxn/pkg/deviceplugin"
+	"github.com/pxn-project/pxn/pkg/group"
 	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
@@ -53,7 +53,7 @@ func TestRoCESubnetNodeGetsPXN(t *testing.T) {
 
 	k.setPods(podRes("serving", "prefill-0", resource, map[string][]string{"main": {"pxn-relay-05"}}))
 	preStart(t, c, "pxn-relay-05")
-	group := p.group(deviceplugin.GroupKey("serving", deviceplugin.SourcePodName, "prefill-0"))
+	group := p.group(group.Key("serving", group.SourcePodName, "prefill-0"))
 	if target := readLink(t, got.Mounts[0].HostPath); target != group {
 		t.Fatalf("mount source %s → %s, want the group folder %s", got.Mounts[0].HostPath, target, group)
 	}

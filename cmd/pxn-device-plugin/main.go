@@ -10,10 +10,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -34,9 +32,11 @@ import (
 
 	"github.com/pxn-project/pxn/internal/buildinfo"
 	"github.com/pxn-project/pxn/internal/cli"
+	"github.com/pxn-project/pxn/internal/railflags"
 	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/deviceplugin"
+	"github.com/pxn-project/pxn/pkg/nodestate"
 )
 
 type options struct {
@@ -44,8 +44,6 @@ type options struct {
 	devices            int
 	devicePluginDir    string
 	podResourcesSocket string
-	hostRoot           string
-	railStrategy       string
 	stateDir           string
 	shmDir             string
 	registryRoot       string
@@ -58,7 +56,7 @@ type options struct {
 	gcKubeletSettle    time.Duration
 	rediscoverInterval time.Duration
 	podLookupTimeout   time.Duration
-	rail               railFlags
+	rail               railflags.Flags
 }
 
 func (o *options) bind(fs *pflag.FlagSet) {
@@ -66,8 +64,6 @@ func (o *options) bind(fs *pflag.FlagSet) {
 	fs.IntVar(&o.devices, "devices", 16, "number of virtual devices (shared and counted, no topology)")
 	fs.StringVar(&o.devicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "kubelet's device plugin directory, holding kubelet.sock")
 	fs.StringVar(&o.podResourcesSocket, "pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet's PodResources v1 socket")
-	fs.StringVar(&o.hostRoot, "host-root", "/", "root of the host filesystem for rail discovery (sysfs under it)")
-	fs.StringVar(&o.railStrategy, "rail-strategy", "pci-order", "canonical rail strategy: pci-order, subnet or static")
 	fs.StringVar(&o.stateDir, "state-dir", "/run/pxn", "host folder for the per-device slot links (<state-dir>/slots)")
 	fs.StringVar(&o.shmDir, "shm-dir", "/dev/shm/pxn", "host tmpfs folder for group directories (<shm-dir>/groups)")
 	fs.StringVar(&o.registryRoot, "container-registry-root", "/run/pxn", "container path of the group directory mount, and "+contract.EnvRegistryRoot)
@@ -80,7 +76,7 @@ func (o *options) bind(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.gcKubeletSettle, "gc-kubelet-settle", deviceplugin.DefaultKubeletSettle, "how long collection waits after a kubelet (re)starts watching the plugin, while the kubelet re-admits running pods")
 	fs.DurationVar(&o.rediscoverInterval, "rediscover-interval", 30*time.Second, "how often rails and port states are re-read")
 	fs.DurationVar(&o.podLookupTimeout, "pod-lookup-timeout", 5*time.Second, "how long PreStartContainer waits for PodResources to show the devices")
-	o.rail.bind(fs)
+	o.rail.Bind(fs)
 }
 
 func (o *options) validate() error {
@@ -148,12 +144,12 @@ func (o *options) run(ctx context.Context) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector())
 	metrics := deviceplugin.NewMetrics(reg)
 
-	discoverer, err := o.rail.discoverer(o.hostRoot, o.railStrategy)
+	log := klog.Background()
+	discoverer, err := o.rail.Discoverer(log)
 	if err != nil {
 		return err
 	}
-	log := klog.Background()
-	monitor := deviceplugin.NewMonitor(discoverer, o.rediscoverInterval, func(st deviceplugin.NodeState) {
+	monitor := nodestate.NewMonitor(discoverer, o.rediscoverInterval, func(st nodestate.NodeState) {
 		metrics.SetDeviceHealth(o.devices, st.Healthy)
 	}, log)
 
@@ -184,17 +180,23 @@ func (o *options) run(ctx context.Context) error {
 	}
 	server := deviceplugin.NewServer(deviceplugin.ServerConfig{ResourceName: o.resourceName, PluginDir: o.devicePluginDir, Logger: log}, resource, metrics)
 
+	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	// The server may fail while ctx lives: stop the endpoints, the monitor
+	// and the collector before waiting for them.
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
 	if serves(o.metricsAddr) {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		if err := serveHTTP(ctx, &wg, "metrics", o.metricsAddr, mux); err != nil {
+		if err := cli.ServeHTTP(ctx, &wg, "metrics", o.metricsAddr, mux); err != nil {
 			return err
 		}
 	}
 	if serves(o.healthAddr) {
-		if err := serveHTTP(ctx, &wg, "health probes", o.healthAddr, probes(server)); err != nil {
+		if err := cli.ServeHTTP(ctx, &wg, "health probes", o.healthAddr, cli.Probes(server.Registered)); err != nil {
 			return err
 		}
 	}
@@ -224,40 +226,4 @@ func apiPods(kubeconfig string) (deviceplugin.PodGetter, error) {
 		return nil, fmt.Errorf("API client: %w", err)
 	}
 	return deviceplugin.NewClientPodGetter(client), nil
-}
-
-// probes answers /healthz while the process serves and /readyz while the
-// kubelet holds the plugin's registration.
-func probes(server *deviceplugin.Server) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !server.Registered() {
-			http.Error(w, "not registered with the kubelet", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	return mux
-}
-
-func serveHTTP(ctx context.Context, wg *sync.WaitGroup, what, addr string, h http.Handler) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("%s listener: %w", what, err)
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	wg.Go(func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			klog.ErrorS(err, "HTTP server ended", "what", what, "addr", addr)
-		}
-	})
-	wg.Go(func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		srv.Shutdown(sctx)
-	})
-	klog.InfoS("Serving "+what, "addr", ln.Addr().String())
-	return nil
 }

@@ -69,7 +69,7 @@ for plat in "${plats[@]}"; do
   mkdir -p "$bin"
   echo "image: building for linux/$arch (CC=$cc)" >&2
   CGO_ENABLED=1 GOOS=linux GOARCH=$arch CC=$cc go build -trimpath -ldflags "$ldflags" -o "$bin/" \
-    ./cmd/pxn-agent ./cmd/pxn-device-plugin ./cmd/pxn-bench ./cmd/pxn-gpucheck
+    ./cmd/pxn-agent ./cmd/pxn-device-plugin ./cmd/pxn-dra-plugin ./cmd/pxn-bench ./cmd/pxn-gpucheck
   adds=()
   for f in "$bin"/*; do
     adds+=(-add "$f:/usr/local/bin/$(basename "$f"):0755")

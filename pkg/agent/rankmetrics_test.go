@@ -17,7 +17,7 @@ import (
 
 	"github.com/pxn-project/pxn/pkg/agent"
 	"github.com/pxn-project/pxn/pkg/contract"
-	"github.com/pxn-project/pxn/pkg/deviceplugin"
+	"github.com/pxn-project/pxn/pkg/group"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
@@ -200,8 +200,8 @@ func TestRankMetricsBoundAHostileGroup(t *testing.T) {
 		t.Skipf("no /dev/shm: %v", err)
 	}
 	t.Cleanup(func() { os.RemoveAll(shm) })
-	hostile := deviceplugin.GroupKey("evil", deviceplugin.SourceUID, "x")
-	other := deviceplugin.GroupKey("good", deviceplugin.SourceUID, "y")
+	hostile := group.Key("evil", group.SourceUID, "x")
+	other := group.Key("good", group.SourceUID, "y")
 	groups := contract.GroupsDir(shm)
 	for _, k := range []string{hostile, other} {
 		if err := os.MkdirAll(filepath.Join(groups, k), 0o777); err != nil {
@@ -281,7 +281,7 @@ func TestRankMetricsRefusedAndStale(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(shm) })
 	state := t.TempDir()
-	job := deviceplugin.GroupKey("team-a", deviceplugin.SourceLabel, "job-a")
+	job := group.Key("team-a", group.SourceLabel, "job-a")
 	dir := filepath.Join(contract.GroupsDir(shm), job)
 	bench := filepath.Join(dir, "bench-registry")
 	if err := os.MkdirAll(bench, 0o777); err != nil {

@@ -27,7 +27,7 @@ import (
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/pxn-project/pxn/pkg/contract"
-	"github.com/pxn-project/pxn/pkg/deviceplugin"
+	"github.com/pxn-project/pxn/pkg/group"
 	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
@@ -249,8 +249,8 @@ func newRankNode(t *testing.T) *rankNode {
 	}
 	t.Cleanup(func() { os.RemoveAll(shm) })
 	n := &rankNode{shm: shm, state: t.TempDir(),
-		jobA: deviceplugin.GroupKey("team-a", deviceplugin.SourceLabel, "job-a"),
-		jobB: deviceplugin.GroupKey("team-b", deviceplugin.SourceUID, "0b9e0bd2-pod")}
+		jobA: group.Key("team-a", group.SourceLabel, "job-a"),
+		jobB: group.Key("team-b", group.SourceUID, "0b9e0bd2-pod")}
 	for dev, key := range map[string]string{"dev-0": n.jobA, "dev-1": n.jobA, "dev-2": n.jobB} {
 		dir := filepath.Join(contract.GroupsDir(shm), key)
 		if err := os.MkdirAll(dir, 0o777); err != nil {

@@ -16,12 +16,19 @@ import (
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/group"
+	"github.com/pxn-project/pxn/pkg/nodestate"
 )
 
-// StateSource reports the node's discovered state; Monitor is one.
+// GroupLabel is the pod label that puts pods of one job into one group.
+const GroupLabel = group.Label
+
+// errNotDiscovered is returned by Allocate before any discovery succeeded.
+var errNotDiscovered = errors.New("no successful rail discovery yet")
+
+// StateSource reports the node's discovered state; nodestate.Monitor is one.
 type StateSource interface {
-	State() (NodeState, <-chan struct{})
+	State() (nodestate.NodeState, <-chan struct{})
 }
 
 // PodGetter reads a pod from the API server.
@@ -58,16 +65,17 @@ func (c Config) Validate() error {
 	if c.DeviceCount < 1 || c.DeviceCount > 1000 {
 		return fmt.Errorf("device count %d is outside 1..1000", c.DeviceCount)
 	}
-	if err := contract.ValidateGroupID(c.GroupID); err != nil {
-		return fmt.Errorf("group id %s: %w", contract.Quote(c.GroupID), err)
-	}
-	if err := contract.ValidateRegistryRoot(c.RegistryRoot); err != nil {
-		return fmt.Errorf("container registry root %s: %w", contract.Quote(c.RegistryRoot), err)
+	if err := c.member().Validate(); err != nil {
+		return err
 	}
 	if c.PodLookupTimeout <= 0 || c.APITimeout <= 0 {
 		return fmt.Errorf("timeouts must be positive (pod lookup %v, API %v)", c.PodLookupTimeout, c.APITimeout)
 	}
 	return nil
+}
+
+func (c Config) member() group.Member {
+	return group.Member{GroupID: c.GroupID, RegistryRoot: c.RegistryRoot}
 }
 
 // GroupResource is the pxn.io/relay resource: shared, counted virtual
@@ -164,23 +172,17 @@ func (r *GroupResource) Allocate(_ context.Context, req *pluginapi.AllocateReque
 	if st.RailMap == "" {
 		return nil, status.Error(codes.Unavailable, errNotDiscovered.Error())
 	}
+	member := r.cfg.member()
 	resp := &pluginapi.AllocateResponse{ContainerResponses: make([]*pluginapi.ContainerAllocateResponse, 0, len(req.GetContainerRequests()))}
 	for _, creq := range req.GetContainerRequests() {
 		first, err := r.checkIDs(creq.GetDevicesIds())
 		if err != nil {
 			return nil, err
 		}
+		m := member.Mount(r.store.SlotPath(first))
 		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerAllocateResponse{
-			Envs: map[string]string{
-				contract.EnvEnable:       contract.EnableOn,
-				contract.EnvRailMap:      st.RailMap,
-				contract.EnvGroupID:      r.cfg.GroupID,
-				contract.EnvRegistryRoot: r.cfg.RegistryRoot,
-			},
-			Mounts: []*pluginapi.Mount{{
-				ContainerPath: r.cfg.RegistryRoot,
-				HostPath:      r.store.SlotPath(first),
-			}},
+			Envs:   member.Env(st.RailMap),
+			Mounts: []*pluginapi.Mount{{ContainerPath: m.ContainerPath, HostPath: m.HostPath, ReadOnly: m.ReadOnly}},
 		})
 	}
 	return resp, nil
@@ -242,7 +244,7 @@ func (r *GroupResource) locate(ctx context.Context, deviceIDs []string) (contain
 // failing API server fails the call rather than splitting a job.
 func (r *GroupResource) groupKey(ctx context.Context, ref containerRef) (key, source string, err error) {
 	if r.api == nil {
-		return GroupKey(ref.Namespace, SourcePodName, ref.Pod), SourcePodName, nil
+		return group.Key(ref.Namespace, group.SourcePodName, ref.Pod), group.SourcePodName, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.APITimeout)
 	defer cancel()
@@ -251,12 +253,12 @@ func (r *GroupResource) groupKey(ctx context.Context, ref containerRef) (key, so
 		return "", "", status.Errorf(codes.Unavailable, "read pod %s/%s: %v", ref.Namespace, ref.Pod, err)
 	}
 	if g := pod.Labels[GroupLabel]; g != "" {
-		return GroupKey(ref.Namespace, SourceLabel, g), SourceLabel, nil
+		return group.Key(ref.Namespace, group.SourceLabel, g), group.SourceLabel, nil
 	}
 	if pod.UID == "" {
 		return "", "", status.Errorf(codes.Internal, "pod %s/%s has no UID", ref.Namespace, ref.Pod)
 	}
-	return GroupKey(ref.Namespace, SourceUID, string(pod.UID)), SourceUID, nil
+	return group.Key(ref.Namespace, group.SourceUID, string(pod.UID)), group.SourceUID, nil
 }
 
 // CollectGarbage removes slot links of unassigned devices and group

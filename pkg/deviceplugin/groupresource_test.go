@@ -20,11 +20,13 @@ import (
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/group"
+	"github.com/pxn-project/pxn/pkg/nodestate"
 )
 
-type fixedState struct{ st NodeState }
+type fixedState struct{ st nodestate.NodeState }
 
-func (f fixedState) State() (NodeState, <-chan struct{}) { return f.st, nil }
+func (f fixedState) State() (nodestate.NodeState, <-chan struct{}) { return f.st, nil }
 
 // fakePods answers List from a table of pod → container → devices; the first
 // lag calls answer an empty list.
@@ -79,7 +81,7 @@ func newTestResource(t testing.TB, pods PodResourcesLister, api PodGetter) (*Gro
 	if err := store.Prepare(); err != nil {
 		t.Fatal(err)
 	}
-	st := fixedState{NodeState{Discovered: true, Healthy: true, RailMap: `{"mlx5_0":"rail0","mlx5_1":"rail1"}`}}
+	st := fixedState{nodestate.NodeState{Discovered: true, Healthy: true, RailMap: `{"mlx5_0":"rail0","mlx5_1":"rail1"}`}}
 	r, err := NewGroupResource(testConfig(), st, store, pods, api, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -210,11 +212,11 @@ func TestPreStartContainer(t *testing.T) {
 		if pods.calls <= pods.lag {
 			t.Fatal("the lagging PodResources view was not retried")
 		}
-		assertLink(t, store, "pxn-relay-00", GroupKey("a", SourceLabel, "job"))
-		assertLink(t, store, "pxn-relay-01", GroupKey("a", SourceLabel, "job"))
-		assertLink(t, store, "pxn-relay-02", GroupKey("b", SourceLabel, "job"))
-		assertLink(t, store, "pxn-relay-03", GroupKey("a", SourceUID, "uid-3"))
-		assertLink(t, store, "pxn-relay-04", GroupKey("a", SourceUID, "uid-3"))
+		assertLink(t, store, "pxn-relay-00", group.Key("a", group.SourceLabel, "job"))
+		assertLink(t, store, "pxn-relay-01", group.Key("a", group.SourceLabel, "job"))
+		assertLink(t, store, "pxn-relay-02", group.Key("b", group.SourceLabel, "job"))
+		assertLink(t, store, "pxn-relay-03", group.Key("a", group.SourceUID, "uid-3"))
+		assertLink(t, store, "pxn-relay-04", group.Key("a", group.SourceUID, "uid-3"))
 	})
 
 	t.Run("without API", func(t *testing.T) {
@@ -224,8 +226,8 @@ func TestPreStartContainer(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		assertLink(t, store, "pxn-relay-00", GroupKey("a", SourcePodName, "p0"))
-		assertLink(t, store, "pxn-relay-02", GroupKey("b", SourcePodName, "p0"))
+		assertLink(t, store, "pxn-relay-00", group.Key("a", group.SourcePodName, "p0"))
+		assertLink(t, store, "pxn-relay-02", group.Key("b", group.SourcePodName, "p0"))
 	})
 
 	t.Run("unknown pod", func(t *testing.T) {
@@ -259,7 +261,7 @@ func TestCollectGarbageKeepsEverythingWhenKubeletIsDown(t *testing.T) {
 	if err := r.CollectGarbage(context.Background(), 0, time.Minute); err == nil {
 		t.Fatal("collection succeeded without PodResources")
 	}
-	assertLink(t, store, "pxn-relay-00", GroupKey("a", SourcePodName, "p0"))
+	assertLink(t, store, "pxn-relay-00", group.Key("a", group.SourcePodName, "p0"))
 }
 
 // TestCollectGarbageWaitsForARestartedKubelet: a kubelet that has just
@@ -272,7 +274,7 @@ func TestCollectGarbageWaitsForARestartedKubelet(t *testing.T) {
 	if err := r.PreStartContainer(context.Background(), []string{"pxn-relay-00"}); err != nil {
 		t.Fatal(err)
 	}
-	key := GroupKey("a", SourcePodName, "p0")
+	key := group.Key("a", group.SourcePodName, "p0")
 	pods.set() // the restarted kubelet has not admitted p0 again
 	for _, tc := range []struct {
 		name    string

@@ -10,17 +10,13 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"k8s.io/klog/v2"
 
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/group"
 )
-
-// groupDirMode lets ranks of any uid create their own 0700 registry inside a
-// group directory, but not remove each other's.
-const groupDirMode = os.ModeSticky | 0o777
 
 // Store owns the slot links (<state-dir>/slots/<device-id>) and the group
 // directories (<shm-dir>/groups/<key>) they point to. Link and Collect are
@@ -65,26 +61,9 @@ func (s *Store) Prepare() error {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("create %s: %w", dir, err)
 		}
-		if err := checkPrivateDir(dir); err != nil {
+		if err := group.CheckPrivateDir(dir); err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-func checkPrivateDir(dir string) error {
-	fi, err := os.Lstat(dir)
-	if err != nil {
-		return err
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("%s is not a directory (mode %v)", dir, fi.Mode())
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
-		return fmt.Errorf("%s is owned by uid %d, not %d", dir, st.Uid, os.Geteuid())
-	}
-	if fi.Mode().Perm()&0o022 != 0 {
-		return fmt.Errorf("%s is writable by others (mode %v)", dir, fi.Mode())
 	}
 	return nil
 }
@@ -98,7 +77,7 @@ func (s *Store) Link(deviceIDs []string, key string, now time.Time) (string, err
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	dir := s.GroupPath(key)
-	if err := ensureGroupDir(dir); err != nil {
+	if err := group.EnsureDir(dir); err != nil {
 		return "", err
 	}
 	s.groupSeen[key] = now
@@ -109,28 +88,6 @@ func (s *Store) Link(deviceIDs []string, key string, now time.Time) (string, err
 		s.linked[id] = now
 	}
 	return dir, nil
-}
-
-func ensureGroupDir(dir string) error {
-	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("create group directory %s: %w", dir, err)
-	}
-	f, err := os.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return fmt.Errorf("open group directory %s: %w", dir, err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return fmt.Errorf("stat group directory %s: %w", dir, err)
-	}
-	if fi.Mode()&(os.ModeType|os.ModePerm|os.ModeSticky) == os.ModeDir|groupDirMode {
-		return nil
-	}
-	if err := f.Chmod(groupDirMode); err != nil {
-		return fmt.Errorf("chmod group directory %s: %w", dir, err)
-	}
-	return nil
 }
 
 // replaceSymlink points dir/name at target by renaming a fresh link over it,

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pxn-project/pxn/pkg/group"
 	"k8s.io/klog/v2"
 )
 
@@ -34,7 +35,7 @@ func assertLink(t *testing.T, s *Store, id, key string) {
 
 func TestLinkCreatesWorldWritableStickyGroupDir(t *testing.T) {
 	s := newTestStore(t)
-	key := GroupKey("ns", SourceUID, "u1")
+	key := group.Key("ns", group.SourceUID, "u1")
 	dir, err := s.Link([]string{"pxn-relay-00", "pxn-relay-01"}, key, time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +53,7 @@ func TestLinkCreatesWorldWritableStickyGroupDir(t *testing.T) {
 
 func TestLinkReplacesOldLinkAndEmptyDir(t *testing.T) {
 	s := newTestStore(t)
-	k1, k2 := GroupKey("ns", SourceUID, "u1"), GroupKey("ns", SourceUID, "u2")
+	k1, k2 := group.Key("ns", group.SourceUID, "u1"), group.Key("ns", group.SourceUID, "u2")
 	if _, err := s.Link([]string{"pxn-relay-00"}, k1, time.Now()); err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +79,7 @@ func TestLinkReplacesOldLinkAndEmptyDir(t *testing.T) {
 
 func TestLinkRestoresGroupDirMode(t *testing.T) {
 	s := newTestStore(t)
-	key := GroupKey("ns", SourceUID, "u1")
+	key := group.Key("ns", group.SourceUID, "u1")
 	if err := os.Mkdir(s.GroupPath(key), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +94,7 @@ func TestLinkRestoresGroupDirMode(t *testing.T) {
 
 func TestLinkRefusesSymlinkedGroupDir(t *testing.T) {
 	s := newTestStore(t)
-	key := GroupKey("ns", SourceUID, "u1")
+	key := group.Key("ns", group.SourceUID, "u1")
 	outside := t.TempDir()
 	if err := os.Symlink(outside, s.GroupPath(key)); err != nil {
 		t.Fatal(err)
@@ -125,7 +126,7 @@ func TestCollect(t *testing.T) {
 	const grace = time.Minute
 	s := newTestStore(t)
 	t0 := time.Now()
-	live, dead := GroupKey("ns", SourceUID, "live"), GroupKey("ns", SourceUID, "dead")
+	live, dead := group.Key("ns", group.SourceUID, "live"), group.Key("ns", group.SourceUID, "dead")
 	if _, err := s.Link([]string{"pxn-relay-00"}, live, t0); err != nil {
 		t.Fatal(err)
 	}

@@ -16,10 +16,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -31,12 +34,17 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
+	"k8s.io/klog/v2"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	pxnv1alpha1 "github.com/pxn-project/pxn/api/v1alpha1"
 	"github.com/pxn-project/pxn/internal/testtools"
 	"github.com/pxn-project/pxn/pkg/agent"
 	"github.com/pxn-project/pxn/pkg/deviceplugin"
+	"github.com/pxn-project/pxn/pkg/dra"
+	"github.com/pxn-project/pxn/pkg/group"
+	"github.com/pxn-project/pxn/pkg/nodestate"
 )
 
 // auditPolicy records every request of a service account, without bodies.
@@ -50,7 +58,8 @@ rules:
 `
 
 // accessEnv is a kube-apiserver holding everything the chart renders by
-// default, with two nodes and a pod of each component on node-a.
+// default and with the DRA driver on, with two nodes and a pod of each
+// component on node-a.
 type accessEnv struct {
 	admin    *rest.Config
 	clients  kubernetes.Interface
@@ -95,7 +104,7 @@ func startAccessEnv(t *testing.T) *accessEnv {
 	if _, err := e.clients.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create namespace: %v", err)
 	}
-	e.objs = h.template(t)
+	e.objs = h.template(t, "--set", "dra.enabled=true")
 	if find(e.objs, "ValidatingAdmissionPolicy", "pxn-agent-node-restriction") == nil {
 		t.Fatalf("no node-restriction policy rendered for Kubernetes %s; have %v", kubeVersion, names(e.objs))
 	}
@@ -124,7 +133,7 @@ func startAccessEnv(t *testing.T) *accessEnv {
 		}
 		e.nodes[name] = n
 	}
-	for _, comp := range []string{"agent", "device-plugin"} {
+	for _, comp := range []string{"agent", "device-plugin", "dra-plugin"} {
 		p, err := e.clients.CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "pxn-" + comp + "-a", Labels: map[string]string{"pxn.io/group": "g"}},
 			Spec: corev1.PodSpec{
@@ -282,10 +291,13 @@ func TestChartGrantsWhatTheCodeUses(t *testing.T) {
 		t.Fatalf("device plugin reads pod: %v, labels %v", err, p)
 	}
 
+	runDRADriver(t, ctx, e)
+
 	used := auditedAccess(t, e.auditLog)
 	for _, c := range []struct{ component, user string }{
 		{"agent", "system:serviceaccount:" + namespace + ":pxn-agent"},
 		{"device-plugin", "system:serviceaccount:" + namespace + ":pxn-device-plugin"},
+		{"dra-plugin", "system:serviceaccount:" + namespace + ":pxn-dra-plugin"},
 	} {
 		granted := grantedAccess(t, e.objs, "pxn-"+c.component)
 		got := used[c.user]
@@ -312,6 +324,134 @@ func TestChartGrantsWhatTheCodeUses(t *testing.T) {
 			}
 		}))
 	}
+}
+
+// runDRADriver runs the DRA driver with its pod's token on node-a, as the
+// kubelet would: it replaces a leftover slice of its pool with its own,
+// publishes again when the rails go down, and prepares a claim the
+// scheduler made for a labelled pod's extended resource request.
+func runDRADriver(t *testing.T, ctx context.Context, e *accessEnv) {
+	t.Helper()
+	slices := e.clients.ResourceV1().ResourceSlices()
+	leftover := &resourcev1.ResourceSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: "leftover"},
+		Spec: resourcev1.ResourceSliceSpec{Driver: dra.DriverName, NodeName: ptrTo("node-a"),
+			Pool: resourcev1.ResourcePool{Name: "node-a", ResourceSliceCount: 1}, Devices: []resourcev1.Device{{Name: "old"}}},
+	}
+	if _, err := slices.Create(ctx, leftover, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Unix socket paths are short: not under t.TempDir's long name.
+	base, err := os.MkdirTemp("", "pxn-dra-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	disc := &draDiscoverer{ready: true}
+	state := nodestate.NewMonitor(disc, 20*time.Millisecond, nil, klog.Background())
+	token := kubernetes.NewForConfigOrDie(e.tokenConfig(t, "dra-plugin", true))
+	d, err := dra.New(dra.Config{
+		NodeName: "node-a", Member: group.Member{GroupID: "k8s", RegistryRoot: "/run/pxn"},
+		ShmDir: filepath.Join(base, "shm"), CDIDir: filepath.Join(base, "cdi"), StateDir: filepath.Join(base, "state"),
+		Pods: token.CoreV1(),
+	}, state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		stop()
+		wg.Wait()
+	}()
+	wg.Go(func() { state.Run(dctx) })
+	plugins, registry := filepath.Join(base, "plugins"), filepath.Join(base, "registry")
+	if err := os.Mkdir(registry, 0o755); err != nil { // the kubelet's, made before any plugin
+		t.Fatal(err)
+	}
+	wg.Go(func() {
+		if err := d.Serve(dctx, token, dra.ServeOptions{PluginsDir: plugins, RegistryDir: registry}); err != nil {
+			t.Errorf("DRA driver: %v", err)
+		}
+	})
+	railsReady := func(want bool) {
+		t.Helper()
+		poll(t, ctx, func() error {
+			list, err := slices.List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return err
+			}
+			var got []string
+			for _, s := range list.Items {
+				got = append(got, s.Name)
+				if s.Name != "leftover" && s.Spec.Driver == dra.DriverName && len(s.Spec.Devices) == 1 {
+					if r := s.Spec.Devices[0].Attributes[dra.AttrRailsReady].BoolValue; r != nil && *r == want && len(list.Items) == 1 {
+						return nil
+					}
+				}
+			}
+			return fmt.Errorf("slices %v, want the driver's only, railsReady %v", got, want)
+		})
+	}
+	railsReady(true)
+	disc.set(false)
+	railsReady(false)
+	disc.set(true)
+	railsReady(true)
+
+	pod := e.pods["dra-plugin"]
+	claim, err := e.clients.ResourceV1().ResourceClaims(namespace).Create(ctx, &resourcev1.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "extended", Annotations: map[string]string{resourcev1.ExtendedResourceClaimAnnotation: "true"}},
+		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{
+			Name: "relay", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "relay.pxn.io"}}}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim.Status = resourcev1.ResourceClaimStatus{
+		Allocation: &resourcev1.AllocationResult{Devices: resourcev1.DeviceAllocationResult{Results: []resourcev1.DeviceRequestAllocationResult{{
+			Request: "relay", Driver: dra.DriverName, Pool: "node-a", Device: dra.DeviceName}}}},
+		ReservedFor: []resourcev1.ResourceClaimConsumerReference{{Resource: "pods", Name: pod.Name, UID: pod.UID}},
+	}
+	if claim, err = e.clients.ResourceV1().ResourceClaims(namespace).UpdateStatus(ctx, claim, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient("unix://"+filepath.Join(plugins, dra.DriverName, "dra.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	resp, err := drapb.NewDRAPluginClient(conn).NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{
+		Claims: []*drapb.Claim{{Namespace: namespace, Name: claim.Name, Uid: string(claim.UID)}}})
+	if err != nil {
+		t.Fatalf("NodePrepareResources: %v", err)
+	}
+	if r := resp.Claims[string(claim.UID)]; r == nil || r.Error != "" || len(r.Devices) != 1 {
+		t.Fatalf("prepare: %+v", r)
+	}
+	want := group.Key(namespace, group.SourceLabel, pod.Labels[group.Label])
+	if _, err := os.Stat(filepath.Join(base, "shm", "groups", want)); err != nil {
+		t.Errorf("the extended resource claim's group is not its pod's label's: %v", err)
+	}
+}
+
+// draDiscoverer reports a one-rail node whose port state the test sets.
+type draDiscoverer struct {
+	mu    sync.Mutex
+	ready bool
+}
+
+func (d *draDiscoverer) set(ready bool) {
+	d.mu.Lock()
+	d.ready = ready
+	d.mu.Unlock()
+}
+
+func (d *draDiscoverer) Discover(context.Context) (nodestate.Discovery, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return nodestate.Discovery{RailMap: `{"mlx5_0":"rail0"}`, Healthy: d.ready,
+		Summary: nodestate.Summary{Rails: 1, HCAs: 1, GPUs: 1, Strategy: "pci-order"}}, nil
 }
 
 // access is "VERB GROUP/RESOURCE[/SUBRESOURCE] [in NAMESPACE]", the form
@@ -549,6 +689,85 @@ func TestNodeRestrictionPolicy(t *testing.T) {
 	if _, err := agentClients.CoreV1().Nodes().Get(ctx, "node-a", metav1.GetOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("the agent got a Node by name: %v; the chart grants it list and watch only", err)
 	}
+}
+
+// TestDRANodeRestrictionPolicy checks the chart's policy for the DRA driver
+// on a real kube-apiserver: the driver of node-a, authenticated by a token
+// bound to its pod there, may create, update and delete ResourceSlices of
+// driver pxn.io for node-a and nothing else.
+func TestDRANodeRestrictionPolicy(t *testing.T) {
+	e := startAccessEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	driver := kubernetes.NewForConfigOrDie(e.tokenConfig(t, "dra-plugin", true)).ResourceV1().ResourceSlices()
+	unbound := kubernetes.NewForConfigOrDie(e.tokenConfig(t, "dra-plugin", false)).ResourceV1().ResourceSlices()
+	admin := e.clients.ResourceV1().ResourceSlices()
+	slice := func(name, driverName, node string) *resourcev1.ResourceSlice {
+		return &resourcev1.ResourceSlice{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: resourcev1.ResourceSliceSpec{
+				Driver: driverName, NodeName: ptrTo(node),
+				Pool:    resourcev1.ResourcePool{Name: node, ResourceSliceCount: 1},
+				Devices: []resourcev1.Device{{Name: "relay"}},
+			},
+		}
+	}
+	create := func(c resourceSlices, s *resourcev1.ResourceSlice) error {
+		_, err := c.Create(ctx, s, metav1.CreateOptions{})
+		return err
+	}
+	poll(t, ctx, func() error {
+		if err := create(driver, slice("probe-b", "pxn.io", "node-b")); err == nil {
+			_ = admin.Delete(ctx, "probe-b", metav1.DeleteOptions{})
+			return fmt.Errorf("the driver of node-a wrote node-b's slice: the policy is not in force yet")
+		}
+		return nil
+	})
+	if err := create(admin, slice("b-slice", "pxn.io", "node-b")); err != nil {
+		t.Fatalf("administrator creates node-b's slice: %v", err)
+	}
+	relabel := func(c resourceSlices, name string) error {
+		s, err := admin.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		s.Labels = map[string]string{"x": "y"}
+		_, err = c.Update(ctx, s, metav1.UpdateOptions{})
+		return err
+	}
+	tests := []struct {
+		name    string
+		do      func() error
+		wantErr string // empty: allowed
+	}{
+		{"own node's slice", func() error { return create(driver, slice("a-slice", "pxn.io", "node-a")) }, ""},
+		{"own node's slice updated", func() error { return relabel(driver, "a-slice") }, ""},
+		{"another node's slice", func() error { return create(driver, slice("b-other", "pxn.io", "node-b")) }, "may write only its own node's ResourceSlices"},
+		{"another driver's slice", func() error { return create(driver, slice("a-gpu", "gpu.example.com", "node-a")) }, "only ResourceSlices of driver pxn.io"},
+		{"another node's slice updated", func() error { return relabel(driver, "b-slice") }, "may write only its own node's ResourceSlices"},
+		{"another node's slice deleted", func() error { return driver.Delete(ctx, "b-slice", metav1.DeleteOptions{}) }, "may write only its own node's ResourceSlices"},
+		{"token without a node", func() error { return create(unbound, slice("a-unbound", "pxn.io", "node-a")) }, "name no node"},
+		{"own node's slice deleted", func() error { return driver.Delete(ctx, "a-slice", metav1.DeleteOptions{}) }, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.do()
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.wantErr != "" && err == nil:
+				t.Fatalf("allowed, want refused with %q", tc.wantErr)
+			case tc.wantErr != "" && (!strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "pxn-dra-node-restriction")):
+				t.Fatalf("error %v, want the policy's refusal with %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// resourceSlices is the client of ResourceSlices both tokens use.
+type resourceSlices interface {
+	Create(context.Context, *resourcev1.ResourceSlice, metav1.CreateOptions) (*resourcev1.ResourceSlice, error)
+	Update(context.Context, *resourcev1.ResourceSlice, metav1.UpdateOptions) (*resourcev1.ResourceSlice, error)
 }
 
 func fromUnstructured(u *unstructured.Unstructured, out any) error {

@@ -75,7 +75,7 @@ func TestValidationRejects(t *testing.T) {
 		want string
 	}{
 		{"both components disabled", []string{"--set", "agent.enabled=false", "--set", "devicePlugin.enabled=false"},
-			"agent.enabled and devicePlugin.enabled are both false"},
+			"agent.enabled, devicePlugin.enabled and dra.enabled are all false"},
 		{"static without a table", []string{"--set", "rails.strategy=static"},
 			"rails.strategy=static needs rails.staticFile or rails.staticTable"},
 		{"static file and table", []string{"--set", "rails.strategy=static",
@@ -94,6 +94,13 @@ func TestValidationRejects(t *testing.T) {
 			"devicePlugin.stateDir=/var/lib/kubelet/device-plugins is the kubelet's device plugin folder"},
 		{"pod-resources socket is a folder", []string{"--set", "devicePlugin.podResourcesSocket=/var/lib/kubelet/pod-resources/"},
 			"devicePlugin.podResourcesSocket=/var/lib/kubelet/pod-resources/ names a folder"},
+		{"DRA registry root relative", []string{"--set", "dra.enabled=true", "--set", "dra.containerRegistryRoot=run/pxn"},
+			`dra.containerRegistryRoot="run/pxn" is not an absolute path`},
+		{"DRA CDI folder is the state folder", []string{"--set", "dra.enabled=true", "--set", "dra.cdiDir=/run/pxn-dra/"},
+			"dra.cdiDir and dra.stateDir are both /run/pxn-dra/"},
+		{"DRA shm dir is host root", []string{"--set", "dra.enabled=true", "--set", "dra.shmDir=/"}, "dra.shmDir=/"},
+		{"DRA and device plugin share a shm dir", []string{"--set", "dra.enabled=true", "--set", "dra.shmDir=/dev/shm/pxn"},
+			"dra.shmDir and devicePlugin.shmDir are both /dev/shm/pxn"},
 		{"service monitor without metrics", []string{"--set", "serviceMonitor.enabled=true", "--set", "agent.metricsBindAddress=0",
 			"--set", "devicePlugin.metricsBindAddress=0"}, "serviceMonitor.enabled=true but no enabled component serves metrics"},
 		{"pod monitor without metrics", []string{"--set", "podMonitor.enabled=true", "--set", "agent.metricsBindAddress=0",

@@ -33,9 +33,12 @@ type cluster struct {
 	ctr     string // containerd's client, built with it by hack/tools.sh
 	helmEnv []string
 	node    string
-	shmDir  string      // the device plugin's host tmpfs folder
-	image   string      // the pxn image
-	st      *suiteState // shared by the steps' copies of the cluster
+	shmDir  string // the device plugin's host tmpfs folder
+	// draShmDir and cdiDir: the DRA driver's host tmpfs folder and the
+	// runtime's CDI spec folder.
+	draShmDir, cdiDir string
+	image             string      // the pxn image
+	st                *suiteState // shared by the steps' copies of the cluster
 }
 
 // suiteState is what one step leaves to the next.
@@ -359,13 +362,15 @@ func readHostState() hostState {
 
 // checkTornDown fails when down left something behind that was not there
 // before up.
-func checkTornDown(t *testing.T, dir, shmDir string, before hostState) {
+func checkTornDown(t *testing.T, dir string, shmDirs []string, before hostState) {
 	t.Helper()
 	if _, err := os.Lstat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("after down: %s still exists (%v)", dir, err)
 	}
-	if _, err := os.Lstat(shmDir); shmDir != "" && !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("after down: %s still exists (%v)", shmDir, err)
+	for _, shmDir := range shmDirs {
+		if _, err := os.Lstat(shmDir); shmDir != "" && !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("after down: %s still exists (%v)", shmDir, err)
+		}
 	}
 	after := readHostState()
 	for _, p := range hostPaths {
@@ -457,7 +462,7 @@ func startCluster(t *testing.T, ctx context.Context) *cluster {
 				return
 			}
 			t.Logf("cluster down in %.1f s", time.Since(start).Seconds())
-			checkTornDown(t, c.dir, c.shmDir, before)
+			checkTornDown(t, c.dir, []string{c.shmDir, c.draShmDir}, before)
 		})
 		if err != nil {
 			var exit *exec.ExitError
@@ -488,12 +493,16 @@ func startCluster(t *testing.T, ctx context.Context) *cluster {
 			c.node = v
 		case "PXN_CLUSTER_SHM_DIR":
 			c.shmDir = v
+		case "PXN_CLUSTER_DRA_SHM_DIR":
+			c.draShmDir = v
+		case "PXN_CLUSTER_CDI_DIR":
+			c.cdiDir = v
 		case "PXN_CLUSTER_IMAGE":
 			c.image = v
 		}
 	}
-	if c.node == "" || c.shmDir == "" {
-		t.Fatalf("%s/env names no node or shm folder:\n%s", c.dir, env)
+	if c.node == "" || c.shmDir == "" || c.draShmDir == "" || c.cdiDir == "" {
+		t.Fatalf("%s/env names no node, shm folders or CDI folder:\n%s", c.dir, env)
 	}
 	return c
 }

@@ -97,6 +97,13 @@ func TestLocalCluster(t *testing.T) {
 		{"Metrics", (*cluster).checkMetrics},
 		{"Alerts", (*cluster).checkAlerts},
 		{"NodeVerdict", (*cluster).checkNodeVerdict},
+		{"DRASlice", (*cluster).checkDRASlice},
+		{"DRAClaims", (*cluster).checkDRAClaims},
+		{"DRARankPair", (*cluster).checkDRARankPair},
+		{"DRARestarts", (*cluster).checkDRARestarts},
+		{"DRAAdminAccess", (*cluster).checkDRAAdminAccess},
+		{"DRABadClaims", (*cluster).checkDRABadClaims},
+		{"DRACleanup", (*cluster).checkDRACleanup},
 		{"GarbageCollection", (*cluster).checkGarbageCollection},
 	}
 	for _, s := range steps {
@@ -142,8 +149,8 @@ func (c *cluster) runEnv(timeout time.Duration, env []string, name string, args 
 	return c.run(timeout, name, args...)
 }
 
-// helmInstall installs the chart and waits for the agent and the device
-// plugin to be Running and Ready.
+// helmInstall installs the chart and waits for the agent, the device plugin
+// and the DRA driver to be Running and Ready.
 func (c *cluster) helmInstall() {
 	t := c.t
 	args := []string{"install", release, filepath.Join(c.repo, "charts", "pxn"),
@@ -172,7 +179,7 @@ func (c *cluster) helmInstall() {
 		}
 	})
 	t.Logf("helm install:\n%s", lastLines(out, 8))
-	c.poll("agent and device plugin pods Running and Ready", podStartTimeout, func() (bool, string) {
+	c.poll("agent, device plugin and DRA driver pods Running and Ready", podStartTimeout, func() (bool, string) {
 		var pods podList
 		if err := c.getJSON(&pods, "pods", "-n", namespace); err != nil {
 			return false, err.Error()
@@ -186,7 +193,7 @@ func (c *cluster) helmInstall() {
 				ready[comp] = true
 			}
 		}
-		return ready["agent"] && ready["device-plugin"], strings.Join(states, "; ")
+		return ready["agent"] && ready["device-plugin"] && ready["dra-plugin"], strings.Join(states, "; ")
 	})
 	t.Logf("kubectl get pods -n %s:\n%s", namespace, c.mustKC("get", "pods", "-n", namespace, "-o", "wide"))
 }
@@ -762,12 +769,21 @@ func (c *cluster) checkKubeletRestart() {
 		return false, "no registration of " + resource + " since the restart"
 	})
 	c.waitRelayCapacity(resource + " back in capacity and allocatable after the kubelet restart")
-	for _, w := range []workload{a1, a2} {
-		// A restarted kubelet reports the node Ready before it has
-		// re-admitted the pods that were running; until then an exec
-		// answers "pod does not exist".
+	c.checkKeptFiles("the kubelet restart", []string{"a1.txt", "a2.txt"}, a1, a2)
+	c.startWorkloads(a3)
+	if got := c.listDir(a3.ns, a3.name); !reflect.DeepEqual(got, []string{"a1.txt", "a2.txt"}) {
+		t.Errorf("a3 (job1, started after the restart) sees %v, want a1's and a2's files", got)
+	}
+}
+
+// checkKeptFiles checks, after a restart, that each of ws still sees want in
+// its registry root. A restarted kubelet reports the node Ready before it
+// has re-admitted the pods that were running; until then an exec answers
+// "pod does not exist".
+func (c *cluster) checkKeptFiles(after string, want []string, ws ...workload) {
+	for _, w := range ws {
 		var got []string
-		c.poll(fmt.Sprintf("%s/%s answers exec after the kubelet restart", w.ns, w.name), time.Minute, func() (bool, string) {
+		c.poll(fmt.Sprintf("%s/%s answers exec after %s", w.ns, w.name, after), time.Minute, func() (bool, string) {
 			out, err := c.exec(w.ns, w.name, "ls", registryRoot)
 			if err != nil {
 				return false, err.Error()
@@ -775,13 +791,9 @@ func (c *cluster) checkKubeletRestart() {
 			got = strings.Fields(out)
 			return true, ""
 		})
-		if !reflect.DeepEqual(got, []string{"a1.txt", "a2.txt"}) {
-			t.Errorf("%s/%s after the kubelet restart: %v", w.ns, w.name, got)
+		if !reflect.DeepEqual(got, want) {
+			c.t.Errorf("%s/%s after %s: %v, want %v", w.ns, w.name, after, got, want)
 		}
-	}
-	c.startWorkloads(a3)
-	if got := c.listDir(a3.ns, a3.name); !reflect.DeepEqual(got, []string{"a1.txt", "a2.txt"}) {
-		t.Errorf("a3 (job1, started after the restart) sees %v, want a1's and a2's files", got)
 	}
 }
 

@@ -35,9 +35,9 @@ func isSim(pkg string) bool {
 }
 
 var (
-	controlPlane = []string{"api/...", "pkg/agent/...", "pkg/deviceplugin/...", "pkg/rail/...", "cmd/pxn-agent", "cmd/pxn-device-plugin"}
+	controlPlane = []string{"api/...", "pkg/agent/...", "pkg/group/...", "pkg/nodestate/...", "pkg/deviceplugin/...", "pkg/dra/...", "pkg/rail/...", "cmd/pxn-agent", "cmd/pxn-device-plugin", "cmd/pxn-dra-plugin"}
 	engine       = []string{"pkg/relay/...", "pkg/hostengine/...", "pkg/staging/...", "pkg/cuda/...", "pkg/gpu/...", "pkg/hosthop/...", "pkg/hostmem/..."}
-	shipped      = []string{"cmd/libpxn", "cmd/pxn-agent", "cmd/pxn-device-plugin"}
+	shipped      = []string{"cmd/libpxn", "cmd/pxn-agent", "cmd/pxn-device-plugin", "cmd/pxn-dra-plugin"}
 	testHelpers  = []string{"internal/testtools/...", "internal/testmem/...", "internal/sanitize/...", "internal/fakecuda/...", "internal/testkernel/..."}
 )
 
@@ -52,7 +52,7 @@ var levels = []struct {
 	{"primitives", []string{"api/...", "pkg/rail/...", "pkg/staging", "pkg/cuda/...", "pkg/hostmem/...", "pkg/gpu/kernel/..."}},
 	{"registry", []string{"pkg/staging/registry/..."}},
 	{"engine core", []string{"pkg/relay/..."}},
-	{"components", []string{"pkg/gpu", "pkg/hosthop/...", "pkg/hostengine/...", "pkg/deviceplugin/...", "pkg/agent/..."}},
+	{"components", []string{"pkg/gpu", "pkg/hosthop/...", "pkg/hostengine/...", "pkg/group/...", "pkg/nodestate/...", "pkg/deviceplugin/...", "pkg/dra/...", "pkg/agent/..."}},
 	{"stand-ins", []string{"pkg/sim/..."}},
 	{"program parts", []string{"internal/..."}},
 	{"programs", []string{"cmd/...", "hack/...", "test/...", "integrations/..."}},
@@ -122,6 +122,11 @@ var rules = []rule{
 	{
 		name:   "the agent never links the device plugin: the group-folder layout they share is the contract's",
 		from:   []string{"pkg/agent/..."},
+		forbid: func(_, dep string) bool { return matches("pkg/deviceplugin/...", dep) },
+	},
+	{
+		name:   "the DRA driver never links the device plugin: what they share is in pkg/group and pkg/nodestate",
+		from:   []string{"pkg/dra/...", "cmd/pxn-dra-plugin"},
 		forbid: func(_, dep string) bool { return matches("pkg/deviceplugin/...", dep) },
 	},
 	{

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package deviceplugin
+// Package nodestate watches a node's rails: a Monitor re-discovers them on
+// a timer and tells its readers when the outcome changes.
+package nodestate
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -13,9 +14,27 @@ import (
 
 // Discoverer reads the node's rail layout.
 type Discoverer interface {
-	// Discover returns the rail map (compact JSON object, raw HCA name →
-	// canonical rail) and whether at least one railed HCA port is ACTIVE.
-	Discover(ctx context.Context) (railMapJSON string, healthy bool, err error)
+	Discover(ctx context.Context) (Discovery, error)
+}
+
+// Discovery is what one successful discovery found.
+type Discovery struct {
+	// RailMap is the rail map: compact JSON object, raw HCA name →
+	// canonical rail, the value of contract.EnvRailMap.
+	RailMap string
+	// Healthy is whether at least one railed HCA port is ACTIVE.
+	Healthy bool
+	// Summary describes the layout.
+	Summary Summary
+}
+
+// Summary is a node's layout in counts and words.
+type Summary struct {
+	Rails, HCAs, GPUs int
+	// Strategy is the rail strategy that named the rails.
+	Strategy string
+	// Detail says why the rails are or are not ready.
+	Detail string
 }
 
 // NodeState is the outcome of the latest discovery.
@@ -28,6 +47,8 @@ type NodeState struct {
 	// RailMap is the rail map of the latest successful discovery, empty
 	// before one succeeded.
 	RailMap string
+	// Summary is the latest successful discovery's.
+	Summary Summary
 	// Err is the latest discovery's error.
 	Err error
 }
@@ -78,23 +99,23 @@ func (m *Monitor) Run(ctx context.Context) {
 
 func (m *Monitor) discoverOnce(ctx context.Context) {
 	dctx, cancel := context.WithTimeout(ctx, m.timeout)
-	railMap, healthy, err := m.discoverer.Discover(dctx)
+	d, err := m.discoverer.Discover(dctx)
 	cancel()
 	if ctx.Err() != nil {
 		return
 	}
-	m.update(railMap, healthy, err)
+	m.update(d, err)
 }
 
-func (m *Monitor) update(railMap string, healthy bool, err error) {
+func (m *Monitor) update(d Discovery, err error) {
 	m.mu.Lock()
 	prev := m.state
-	next := NodeState{Discovered: true, Healthy: err == nil && healthy, RailMap: prev.RailMap, Err: err}
+	next := NodeState{Discovered: true, Healthy: err == nil && d.Healthy, RailMap: prev.RailMap, Summary: prev.Summary, Err: err}
 	if err == nil {
-		next.RailMap = railMap
+		next.RailMap, next.Summary = d.RailMap, d.Summary
 	}
 	same := prev.Discovered && prev.Healthy == next.Healthy && prev.RailMap == next.RailMap &&
-		errString(prev.Err) == errString(next.Err)
+		prev.Summary == next.Summary && errString(prev.Err) == errString(next.Err)
 	if same {
 		m.mu.Unlock()
 		return
@@ -123,6 +144,3 @@ func errString(err error) string {
 	}
 	return err.Error()
 }
-
-// errNotDiscovered is returned by Allocate before any discovery succeeded.
-var errNotDiscovered = errors.New("no successful rail discovery yet")

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package deviceplugin
+package group
 
 import (
 	"testing"
@@ -8,7 +8,7 @@ import (
 	"github.com/pxn-project/pxn/pkg/contract"
 )
 
-func TestGroupKeyIsUnambiguous(t *testing.T) {
+func TestKeyIsUnambiguous(t *testing.T) {
 	type triple struct{ ns, source, id string }
 	pairs := []struct {
 		name string
@@ -25,10 +25,10 @@ func TestGroupKeyIsUnambiguous(t *testing.T) {
 	}
 	for _, p := range pairs {
 		t.Run(p.name, func(t *testing.T) {
-			ka := GroupKey(p.a.ns, p.a.source, p.a.id)
-			kb := GroupKey(p.b.ns, p.b.source, p.b.id)
+			ka := Key(p.a.ns, p.a.source, p.a.id)
+			kb := Key(p.b.ns, p.b.source, p.b.id)
 			if ka == kb {
-				t.Fatalf("GroupKey%q == GroupKey%q == %s", p.a, p.b, ka)
+				t.Fatalf("Key%q == Key%q == %s", p.a, p.b, ka)
 			}
 			for _, k := range []string{ka, kb} {
 				if !contract.IsGroupKey(k) {
@@ -39,21 +39,21 @@ func TestGroupKeyIsUnambiguous(t *testing.T) {
 	}
 }
 
-func TestGroupKeyIsStable(t *testing.T) {
+func TestKeyIsStable(t *testing.T) {
 	// Keys name directories that outlive the plugin process; a release that
 	// changed them would orphan every live group on upgrade.
-	if got, want := GroupKey("default", SourceLabel, "job-1"), "c94935b066f42b16"; got != want {
-		t.Fatalf("GroupKey(default, label, job-1) = %s, want %s", got, want)
+	if got, want := Key("default", SourceLabel, "job-1"), "c94935b066f42b16"; got != want {
+		t.Fatalf("Key(default, label, job-1) = %s, want %s", got, want)
 	}
 }
 
-func FuzzGroupKey(f *testing.F) {
+func FuzzKey(f *testing.F) {
 	f.Add("a", "bc", "ab", "c")
 	f.Add("a/b", "c", "a", "b/c")
 	f.Add("", "", "", "")
 	f.Fuzz(func(t *testing.T, ns1, id1, ns2, id2 string) {
-		k1 := GroupKey(ns1, SourceLabel, id1)
-		k2 := GroupKey(ns2, SourceLabel, id2)
+		k1 := Key(ns1, SourceLabel, id1)
+		k2 := Key(ns2, SourceLabel, id2)
 		if !contract.IsGroupKey(k1) || !contract.IsGroupKey(k2) {
 			t.Fatalf("malformed key %q or %q", k1, k2)
 		}

@@ -1,0 +1,201 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Command pxn-dra-plugin is PXN's Dynamic Resource Allocation driver,
+// pxn.io: it publishes the node's relay device and prepares every
+// ResourceClaim allocated to it as one group, whose containers get the
+// engine's environment and the group's folder. See docs/dra.md.
+//
+// Every flag can also be set from the environment, PXN_DRA_PLUGIN_<FLAG>.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/pxn-project/pxn/internal/buildinfo"
+	"github.com/pxn-project/pxn/internal/cli"
+	"github.com/pxn-project/pxn/internal/railflags"
+	"github.com/pxn-project/pxn/internal/version"
+	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/dra"
+	"github.com/pxn-project/pxn/pkg/group"
+	"github.com/pxn-project/pxn/pkg/nodestate"
+)
+
+type options struct {
+	nodeName           string
+	kubeconfig         string
+	cdiDir             string
+	pluginsDir         string
+	registryDir        string
+	stateDir           string
+	shmDir             string
+	registryRoot       string
+	groupID            string
+	metricsAddr        string
+	healthAddr         string
+	rediscoverInterval time.Duration
+	rail               railflags.Flags
+}
+
+func (o *options) bind(fs *pflag.FlagSet) {
+	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name, the driver's pool (default: $NODE_NAME)")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for the API server; empty: in-cluster config")
+	fs.StringVar(&o.cdiDir, "cdi-dir", "/var/run/cdi", "folder the container runtime reads CDI specs from; one spec per prepared claim")
+	fs.StringVar(&o.pluginsDir, "kubelet-plugins-dir", dra.DefaultKubeletPluginsDir, "kubelet's plugins folder; the DRA socket is <folder>/"+dra.DriverName+"/dra.sock")
+	fs.StringVar(&o.registryDir, "kubelet-registry-dir", dra.DefaultKubeletRegistryDir, "kubelet's plugin registration folder")
+	fs.StringVar(&o.stateDir, "state-dir", "/run/pxn-dra", "host folder for the checkpoint of prepared claims")
+	fs.StringVar(&o.shmDir, "shm-dir", "/dev/shm/pxn-dra", "host tmpfs folder for group folders (<shm-dir>/groups); not the device plugin's, whose collector removes folders it did not make")
+	fs.StringVar(&o.registryRoot, "container-registry-root", "/run/pxn", "container path of the group folder mount, and "+contract.EnvRegistryRoot)
+	fs.StringVar(&o.groupID, "group-id", "k8s", contract.EnvGroupID+" handed to every container")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":9644", `address of the Prometheus /metrics endpoint; "0" disables it`)
+	fs.StringVar(&o.healthAddr, "health-probe-bind-address", ":9645", `address of /healthz (the process serves) and /readyz (registered with the kubelet); "0" disables them`)
+	fs.DurationVar(&o.rediscoverInterval, "rediscover-interval", 30*time.Second, "how often rails and port states are re-read")
+	o.rail.Bind(fs)
+}
+
+func (o *options) validate() error {
+	if o.nodeName == "" {
+		return errors.New("--node-name is empty and NODE_NAME is not set")
+	}
+	if o.rediscoverInterval <= 0 {
+		return fmt.Errorf("--rediscover-interval=%v: must be positive", o.rediscoverInterval)
+	}
+	return nil
+}
+
+func serves(addr string) bool { return addr != "0" && addr != "" }
+
+const envPrefix = "PXN_DRA_PLUGIN"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	code := execute(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// execute runs the command line args: exit 0, 1 when the driver failed, 2
+// on bad usage.
+func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return cli.Execute(newRootCommand(ctx, stdout, stderr), args, stderr)
+}
+
+func newRootCommand(ctx context.Context, stdout, stderr io.Writer) *cobra.Command {
+	var o options
+	root := &cobra.Command{
+		Use:   "pxn-dra-plugin",
+		Short: "Dynamic Resource Allocation driver for PXN's relay device",
+		Long: `pxn-dra-plugin is the DRA driver pxn.io. It publishes the node's relay device
+and prepares every ResourceClaim allocated to it as one group: the claim's
+containers get the engine's environment (MC_PXN_*) and the group's folder.
+It runs until it is stopped (SIGTERM).`,
+		Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if err := o.validate(); err != nil {
+				return err
+			}
+			defer klog.Flush()
+			if err := o.run(ctx); err != nil {
+				klog.ErrorS(err, "pxn-dra-plugin failed")
+				return cli.ExitError{Code: 1}
+			}
+			return nil
+		},
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	o.bind(root.Flags())
+	cli.Setup(root, envPrefix, nil)
+	return root
+}
+
+func (o *options) run(ctx context.Context) error {
+	klog.InfoS("Starting pxn-dra-plugin", "version", version.String(), "revision", version.Revision(), "goVersion", runtime.Version())
+	log := klog.Background()
+	client, err := apiClient(o.kubeconfig)
+	if err != nil {
+		return err
+	}
+	discoverer, err := o.rail.Discoverer(log)
+	if err != nil {
+		return err
+	}
+	monitor := nodestate.NewMonitor(discoverer, o.rediscoverInterval, nil, log)
+	driver, err := dra.New(dra.Config{
+		NodeName: o.nodeName,
+		Member:   group.Member{GroupID: o.groupID, RegistryRoot: o.registryRoot},
+		ShmDir:   o.shmDir,
+		CDIDir:   o.cdiDir,
+		StateDir: o.stateDir,
+		Pods:     client.CoreV1(),
+		Version:  version.String(),
+		Logger:   log,
+	}, monitor)
+	if err != nil {
+		return err
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	// Serve may fail while ctx lives: stop the servers and the monitor
+	// before waiting for them.
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	if serves(o.metricsAddr) {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector())
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		if err := cli.ServeHTTP(ctx, &wg, "metrics", o.metricsAddr, mux); err != nil {
+			return err
+		}
+	}
+	if serves(o.healthAddr) {
+		if err := cli.ServeHTTP(ctx, &wg, "health probes", o.healthAddr, cli.Probes(driver.Registered)); err != nil {
+			return err
+		}
+	}
+	wg.Go(func() { monitor.Run(ctx) })
+	return driver.Serve(ctx, client, dra.ServeOptions{PluginsDir: o.pluginsDir, RegistryDir: o.registryDir})
+}
+
+// apiClient is the API client; the driver cannot work without one.
+func apiClient(kubeconfig string) (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig != "" {
+		if cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig); err != nil {
+			return nil, fmt.Errorf("load kubeconfig %s: %w", kubeconfig, err)
+		}
+	} else if cfg, err = rest.InClusterConfig(); err != nil {
+		return nil, fmt.Errorf("no --kubeconfig and not in a pod: %w", err)
+	}
+	cfg.UserAgent = "pxn-dra-plugin/" + version.String()
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("API client: %w", err)
+	}
+	return client, nil
+}

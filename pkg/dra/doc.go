@@ -1,0 +1,8 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package dra is PXN's Dynamic Resource Allocation driver, pxn.io: it
+// publishes one shareable relay device per node, with the node's rails as
+// attributes, and prepares each ResourceClaim allocated to it as one group,
+// a host group folder and a CDI spec that gives every container of the claim
+// the engine's environment and that folder. See docs/dra.md.
+package dra

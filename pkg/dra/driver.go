@@ -1,0 +1,338 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package dra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/group"
+	"github.com/pxn-project/pxn/pkg/nodestate"
+)
+
+// DriverName is the DRA driver's name, in DeviceClasses, ResourceSlices and
+// allocation results.
+const DriverName = "pxn.io"
+
+// DeviceName is the node's one relay device, which every claim on the node
+// shares.
+const DeviceName = "relay"
+
+// StateSource reports the node's rail state; nodestate.Monitor is one.
+type StateSource interface {
+	State() (nodestate.NodeState, <-chan struct{})
+}
+
+// Config describes the driver on one node.
+type Config struct {
+	// NodeName is the node's name, and the name of its device pool.
+	NodeName string
+	// Member is what every container of a claim gets beside its folder.
+	Member group.Member
+	// ShmDir is the host tmpfs folder whose groups folder
+	// (contract.GroupsDir) holds the group folders.
+	ShmDir string
+	// CDIDir is the folder the container runtime reads CDI specs from.
+	CDIDir string
+	// StateDir holds the checkpoint.
+	StateDir string
+	// Pods reads the pod a claim made for an extended resource request is
+	// reserved for, for its group label; nil: such claims are groups of
+	// their own.
+	Pods corev1client.PodsGetter
+	// Version is the driver's version, published as the device's version
+	// attribute when it is a semantic version.
+	Version string
+	// Logger receives a line per prepared and unprepared claim; the zero
+	// Logger discards them.
+	Logger klog.Logger
+}
+
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	if c.NodeName == "" {
+		return errors.New("node name is empty")
+	}
+	if err := c.Member.Validate(); err != nil {
+		return err
+	}
+	for name, dir := range map[string]string{"shm": c.ShmDir, "CDI": c.CDIDir, "state": c.StateDir} {
+		if !filepath.IsAbs(dir) {
+			return fmt.Errorf("%s folder %q is not an absolute path", name, dir)
+		}
+	}
+	return nil
+}
+
+// Driver is the kubelet plugin's logic: it prepares and unprepares claims
+// and reports the relay device's health. Its methods are safe for
+// concurrent use.
+type Driver struct {
+	cfg       Config
+	state     StateSource
+	groupsDir string
+
+	mu       sync.Mutex
+	prepared map[types.UID]preparedClaim
+
+	fatal  context.CancelCauseFunc
+	helper atomic.Pointer[kubeletplugin.Helper]
+}
+
+// New returns a driver with the claims its checkpoint records as prepared.
+// It creates the folders it owns and checks that nobody else can write to
+// those group folders are created and removed in.
+func New(cfg Config, state StateSource) (*Driver, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	d := &Driver{cfg: cfg, state: state, groupsDir: contract.GroupsDir(cfg.ShmDir)}
+	for _, dir := range []string{cfg.StateDir, cfg.ShmDir, d.groupsDir} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("create %s: %w", dir, err)
+		}
+		if err := group.CheckPrivateDir(dir); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.MkdirAll(cfg.CDIDir, 0o755); err != nil {
+		return nil, fmt.Errorf("create CDI folder %s: %w", cfg.CDIDir, err)
+	}
+	prepared, err := loadCheckpoint(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	d.prepared = prepared
+	return d, nil
+}
+
+// PrepareResourceClaims prepares each claim as one group. A claim prepared
+// before, by this process or one before it, gets the same answer; its folder
+// and spec are made again when missing.
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	changed := false
+	for _, claim := range claims {
+		pc, fresh, err := d.prepare(ctx, claim)
+		if err != nil {
+			d.cfg.Logger.Info("Claim not prepared", "claim", klog.KObj(claim), "uid", claim.UID, "err", err.Error())
+			results[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)}
+			continue
+		}
+		if fresh {
+			d.prepared[claim.UID] = pc
+			changed = true
+			d.cfg.Logger.Info("Prepared claim", "claim", klog.KObj(claim), "uid", claim.UID, "group", pc.Group, "adminAccess", pc.Group == "")
+		}
+		results[claim.UID] = kubeletplugin.PrepareResult{Devices: pc.result(claim.UID)}
+	}
+	if changed {
+		if err := saveCheckpoint(d.cfg.StateDir, d.prepared); err != nil {
+			return nil, err
+		}
+	}
+	return results, nil
+}
+
+// prepare makes a claim's folder and CDI spec. fresh is false when the
+// checkpoint already held the claim.
+func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (pc preparedClaim, fresh bool, err error) {
+	if pc, ok := d.prepared[claim.UID]; ok {
+		return pc, false, d.materialize(claim.UID, pc)
+	}
+	if claim.Status.Allocation == nil {
+		return preparedClaim{}, false, errors.New("not allocated")
+	}
+	alloc := claim.Status.Allocation.Devices
+	var devs []preparedDevice
+	admin, user := 0, 0
+	for _, r := range alloc.Results {
+		if r.Driver != DriverName {
+			continue
+		}
+		if r.Pool != d.cfg.NodeName || r.Device != DeviceName {
+			return preparedClaim{}, false, fmt.Errorf("request %s was allocated device %s/%s, not this node's %s/%s", r.Request, r.Pool, r.Device, d.cfg.NodeName, DeviceName)
+		}
+		if r.AdminAccess != nil && *r.AdminAccess {
+			admin++
+		} else {
+			user++
+		}
+		devs = append(devs, preparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, ShareID: r.ShareID})
+	}
+	if admin > 0 && user > 0 {
+		return preparedClaim{}, false, fmt.Errorf("%d requests with admin access and %d without: a claim is a group or a diagnosis, not both", admin, user)
+	}
+	if err := checkConfigs(alloc.Config); err != nil {
+		return preparedClaim{}, false, err
+	}
+	pc = preparedClaim{Namespace: claim.Namespace, Name: claim.Name, Devices: devs}
+	if admin > 0 {
+		pc.Edits = edits{Mount: group.Mount{HostPath: d.groupsDir, ContainerPath: d.cfg.Member.RegistryRoot, ReadOnly: true}}
+	} else {
+		st, _ := d.state.State()
+		if err := ready(d.cfg.NodeName, st); err != nil {
+			return preparedClaim{}, false, err
+		}
+		if pc.Group, err = d.groupKey(ctx, claim); err != nil {
+			return preparedClaim{}, false, err
+		}
+		pc.Edits = edits{Env: d.cfg.Member.Env(st.RailMap), Mount: d.cfg.Member.Mount(filepath.Join(d.groupsDir, pc.Group))}
+	}
+	if err := d.materialize(claim.UID, pc); err != nil {
+		return preparedClaim{}, false, err
+	}
+	return pc, true, nil
+}
+
+// groupKey is the claim's group: its own, keyed by its UID; or, for a claim
+// the scheduler made for a pod's extended resource request (a DeviceClass
+// with extendedResourceName), the pod's group label's when it has one, keyed
+// as the device plugin keys it, so that the pods of one job still meet when
+// they move from the device plugin to the driver unchanged. A pod that
+// cannot be read fails the prepare rather than put a rank in another folder
+// than its job's.
+func (d *Driver) groupKey(ctx context.Context, claim *resourceapi.ResourceClaim) (string, error) {
+	own := group.Key(claim.Namespace, group.SourceClaim, string(claim.UID))
+	if claim.Annotations[resourceapi.ExtendedResourceClaimAnnotation] != "true" || d.cfg.Pods == nil {
+		return own, nil
+	}
+	var pods []resourceapi.ResourceClaimConsumerReference
+	for _, r := range claim.Status.ReservedFor {
+		if r.APIGroup == "" && r.Resource == "pods" {
+			pods = append(pods, r)
+		}
+	}
+	if len(pods) != 1 {
+		return "", fmt.Errorf("a claim for an extended resource is reserved for %d pods, want 1", len(pods))
+	}
+	ref := pods[0]
+	pod, err := d.cfg.Pods.Pods(claim.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("read pod %s/%s for its %s label: %w", claim.Namespace, ref.Name, group.Label, err)
+	}
+	if pod.UID != ref.UID {
+		return "", fmt.Errorf("pod %s/%s has UID %s; the claim is reserved for UID %s", claim.Namespace, ref.Name, pod.UID, ref.UID)
+	}
+	if g := pod.Labels[group.Label]; g != "" {
+		return group.Key(claim.Namespace, group.SourceLabel, g), nil
+	}
+	return own, nil
+}
+
+// ready reports why a node's rails cannot serve a new group, or nil.
+func ready(node string, st nodestate.NodeState) error {
+	switch {
+	case !st.Discovered:
+		return fmt.Errorf("rails on node %s are not discovered yet", node)
+	case st.Err != nil:
+		return fmt.Errorf("rail discovery on node %s failed: %w", node, st.Err)
+	case !st.Healthy:
+		return fmt.Errorf("rails on node %s are not ready: %s", node, st.Summary.Detail)
+	}
+	return nil
+}
+
+// materialize makes a prepared claim's group folder and CDI spec.
+func (d *Driver) materialize(uid types.UID, pc preparedClaim) error {
+	if pc.Group != "" {
+		if err := group.EnsureDir(filepath.Join(d.groupsDir, pc.Group)); err != nil {
+			return err
+		}
+	}
+	return writeCDISpec(d.cfg.CDIDir, uid, pc.Edits)
+}
+
+// UnprepareResourceClaims removes each claim's CDI spec and group folder.
+// A claim the checkpoint does not hold was never prepared here or is
+// already gone: nothing to do.
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	results := make(map[types.UID]error, len(claims))
+	changed := false
+	for _, c := range claims {
+		pc, ok := d.prepared[c.UID]
+		if !ok {
+			results[c.UID] = nil
+			continue
+		}
+		if err := d.unprepare(c.UID, pc); err != nil {
+			results[c.UID] = fmt.Errorf("claim %s: %w", c, err)
+			continue
+		}
+		delete(d.prepared, c.UID)
+		changed = true
+		results[c.UID] = nil
+		d.cfg.Logger.Info("Unprepared claim", "claim", c, "group", pc.Group)
+	}
+	if changed {
+		if err := saveCheckpoint(d.cfg.StateDir, d.prepared); err != nil {
+			return nil, err
+		}
+	}
+	return results, nil
+}
+
+func (d *Driver) unprepare(uid types.UID, pc preparedClaim) error {
+	if err := removeCDISpec(d.cfg.CDIDir, uid); err != nil {
+		return err
+	}
+	if pc.Group == "" {
+		return nil
+	}
+	for other, o := range d.prepared {
+		if other != uid && o.Group == pc.Group {
+			return nil // another claim's pods (one job, by label) still use it
+		}
+	}
+	if !contract.IsGroupKey(pc.Group) {
+		return fmt.Errorf("checkpoint names group %q, not a group key", pc.Group)
+	}
+	root, err := os.OpenRoot(d.groupsDir)
+	if err != nil {
+		return fmt.Errorf("open groups %s: %w", d.groupsDir, err)
+	}
+	defer root.Close()
+	// Root confines the removal to the groups folder: links inside a group
+	// folder are removed, never followed.
+	if err := root.RemoveAll(pc.Group); err != nil {
+		return fmt.Errorf("remove group %s: %w", filepath.Join(d.groupsDir, pc.Group), err)
+	}
+	return nil
+}
+
+// Prepared returns the UIDs of the claims prepared on the node.
+func (d *Driver) Prepared() []types.UID {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	uids := make([]types.UID, 0, len(d.prepared))
+	for uid := range d.prepared {
+		uids = append(uids, uid)
+	}
+	return uids
+}
+
+// HandleError logs a background error of the kubelet plugin helper; a fatal
+// one stops Serve.
+func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	d.cfg.Logger.Error(err, msg, "recoverable", errors.Is(err, kubeletplugin.ErrRecoverable))
+	if !errors.Is(err, kubeletplugin.ErrRecoverable) && d.fatal != nil {
+		d.fatal(fmt.Errorf("%s: %w", msg, err))
+	}
+}

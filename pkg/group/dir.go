@@ -1,0 +1,58 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package group
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+)
+
+// DirMode lets members of any uid create their own 0700 registry inside a
+// group folder, but not remove each other's.
+const DirMode = os.ModeSticky | 0o777
+
+// EnsureDir creates the group folder dir when missing and gives it DirMode.
+// A symbolic link at dir is refused, never followed.
+func EnsureDir(dir string) error {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("create group directory %s: %w", dir, err)
+	}
+	f, err := os.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return fmt.Errorf("open group directory %s: %w", dir, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("stat group directory %s: %w", dir, err)
+	}
+	if fi.Mode()&(os.ModeType|os.ModePerm|os.ModeSticky) == os.ModeDir|DirMode {
+		return nil
+	}
+	if err := f.Chmod(DirMode); err != nil {
+		return fmt.Errorf("chmod group directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+// CheckPrivateDir checks that dir is a folder, not a link, owned by this
+// process's user and writable by nobody else: group folders are created and
+// removed below such folders by path.
+func CheckPrivateDir(dir string) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory (mode %v)", dir, fi.Mode())
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("%s is owned by uid %d, not %d", dir, st.Uid, os.Geteuid())
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("%s is writable by others (mode %v)", dir, fi.Mode())
+	}
+	return nil
+}
