@@ -10,9 +10,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/signal"
 	"runtime"
@@ -20,18 +20,13 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
-	"github.com/pxn-project/pxn/internal/buildinfo"
 	"github.com/pxn-project/pxn/internal/cli"
+	"github.com/pxn-project/pxn/internal/daemon"
 	"github.com/pxn-project/pxn/internal/railflags"
 	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/contract"
@@ -89,10 +84,6 @@ func (o *options) validate() error {
 	return nil
 }
 
-// serves says whether a bind address flag asks for an endpoint: "0" (and,
-// as before it was "0", an empty value) disables it, as in pxn-agent.
-func serves(addr string) bool { return addr != "0" && addr != "" }
-
 // envPrefix is the prefix of the plugin's environment variables.
 const envPrefix = "PXN_DEVICE_PLUGIN"
 
@@ -140,8 +131,7 @@ its job's registry folder. It runs until it is stopped (SIGTERM).`,
 
 func (o *options) run(ctx context.Context) error {
 	klog.InfoS("Starting pxn-device-plugin", "version", version.String(), "revision", version.Revision(), "goVersion", runtime.Version())
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector())
+	reg := daemon.ProcessRegistry()
 	metrics := deviceplugin.NewMetrics(reg)
 
 	log := klog.Background()
@@ -188,15 +178,13 @@ func (o *options) run(ctx context.Context) error {
 		cancel()
 		wg.Wait()
 	}()
-	if serves(o.metricsAddr) {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		if err := cli.ServeHTTP(ctx, &wg, "metrics", o.metricsAddr, mux); err != nil {
+	if daemon.Serves(o.metricsAddr) {
+		if err := daemon.ServeMetrics(ctx, &wg, o.metricsAddr, reg); err != nil {
 			return err
 		}
 	}
-	if serves(o.healthAddr) {
-		if err := cli.ServeHTTP(ctx, &wg, "health probes", o.healthAddr, cli.Probes(server.Registered)); err != nil {
+	if daemon.Serves(o.healthAddr) {
+		if err := daemon.ServeHTTP(ctx, &wg, "health probes", o.healthAddr, daemon.Probes(server.Registered)); err != nil {
 			return err
 		}
 	}
@@ -210,17 +198,14 @@ func (o *options) run(ctx context.Context) error {
 // apiPods returns a pod reader for the API server, or nil without API access:
 // no --kubeconfig and not running in a pod.
 func apiPods(kubeconfig string) (deviceplugin.PodGetter, error) {
-	var cfg *rest.Config
-	var err error
-	if kubeconfig != "" {
-		if cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig); err != nil {
-			return nil, fmt.Errorf("load kubeconfig %s: %w", kubeconfig, err)
-		}
-	} else if cfg, err = rest.InClusterConfig(); err != nil {
+	cfg, err := daemon.RESTConfig(kubeconfig, "pxn-device-plugin")
+	if errors.Is(err, daemon.ErrNoAPIServer) {
 		klog.InfoS("No API server access; groups are keyed by pod name", "reason", err.Error())
 		return nil, nil
 	}
-	cfg.UserAgent = "pxn-device-plugin/" + version.String()
+	if err != nil {
+		return nil, err
+	}
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("API client: %w", err)

@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/signal"
 	"runtime"
@@ -21,18 +20,13 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
-	"github.com/pxn-project/pxn/internal/buildinfo"
 	"github.com/pxn-project/pxn/internal/cli"
+	"github.com/pxn-project/pxn/internal/daemon"
 	"github.com/pxn-project/pxn/internal/railflags"
 	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/contract"
@@ -82,8 +76,6 @@ func (o *options) validate() error {
 	}
 	return nil
 }
-
-func serves(addr string) bool { return addr != "0" && addr != "" }
 
 const envPrefix = "PXN_DRA_PLUGIN"
 
@@ -163,17 +155,13 @@ func (o *options) run(ctx context.Context) error {
 		cancel()
 		wg.Wait()
 	}()
-	if serves(o.metricsAddr) {
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector())
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		if err := cli.ServeHTTP(ctx, &wg, "metrics", o.metricsAddr, mux); err != nil {
+	if daemon.Serves(o.metricsAddr) {
+		if err := daemon.ServeMetrics(ctx, &wg, o.metricsAddr, daemon.ProcessRegistry()); err != nil {
 			return err
 		}
 	}
-	if serves(o.healthAddr) {
-		if err := cli.ServeHTTP(ctx, &wg, "health probes", o.healthAddr, cli.Probes(driver.Registered)); err != nil {
+	if daemon.Serves(o.healthAddr) {
+		if err := daemon.ServeHTTP(ctx, &wg, "health probes", o.healthAddr, daemon.Probes(driver.Registered)); err != nil {
 			return err
 		}
 	}
@@ -183,16 +171,10 @@ func (o *options) run(ctx context.Context) error {
 
 // apiClient is the API client; the driver cannot work without one.
 func apiClient(kubeconfig string) (kubernetes.Interface, error) {
-	var cfg *rest.Config
-	var err error
-	if kubeconfig != "" {
-		if cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig); err != nil {
-			return nil, fmt.Errorf("load kubeconfig %s: %w", kubeconfig, err)
-		}
-	} else if cfg, err = rest.InClusterConfig(); err != nil {
-		return nil, fmt.Errorf("no --kubeconfig and not in a pod: %w", err)
+	cfg, err := daemon.RESTConfig(kubeconfig, "pxn-dra-plugin")
+	if err != nil {
+		return nil, err
 	}
-	cfg.UserAgent = "pxn-dra-plugin/" + version.String()
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("API client: %w", err)

@@ -146,7 +146,7 @@ var rules = []rule{
 	},
 	{
 		name:   "the release helpers never link the engine",
-		from:   []string{"internal/version/...", "internal/buildinfo/...", "internal/cli/..."},
+		from:   []string{"internal/version/...", "internal/buildinfo/...", "internal/cli/...", "internal/daemon/..."},
 		forbid: func(_, dep string) bool { return anyMatch(engine, dep) },
 	},
 	{
