@@ -57,15 +57,7 @@ func (s *Store) GroupPath(key string) string { return filepath.Join(s.groupsDir,
 // process's user can write to them: group directories are created and removed
 // below them by path.
 func (s *Store) Prepare() error {
-	for _, dir := range []string{s.stateDir, s.slotsDir, s.shmDir, s.groupsDir} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("create %s: %w", dir, err)
-		}
-		if err := group.CheckPrivateDir(dir); err != nil {
-			return err
-		}
-	}
-	return nil
+	return group.MakePrivateDirs(s.stateDir, s.slotsDir, s.shmDir, s.groupsDir)
 }
 
 // Link creates the group directory of key and atomically points the slot link

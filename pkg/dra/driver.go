@@ -100,13 +100,8 @@ func New(cfg Config, state StateSource) (*Driver, error) {
 		return nil, err
 	}
 	d := &Driver{cfg: cfg, state: state, groupsDir: contract.GroupsDir(cfg.ShmDir)}
-	for _, dir := range []string{cfg.StateDir, cfg.ShmDir, d.groupsDir} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, fmt.Errorf("create %s: %w", dir, err)
-		}
-		if err := group.CheckPrivateDir(dir); err != nil {
-			return nil, err
-		}
+	if err := group.MakePrivateDirs(cfg.StateDir, cfg.ShmDir, d.groupsDir); err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(cfg.CDIDir, 0o755); err != nil {
 		return nil, fmt.Errorf("create CDI folder %s: %w", cfg.CDIDir, err)

@@ -37,6 +37,20 @@ func EnsureDir(dir string) error {
 	return nil
 }
 
+// MakePrivateDirs creates each folder of dirs, in order, when missing and
+// checks it with CheckPrivateDir.
+func MakePrivateDirs(dirs ...string) error {
+	for _, dir := range dirs {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("create %s: %w", dir, err)
+		}
+		if err := CheckPrivateDir(dir); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // CheckPrivateDir checks that dir is a folder, not a link, owned by this
 // process's user and writable by nobody else: group folders are created and
 // removed below such folders by path.
