@@ -29,7 +29,7 @@ const (
 func (d *Driver) devices(st nodestate.NodeState) []resourceapi.Device {
 	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 		AttrRails:        {IntValue: ptr.To(int64(st.Summary.Rails))},
-		AttrRailsReady:   {BoolValue: ptr.To(st.Discovered && st.Err == nil && st.Healthy)},
+		AttrRailsReady:   {BoolValue: ptr.To(ready(d.cfg.NodeName, st) == nil)},
 		AttrGPUs:         {IntValue: ptr.To(int64(st.Summary.GPUs))},
 		AttrHCAs:         {IntValue: ptr.To(int64(st.Summary.HCAs))},
 		AttrRailStrategy: {StringValue: ptr.To(st.Summary.Strategy)},
