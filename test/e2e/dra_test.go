@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io/fs"
 	"os"
@@ -13,8 +12,6 @@ import (
 	"sort"
 	"strings"
 	"time"
-
-	"github.com/pxn-project/pxn/pkg/contract"
 )
 
 const (
@@ -197,30 +194,7 @@ func (c *cluster) checkDRAClaims() {
 	t.Logf("3 pods with ResourceClaims started in %.1f s", time.Since(start).Seconds())
 
 	for _, w := range []workload{d1, d2, d3} {
-		out, err := c.exec(w.ns, w.name, "env")
-		if err != nil {
-			t.Fatalf("%s/%s: %v", w.ns, w.name, err)
-		}
-		env := map[string]string{}
-		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-			if k, v, ok := strings.Cut(line, "="); ok {
-				env[k] = v
-			}
-		}
-		for k, want := range map[string]string{contract.EnvEnable: "1", contract.EnvGroupID: groupID, contract.EnvRegistryRoot: registryRoot} {
-			if env[k] != want {
-				t.Errorf("%s/%s: %s=%q, want %q", w.ns, w.name, k, env[k], want)
-			}
-		}
-		var rm map[string]string
-		if err := json.Unmarshal([]byte(env[contract.EnvRailMap]), &rm); err != nil {
-			t.Errorf("%s/%s: %s=%q: %v", w.ns, w.name, contract.EnvRailMap, env[contract.EnvRailMap], err)
-		} else if !reflect.DeepEqual(rm, m.Status.RailMap) {
-			t.Errorf("%s/%s: %s=%v, the node's PxnRailMap says %v", w.ns, w.name, contract.EnvRailMap, rm, m.Status.RailMap)
-		}
-		if _, err := c.exec(w.ns, w.name, "write", filepath.Join(registryRoot, w.name+".txt"), "from "+w.ns+"/"+w.name); err != nil {
-			t.Errorf("%s/%s: write: %v", w.ns, w.name, err)
-		}
+		c.checkMember(w, m.Status.RailMap)
 	}
 	if t.Failed() {
 		t.FailNow()

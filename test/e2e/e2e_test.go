@@ -455,35 +455,9 @@ func (c *cluster) checkWorkloads() {
 	t.Logf("4 pods with %s started in %.1f s", resource, time.Since(start).Seconds())
 
 	for _, w := range []workload{a1, a2, c1, b1} {
-		out, err := c.exec(w.ns, w.name, "env")
-		if err != nil {
-			t.Fatalf("%s/%s: %v", w.ns, w.name, err)
-		}
-		env := map[string]string{}
-		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-			if k, v, ok := strings.Cut(line, "="); ok {
-				env[k] = v
-			}
-		}
+		env := c.checkMember(w, m.Status.RailMap)
 		if w == a1 {
-			t.Logf("%s/%s environment:\n%s", w.ns, w.name, out)
-		}
-		for k, want := range map[string]string{contract.EnvEnable: "1", contract.EnvGroupID: groupID, contract.EnvRegistryRoot: registryRoot} {
-			if env[k] != want {
-				t.Errorf("%s/%s: %s=%q, want %q", w.ns, w.name, k, env[k], want)
-			}
-		}
-		var rm map[string]string
-		if err := json.Unmarshal([]byte(env[contract.EnvRailMap]), &rm); err != nil {
-			t.Errorf("%s/%s: %s=%q: %v", w.ns, w.name, contract.EnvRailMap, env[contract.EnvRailMap], err)
-		} else if !reflect.DeepEqual(rm, m.Status.RailMap) {
-			t.Errorf("%s/%s: %s=%v, the node's PxnRailMap says %v", w.ns, w.name, contract.EnvRailMap, rm, m.Status.RailMap)
-		}
-		if out, err := c.exec(w.ns, w.name, "writable", registryRoot); err != nil || strings.TrimSpace(out) != "writable" {
-			t.Errorf("%s/%s: registry root %s not writable: %v %s", w.ns, w.name, registryRoot, err, out)
-		}
-		if _, err := c.exec(w.ns, w.name, "write", filepath.Join(registryRoot, w.name+".txt"), "from "+w.ns+"/"+w.name); err != nil {
-			t.Errorf("%s/%s: write: %v", w.ns, w.name, err)
+			t.Logf("%s/%s environment:\n%s", w.ns, w.name, env)
 		}
 	}
 	if t.Failed() {
@@ -540,6 +514,42 @@ func (c *cluster) checkWorkloads() {
 		t.Errorf("host %s holds %v, want the folders %v", c.groupsDir(), got, wantKeys)
 	}
 	t.Logf("group folders on the host (%s): %v", c.groupsDir(), got)
+}
+
+// checkMember checks what a member container of a group gets: the engine's
+// environment (the node's rail map railMap), a writable registry root, into
+// which it writes <name>.txt for the others to see. It returns the
+// container's environment as env prints it.
+func (c *cluster) checkMember(w workload, railMap map[string]string) string {
+	t := c.t
+	out, err := c.exec(w.ns, w.name, "env")
+	if err != nil {
+		t.Fatalf("%s/%s: %v", w.ns, w.name, err)
+	}
+	env := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok {
+			env[k] = v
+		}
+	}
+	for k, want := range map[string]string{contract.EnvEnable: "1", contract.EnvGroupID: groupID, contract.EnvRegistryRoot: registryRoot} {
+		if env[k] != want {
+			t.Errorf("%s/%s: %s=%q, want %q", w.ns, w.name, k, env[k], want)
+		}
+	}
+	var rm map[string]string
+	if err := json.Unmarshal([]byte(env[contract.EnvRailMap]), &rm); err != nil {
+		t.Errorf("%s/%s: %s=%q: %v", w.ns, w.name, contract.EnvRailMap, env[contract.EnvRailMap], err)
+	} else if !reflect.DeepEqual(rm, railMap) {
+		t.Errorf("%s/%s: %s=%v, the node's PxnRailMap says %v", w.ns, w.name, contract.EnvRailMap, rm, railMap)
+	}
+	if out, err := c.exec(w.ns, w.name, "writable", registryRoot); err != nil || strings.TrimSpace(out) != "writable" {
+		t.Errorf("%s/%s: registry root %s not writable: %v %s", w.ns, w.name, registryRoot, err, out)
+	}
+	if _, err := c.exec(w.ns, w.name, "write", filepath.Join(registryRoot, w.name+".txt"), "from "+w.ns+"/"+w.name); err != nil {
+		t.Errorf("%s/%s: write: %v", w.ns, w.name, err)
+	}
+	return out
 }
 
 // rankPod is a pod of one rank of a group that spans two pods
