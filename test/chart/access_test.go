@@ -624,11 +624,7 @@ func TestNodeRestrictionPolicy(t *testing.T) {
 		return nil
 	})
 
-	tests := []struct {
-		name    string
-		do      func() error
-		wantErr string // empty: allowed
-	}{
+	tests := []policyCase{
 		{"own node's pxn.io labels", func() error {
 			return labelPatch(agentClients, "node-a", map[string]any{pxnv1alpha1.LabelCapable: "true", pxnv1alpha1.LabelRails: "8"})
 		}, ""},
@@ -673,19 +669,7 @@ func TestNodeRestrictionPolicy(t *testing.T) {
 			return labelPatch(e.clients, "node-b", map[string]any{"team": "x"})
 		}, ""},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			err := tc.do()
-			switch {
-			case tc.wantErr == "" && err != nil:
-				t.Fatalf("refused: %v", err)
-			case tc.wantErr != "" && err == nil:
-				t.Fatalf("allowed, want refused with %q", tc.wantErr)
-			case tc.wantErr != "" && (!strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "pxn-agent-node-restriction")):
-				t.Fatalf("error %v, want the policy's refusal with %q", err, tc.wantErr)
-			}
-		})
-	}
+	runPolicyCases(t, "pxn-agent-node-restriction", tests)
 	if _, err := agentClients.CoreV1().Nodes().Get(ctx, "node-a", metav1.GetOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("the agent got a Node by name: %v; the chart grants it list and watch only", err)
 	}
@@ -735,11 +719,7 @@ func TestDRANodeRestrictionPolicy(t *testing.T) {
 		_, err = c.Update(ctx, s, metav1.UpdateOptions{})
 		return err
 	}
-	tests := []struct {
-		name    string
-		do      func() error
-		wantErr string // empty: allowed
-	}{
+	tests := []policyCase{
 		{"own node's slice", func() error { return create(driver, slice("a-slice", "pxn.io", "node-a")) }, ""},
 		{"own node's slice updated", func() error { return relabel(driver, "a-slice") }, ""},
 		{"another node's slice", func() error { return create(driver, slice("b-other", "pxn.io", "node-b")) }, "may write only its own node's ResourceSlices"},
@@ -749,7 +729,21 @@ func TestDRANodeRestrictionPolicy(t *testing.T) {
 		{"token without a node", func() error { return create(unbound, slice("a-unbound", "pxn.io", "node-a")) }, "name no node"},
 		{"own node's slice deleted", func() error { return driver.Delete(ctx, "a-slice", metav1.DeleteOptions{}) }, ""},
 	}
-	for _, tc := range tests {
+	runPolicyCases(t, "pxn-dra-node-restriction", tests)
+}
+
+// policyCase is one request under an admission policy: do makes it;
+// wantErr is empty when the policy allows it, else part of its refusal.
+type policyCase struct {
+	name    string
+	do      func() error
+	wantErr string
+}
+
+// runPolicyCases runs each case as a subtest: an allowed request must
+// succeed, a refused one must fail with the named policy's message.
+func runPolicyCases(t *testing.T, policy string, cases []policyCase) {
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.do()
 			switch {
@@ -757,7 +751,7 @@ func TestDRANodeRestrictionPolicy(t *testing.T) {
 				t.Fatalf("refused: %v", err)
 			case tc.wantErr != "" && err == nil:
 				t.Fatalf("allowed, want refused with %q", tc.wantErr)
-			case tc.wantErr != "" && (!strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "pxn-dra-node-restriction")):
+			case tc.wantErr != "" && (!strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), policy)):
 				t.Fatalf("error %v, want the policy's refusal with %q", err, tc.wantErr)
 			}
 		})
