@@ -12,7 +12,7 @@
 #define PXN_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
 #endif
 
-#define PXN_ABI_VERSION 3
+#define PXN_ABI_VERSION 4
 
 #define PXN_LANE_COUNT 7
 #define PXN_SLOTS_PER_LANE 18
@@ -22,6 +22,7 @@
 
 #define PXN_MAX_PLANS 4096
 #define PXN_MAX_SESSION 256
+#define PXN_MAX_PARTS 8
 #define PXN_CACHE_LINE 64
 
 #define PXN_REGISTRY_MAGIC UINT64_C(0x31304745524e5850)
@@ -54,7 +55,9 @@ typedef struct pxn_plan_entry {
  * Written by the lane's sender while it owns the slot: every field first,
  * commit_seq last with a release store. The relay acquire-loads commit_seq and
  * trusts nothing else until it equals the seq it waits for; it then copies the
- * fields once into private memory and validates only the copy.
+ * fields once into private memory and validates only the copy. A Piece of
+ * parts > 1 is copied part after part: part_ends[p] (p < parts - 1) counts the
+ * plan entries of parts 0..p; the last part ends with the plan.
  */
 typedef struct pxn_desc {
 	uint64_t commit_seq;
@@ -62,7 +65,8 @@ typedef struct pxn_desc {
 	uint64_t piece_len;
 	uint32_t plan_count;
 	uint32_t session_len;
-	uint8_t pad0[32];
+	uint32_t parts;
+	uint32_t part_ends[PXN_MAX_PARTS - 1];
 	uint8_t session[PXN_MAX_SESSION];
 	pxn_plan_entry plans[PXN_MAX_PLANS];
 } pxn_desc;
@@ -80,11 +84,13 @@ typedef struct pxn_completion {
 /*
  * A slot's doorbell, written by the sender's GPU (cuStreamWriteValue64) or by
  * its pump with a release store, after the copy into the slot has completed.
- * The relay acquire-loads it. One cache line per word.
+ * The relay acquire-loads it. One cache line per slot. parts[p] holds the seq
+ * once part p of a Piece of several parts is in the slot (written by the
+ * copy, with a system-scope fence before it); seq covers every part.
  */
 typedef struct pxn_ready_word {
 	uint64_t seq;
-	uint8_t pad0[56];
+	uint64_t parts[PXN_MAX_PARTS - 1];
 } pxn_ready_word;
 
 /* Written only under the registry lock, at lane claim and release. */
@@ -224,7 +230,8 @@ PXN_STATIC_ASSERT(offsetof(pxn_desc, epoch) == 8, "pxn_desc.epoch");
 PXN_STATIC_ASSERT(offsetof(pxn_desc, piece_len) == 16, "pxn_desc.piece_len");
 PXN_STATIC_ASSERT(offsetof(pxn_desc, plan_count) == 24, "pxn_desc.plan_count");
 PXN_STATIC_ASSERT(offsetof(pxn_desc, session_len) == 28, "pxn_desc.session_len");
-PXN_STATIC_ASSERT(offsetof(pxn_desc, pad0) == 32, "pxn_desc.pad0");
+PXN_STATIC_ASSERT(offsetof(pxn_desc, parts) == 32, "pxn_desc.parts");
+PXN_STATIC_ASSERT(offsetof(pxn_desc, part_ends) == 36, "pxn_desc.part_ends");
 PXN_STATIC_ASSERT(offsetof(pxn_desc, session) == 64, "pxn_desc.session");
 PXN_STATIC_ASSERT(offsetof(pxn_desc, plans) == 320, "pxn_desc.plans");
 PXN_STATIC_ASSERT(sizeof(pxn_desc) == 65856, "sizeof pxn_desc");
@@ -235,7 +242,7 @@ PXN_STATIC_ASSERT(offsetof(pxn_completion, pad0) == 12, "pxn_completion.pad0");
 PXN_STATIC_ASSERT(sizeof(pxn_completion) == 64, "sizeof pxn_completion");
 
 PXN_STATIC_ASSERT(offsetof(pxn_ready_word, seq) == 0, "pxn_ready_word.seq");
-PXN_STATIC_ASSERT(offsetof(pxn_ready_word, pad0) == 8, "pxn_ready_word.pad0");
+PXN_STATIC_ASSERT(offsetof(pxn_ready_word, parts) == 8, "pxn_ready_word.parts");
 PXN_STATIC_ASSERT(sizeof(pxn_ready_word) == 64, "sizeof pxn_ready_word");
 
 PXN_STATIC_ASSERT(offsetof(pxn_lane_owner, pid) == 0, "pxn_lane_owner.pid");

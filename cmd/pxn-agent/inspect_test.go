@@ -88,7 +88,7 @@ func TestInspectShowsRanksLanesAndGarbage(t *testing.T) {
 		if got, ok := tx.Ticket(); !ok || got != seq {
 			t.Fatalf("ticket %d (%v), want %d", got, ok, seq)
 		}
-		if err := tx.Commit(seq, "s", []staging.PlanEntry{{Dst: 0x1000, Len: 8}}, 8); err != nil {
+		if err := tx.Commit(seq, "s", []staging.PlanEntry{{Dst: 0x1000, Len: 8}}, 8, nil); err != nil {
 			t.Fatal(err)
 		}
 		staging.RingDoorbell(tx.ReadyWord(seq), seq)

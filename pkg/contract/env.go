@@ -39,6 +39,10 @@ const (
 	// through a relay; each later Piece may hold twice the one before, up
 	// to the slot. MaxFirstPieceKiB (the slot) turns the ramp off.
 	EnvFirstPiece = EnvPrefix + "FIRST_PIECE_KIB"
+	// EnvSlotParts is the most parts a Piece on an idle lane is copied and
+	// forwarded in: the relay forwards a part once it is in the slot,
+	// while the sender still copies the next. 1 turns parts off.
+	EnvSlotParts = EnvPrefix + "SLOT_PARTS"
 	// EnvHeartbeatTimeout is how long, in milliseconds, a peer may miss its
 	// heartbeat before it counts as gone.
 	EnvHeartbeatTimeout = EnvPrefix + "HEARTBEAT_TIMEOUT_MS"
@@ -83,6 +87,11 @@ const (
 	DefaultFirstPieceKiB = MaxFirstPieceKiB
 	MinFirstPieceKiB     = 4
 
+	// DefaultSlotParts is MaxSlotParts, the most the ready line holds.
+	DefaultSlotParts = MaxSlotParts
+	MinSlotParts     = 1
+	MaxSlotParts     = 8
+
 	DefaultHeartbeatTimeout = 3000 * time.Millisecond
 	// MinHeartbeatTimeout is two periods of the engine's 100 ms heartbeat:
 	// a peer is declared stale only after it missed at least one beat.
@@ -118,7 +127,7 @@ func ValidateRegistryRoot(s string) error {
 func IsVariable(name string) bool {
 	switch name {
 	case EnvEnable, EnvGroupID, EnvInflightDepth, EnvRailMap, EnvCreditTimeout,
-		EnvFirstPiece, EnvHeartbeatTimeout, EnvRegistryRoot, EnvCopyMode:
+		EnvFirstPiece, EnvSlotParts, EnvHeartbeatTimeout, EnvRegistryRoot, EnvCopyMode:
 		return true
 	}
 	return false

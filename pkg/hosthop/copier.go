@@ -68,6 +68,9 @@ type HostCopierStats struct {
 	// Abandoned counts copies dropped by Close because their ready event
 	// was still held.
 	Abandoned uint64
+	// Parts counts the part words stored by CopyParts (every part but
+	// the last of each Piece).
+	Parts uint64
 	// LiveEvents is the number of recorded events not yet released.
 	LiveEvents int
 	// HeldEvents is the number of events that wait for their ReadyHolder.
@@ -106,6 +109,7 @@ type HostCopier struct {
 	copies    atomic.Uint64
 	bytes     atomic.Uint64
 	abandoned atomic.Uint64
+	parts     atomic.Uint64
 }
 
 type hostLane struct {
@@ -124,6 +128,11 @@ type copyJob struct {
 	entries  []relay.CopyEntry
 	doorbell *uint64
 	seq      uint64
+	// partEnds are the entry ends of every part but the last, nparts-1 of
+	// them; words the part words their ends are signalled in (CopyParts).
+	partEnds [staging.MaxParts - 1]uint32
+	nparts   int
+	words    *[staging.MaxParts - 1]uint64
 }
 
 // readyGate is what the copies behind a held event wait on. A closed channel
@@ -312,6 +321,27 @@ func (c *HostCopier) wakeLanes() {
 // before Copy returns; the memory they name must stay mapped until the
 // doorbell shows seq.
 func (c *HostCopier) Copy(lane int, ready relay.Event, entries []relay.CopyEntry, doorbell *uint64, seq uint64) error {
+	return c.copyIn(lane, ready, entries, nil, doorbell, nil, seq)
+}
+
+// CopyParts is Copy for a Piece in parts (relay.PartCopier): once the
+// entries before partEnds[p] are copied, seq is release-stored into
+// words[p], while the lane goes on with the next part.
+func (c *HostCopier) CopyParts(lane int, ready relay.Event, entries []relay.CopyEntry, partEnds []uint32, doorbell *uint64, words *[staging.MaxParts - 1]uint64, seq uint64) error {
+	if words == nil {
+		return fmt.Errorf("hosthop: lane %d seq %d: nil part words", lane, seq)
+	}
+	prev := uint32(0)
+	for p, e := range partEnds {
+		if p >= staging.MaxParts-1 || e <= prev || int(e) >= len(entries) {
+			return fmt.Errorf("hosthop: lane %d seq %d: part end %d of %v: want at most %d ends, increasing, below the %d entries", lane, seq, p, partEnds, staging.MaxParts-1, len(entries))
+		}
+		prev = e
+	}
+	return c.copyIn(lane, ready, entries, partEnds, doorbell, words, seq)
+}
+
+func (c *HostCopier) copyIn(lane int, ready relay.Event, entries []relay.CopyEntry, partEnds []uint32, doorbell *uint64, words *[staging.MaxParts - 1]uint64, seq uint64) error {
 	if lane < 0 || lane >= staging.LaneCount {
 		return fmt.Errorf("hosthop: lane %d out of range [0, %d)", lane, staging.LaneCount)
 	}
@@ -343,7 +373,9 @@ func (c *HostCopier) Copy(lane int, ready relay.Event, entries []relay.CopyEntry
 			return fmt.Errorf("hosthop: lane %d seq %d: %w: %d", lane, seq, ErrUnknownEvent, ready)
 		}
 	}
-	if err := c.enqueue(lane, wait, entries, doorbell, seq); err != nil {
+	job := copyJob{ready: wait, doorbell: doorbell, seq: seq, nparts: len(partEnds) + 1, words: words}
+	copy(job.partEnds[:], partEnds)
+	if err := c.enqueue(lane, job, entries); err != nil {
 		if wait != nil {
 			c.dropGate(wait)
 		}
@@ -353,7 +385,8 @@ func (c *HostCopier) Copy(lane int, ready relay.Event, entries []relay.CopyEntry
 }
 
 // enqueue hands a checked copy to its lane, starting the lane if need be.
-func (c *HostCopier) enqueue(lane int, wait *readyGate, entries []relay.CopyEntry, doorbell *uint64, seq uint64) error {
+func (c *HostCopier) enqueue(lane int, job copyJob, entries []relay.CopyEntry) error {
+	seq := job.seq
 	c.laneMu.Lock()
 	defer c.laneMu.Unlock()
 	if c.closed {
@@ -384,7 +417,8 @@ func (c *HostCopier) enqueue(lane int, wait *readyGate, entries []relay.CopyEntr
 	default:
 		return fmt.Errorf("%w: lane %d seq %d: %d copies outstanding", ErrLaneFull, lane, seq, LaneQueueDepth)
 	}
-	l.jobs <- copyJob{ready: wait, entries: append(buf[:0], entries...), doorbell: doorbell, seq: seq}
+	job.entries = append(buf[:0], entries...)
+	l.jobs <- job
 	return nil
 }
 
@@ -405,7 +439,15 @@ func (c *HostCopier) runLane(l *hostLane) {
 			continue
 		}
 		var n uint64
-		for _, e := range job.entries {
+		p := 0
+		for i, e := range job.entries {
+			if p < job.nparts-1 && i == int(job.partEnds[p]) {
+				// Part p is in the slot: the atomic store orders its
+				// copies first, as the doorbell's does for the whole.
+				staging.RingDoorbell(&job.words[p], job.seq)
+				c.parts.Add(1)
+				p++
+			}
 			copy(hostmem.Bytes(e.Dst, e.Len), hostmem.Bytes(e.Src, e.Len))
 			n += e.Len
 		}
@@ -450,6 +492,7 @@ func (c *HostCopier) Stats() HostCopierStats {
 		Copies:     c.copies.Load(),
 		Bytes:      c.bytes.Load(),
 		Abandoned:  c.abandoned.Load(),
+		Parts:      c.parts.Load(),
 		LiveEvents: live,
 		HeldEvents: held,
 		Lanes:      lanes,

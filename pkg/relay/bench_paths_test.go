@@ -154,7 +154,7 @@ func (s *fakeSender) send(tb testing.TB, e *relay.Engine, n uint64) {
 	if !ok {
 		tb.Fatalf("no ticket at seq %d", s.tx.Next())
 	}
-	if err := s.tx.Commit(seq, sessRail1, s.entries, n); err != nil {
+	if err := s.tx.Commit(seq, sessRail1, s.entries, n, nil); err != nil {
 		tb.Fatal(err)
 	}
 	staging.RingDoorbell(s.tx.ReadyWord(seq), seq)

@@ -8,6 +8,8 @@ package relay
 import (
 	"errors"
 	"time"
+
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // Kind says where a memory range lives.
@@ -179,6 +181,19 @@ type (
 	CopyPoller interface{ Poll() (int, error) }
 	// PollTuner replaces DefaultPollPolicy for the copier's engine.
 	PollTuner interface{ PollPolicy() PollPolicy }
+	// PartCopier copies a Piece in parts and says when each has landed,
+	// so that the relay forwards the first parts while the later ones are
+	// still copied (staging.Desc.Parts). CopyParts is Copy for a Piece
+	// whose parts end at the entry indices partEnds (every part but the
+	// last; the plan's entries and entries correspond one to one), and it
+	// also stores seq into words[p] once part p is in the slot, before the
+	// doorbell: a GPU store behind a system-scope fence, or a release
+	// store. A copier may leave the words alone for a Piece it cannot
+	// signal in parts: the doorbell then covers them all. The sender
+	// calls it only on a lane with nothing else in flight.
+	PartCopier interface {
+		CopyParts(lane int, ready Event, entries []CopyEntry, partEnds []uint32, doorbell *uint64, words *[staging.MaxParts - 1]uint64, seq uint64) error
+	}
 )
 
 // PollPolicy is how the pump waits for work in flight that wakes no one (a

@@ -94,6 +94,7 @@ func open(cfg staging.Config, deps Deps, steer steering) (*Engine, error) {
 		scratch: newScratchPool(),
 	}
 	e.pieceHop, _ = deps.Hop.(PieceHop)
+	e.partCopier, _ = deps.Copier.(PartCopier)
 	e.counters.configRefused.Store(uint64(max(deps.ConfigRefused, 0)))
 	e.routes.Store(&routeTable{})
 	if !cfg.Enable || deps.Registry == nil {

@@ -104,7 +104,7 @@ func (h *hostileLane) post(session string, dst, n uint64, commit uint64, mutate 
 	data := unsafe.Slice((*byte)(*(*unsafe.Pointer)(unsafe.Pointer(&addr))), n)
 	faultPattern(data, hostileSeed, seq*n)
 	d := &h.lane.Descs[slot]
-	if err := d.Fill(h.epoch, session, []staging.PlanEntry{{Dst: dst, Len: n}}, n); err != nil {
+	if err := d.Fill(h.epoch, session, []staging.PlanEntry{{Dst: dst, Len: n}}, n, nil); err != nil {
 		h.t.Fatal(err)
 	}
 	if mutate != nil {
@@ -115,6 +115,29 @@ func (h *hostileLane) post(session string, dst, n uint64, commit uint64, mutate 
 	}
 	staging.PublishDesc(d, commit)
 	atomic.StoreUint64(&h.lane.Ready[slot].Seq, seq)
+	return seq
+}
+
+// postParts writes a Desc of two plan entries of n bytes each (rank
+// seed's pattern, to dst and dst+n of session) in two parts, one entry
+// each, commits it and stores seq into the first part word only: the first
+// part has landed, the second never will.
+func (h *hostileLane) postParts(session string, dst, n uint64) uint64 {
+	h.t.Helper()
+	seq := h.next
+	h.next++
+	slot := staging.SlotOf(seq)
+	addr := h.link.StagingBase() + uintptr(slot)*staging.SlotSize
+	// addr is the relay's arena as mapped here, not Go memory.
+	data := unsafe.Slice((*byte)(*(*unsafe.Pointer)(unsafe.Pointer(&addr))), 2*n)
+	faultPattern(data, hostileSeed, seq*n)
+	d := &h.lane.Descs[slot]
+	plans := []staging.PlanEntry{{Dst: dst, Len: n}, {Dst: dst + n, Len: n}}
+	if err := d.Fill(h.epoch, session, plans, 2*n, []uint32{1}); err != nil {
+		h.t.Fatal(err)
+	}
+	staging.PublishDesc(d, seq)
+	atomic.StoreUint64(&h.lane.Ready[slot].Parts[0], seq)
 	return seq
 }
 
@@ -165,6 +188,8 @@ func TestFaultMalformedDesc(t *testing.T) {
 		{"plan sum over the piece", nil, func(d *staging.Desc) { d.PieceLen = n - 1 }},
 		{"session len 0", nil, func(d *staging.Desc) { d.SessionLen = 0 }},
 		{"session len over the maximum", nil, func(d *staging.Desc) { d.SessionLen = staging.MaxSession + 1 }},
+		{"parts over the ready line", nil, func(d *staging.Desc) { d.Parts = staging.MaxParts + 1 }},
+		{"a part of no entry", nil, func(d *staging.Desc) { d.Parts, d.PartEnds[0] = 2, 1 }},
 	}
 	for _, rule := range rules {
 		t.Run(rule.name, func(t *testing.T) {
@@ -207,6 +232,47 @@ func TestFaultMalformedDesc(t *testing.T) {
 	if c := s.counters().Counters; c.RelayedPieces != 12 {
 		t.Errorf("honest sender relayed %d pieces, want 12", c.RelayedPieces)
 	}
+}
+
+// A sender whose Piece's first part landed and that then gives its lane
+// up (or dies, and the relay frees it) never lands the rest: the relay
+// forwards the first part, waits, and once the lane is no longer the
+// sender's completes the Piece as failed and frees its place in the second
+// hop; the second part's destination is untouched, and the relay goes on
+// serving an honest sender.
+func TestFaultPartsOfASenderThatLeft(t *testing.T) {
+	const n = 4096
+	g := newFaultGroup(t, faultGroupOpts{rails: 3})
+	r := g.start("relay", 1, faultMiB)
+	h := attachHostile(t, g, g.hostileRank(2), r)
+	dst := faultBase(1)
+	seq := h.postParts(faultSession(1), dst, n)
+	want := make([]byte, 2*n)
+	faultPattern(want, hostileSeed, seq*n)
+	eventually(t, 20*time.Second, "the first part forwarded", func() bool {
+		return firstDiff(g.tgt[1][:n], want[:n]) < 0
+	})
+	if c := r.counters().Counters; c.ForwardedPieces != 0 || c.SecondHopFailures != 0 {
+		t.Fatalf("with a part still to land: %d Pieces forwarded, %d failed; want none", c.ForwardedPieces, c.SecondHopFailures)
+	}
+	if err := h.link.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st := h.completion(seq); st != staging.CompletionSecondHop {
+		t.Fatalf("status %d, want %d (second hop)", st, staging.CompletionSecondHop)
+	}
+	if c := r.counters().Counters; c.SecondHopFailures != 1 || c.ForwardedPieces != 0 {
+		t.Fatalf("relay counted %d second-hop failures and %d forwarded Pieces; want 1 and 0", c.SecondHopFailures, c.ForwardedPieces)
+	}
+	if i := firstDiff(g.tgt[1][n:2*n], make([]byte, n)); i >= 0 {
+		t.Fatalf("the second part, which never landed, was written (byte %d)", i)
+	}
+	s := g.start("honest sender", 0, 4*faultMiB)
+	s.route(faultRail(1), true, 20*time.Second)
+	s.submit(true, faultWrites(1, 6, faultPiece, 0, 4*faultMiB)...)
+	ts := s.wait(20 * time.Second)
+	checkStates(t, ts, map[string]int{"completed": 6})
+	g.verify(0, ts)
 }
 
 // A sender that ignores credit rings the doorbell of seq K+1 while seq 1,

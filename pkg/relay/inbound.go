@@ -33,9 +33,33 @@ type inflightRec struct {
 	closing bool
 	// times is the Piece's place in the relay's time ring.
 	times uint64
-	// token is the Piece's one hop token when the hop takes Pieces whole
-	// (PieceHop); each write carries its own otherwise.
+	// token is the hop token of the writes in unsent when the hop takes
+	// Pieces whole (PieceHop): one per hand-over the hop accepts, 0 once
+	// it has; each write carries its own token otherwise.
 	token uint64
+	// partEnds[p] is where part p of the Piece ends in ops (the Desc's
+	// part ends, then len(ops)); nparts counts the parts, landed those in
+	// the slot, whose writes have been released to the hop, released the
+	// writes that makes.
+	partEnds [staging.MaxParts]int
+	nparts   int
+	landed   int
+	released int
+	// waiting is set while parts of the Piece are still being copied into
+	// the slot: the rec is on the relayer's waiting list and is not
+	// completed, whatever its writes do, until the rest lands or the
+	// sender's ring ends.
+	waiting bool
+}
+
+// setParts records the Piece's parts from its validated part ends.
+func (rec *inflightRec) setParts(ends []uint32) {
+	rec.nparts = len(ends) + 1
+	for p, e := range ends {
+		rec.partEnds[p] = int(e)
+	}
+	rec.partEnds[len(ends)] = len(rec.ops)
+	rec.landed, rec.released = 0, 0
 }
 
 // relayer is the inbound pipeline: it takes tickets from this rank's
@@ -60,7 +84,10 @@ type relayer struct {
 	// unsent are relayed Pieces whose second-hop writes the hop has not all
 	// taken yet, in the order they were consumed.
 	unsent fifo[*inflightRec]
-	recs   recPool
+	// waiting are relayed Pieces taken while their later parts were still
+	// being copied into the slot (waiting set), in the order taken.
+	waiting []*inflightRec
+	recs    recPool
 	// routes is the route cache, by target session.
 	routes   map[string]*route
 	invalBuf []string
@@ -205,16 +232,97 @@ func (rl *relayer) handOver(rec *inflightRec) {
 	if errors.Is(err, ErrHopBusy) {
 		return
 	}
-	rec.unsent = rec.unsent[:0]
+	tok := rec.token
+	rec.unsent, rec.token = rec.unsent[:0], 0
 	if err != nil {
-		rl.s.failToken(rec.token, fmt.Errorf("submit to the hop: %w", err), rl)
+		rl.s.failToken(tok, fmt.Errorf("submit to the hop: %w", err), rl)
 	}
 }
 
-// freeRec returns rec to the pool once every write has completed and the
-// hop holds none of its unsent writes.
+// release hands the writes of parts [rec.landed, landed) to the hop, behind
+// any of rec's writes it has not taken yet. Each write gets its token, or,
+// for a PieceHop, the writes not yet taken share one.
+func (rl *relayer) release(rec *inflightRec, landed int) {
+	from, end := rec.released, rec.partEnds[landed-1]
+	taken := from - len(rec.unsent)
+	if rl.s.pieceHop != nil {
+		if rec.token == 0 {
+			rec.token = rl.s.tokens.add(tokenEntry{kind: tokRelay, rec: rec})
+			rec.remaining++
+		}
+	} else {
+		for k := from; k < end; k++ {
+			rec.ops[k].Token = rl.s.tokens.add(tokenEntry{kind: tokRelay, rec: rec})
+		}
+		rec.remaining += end - from
+	}
+	rec.landed, rec.released = landed, end
+	rec.unsent = rec.ops[taken:end]
+	if !rec.sending {
+		rl.sendRecord(rec)
+	}
+}
+
+// landParts releases the parts of waiting Pieces that have landed since,
+// and gives up on those whose sender's ring ended (its lane freed or
+// claimed anew): their later parts will never land, and a completion in a
+// ring that is not the sender's any more is dropped anyway.
+func (rl *relayer) landParts() bool {
+	if len(rl.waiting) == 0 {
+		return false
+	}
+	progressed := false
+	keep := rl.waiting[:0]
+	for _, rec := range rl.waiting {
+		rx := rl.in[rec.lane].rx
+		if !rx.Current() || rx.Epoch() != rec.epoch {
+			progressed = true
+			rl.stopWaiting(rec, errLaneEnded)
+			continue
+		}
+		n := rx.PartsLanded(rec.seq, rec.nparts)
+		if n <= rec.landed {
+			keep = append(keep, rec)
+			continue
+		}
+		progressed = true
+		if n < rec.nparts {
+			keep = append(keep, rec)
+		} else {
+			rec.waiting = false
+		}
+		rl.release(rec, n)
+	}
+	clear(rl.waiting[len(keep):])
+	rl.waiting = keep
+	return progressed
+}
+
+// stopWaiting ends the wait of a Piece whose later parts will not land:
+// it completes with err once the writes already released end.
+func (rl *relayer) stopWaiting(rec *inflightRec, err error) {
+	rec.waiting = false
+	rl.noteFailure(rec, err)
+	rl.settle(rec)
+}
+
+// stopAllWaiting ends every wait with err (the relay is closing).
+func (rl *relayer) stopAllWaiting(err error) {
+	w := rl.waiting
+	rl.waiting = nil
+	for _, rec := range w {
+		rl.stopWaiting(rec, err)
+	}
+}
+
+// errLaneEnded fails a relayed Piece whose sender's ring ended while its
+// later parts were still being copied.
+var errLaneEnded = errors.New("the sender's lane ended before the piece landed whole")
+
+// freeRec returns rec to the pool once every write has completed, the
+// hop holds none of its unsent writes and no part is still awaited.
 func (rl *relayer) freeRec(rec *inflightRec) {
-	if rec.remaining == 0 && !rec.sending {
+	if rec.remaining == 0 && !rec.sending && !rec.waiting {
 		rl.recs.put(rec)
 	}
 }
@@ -306,21 +414,22 @@ func (rl *relayer) consume(i int) bool {
 	}
 	rec.lane, rec.epoch, rec.seq, rec.route = i, epoch, seq, rt
 	rec.bytes = vd.PieceLen()
-	if rl.s.pieceHop != nil {
-		rec.remaining = 1
-		rec.token = rl.s.tokens.add(tokenEntry{kind: tokRelay, rec: rec})
-	} else {
-		rec.remaining = len(rec.ops)
-		for k := range rec.ops {
-			rec.ops[k].Token = rl.s.tokens.add(tokenEntry{kind: tokRelay, rec: rec})
-		}
-	}
+	rec.setParts(vd.PartEnds())
+	rec.remaining, rec.token, rec.unsent = 0, 0, rec.ops[:0]
 	rl.inflight++
 	rl.inflightBytes += rec.bytes
-	rec.unsent = rec.ops
 	at := rl.s.relayedTimes.add(PieceTimes{Lane: i, Seq: seq, Bytes: rec.bytes, Seen: seen})
 	rec.times = at
-	rl.sendRecord(rec)
+	// The ticket was taken on its doorbell or on its first part word:
+	// what has landed goes now, the rest as it lands (landParts).
+	landed := il.rx.PartsLanded(seq, rec.nparts)
+	if landed < rec.nparts {
+		rec.waiting = true
+		rl.waiting = append(rl.waiting, rec)
+	}
+	if landed > 0 {
+		rl.release(rec, landed)
+	}
 	rl.s.relayedTimes.set(at, stepPosted)
 	return true
 }
@@ -354,17 +463,29 @@ func (rec *inflightRec) fill(rt *route, plans []staging.PlanEntry, src uintptr) 
 // one completes the Piece. A failed write drops the session's route: the
 // next Piece resolves it again.
 func (rl *relayer) finishWrite(rec *inflightRec, err error) {
-	if err != nil && !rec.failed {
-		rec.failed = true
-		rec.timedOut = errors.Is(err, ErrTimedOut)
-		rec.closing = err == errRelayClosing
-		if !rec.closing {
-			rl.dropRoute(rec.route)
-			rl.s.log.V(2).Info("second hop failed", "lane", rec.lane, "seq", rec.seq, "err", err)
-		}
-	}
+	rl.noteFailure(rec, err)
 	rec.remaining--
-	if rec.remaining > 0 {
+	rl.settle(rec)
+}
+
+// noteFailure records the first failure of a relayed Piece.
+func (rl *relayer) noteFailure(rec *inflightRec, err error) {
+	if err == nil || rec.failed {
+		return
+	}
+	rec.failed = true
+	rec.timedOut = errors.Is(err, ErrTimedOut)
+	rec.closing = err == errRelayClosing
+	if !rec.closing && err != errLaneEnded {
+		rl.dropRoute(rec.route)
+		rl.s.log.V(2).Info("second hop failed", "lane", rec.lane, "seq", rec.seq, "err", err)
+	}
+}
+
+// settle completes a relayed Piece once every released write has ended
+// and no part is still awaited.
+func (rl *relayer) settle(rec *inflightRec) {
+	if rec.remaining > 0 || rec.waiting {
 		return
 	}
 	rl.inflight--

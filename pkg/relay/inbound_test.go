@@ -76,7 +76,7 @@ func TestInboundLanesServedInTurnAcrossTheCap(t *testing.T) {
 						t.Fatal("no credit on a fresh lane")
 					}
 					dst := tgtBase + uint64(i*perLane+k)*size
-					if err := tx.Commit(seq, sessRail1, []staging.PlanEntry{{Dst: dst, Len: size}}, size); err != nil {
+					if err := tx.Commit(seq, sessRail1, []staging.PlanEntry{{Dst: dst, Len: size}}, size, nil); err != nil {
 						t.Fatal(err)
 					}
 					staging.RingDoorbell(tx.ReadyWord(seq), seq)

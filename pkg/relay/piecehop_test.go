@@ -55,7 +55,9 @@ func TestRelayHandsPiecesWhole(t *testing.T) {
 			name = "ops one by one"
 		}
 		t.Run(name, func(t *testing.T) {
-			o := pairOpts{tgtSize: n * block, srcSize: n * block}
+			// One hand-over a Piece: parts would add one for each part
+			// that lands apart from the others.
+			o := pairOpts{tgtSize: n * block, srcSize: n * block, cfg: func(c *staging.Config) { c.SlotParts = 1 }}
 			if !whole {
 				o.wrapB = func(l *fabric.Loopback) (relay.Hop, relay.Directory) { return opsOnly{l}, l }
 			}

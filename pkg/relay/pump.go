@@ -304,6 +304,9 @@ func (p *pump) round(now time.Time) bool {
 	if p.s.retryBacklog() {
 		progressed = true
 	}
+	if p.rly.landParts() {
+		progressed = true
+	}
 	if p.rly.resendRecords() {
 		progressed = true
 	}
@@ -421,6 +424,7 @@ func (p *pump) finishStop() stopResult {
 			p.rly.finishWrite(ent.rec, errRelayClosing)
 		}
 	}
+	p.rly.stopAllWaiting(errRelayClosing)
 	p.rly.failWaiting()
 	p.publishStats()
 	return res

@@ -31,6 +31,7 @@ type sender struct {
 	// of the Piece being published.
 	planBuf  []staging.PlanEntry
 	copyBuf  []CopyEntry
+	partBuf  []uint32
 	peersOff bool
 	// noSend is set when the pump cannot use the copier: no lanes.
 	noSend bool
@@ -156,12 +157,19 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 	sn.planBuf, sn.copyBuf = sn.planBuf[:0], sn.copyBuf[:0]
 	n := sn.stage(pr, base, 0)
 	n = sn.join(sl, sp, base, n)
-	if err := sl.tx.Commit(seq, g.key.session, sn.planBuf, n); err != nil {
+	parts := sn.cutParts(sl, n)
+	if err := sl.tx.Commit(seq, g.key.session, sn.planBuf, n, parts); err != nil {
 		sn.fallbackSlot(sp, staging.FallbackOther)
 		return true
 	}
 	copyAt := s.sentTimes.now()
-	if err := s.copier.Copy(sl.copierLane, g.ready, sn.copyBuf, sl.tx.ReadyWord(seq), seq); err != nil {
+	var err error
+	if len(parts) > 0 {
+		err = s.partCopier.CopyParts(sl.copierLane, g.ready, sn.copyBuf, parts, sl.tx.ReadyWord(seq), sl.tx.PartWords(seq), seq)
+	} else {
+		err = s.copier.Copy(sl.copierLane, g.ready, sn.copyBuf, sl.tx.ReadyWord(seq), seq)
+	}
+	if err != nil {
 		// Before the doorbell: the Pieces are still ours to send direct,
 		// and the lane is quarantined.
 		s.log.Error(err, "first-hop copy failed; lane quarantined", "relayPid", sl.peer.Pid, "lane", sl.link.LaneIndex(), "copierLane", sl.copierLane)
@@ -185,6 +193,27 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 	sp.refs[0].times = s.sentTimes.add(PieceTimes{Lane: sl.link.LaneIndex(), Seq: seq, Bytes: n, Submit: g.submitted, Copy: copyAt})
 	sl.relayWake.Wake()
 	return true
+}
+
+// minPartBytes is the least a part of a slot holds: below it the relay's
+// hand-over of a part costs about what the overlap of the two hops buys.
+const minPartBytes = 256 << 10
+
+// cutParts returns the part ends (staging.Desc.PartEnds) of the slot being
+// published on sl, n bytes of the plan in sn.planBuf, or none. A slot goes
+// in parts only when the copier signals them and the lane has nothing else
+// published or queued: a transfer bound by latency, whose relay would
+// otherwise wait for the whole first hop before it starts the second.
+// Behind other Pieces the relay has work while this one copies, and parts
+// would only add hand-overs.
+func (sn *sender) cutParts(sl *senderLane, n uint64) []uint32 {
+	s := sn.s
+	parts := min(s.cfg.SlotParts, int(n/minPartBytes))
+	if s.partCopier == nil || parts < 2 || sl.tx.InFlight() || sl.front().g != nil {
+		return nil
+	}
+	sn.partBuf = staging.CutParts(sn.partBuf[:0], sn.planBuf, n, parts)
+	return sn.partBuf
 }
 
 // stage appends Piece pr's slices, staged from offset at of the slot at

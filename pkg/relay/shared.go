@@ -23,11 +23,13 @@ type shared struct {
 	cfg staging.Config
 	hop Hop
 	// pieceHop is hop when it takes relayed Pieces whole, else nil.
-	pieceHop  PieceHop
-	dir       Directory
-	copier    Copier
-	localRail string
-	log       klog.Logger
+	pieceHop PieceHop
+	dir      Directory
+	copier   Copier
+	// partCopier is copier when it signals a Piece's parts, else nil.
+	partCopier PartCopier
+	localRail  string
+	log        klog.Logger
 	// steer is nil in production (steering).
 	steer steering
 

@@ -17,8 +17,10 @@ import (
 const (
 	// ABIVersion changes whenever a shared-memory layout below changes.
 	// Version 2 added the header's wake word; version 3 the PID namespace
-	// of a rank and of a lane's owner, and the rank's counters block.
-	ABIVersion = 3
+	// of a rank and of a lane's owner, and the rank's counters block;
+	// version 4 a Piece's parts: Desc.Parts and Desc.PartEnds, and the part
+	// words of a slot's ready line (ReadyWord.Parts).
+	ABIVersion = 4
 
 	// LaneCount is the number of inbound lanes of a relay: one per other
 	// local rank, none for itself.
@@ -37,6 +39,10 @@ const (
 	MaxPlans = 4096
 	// MaxSession is the longest target session name in bytes.
 	MaxSession = 256
+	// MaxParts is the most parts a Piece is copied and forwarded in: the
+	// relay may forward part p once the sender's copier signalled it, while
+	// the later parts are still being copied (Desc.Parts, ReadyWord.Parts).
+	MaxParts = 8
 
 	// CacheLine is the alignment of every shared structure and of every word
 	// that one side polls while the other writes.
@@ -102,9 +108,15 @@ type Desc struct {
 	PieceLen   uint64
 	PlanCount  uint32
 	SessionLen uint32
-	_          [32]byte
-	Session    [MaxSession]byte
-	Plans      [MaxPlans]PlanEntry
+	// Parts is how many parts the Piece is copied in (0 or 1: one, whose
+	// end only the doorbell signals). PartEnds[p], for p < Parts-1, is the
+	// number of plan entries in parts 0..p: part p is the entries
+	// [PartEnds[p-1], PartEnds[p]) and the slot bytes they occupy; the last
+	// part ends with the plan.
+	Parts    uint32
+	PartEnds [MaxParts - 1]uint32
+	Session  [MaxSession]byte
+	Plans    [MaxPlans]PlanEntry
 }
 
 // Completion is the relay's answer for one slot: Status first, then Seq
@@ -116,11 +128,15 @@ type Completion struct {
 }
 
 // ReadyWord is a slot's doorbell. The sender's copy engine (or the sender's
-// pump) stores the Piece's seq into it after the copy into the slot; each word
-// has its own cache line so that two doorbells in flight never share one.
+// pump) stores the Piece's seq into Seq after the copy into the slot; each
+// word has its own cache line so that two doorbells in flight never share
+// one. For a Piece of several parts (Desc.Parts), the sender's copier may
+// also store seq into Parts[p] once part p is in the slot, before the whole
+// copy ends; Seq, the doorbell, says every part is. The line has one writer
+// at a time, the copy of the seq that holds the slot, so its words share it.
 type ReadyWord struct {
-	Seq uint64
-	_   [56]byte
+	Seq   uint64
+	Parts [MaxParts - 1]uint64
 }
 
 // A WakeWord has one waiter, the pump of the rank that owns it, and any

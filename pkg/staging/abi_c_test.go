@@ -119,6 +119,7 @@ var goMacros = []cMacro{
 	{"PXN_ARENA_SIZE", ArenaSize},
 	{"PXN_MAX_PLANS", MaxPlans},
 	{"PXN_MAX_SESSION", MaxSession},
+	{"PXN_MAX_PARTS", MaxParts},
 	{"PXN_CACHE_LINE", CacheLine},
 	{"PXN_REGISTRY_MAGIC", RegistryMagic},
 	{"PXN_STATE_INIT", StateInit},

@@ -207,7 +207,7 @@ func TestPolledWordsOwnTheirCacheLine(t *testing.T) {
 		field     string
 		wantMates []string
 	}{
-		{reflect.TypeFor[ReadyWord](), "Seq", nil},
+		{reflect.TypeFor[ReadyWord](), "Seq", []string{"Parts"}},
 		{reflect.TypeFor[Completion](), "Seq", []string{"Status"}},
 		{reflect.TypeFor[RelayProgress](), "CompletedSeq", nil},
 		{reflect.TypeFor[Header](), "Heartbeat", nil},

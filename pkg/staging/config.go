@@ -22,6 +22,8 @@ var (
 	_ [len(Header{}.HCA) - contract.MaxHCAName]struct{}
 	_ [contract.MaxFirstPieceKiB<<10 - SlotSize]struct{}
 	_ [SlotSize - contract.MaxFirstPieceKiB<<10]struct{}
+	_ [contract.MaxSlotParts - MaxParts]struct{}
+	_ [MaxParts - contract.MaxSlotParts]struct{}
 )
 
 // Config is the engine configuration. Only a Config with Enable set may be
@@ -38,6 +40,9 @@ type Config struct {
 	// FirstPiece is the byte cap of a request's first Piece (the
 	// planner's ramp); SlotSize is no ramp.
 	FirstPiece uint64
+	// SlotParts is the most parts a Piece on an idle lane is copied and
+	// forwarded in (Desc.Parts); 1 is none.
+	SlotParts int
 	// CopyMode is how a CUDA sender moves a Piece into a relay's slot:
 	// contract.CopyModeAuto, CopyModeCE or CopyModeSM.
 	CopyMode string
@@ -51,6 +56,7 @@ func DefaultConfig() Config {
 		HeartbeatTimeout: contract.DefaultHeartbeatTimeout,
 		RegistryRoot:     contract.DefaultRegistryRoot,
 		FirstPiece:       contract.DefaultFirstPieceKiB << 10,
+		SlotParts:        contract.DefaultSlotParts,
 		CopyMode:         contract.CopyModeAuto,
 	}
 }
@@ -122,6 +128,13 @@ func ConfigFromEnv(lookup func(string) (string, bool)) (Config, []error) {
 			fail(contract.EnvFirstPiece, v, err)
 		} else {
 			cfg.FirstPiece = uint64(n) << 10
+		}
+	}
+	if v, ok := get(contract.EnvSlotParts); ok {
+		if n, err := parseRange(v, contract.MinSlotParts, contract.MaxSlotParts); err != nil {
+			fail(contract.EnvSlotParts, v, err)
+		} else {
+			cfg.SlotParts = n
 		}
 	}
 	if v, ok := get(contract.EnvCopyMode); ok {

@@ -50,6 +50,7 @@ func TestConfigDefaults(t *testing.T) {
 		HeartbeatTimeout: 3000 * time.Millisecond,
 		RegistryRoot:     "/dev/shm",
 		FirstPiece:       SlotSize,
+		SlotParts:        MaxParts,
 		CopyMode:         "auto",
 	}
 	if !equalConfig(cfg, want) {
@@ -172,6 +173,11 @@ func TestConfigVariables(t *testing.T) {
 		{"first piece 0", enabled.with(contract.EnvFirstPiece, "0"), contract.EnvFirstPiece, nil},
 		{"first piece past the slot", enabled.with(contract.EnvFirstPiece, "8193"), contract.EnvFirstPiece, nil},
 		{"first piece with unit", enabled.with(contract.EnvFirstPiece, "256KiB"), contract.EnvFirstPiece, nil},
+		{"slot parts default", enabled, "", func(c Config) bool { return c.SlotParts == MaxParts }},
+		{"slot parts 1: off", enabled.with(contract.EnvSlotParts, "1"), "", func(c Config) bool { return c.SlotParts == 1 }},
+		{"slot parts 4", enabled.with(contract.EnvSlotParts, "4"), "", func(c Config) bool { return c.SlotParts == 4 }},
+		{"slot parts 0", enabled.with(contract.EnvSlotParts, "0"), contract.EnvSlotParts, nil},
+		{"slot parts 9", enabled.with(contract.EnvSlotParts, "9"), contract.EnvSlotParts, nil},
 
 		{"copy mode default", enabled, "", func(c Config) bool { return c.CopyMode == contract.CopyModeAuto }},
 		{"copy mode empty", enabled.with(contract.EnvCopyMode, ""), "", func(c Config) bool { return c.CopyMode == contract.CopyModeAuto }},

@@ -20,6 +20,7 @@ var (
 	ErrDescPlanLen   = errors.New("desc plan length")
 	ErrDescOverflow  = errors.New("desc plan address overflow")
 	ErrDescPlanSum   = errors.New("desc plan sum")
+	ErrDescParts     = errors.New("desc parts")
 )
 
 // DescErrorKind names the Desc rule that failed.
@@ -35,6 +36,7 @@ const (
 	DescPlanLen
 	DescOverflow
 	DescPlanSum
+	DescParts
 )
 
 var descSentinels = [...]error{
@@ -46,15 +48,18 @@ var descSentinels = [...]error{
 	DescPlanLen:   ErrDescPlanLen,
 	DescOverflow:  ErrDescOverflow,
 	DescPlanSum:   ErrDescPlanSum,
+	DescParts:     ErrDescParts,
 }
 
 // DescError reports a Desc that breaks one rule, with the offending value.
 type DescError struct {
 	Kind DescErrorKind
 	// Field is the Desc field at fault: "commit_seq", "epoch", "piece_len",
-	// "plan_count", "session_len", "plans.len", "plans.dst" or "plans".
+	// "plan_count", "session_len", "plans.len", "plans.dst", "plans",
+	// "parts" or "part_ends".
 	Field string
-	// Plan is the index of the offending plan entry, or -1.
+	// Plan is the index of the offending plan entry (of part_ends for a
+	// DescParts error), or -1.
 	Plan int
 	// Value is the offending value.
 	Value uint64
@@ -86,6 +91,11 @@ func (e *DescError) Error() string {
 			return fmt.Sprintf("invalid desc: plans[%d].len %d exceeds the %d bytes of the piece left", e.Plan, e.Value, e.Want)
 		}
 		return fmt.Sprintf("invalid desc: plan lengths sum to %d, want piece_len %d", e.Value, e.Want)
+	case DescParts:
+		if e.Plan < 0 {
+			return fmt.Sprintf("invalid desc: parts %d out of range 0..%d", e.Value, e.Want)
+		}
+		return fmt.Sprintf("invalid desc: part_ends[%d] %d: want more than the part before and less than %d", e.Plan, e.Value, e.Want)
 	}
 	return fmt.Sprintf("invalid desc: %s %d (kind %d)", e.Field, e.Value, e.Kind)
 }
@@ -113,6 +123,8 @@ type DescHeader struct {
 	PieceLen   uint64
 	PlanCount  uint32
 	SessionLen uint32
+	Parts      uint32
+	PartEnds   [MaxParts - 1]uint32
 }
 
 // LoadDescHeader reads each fixed field of d exactly once. CommitSeq is loaded
@@ -126,6 +138,10 @@ func LoadDescHeader(d *Desc) DescHeader {
 	h.PieceLen = atomic.LoadUint64(&d.PieceLen)
 	h.PlanCount = atomic.LoadUint32(&d.PlanCount)
 	h.SessionLen = atomic.LoadUint32(&d.SessionLen)
+	h.Parts = atomic.LoadUint32(&d.Parts)
+	for p := range h.PartEnds {
+		h.PartEnds[p] = atomic.LoadUint32(&d.PartEnds[p])
+	}
 	return h
 }
 
@@ -160,6 +176,15 @@ func (v *ValidDesc) Session() []byte { return v.session[:v.hdr.SessionLen] }
 // Plans are the validated plan entries, in slot order. They alias v.
 func (v *ValidDesc) Plans() []PlanEntry { return v.plans[:v.hdr.PlanCount] }
 
+// PartEnds are the plan-entry ends of every part but the last, increasing
+// and below the plan count: empty for a Piece of one part. They alias v.
+func (v *ValidDesc) PartEnds() []uint32 {
+	if v.hdr.Parts < 2 {
+		return nil
+	}
+	return v.hdr.PartEnds[:v.hdr.Parts-1]
+}
+
 // ValidateDesc copies d, which lives in shared memory and may change under
 // it, into out and checks the copy against want. On success out holds the
 // Desc; on failure out is empty and the error is a *DescError.
@@ -178,14 +203,19 @@ func ValidateDesc(d *Desc, want DescExpect, out *ValidDesc) error {
 	if err := checkPlans(plans, h.PieceLen); err != nil {
 		return err
 	}
+	if err := checkParts(h.Parts, h.PartEnds[:], h.PlanCount); err != nil {
+		return err
+	}
 	out.hdr = h
 	return nil
 }
 
 // Fill writes a Desc for one Piece: everything but CommitSeq, which
-// PublishDesc stores once the Desc is complete. It checks the same rules as
-// ValidateDesc and leaves d untouched when one fails.
-func (d *Desc) Fill(epoch uint64, session string, plans []PlanEntry, pieceLen uint64) error {
+// PublishDesc stores once the Desc is complete. partEnds are the plan-entry
+// ends of every part but the last (nil: one part; see Desc.Parts). It
+// checks the same rules as ValidateDesc and leaves d untouched when one
+// fails.
+func (d *Desc) Fill(epoch uint64, session string, plans []PlanEntry, pieceLen uint64, partEnds []uint32) error {
 	if epoch == 0 {
 		return &DescError{Kind: DescEpoch, Field: "epoch", Plan: -1}
 	}
@@ -195,6 +225,15 @@ func (d *Desc) Fill(epoch uint64, session string, plans []PlanEntry, pieceLen ui
 	if err := checkPlans(plans, pieceLen); err != nil {
 		return err
 	}
+	if len(partEnds) > MaxParts-1 {
+		return &DescError{Kind: DescParts, Field: "parts", Plan: -1, Value: uint64(len(partEnds) + 1), Want: MaxParts}
+	}
+	var ends [MaxParts - 1]uint32
+	copy(ends[:], partEnds)
+	parts := uint32(len(partEnds) + 1)
+	if err := checkParts(parts, ends[:], uint32(len(plans))); err != nil {
+		return err
+	}
 	d.Epoch = epoch
 	d.PieceLen = pieceLen
 	d.PlanCount = uint32(len(plans))
@@ -202,6 +241,8 @@ func (d *Desc) Fill(epoch uint64, session string, plans []PlanEntry, pieceLen ui
 	n := copy(d.Session[:], session)
 	clear(d.Session[n:])
 	copy(d.Plans[:], plans)
+	d.Parts = parts
+	d.PartEnds = ends
 	return nil
 }
 
@@ -246,6 +287,46 @@ func checkPlans(plans []PlanEntry, pieceLen uint64) error {
 	}
 	if left != 0 {
 		return &DescError{Kind: DescPlanSum, Field: "plans", Plan: -1, Value: pieceLen - left, Want: pieceLen}
+	}
+	return nil
+}
+
+// CutParts appends to out the plan-entry ends (Desc.PartEnds) of a Piece of
+// plans, pieceLen bytes in all, cut into at most parts parts of about equal
+// bytes: part p ends with the first entry that reaches (p+1)/parts of the
+// Piece. Parts only end between entries, so a Piece of fewer entries, or
+// with entries longer than a part, gets fewer parts; a Piece of one entry
+// gets none (out unchanged). It allocates nothing when out has room.
+func CutParts(out []uint32, plans []PlanEntry, pieceLen uint64, parts int) []uint32 {
+	parts = min(parts, MaxParts)
+	var sum uint64
+	k := uint64(1)
+	for i := 0; i+1 < len(plans) && k < uint64(parts); i++ {
+		sum += plans[i].Len
+		if sum*uint64(parts) < k*pieceLen {
+			continue
+		}
+		out = append(out, uint32(i+1))
+		for k < uint64(parts) && sum*uint64(parts) >= k*pieceLen {
+			k++
+		}
+	}
+	return out
+}
+
+// checkParts requires 0..MaxParts parts and, for two or more, part ends
+// that increase strictly, start above 0 and stay below the plan count, so
+// that every part holds at least one plan entry.
+func checkParts(parts uint32, ends []uint32, planCount uint32) error {
+	if parts > MaxParts {
+		return &DescError{Kind: DescParts, Field: "parts", Plan: -1, Value: uint64(parts), Want: MaxParts}
+	}
+	prev := uint32(0)
+	for p := 0; p+1 < int(parts); p++ {
+		if ends[p] <= prev || ends[p] >= planCount {
+			return &DescError{Kind: DescParts, Field: "part_ends", Plan: p, Value: uint64(ends[p]), Want: uint64(planCount)}
+		}
+		prev = ends[p]
 	}
 	return nil
 }

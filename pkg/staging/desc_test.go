@@ -33,7 +33,7 @@ func testPieceLen() uint64 { return 4096 + 1<<20 + 123 }
 func validDesc(t testing.TB) *Desc {
 	t.Helper()
 	d := new(Desc)
-	if err := d.Fill(testEpoch, testSession, testPlans, testPieceLen()); err != nil {
+	if err := d.Fill(testEpoch, testSession, testPlans, testPieceLen(), nil); err != nil {
 		t.Fatalf("Fill: %v", err)
 	}
 	PublishDesc(d, testSeq)
@@ -264,7 +264,7 @@ func TestFill(t *testing.T) {
 	d := new(Desc)
 	copy(d.Session[:], strings.Repeat("stale", 50))
 	d.CommitSeq = 17
-	if err := d.Fill(testEpoch, testSession, testPlans, testPieceLen()); err != nil {
+	if err := d.Fill(testEpoch, testSession, testPlans, testPieceLen(), nil); err != nil {
 		t.Fatalf("Fill: %v", err)
 	}
 	if d.CommitSeq != 17 {
@@ -309,7 +309,7 @@ func TestFillRejects(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var d Desc
-			err := d.Fill(tt.epoch, tt.session, tt.plans, tt.pieceLen)
+			err := d.Fill(tt.epoch, tt.session, tt.plans, tt.pieceLen, nil)
 			if !errors.Is(err, tt.want) {
 				t.Fatalf("Fill = %v, want %v", err, tt.want)
 			}
@@ -327,7 +327,7 @@ func TestPublishDescOrdersTheFill(t *testing.T) {
 	d := new(Desc)
 	errc := make(chan error, 1)
 	go func() {
-		if err := d.Fill(testEpoch, testSession, testPlans, testPieceLen()); err != nil {
+		if err := d.Fill(testEpoch, testSession, testPlans, testPieceLen(), nil); err != nil {
 			errc <- err
 			return
 		}
@@ -354,7 +354,7 @@ func TestDescHotPathDoesNotAllocate(t *testing.T) {
 	d := validDesc(t)
 	var v ValidDesc
 	allocs := testing.AllocsPerRun(100, func() {
-		if err := d.Fill(testEpoch, testSession, testPlans, testPieceLen()); err != nil {
+		if err := d.Fill(testEpoch, testSession, testPlans, testPieceLen(), nil); err != nil {
 			t.Fatal(err)
 		}
 		PublishDesc(d, testSeq)
@@ -376,7 +376,7 @@ func BenchmarkValidateDesc(b *testing.B) {
 	for i := range plans {
 		plans[i] = PlanEntry{Dst: uint64(i) << 12, Len: SlotSize / MaxPlans}
 	}
-	if err := d.Fill(testEpoch, testSession, plans, SlotSize); err != nil {
+	if err := d.Fill(testEpoch, testSession, plans, SlotSize, nil); err != nil {
 		b.Fatal(err)
 	}
 	PublishDesc(d, testSeq)
@@ -413,7 +413,15 @@ func descOracle(d *Desc, want DescExpect) bool {
 		lo, c = bits.Add64(lo, p.Len, 0)
 		hi += c
 	}
-	return hi == 0 && lo == d.PieceLen
+	if hi != 0 || lo != d.PieceLen || d.Parts > 8 {
+		return false
+	}
+	for p := 0; p+1 < int(d.Parts); p++ {
+		if d.PartEnds[p] == 0 || d.PartEnds[p] >= d.PlanCount || p > 0 && d.PartEnds[p] <= d.PartEnds[p-1] {
+			return false
+		}
+	}
+	return true
 }
 
 func fuzzSeed(f *testing.F, d *Desc, want DescExpect) {
@@ -428,7 +436,7 @@ func fuzzSeed(f *testing.F, d *Desc, want DescExpect) {
 func FuzzValidateDesc(f *testing.F) {
 	fuzzSeed(f, validDesc(f), testExpect)
 	one := new(Desc)
-	if err := one.Fill(1, "s", []PlanEntry{{Dst: math.MaxUint64 - SlotSize, Len: SlotSize}}, SlotSize); err != nil {
+	if err := one.Fill(1, "s", []PlanEntry{{Dst: math.MaxUint64 - SlotSize, Len: SlotSize}}, SlotSize, nil); err != nil {
 		f.Fatal(err)
 	}
 	PublishDesc(one, 1)
@@ -459,7 +467,7 @@ func FuzzValidateDesc(f *testing.F) {
 		}
 		if err != nil {
 			var de *DescError
-			if !errors.As(err, &de) || de.Kind < DescSeq || de.Kind > DescPlanSum || !errors.Is(err, descSentinels[de.Kind]) {
+			if !errors.As(err, &de) || de.Kind < DescSeq || de.Kind > DescParts || !errors.Is(err, descSentinels[de.Kind]) {
 				t.Fatalf("ValidateDesc = %#v, want a *DescError of a known kind", err)
 			}
 			if len(v.Plans()) != 0 || len(v.Session()) != 0 {
@@ -484,4 +492,128 @@ func FuzzValidateDesc(f *testing.F) {
 			t.Fatalf("validated plans sum to %d for piece len %d; session %q", sum, pieceLen, v.Session())
 		}
 	})
+}
+
+func TestValidateDescParts(t *testing.T) {
+	runDescRuleCases(t, ErrDescParts, []descRuleCase{
+		{"more parts than the ready line holds", func(d *Desc) { d.Parts = MaxParts + 1 }, DescError{Kind: DescParts, Field: "parts", Plan: -1, Value: MaxParts + 1, Want: MaxParts}},
+		{"a first part of no entry", func(d *Desc) { d.Parts = 2; d.PartEnds[0] = 0 }, DescError{Kind: DescParts, Field: "part_ends", Plan: 0, Value: 0, Want: 3}},
+		{"a last part of no entry", func(d *Desc) { d.Parts = 2; d.PartEnds[0] = 3 }, DescError{Kind: DescParts, Field: "part_ends", Plan: 0, Value: 3, Want: 3}},
+		{"ends that do not increase", func(d *Desc) { d.Parts = 3; d.PartEnds[0], d.PartEnds[1] = 2, 2 }, DescError{Kind: DescParts, Field: "part_ends", Plan: 1, Value: 2, Want: 3}},
+		{"an end past the plan", func(d *Desc) { d.Parts = 2; d.PartEnds[0] = 1 << 31 }, DescError{Kind: DescParts, Field: "part_ends", Plan: 0, Value: 1 << 31, Want: 3}},
+	})
+}
+
+// Ends beyond the parts in use are not read: a Desc of two parts may hold
+// anything in PartEnds[1:], and one of 0 or 1 part in all of them.
+func TestValidateDescPartsAccepts(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		parts uint32
+		ends  [MaxParts - 1]uint32
+		want  []uint32
+	}{
+		{"0 parts", 0, [MaxParts - 1]uint32{9, 9}, nil},
+		{"1 part", 1, [MaxParts - 1]uint32{9, 9}, nil},
+		{"2 parts", 2, [MaxParts - 1]uint32{2, 0, 7}, []uint32{2}},
+		{"3 parts, one entry each", 3, [MaxParts - 1]uint32{1, 2}, []uint32{1, 2}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d := validDesc(t)
+			d.Parts, d.PartEnds = tt.parts, tt.ends
+			var vd ValidDesc
+			if err := ValidateDesc(d, testExpect, &vd); err != nil {
+				t.Fatal(err)
+			}
+			if got := vd.PartEnds(); !slicesEqual(got, tt.want) {
+				t.Fatalf("PartEnds = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func slicesEqual(a, b []uint32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestFillParts(t *testing.T) {
+	var d Desc
+	if err := d.Fill(testEpoch, testSession, testPlans, testPieceLen(), []uint32{1, 2}); err != nil {
+		t.Fatal(err)
+	}
+	if d.Parts != 3 || d.PartEnds != [MaxParts - 1]uint32{1, 2} {
+		t.Fatalf("parts %d, ends %v; want 3, [1 2 0 ...]", d.Parts, d.PartEnds)
+	}
+	if err := d.Fill(testEpoch, testSession, testPlans, testPieceLen(), nil); err != nil || d.Parts != 1 || d.PartEnds != [MaxParts - 1]uint32{} {
+		t.Fatalf("a Fill of one part after one of three: %v, parts %d, ends %v", err, d.Parts, d.PartEnds)
+	}
+	for _, ends := range [][]uint32{{0}, {3}, {2, 1}, {1, 1}, {1, 2, 3, 4, 5, 6, 7, 8}} {
+		var e Desc
+		if err := e.Fill(testEpoch, testSession, testPlans, testPieceLen(), ends); !errors.Is(err, ErrDescParts) {
+			t.Errorf("Fill with part ends %v = %v, want %v", ends, err, ErrDescParts)
+		}
+		if e.Epoch != 0 || e.Parts != 0 {
+			t.Errorf("a rejected Fill (ends %v) wrote to the Desc", ends)
+		}
+	}
+}
+
+func TestCutParts(t *testing.T) {
+	even := func(n int, l uint64) []PlanEntry {
+		ps := make([]PlanEntry, n)
+		for i := range ps {
+			ps[i] = PlanEntry{Dst: uint64(i) * l, Len: l}
+		}
+		return ps
+	}
+	sum := func(ps []PlanEntry) uint64 {
+		var n uint64
+		for _, p := range ps {
+			n += p.Len
+		}
+		return n
+	}
+	uneven := []PlanEntry{{Len: 100}, {Len: 900}, {Len: 100}, {Len: 100}, {Len: 100}, {Len: 700}}
+	for _, tt := range []struct {
+		name  string
+		plans []PlanEntry
+		parts int
+		want  []uint32
+	}{
+		{"256 blocks in 8", even(256, 16<<10), 8, []uint32{32, 64, 96, 128, 160, 192, 224}},
+		{"256 blocks in 4", even(256, 16<<10), 4, []uint32{64, 128, 192}},
+		{"more parts than the ready line", even(256, 16<<10), 16, []uint32{32, 64, 96, 128, 160, 192, 224}},
+		{"one part", even(256, 16<<10), 1, nil},
+		{"one entry", even(1, 8<<20), 8, nil},
+		{"fewer entries than parts", even(3, 1<<20), 8, []uint32{1, 2}},
+		// 2000 bytes in 4: a part ends with the entry that reaches 500,
+		// 1000, 1500; the 900-byte entry reaches both 500 and 1000, and
+		// only the last entry reaches 1500: two parts.
+		{"an entry longer than a part", uneven, 4, []uint32{2}},
+		{"in 8", uneven, 8, []uint32{2, 5}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := CutParts(nil, tt.plans, sum(tt.plans), tt.parts)
+			if !slicesEqual(got, tt.want) {
+				t.Fatalf("CutParts = %v, want %v", got, tt.want)
+			}
+			var d Desc
+			if err := d.Fill(testEpoch, testSession, tt.plans, sum(tt.plans), got); err != nil {
+				t.Fatalf("Fill refuses the cuts: %v", err)
+			}
+		})
+	}
+	buf := make([]uint32, 0, MaxParts)
+	plans := even(4096, 2<<10)
+	if n := testing.AllocsPerRun(100, func() { buf = CutParts(buf[:0], plans, 8<<20, MaxParts) }); n != 0 {
+		t.Fatalf("CutParts allocated %v times a call", n)
+	}
 }

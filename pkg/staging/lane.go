@@ -22,7 +22,11 @@ import (
 //     release store on the CPU once the copy's event has completed
 //     (RingDoorbell). The relay acquire-loads it; a doorbell may become
 //     visible before the Desc commit (a GPU store against a CPU store),
-//     which is not an error.
+//     which is not an error. Part words (ReadyWord.Parts) follow the same
+//     rule for their part of the slot: the copy stores seq into Parts[p]
+//     once part p is written (a GPU store behind a system-scope fence, or
+//     a release store), and never for the last part, which the doorbell
+//     covers. The relay may take a ticket once Parts[0] holds its seq.
 //   - Completion: the relay stores Status, then release-stores Seq, for
 //     every seq in order; CompletedSeq is release-stored after them and
 //     advances only over a contiguous run of finished seqs. The sender
@@ -110,6 +114,9 @@ func (l *Lane) Claim(owner Identity, ns PidNS, laneEpoch uint64, now int64) {
 	atomic.StoreUint64(&l.Relay.CompletedSeq, 0)
 	for s := range l.Ready {
 		atomic.StoreUint64(&l.Ready[s].Seq, 0)
+		for p := range l.Ready[s].Parts {
+			atomic.StoreUint64(&l.Ready[s].Parts[p], 0)
+		}
 	}
 	for s := range l.Completions {
 		atomic.StoreUint64(&l.Completions[s].Seq, 0)
@@ -183,14 +190,15 @@ func (s *SenderLane) Exhausted() bool { return s.seq.NeedsRollover() }
 // credit or is exhausted. Nothing changes until Publish.
 func (s *SenderLane) Ticket() (uint64, bool) { return s.seq.peek() }
 
-// Commit writes the Desc of ticket seq and release-stores its commit seq.
-// On error nothing of the Desc changed.
-func (s *SenderLane) Commit(seq uint64, session string, plans []PlanEntry, pieceLen uint64) error {
+// Commit writes the Desc of ticket seq, in parts that end at partEnds
+// (Desc.Fill), and release-stores its commit seq. On error nothing of the
+// Desc changed.
+func (s *SenderLane) Commit(seq uint64, session string, plans []PlanEntry, pieceLen uint64, partEnds []uint32) error {
 	if seq != s.seq.next {
 		return fmt.Errorf("%w: commit seq %d, ticket %d", ErrSeqOrder, seq, s.seq.next)
 	}
 	d := &s.lane.Descs[SlotOf(seq)]
-	if err := d.Fill(s.seq.epoch, session, plans, pieceLen); err != nil {
+	if err := d.Fill(s.seq.epoch, session, plans, pieceLen, partEnds); err != nil {
 		return err
 	}
 	PublishDesc(d, seq)
@@ -201,6 +209,13 @@ func (s *SenderLane) Commit(seq uint64, session string, plans []PlanEntry, piece
 // device writes (cuStreamWriteValue64) or that RingDoorbell writes. Only
 // seq may be stored there, once, after the copy of its Piece into the slot.
 func (s *SenderLane) ReadyWord(seq uint64) *uint64 { return &s.lane.Ready[SlotOf(seq)].Seq }
+
+// PartWords are the part words of seq's ready line, for a copy that
+// signals the parts its Desc names: seq may be stored into PartWords[p]
+// once part p is in the slot, for every part but the last.
+func (s *SenderLane) PartWords(seq uint64) *[MaxParts - 1]uint64 {
+	return &s.lane.Ready[SlotOf(seq)].Parts
+}
 
 // Landed reports whether every seq in [from, to] has its doorbell in its
 // ready word: each Piece's copy into the relay's slot is done, since a
@@ -284,7 +299,8 @@ const (
 	// yet. A commit that never comes is a broken sender; the relay takes
 	// the ticket anyway after a bound, and validation fails it.
 	TicketRung
-	// TicketReady: doorbell and commit match the next seq.
+	// TicketReady: doorbell, or the first part word, and commit match the
+	// next seq.
 	TicketReady
 )
 
@@ -323,14 +339,16 @@ func (r *RelayLane) Next() uint64 { return r.next }
 // Completed is the highest seq below which every seq was completed.
 func (r *RelayLane) Completed() uint64 { return r.window.Completed() }
 
-// Poll looks at the next seq's doorbell and Desc commit, within credit.
+// Poll looks at the next seq's doorbell (or its first part word: the
+// Piece has begun to land) and Desc commit, within credit.
 func (r *RelayLane) Poll() (uint64, TicketState) {
 	seq := r.next
 	if r.epoch == 0 || seq-r.window.Completed() > SlotsPerLane {
 		return seq, TicketNone
 	}
 	slot := SlotOf(seq)
-	if atomic.LoadUint64(&r.lane.Ready[slot].Seq) != seq {
+	rw := &r.lane.Ready[slot]
+	if atomic.LoadUint64(&rw.Seq) != seq && atomic.LoadUint64(&rw.Parts[0]) != seq {
 		return seq, TicketNone
 	}
 	if LoadCommitSeq(&r.lane.Descs[slot]) != seq {
@@ -371,6 +389,32 @@ func (r *RelayLane) AnnouncedBytes(limit uint64) uint64 {
 		sum += b
 	}
 	return sum
+}
+
+// PartsLanded is how many of the first parts of seq, a Piece of parts
+// parts taken from this lane and not yet completed, are in the slot: all
+// of them once its doorbell rang, else those whose part words, in order,
+// hold seq. A lane claimed anew since (another epoch) has reset the words:
+// the caller checks the epoch.
+func (r *RelayLane) PartsLanded(seq uint64, parts int) int {
+	rw := &r.lane.Ready[SlotOf(seq)]
+	if atomic.LoadUint64(&rw.Seq) == seq {
+		return parts
+	}
+	n := 0
+	for n < parts-1 && atomic.LoadUint64(&rw.Parts[n]) == seq {
+		n++
+	}
+	return n
+}
+
+// Current reports whether the ring the relay follows is still the lane's:
+// the epoch is the one last synced and a sender holds the lane. A sender
+// that is gone (its lane freed) or a new claim ends it; a Piece whose parts
+// are still landing then never lands whole.
+func (r *RelayLane) Current() bool {
+	_, held := r.lane.Owner.Load()
+	return held && r.epoch != 0 && r.lane.Epoch() == r.epoch
 }
 
 // Take consumes the next seq: it copies and validates its Desc into out

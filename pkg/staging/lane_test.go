@@ -30,7 +30,7 @@ func send(t *testing.T, tx *SenderLane) uint64 {
 	if !ok {
 		t.Fatalf("no ticket at next %d, reaped %d", tx.Next(), tx.Reaped())
 	}
-	if err := tx.Commit(seq, "s", []PlanEntry{{Dst: 0x1000, Len: 64}}, 64); err != nil {
+	if err := tx.Commit(seq, "s", []PlanEntry{{Dst: 0x1000, Len: 64}}, 64, nil); err != nil {
 		t.Fatal(err)
 	}
 	tx.ring(seq)
@@ -119,7 +119,7 @@ func TestLaneEndpointRules(t *testing.T) {
 			}
 		}},
 		{"commit of another seq than the ticket", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
-			if err := tx.Commit(2, "s", []PlanEntry{{Dst: 1, Len: 1}}, 1); !errors.Is(err, ErrSeqOrder) {
+			if err := tx.Commit(2, "s", []PlanEntry{{Dst: 1, Len: 1}}, 1, nil); !errors.Is(err, ErrSeqOrder) {
 				t.Fatalf("Commit = %v, want %v", err, ErrSeqOrder)
 			}
 			if err := tx.Publish(2); !errors.Is(err, ErrSeqOrder) {
@@ -243,7 +243,7 @@ func TestRelayLaneAnnouncedBytes(t *testing.T) {
 		if !ok {
 			t.Fatal("no ticket")
 		}
-		if err := tx.Commit(seq, "s", []PlanEntry{{Dst: 0x1000, Len: n}}, n); err != nil {
+		if err := tx.Commit(seq, "s", []PlanEntry{{Dst: 0x1000, Len: n}}, n, nil); err != nil {
 			t.Fatal(err)
 		}
 		tx.ring(seq)
@@ -288,7 +288,7 @@ func TestSenderLaneLanded(t *testing.T) {
 	_, tx, _ := newTestLane(t, 5)
 	for range 3 {
 		seq, _ := tx.Ticket()
-		if err := tx.Commit(seq, "s", []PlanEntry{{Dst: 0x1000, Len: 64}}, 64); err != nil {
+		if err := tx.Commit(seq, "s", []PlanEntry{{Dst: 0x1000, Len: 64}}, 64, nil); err != nil {
 			t.Fatal(err)
 		}
 		if err := tx.Publish(seq); err != nil {
@@ -403,5 +403,69 @@ func TestLaneWrapsAtMaxLaneSeq(t *testing.T) {
 	}
 	if st := lane.State(); st.Next != 4 || st.Published != 3 || st.Reaped != 3 || st.Completed != 3 {
 		t.Fatalf("lane after the new claim: %+v, want seqs 1..3", st)
+	}
+}
+
+// A Piece in parts: the relay may take its ticket on the first part word
+// (with the Desc committed), sees the parts land in order, and all of them
+// once the doorbell rings; a new claim resets the part words and ends the
+// ring the relay followed.
+func TestLanePartWords(t *testing.T) {
+	lane, tx, rx := newTestLane(t, 5)
+	seq, _ := tx.Ticket()
+	plans := []PlanEntry{{Dst: 0x1000, Len: 64}, {Dst: 0x2000, Len: 64}, {Dst: 0x3000, Len: 64}}
+	if err := tx.Commit(seq, "s", plans, 192, []uint32{1, 2}); err != nil {
+		t.Fatal(err)
+	}
+	words := tx.PartWords(seq)
+	if _, st := rx.Poll(); st != TicketNone {
+		t.Fatalf("Poll before any part landed: state %d, want none", st)
+	}
+	if got := rx.PartsLanded(seq, 3); got != 0 {
+		t.Fatalf("PartsLanded before any part = %d, want 0", got)
+	}
+	// Part 1 before part 0 does not count: parts are taken in order.
+	RingDoorbell(&words[1], seq)
+	if _, st := rx.Poll(); st != TicketNone {
+		t.Fatalf("Poll with only part 1 landed: state %d, want none", st)
+	}
+	RingDoorbell(&words[0], seq)
+	var vd ValidDesc
+	if got := take(t, rx, &vd); got != seq {
+		t.Fatalf("took seq %d, want %d", got, seq)
+	}
+	if ends := vd.PartEnds(); !slicesEqual(ends, []uint32{1, 2}) {
+		t.Fatalf("taken PartEnds %v, want [1 2]", ends)
+	}
+	if got := rx.PartsLanded(seq, 3); got != 2 {
+		t.Fatalf("PartsLanded with parts 0 and 1 = %d, want 2", got)
+	}
+	if !rx.Current() {
+		t.Fatal("Current = false for the ring the sender holds")
+	}
+	tx.ring(seq)
+	if got := rx.PartsLanded(seq, 3); got != 3 {
+		t.Fatalf("PartsLanded after the doorbell = %d, want 3", got)
+	}
+	// A stale part word of an earlier seq of the slot is not this seq's.
+	if got := rx.PartsLanded(seq+SlotsPerLane, 3); got != 0 {
+		t.Fatalf("PartsLanded of seq+K = %d, want 0", got)
+	}
+	lane.Free()
+	if rx.Current() {
+		t.Fatal("Current = true after the lane was freed")
+	}
+	lane.Claim(Identity{Pid: 43, StartTime: 8, Epoch: 10}, PidNS{Dev: 3, Ino: 4}, 6, 2)
+	if rx.Current() {
+		t.Fatal("Current = true after a new claim, before Sync")
+	}
+	for p, w := range lane.Ready[SlotOf(seq)].Parts {
+		if w != 0 {
+			t.Fatalf("part word %d = %d after a new claim, want 0", p, w)
+		}
+	}
+	rx.Sync()
+	if !rx.Current() {
+		t.Fatal("Current = false for the new ring after Sync")
 	}
 }

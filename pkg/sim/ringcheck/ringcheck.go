@@ -481,7 +481,7 @@ func (s *Sender) Run(n int) (time.Duration, error) {
 				return 0, fmt.Errorf("sender: no credit for seq %d after %v (reaped %d)", seq, cfg.Timeout, s.tx.Reaped())
 			}
 		}
-		if err := s.tx.Commit(seq, ringSession, s.plans, uint64(cfg.PieceLen)); err != nil {
+		if err := s.tx.Commit(seq, ringSession, s.plans, uint64(cfg.PieceLen), nil); err != nil {
 			return 0, fmt.Errorf("sender: %w", err)
 		}
 		src := s.srcAddr(seq)

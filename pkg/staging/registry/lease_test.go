@@ -68,7 +68,7 @@ func TestLeaseAttachClaimsLaneAndMapsArena(t *testing.T) {
 	if !ok {
 		t.Fatal("a fresh lane has no ticket")
 	}
-	if err := s.Commit(seq, "session", []staging.PlanEntry{{Dst: 0x1000, Len: 8}}, 8); err != nil {
+	if err := s.Commit(seq, "session", []staging.PlanEntry{{Dst: 0x1000, Len: 8}}, 8, nil); err != nil {
 		t.Fatal(err)
 	}
 	staging.RingDoorbell(s.ReadyWord(seq), seq)
