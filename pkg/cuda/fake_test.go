@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -283,6 +284,94 @@ func TestShimOnFakeDriver(t *testing.T) {
 		})
 	}
 
+	// A Piece in parts, by the kernel that takes an uploaded plan and by
+	// the one that takes it as its parameter: every byte lands, each part
+	// word but the last's holds the seq, and cuts that do not fall between
+	// entries, do not grow or do not end with the Piece are refused.
+	inlineFn, err := d.ModuleGetFunction(mod, "pxn_gather_inline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nonEmpty []CopyEntry
+	var cuts []uint64
+	var total uint64
+	for _, e := range entries {
+		if e.Len == 0 {
+			continue
+		}
+		nonEmpty = append(nonEmpty, e)
+		total += e.Len
+		if len(nonEmpty)%10 == 0 {
+			cuts = append(cuts, total)
+		}
+	}
+	if cuts[len(cuts)-1] != total {
+		cuts = append(cuts, total)
+	}
+	for _, inline := range []bool{false, true} {
+		t.Run(fmt.Sprintf("parts, inline %v", inline), func(t *testing.T) {
+			g.bind(t)
+			if err := d.MemsetD32Async(dst, 0, size/4, stream); err != nil {
+				t.Fatal(err)
+			}
+			op, err := d.NewCopyOp(len(nonEmpty))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer op.Free()
+			words, arrived := g.alloc(t, 8*(MaxParts-1)), g.alloc(t, 4*MaxParts)
+			pg := gather
+			pg.Cuts, pg.PartWords, pg.Arrived = cuts, words, arrived
+			if inline {
+				// No staging at all: only the inline path can launch it.
+				pg.Inline = inlineFn
+				pg.PlanHost, pg.PlanDev, pg.Upload, pg.PlanUp, pg.PlanBusy = 0, 0, 0, 0, 0
+			}
+			const seq = 77
+			p := &Piece{Ctx: g.ctx, Stream: stream, Mode: CopyGather, Entries: nonEmpty, Doorbell: bell, Seq: seq, Gather: pg}
+			if err := op.Enqueue(p); err != nil {
+				t.Fatalf("Enqueue: %v", err)
+			}
+			if err := d.StreamSynchronize(stream); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, size)
+			if err := d.MemcpyDtoH(got, dst); err != nil {
+				t.Fatal(err)
+			}
+			for i, e := range nonEmpty {
+				s := e.Src - uint64(src)
+				if !bytes.Equal(got[e.Dst-uint64(dst):][:e.Len], want[s:s+e.Len]) {
+					t.Fatalf("entry %d differs at the destination", i)
+				}
+			}
+			w := make([]byte, 8*(MaxParts-1))
+			if err := d.MemcpyDtoH(w, words); err != nil {
+				t.Fatal(err)
+			}
+			for k := range MaxParts - 1 {
+				want := uint64(0)
+				if k < len(cuts)-1 {
+					want = seq
+				}
+				if v := binary.LittleEndian.Uint64(w[8*k:]); v != want {
+					t.Fatalf("part word %d = %d, want %d", k, v, want)
+				}
+			}
+			// Cuts that grow and end with the Piece but fall inside an
+			// entry pass the shim; the kernel's contract refuses them.
+			for _, bad := range [][]uint64{{total - 1, total}, {cuts[1], cuts[0], total}, {cuts[0], cuts[1]}, {0, total}} {
+				bg := pg
+				bg.Cuts = bad
+				var pe *PieceError
+				err := op.Enqueue(&Piece{Ctx: g.ctx, Stream: stream, Mode: CopyGather, Entries: nonEmpty, Seq: seq, Gather: bg})
+				if !errors.As(err, &pe) {
+					t.Errorf("cuts %v: %v, want a PieceError", bad, err)
+				}
+			}
+		})
+	}
+
 	t.Run("failures", func(t *testing.T) {
 		g.bind(t)
 		op, err := d.NewCopyOp(4)
@@ -320,7 +409,7 @@ func TestShimOnFakeDriver(t *testing.T) {
 			t.Errorf("12.8 batch copy from NULL: %v", err)
 		}
 		zero := g.alloc(t, 8)
-		if err := d.LaunchKernel(gatherFn, Dim3{1, 1, 1}, Dim3{32, 1, 1}, 0, stream, uint64(planDev), uint64(zero), 0); err != nil {
+		if err := d.LaunchKernel(gatherFn, Dim3{1, 1, 1}, Dim3{32, 1, 1}, 0, stream, uint64(planDev), uint64(zero), 0, uint64(zero), 1, 0, 0, 0); err != nil {
 			t.Errorf("gather of 0 entries: %v", err)
 		}
 		if err := d.LaunchKernel(gatherFn, Dim3{1, 1, 1}, Dim3{32, 1, 1}, 0, stream, make([]uint64, MaxKernelArgs+1)...); err == nil {

@@ -144,7 +144,8 @@ type Piece struct {
 }
 
 // Gather is one launch of a gather kernel with the signature
-// (const entry *plan, const u64 *prefix, u32 n): the Piece's non-empty
+// (const entry *plan, const u64 *prefix, u32 n, const u64 *cuts, u32 parts,
+// u32 *arrived, u64 *words, u64 seq): the Piece's non-empty
 // entries are written to PlanHost with their n+1 exclusive prefix sums of
 // lengths behind them, uploaded to PlanDev on Upload (PlanUp is recorded
 // there and waited for on the Piece's stream), and the kernel is launched
@@ -162,7 +163,33 @@ type Gather struct {
 	Upload   Stream
 	PlanUp   Event
 	PlanBusy Event
+	// Cuts, for a Piece copied in parts, are the bytes where each part
+	// ends, increasing, the last the Piece's length; at most MaxParts.
+	// Every warp copies its span of a part before the next, and once part
+	// p is written the kernel stores Seq at PartWords + 8p (a system-scope
+	// fence first), for every part but the last, which the doorbell
+	// covers. Empty: one part, no stores.
+	Cuts      []uint64
+	PartWords DevicePtr
+	// Inline, when set, is a kernel taking the whole plan as its one
+	// parameter (InlineEntries entries at most): a Piece that small is
+	// launched with it, with no upload and no PlanUp or PlanBusy.
+	Inline Function
+	// Arrived is the device address of MaxParts u32 counters, zero
+	// between launches, that both kernels count a part's warps in.
+	Arrived DevicePtr
 }
+
+// InlineEntries is the most entries of a plan Gather.Inline takes, and
+// InlinePlanBytes the size of the parameter it takes them in (the kernel's
+// PTX declares the same size).
+const (
+	InlineEntries   = C.PXN_INLINE_ENTRIES
+	InlinePlanBytes = C.sizeof_pxn_inline_plan
+)
+
+// MaxParts is the most parts a gather launch copies a Piece in.
+const MaxParts = C.PXN_GATHER_MAX_PARTS
 
 // PieceError is a failed Enqueue: the step that failed and the driver's
 // error. Steps before it were enqueued; none after it.
@@ -206,6 +233,16 @@ func (o *CopyOp) Enqueue(p *Piece) error {
 	c.upload = C.pxn_handle(p.Gather.Upload)
 	c.plan_up = C.pxn_handle(p.Gather.PlanUp)
 	c.plan_busy = C.pxn_handle(p.Gather.PlanBusy)
+	if len(p.Gather.Cuts) > MaxParts {
+		return &PieceError{Step: "plan", Index: -1, Err: fmt.Errorf("cuda: %d parts, at most %d", len(p.Gather.Cuts), MaxParts)}
+	}
+	c.nparts = C.uint(len(p.Gather.Cuts))
+	for i, cut := range p.Gather.Cuts {
+		c.cuts[i] = C.uint64_t(cut)
+	}
+	c.part_words = C.CUdeviceptr(p.Gather.PartWords)
+	c.gather_inline = C.pxn_handle(p.Gather.Inline)
+	c.arrived = C.CUdeviceptr(p.Gather.Arrived)
 	var ents *C.pxn_copy_entry
 	if len(p.Entries) > 0 {
 		ents = (*C.pxn_copy_entry)(unsafe.Pointer(&p.Entries[0]))

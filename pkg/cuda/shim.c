@@ -465,7 +465,8 @@ pxn_copy_scratch *pxn_scratch_new(size_t cap) {
 	s->dsts = calloc(cap, sizeof(CUdeviceptr));
 	s->srcs = calloc(cap, sizeof(CUdeviceptr));
 	s->sizes = calloc(cap, sizeof(size_t));
-	if (s->dsts == NULL || s->srcs == NULL || s->sizes == NULL) {
+	s->inline_plan = calloc(1, sizeof(pxn_inline_plan));
+	if (s->dsts == NULL || s->srcs == NULL || s->sizes == NULL || s->inline_plan == NULL) {
 		pxn_scratch_free(s);
 		return NULL;
 	}
@@ -479,6 +480,7 @@ void pxn_scratch_free(pxn_copy_scratch *s) {
 	free(s->dsts);
 	free(s->srcs);
 	free(s->sizes);
+	free(s->inline_plan);
 	free(s);
 }
 
@@ -540,7 +542,72 @@ static CUresult enqueue_copies(pxn_cu_table *t, pxn_piece_op *op, const pxn_copy
 	}
 }
 
-size_t pxn_plan_bytes(size_t n) { return n * sizeof(pxn_copy_entry) + (n + 1) * sizeof(uint64_t); }
+size_t pxn_plan_bytes(size_t n) { return n * sizeof(pxn_copy_entry) + (n + 1) * sizeof(uint64_t) + PXN_GATHER_MAX_PARTS * sizeof(uint64_t); }
+
+_Static_assert(offsetof(pxn_inline_plan, cuts) == 32, "pxn_inline_plan.cuts");
+_Static_assert(offsetof(pxn_inline_plan, entries) == 96, "pxn_inline_plan.entries");
+_Static_assert(offsetof(pxn_inline_plan, prefix) == 96 + 24 * PXN_INLINE_ENTRIES, "pxn_inline_plan.prefix");
+_Static_assert(sizeof(pxn_inline_plan) == 96 + 32 * PXN_INLINE_ENTRIES + 8, "sizeof pxn_inline_plan");
+
+/*
+ * set_parts writes the Piece's part cuts (total bytes in all) into cuts and
+ * returns how many parts there are, or 0 when op's cuts are not valid.
+ */
+static unsigned int set_parts(const pxn_piece_op *op, uint64_t total, uint64_t *cuts) {
+	if (op->nparts <= 1) {
+		cuts[0] = total;
+		return 1;
+	}
+	if (op->nparts > PXN_GATHER_MAX_PARTS || op->cuts[op->nparts - 1] != total) {
+		return 0;
+	}
+	for (unsigned int p = 0; p < op->nparts; p++) {
+		if (op->cuts[p] == 0 || (p > 0 && op->cuts[p] <= op->cuts[p - 1])) {
+			return 0;
+		}
+		cuts[p] = op->cuts[p];
+	}
+	return op->nparts;
+}
+
+/*
+ * The inline path: a plan of at most PXN_INLINE_ENTRIES non-empty entries
+ * goes to the kernel as its parameter, copied by the launch itself, so the
+ * launch waits for no upload and leaves no staging to guard.
+ */
+static CUresult enqueue_gather_inline(pxn_cu_table *t, pxn_piece_op *op, const pxn_copy_entry *entries, size_t n) {
+	pxn_inline_plan *ip = op->scratch->inline_plan;
+	size_t k = 0;
+	uint64_t total = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (entries[i].len == 0) {
+			continue;
+		}
+		ip->entries[k] = entries[i];
+		ip->prefix[k] = total;
+		total += entries[i].len;
+		k++;
+	}
+	if (k == 0) {
+		return 0;
+	}
+	ip->prefix[k] = total;
+	unsigned int parts = set_parts(op, total, ip->cuts);
+	if (parts == 0) {
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	ip->n = (uint32_t)k;
+	ip->parts = parts;
+	ip->words = parts > 1 ? op->part_words : 0;
+	ip->seq = op->seq;
+	ip->arrived = op->arrived;
+	op->stage = PXN_STAGE_LAUNCH;
+	void *params[1] = {ip};
+	PXN_CALL(cuLaunchKernel,
+		(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
+			unsigned int, CUstream, void **, void **),
+		(CUfunction)op->gather_inline, op->grid, 1, 1, op->block, 1, 1, 0, (CUstream)op->stream, params, NULL);
+}
 
 /*
  * The gather path: the Piece's non-empty entries and their prefix sums are
@@ -573,7 +640,14 @@ static CUresult enqueue_gather(pxn_cu_table *t, pxn_piece_op *op, const pxn_copy
 		total += plan[i].len;
 	}
 	prefix[k] = total;
-	CUresult r = pxn_cuMemcpyHtoDAsync(t, op->plan_dev, op->plan_host, pxn_plan_bytes(k), op->upload);
+	/* The parts' cuts follow the prefix sums. */
+	uint64_t *cuts = prefix + k + 1;
+	unsigned int parts = set_parts(op, total, cuts);
+	if (parts == 0) {
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	size_t bytes = (size_t)((uintptr_t)(cuts + parts) - (uintptr_t)plan);
+	CUresult r = pxn_cuMemcpyHtoDAsync(t, op->plan_dev, op->plan_host, bytes, op->upload);
 	if (r != 0) {
 		return r;
 	}
@@ -584,8 +658,10 @@ static CUresult enqueue_gather(pxn_cu_table *t, pxn_piece_op *op, const pxn_copy
 		return r;
 	}
 	op->stage = PXN_STAGE_LAUNCH;
-	uint64_t args[3] = {op->plan_dev, op->plan_dev + k * sizeof(pxn_copy_entry), k};
-	r = pxn_cuLaunchKernel(t, op->gather_fn, op->grid, 1, 1, op->block, 1, 1, 0, op->stream, args, 3);
+	CUdeviceptr prefix_dev = op->plan_dev + k * sizeof(pxn_copy_entry);
+	CUdeviceptr cuts_dev = prefix_dev + (k + 1) * sizeof(uint64_t);
+	uint64_t args[8] = {op->plan_dev, prefix_dev, k, cuts_dev, parts, op->arrived, parts > 1 ? op->part_words : 0, op->seq};
+	r = pxn_cuLaunchKernel(t, op->gather_fn, op->grid, 1, 1, op->block, 1, 1, 0, op->stream, args, 8);
 	if (r != 0) {
 		return r;
 	}
@@ -602,9 +678,17 @@ CUresult pxn_enqueue_piece(pxn_cu_table *t, pxn_piece_op *op, const pxn_copy_ent
 	if (r != 0) {
 		return r;
 	}
+	/* A plan that fits the inline kernel's parameter needs no staging. */
+	int inline_plan = op->mode == PXN_COPY_GATHER && op->gather_inline != 0 && n <= PXN_INLINE_ENTRIES;
 	if (op->mode == PXN_COPY_GATHER) {
-		/* The staging is rewritten below: its last upload must be done. */
 		op->stage = PXN_STAGE_PLAN;
+		if (op->nparts > 1 && (op->arrived == 0 || op->part_words == 0)) {
+			r = CUDA_ERROR_INVALID_VALUE;
+			goto out;
+		}
+	}
+	if (op->mode == PXN_COPY_GATHER && !inline_plan) {
+		/* The staging is rewritten below: its last upload must be done. */
 		if (op->gather_fn == 0 || op->plan_host == 0 || op->plan_dev == 0 || op->upload == 0 || op->plan_up == 0 || op->plan_busy == 0) {
 			r = CUDA_ERROR_INVALID_VALUE;
 			goto out;
@@ -622,7 +706,9 @@ CUresult pxn_enqueue_piece(pxn_cu_table *t, pxn_piece_op *op, const pxn_copy_ent
 		}
 	}
 	op->stage = PXN_STAGE_COPY;
-	if (op->mode == PXN_COPY_GATHER) {
+	if (inline_plan) {
+		r = enqueue_gather_inline(t, op, entries, n);
+	} else if (op->mode == PXN_COPY_GATHER) {
 		r = enqueue_gather(t, op, entries, n);
 	} else {
 		r = enqueue_copies(t, op, entries, n);

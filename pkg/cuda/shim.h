@@ -256,11 +256,32 @@ enum {
 	PXN_STAGE_LAUNCH = 7
 };
 
+/* The most parts a gather launch copies a Piece in (PXN_MAX_PARTS). */
+#define PXN_GATHER_MAX_PARTS 8
+
+/*
+ * The most entries of a gather plan passed by value as the inline kernel's
+ * parameter, and that parameter: the layout of gather.cu's pxn_inline_plan.
+ */
+#define PXN_INLINE_ENTRIES 512
+typedef struct {
+	CUdeviceptr words;
+	uint64_t seq;
+	CUdeviceptr arrived;
+	uint32_t n;
+	uint32_t parts;
+	uint64_t cuts[PXN_GATHER_MAX_PARTS];
+	pxn_copy_entry entries[PXN_INLINE_ENTRIES];
+	uint64_t prefix[PXN_INLINE_ENTRIES + 1];
+} pxn_inline_plan;
+
 typedef struct {
 	size_t cap;
 	CUdeviceptr *dsts;
 	CUdeviceptr *srcs;
 	size_t *sizes;
+	/* The inline gather kernel's parameter, built per launch. */
+	pxn_inline_plan *inline_plan;
 } pxn_copy_scratch;
 
 pxn_copy_scratch *pxn_scratch_new(size_t cap);
@@ -292,6 +313,25 @@ typedef struct {
 	pxn_handle upload;
 	pxn_handle plan_up;
 	pxn_handle plan_busy;
+	/*
+	 * gather_inline, when set, is the kernel that takes a plan of at most
+	 * PXN_INLINE_ENTRIES entries as its parameter: such a Piece is launched
+	 * with no upload (nor plan_up, plan_busy). arrived is the device
+	 * address of the slot's PXN_GATHER_MAX_PARTS arrival counters, zero
+	 * between launches (the kernel sets each back to 0), used by both
+	 * kernels.
+	 */
+	pxn_handle gather_inline;
+	CUdeviceptr arrived;
+	/*
+	 * A Piece copied in parts (nparts > 1): cuts[p] is the byte where part
+	 * p ends (cuts[nparts-1] the Piece's length), and the kernel stores seq
+	 * at part_words + 8p once part p is written, for every part but the
+	 * last (part_words 0: no stores). nparts 0 or 1: one part.
+	 */
+	unsigned int nparts;
+	uint64_t cuts[PXN_GATHER_MAX_PARTS];
+	CUdeviceptr part_words;
 	/* Out: the stage that failed and, for the 12.8 batch form, failIdx. */
 	int stage;
 	size_t fail_idx;
@@ -299,7 +339,8 @@ typedef struct {
 
 /*
  * Bytes of a gather plan of n entries: the non-empty entries, packed, then
- * their n+1 exclusive prefix sums of lengths (the last one is the total).
+ * their n+1 exclusive prefix sums of lengths (the last one is the total),
+ * then room for the part cuts (u64) and the parts' arrival counters (u32).
  */
 size_t pxn_plan_bytes(size_t n);
 

@@ -79,6 +79,10 @@ type CopierOptions struct {
 	Gather GatherMode
 	// GatherPTX replaces the embedded kernel (kernel development only).
 	GatherPTX []byte
+	// NoInlinePlan uploads every gather plan, small ones too, instead of
+	// passing a plan of up to cuda.InlineEntries entries as the kernel's
+	// parameter (measurements).
+	NoInlinePlan bool
 	// GatherThreshold replaces GatherThreshold for GatherAuto.
 	GatherThreshold uint64
 	// GatherStreams is 1 (every SM Piece of a lane on one stream, up to
@@ -139,6 +143,9 @@ type Copier struct {
 	copies   atomic.Uint64
 	bytes    atomic.Uint64
 	smPieces atomic.Uint64
+	// partPieces counts the SM Pieces copied in parts with their part
+	// words signalled.
+	partPieces atomic.Uint64
 
 	closeMu sync.Mutex
 	closed  atomic.Bool
@@ -154,6 +161,8 @@ type laneStream struct {
 	s     cuda.Stream
 	op    *cuda.CopyOp
 	piece cuda.Piece
+	// cuts holds the byte ends of a Piece's parts for piece.Gather.Cuts.
+	cuts [cuda.MaxParts]uint64
 
 	// The CPU-doorbell ring: events[i] completes when bells[i] may ring.
 	events [PendingDepth]cuda.Event
@@ -508,6 +517,48 @@ func (c *Copier) Release(ev relay.Event) { c.ready.put(ev) }
 // and the doorbell, and returns without waiting. On error, nothing after
 // the failing step was enqueued and the doorbell was not submitted.
 func (c *Copier) Copy(laneIdx int, ready relay.Event, entries []relay.CopyEntry, doorbell *uint64, seq uint64) error {
+	return c.copyIn(laneIdx, ready, entries, nil, doorbell, nil, seq)
+}
+
+// CopyParts is Copy for a Piece in parts (relay.PartCopier). On the SM
+// path with GPU doorbells the kernel copies the parts one after the other
+// and stores seq into words[p] once part p is in the slot; a Piece the
+// copy engines move, or with CPU doorbells, signals only its doorbell,
+// which covers every part.
+func (c *Copier) CopyParts(laneIdx int, ready relay.Event, entries []relay.CopyEntry, partEnds []uint32, doorbell *uint64, words *[staging.MaxParts - 1]uint64, seq uint64) error {
+	if words == nil {
+		return fmt.Errorf("gpu: lane %d seq %d: nil part words", laneIdx, seq)
+	}
+	if len(partEnds) >= cuda.MaxParts {
+		return fmt.Errorf("gpu: lane %d seq %d: %d part ends, at most %d", laneIdx, seq, len(partEnds), cuda.MaxParts-1)
+	}
+	return c.copyIn(laneIdx, ready, entries, partEnds, doorbell, words, seq)
+}
+
+// cutBytes turns part ends (entry indices) into the byte ends of the
+// parts, the last being the Piece's length, in cuts; false when the ends do
+// not increase inside entries or a part would be empty.
+func cutBytes(entries []relay.CopyEntry, partEnds []uint32, cuts *[cuda.MaxParts]uint64) ([]uint64, bool) {
+	var n uint64
+	p := 0
+	for i := range entries {
+		if p < len(partEnds) && i == int(partEnds[p]) {
+			if n == 0 || p > 0 && n <= cuts[p-1] {
+				return nil, false
+			}
+			cuts[p] = n
+			p++
+		}
+		n += entries[i].Len
+	}
+	if p != len(partEnds) || p > 0 && n <= cuts[p-1] {
+		return nil, false
+	}
+	cuts[p] = n
+	return cuts[:p+1], true
+}
+
+func (c *Copier) copyIn(laneIdx int, ready relay.Event, entries []relay.CopyEntry, partEnds []uint32, doorbell *uint64, words *[staging.MaxParts - 1]uint64, seq uint64) error {
 	if laneIdx < 0 || laneIdx >= staging.LaneCount {
 		return fmt.Errorf("gpu: lane %d out of range [0, %d)", laneIdx, staging.LaneCount)
 	}
@@ -568,7 +619,19 @@ func (c *Copier) Copy(laneIdx int, ready relay.Event, entries []relay.CopyEntry,
 		p.Mode = cuda.CopyGather
 		p.Gather = cuda.Gather{Kernel: c.gather.fn, Grid: c.gather.grid, Block: c.gather.block,
 			PlanHost: ps.host, PlanDev: ps.dev, PlanCap: staging.MaxPlans,
-			Upload: c.gather.uploads[laneIdx], PlanUp: ps.up, PlanBusy: ps.busy}
+			Upload: c.gather.uploads[laneIdx], PlanUp: ps.up, PlanBusy: ps.busy,
+			Inline: c.gather.inline, Arrived: ps.arrived}
+		if len(partEnds) > 0 && c.gpuBell {
+			cuts, ok := cutBytes(entries, partEnds, &st.cuts)
+			if !ok {
+				return fmt.Errorf("gpu: lane %d seq %d: part ends %v do not cut the %d entries into parts of at least a byte", laneIdx, seq, partEnds, len(entries))
+			}
+			wordsDev, ok := c.hosts.device(uintptr(unsafe.Pointer(words)), uint64(unsafe.Sizeof(*words)))
+			if !ok {
+				return fmt.Errorf("gpu: lane %d seq %d: part words %p are in no registered host range (RegisterHost)", laneIdx, seq, words)
+			}
+			p.Gather.Cuts, p.Gather.PartWords = cuts, wordsDev
+		}
 	}
 	p.Entries = unsafe.Slice((*cuda.CopyEntry)(unsafe.Pointer(unsafe.SliceData(entries))), len(entries))
 	p.Doorbell = bellDev
@@ -588,6 +651,9 @@ func (c *Copier) Copy(laneIdx int, ready relay.Event, entries []relay.CopyEntry,
 	}
 	if sm {
 		c.smPieces.Add(1)
+		if len(p.Gather.Cuts) > 0 {
+			c.partPieces.Add(1)
+		}
 	}
 	if !c.gpuBell {
 		st.bells[tail] = bell{word: doorbell, seq: seq}
@@ -653,10 +719,12 @@ func (c *Copier) pollLane(i int) (int, error) {
 // CopierStats are a Copier's counters.
 type CopierStats struct {
 	// Copies and Bytes count Pieces whose Copy succeeded; SMPieces those
-	// of them the gather kernel moved.
-	Copies   uint64
-	Bytes    uint64
-	SMPieces uint64
+	// of them the gather kernel moved, PartPieces those of them it moved
+	// in parts with part words (CopyParts).
+	Copies     uint64
+	Bytes      uint64
+	SMPieces   uint64
+	PartPieces uint64
 	// PendingDoorbells are CPU doorbells Poll has not rung yet.
 	PendingDoorbells int
 	// LiveReadyEvents are source-ready events not yet released.
@@ -671,6 +739,7 @@ func (c *Copier) Stats() CopierStats {
 		Copies:           c.copies.Load(),
 		Bytes:            c.bytes.Load(),
 		SMPieces:         c.smPieces.Load(),
+		PartPieces:       c.partPieces.Load(),
 		PendingDoorbells: int(c.pending.Load()),
 		LiveReadyEvents:  c.ready.live(),
 		HostRanges:       len(c.hosts.all()),

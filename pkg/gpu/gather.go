@@ -107,6 +107,9 @@ type planSlot struct {
 	dev  cuda.DevicePtr
 	up   cuda.Event
 	busy cuda.Event
+	// arrived is the slot's part counters (cuda.Gather.Arrived), zeroed
+	// once at setup and set back to zero by the kernel that used them.
+	arrived cuda.DevicePtr
 }
 
 // gatherState is the loaded kernel and its plan memory.
@@ -115,10 +118,13 @@ type gatherState struct {
 	threshold uint64
 	mod       cuda.Module
 	fn        cuda.Function
-	grid      uint32
-	block     uint32
-	streams   int
-	why       string
+	// inline is the kernel that takes a small plan as its parameter, 0
+	// when not in use (CopierOptions.NoInlinePlan).
+	inline  cuda.Function
+	grid    uint32
+	block   uint32
+	streams int
+	why     string
 
 	hostMem []byte
 	devMem  cuda.DevicePtr
@@ -127,8 +133,12 @@ type gatherState struct {
 	uploads [staging.LaneCount]cuda.Stream
 }
 
-// planStride is the bytes reserved per plan slot, 256-byte aligned.
-func planStride() uint64 { return (cuda.PlanBytes(staging.MaxPlans) + 255) &^ 255 }
+// arrivedOffset is where a plan slot's part counters start in it.
+func arrivedOffset() uint64 { return (cuda.PlanBytes(staging.MaxPlans) + 63) &^ 63 }
+
+// planStride is the bytes reserved per plan slot, 256-byte aligned: the
+// plan, then the part counters.
+func planStride() uint64 { return (arrivedOffset() + 4*cuda.MaxParts + 255) &^ 255 }
 
 // setupGather loads the kernel and allocates plan memory, in the copier's
 // context. A kernel that does not load is an error for GatherSM and turns
@@ -176,6 +186,11 @@ func (c *Copier) loadGather(opts CopierOptions) error {
 	if gs.fn, err = d.ModuleGetFunction(gs.mod, kernel.GatherEntry); err != nil {
 		return err
 	}
+	if !opts.NoInlinePlan {
+		if gs.inline, err = d.ModuleGetFunction(gs.mod, kernel.GatherInlineEntry); err != nil {
+			return err
+		}
+	}
 	sms, err := d.DeviceAttribute(cuda.AttrMultiprocessorCount, c.g.dev)
 	if err != nil {
 		return err
@@ -209,6 +224,10 @@ func (c *Copier) loadGather(opts CopierOptions) error {
 		gs.hostMem = nil
 		return fmt.Errorf("map %d bytes of plan staging: %w", n*stride, err)
 	}
+	// Every slot's part counters start at zero.
+	if err := d.MemsetD32Async(gs.devMem, 0, n*stride/4, 0); err != nil {
+		return err
+	}
 	host := uintptr(unsafe.Pointer(&gs.hostMem[0]))
 	if err := d.MemHostRegister(host, n*stride, cuda.HostRegisterPortable); err != nil {
 		unix.Munmap(gs.hostMem)
@@ -221,6 +240,7 @@ func (c *Copier) loadGather(opts CopierOptions) error {
 			ps := &gs.slots[l][s]
 			ps.host = host + uintptr(k*stride)
 			ps.dev = gs.devMem + cuda.DevicePtr(k*stride)
+			ps.arrived = ps.dev + cuda.DevicePtr(arrivedOffset())
 			if ps.busy, err = d.EventCreate(cuda.EventDisableTiming); err != nil {
 				return err
 			}
@@ -232,6 +252,10 @@ func (c *Copier) loadGather(opts CopierOptions) error {
 		if gs.uploads[l], err = d.StreamCreate(cuda.StreamNonBlocking); err != nil {
 			return err
 		}
+	}
+	// The memset ran on the legacy stream: done before any launch.
+	if err := d.StreamSynchronize(0); err != nil {
+		return err
 	}
 	gs.why = "kernel loaded"
 	return nil
@@ -267,7 +291,7 @@ func (c *Copier) freeGather() error {
 	}
 	if gs.mod != 0 {
 		errs = append(errs, d.ModuleUnload(gs.mod))
-		gs.mod, gs.fn = 0, 0
+		gs.mod, gs.fn, gs.inline = 0, 0, 0
 	}
 	return errors.Join(errs...)
 }

@@ -3,9 +3,14 @@
 package gpu
 
 import (
+	"regexp"
+	"strconv"
 	"testing"
 
+	"github.com/pxn-project/pxn/pkg/cuda"
+	"github.com/pxn-project/pxn/pkg/gpu/kernel"
 	"github.com/pxn-project/pxn/pkg/relay"
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 func TestUseGather(t *testing.T) {
@@ -37,5 +42,21 @@ func TestUseGather(t *testing.T) {
 		if got := useGather(tt.mode, th, tt.ents); got != tt.want {
 			t.Errorf("%s: useGather = %v, want %v", tt.name, got, tt.want)
 		}
+	}
+}
+
+// The inline kernel's parameter is the shim's pxn_inline_plan: the PTX
+// declares its size, and a plan built to another size would hand the
+// kernel shifted entries.
+func TestInlinePlanMatchesThePTX(t *testing.T) {
+	m := regexp.MustCompile(`\.param \.align 8 \.b8 ` + kernel.GatherInlineEntry + `_param_0\[(\d+)\]`).FindSubmatch(kernel.GatherPTX())
+	if m == nil {
+		t.Fatalf("the PTX declares no by-value parameter of %s", kernel.GatherInlineEntry)
+	}
+	if n, _ := strconv.Atoi(string(m[1])); n != cuda.InlinePlanBytes {
+		t.Fatalf("%s takes %d bytes, the shim builds %d", kernel.GatherInlineEntry, n, cuda.InlinePlanBytes)
+	}
+	if cuda.InlineEntries > staging.MaxPlans || cuda.MaxParts != staging.MaxParts {
+		t.Fatalf("inline entries %d, parts %d: want at most %d and %d", cuda.InlineEntries, cuda.MaxParts, staging.MaxPlans, staging.MaxParts)
 	}
 }

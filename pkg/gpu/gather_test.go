@@ -280,3 +280,140 @@ func TestGatherPlanBusy(t *testing.T) {
 	waitWord(t, c, word2, next)
 	runtime.KeepAlive(flagMem)
 }
+
+// hostLine is a ready line (doorbell and part words) in host memory the
+// copier may write.
+func hostLine(t testing.TB, c *gpu.Copier) *staging.ReadyWord {
+	t.Helper()
+	mem, err := unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unreg, err := c.RegisterHost(uintptr(unsafe.Pointer(&mem[256])), 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := unreg(); err != nil {
+			t.Error(err)
+		}
+		unix.Munmap(mem)
+	})
+	return (*staging.ReadyWord)(unsafe.Pointer(&mem[256]))
+}
+
+// TestGatherParts: the SM kernel copies a Piece part after part and stores
+// the seq into each part's word, the last part being the doorbell's. The
+// test reads each part of the destination as soon as its word shows the
+// seq, while the kernel may still copy the later ones, and finds it whole.
+// A Piece the copy engines move signals its doorbell only.
+func TestGatherParts(t *testing.T) {
+	g := openGPU(t)
+	d := g.Driver()
+	const block, n = 2 << 10, 4096
+	src, dst := alloc(t, g, n*block), alloc(t, g, n*block)
+	srcHost := make([]byte, n*block)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range srcHost {
+		srcHost[i] = byte(rng.Uint32())
+	}
+	if err := d.MemcpyHtoD(src, srcHost); err != nil {
+		t.Fatal(err)
+	}
+	ents := make([]relay.CopyEntry, n)
+	plans := make([]staging.PlanEntry, n)
+	want := make([]byte, n*block)
+	for i := range ents {
+		s := uint64(n-1-i) * block
+		ents[i] = relay.CopyEntry{Src: uintptr(src) + uintptr(s), Dst: uintptr(dst) + uintptr(i*block), Len: block}
+		plans[i] = staging.PlanEntry{Dst: uint64(i * block), Len: block}
+		copy(want[i*block:(i+1)*block], srcHost[s:s+block])
+	}
+	ends := staging.CutParts(nil, plans, n*block, staging.MaxParts)
+	if len(ends) != staging.MaxParts-1 {
+		t.Fatalf("cut in %d parts, want %d", len(ends)+1, staging.MaxParts)
+	}
+	t.Run("sm", func(t *testing.T) {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := d.CtxSetCurrent(g.Context()); err != nil {
+			t.Fatal(err)
+		}
+		c := newCopier(t, g, gpu.CopierOptions{Gather: gpu.GatherSM})
+		if !c.GPUDoorbell() {
+			t.Skip("no GPU doorbell here: part words are GPU stores")
+		}
+		for rep := uint64(1); rep <= 3; rep++ {
+			fill(t, g, dst, 0xeeeeeeee, n*block)
+			line := hostLine(t, c)
+			seq := 7 * rep
+			if err := c.CopyParts(2, 0, ents, ends, &line.Seq, &line.Parts, seq); err != nil {
+				t.Fatal(err)
+			}
+			early := 0
+			got := make([]byte, block*int(ends[0]))
+			for p := range ends {
+				deadline := time.Now().Add(20 * time.Second)
+				for atomic.LoadUint64(&line.Parts[p]) != seq {
+					if time.Now().After(deadline) {
+						t.Fatalf("part word %d is %d, want %d", p, atomic.LoadUint64(&line.Parts[p]), seq)
+					}
+				}
+				if atomic.LoadUint64(&line.Seq) != seq {
+					early++
+				}
+				from, to := uint64(0), uint64(ends[p])*block
+				if p > 0 {
+					from = uint64(ends[p-1]) * block
+				}
+				part := got[:to-from]
+				if err := d.MemcpyDtoH(part, dst+cuda.DevicePtr(from)); err != nil {
+					t.Fatal(err)
+				}
+				if i := firstDiff(part, want[from:to]); i >= 0 {
+					t.Fatalf("part %d read once its word showed the seq: byte %d is %#x, want %#x", p, int(from)+i, part[i], want[int(from)+i])
+				}
+			}
+			waitWord(t, c, &line.Seq, seq)
+			whole := make([]byte, n*block)
+			if err := d.MemcpyDtoH(whole, dst); err != nil {
+				t.Fatal(err)
+			}
+			if i := firstDiff(whole, want); i >= 0 {
+				t.Fatalf("byte %d is %#x, want %#x", i, whole[i], want[i])
+			}
+			t.Logf("round %d: %d of %d part words seen before the doorbell", rep, early, len(ends))
+		}
+		if st := c.Stats(); st.PartPieces != 3 || st.SMPieces != 3 {
+			t.Fatalf("%d Pieces in parts, %d by the kernel; want 3 and 3", st.PartPieces, st.SMPieces)
+		}
+	})
+	t.Run("ce", func(t *testing.T) {
+		c := newCopier(t, g, gpu.CopierOptions{Gather: gpu.GatherCE})
+		line := hostLine(t, c)
+		if err := c.CopyParts(2, 0, ents, ends, &line.Seq, &line.Parts, 9); err != nil {
+			t.Fatal(err)
+		}
+		waitWord(t, c, &line.Seq, 9)
+		for p := range line.Parts {
+			if atomic.LoadUint64(&line.Parts[p]) != 0 {
+				t.Fatalf("copy engines wrote part word %d", p)
+			}
+		}
+		if st := c.Stats(); st.PartPieces != 0 {
+			t.Fatalf("%d Pieces in parts by the copy engines", st.PartPieces)
+		}
+	})
+	t.Run("bad ends", func(t *testing.T) {
+		c := newCopier(t, g, gpu.CopierOptions{Gather: gpu.GatherSM})
+		if !c.GPUDoorbell() {
+			t.Skip("no GPU doorbell here: part ends are checked where the kernel signals them")
+		}
+		line := hostLine(t, c)
+		for _, bad := range [][]uint32{{0}, {n}, {5, 5}, {1, 2, 3, 4, 5, 6, 7, 8}} {
+			if err := c.CopyParts(2, 0, ents, bad, &line.Seq, &line.Parts, 11); err == nil {
+				t.Fatalf("part ends %v accepted", bad)
+			}
+		}
+	})
+}

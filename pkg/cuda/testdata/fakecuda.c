@@ -3,8 +3,10 @@
 /*
  * A CUDA driver for TestShimOnFakeDriver, so that shim.c runs on machines
  * without a GPU (and under the sanitizers there): device memory is host
- * memory, every call has completed when it returns, and the one kernel it
- * runs is the gather kernel's contract, pxn_gather(plan, prefix, u32 n).
+ * memory, every call has completed when it returns, and the kernels it runs
+ * are the gather kernel's contract: pxn_gather(plan, prefix, u32 n, cuts,
+ * u32 parts, arrived, words, seq) and pxn_gather_inline(the same in one
+ * parameter), each part copied and then, but for the last, signalled.
  * Entry points come from cuGetProcAddress_v2 by name and CUDA version, as
  * from a real driver. PXN_FAKECUDA_VERSION sets the driver version
  * (default 13000); PXN_FAKECUDA_INIT makes cuInit return that result.
@@ -483,10 +485,15 @@ static CUresult cuModuleGetFunction(void **f, void *m, const char *name)
 {
 	if (!is(m, MAGIC_MODULE))
 		return INVALID_HANDLE;
-	if (strcmp(name, "pxn_gather") != 0)
+	/* A function lives as long as the library: nothing frees one. */
+	static object gather = {MAGIC_FUNCTION, "pxn_gather"}, gather_inline = {MAGIC_FUNCTION, "pxn_gather_inline"};
+	if (strcmp(name, gather.name) == 0)
+		*f = &gather;
+	else if (strcmp(name, gather_inline.name) == 0)
+		*f = &gather_inline;
+	else
 		return NOT_FOUND;
-	*f = new_object(MAGIC_FUNCTION, name);
-	return *f == NULL ? OUT_OF_MEMORY : OK;
+	return OK;
 }
 
 static CUresult cuModuleUnload(void *m)
@@ -498,7 +505,44 @@ typedef struct {
 	uint64_t src, dst, len;
 } entry;
 
-/* pxn_gather(const entry *plan, const u64 *prefix, u32 n). */
+/* gather.cu's pxn_inline_plan, 512 entries. */
+typedef struct {
+	uint64_t words, seq, arrived;
+	uint32_t n, parts;
+	uint64_t cuts[8];
+	entry entries[512];
+	uint64_t prefix[513];
+} inline_plan;
+
+/*
+ * gather runs the kernel's contract: the n entries in parts ending at cuts,
+ * seq stored at words[p] after part p but the last (words 0: none).
+ */
+static CUresult gather(const entry *plan, const uint64_t *prefix, uint32_t n, const uint64_t *cuts, uint32_t parts, uint64_t words,
+		       uint64_t seq)
+{
+	if (parts == 0 || parts > 8 || (parts > 1 && words != 0 && (words & 7) != 0))
+		return LAUNCH_FAILED;
+	uint64_t total = 0;
+	uint32_t p = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		if (prefix[i] != total || plan[i].len == 0)
+			return LAUNCH_FAILED;
+		while (p + 1 < parts && cuts[p] <= total) {
+			if (cuts[p] != total)
+				return LAUNCH_FAILED; /* the engine cuts between entries */
+			if (words != 0)
+				__atomic_store_n((uint64_t *)(uintptr_t)(words + 8 * p), seq, __ATOMIC_RELEASE);
+			p++;
+		}
+		total += plan[i].len;
+		CUresult r = copy(plan[i].dst, plan[i].src, plan[i].len);
+		if (r != OK)
+			return LAUNCH_FAILED;
+	}
+	return prefix[n] == total && p + 1 == parts && cuts[parts - 1] == total ? OK : LAUNCH_FAILED;
+}
+
 static CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
 			       unsigned shmem, void *s, void **params, void **extra)
 {
@@ -507,19 +551,20 @@ static CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, u
 		return INVALID_HANDLE;
 	if (gx == 0 || gy != 1 || gz != 1 || bx == 0 || by != 1 || bz != 1 || params == NULL || extra != NULL)
 		return INVALID_VALUE;
+	if (strcmp(((object *)f)->name, "pxn_gather_inline") == 0) {
+		const inline_plan *ip = (const inline_plan *)params[0];
+		if (ip->n > 512)
+			return LAUNCH_FAILED;
+		return gather(ip->entries, ip->prefix, ip->n, ip->cuts, ip->parts, ip->words, ip->seq);
+	}
 	const entry *plan = *(const entry *const *)params[0];
 	const uint64_t *prefix = *(const uint64_t *const *)params[1];
 	uint32_t n = *(const uint32_t *)params[2];
-	uint64_t total = 0;
-	for (uint32_t i = 0; i < n; i++) {
-		if (prefix[i] != total || plan[i].len == 0)
-			return LAUNCH_FAILED;
-		total += plan[i].len;
-		CUresult r = copy(plan[i].dst, plan[i].src, plan[i].len);
-		if (r != OK)
-			return LAUNCH_FAILED;
-	}
-	return prefix[n] == total ? OK : LAUNCH_FAILED;
+	const uint64_t *cuts = *(const uint64_t *const *)params[3];
+	uint32_t parts = *(const uint32_t *)params[4];
+	uint64_t words = *(const uint64_t *)params[6];
+	uint64_t seq = *(const uint64_t *)params[7];
+	return gather(plan, prefix, n, cuts, parts, words, seq);
 }
 
 static CUresult cuMemGetInfo(size_t *free_bytes, size_t *total_bytes)

@@ -65,27 +65,24 @@ static __device__ __forceinline__ void copy_span(unsigned long long s, unsigned 
 	}
 }
 
-// pxn_gather copies the n entries of plan. prefix holds n+1 exclusive prefix
-// sums of the entries' lengths (prefix[n] is the Piece's length); every
-// entry is non-empty. The Piece's bytes, taken as one stream in entry order,
-// are cut into equal spans, one per warp of the grid, so a large entry is
-// split across warps and blocks and a warp may cover many small entries.
-extern "C" __global__ void __launch_bounds__(1024) pxn_gather(const pxn_entry *__restrict__ plan, const unsigned long long *__restrict__ prefix, unsigned int n)
+// copy_bytes copies bytes [lo, hi) of the Piece, taken as one stream in
+// entry order, with every warp of the grid: the range is cut into equal
+// spans, one per warp, so a large entry is split across warps and blocks and
+// a warp may cover many small entries. Warp-uniform: all 32 lanes of a warp
+// take the same path.
+static __device__ __forceinline__ void copy_bytes(const pxn_entry *__restrict__ plan, const unsigned long long *__restrict__ prefix, unsigned int n,
+	unsigned long long lo_byte, unsigned long long hi_byte, unsigned long long warp, unsigned long long warps, unsigned int lane)
 {
-	const unsigned long long total = prefix[n];
-	const unsigned int lane = threadIdx.x & 31u;
-	const unsigned long long warp = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-	const unsigned long long warps = ((unsigned long long)gridDim.x * blockDim.x) >> 5;
-	unsigned long long span = (total + warps - 1) / warps;
+	unsigned long long span = (hi_byte - lo_byte + warps - 1) / warps;
 	span = (span + 15ULL) & ~15ULL;
 	if (span < PXN_MIN_SPAN) {
 		span = PXN_MIN_SPAN;
 	}
-	unsigned long long pos = warp * span;
-	if (pos >= total) {
+	unsigned long long pos = lo_byte + warp * span;
+	if (pos >= hi_byte) {
 		return;
 	}
-	const unsigned long long end = pos + span < total ? pos + span : total;
+	const unsigned long long end = pos + span < hi_byte ? pos + span : hi_byte;
 
 	// The entry holding byte pos is the last e with prefix[e] <= pos. Each
 	// round the 32 lanes probe evenly spaced indices of [lo, hi) and the
@@ -127,4 +124,77 @@ extern "C" __global__ void __launch_bounds__(1024) pxn_gather(const pxn_entry *_
 		src = nsrc;
 		dst = ndst;
 	}
+}
+
+// gather_parts copies the n entries of plan. prefix holds n+1 exclusive
+// prefix sums of the entries' lengths (prefix[n] is the Piece's length);
+// every entry is non-empty. The Piece is copied in parts, one after the
+// other: cuts[p] is the byte where part p ends (cuts[parts-1] ==
+// prefix[n]), and every warp copies its span of part p before it starts on
+// part p+1, so part 0 is in the slot long before the last part.
+//
+// When words is not null, the end of every part but the last is signalled:
+// each warp, once its span of part p is written, counts itself in
+// arrived[p] behind a system-scope fence; the warp that completes the count
+// fences again, stores seq into words[p] (the part words of the slot's
+// ready line, in the relay's control block) and sets arrived[p] back to 0
+// for the slot's next Piece, which runs only after this one ended. A reader
+// that sees seq there may read part p's bytes from anywhere in the system.
+// The last part is signalled by the stream's doorbell after the kernel,
+// which covers the whole Piece.
+static __device__ __forceinline__ void gather_parts(const pxn_entry *__restrict__ plan, const unsigned long long *__restrict__ prefix, unsigned int n,
+	const unsigned long long *__restrict__ cuts, unsigned int parts, unsigned int *arrived, unsigned long long *words, unsigned long long seq)
+{
+	const unsigned int lane = threadIdx.x & 31u;
+	const unsigned long long warp = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+	const unsigned long long warps = ((unsigned long long)gridDim.x * blockDim.x) >> 5;
+	unsigned long long lo_byte = 0;
+	for (unsigned int p = 0; p < parts; p++) {
+		const unsigned long long hi_byte = cuts[p];
+		copy_bytes(plan, prefix, n, lo_byte, hi_byte, warp, warps, lane);
+		lo_byte = hi_byte;
+		if (words == 0 || p + 1 == parts) {
+			continue;
+		}
+		__syncwarp();
+		if (lane == 0) {
+			__threadfence_system();
+			if (atomicAdd(&arrived[p], 1u) == (unsigned int)warps - 1u) {
+				__threadfence_system();
+				*(volatile unsigned long long *)&words[p] = seq;
+				arrived[p] = 0;
+			}
+		}
+	}
+}
+
+// pxn_gather is gather_parts over a plan uploaded to device memory.
+extern "C" __global__ void __launch_bounds__(1024) pxn_gather(const pxn_entry *__restrict__ plan, const unsigned long long *__restrict__ prefix, unsigned int n,
+	const unsigned long long *__restrict__ cuts, unsigned int parts, unsigned int *arrived, unsigned long long *words, unsigned long long seq)
+{
+	gather_parts(plan, prefix, n, cuts, parts, arrived, words, seq);
+}
+
+// The most entries a plan passed as the kernel's parameter holds: the
+// parameter is 16 KiB, half of what a launch may pass.
+#define PXN_INLINE_ENTRIES 512
+
+// pxn_inline_plan is a whole gather plan passed by value as the kernel's
+// parameter, so that a Piece of a few hundred entries needs no upload and
+// no wait for one before its launch. shim.h mirrors the layout.
+struct pxn_inline_plan {
+	unsigned long long *words;
+	unsigned long long seq;
+	unsigned int *arrived;
+	unsigned int n;
+	unsigned int parts;
+	unsigned long long cuts[8];
+	pxn_entry entries[PXN_INLINE_ENTRIES];
+	unsigned long long prefix[PXN_INLINE_ENTRIES + 1];
+};
+
+// pxn_gather_inline is gather_parts over the plan in its parameter.
+extern "C" __global__ void __launch_bounds__(1024) pxn_gather_inline(const __grid_constant__ pxn_inline_plan p)
+{
+	gather_parts(p.entries, p.prefix, p.n, p.cuts, p.parts, p.arrived, p.words, p.seq);
 }

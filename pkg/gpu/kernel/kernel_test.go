@@ -21,6 +21,7 @@ func TestGatherPTX(t *testing.T) {
 		".target sm_90",
 		".address_size 64",
 		".visible .entry " + GatherEntry + "(",
+		".visible .entry " + GatherInlineEntry + "(",
 	} {
 		if !strings.Contains(ptx, want) {
 			t.Errorf("gather.ptx lacks %q; regenerate it with hack/gen-ptx.sh", want)
@@ -36,8 +37,10 @@ func TestGatherPTX(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Contains(src, []byte(`extern "C" __global__ void __launch_bounds__(1024) `+GatherEntry+"(")) {
-		t.Errorf("gather.cu does not define %s as the PTX expects", GatherEntry)
+	for _, entry := range []string{GatherEntry, GatherInlineEntry} {
+		if !bytes.Contains(src, []byte(`extern "C" __global__ void __launch_bounds__(1024) `+entry+"(")) {
+			t.Errorf("gather.cu does not define %s as the PTX expects", entry)
+		}
 	}
 	p := GatherPTX()
 	p[0] ^= 0xff
