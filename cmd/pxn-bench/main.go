@@ -145,6 +145,7 @@ func runFlags(fs *pflag.FlagSet) func() int {
 	fs.StringVar(&o.JSON, "json", "", "also write the rows as JSON to this file")
 	fs.StringVar(&o.Credit, "credit-timeout", "", contract.EnvCreditTimeout+" for the ranks (empty: the engine default, 1000)")
 	fs.StringVar(&firstPieceFlag, "first-piece", "", "the most bytes of a request's first Piece, each next twice the one before up to the 8 MiB slot ("+contract.EnvFirstPiece+" for the ranks; empty: the engine default, "+strconv.Itoa(contract.DefaultFirstPieceKiB)+"KiB; 8MiB: no ramp)")
+	fs.IntVar(&o.SlotParts, "slot-parts", 0, "the most parts a Piece alone on its lane is copied and forwarded in ("+contract.EnvSlotParts+" for the ranks; 0: the engine default, "+strconv.Itoa(contract.DefaultSlotParts)+"; 1: none)")
 	fs.IntVar(&o.PerSubmit, "per-submit", 0, "requests per Submit (0: all at once; with --device cuda 16); a Submit is one Piece per 8 MiB, and the sender joins queued whole Pieces of several Submits into one slot")
 	fs.DurationVar(&o.HoldAfter, "hold-after", 0, "keep the engine phase's ranks registered, idle, this long after their transfer, so that a metrics scraper (pxn-agent) sees their counters; single runs only")
 	fs.BoolVar(&o.AllocPass, "alloc-pass", false, "run the PXN phase's transfer a second time and report P5 heap allocations per piece from that warm pass (steady state) rather than from the first")
@@ -160,6 +161,7 @@ func runFlags(fs *pflag.FlagSet) func() int {
 	fs.BoolVar(&o.CUDA.Raw, "raw", false, "cuda: also time a raw copy-engine copy of the same traffic")
 	fs.IntVar(&o.CUDA.Latency, "latency", 0, "also time this many 10 KiB writes through PXN and direct")
 	fs.StringVar(&o.CUDA.GatherPTX, "gather-ptx", "", "cuda: load the gather kernel from this PTX file instead of the embedded one (kernel development)")
+	fs.BoolVar(&o.CUDA.NoInlinePlan, "no-inline-plan", false, "cuda: upload every gather plan, small ones too, instead of passing a plan of up to 512 entries as the kernel's parameter (to measure what that saves)")
 	kvFlags(fs, &o.KV)
 	fs.StringVar(&o.CUDA.CopyMode, "copy-mode", "", "cuda: "+contract.EnvCopyMode+" for the ranks (ce, sm or auto)")
 	fs.DurationVar(&o.CUDA.PollSpin, "poll-spin", 0, "cuda: how long the pump polls without sleeping after progress while one Piece moves (0: the default, negative: never)")
@@ -187,6 +189,10 @@ func runFlags(fs *pflag.FlagSet) func() int {
 				return 2
 			}
 			o.FirstPiece = strconv.FormatUint(n>>10, 10)
+		}
+		if o.SlotParts != 0 && (o.SlotParts < contract.MinSlotParts || o.SlotParts > contract.MaxSlotParts) {
+			fmt.Fprintf(os.Stderr, "pxn-bench: --slot-parts %d: want %d to %d\n", o.SlotParts, contract.MinSlotParts, contract.MaxSlotParts)
+			return 2
 		}
 		if railMapFlag == "" {
 			if o.RailMap, err = staging.RailMapFromEnv(nil); err != nil {
@@ -273,6 +279,7 @@ func rankFlags(fs *pflag.FlagSet) func() int {
 	fs.IntVar(&o.Reps, "reps", 1, "times the timed transfer (and the raw copy) is repeated back to back")
 	fs.IntVar(&o.PerSubmit, "per-submit", 0, "requests per Submit (0: the device's default)")
 	fs.StringVar(&o.GatherPTX, "gather-ptx", "", "cuda: gather kernel PTX file (default: embedded)")
+	fs.BoolVar(&o.NoInlinePlan, "no-inline-plan", false, "cuda: upload every gather plan")
 	fs.DurationVar(&o.PollSpin, "poll-spin", 0, "cuda: the pump's spin window (0: default)")
 	fs.DurationVar(&o.PollNap, "poll-nap", 0, "cuda: the pump's longest sleep while busy (0: default)")
 	fs.StringVar(&o.ArenaShare, "arena-share", "auto", "cuda: auto, fd or ipc")

@@ -30,6 +30,8 @@ type cudaRank struct {
 	nic  *gpunic.NIC
 	src  cuda.DevicePtr
 	ptx  []byte
+	// noInline uploads every gather plan (RankOptions.NoInlinePlan).
+	noInline bool
 	// pollSpin and pollNap are the pump's poll policy (zero: the copier's
 	// default).
 	pollSpin, pollNap time.Duration
@@ -45,7 +47,7 @@ func newCUDARank(o RankOptions) (_ *cudaRank, err error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &cudaRank{pollSpin: o.PollSpin, pollNap: o.PollNap}
+	r := &cudaRank{pollSpin: o.PollSpin, pollNap: o.PollNap, noInline: o.NoInlinePlan}
 	if r.share, err = gpu.ParseArenaShare(o.ArenaShare); err != nil {
 		return nil, err
 	}
@@ -100,7 +102,7 @@ func (r *cudaRank) firstHop(deps *hostengine.HostDeps, _ uintptr, _ uint64) (str
 	if err != nil {
 		return "", err
 	}
-	c, err := gpu.NewCopier(r.g, gpu.CopierOptions{Gather: gather, GatherPTX: r.ptx, PollSpin: r.pollSpin, PollNap: r.pollNap})
+	c, err := gpu.NewCopier(r.g, gpu.CopierOptions{Gather: gather, GatherPTX: r.ptx, NoInlinePlan: r.noInline, PollSpin: r.pollSpin, PollNap: r.pollNap})
 	if err != nil {
 		return "", err
 	}

@@ -203,6 +203,8 @@ type RankOptions struct {
 	Reps      int
 	PerSubmit int
 	GatherPTX string
+	// NoInlinePlan uploads every gather plan (measurements).
+	NoInlinePlan bool
 	// PollSpin and PollNap replace the pump's poll policy (zero: default).
 	PollSpin, PollNap time.Duration
 	// ArenaShare is how the rank shares its device arena.

@@ -44,7 +44,9 @@ type RunOptions struct {
 	// FirstPiece is the ranks' MC_PXN_FIRST_PIECE_KIB ("": the engine's
 	// default).
 	FirstPiece string
-	Out        io.Writer
+	// SlotParts is the ranks' MC_PXN_SLOT_PARTS (0: the engine's default).
+	SlotParts int
+	Out       io.Writer
 	// ErrOut takes warnings; Getenv reads this process's environment.
 	ErrOut io.Writer
 	Getenv func(string) string
@@ -64,6 +66,9 @@ type CUDAOptions struct {
 	Latency   int
 	GatherPTX string
 	CopyMode  string
+	// NoInlinePlan makes the ranks' copiers upload every gather plan
+	// (gpu.CopierOptions.NoInlinePlan).
+	NoInlinePlan bool
 	// PollSpin and PollNap replace the pump's poll policy (zero: the
 	// copier's default), to measure the trade-off of CPU and latency.
 	PollSpin, PollNap time.Duration
@@ -274,6 +279,9 @@ func (o RunOptions) rankEnv() []string {
 	if o.FirstPiece != "" {
 		e = append(e, contract.EnvFirstPiece+"="+o.FirstPiece)
 	}
+	if o.SlotParts != 0 {
+		e = append(e, contract.EnvSlotParts+"="+strconv.Itoa(o.SlotParts))
+	}
 	return e
 }
 
@@ -283,6 +291,9 @@ func (o RunOptions) rankSettings() string {
 	e := o.rankEnv()
 	if o.CUDA.PollSpin != 0 || o.CUDA.PollNap != 0 {
 		e = append(e, "poll spin "+o.CUDA.PollSpin.String()+", nap "+o.CUDA.PollNap.String())
+	}
+	if o.CUDA.NoInlinePlan {
+		e = append(e, "every gather plan uploaded")
 	}
 	return strings.Join(e, " ")
 }
@@ -545,6 +556,9 @@ func (dev *device) exec(o RunOptions, s scenario) ([]Row, error) {
 			"--registry", registry, "--latency", strconv.Itoa(s.latency), "--reps", strconv.Itoa(max(s.reps, 1)), "--per-submit", strconv.Itoa(o.PerSubmit)}
 		if o.CUDA.GatherPTX != "" {
 			a = append(a, "--gather-ptx", o.CUDA.GatherPTX)
+		}
+		if o.CUDA.NoInlinePlan {
+			a = append(a, "--no-inline-plan")
 		}
 		if mode == "engine" && (s.kv != nil && s.kv.Inflight == 1 || s.latency > 0 || s.idle) {
 			a = append(a, "--piece-times")
