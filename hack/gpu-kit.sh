@@ -34,6 +34,8 @@
 #                     bytes in two blocks and 128 KiB in two (its parts)
 #   noparts-p10 (50)  the same with --slot-parts 1: each Piece copied
 #                     whole before its relay forwards any of it
+#   noinline-p10 (50) the same with --no-inline-plan: every gather plan
+#                     uploaded before its launch
 #   spin-p10 (50)     the same with --poll-spin 2ms: pumps that never nap
 #                     while a request moves
 #   before-p10 (30)   --suite p10 with the baseline's pxn-bench
@@ -221,6 +223,7 @@ kit_run() {
   fi
   step after-p10 50 ./pxn-bench run --device cuda --suite p10 --json "$out/after-p10.json"
   step noparts-p10 50 ./pxn-bench run --device cuda --suite p10 --slot-parts 1 --json "$out/noparts-p10.json"
+  step noinline-p10 50 ./pxn-bench run --device cuda --suite p10 --no-inline-plan --json "$out/noinline-p10.json"
   step spin-p10 50 ./pxn-bench run --device cuda --suite p10 --poll-spin 2ms --json "$out/spin-p10.json"
   if [ -x pxn-bench.before ]; then
     step before-p10 30 ./pxn-bench.before run --device cuda --suite p10 --json "$out/before-p10.json"
