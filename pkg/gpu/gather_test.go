@@ -219,11 +219,13 @@ func TestGatherAuto(t *testing.T) {
 
 // TestGatherPlanBusy: a Piece whose ring slot still holds a plan that has
 // not been uploaded (its predecessor waits for its source) is refused with
-// nothing enqueued, and both complete once the source is ready.
+// nothing enqueued, and both complete once the source is ready. Plans small
+// enough to go inline have no staging to guard, so the copier here uploads
+// every plan.
 func TestGatherPlanBusy(t *testing.T) {
 	g := openGPU(t)
 	d := g.Driver()
-	c := newCopier(t, g, gpu.CopierOptions{Gather: gpu.GatherSM})
+	c := newCopier(t, g, gpu.CopierOptions{Gather: gpu.GatherSM, NoInlinePlan: true})
 	mod, err := d.ModuleLoadData([]byte(testkernel.SpinKernelPTX))
 	if err != nil {
 		t.Fatal(err)
@@ -339,7 +341,10 @@ func TestGatherParts(t *testing.T) {
 		if err := d.CtxSetCurrent(g.Context()); err != nil {
 			t.Fatal(err)
 		}
-		c := newCopier(t, g, gpu.CopierOptions{Gather: gpu.GatherSM})
+		// One warp copies the 8 MiB, so the kernel runs long enough for
+		// the part words to be seen while it still copies (logged; the
+		// order itself is the kernel's, not a matter of timing).
+		c := newCopier(t, g, gpu.CopierOptions{Gather: gpu.GatherSM, GatherBlocks: 1, GatherThreads: 32})
 		if !c.GPUDoorbell() {
 			t.Skip("no GPU doorbell here: part words are GPU stores")
 		}
