@@ -111,8 +111,7 @@ func (e *Engine) Submit(reqs []Request) (*Batch, error) {
 	routes := e.routes.Load()
 	var at uint64
 	for lo, limit := 0, uint64(firstChunkBytes); lo < len(reqs); limit = min(2*limit, maxChunkBytes) {
-		hi, n := chunkEnd(reqs, lo, at, limit)
-		e.submitChunk(b, reqs, lo, hi, routes, sc)
+		hi, n := e.submitChunk(b, reqs, lo, at, limit, routes, sc)
 		lo, at = hi, at+n
 	}
 	return b, nil
@@ -126,50 +125,49 @@ const (
 	maxChunkBytes   = 8 * staging.SlotSize
 )
 
-// chunkEnd is where the chunk that starts at request lo ends: after the
+// submitChunk classifies the chunk of b's requests that starts at lo,
+// plans its PXN groups, hands direct ones to the hop and queues the Pieces,
+// and returns where the chunk ends and its bytes. The chunk ends after the
 // first request that brings it to limit bytes and leaves the batch's bytes
 // so far (at, before lo) a whole number of slots, so that a batch of one
 // group is cut where its Pieces would end anyway and chunking changes no
-// Piece; len(reqs) when there is no such request. n is the chunk's bytes.
-func chunkEnd(reqs []Request, lo int, at, limit uint64) (end int, n uint64) {
-	for i := lo; i < len(reqs); i++ {
-		n += reqs[i].Len
-		if n >= limit && (at+n)%staging.SlotSize == 0 {
-			return i + 1, n
-		}
-	}
-	return len(reqs), n
-}
-
-// submitChunk classifies requests lo..hi of b, plans their PXN groups,
-// hands direct ones to the hop and queues the Pieces. sc's caches (the
+// Piece; at len(reqs) when there is no such request. sc's caches (the
 // source allocation, the target's lane) carry over from chunk to chunk;
 // its groups are the chunk's own.
-func (e *Engine) submitChunk(b *Batch, reqs []Request, lo, hi int, routes *routeTable, sc *submitScratch) {
+func (e *Engine) submitChunk(b *Batch, reqs []Request, lo int, at, limit uint64, routes *routeTable, sc *submitScratch) (end int, n uint64) {
 	began := e.sentTimes.now()
 	sc.resetGroups()
-	for i := lo; i < hi; i++ {
+	pxn := e.pxn.Load() && len(routes.byRail) > 0
+	end = len(reqs)
+	for i := lo; i < len(reqs); i++ {
 		r := &reqs[i]
-		if r.Len == 0 {
-			continue
-		}
-		ol := e.classify(r, routes, sc)
-		if ol == nil {
-			sc.direct = append(sc.direct, int32(i))
-			continue
-		}
-		k := groupKey{lane: ol, session: r.Target, stream: r.Stream}
-		g := sc.last
-		if g == nil || g.key != k {
-			if g = sc.groups[k]; g == nil {
-				g = e.groups.get()
-				g.key, g.batch, g.submitted = k, b, began
-				sc.groups[k] = g
-				sc.order = append(sc.order, g)
+		n += r.Len
+		if r.Len != 0 {
+			var ol *outLane
+			if pxn {
+				ol = e.classify(r, routes, sc)
 			}
-			sc.last = g
+			if ol == nil {
+				sc.direct = append(sc.direct, int32(i))
+			} else {
+				k := groupKey{lane: ol, session: r.Target, stream: r.Stream}
+				g := sc.last
+				if g == nil || g.key != k {
+					if g = sc.groups[k]; g == nil {
+						g = e.groups.get()
+						g.key, g.batch, g.submitted = k, b, began
+						sc.groups[k] = g
+						sc.order = append(sc.order, g)
+					}
+					sc.last = g
+				}
+				g.tasks = append(g.tasks, int32(i))
+			}
 		}
-		g.tasks = append(g.tasks, int32(i))
+		if n >= limit && (at+n)%staging.SlotSize == 0 {
+			end = i + 1
+			break
+		}
 	}
 
 	// Plan every PXN group and count every slice before anything is
@@ -193,8 +191,8 @@ func (e *Engine) submitChunk(b *Batch, reqs []Request, lo, hi int, routes *route
 	for _, g := range planned {
 		// Once a Piece is queued the pump may finish the group and reuse
 		// it: nothing below reads g after handing it over.
-		n := len(g.plan.Pieces)
-		g.pending.Store(int32(n))
+		pieces := len(g.plan.Pieces)
+		g.pending.Store(int32(pieces))
 		ready, err := e.copier.RecordReady(g.key.stream)
 		if err != nil {
 			// Without a source-ready event the data cannot be staged safely:
@@ -202,14 +200,14 @@ func (e *Engine) submitChunk(b *Batch, reqs []Request, lo, hi int, routes *route
 			// but the caller's own ordering.
 			e.log.Error(err, "source-ready event failed; sending direct", "target", g.key.session)
 			g.ready = 0
-			for i := range n {
+			for i := range pieces {
 				e.fallback(g, i, staging.FallbackSourceEvent)
 			}
 			continue
 		}
 		g.ready = ready
 		if !g.key.lane.enqueue(g) {
-			for i := range n {
+			for i := range pieces {
 				e.fallback(g, i, staging.FallbackNoLane)
 			}
 		}
@@ -217,6 +215,7 @@ func (e *Engine) submitChunk(b *Batch, reqs []Request, lo, hi int, routes *route
 	if len(planned) > 0 {
 		e.wake()
 	}
+	return end, n
 }
 
 type groupKey struct {
@@ -226,9 +225,10 @@ type groupKey struct {
 }
 
 // classify returns the outbound lane a request goes through, or nil for the
-// direct path.
+// direct path. The caller has checked that the PXN path is on and that
+// routes has a lane.
 func (e *Engine) classify(r *Request, routes *routeTable, sc *submitScratch) *outLane {
-	if !e.pxn.Load() || r.Op != Write || len(routes.byRail) == 0 {
+	if r.Op != Write {
 		return nil
 	}
 	if !e.onDevice(r.Src, r.Len, sc) {
