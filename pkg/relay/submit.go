@@ -3,8 +3,8 @@
 package relay
 
 import (
-	"slices"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -63,17 +63,12 @@ func (g *group) pieceEntries(i int) int {
 	return pc.End - pc.Start
 }
 
-// planGroup cuts a group's requests into Pieces and sets every task's slice
+// planGroup cuts a group's blocks into Pieces and sets every task's slice
 // count. The planner's ramp applies when the group's lane has no Piece
 // queued, in flight or being planned: behind other Pieces a small first
 // Piece would start no sooner, and only add Pieces. Nothing is enqueued
 // here; the group's Pieces count on the lane from now on.
-func (e *Engine) planGroup(b *Batch, reqs []Request, g *group) error {
-	g.blocks = slices.Grow(g.blocks[:0], len(g.tasks))
-	for j, i := range g.tasks {
-		r := &reqs[i]
-		g.blocks = append(g.blocks, staging.Block{Src: uint64(r.Src), Dst: r.Dst, Len: r.Len, Task: j})
-	}
+func (e *Engine) planGroup(b *Batch, g *group) error {
 	var pl staging.Planner
 	if g.key.lane.pieces.Load() == 0 {
 		pl.FirstPiece = e.cfg.FirstPiece
@@ -83,9 +78,7 @@ func (e *Engine) planGroup(b *Batch, reqs []Request, g *group) error {
 	}
 	g.key.lane.pieces.Add(int64(len(g.plan.Pieces)))
 	for j, i := range g.tasks {
-		t := &b.tasks[i]
-		t.route = RoutePXN
-		t.remaining = int64(g.plan.Tasks[j].Slices)
+		b.tasks[i].remaining = int64(g.plan.Tasks[j].Slices)
 	}
 	return nil
 }
@@ -150,18 +143,13 @@ func (e *Engine) submitChunk(b *Batch, reqs []Request, lo int, at, limit uint64,
 			if ol == nil {
 				sc.direct = append(sc.direct, int32(i))
 			} else {
-				k := groupKey{lane: ol, session: r.Target, stream: r.Stream}
 				g := sc.last
-				if g == nil || g.key != k {
-					if g = sc.groups[k]; g == nil {
-						g = e.groups.get()
-						g.key, g.batch, g.submitted = k, b, began
-						sc.groups[k] = g
-						sc.order = append(sc.order, g)
-					}
-					sc.last = g
+				if g == nil || g.key.lane != ol || g.key.stream != r.Stream || !sameString(g.key.session, r.Target) {
+					g = e.groupFor(b, sc, groupKey{lane: ol, session: r.Target, stream: r.Stream}, began)
 				}
+				g.blocks = append(g.blocks, staging.Block{Src: uint64(r.Src), Dst: r.Dst, Len: r.Len, Task: len(g.tasks)})
 				g.tasks = append(g.tasks, int32(i))
+				b.tasks[i].route = RoutePXN
 			}
 		}
 		if n >= limit && (at+n)%staging.SlotSize == 0 {
@@ -174,7 +162,7 @@ func (e *Engine) submitChunk(b *Batch, reqs []Request, lo int, at, limit uint64,
 	// enqueued or submitted.
 	planned := sc.order[:0]
 	for _, g := range sc.order {
-		if err := e.planGroup(b, reqs, g); err != nil {
+		if err := e.planGroup(b, g); err != nil {
 			// A request the planner refuses is sent direct instead.
 			sc.direct = append(sc.direct, g.tasks...)
 			e.groups.put(g)
@@ -224,22 +212,60 @@ type groupKey struct {
 	stream  uintptr
 }
 
+// groupFor returns the chunk's group for k, and makes it the one the next
+// request tries first.
+func (e *Engine) groupFor(b *Batch, sc *submitScratch, k groupKey, began int64) *group {
+	g := sc.groups[k]
+	if g == nil {
+		g = e.groups.get()
+		g.key, g.batch, g.submitted = k, b, began
+		sc.groups[k] = g
+		sc.order = append(sc.order, g)
+	}
+	sc.last = g
+	return g
+}
+
+// sameString reports whether a and b are equal. Callers pass the same
+// session string request after request, so comparing the string headers
+// first spares the byte comparison almost always.
+func sameString(a, b string) bool {
+	return len(a) == len(b) && (unsafe.StringData(a) == unsafe.StringData(b) || a == b)
+}
+
 // classify returns the outbound lane a request goes through, or nil for the
 // direct path. The caller has checked that the PXN path is on and that
 // routes has a lane.
 func (e *Engine) classify(r *Request, routes *routeTable, sc *submitScratch) *outLane {
-	if r.Op != Write {
+	if r.Op != Write || !sc.onLastDevice(r) && !e.onDevice(r.Src, r.Len, sc) {
 		return nil
 	}
-	if !e.onDevice(r.Src, r.Len, sc) {
-		return nil
-	}
-	if end := r.Dst + r.Len; sc.toLane != nil && r.Target == sc.toSession && r.Dst >= sc.toLo && end >= r.Dst && end <= sc.toHi {
+	if sc.inLastTarget(r) {
 		if !sc.toLane.accepting() {
 			return nil
 		}
 		return sc.toLane
 	}
+	return e.resolve(r, routes, sc)
+}
+
+// onLastDevice reports whether r's source lies in the device allocation
+// last reported in this Submit.
+func (sc *submitScratch) onLastDevice(r *Request) bool {
+	end := r.Src + uintptr(r.Len)
+	return sc.devHi != 0 && r.Src >= sc.devLo && end >= r.Src && end <= sc.devHi
+}
+
+// inLastTarget reports whether r's destination lies in the target range
+// last resolved in this Submit.
+func (sc *submitScratch) inLastTarget(r *Request) bool {
+	end := r.Dst + r.Len
+	return sc.toLane != nil && r.Dst >= sc.toLo && end >= r.Dst && end <= sc.toHi && sameString(r.Target, sc.toSession)
+}
+
+// resolve classifies a request outside the target range last resolved,
+// asking the directory, and remembers the range it falls in.
+func (e *Engine) resolve(r *Request, routes *routeTable, sc *submitScratch) *outLane {
 	t, err := e.dir.Resolve(r.Target, r.Dst)
 	if err != nil || len(t.HCAs) != 1 {
 		return nil
@@ -262,11 +288,9 @@ func (e *Engine) classify(r *Request, routes *routeTable, sc *submitScratch) *ou
 }
 
 // onDevice reports whether addr..addr+n is device memory, asking the copier
-// only outside the device allocation it last reported in this Submit.
+// (the caller has found it outside the device allocation the copier last
+// reported in this Submit).
 func (e *Engine) onDevice(addr uintptr, n uint64, sc *submitScratch) bool {
-	if end := addr + uintptr(n); sc.devHi != 0 && addr >= sc.devLo && end >= addr && end <= sc.devHi {
-		return true
-	}
 	rc, ok := e.copier.(RangeClassifier)
 	if !ok {
 		return e.copier.Classify(addr, n) == Device
