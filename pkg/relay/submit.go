@@ -63,8 +63,9 @@ func (g *group) pieceEntries(i int) int {
 	return pc.End - pc.Start
 }
 
-// planGroup cuts a group's blocks into Pieces and sets every task's slice
-// count. The planner's ramp applies when the group's lane has no Piece
+// planGroup cuts a group's blocks into Pieces and counts, on top of the
+// one slice each task was given when it joined the group, the Pieces that
+// begin inside its block. The planner's ramp applies when the group's lane has no Piece
 // queued, in flight or being planned: behind other Pieces a small first
 // Piece would start no sooner, and only add Pieces. Nothing is enqueued
 // here; the group's Pieces count on the lane from now on.
@@ -77,8 +78,8 @@ func (e *Engine) planGroup(b *Batch, g *group) error {
 		return err
 	}
 	g.key.lane.pieces.Add(int64(len(g.plan.Pieces)))
-	for j, i := range g.tasks {
-		b.tasks[i].remaining = int64(g.plan.Tasks[j].Slices)
+	for k := range g.plan.Splits(g.blocks) {
+		b.tasks[g.tasks[g.blocks[k].Task]].remaining++
 	}
 	return nil
 }
@@ -149,7 +150,8 @@ func (e *Engine) submitChunk(b *Batch, reqs []Request, lo int, at, limit uint64,
 				}
 				g.blocks = append(g.blocks, staging.Block{Src: uint64(r.Src), Dst: r.Dst, Len: r.Len, Task: len(g.tasks)})
 				g.tasks = append(g.tasks, int32(i))
-				b.tasks[i].route = RoutePXN
+				t := &b.tasks[i]
+				t.route, t.remaining = RoutePXN, 1
 			}
 		}
 		if n >= limit && (at+n)%staging.SlotSize == 0 {
