@@ -16,8 +16,8 @@ import (
 type group struct {
 	key   groupKey
 	batch *Batch
-	// tasks maps a plan task to its task index in the batch.
-	tasks  []int32
+	// blocks are the group's requests; a block's Task is the request's
+	// task index in the batch.
 	blocks []staging.Block
 	plan   staging.Plan
 	ready  Event
@@ -53,7 +53,7 @@ func (g *group) finishPiece(i int, err error) {
 	g.key.lane.pieces.Add(-1)
 	it := g.plan.PieceSlices(g.blocks, i)
 	for s, ok := it.Next(); ok; s, ok = it.Next() {
-		g.batch.tasks[g.tasks[s.Task]].finishSlice(s.Len, err)
+		g.batch.tasks[s.Task].finishSlice(s.Len, err)
 	}
 }
 
@@ -74,12 +74,12 @@ func (e *Engine) planGroup(b *Batch, g *group) error {
 	if g.key.lane.pieces.Load() == 0 {
 		pl.FirstPiece = e.cfg.FirstPiece
 	}
-	if err := pl.Plan(g.blocks, len(g.tasks), &g.plan); err != nil {
+	if err := pl.Plan(g.blocks, len(b.tasks), &g.plan); err != nil {
 		return err
 	}
 	g.key.lane.pieces.Add(int64(len(g.plan.Pieces)))
 	for k := range g.plan.Splits(g.blocks) {
-		b.tasks[g.tasks[g.blocks[k].Task]].remaining++
+		b.tasks[g.blocks[k].Task].remaining++
 	}
 	return nil
 }
@@ -148,8 +148,7 @@ func (e *Engine) submitChunk(b *Batch, reqs []Request, lo int, at, limit uint64,
 				if g == nil || g.key.lane != ol || g.key.stream != r.Stream || !sameString(g.key.session, r.Target) {
 					g = e.groupFor(b, sc, groupKey{lane: ol, session: r.Target, stream: r.Stream}, began)
 				}
-				g.blocks = append(g.blocks, staging.Block{Src: uint64(r.Src), Dst: r.Dst, Len: r.Len, Task: len(g.tasks)})
-				g.tasks = append(g.tasks, int32(i))
+				g.blocks = append(g.blocks, staging.Block{Src: uint64(r.Src), Dst: r.Dst, Len: r.Len, Task: i})
 				t := &b.tasks[i]
 				t.route, t.remaining = RoutePXN, 1
 			}
@@ -166,7 +165,9 @@ func (e *Engine) submitChunk(b *Batch, reqs []Request, lo int, at, limit uint64,
 	for _, g := range sc.order {
 		if err := e.planGroup(b, g); err != nil {
 			// A request the planner refuses is sent direct instead.
-			sc.direct = append(sc.direct, g.tasks...)
+			for _, bl := range g.blocks {
+				sc.direct = append(sc.direct, int32(bl.Task))
+			}
 			e.groups.put(g)
 			continue
 		}
