@@ -138,7 +138,13 @@ func (e *Engine) submitChunk(b *Batch, reqs []Request, lo int, at, limit uint64,
 		n += r.Len
 		if r.Len != 0 {
 			var ol *outLane
-			if pxn {
+			switch {
+			case !pxn:
+			case r.Op == Write && sc.onLastDevice(r) && sc.inLastTarget(r) && sc.toLane.accepting():
+				// classify's answer for a write like the one before it,
+				// without the call.
+				ol = sc.toLane
+			default:
 				ol = e.classify(r, routes, sc)
 			}
 			if ol == nil {
