@@ -91,7 +91,7 @@ func (e *Engine) planGroup(b *Batch, g *group) error {
 //
 // A long batch is taken in chunks (submitChunk): the first Pieces move
 // while Submit is still planning the rest, so a request of many blocks
-// does not wait for all of them to be planned (about 100 ns a block) before
+// does not wait for all of them to be planned (tens of ns a block) before
 // its first byte moves.
 func (e *Engine) Submit(reqs []Request) (*Batch, error) {
 	e.submitMu.RLock()
