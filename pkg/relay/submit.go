@@ -65,10 +65,10 @@ func (g *group) pieceEntries(i int) int {
 
 // planGroup cuts a group's blocks into Pieces and counts, on top of the
 // one slice each task was given when it joined the group, the Pieces that
-// begin inside its block. The planner's ramp applies when the group's lane has no Piece
-// queued, in flight or being planned: behind other Pieces a small first
-// Piece would start no sooner, and only add Pieces. Nothing is enqueued
-// here; the group's Pieces count on the lane from now on.
+// begin inside its block. The planner's ramp applies when the group's lane
+// has no Piece queued, in flight or being planned: behind other Pieces a
+// small first Piece would start no sooner, and only add Pieces. Nothing is
+// enqueued here; the group's Pieces count on the lane from now on.
 func (e *Engine) planGroup(b *Batch, g *group) error {
 	var pl staging.Planner
 	if g.key.lane.pieces.Load() == 0 {
