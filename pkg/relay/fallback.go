@@ -107,7 +107,7 @@ func (sn *sender) runFallback(fb *fallbackPiece) (keep, progressed bool) {
 		it := g.plan.PieceSlices(g.blocks, fb.i)
 		for sl, ok := it.Next(); ok; sl, ok = it.Next() {
 			ops = append(ops, WriteOp{Src: uintptr(sl.Src), Len: sl.Len, Target: g.key.session, Dst: sl.Dst,
-				Token: s.tokens.add(tokenEntry{kind: tokFallback, slice: taskSlice{batch: g.batch, task: g.tasks[sl.Task], len: sl.Len}})})
+				Token: s.tokens.add(tokenEntry{kind: tokFallback, slice: taskSlice{batch: g.batch, task: int32(sl.Task), len: sl.Len}})})
 		}
 		s.counters.fallback(fb.reason, g.pieceLen(fb.i))
 		g.key.lane.pieces.Add(-1)

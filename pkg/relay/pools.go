@@ -16,7 +16,7 @@ const (
 	maxPooledTasks   = 1 << 16
 	maxPooledGroups  = 64
 	// maxPooledBlocks bounds the blocks that pooled groups keep, in all
-	// (36 bytes each with their task index).
+	// (32 bytes each).
 	maxPooledBlocks = 1 << 18
 	maxPooledOpBufs = 64
 	maxPooledOps    = 1 << 16
@@ -105,7 +105,6 @@ func (p *groupPool) get() *group {
 func (p *groupPool) put(g *group) {
 	g.key = groupKey{}
 	g.batch = nil
-	g.tasks = g.tasks[:0]
 	g.blocks = g.blocks[:0]
 	g.plan.Reset()
 	g.ready = 0

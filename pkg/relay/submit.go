@@ -3,8 +3,8 @@
 package relay
 
 import (
-	"slices"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -16,8 +16,8 @@ import (
 type group struct {
 	key   groupKey
 	batch *Batch
-	// tasks maps a plan task to its task index in the batch.
-	tasks  []int32
+	// blocks are the group's requests; a block's Task is the request's
+	// task index in the batch.
 	blocks []staging.Block
 	plan   staging.Plan
 	ready  Event
@@ -53,7 +53,7 @@ func (g *group) finishPiece(i int, err error) {
 	g.key.lane.pieces.Add(-1)
 	it := g.plan.PieceSlices(g.blocks, i)
 	for s, ok := it.Next(); ok; s, ok = it.Next() {
-		g.batch.tasks[g.tasks[s.Task]].finishSlice(s.Len, err)
+		g.batch.tasks[s.Task].finishSlice(s.Len, err)
 	}
 }
 
@@ -63,29 +63,23 @@ func (g *group) pieceEntries(i int) int {
 	return pc.End - pc.Start
 }
 
-// planGroup cuts a group's requests into Pieces and sets every task's slice
-// count. The planner's ramp applies when the group's lane has no Piece
-// queued, in flight or being planned: behind other Pieces a small first
-// Piece would start no sooner, and only add Pieces. Nothing is enqueued
-// here; the group's Pieces count on the lane from now on.
-func (e *Engine) planGroup(b *Batch, reqs []Request, g *group) error {
-	g.blocks = slices.Grow(g.blocks[:0], len(g.tasks))
-	for j, i := range g.tasks {
-		r := &reqs[i]
-		g.blocks = append(g.blocks, staging.Block{Src: uint64(r.Src), Dst: r.Dst, Len: r.Len, Task: j})
-	}
+// planGroup cuts a group's blocks into Pieces and counts, on top of the
+// one slice each task was given when it joined the group, the Pieces that
+// begin inside its block. The planner's ramp applies when the group's lane
+// has no Piece queued, in flight or being planned: behind other Pieces a
+// small first Piece would start no sooner, and only add Pieces. Nothing is
+// enqueued here; the group's Pieces count on the lane from now on.
+func (e *Engine) planGroup(b *Batch, g *group) error {
 	var pl staging.Planner
 	if g.key.lane.pieces.Load() == 0 {
 		pl.FirstPiece = e.cfg.FirstPiece
 	}
-	if err := pl.Plan(g.blocks, len(g.tasks), &g.plan); err != nil {
+	if err := pl.Plan(g.blocks, len(b.tasks), &g.plan); err != nil {
 		return err
 	}
 	g.key.lane.pieces.Add(int64(len(g.plan.Pieces)))
-	for j, i := range g.tasks {
-		t := &b.tasks[i]
-		t.route = RoutePXN
-		t.remaining = int64(g.plan.Tasks[j].Slices)
+	for k := range g.plan.Splits(g.blocks) {
+		b.tasks[g.blocks[k].Task].remaining++
 	}
 	return nil
 }
@@ -97,7 +91,7 @@ func (e *Engine) planGroup(b *Batch, reqs []Request, g *group) error {
 //
 // A long batch is taken in chunks (submitChunk): the first Pieces move
 // while Submit is still planning the rest, so a request of many blocks
-// does not wait for all of them to be planned (about 100 ns a block) before
+// does not wait for all of them to be planned (tens of ns a block) before
 // its first byte moves.
 func (e *Engine) Submit(reqs []Request) (*Batch, error) {
 	e.submitMu.RLock()
@@ -111,8 +105,7 @@ func (e *Engine) Submit(reqs []Request) (*Batch, error) {
 	routes := e.routes.Load()
 	var at uint64
 	for lo, limit := 0, uint64(firstChunkBytes); lo < len(reqs); limit = min(2*limit, maxChunkBytes) {
-		hi, n := chunkEnd(reqs, lo, at, limit)
-		e.submitChunk(b, reqs, lo, hi, routes, sc)
+		hi, n := e.submitChunk(b, reqs, lo, at, limit, routes, sc)
 		lo, at = hi, at+n
 	}
 	return b, nil
@@ -126,59 +119,61 @@ const (
 	maxChunkBytes   = 8 * staging.SlotSize
 )
 
-// chunkEnd is where the chunk that starts at request lo ends: after the
+// submitChunk classifies the chunk of b's requests that starts at lo,
+// plans its PXN groups, hands direct ones to the hop and queues the Pieces,
+// and returns where the chunk ends and its bytes. The chunk ends after the
 // first request that brings it to limit bytes and leaves the batch's bytes
 // so far (at, before lo) a whole number of slots, so that a batch of one
 // group is cut where its Pieces would end anyway and chunking changes no
-// Piece; len(reqs) when there is no such request. n is the chunk's bytes.
-func chunkEnd(reqs []Request, lo int, at, limit uint64) (end int, n uint64) {
-	for i := lo; i < len(reqs); i++ {
-		n += reqs[i].Len
-		if n >= limit && (at+n)%staging.SlotSize == 0 {
-			return i + 1, n
-		}
-	}
-	return len(reqs), n
-}
-
-// submitChunk classifies requests lo..hi of b, plans their PXN groups,
-// hands direct ones to the hop and queues the Pieces. sc's caches (the
+// Piece; at len(reqs) when there is no such request. sc's caches (the
 // source allocation, the target's lane) carry over from chunk to chunk;
 // its groups are the chunk's own.
-func (e *Engine) submitChunk(b *Batch, reqs []Request, lo, hi int, routes *routeTable, sc *submitScratch) {
+func (e *Engine) submitChunk(b *Batch, reqs []Request, lo int, at, limit uint64, routes *routeTable, sc *submitScratch) (end int, n uint64) {
 	began := e.sentTimes.now()
 	sc.resetGroups()
-	for i := lo; i < hi; i++ {
+	pxn := e.pxn.Load() && len(routes.byRail) > 0
+	end = len(reqs)
+	for i := lo; i < len(reqs); i++ {
 		r := &reqs[i]
-		if r.Len == 0 {
-			continue
-		}
-		ol := e.classify(r, routes, sc)
-		if ol == nil {
-			sc.direct = append(sc.direct, int32(i))
-			continue
-		}
-		k := groupKey{lane: ol, session: r.Target, stream: r.Stream}
-		g := sc.last
-		if g == nil || g.key != k {
-			if g = sc.groups[k]; g == nil {
-				g = e.groups.get()
-				g.key, g.batch, g.submitted = k, b, began
-				sc.groups[k] = g
-				sc.order = append(sc.order, g)
+		n += r.Len
+		if r.Len != 0 {
+			var ol *outLane
+			switch {
+			case !pxn:
+			case r.Op == Write && sc.onLastDevice(r) && sc.inLastTarget(r) && sc.toLane.accepting():
+				// classify's answer for a write like the one before it,
+				// without the call.
+				ol = sc.toLane
+			default:
+				ol = e.classify(r, routes, sc)
 			}
-			sc.last = g
+			if ol == nil {
+				sc.direct = append(sc.direct, int32(i))
+			} else {
+				g := sc.last
+				if g == nil || g.key.lane != ol || g.key.stream != r.Stream || !sameString(g.key.session, r.Target) {
+					g = e.groupFor(b, sc, groupKey{lane: ol, session: r.Target, stream: r.Stream}, began)
+				}
+				g.blocks = append(g.blocks, staging.Block{Src: uint64(r.Src), Dst: r.Dst, Len: r.Len, Task: i})
+				t := &b.tasks[i]
+				t.route, t.remaining = RoutePXN, 1
+			}
 		}
-		g.tasks = append(g.tasks, int32(i))
+		if n >= limit && (at+n)%staging.SlotSize == 0 {
+			end = i + 1
+			break
+		}
 	}
 
 	// Plan every PXN group and count every slice before anything is
 	// enqueued or submitted.
 	planned := sc.order[:0]
 	for _, g := range sc.order {
-		if err := e.planGroup(b, reqs, g); err != nil {
+		if err := e.planGroup(b, g); err != nil {
 			// A request the planner refuses is sent direct instead.
-			sc.direct = append(sc.direct, g.tasks...)
+			for _, bl := range g.blocks {
+				sc.direct = append(sc.direct, int32(bl.Task))
+			}
 			e.groups.put(g)
 			continue
 		}
@@ -193,8 +188,8 @@ func (e *Engine) submitChunk(b *Batch, reqs []Request, lo, hi int, routes *route
 	for _, g := range planned {
 		// Once a Piece is queued the pump may finish the group and reuse
 		// it: nothing below reads g after handing it over.
-		n := len(g.plan.Pieces)
-		g.pending.Store(int32(n))
+		pieces := len(g.plan.Pieces)
+		g.pending.Store(int32(pieces))
 		ready, err := e.copier.RecordReady(g.key.stream)
 		if err != nil {
 			// Without a source-ready event the data cannot be staged safely:
@@ -202,14 +197,14 @@ func (e *Engine) submitChunk(b *Batch, reqs []Request, lo, hi int, routes *route
 			// but the caller's own ordering.
 			e.log.Error(err, "source-ready event failed; sending direct", "target", g.key.session)
 			g.ready = 0
-			for i := range n {
+			for i := range pieces {
 				e.fallback(g, i, staging.FallbackSourceEvent)
 			}
 			continue
 		}
 		g.ready = ready
 		if !g.key.lane.enqueue(g) {
-			for i := range n {
+			for i := range pieces {
 				e.fallback(g, i, staging.FallbackNoLane)
 			}
 		}
@@ -217,6 +212,7 @@ func (e *Engine) submitChunk(b *Batch, reqs []Request, lo, hi int, routes *route
 	if len(planned) > 0 {
 		e.wake()
 	}
+	return end, n
 }
 
 type groupKey struct {
@@ -225,21 +221,60 @@ type groupKey struct {
 	stream  uintptr
 }
 
+// groupFor returns the chunk's group for k, and makes it the one the next
+// request tries first.
+func (e *Engine) groupFor(b *Batch, sc *submitScratch, k groupKey, began int64) *group {
+	g := sc.groups[k]
+	if g == nil {
+		g = e.groups.get()
+		g.key, g.batch, g.submitted = k, b, began
+		sc.groups[k] = g
+		sc.order = append(sc.order, g)
+	}
+	sc.last = g
+	return g
+}
+
+// sameString reports whether a and b are equal. Callers pass the same
+// session string request after request, so comparing the string headers
+// first spares the byte comparison almost always.
+func sameString(a, b string) bool {
+	return len(a) == len(b) && (unsafe.StringData(a) == unsafe.StringData(b) || a == b)
+}
+
 // classify returns the outbound lane a request goes through, or nil for the
-// direct path.
+// direct path. The caller has checked that the PXN path is on and that
+// routes has a lane.
 func (e *Engine) classify(r *Request, routes *routeTable, sc *submitScratch) *outLane {
-	if !e.pxn.Load() || r.Op != Write || len(routes.byRail) == 0 {
+	if r.Op != Write || !sc.onLastDevice(r) && !e.onDevice(r.Src, r.Len, sc) {
 		return nil
 	}
-	if !e.onDevice(r.Src, r.Len, sc) {
-		return nil
-	}
-	if end := r.Dst + r.Len; sc.toLane != nil && r.Target == sc.toSession && r.Dst >= sc.toLo && end >= r.Dst && end <= sc.toHi {
+	if sc.inLastTarget(r) {
 		if !sc.toLane.accepting() {
 			return nil
 		}
 		return sc.toLane
 	}
+	return e.resolve(r, routes, sc)
+}
+
+// onLastDevice reports whether r's source lies in the device allocation
+// last reported in this Submit.
+func (sc *submitScratch) onLastDevice(r *Request) bool {
+	end := r.Src + uintptr(r.Len)
+	return sc.devHi != 0 && r.Src >= sc.devLo && end >= r.Src && end <= sc.devHi
+}
+
+// inLastTarget reports whether r's destination lies in the target range
+// last resolved in this Submit.
+func (sc *submitScratch) inLastTarget(r *Request) bool {
+	end := r.Dst + r.Len
+	return sc.toLane != nil && r.Dst >= sc.toLo && end >= r.Dst && end <= sc.toHi && sameString(r.Target, sc.toSession)
+}
+
+// resolve classifies a request outside the target range last resolved,
+// asking the directory, and remembers the range it falls in.
+func (e *Engine) resolve(r *Request, routes *routeTable, sc *submitScratch) *outLane {
 	t, err := e.dir.Resolve(r.Target, r.Dst)
 	if err != nil || len(t.HCAs) != 1 {
 		return nil
@@ -262,11 +297,9 @@ func (e *Engine) classify(r *Request, routes *routeTable, sc *submitScratch) *ou
 }
 
 // onDevice reports whether addr..addr+n is device memory, asking the copier
-// only outside the device allocation it last reported in this Submit.
+// (the caller has found it outside the device allocation the copier last
+// reported in this Submit).
 func (e *Engine) onDevice(addr uintptr, n uint64, sc *submitScratch) bool {
-	if end := addr + uintptr(n); sc.devHi != 0 && addr >= sc.devLo && end >= addr && end <= sc.devHi {
-		return true
-	}
 	rc, ok := e.copier.(RangeClassifier)
 	if !ok {
 		return e.copier.Classify(addr, n) == Device

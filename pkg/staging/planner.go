@@ -5,6 +5,7 @@ package staging
 import (
 	"errors"
 	"fmt"
+	"iter"
 	"math"
 )
 
@@ -62,23 +63,11 @@ type Piece struct {
 	Off   uint64
 }
 
-// TaskTotals is what one task contributes to a Plan. Blocks counts every
-// block of the task, zero-length ones included; a task with Blocks > 0 and
-// Slices == 0 has nothing to stage and completes at once with 0 bytes.
-type TaskTotals struct {
-	Blocks int
-	Slices int
-	Bytes  uint64
-}
-
 // Plan is a request cut into Pieces. It is reused by the next Plan call
 // that fills it: nothing read from a Plan may be kept past that call.
 type Plan struct {
 	Pieces []Piece
-	// Tasks is indexed by task and has exactly as many elements as the
-	// task count passed to Plan.
-	Tasks []TaskTotals
-	Bytes uint64
+	Bytes  uint64
 }
 
 // PieceSlices walks the slices of Piece i in slot order. blocks must be the
@@ -119,8 +108,22 @@ func (it *SliceIter) Next() (s Slice, ok bool) {
 // Reset empties p and keeps its memory.
 func (p *Plan) Reset() {
 	p.Pieces = p.Pieces[:0]
-	p.Tasks = p.Tasks[:0]
 	p.Bytes = 0
+}
+
+// Splits yields the block that each Piece boundary cuts in two, in plan
+// order, once per cut. A block yields as many slices as it is yielded, plus
+// one if it has bytes, so a caller counts its tasks' slices at a cost per
+// Piece instead of the planner's keeping a count per block.
+func (p *Plan) Splits(blocks []Block) iter.Seq[int] {
+	return func(yield func(int) bool) {
+		for i := 1; i < len(p.Pieces); i++ {
+			pc := &p.Pieces[i]
+			if pc.Off > 0 && pc.Off < blocks[pc.First].Len && !yield(pc.First) {
+				return
+			}
+		}
+	}
 }
 
 // Planner cuts requests into Pieces of at most SlotSize bytes and MaxPlans
@@ -157,11 +160,11 @@ func nextCut(cut, limit uint64) uint64 {
 // Plan fills out with the Pieces of blocks, whose Task fields lie in
 // [0, tasks). Blocks are staged in order and never merged, so every non-empty
 // block yields one slice per Piece it touches and the slices map back to
-// their tasks exactly. A zero-length block yields no slice and no plan entry;
-// it only counts in Tasks[task].Blocks. On error out is empty.
+// their tasks exactly. A zero-length block yields no slice and no plan
+// entry. On error out is empty.
 //
-// Plan allocates only when out's Pieces or Tasks must grow beyond any
-// earlier request.
+// Plan allocates only when out's Pieces must grow beyond any earlier
+// request.
 func (pl *Planner) Plan(blocks []Block, tasks int, out *Plan) error {
 	out.Reset()
 	if tasks < 0 {
@@ -171,12 +174,6 @@ func (pl *Planner) Plan(blocks []Block, tasks int, out *Plan) error {
 	if pl.pieceBytes != 0 {
 		limitBytes, limitPlans = pl.pieceBytes, pl.maxPlans
 	}
-	if cap(out.Tasks) < tasks {
-		out.Tasks = make([]TaskTotals, tasks)
-	} else {
-		out.Tasks = out.Tasks[:tasks]
-		clear(out.Tasks)
-	}
 
 	// cut is the current Piece's byte limit: the ramp's, then the slot's.
 	cut := pl.firstCut(limitBytes)
@@ -185,18 +182,14 @@ func (pl *Planner) Plan(blocks []Block, tasks int, out *Plan) error {
 	piece := Piece{}
 	for i := range blocks {
 		b := &blocks[i]
-		if err := checkBlock(i, b, tasks, planned); err != nil {
+		if uint(b.Task) >= uint(tasks) || b.Src > math.MaxUint64-b.Len || b.Dst > math.MaxUint64-b.Len || b.Len > MaxRequestBytes-planned {
 			out.Pieces = pieces
 			out.Reset()
-			return err
+			return blockError(i, b, tasks, planned)
 		}
-		task := &out.Tasks[b.Task]
-		task.Blocks++
 		planned += b.Len
 		for left := b.Len; left > 0; {
 			n := min(left, cut-piece.Len)
-			task.Slices++
-			task.Bytes += n
 			piece.End++
 			piece.Len += n
 			left -= n
@@ -214,7 +207,8 @@ func (pl *Planner) Plan(blocks []Block, tasks int, out *Plan) error {
 	return nil
 }
 
-func checkBlock(i int, b *Block, tasks int, planned uint64) error {
+// blockError says what is wrong with block i, which Plan refused.
+func blockError(i int, b *Block, tasks int, planned uint64) error {
 	switch {
 	case b.Task < 0 || b.Task >= tasks:
 		return fmt.Errorf("block %d: task %d not in [0, %d): %w", i, b.Task, tasks, ErrTaskRange)
@@ -222,8 +216,6 @@ func checkBlock(i int, b *Block, tasks int, planned uint64) error {
 		return fmt.Errorf("block %d: src %#x + len %#x: %w", i, b.Src, b.Len, ErrAddressOverflow)
 	case b.Dst > math.MaxUint64-b.Len:
 		return fmt.Errorf("block %d: dst %#x + len %#x: %w", i, b.Dst, b.Len, ErrAddressOverflow)
-	case b.Len > MaxRequestBytes-planned:
-		return fmt.Errorf("block %d: len %#x after %#x planned bytes: %w", i, b.Len, planned, ErrRequestTooLarge)
 	}
-	return nil
+	return fmt.Errorf("block %d: len %#x after %#x planned bytes: %w", i, b.Len, planned, ErrRequestTooLarge)
 }

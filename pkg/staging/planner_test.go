@@ -118,14 +118,19 @@ func verifyRampPlan(t testing.TB, blocks []Block, tasks int, p *Plan, limitBytes
 		t.Fatalf("pieces cover %d of %d slices", next, len(f.Slices))
 	}
 
-	want := make([]TaskTotals, tasks)
+	splits := make([]int, len(blocks))
+	for k := range p.Splits(blocks) {
+		splits[k]++
+	}
 	var total uint64
 	j := 0
 	for bi, b := range blocks {
-		want[b.Task].Blocks++
-		want[b.Task].Bytes += b.Len
+		if b.Task < 0 || b.Task >= tasks {
+			t.Fatalf("block %d: task %d not in [0, %d) planned", bi, b.Task, tasks)
+		}
 		total += b.Len
 		src, dst, left := b.Src, b.Dst, b.Len
+		first := j
 		for left > 0 {
 			if j >= len(f.Slices) {
 				t.Fatalf("block %d: slices end with %d bytes left", bi, left)
@@ -134,18 +139,21 @@ func verifyRampPlan(t testing.TB, blocks []Block, tasks int, p *Plan, limitBytes
 			if s.Task != b.Task || s.Src != src || s.Dst != dst || s.Len > left {
 				t.Fatalf("block %d (%+v): slice %d = %+v, want task %d src %#x dst %#x len ≤ %d", bi, b, j, s, b.Task, src, dst, left)
 			}
-			want[b.Task].Slices++
 			src += s.Len
 			dst += s.Len
 			left -= s.Len
 			j++
 		}
+		want := splits[bi]
+		if b.Len > 0 {
+			want++
+		}
+		if j-first != want {
+			t.Fatalf("block %d (%+v): %d slices, Splits yields it %d times", bi, b, j-first, splits[bi])
+		}
 	}
 	if j != len(f.Slices) {
 		t.Fatalf("blocks use %d of %d slices", j, len(f.Slices))
-	}
-	if !slices.Equal(p.Tasks, want) {
-		t.Fatalf("tasks = %+v, want %+v", p.Tasks, want)
 	}
 	if p.Bytes != total {
 		t.Fatalf("bytes = %d, want %d", p.Bytes, total)
@@ -218,8 +226,8 @@ func TestPlannerContiguous5GiB(t *testing.T) {
 			t.Fatalf("piece %d goes to %#x", i, e.Dst)
 		}
 	}
-	if p.Tasks[0] != (TaskTotals{Blocks: 1, Slices: 640, Bytes: 5 << 30}) {
-		t.Fatalf("task 0 = %+v", p.Tasks[0])
+	if got := slices.Collect(p.Splits(blocks)); len(got) != 639 || slices.ContainsFunc(got, func(k int) bool { return k != 0 }) {
+		t.Fatalf("splits = %v, want block 0 639 times", got)
 	}
 	verifyPlan(t, blocks, 1, &p, SlotSize, MaxPlans)
 }
@@ -316,13 +324,8 @@ func TestPlannerZeroLength(t *testing.T) {
 	if err := pl.Plan(blocks, 3, &p); err != nil {
 		t.Fatal(err)
 	}
-	want := []TaskTotals{
-		{Blocks: 2, Slices: 0, Bytes: 0},
-		{Blocks: 3, Slices: 2, Bytes: 150},
-		{},
-	}
-	if !slices.Equal(p.Tasks, want) {
-		t.Fatalf("tasks = %+v, want %+v", p.Tasks, want)
+	if got := slices.Collect(p.Splits(blocks)); len(got) != 0 {
+		t.Fatalf("splits = %v, want none", got)
 	}
 	if f := flatten(&p, blocks); len(p.Pieces) != 1 || len(f.Slices) != 2 || p.Pieces[0].Len != 150 {
 		t.Fatalf("pieces %+v, slices %+v", p.Pieces, f.Slices)
@@ -335,9 +338,6 @@ func TestPlannerZeroLength(t *testing.T) {
 	}
 	if len(p.Pieces) != 0 || p.Bytes != 0 {
 		t.Fatalf("zero-length request planned %d pieces, %d bytes", len(p.Pieces), p.Bytes)
-	}
-	if p.Tasks[1] != (TaskTotals{Blocks: 2}) {
-		t.Fatalf("task 1 = %+v, want 2 blocks and nothing to stage", p.Tasks[1])
 	}
 }
 
@@ -402,7 +402,7 @@ func TestPlannerErrors(t *testing.T) {
 					t.Errorf("error %q lacks %q", err, part)
 				}
 			}
-			if len(p.Pieces)+len(p.Tasks) != 0 || p.Bytes != 0 {
+			if len(p.Pieces) != 0 || p.Bytes != 0 {
 				t.Fatalf("plan not emptied after error: %+v", p)
 			}
 		})
@@ -473,6 +473,11 @@ func TestPlannerSmallLimits(t *testing.T) {
 	}
 	if f := flatten(&p, blocks); !slices.Equal(f.Slices, wantSlices) {
 		t.Fatalf("slices = %+v\nwant %+v", f.Slices, wantSlices)
+	}
+	// Pieces 1 and 2 begin inside block 1; 3 and 4 begin where a block
+	// ends.
+	if got := slices.Collect(p.Splits(blocks)); !slices.Equal(got, []int{1, 1}) {
+		t.Fatalf("splits = %v, want [1 1]", got)
 	}
 	verifyPlan(t, blocks, 3, &p, 10, 3)
 }
@@ -592,6 +597,9 @@ func TestPlannerRampSmallLimits(t *testing.T) {
 	}
 	if f := flatten(&p, blocks); !slices.Equal(f.Slices, wantSlices) {
 		t.Fatalf("slices = %+v\nwant %+v", f.Slices, wantSlices)
+	}
+	if got := slices.Collect(p.Splits(blocks)); !slices.Equal(got, []int{0, 1, 1, 1}) {
+		t.Fatalf("splits = %v, want [0 1 1 1]", got)
 	}
 	verifyRampPlan(t, blocks, 2, &p, 10, 3, 2)
 	// The ramp starts again with each request.
