@@ -168,7 +168,7 @@ func TestKitRunsStepsUnderItsOwnDaemon(t *testing.T) {
 		t.Fatalf("kit run: %v\n%s", err, out)
 	}
 	_, steps := k.steps(t)
-	want := []string{"nomps-p3", "after-p13", "before-p13", "after-p10", "spin-p10", "before-p10", "after-p14", "before-p14", "after-p9", "pidns", "gpu", "libpxn", "nic"}
+	want := []string{"nomps-p3", "after-p13", "before-p13", "after-p10", "noparts-p10", "noinline-p10", "spin-p10", "before-p10", "after-p14", "before-p14", "after-p9", "pidns", "gpu", "libpxn", "nic"}
 	// before-p14 runs the baseline once for each of P14's five block sizes.
 	p14Shapes := []string{"80x128x2KiB", "80x64x4KiB", "80x32x8KiB", "80x16x16KiB", "80x4x64KiB"}
 	for _, name := range want {
@@ -220,6 +220,8 @@ func TestKitRunsStepsUnderItsOwnDaemon(t *testing.T) {
 	}
 	for _, w := range append(wantCalls,
 		"pxn-bench run --device cuda --suite p10 --poll-spin 2ms",
+		"pxn-bench run --device cuda --suite p10 --slot-parts 1",
+		"pxn-bench run --device cuda --suite p10 --no-inline-plan",
 		"pxn-bench.before run --device cuda --suite p10",
 		"pxn-bench run --device cuda --ranks 2 --pattern cross-rail --bytes 256MiB --block 8MiB --pidns --arena-share fd",
 		"libpxn.test -test.v -test.run TestGPURanksThroughCABI|TestFirstHopChoice|TestABIRules | pipes="+pipes+" control=yes dir="+k.repo+"/cmd/libpxn lib="+k.dir+"/lib",
