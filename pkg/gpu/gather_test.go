@@ -286,22 +286,7 @@ func TestGatherPlanBusy(t *testing.T) {
 // hostLine is a ready line (doorbell and part words) in host memory the
 // copier may write.
 func hostLine(t testing.TB, c *gpu.Copier) *staging.ReadyWord {
-	t.Helper()
-	mem, err := unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	unreg, err := c.RegisterHost(uintptr(unsafe.Pointer(&mem[256])), 64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := unreg(); err != nil {
-			t.Error(err)
-		}
-		unix.Munmap(mem)
-	})
-	return (*staging.ReadyWord)(unsafe.Pointer(&mem[256]))
+	return (*staging.ReadyWord)(hostBytes(t, c, 256))
 }
 
 // TestGatherParts: the SM kernel copies a Piece part after part and stores

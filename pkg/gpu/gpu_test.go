@@ -288,13 +288,17 @@ func TestCopierRing(t *testing.T) {
 }
 
 // hostWord maps a page for a doorbell and registers it with c.
-func hostWord(t testing.TB, c *gpu.Copier) *uint64 {
+func hostWord(t testing.TB, c *gpu.Copier) *uint64 { return (*uint64)(hostBytes(t, c, 128)) }
+
+// hostBytes is a cache line at off in a page of host memory that the
+// copier may write (RegisterHost), unmapped when the test ends.
+func hostBytes(t testing.TB, c *gpu.Copier, off int) unsafe.Pointer {
 	t.Helper()
 	mem, err := unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_SHARED)
 	if err != nil {
 		t.Fatal(err)
 	}
-	unreg, err := c.RegisterHost(uintptr(unsafe.Pointer(&mem[128])), 64)
+	unreg, err := c.RegisterHost(uintptr(unsafe.Pointer(&mem[off])), 64)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,7 +308,7 @@ func hostWord(t testing.TB, c *gpu.Copier) *uint64 {
 		}
 		unix.Munmap(mem)
 	})
-	return (*uint64)(unsafe.Pointer(&mem[128]))
+	return unsafe.Pointer(&mem[off])
 }
 
 // TestCopierWaitsForReady holds the source stream with a spinning kernel:

@@ -57,6 +57,16 @@ func (c *partStepper) job(i int) (partJob, bool) {
 // land copies part p of job j into the slot and signals it: its part word,
 // or, for the last part, the doorbell.
 func (j partJob) land(p int) {
+	j.copyPart(p)
+	if p < len(j.ends) {
+		staging.RingDoorbell(&j.words[p], j.seq)
+	} else {
+		staging.RingDoorbell(j.bell, j.seq)
+	}
+}
+
+// copyPart copies part p of the job into the slot, signalling nothing.
+func (j partJob) copyPart(p int) {
 	from, to := 0, len(j.entries)
 	if p > 0 {
 		from = int(j.ends[p-1])
@@ -67,11 +77,23 @@ func (j partJob) land(p int) {
 	for _, e := range j.entries[from:to] {
 		copy(hostmem.Bytes(e.Dst, e.Len), hostmem.Bytes(e.Src, e.Len))
 	}
-	if p < len(j.ends) {
-		staging.RingDoorbell(&j.words[p], j.seq)
-	} else {
-		staging.RingDoorbell(j.bell, j.seq)
+}
+
+// submitInParts submits reqs and runs both pumps until the sender has
+// handed their Piece to the copier in parts.
+func submitInParts(t *testing.T, p *pair, st *partStepper, reqs []relay.Request) (*relay.Batch, partJob) {
+	t.Helper()
+	b, err := p.a.Submit(reqs)
+	if err != nil {
+		t.Fatal(err)
 	}
+	var j partJob
+	roundsUntil(t, p, "the Piece copied in parts", func() bool {
+		var ok bool
+		j, ok = st.job(0)
+		return ok
+	})
+	return b, j
 }
 
 func stepperPair(t *testing.T, size int, cfg func(*staging.Config)) (*pair, *partStepper) {
@@ -112,16 +134,7 @@ func settle(p *pair) {
 func TestSlotPartsForwardAsTheyLand(t *testing.T) {
 	const block, n = 16 << 10, 256 // 4 MiB: 8 parts of 32 blocks
 	p, st := stepperPair(t, n*block, nil)
-	b, err := p.a.Submit(kvRequests(p, n, block))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var j partJob
-	roundsUntil(t, p, "the Piece copied in parts", func() bool {
-		var ok bool
-		j, ok = st.job(0)
-		return ok
-	})
+	b, j := submitInParts(t, p, st, kvRequests(p, n, block))
 	if want := []uint32{32, 64, 96, 128, 160, 192, 224}; !slices.Equal(j.ends, want) {
 		t.Fatalf("part ends %v, want %v", j.ends, want)
 	}
@@ -177,24 +190,9 @@ func TestSlotPartsForwardAsTheyLand(t *testing.T) {
 func TestSlotPartsDoorbellCoversAll(t *testing.T) {
 	const block, n = 16 << 10, 256
 	p, st := stepperPair(t, n*block, nil)
-	b, err := p.a.Submit(kvRequests(p, n, block))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var j partJob
-	roundsUntil(t, p, "the Piece copied in parts", func() bool {
-		var ok bool
-		j, ok = st.job(0)
-		return ok
-	})
-	for part := 0; part < 7; part++ {
-		from, to := 0, int(j.ends[part])
-		if part > 0 {
-			from = int(j.ends[part-1])
-		}
-		for _, e := range j.entries[from:to] {
-			copy(hostmem.Bytes(e.Dst, e.Len), hostmem.Bytes(e.Src, e.Len))
-		}
+	b, j := submitInParts(t, p, st, kvRequests(p, n, block))
+	for part := range 7 {
+		j.copyPart(part)
 	}
 	j.land(7)
 	runUntilDone(t, p, []*relay.Batch{b})
@@ -254,16 +252,7 @@ func TestSlotPartsOnlyOnAnIdleLane(t *testing.T) {
 	})
 	t.Run("four parts configured", func(t *testing.T) {
 		p, st := stepperPair(t, n*block, func(c *staging.Config) { c.SlotParts = 4 })
-		b, err := p.a.Submit(kvRequests(p, n, block))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var j partJob
-		roundsUntil(t, p, "the Piece copied in parts", func() bool {
-			var ok bool
-			j, ok = st.job(0)
-			return ok
-		})
+		b, j := submitInParts(t, p, st, kvRequests(p, n, block))
 		if want := []uint32{64, 128, 192}; !slices.Equal(j.ends, want) {
 			t.Fatalf("part ends %v, want %v", j.ends, want)
 		}
