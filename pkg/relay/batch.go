@@ -73,28 +73,32 @@ const (
 	RoutePXN
 )
 
-// task counts the logical slices of one request. Every slice is created, and
-// remaining set, before the first Piece of the task's chunk of the batch is
-// enqueued (Submit), so a task never looks complete while slices of it are
-// still to come.
+// task is one request of a batch: its length and route, set in Submit, and
+// what its slices moved and whether one failed. The count of its slices not
+// yet finished is apart, in the batch's dense remaining array: finishing a
+// slice that is its whole request (most KV blocks) writes only that count,
+// so a Piece of 256 blocks finishes its tasks in 16 cache lines rather than
+// in 256 tasks the caller wrote in Submit and reads when it polls.
 type task struct {
-	// remaining is set by a plain store in Submit, before the task's
-	// chunk is queued (the queue's lock orders it before any reader),
-	// and read and decremented atomically after.
-	remaining   int64
+	length      uint64
 	transferred atomic.Uint64
 	failed      atomic.Bool
 	route       Route
 	err         atomic.Pointer[error]
 }
 
-func (t *task) finishSlice(n uint64, err error) {
+// finishSlice counts one slice of task i, n bytes, as finished with err.
+// whole says the slice is its whole request: it then records no bytes, as
+// a task that completes moved its length. The count of slices left is
+// decremented last, after the failure or the bytes.
+func (b *Batch) finishSlice(i int, n uint64, whole bool, err error) {
+	t := &b.tasks[i]
 	if err != nil {
 		t.fail(err)
-	} else {
+	} else if !whole {
 		t.transferred.Add(n)
 	}
-	atomic.AddInt64(&t.remaining, -1)
+	atomic.AddInt32(&b.remaining[i], -1)
 }
 
 // fail records err as the task's failure if it is the first. Apart from
@@ -107,9 +111,15 @@ func (t *task) fail(err error) {
 // Batch is a submitted set of requests. Its status is read from local
 // counters only.
 type Batch struct {
-	tasks    []task
-	pool     *batchPool
-	released atomic.Bool
+	tasks []task
+	// remaining[i] counts the slices of task i not yet finished. Submit
+	// sets it with plain stores before the task's chunk is queued (the
+	// queue's lock orders them before any reader), so a task never looks
+	// complete while slices of it are still to come; it is read and
+	// decremented atomically after.
+	remaining []int32
+	pool      *batchPool
+	released  atomic.Bool
 }
 
 // Len is the number of tasks in the batch.
@@ -121,7 +131,7 @@ func (b *Batch) Status(i int) (TaskStatus, error) {
 		return TaskStatus{}, fmt.Errorf("task %d out of range [0,%d)", i, len(b.tasks))
 	}
 	t := &b.tasks[i]
-	if atomic.LoadInt64(&t.remaining) > 0 {
+	if atomic.LoadInt32(&b.remaining[i]) > 0 {
 		return TaskStatus{State: Pending, Transferred: t.transferred.Load()}, nil
 	}
 	if t.failed.Load() {
@@ -131,7 +141,7 @@ func (b *Batch) Status(i int) (TaskStatus, error) {
 		}
 		return TaskStatus{State: Failed, Transferred: t.transferred.Load(), Err: err}, nil
 	}
-	return TaskStatus{State: Completed, Transferred: t.transferred.Load()}, nil
+	return TaskStatus{State: Completed, Transferred: t.length}, nil
 }
 
 // Route reports how task i was sent.
@@ -161,8 +171,8 @@ var errReleasedTwice = errors.New("relay: batch released twice")
 
 // Done reports whether every task of the batch has reached a final state.
 func (b *Batch) Done() bool {
-	for i := range b.tasks {
-		if atomic.LoadInt64(&b.tasks[i].remaining) > 0 {
+	for i := range b.remaining {
+		if atomic.LoadInt32(&b.remaining[i]) > 0 {
 			return false
 		}
 	}
@@ -177,4 +187,4 @@ type taskSlice struct {
 	len   uint64
 }
 
-func (s taskSlice) finish(err error) { s.batch.tasks[s.task].finishSlice(s.len, err) }
+func (s taskSlice) finish(err error) { s.batch.finishSlice(int(s.task), s.len, false, err) }

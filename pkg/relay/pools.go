@@ -73,13 +73,14 @@ func newBatchPool() *batchPool {
 func (p *batchPool) get(n int) *Batch {
 	b, ok := p.list.take()
 	if !ok {
-		return &Batch{tasks: make([]task, n), pool: p}
+		return &Batch{tasks: make([]task, n), remaining: make([]int32, n), pool: p}
 	}
 	if cap(b.tasks) < n {
-		b.tasks = make([]task, n)
+		b.tasks, b.remaining = make([]task, n), make([]int32, n)
 	} else {
-		b.tasks = b.tasks[:n]
+		b.tasks, b.remaining = b.tasks[:n], b.remaining[:n]
 		clear(b.tasks)
+		clear(b.remaining)
 	}
 	b.released.Store(false)
 	return b

@@ -53,7 +53,7 @@ func (g *group) finishPiece(i int, err error) {
 	g.key.lane.pieces.Add(-1)
 	it := g.plan.PieceSlices(g.blocks, i)
 	for s, ok := it.Next(); ok; s, ok = it.Next() {
-		g.batch.tasks[s.Task].finishSlice(s.Len, err)
+		g.batch.finishSlice(s.Task, s.Len, s.Whole, err)
 	}
 }
 
@@ -79,7 +79,7 @@ func (e *Engine) planGroup(b *Batch, g *group) error {
 	}
 	g.key.lane.pieces.Add(int64(len(g.plan.Pieces)))
 	for k := range g.plan.Splits(g.blocks) {
-		b.tasks[g.blocks[k].Task].remaining++
+		b.remaining[g.blocks[k].Task]++
 	}
 	return nil
 }
@@ -156,7 +156,8 @@ func (e *Engine) submitChunk(b *Batch, reqs []Request, lo int, at, limit uint64,
 				}
 				g.blocks = append(g.blocks, staging.Block{Src: uint64(r.Src), Dst: r.Dst, Len: r.Len, Task: i})
 				t := &b.tasks[i]
-				t.route, t.remaining = RoutePXN, 1
+				t.route, t.length = RoutePXN, r.Len
+				b.remaining[i] = 1
 			}
 		}
 		if n >= limit && (at+n)%staging.SlotSize == 0 {
@@ -180,8 +181,8 @@ func (e *Engine) submitChunk(b *Batch, reqs []Request, lo int, at, limit uint64,
 		planned = append(planned, g)
 	}
 	for _, i := range sc.direct {
-		b.tasks[i].route = RouteDirect
-		b.tasks[i].remaining = 1
+		b.tasks[i].route, b.tasks[i].length = RouteDirect, reqs[i].Len
+		b.remaining[i] = 1
 	}
 
 	e.submitDirect(b, reqs, sc.direct)

@@ -40,6 +40,8 @@ type Slice struct {
 	Dst    uint64
 	Len    uint64
 	Offset uint64
+	// Whole says the slice is its whole block: no Piece boundary cuts it.
+	Whole bool
 }
 
 // CopyEntry is one first-hop copy: Len bytes from Src to Offset in the slot.
@@ -96,7 +98,7 @@ func (it *SliceIter) Next() (s Slice, ok bool) {
 			continue
 		}
 		n := min(b.Len-it.off, it.left)
-		s = Slice{Task: b.Task, Src: b.Src + it.off, Dst: b.Dst + it.off, Len: n, Offset: it.at}
+		s = Slice{Task: b.Task, Src: b.Src + it.off, Dst: b.Dst + it.off, Len: n, Offset: it.at, Whole: n == b.Len}
 		it.off += n
 		it.at += n
 		it.left -= n

@@ -461,15 +461,15 @@ func TestPlannerSmallLimits(t *testing.T) {
 		t.Fatalf("pieces = %+v, want %+v", spans(&p), wantPieces)
 	}
 	wantSlices := []Slice{
-		{Task: 0, Src: 100, Dst: 200, Len: 4, Offset: 0},
+		{Task: 0, Src: 100, Dst: 200, Len: 4, Offset: 0, Whole: true},
 		{Task: 1, Src: 300, Dst: 400, Len: 6, Offset: 4},
 		{Task: 1, Src: 306, Dst: 406, Len: 10, Offset: 0},
 		{Task: 1, Src: 316, Dst: 416, Len: 9, Offset: 0},
-		{Task: 0, Src: 500, Dst: 600, Len: 1, Offset: 9},
-		{Task: 2, Src: 700, Dst: 800, Len: 1, Offset: 0},
-		{Task: 2, Src: 900, Dst: 1000, Len: 1, Offset: 1},
-		{Task: 2, Src: 1100, Dst: 1200, Len: 1, Offset: 2},
-		{Task: 0, Src: 1300, Dst: 1400, Len: 2, Offset: 0},
+		{Task: 0, Src: 500, Dst: 600, Len: 1, Offset: 9, Whole: true},
+		{Task: 2, Src: 700, Dst: 800, Len: 1, Offset: 0, Whole: true},
+		{Task: 2, Src: 900, Dst: 1000, Len: 1, Offset: 1, Whole: true},
+		{Task: 2, Src: 1100, Dst: 1200, Len: 1, Offset: 2, Whole: true},
+		{Task: 0, Src: 1300, Dst: 1400, Len: 2, Offset: 0, Whole: true},
 	}
 	if f := flatten(&p, blocks); !slices.Equal(f.Slices, wantSlices) {
 		t.Fatalf("slices = %+v\nwant %+v", f.Slices, wantSlices)
@@ -593,7 +593,7 @@ func TestPlannerRampSmallLimits(t *testing.T) {
 		{Task: 1, Src: 303, Dst: 403, Len: 8, Offset: 0},
 		{Task: 1, Src: 311, Dst: 411, Len: 10, Offset: 0},
 		{Task: 1, Src: 321, Dst: 421, Len: 4, Offset: 0},
-		{Task: 0, Src: 500, Dst: 600, Len: 1, Offset: 4},
+		{Task: 0, Src: 500, Dst: 600, Len: 1, Offset: 4, Whole: true},
 	}
 	if f := flatten(&p, blocks); !slices.Equal(f.Slices, wantSlices) {
 		t.Fatalf("slices = %+v\nwant %+v", f.Slices, wantSlices)
