@@ -331,12 +331,8 @@ func (c *HostCopier) CopyParts(lane int, ready relay.Event, entries []relay.Copy
 	if words == nil {
 		return fmt.Errorf("hosthop: lane %d seq %d: nil part words", lane, seq)
 	}
-	prev := uint32(0)
-	for p, e := range partEnds {
-		if p >= staging.MaxParts-1 || e <= prev || int(e) >= len(entries) {
-			return fmt.Errorf("hosthop: lane %d seq %d: part end %d of %v: want at most %d ends, increasing, below the %d entries", lane, seq, p, partEnds, staging.MaxParts-1, len(entries))
-		}
-		prev = e
+	if err := staging.CheckPartEnds(partEnds, len(entries)); err != nil {
+		return fmt.Errorf("hosthop: lane %d seq %d: %d entries: %w", lane, seq, len(entries), err)
 	}
 	return c.copyIn(lane, ready, entries, partEnds, doorbell, words, seq)
 }

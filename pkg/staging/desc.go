@@ -225,15 +225,12 @@ func (d *Desc) Fill(epoch uint64, session string, plans []PlanEntry, pieceLen ui
 	if err := checkPlans(plans, pieceLen); err != nil {
 		return err
 	}
-	if len(partEnds) > MaxParts-1 {
-		return &DescError{Kind: DescParts, Field: "parts", Plan: -1, Value: uint64(len(partEnds) + 1), Want: MaxParts}
+	if err := CheckPartEnds(partEnds, len(plans)); err != nil {
+		return err
 	}
 	var ends [MaxParts - 1]uint32
 	copy(ends[:], partEnds)
 	parts := uint32(len(partEnds) + 1)
-	if err := checkParts(parts, ends[:], uint32(len(plans))); err != nil {
-		return err
-	}
 	d.Epoch = epoch
 	d.PieceLen = pieceLen
 	d.PlanCount = uint32(len(plans))
@@ -312,6 +309,16 @@ func CutParts(out []uint32, plans []PlanEntry, pieceLen uint64, parts int) []uin
 		}
 	}
 	return out
+}
+
+// CheckPartEnds checks the part ends of a Piece of entries plan entries
+// (Desc.PartEnds, the ends of every part but the last) by ValidateDesc's
+// rules, for a copier handed them as well as for Fill.
+func CheckPartEnds(ends []uint32, entries int) error {
+	if len(ends) > MaxParts-1 {
+		return &DescError{Kind: DescParts, Field: "parts", Plan: -1, Value: uint64(len(ends) + 1), Want: MaxParts}
+	}
+	return checkParts(uint32(len(ends)+1), ends, uint32(min(entries, math.MaxUint32)))
 }
 
 // checkParts requires 0..MaxParts parts and, for two or more, part ends
