@@ -39,12 +39,10 @@ type inflightRec struct {
 	token uint64
 	// partEnds[p] is where part p of the Piece ends in ops (the Desc's
 	// part ends, then len(ops)); nparts counts the parts, landed those in
-	// the slot, whose writes have been released to the hop, released the
-	// writes that makes.
+	// the slot, whose writes have been released to the hop.
 	partEnds [staging.MaxParts]int
 	nparts   int
 	landed   int
-	released int
 	// waiting is set while parts of the Piece are still being copied into
 	// the slot: the rec is on the relayer's waiting list and is not
 	// completed, whatever its writes do, until the rest lands or the
@@ -59,7 +57,16 @@ func (rec *inflightRec) setParts(ends []uint32) {
 		rec.partEnds[p] = int(e)
 	}
 	rec.partEnds[len(ends)] = len(rec.ops)
-	rec.landed, rec.released = 0, 0
+	rec.landed = 0
+}
+
+// released is how many of rec's writes, from the first, have been
+// released to the hop: those of the parts landed.
+func (rec *inflightRec) released() int {
+	if rec.landed == 0 {
+		return 0
+	}
+	return rec.partEnds[rec.landed-1]
 }
 
 // relayer is the inbound pipeline: it takes tickets from this rank's
@@ -243,7 +250,7 @@ func (rl *relayer) handOver(rec *inflightRec) {
 // any of rec's writes it has not taken yet. Each write gets its token, or,
 // for a PieceHop, the writes not yet taken share one.
 func (rl *relayer) release(rec *inflightRec, landed int) {
-	from, end := rec.released, rec.partEnds[landed-1]
+	from, end := rec.released(), rec.partEnds[landed-1]
 	taken := from - len(rec.unsent)
 	if rl.s.pieceHop != nil {
 		if rec.token == 0 {
@@ -256,7 +263,7 @@ func (rl *relayer) release(rec *inflightRec, landed int) {
 		}
 		rec.remaining += end - from
 	}
-	rec.landed, rec.released = landed, end
+	rec.landed = landed
 	rec.unsent = rec.ops[taken:end]
 	if !rec.sending {
 		rl.sendRecord(rec)
