@@ -183,6 +183,12 @@ func (d *scriptedDiscoverer) set(ready bool) {
 	d.mu.Unlock()
 }
 
+func (d *scriptedDiscoverer) isReady() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.ready
+}
+
 func (d *scriptedDiscoverer) Fingerprint() (string, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -347,7 +353,7 @@ func runDRADriver(t *testing.T, ctx context.Context, e *accessEnv) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(base) })
-	disc := &draDiscoverer{ready: true}
+	disc := draDiscoverer{&scriptedDiscoverer{ready: true}}
 	state := nodestate.NewMonitor(disc, 20*time.Millisecond, nil, klog.Background())
 	token := kubernetes.NewForConfigOrDie(e.tokenConfig(t, "dra-plugin", true))
 	d, err := dra.New(dra.Config{
@@ -435,22 +441,12 @@ func runDRADriver(t *testing.T, ctx context.Context, e *accessEnv) {
 	}
 }
 
-// draDiscoverer reports a one-rail node whose port state the test sets.
-type draDiscoverer struct {
-	mu    sync.Mutex
-	ready bool
-}
+// draDiscoverer is scriptedDiscoverer's node as the DRA driver's rail
+// monitor asks for it.
+type draDiscoverer struct{ *scriptedDiscoverer }
 
-func (d *draDiscoverer) set(ready bool) {
-	d.mu.Lock()
-	d.ready = ready
-	d.mu.Unlock()
-}
-
-func (d *draDiscoverer) Discover(context.Context) (nodestate.Discovery, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return nodestate.Discovery{RailMap: `{"mlx5_0":"rail0"}`, Healthy: d.ready,
+func (d draDiscoverer) Discover(context.Context) (nodestate.Discovery, error) {
+	return nodestate.Discovery{RailMap: `{"mlx5_0":"rail0"}`, Healthy: d.isReady(),
 		Summary: nodestate.Summary{Rails: 1, HCAs: 1, GPUs: 1, Strategy: "pci-order"}}, nil
 }
 
