@@ -12,15 +12,20 @@ REVISION := $(shell git rev-parse HEAD 2>/dev/null)
 VERSION_PKG := github.com/pxn-project/pxn/internal/version
 LDFLAGS := -X $(VERSION_PKG).version=$(VERSION)$(if $(REVISION), -X $(VERSION_PKG).revision=$(REVISION))
 
-.PHONY: all build test host-packages tools generate lint bench bench-baseline fuzz gpu-kit demo demo-host cluster-demo image release clean
+.PHONY: all build unit e2e test host-packages tools generate lint bench bench-baseline fuzz gpu-kit demo demo-host cluster-demo image release clean
 
 all: build
 
+# The shipped artifacts only: the binaries and libpxn.so (its header is
+# include/pxn.h; the one go build generates beside the library is dropped).
+# Compiler output of dependencies is filtered as in the demo (hack/gobuild.sh).
+COMMANDS := $(filter-out ./cmd/libpxn,$(patsubst %/,./%,$(wildcard cmd/*/)))
 build:
-	CGO_ENABLED=1 $(GO) build ./...
 	@mkdir -p $(BIN)
-	CGO_ENABLED=1 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
-	CGO_ENABLED=1 $(GO) build -buildmode=c-shared -ldflags "$(LDFLAGS)" -o $(BIN)/libpxn.so ./cmd/libpxn
+	@CGO_ENABLED=1 hack/gobuild.sh -ldflags "$(LDFLAGS)" -o $(BIN)/ $(COMMANDS)
+	@CGO_ENABLED=1 hack/gobuild.sh -buildmode=c-shared -ldflags "$(LDFLAGS)" -o $(BIN)/libpxn.so ./cmd/libpxn
+	@rm -f $(BIN)/libpxn.h
+	@echo "build: $(notdir $(COMMANDS)) libpxn.so in $(BIN)/"
 
 tools:
 	@$(TOOLS)
@@ -41,6 +46,24 @@ lint: tools
 # hack/testreport prints go test's usual lines as they come and, at the end,
 # every test that skipped with its message and the counts; the whole -json
 # stream stays in _output/test.json.
+# make unit: every package's tests but the end-to-end suite and the Mooncake
+# build's, without the race detector, the cluster or Mooncake; tests that
+# need a tool that is not built skip and say so. make e2e: the end-to-end
+# suite alone, on the local cluster (root; installs its packages).
+UNIT_PKGS = $(shell $(GO) list ./... | grep -v -e /test/e2e -e /integrations/mooncake)
+unit:
+	@mkdir -p _output
+	@$(GO) build -o _output/testreport ./hack/testreport
+	set -o pipefail; export PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools}; \
+	$(GO) test -json -count=1 -timeout 20m $(UNIT_PKGS) | _output/testreport -save _output/unit.json
+
+e2e: host-packages
+	@mkdir -p _output
+	@$(GO) build -o _output/testreport ./hack/testreport
+	set -o pipefail; export PXN_REQUIRE_TOOLS=1 PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools}; \
+	export KUBEBUILDER_ASSETS=$$($(TOOLS) assets); \
+	$(GO) test -json -count=1 -timeout 40m ./test/e2e/ | _output/testreport -save _output/e2e.json
+
 TEST_PKGS ?= ./...
 ALLOC_PKGS ?= $(sort $(addprefix ./,$(dir $(shell grep -rlE --include='*_test.go' '^func Test[A-Za-z0-9_]*Alloc' api cmd hack integrations internal pkg test))))
 test: lint host-packages mooncake

@@ -22,12 +22,7 @@ step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 step "Building pxn-agent and pxn-bench"
 echo "The first build compiles the Kubernetes client libraries, gRPC and the engine:"
 echo "about 10 minutes on two cores. Later builds take seconds (Go caches them)."
-# go-nvml's C header declares NVML functions deprecated, and its own cgo
-# code calls them: some 150 warnings on a cold build, none of them ours.
-# Only that package's block of compiler output is left out; a warning from
-# any other package is printed.
-CGO_ENABLED=1 go build -o "$bin/" ./cmd/pxn-agent ./cmd/pxn-bench 2> "$work/build.log" || { cat "$work/build.log" >&2; exit 1; }
-awk '/^# / { skip = ($2 == "github.com/NVIDIA/go-nvml/pkg/nvml") } !skip' "$work/build.log" >&2
+CGO_ENABLED=1 hack/gobuild.sh -o "$bin/" ./cmd/pxn-agent ./cmd/pxn-bench
 echo "built."
 
 step "Rails of the bundled 8-GPU node ($fixture): pxn-agent discover"
