@@ -13,6 +13,13 @@ fixture=${PXN_DEMO_FIXTURE:-pkg/rail/testdata/sysfs/hgx-8gpu}
 bytes=${PXN_DEMO_BYTES:-256MiB}
 block=${PXN_DEMO_BLOCK:-16KiB}
 hold=20s
+# A sender's Piece goes direct when its relay completes nothing for the
+# credit timeout (1 s by default, some 300 times what a full ring takes to
+# drain into a 400 Gb/s NIC). Here the relay's second hop is TCP on
+# loopback, copied by CPUs that eight ranks and whatever else runs share:
+# on two busy cores a relay is not scheduled for a second at times, which is
+# slow, not stalled. The demo's ranks wait up to 10 s.
+credit_ms=${PXN_DEMO_CREDIT_TIMEOUT_MS:-10000}
 work=$(mktemp -d "${TMPDIR:-/tmp}/pxn-demo.XXXXXX")
 bin=$work/bin
 trap 'rm -rf "$work"' EXIT
@@ -53,11 +60,7 @@ What the table means:
   RATIO                GB/S / BASELINE GB/S
   RELAYED              bytes a peer on the target's rail forwarded for the sender
   FALLBACK, FAILED     bytes that went direct because PXN could not relay them,
-                       and writes that failed. FAILED is 0 in a healthy run;
-                       so is FALLBACK, except on a machine so loaded that a
-                       relay's ring stays full longer than the credit timeout
-                       (1 s): those pieces go direct (reason credit_timeout in
-                       the note under the table), which keeps the write moving
+                       and writes that failed: 0 and 0 in a healthy run
   VERIFIED             every target process checked every byte it received
   P4/P5 rows           the first write after 10 s idle, and the pumps' CPU while idle
 
@@ -88,8 +91,12 @@ root=/dev/shm
   done
 ) &
 watcher=$!
+set +e
 "$bin/pxn-bench" run --device host --ranks 8 --bytes "$bytes" --block "$block" --pattern cross-rail \
-  --rail-map "$rail_map" --hold-after "$hold" 2> >(tee "$work/bench.err" >&2)
+  --rail-map "$rail_map" --hold-after "$hold" --credit-timeout "$credit_ms" --verdict \
+  2> >(tee "$work/bench.err" >&2) | tee "$work/bench.out"
+status=${PIPESTATUS[0]}
+set -e
 wait "$watcher" 2>/dev/null || true
 
 step "pxn-agent inspect, taken after the transfer while the ranks were still registered"
@@ -107,6 +114,12 @@ else
   echo "(the registry was not found while the ranks were registered)"
 fi
 
-step "Done"
-echo "Every destination byte was checked by the target processes (VERIFIED column)."
+step "Verdict"
 echo "The same engine on a real one-node Kubernetes cluster: make demo (root)."
+verdict=$(grep '^verdict: ' "$work/bench.out" | tail -1 || true)
+if [ -z "$verdict" ]; then
+  verdict="verdict: FAIL: pxn-bench ended (exit status $status) before it judged the run; its errors are above"
+  [ "$status" -ne 0 ] || status=1
+fi
+echo "${verdict#verdict: }"
+exit "$status"

@@ -137,6 +137,7 @@ func command(use, short string, hidden bool, flags func(*pflag.FlagSet) func() i
 func runFlags(fs *pflag.FlagSet) func() int {
 	o := bench.RunOptions{Out: os.Stdout, ErrOut: os.Stderr, Getenv: os.Getenv}
 	var bytesFlag, blockFlag, firstPieceFlag, railMapFlag string
+	var verdict bool
 	fs.StringVar(&o.Device, "device", "host", "host (CPU memory stands in for GPU memory) or cuda")
 	fs.IntVar(&o.Ranks, "ranks", 8, "ranks, one per GPU and HCA (2..8)")
 	fs.StringVar(&bytesFlag, "bytes", "256MiB", "bytes each rank writes")
@@ -167,6 +168,7 @@ func runFlags(fs *pflag.FlagSet) func() int {
 	fs.DurationVar(&o.CUDA.PollSpin, "poll-spin", 0, "cuda: how long the pump polls without sleeping after progress while one Piece moves (0: the default, negative: never)")
 	fs.DurationVar(&o.CUDA.PollNap, "poll-nap", 0, "cuda: the longest sleep of the pump while work is in flight (0: the default, negative: never sleep while busy)")
 	fs.StringVar(&o.CUDA.ArenaShare, "arena-share", "auto", "cuda: how each rank shares its device arena: auto (by descriptor where the device can), fd or ipc (a legacy CUDA IPC handle)")
+	fs.BoolVar(&verdict, "verdict", false, "end with a verdict line: PASS when every cross-rail byte was relayed through the peer on its target's rail, nothing fell back or failed and every byte was verified, else FAIL and what went wrong (exit status 1)")
 	fs.BoolVar(&o.PIDNS, "pidns", false, "start each rank in a PID and mount namespace of its own, with its own /proc, as ranks in separate pods without hostPID (needs root); the targets stay in this one")
 	return func() int {
 		var err error
@@ -225,6 +227,13 @@ func runFlags(fs *pflag.FlagSet) func() int {
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "pxn-bench: %v\n", err)
 			return 1
+		}
+		if verdict {
+			pass, line := bench.Verdict(rows)
+			fmt.Fprintln(os.Stdout, "verdict: "+line)
+			if !pass {
+				return 1
+			}
 		}
 		for _, r := range rows {
 			if !r.Verified || r.Failed > 0 {

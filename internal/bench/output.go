@@ -38,6 +38,10 @@ type Row struct {
 	MPS string `json:"mps,omitempty"`
 	// Settings are the engine settings the run's flags changed.
 	Settings string `json:"settings,omitempty"`
+	// Problems is what a scenario's main row found wrong with its engine
+	// phase (phaseProblems): empty but not nil when nothing was, nil on rows
+	// that judge nothing.
+	Problems []string `json:"problems,omitempty"`
 }
 
 // printRows prints rows as a table; rows of the CUDA path get an MPS

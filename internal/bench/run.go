@@ -444,6 +444,8 @@ type busyWindow struct {
 	seconds   float64
 	relayed   uint64
 	forwarded uint64
+	// forwardedBytes are the bytes of the Pieces it forwarded.
+	forwardedBytes uint64
 	// runs counts the pump thread's wake-ups; sleeps and wakes are its
 	// sleeps on the wake word and those a waker ended.
 	runs, sleeps, wakes uint64
@@ -687,7 +689,8 @@ func (dev *device) phase(s scenario, l *layout, targets []*child, args func(int,
 		res.busy = append(res.busy, busyWindow{pumpCPU: a.PumpCPU - b.PumpCPU, seconds: window,
 			runs: a.PumpRuns - b.PumpRuns, sleeps: a.Counters.PumpSleeps - b.Counters.PumpSleeps, wakes: a.Counters.PumpWakes - b.Counters.PumpWakes,
 			relayed: a.Counters.RelayedPieces - b.Counters.RelayedPieces, forwarded: a.Counters.ForwardedPieces - b.Counters.ForwardedPieces,
-			contended: a.Counters.InboundContended - b.Counters.InboundContended, outOfTurn: a.Counters.InboundOutOfTurn - b.Counters.InboundOutOfTurn})
+			forwardedBytes: a.Counters.ForwardedBytes - b.Counters.ForwardedBytes,
+			contended:      a.Counters.InboundContended - b.Counters.InboundContended, outOfTurn: a.Counters.InboundOutOfTurn - b.Counters.InboundOutOfTurn})
 	}
 	engine := mode == "engine"
 	// what, when not empty, is the step's progress line.
@@ -888,6 +891,7 @@ func (dev *device) summarize(s scenario, l *layout, pxn, bare *phaseResult) []Ro
 	if e := pxn.firstError(); e != "" {
 		main.Note = strings.TrimPrefix(main.Note+"; first failed task: "+e, "; ")
 	}
+	main.Problems = append([]string{}, phaseProblems(l, pxn)...)
 	rows := []Row{main}
 	if rawRow != nil {
 		rows = append(rows, *rawRow)
