@@ -54,7 +54,7 @@
 #                     only where pxn-bench run --help lists --pidns (root)
 #   gpu (40)          pkg/gpu's tests
 #   libpxn (45)       the C ABI's GPU tests (gpu_ranks.c, compiled there)
-#   nic (25)          the emulated NIC alone (pkg/sim/gpunic benchmarks)
+#   nic (25)          the emulated NIC alone (internal/sim/gpunic benchmarks)
 set -euo pipefail
 
 # The P14 1→1 KV requests that the baseline runs: internal/bench's
@@ -85,7 +85,7 @@ kit_build() {
   mkdir -p "$out/lib"
   export CGO_ENABLED=1
   go build -o "$out/pxn-bench" ./cmd/pxn-bench
-  go test -c -o "$out/gpunic.test" ./pkg/sim/gpunic
+  go test -c -o "$out/gpunic.test" ./internal/sim/gpunic
   go test -c -o "$out/libpxn.test" ./cmd/libpxn
   go test -c -o "$out/gpu.test" ./pkg/gpu
   go build -buildmode=c-shared -o "$out/lib/libpxn.so" ./cmd/libpxn

@@ -26,10 +26,10 @@ import (
 
 	"github.com/pxn-project/pxn/internal/bench"
 	"github.com/pxn-project/pxn/internal/cli"
+	"github.com/pxn-project/pxn/internal/sim/ringcheck"
 	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/gpu"
-	"github.com/pxn-project/pxn/pkg/sim/ringcheck"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 

@@ -22,9 +22,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pxn-project/pxn/internal/cli"
+	"github.com/pxn-project/pxn/internal/sim/ringcheck"
 	"github.com/pxn-project/pxn/pkg/cuda"
 	"github.com/pxn-project/pxn/pkg/gpu"
-	"github.com/pxn-project/pxn/pkg/sim/ringcheck"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 

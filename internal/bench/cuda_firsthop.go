@@ -12,9 +12,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pxn-project/pxn/internal/sim/ringcheck"
 	"github.com/pxn-project/pxn/pkg/cuda"
 	"github.com/pxn-project/pxn/pkg/gpu"
-	"github.com/pxn-project/pxn/pkg/sim/ringcheck"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 

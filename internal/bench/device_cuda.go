@@ -13,11 +13,11 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/pxn-project/pxn/internal/sim/gpunic"
 	"github.com/pxn-project/pxn/pkg/cuda"
 	"github.com/pxn-project/pxn/pkg/gpu"
 	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/relay"
-	"github.com/pxn-project/pxn/pkg/sim/gpunic"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 

@@ -7,10 +7,10 @@ import (
 	"errors"
 	"unsafe"
 
+	"github.com/pxn-project/pxn/internal/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
-	"github.com/pxn-project/pxn/pkg/sim/fabric"
 )
 
 // hostRank is a rank on the host path: host memory stands in for its GPU's,

@@ -26,12 +26,12 @@ import (
 	"golang.org/x/sys/unix"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
+	"github.com/pxn-project/pxn/internal/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/group"
 	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
-	"github.com/pxn-project/pxn/pkg/sim/fabric"
 )
 
 // The test binary doubles as a PXN rank: with rankRoleEnv set, TestMain runs

@@ -15,11 +15,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/pxn-project/pxn/internal/sim/ringcheck"
 	"github.com/pxn-project/pxn/internal/testkernel"
 	"github.com/pxn-project/pxn/pkg/cuda"
 	"github.com/pxn-project/pxn/pkg/gpu"
 	"github.com/pxn-project/pxn/pkg/relay"
-	"github.com/pxn-project/pxn/pkg/sim/ringcheck"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 )

@@ -39,7 +39,7 @@ type HostCopierOptions struct {
 }
 
 // ReadyHolder decides which source-ready events wait to be released: a
-// simulation supplies one (pkg/sim/hostfault) to prove that nothing reads a
+// simulation supplies one (internal/sim/hostfault) to prove that nothing reads a
 // source before its ready event.
 type ReadyHolder interface {
 	// Attach is called once, by NewHostCopier, with the function that

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"unsafe"
 
+	"github.com/pxn-project/pxn/internal/sim/hostfault"
 	"github.com/pxn-project/pxn/internal/testmem"
-	"github.com/pxn-project/pxn/pkg/sim/hostfault"
 )
 
 // The shared helpers, under the names these tests use.

@@ -4,7 +4,7 @@
 // relay.Copier that libpxn ships for hosts whose sources are in host memory,
 // copying Pieces into a peer's staging arena with the CPU and ringing the
 // slot's doorbell after the data. The stand-in hops and directories that
-// tests and benchmarks use are in pkg/sim/fabric.
+// tests and benchmarks use are in internal/sim/fabric.
 package hosthop
 
 import "errors"

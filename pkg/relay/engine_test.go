@@ -13,10 +13,10 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/pxn-project/pxn/internal/sim/fabric"
+	"github.com/pxn-project/pxn/internal/sim/hostfault"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
-	"github.com/pxn-project/pxn/pkg/sim/fabric"
-	"github.com/pxn-project/pxn/pkg/sim/hostfault"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 

@@ -22,8 +22,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/pxn-project/pxn/internal/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/contract"
-	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 )

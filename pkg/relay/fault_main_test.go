@@ -19,11 +19,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/pxn-project/pxn/internal/sim/fabric"
+	"github.com/pxn-project/pxn/internal/sim/hostfault"
 	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
-	"github.com/pxn-project/pxn/pkg/sim/fabric"
-	"github.com/pxn-project/pxn/pkg/sim/hostfault"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 )

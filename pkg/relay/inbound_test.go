@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pxn-project/pxn/internal/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
-	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 

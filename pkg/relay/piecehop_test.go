@@ -9,8 +9,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/pxn-project/pxn/internal/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/relay"
-	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 

@@ -10,8 +10,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/pxn-project/pxn/internal/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/relay"
-	"github.com/pxn-project/pxn/pkg/sim/fabric"
 )
 
 // keyOf is the key the test directory gives a range: what an RDMA directory

@@ -29,9 +29,10 @@ func matches(pattern, pkg string) bool {
 }
 
 // isSim reports a simulation package: one for tests and benchmarks only,
-// named so by a path element under pkg/ that starts with "sim".
+// under internal/sim, or named so by a path element under pkg/ that starts
+// with "sim".
 func isSim(pkg string) bool {
-	return strings.HasPrefix(pkg, "pkg/") && strings.Contains(pkg, "/sim")
+	return matches("internal/sim/...", pkg) || strings.HasPrefix(pkg, "pkg/") && strings.Contains(pkg, "/sim")
 }
 
 var (
@@ -43,7 +44,9 @@ var (
 
 // levels lists the module's packages from the bottom up (docs/architecture.md,
 // "Levels"). A package links packages of its own level or below, never one
-// above. A package no level names fails the test until it is given one.
+// above. A package no level names fails the test until it is given one; one
+// that two levels name belongs to the level whose pattern is the longer
+// (internal/sim/... over internal/...).
 var levels = []struct {
 	name string
 	pkgs []string
@@ -53,23 +56,26 @@ var levels = []struct {
 	{"registry", []string{"pkg/staging/registry/..."}},
 	{"engine core", []string{"pkg/relay/..."}},
 	{"components", []string{"pkg/gpu", "pkg/hosthop/...", "pkg/hostengine/...", "pkg/group/...", "pkg/nodestate/...", "pkg/deviceplugin/...", "pkg/dra/...", "pkg/agent/..."}},
-	{"stand-ins", []string{"pkg/sim/..."}},
+	{"stand-ins", []string{"internal/sim/..."}},
 	{"program parts", []string{"internal/..."}},
 	{"programs", []string{"cmd/...", "hack/...", "test/...", "integrations/..."}},
 }
 
-// levelOf returns the index in levels of the level that names pkg, or an
-// error when none or more than one does.
+// levelOf returns the index in levels of the level whose longest matching
+// pattern names pkg, or an error when none does or two levels name it with
+// patterns of the same length.
 func levelOf(pkg string) (int, error) {
-	found := -1
+	found, best := -1, -1
 	for i, l := range levels {
-		if !anyMatch(l.pkgs, pkg) {
-			continue
+		for _, p := range l.pkgs {
+			if !matches(p, pkg) || len(p) < best {
+				continue
+			}
+			if len(p) == best && found != i {
+				return 0, fmt.Errorf("%s is on two levels, %s and %s", pkg, levels[found].name, l.name)
+			}
+			found, best = i, len(p)
 		}
-		if found >= 0 {
-			return 0, fmt.Errorf("%s is on two levels, %s and %s", pkg, levels[found].name, l.name)
-		}
-		found = i
 	}
 	if found < 0 {
 		return 0, fmt.Errorf("%s is on no level: give it one in docs/architecture.md and here", pkg)
@@ -284,8 +290,10 @@ func TestLevelOf(t *testing.T) {
 		{"pkg/staging/registry", "registry"},
 		{"pkg/gpu/kernel", "primitives"},
 		{"pkg/gpu", "components"},
-		{"pkg/sim/fabric", "stand-ins"},
+		{"internal/sim/fabric", "stand-ins"},
+		{"internal/sim", "stand-ins"},
 		{"internal/bench", "program parts"},
+		{"internal/simx", "program parts"},
 		{"cmd/libpxn", "programs"},
 	} {
 		i, err := levelOf(tc.pkg)
@@ -315,7 +323,7 @@ func TestMatching(t *testing.T) {
 			t.Errorf("matches(%q, %q) = %v", tc.pattern, tc.pkg, got)
 		}
 	}
-	for pkg, want := range map[string]bool{"pkg/sim/nic": true, "pkg/gpu/simnic": true, "pkg/sim": true, "cmd/sim": false, "pkg/gpu": false} {
+	for pkg, want := range map[string]bool{"internal/sim/fabric": true, "internal/sim": true, "internal/simx": false, "internal/bench": false, "pkg/sim/nic": true, "pkg/gpu/simnic": true, "pkg/sim": true, "cmd/sim": false, "pkg/gpu": false} {
 		if got := isSim(pkg); got != want {
 			t.Errorf("isSim(%q) = %v", pkg, got)
 		}

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pxn-project/pxn/internal/sim/gpunic"
 	"github.com/pxn-project/pxn/pkg/cuda"
 	"github.com/pxn-project/pxn/pkg/gpu"
 	"github.com/pxn-project/pxn/pkg/relay"
-	"github.com/pxn-project/pxn/pkg/sim/gpunic"
 )
 
 // BenchmarkNICWrite10KiB times one 10 KiB write from Submit to its

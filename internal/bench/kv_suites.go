@@ -1,0 +1,188 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package bench
+
+import (
+	"fmt"
+)
+
+// kvRows are a KV scenario's request completion times, through PXN and
+// direct: p50 and p99 over every request of every rank.
+func kvRows(prefix string, pxn, bare *phaseResult) []Row {
+	collect := func(p *phaseResult, sub bool) []float64 {
+		var xs []float64
+		if p == nil {
+			return nil
+		}
+		for _, r := range p.ranks {
+			if sub {
+				xs = append(xs, r.SubmitUS...)
+			} else {
+				xs = append(xs, r.CompletionsUS...)
+			}
+		}
+		return xs
+	}
+	pc, dc, ps := collect(pxn, false), collect(bare, false), collect(pxn, true)
+	if len(pc) == 0 {
+		return nil
+	}
+	p := percentiles(pc)
+	ok := pxn.verified && (bare == nil || bare.verified)
+	note := fmt.Sprintf("%d requests; through PXN mean/p90/max %.0f/%.0f/%.0f µs; Submit itself p50/p99 %.0f/%.0f µs",
+		len(pc), p[2], p[3], p[5], percentiles(ps)[0], percentiles(ps)[1])
+	rows := []Row{
+		{Scenario: prefix + "request completion through PXN, p50", Value: p[0], Unit: "µs", Verified: ok, Note: note},
+		{Scenario: prefix + "request completion through PXN, p99", Value: p[1], Unit: "µs", Verified: ok},
+	}
+	if len(dc) > 0 {
+		d := percentiles(dc)
+		rows = append(rows,
+			Row{Scenario: prefix + "request completion direct, p50", Value: d[0], Unit: "µs", Verified: ok},
+			Row{Scenario: prefix + "request completion direct, p99", Value: d[1], Unit: "µs", Verified: ok},
+			Row{Scenario: prefix + "request completion added by PXN, p50", Value: p[0] - d[0], Unit: "µs", Verified: ok},
+			Row{Scenario: prefix + "request completion added by PXN, p99", Value: p[1] - d[1], Unit: "µs", Verified: ok},
+		)
+	}
+	return rows
+}
+
+func kvTitle(o KVOptions) string {
+	shape, err := parseKVShape(o.Shape)
+	if err != nil {
+		return o.Shape
+	}
+	return fmt.Sprintf("%s %s, %d requests per sender and target, %d in flight", o.Traffic, shape, o.Requests, o.Inflight)
+}
+
+// kvBaseline is what a KV scenario's PXN row is compared with: the same
+// requests sent direct, where each sender's emulated NIC models its own
+// wire only. A real target's NIC receives at most R, so with a wire rate
+// the direct rate is capped at R times the targets that receive.
+func kvBaseline(s scenario, l *layout, hop string, direct float64) (string, float64) {
+	name := "the same requests direct (" + hop + " alone)"
+	if s.rate <= 0 {
+		return name, direct
+	}
+	receivers := 0
+	for _, n := range l.TargetBytes {
+		if n > 0 {
+			receivers++
+		}
+	}
+	if limit := s.rate * float64(receivers); direct > limit {
+		return fmt.Sprintf("%s, capped at the %d receiving NICs' %g GB/s", name, receivers, limit), limit
+	}
+	return name, direct
+}
+
+// p14Blocks are the block sizes of the P14 suite: a 70B model's 16-token
+// pages at tensor-parallel 8 (4 KiB), small models' (2 KiB), and up to MLA
+// models' (64 KiB).
+var p14Blocks = []uint64{2 << 10, 4 << 10, 8 << 10, 16 << 10, 64 << 10}
+
+// p14Shape is the P14 suite's KV request of block-byte blocks: 80 layers ×
+// 2 × P pages, P chosen so that every request is 40 MiB whatever the
+// block (from 128 pages of 2 KiB to 4 of 64 KiB).
+func p14Shape(block uint64) string {
+	return fmt.Sprintf("80x%dx%s", (40<<20)/(160*block), sizeString(block))
+}
+
+// p14Requests and p14Inflight are P14 1→1's requests per sender and in
+// flight; hack/gpu-kit.sh runs the baseline's 1→1 with the same.
+const (
+	p14Requests = 16
+	p14Inflight = 4
+)
+
+// p14StreamBytes is what each sender of a P14 stream sends, one block a
+// request.
+const p14StreamBytes = 64 << 20
+
+// p14Runs are P14's scenarios at R = 50 GB/s, PXN against direct: KV
+// requests of every P14 block size and streams of requests of one block
+// each, 1→1, 7→1 and all-to-all over 8 ranks. Each traffic runs through
+// every size before the next, 1→1 of both kinds first, so a step cut short
+// still has whole rows of sizes, and the ones the kit's baseline runs.
+func p14Runs(fanIn, alternate func(int) []int) []scenario {
+	kv := func(block uint64, traffic string, gpus []int, requests, inflight int) scenario {
+		return scenario{id: "P14", pattern: "kv", ranks: len(gpus), gpus: gpus, rate: 50, bare: true, warm: true,
+			kv: &KVOptions{Shape: p14Shape(block), Traffic: traffic, Requests: requests, Inflight: inflight}}
+	}
+	stream := func(block uint64, pattern string, gpus []int) scenario {
+		return scenario{id: "P14 stream", pattern: pattern, ranks: len(gpus), gpus: gpus, bytes: p14StreamBytes, block: block, rate: 50,
+			bare: true, warm: true, note: "one block a request"}
+	}
+	var runs []scenario
+	for _, b := range p14Blocks {
+		runs = append(runs, kv(b, "fan-in", fanIn(1), p14Requests, p14Inflight))
+	}
+	for _, b := range p14Blocks {
+		runs = append(runs, stream(b, "fan-in", fanIn(1)))
+	}
+	for _, b := range p14Blocks {
+		runs = append(runs, kv(b, "fan-in", fanIn(7), 2, 2))
+	}
+	for _, b := range p14Blocks {
+		runs = append(runs, kv(b, "all-to-all", alternate(8), 2, 2))
+	}
+	for _, b := range p14Blocks {
+		runs = append(runs, stream(b, "fan-in", fanIn(7)))
+	}
+	for _, b := range p14Blocks {
+		runs = append(runs, stream(b, "all-to-all", alternate(8)))
+	}
+	return runs
+}
+
+// kvSuiteRuns are the KV scenarios of the performance contract, at
+// R = 50 GB/s: P9 (kv-medium and kv-large, 1→1, 7→1 and all-to-all,
+// through PXN against direct), P10 (kv-small, one request at a time,
+// completion time through PXN against direct) and P14 (small blocks:
+// p14Runs). With two GPUs the relay of fan-in traffic (rank 0) has GPU 0
+// and every sender GPU 1, and all-to-all ranks alternate between them.
+func kvSuiteRuns(want map[string]bool, ngpu int) []scenario {
+	fanIn := func(n int) []int { return fanInGPUs(n, ngpu) }
+	alternate := func(n int) []int {
+		g := make([]int, n)
+		for i := range g {
+			g[i] = i % ngpu
+		}
+		return g
+	}
+	kv := func(id, shape, traffic string, gpus []int, requests, inflight int, note string) scenario {
+		return scenario{id: id, pattern: "kv", ranks: len(gpus), gpus: gpus, rate: 50, bare: true, warm: true, note: note,
+			kv: &KVOptions{Shape: shape, Traffic: traffic, Requests: requests, Inflight: inflight}}
+	}
+	var runs []scenario
+	if want["p9"] {
+		// Sized for one bounded call: every scenario of both phases
+		// (warm-up, timed transfer, every byte checked) within about
+		// two minutes on one GPU, the all-to-all first.
+		shared := fmt.Sprintf("the seven senders share GPU %d", otherGPU(ngpu))
+		runs = append(runs,
+			kv("P9", "kv-medium", "all-to-all", alternate(8), 2, 4, ""),
+			kv("P9", "kv-medium", "fan-in", fanIn(7), 4, 4, shared),
+			kv("P9", "kv-medium", "fan-in", fanIn(1), 16, 4, ""),
+			kv("P9", "kv-large", "fan-in", fanIn(1), 3, 2, ""),
+			kv("P9", "kv-large", "fan-in", fanIn(7), 1, 1, shared),
+			kv("P9", "kv-large", "all-to-all", alternate(4), 1, 2, "four ranks: eight would need 150 GB of pools"),
+		)
+	}
+	if want["p14"] {
+		runs = append(runs, p14Runs(fanIn, alternate)...)
+	}
+	if want["p10"] {
+		// kv-small, then two requests that take its cost apart: the same
+		// 4 MiB in two blocks (no gather of 256 blocks into the slot, no
+		// scatter of 256 NIC ops), and 128 KiB in two blocks (the
+		// hand-over from the first hop to the second, with almost nothing
+		// to store).
+		runs = append(runs,
+			kv("P10", "kv-small", "fan-in", fanIn(1), 400, 1, "one request at a time: completion time without queueing"),
+			kv("P10 4MiB in 2 blocks:", "1x1x2MiB", "fan-in", fanIn(1), 400, 1, "kv-small's bytes as two blocks: its completion without the gather and scatter of 256 blocks"),
+			kv("P10 128KiB in 2 blocks:", "1x1x64KiB", "fan-in", fanIn(1), 400, 1, "a request with almost nothing to store: the hand-over alone"),
+		)
+	}
+	return runs
+}
