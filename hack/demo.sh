@@ -62,7 +62,11 @@ What the table means:
   FALLBACK, FAILED     bytes that went direct because PXN could not relay them,
                        and writes that failed: 0 and 0 in a healthy run
   VERIFIED             every target process checked every byte it received
-  P4/P5 rows           the first write after 10 s idle, and the pumps' CPU while idle
+  P4 rows              the first 10 KiB write after 10 s idle through PXN, each
+                       rank timed alone, and the same write on a direct hop
+                       that waited as long: on busy cores both are mostly
+                       the time the processes wait for a core
+  P5 rows              the pumps' CPU while idle and while busy
 
 What this machine cannot show: host memory stands in for GPU memory and a TCP
 hop on loopback stands in for RDMA. Through PXN each byte takes one more CPU

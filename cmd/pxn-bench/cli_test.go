@@ -129,4 +129,20 @@ func TestRunProgress(t *testing.T) {
 	if r := rows[0]; r.RelayedBytes != 2*64<<10 || r.FallbackBytes != 0 || !r.Verified {
 		t.Errorf("first row %+v: want 2 × 64 KiB relayed through mlx5_0 and mlx5_2, no fallback, verified", r)
 	}
+	if r := rows[0]; len(r.Problems) != 0 || r.Problems == nil {
+		t.Errorf("first row's problems %q: want judged and none", r.Problems)
+	}
+	// The write after idle is timed through PXN and, as the baseline it
+	// is judged against, on a direct hop that waited as long.
+	p4 := map[string]bool{}
+	for _, r := range rows {
+		if strings.HasPrefix(r.Scenario, "P4 first 10KiB write") && r.Value > 0 && r.Verified {
+			p4[r.Scenario] = true
+		}
+	}
+	for _, want := range []string{"P4 first 10KiB write through PXN after 10s idle", "P4 first 10KiB write direct after 10s idle"} {
+		if !p4[want] {
+			t.Errorf("no verified row %q with a time: %v", want, p4)
+		}
+	}
 }

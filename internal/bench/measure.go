@@ -10,7 +10,27 @@ import (
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 
-func measureIdle(eng *relay.Engine, mine []transfer, base uintptr) *idleResult {
+// idleProbe is a rank's direct hop for the direct write after idle:
+// opened and warmed by one write before the idle window, so that its write
+// after the window has waited as long as the engine's first one.
+type idleProbe struct {
+	hop      relay.Hop
+	closeHop func()
+	op       relay.WriteOp
+	err      error
+}
+
+// measureIdle leaves the rank idle for idleWindow and reports its pump's
+// and its process's CPU over the window. Before the window it warms the
+// direct hop that the direct write after idle will use (nil for a rank
+// without transfers of its own). The writes after idle are timed later,
+// one rank at a time (firstWrite, idleProbe.write): several ranks writing
+// at once on a machine of few cores would measure each other.
+func measureIdle(eng *relay.Engine, dev rankDevice, mine []transfer, base uintptr) (*idleResult, *idleProbe) {
+	var probe *idleProbe
+	if len(mine) > 0 {
+		probe = warmProbe(dev, mine[0], base)
+	}
 	tid := 0
 	if eng != nil {
 		tid = eng.PumpThreadID()
@@ -26,6 +46,13 @@ func measureIdle(eng *relay.Engine, mine []transfer, base uintptr) *idleResult {
 		res.PumpPercent = 100 * (pump1 - pump0) / idleWindow.Seconds()
 		res.PumpRuns = threadRuns(tid) - runs0
 	}
+	return res, probe
+}
+
+// firstWrite times the rank's first 10 KiB write through the engine after
+// its idle window (an empty result for a rank without transfers).
+func firstWrite(eng *relay.Engine, mine []transfer, base uintptr) *idleResult {
+	res := &idleResult{}
 	if eng == nil || len(mine) == 0 {
 		return res
 	}
@@ -42,47 +69,47 @@ func measureIdle(eng *relay.Engine, mine []transfer, base uintptr) *idleResult {
 	return res
 }
 
-// measureIdleDirect times the first write after idle's 10 KiB on a direct
-// hop of its own, warmed by one write and then left idle for idleWindow,
-// as the engine was before its first write after idle: the part of that
-// write's time that is the GPU's and the NIC emulation's, not the
-// engine's.
-func measureIdleDirect(dev rankDevice, mine []transfer, base uintptr) *idleResult {
+// warmProbe opens a direct hop of the rank's kind and writes the probe's
+// bytes through it once.
+func warmProbe(dev rankDevice, t transfer, base uintptr) *idleProbe {
+	_, op := probeWrite(t, base)
+	p := &idleProbe{op: op, closeHop: func() {}}
+	if p.hop, p.closeHop, p.err = openDirect(dev); p.err != nil {
+		p.closeHop = func() {}
+		return p
+	}
+	_, p.err = p.timed(1)
+	return p
+}
+
+// write times the probe's write after the idle window and closes its hop:
+// the part of a write after idle that is the device's and the NIC
+// emulation's, not the engine's.
+func (p *idleProbe) write() *idleResult {
 	res := &idleResult{}
-	if len(mine) == 0 {
+	if p == nil {
 		return res
 	}
-	_, op := probeWrite(mine[0], base)
-	us, err := directAfterIdle(dev, op)
-	if err != nil {
-		res.FirstError = "direct after idle: " + err.Error()
+	defer p.closeHop()
+	if p.err == nil {
+		var d time.Duration
+		d, p.err = p.timed(2)
+		res.DirectFirstWriteUS = micros(d)
 	}
-	res.DirectFirstWriteUS = us
+	if p.err != nil {
+		res.FirstError = "direct after idle: " + p.err.Error()
+	}
 	return res
 }
 
-func directAfterIdle(dev rankDevice, op relay.WriteOp) (float64, error) {
-	hop, closeHop, err := openDirect(dev)
+func (p *idleProbe) timed(token uint64) (time.Duration, error) {
+	var comp [4]relay.HopCompletion
+	p.op.Token = token
+	d, err := timedDirect(p.hop, []relay.WriteOp{p.op}, comp[:])
 	if err != nil {
 		return 0, err
 	}
-	defer closeHop()
-	var comp [4]relay.HopCompletion
-	ops := []relay.WriteOp{op}
-	write := func(token uint64) (time.Duration, error) {
-		ops[0].Token = token
-		d, err := timedDirect(hop, ops, comp[:])
-		if err != nil {
-			return 0, err
-		}
-		return d, comp[0].Err
-	}
-	if _, err := write(1); err != nil {
-		return 0, err
-	}
-	time.Sleep(idleWindow)
-	d, err := write(2)
-	return micros(d), err
+	return d, comp[0].Err
 }
 
 // probeWrite is the 10 KiB write P4 times (at most the transfer's

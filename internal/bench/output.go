@@ -41,7 +41,7 @@ type Row struct {
 	// Problems is what a scenario's main row found wrong with its engine
 	// phase (phaseProblems): empty but not nil when nothing was, nil on rows
 	// that judge nothing.
-	Problems []string `json:"problems,omitempty"`
+	Problems []string `json:"problems"`
 }
 
 // printRows prints rows as a table; rows of the CUDA path get an MPS

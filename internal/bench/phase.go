@@ -49,6 +49,7 @@ type phaseResult struct {
 	raws       []rawResult
 	lats       []latencyResult
 	idle       []idleResult
+	firsts     []idleResult
 	idleDirect []idleResult
 	// Each rank's Piece times after the timed transfer (kv), after the
 	// latency writes and after the write after idle.
@@ -284,12 +285,14 @@ func (dev *device) phase(s scenario, l *layout, targets []*child, args func(int,
 		{engine && s.raw, "raw", "a raw copy-engine copy of the same traffic (--raw)", 10 * time.Minute, func(ev event) { res.raws = append(res.raws, *ev.Raw) }},
 		{engine && s.latency > 0, "latency", fmt.Sprintf("%d 10KiB writes through PXN and direct (--latency)", s.latency), 10 * time.Minute, func(ev event) { res.lats = append(res.lats, *ev.Latency) }},
 		{engine && s.latency > 0, "times", "", time.Minute, func(ev event) { res.latTimes = append(res.latTimes, ev.Times) }},
-		{engine && s.idle, "idle", fmt.Sprintf("the ranks stay idle for %v (the pumps' CPU while idle), then time the first write after it", idleWindow), time.Minute, func(ev event) { res.idle = append(res.idle, *ev.Idle) }},
+		{engine && s.idle, "idle", fmt.Sprintf("the ranks stay idle for %v (the pumps' CPU while idle)", idleWindow), time.Minute, func(ev event) { res.idle = append(res.idle, *ev.Idle) }},
+		// The writes after idle go one rank at a time, so that no rank's
+		// time is another's on the machine's cores: the first through
+		// PXN, then the same write on a direct hop that waited as long
+		// (the device's and the NIC emulation's share of it).
+		{engine && s.idle, "first", "each rank in turn times its first write after it, through PXN", time.Minute, func(ev event) { res.firsts = append(res.firsts, *ev.Idle) }},
 		{engine && s.idle, "times", "", time.Minute, func(ev event) { res.idleTimes = append(res.idleTimes, ev.Times) }},
-		// On GPUs the first write after idle is compared with a direct
-		// one after as long an idle: the GPU's and the NIC emulation's
-		// share of it.
-		{engine && s.idle && dev.kind == "cuda", "idle-direct", fmt.Sprintf("the same write on a direct hop after %v idle", idleWindow), time.Minute, func(ev event) { res.idleDirect = append(res.idleDirect, *ev.Idle) }},
+		{engine && s.idle, "first-direct", "and then the same write direct", time.Minute, func(ev event) { res.idleDirect = append(res.idleDirect, *ev.Idle) }},
 	}
 	for _, st := range steps {
 		if !st.on {
@@ -302,7 +305,12 @@ func (dev *device) phase(s scenario, l *layout, targets []*child, args func(int,
 		if want == "again" {
 			want = "done"
 		}
-		evs, err := all(ranks, st.cmd, want, st.timeout)
+		var evs []event
+		if st.cmd == "first" || st.cmd == "first-direct" {
+			evs, err = inTurn(ranks, st.cmd, st.timeout)
+		} else {
+			evs, err = all(ranks, st.cmd, want, st.timeout)
+		}
 		if err != nil {
 			return nil, err
 		}

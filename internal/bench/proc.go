@@ -148,3 +148,17 @@ func all(cs []*child, cmd, want string, timeout time.Duration) ([]event, error) 
 	}
 	return evs, nil
 }
+
+// inTurn sends cmd to one child at a time, each after the one before
+// answered with an event of the same name.
+func inTurn(cs []*child, cmd string, timeout time.Duration) ([]event, error) {
+	evs := make([]event, 0, len(cs))
+	for i := range cs {
+		ev, err := all(cs[i:i+1], cmd, cmd, timeout)
+		if err != nil {
+			return nil, err
+		}
+		evs = append(evs, ev...)
+	}
+	return evs, nil
+}

@@ -146,8 +146,8 @@ type idleResult struct {
 	FirstWriteUS   float64 `json:"firstWriteUs,omitempty"`
 	// FirstSubmitUS is how much of FirstWriteUS the Submit call took.
 	FirstSubmitUS float64 `json:"firstSubmitUs,omitempty"`
-	// DirectFirstWriteUS is the same write on a direct hop of its own, the
-	// first after an idle window of its own (measureIdleDirect).
+	// DirectFirstWriteUS is the same write on a direct hop of its own,
+	// warmed before the same idle window (idleProbe).
 	DirectFirstWriteUS float64 `json:"directFirstWriteUs,omitempty"`
 	FirstError         string  `json:"firstError,omitempty"`
 }
@@ -301,6 +301,14 @@ func runRank(o RankOptions) (err error) {
 		return e.Close(ctx)
 	}
 	defer func() { err = errors.Join(err, closeEngine()) }()
+	// probe is the direct hop warmed before the idle window, until the
+	// direct write after it.
+	var probe *idleProbe
+	defer func() {
+		if probe != nil {
+			probe.closeHop()
+		}
+	}()
 	for cmd := range commands() {
 		switch cmd {
 		case "open":
@@ -364,15 +372,20 @@ func runRank(o RankOptions) (err error) {
 			}
 			emit(event{Event: "latency", Latency: res})
 		case "idle":
-			emit(event{Event: "idle", Idle: measureIdle(eng, mine, base)})
+			var res *idleResult
+			res, probe = measureIdle(eng, dev, mine, base)
+			emit(event{Event: "idle", Idle: res})
+		case "first":
+			emit(event{Event: "first", Idle: firstWrite(eng, mine, base)})
+		case "first-direct":
+			emit(event{Event: "first-direct", Idle: probe.write()})
+			probe = nil
 		case "times":
 			var ts []relay.PieceTimes
 			if eng != nil {
 				ts = eng.PieceTimes(nil)
 			}
 			emit(event{Event: "times", Times: ts})
-		case "idle-direct":
-			emit(event{Event: "idle-direct", Idle: measureIdleDirect(dev, mine, base)})
 		case "exit":
 			if err := closeEngine(); err != nil {
 				return fmt.Errorf("close: %w", err)
