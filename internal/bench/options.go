@@ -3,6 +3,7 @@
 package bench
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // RunOptions are run's flags.
@@ -99,8 +101,42 @@ func (o RunOptions) Check() error {
 			}
 		}
 	}
+	if err := o.checkEngine(); err != nil {
+		return err
+	}
 	if o.JSON != "" {
 		return CheckOutput("--json", o.JSON)
+	}
+	return nil
+}
+
+// engineFlags names run's flag for each MC_PXN_* variable of rankEnv.
+var engineFlags = map[string]string{
+	contract.EnvCreditTimeout: "--credit-timeout",
+	contract.EnvCopyMode:      "--copy-mode",
+	contract.EnvFirstPiece:    "--first-piece",
+	contract.EnvSlotParts:     "--slot-parts",
+}
+
+// checkEngine reads the ranks' engine settings with the engine's own
+// parser, so that a value a rank's engine would refuse is refused here,
+// before any process starts, naming the flag and the value.
+func (o RunOptions) checkEngine() error {
+	env := map[string]string{contract.EnvEnable: contract.EnableOn, contract.EnvGroupID: "bench-pxn"}
+	for _, kv := range o.rankEnv() {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	_, errs := staging.ConfigFromEnv(func(k string) (string, bool) {
+		v, ok := env[k]
+		return v, ok
+	})
+	for _, err := range errs {
+		var e *staging.EnvError
+		if errors.As(err, &e) && engineFlags[e.Var] != "" {
+			return fmt.Errorf("%s %s: %w (%s for the ranks)", engineFlags[e.Var], contract.Quote(e.Value), e.Err, e.Var)
+		}
+		return fmt.Errorf("the ranks' engine settings: %w", err)
 	}
 	return nil
 }
