@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/pflag"
 )
 
 // runExit runs pxn-bench with args (env added to its environment) and
@@ -103,6 +105,56 @@ func TestBadEngineFlag(t *testing.T) {
 			}
 			if left := leftIn(t, root); len(left) != 0 {
 				t.Errorf("left in the registry root: %v", left)
+			}
+		})
+	}
+}
+
+// TestCUDAOnlyFlagsOnHost: each flag of --device cuda alone (its usage
+// opens with "cuda:") is a usage error with --device host, naming it.
+func TestCUDAOnlyFlagsOnHost(t *testing.T) {
+	given := map[string][]string{
+		"suite":          {"--suite", "p1"},
+		"gpus":           {"--gpus", "0,1"},
+		"rate":           {"--rate", "10"},
+		"raw":            {"--raw"},
+		"gather-ptx":     {"--gather-ptx", "gather.ptx"},
+		"no-inline-plan": {"--no-inline-plan"},
+		"copy-mode":      {"--copy-mode", "sm"},
+		"poll-spin":      {"--poll-spin", "1ms"},
+		"poll-nap":       {"--poll-nap", "1ms"},
+		"arena-share":    {"--arena-share", "fd"},
+	}
+	var run *pflag.FlagSet
+	for _, c := range newRootCommand().Commands() {
+		if c.Name() == "run" {
+			run = c.Flags()
+		}
+	}
+	if run == nil {
+		t.Fatal("no run command")
+	}
+	var cudaOnly []string
+	run.VisitAll(func(f *pflag.Flag) {
+		if strings.HasPrefix(f.Usage, "cuda:") {
+			cudaOnly = append(cudaOnly, f.Name)
+		}
+	})
+	if len(cudaOnly) != len(given) {
+		t.Errorf("run's CUDA-only flags are %v; the test gives %d", cudaOnly, len(given))
+	}
+	for _, name := range cudaOnly {
+		t.Run(name, func(t *testing.T) {
+			args, ok := given[name]
+			if !ok {
+				t.Fatalf("no value to give --%s", name)
+			}
+			code, out := runExit(t, nil, append([]string{"run", "--device", "host"}, args...)...)
+			if code != 2 || !strings.Contains(out, "--"+name+": CUDA only, want --device cuda") {
+				t.Errorf("exit status %d, want 2 naming --%s:\n%s", code, name, out)
+			}
+			if strings.Contains(out, "host-memory path") {
+				t.Errorf("a usage error started the run:\n%s", out)
 			}
 		})
 	}

@@ -213,9 +213,11 @@ func runFlags(fs *pflag.FlagSet) func() int {
 			fmt.Fprintf(os.Stderr, "pxn-bench: --arena-share: %v\n", err)
 			return 2
 		}
-		if o.CUDA.Raw && o.Device != "cuda" {
-			fmt.Fprintln(os.Stderr, "pxn-bench: --raw times a copy-engine copy: it needs --device cuda")
-			return 2
+		if o.Device != "cuda" {
+			if given := cudaOnlyFlags(fs); len(given) > 0 {
+				fmt.Fprintf(os.Stderr, "pxn-bench: %s: CUDA only, want --device cuda (--device %s)\n", strings.Join(given, ", "), o.Device)
+				return 2
+			}
 		}
 		if err := o.Check(); err != nil {
 			fmt.Fprintf(os.Stderr, "pxn-bench: %v\n", err)
@@ -233,6 +235,18 @@ func runFlags(fs *pflag.FlagSet) func() int {
 		}
 		return 0
 	}
+}
+
+// cudaOnlyFlags names the flags given on the command line whose usage
+// opens with "cuda:", the flags of --device cuda alone.
+func cudaOnlyFlags(fs *pflag.FlagSet) []string {
+	var given []string
+	fs.Visit(func(f *pflag.Flag) {
+		if strings.HasPrefix(f.Usage, "cuda:") {
+			given = append(given, "--"+f.Name)
+		}
+	})
+	return given
 }
 
 // ignoredFlags names the flags given on the command line that the pattern
