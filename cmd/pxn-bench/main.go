@@ -14,11 +14,14 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -223,7 +226,9 @@ func runFlags(fs *pflag.FlagSet) func() int {
 			fmt.Fprintf(os.Stderr, "pxn-bench: %v\n", err)
 			return 2
 		}
-		rows, err := bench.Run(o)
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		rows, err := bench.Run(ctx, o)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "pxn-bench: %v\n", err)
 			return 1

@@ -1,0 +1,111 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"bufio"
+	"errors"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pxn-project/pxn/pkg/staging/registry"
+)
+
+// TestRunInterrupted: SIGINT or SIGTERM of a run whose ranks are
+// registered ends its ranks and targets and removes everything the run
+// made in its registry root: the ranks' registry folder with their control
+// files and staging arenas.
+func TestRunInterrupted(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			root := privateRoot(t)
+			cmd := exec.Command(benchBin, "run", "--device", "host", "--ranks", "2", "--bytes", "1MiB", "--credit-timeout", "60000",
+				"--registry-root", root, "--hold-after", "10m")
+			stderr, err := cmd.StderrPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			held := make(chan struct{})
+			var lines strings.Builder
+			scanned := make(chan struct{})
+			go func() {
+				defer close(scanned)
+				s := bufio.NewScanner(stderr)
+				for s.Scan() {
+					lines.WriteString(s.Text() + "\n")
+					if strings.Contains(s.Text(), "(--hold-after)") {
+						close(held)
+					}
+				}
+			}()
+			select {
+			case <-held:
+			case <-time.After(5 * time.Minute):
+				_ = cmd.Process.Kill()
+				<-scanned
+				_ = cmd.Wait()
+				t.Fatalf("pxn-bench never held its ranks:\n%s", lines.String())
+			}
+			regs, err := filepath.Glob(filepath.Join(root, "pxn-bench-registry-*"))
+			if err != nil || len(regs) != 1 {
+				t.Fatalf("registry folders %v (%v), want one", regs, err)
+			}
+			var pids []int
+			for deadline := time.Now().Add(time.Minute); len(pids) < 2 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+				groups, err := registry.InspectRoot(regs[0], time.Minute)
+				if err != nil {
+					t.Fatal(err)
+				}
+				pids = nil
+				for _, g := range groups {
+					for _, r := range g.Ranks {
+						if r.State == "READY" {
+							pids = append(pids, r.Pid)
+						}
+					}
+				}
+			}
+			if len(pids) != 2 {
+				t.Fatalf("ranks %v registered, want 2", pids)
+			}
+
+			if err := cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				<-scanned
+				done <- cmd.Wait()
+			}()
+			select {
+			case err = <-done:
+			case <-time.After(2 * time.Minute):
+				_ = cmd.Process.Kill()
+				<-done
+				t.Fatalf("pxn-bench still running after %v:\n%s", sig, lines.String())
+			}
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() <= 0 {
+				t.Errorf("pxn-bench after %v: %v, want a non-zero exit status", sig, err)
+			}
+			if !strings.Contains(lines.String(), "interrupted") {
+				t.Errorf("stderr does not say the run was interrupted:\n%s", lines.String())
+			}
+			if left := leftIn(t, root); len(left) != 0 {
+				t.Errorf("left in the registry root after %v: %v", sig, left)
+			}
+			for _, pid := range pids {
+				if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+					t.Errorf("rank pid %d after %v: kill 0 = %v, want no such process", pid, sig, err)
+				}
+			}
+		})
+	}
+}
