@@ -360,7 +360,13 @@ func soakFlags(fs *pflag.FlagSet) func() int {
 		if o.Seed == 0 {
 			o.Seed = uint64(time.Now().UnixNano())
 		}
-		return bench.SoakMain(o)
+		if o.RegistryRoot, err = staging.RegistryRootFromEnv(nil); err != nil {
+			fmt.Fprintf(os.Stderr, "pxn-bench soak: %v\n", err)
+			return 2
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return bench.SoakMain(ctx, o)
 	}
 }
 
