@@ -131,14 +131,20 @@ func (o RunOptions) checkEngine() error {
 		v, ok := env[k]
 		return v, ok
 	})
+	var bad []any
 	for _, err := range errs {
 		var e *staging.EnvError
 		if errors.As(err, &e) && engineFlags[e.Var] != "" {
-			return fmt.Errorf("%s %s: %w (%s for the ranks)", engineFlags[e.Var], contract.Quote(e.Value), e.Err, e.Var)
+			err = fmt.Errorf("%s %s: %w (%s for the ranks)", engineFlags[e.Var], contract.Quote(e.Value), e.Err, e.Var)
+		} else {
+			err = fmt.Errorf("the ranks' engine settings: %w", err)
 		}
-		return fmt.Errorf("the ranks' engine settings: %w", err)
+		bad = append(bad, err)
 	}
-	return nil
+	if len(bad) == 0 {
+		return nil
+	}
+	return fmt.Errorf(strings.Repeat("; %w", len(bad))[2:], bad...)
 }
 
 // rankEnv are the MC_PXN_* settings the flags give every rank beyond what
