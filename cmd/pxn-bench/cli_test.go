@@ -46,7 +46,7 @@ func TestCLI(t *testing.T) {
 		{[]string{"run", "--pattern", "fan-in", "--kv-shape", "kv-large"}, 2, []string{"--kv-shape would be ignored", "--pattern fan-in moves --bytes per rank"}, nil},
 		{[]string{"run", "--device", "cuda", "--suite", "p1", "--bytes", "1MiB"}, 2, []string{"--bytes would be ignored: --suite runs the scenarios"}, nil},
 		{[]string{"run", "--ranks", "9"}, 2, []string{"--ranks 9: want 2..8"}, []string{"host-memory path"}},
-		{[]string{"run", "--suite", "p1"}, 1, []string{"--device cuda"}, nil},
+		{[]string{"run", "--suite", "p1"}, 2, []string{"--suite: CUDA only, want --device cuda"}, nil},
 		{[]string{"run", "--raw"}, 2, []string{"--raw", "--device cuda"}, nil},
 		{[]string{"run", "--arena-share", "posix"}, 2, []string{`--arena-share: arena share "posix": want auto, ipc or fd`}, nil},
 		{[]string{"help", "run"}, 0, []string{"--pidns", "--arena-share"}, nil},

@@ -14,11 +14,14 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -215,15 +218,19 @@ func runFlags(fs *pflag.FlagSet) func() int {
 			fmt.Fprintf(os.Stderr, "pxn-bench: --arena-share: %v\n", err)
 			return 2
 		}
-		if o.CUDA.Raw && o.Device != "cuda" {
-			fmt.Fprintln(os.Stderr, "pxn-bench: --raw times a copy-engine copy: it needs --device cuda")
-			return 2
+		if o.Device != "cuda" {
+			if given := cudaOnlyFlags(fs); len(given) > 0 {
+				fmt.Fprintf(os.Stderr, "pxn-bench: %s: CUDA only, want --device cuda (--device %s)\n", strings.Join(given, ", "), o.Device)
+				return 2
+			}
 		}
 		if err := o.Check(); err != nil {
 			fmt.Fprintf(os.Stderr, "pxn-bench: %v\n", err)
 			return 2
 		}
-		rows, err := bench.Run(o)
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		rows, err := bench.Run(ctx, o)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "pxn-bench: %v\n", err)
 			return 1
@@ -242,6 +249,18 @@ func runFlags(fs *pflag.FlagSet) func() int {
 		}
 		return 0
 	}
+}
+
+// cudaOnlyFlags names the flags given on the command line whose usage
+// opens with "cuda:", the flags of --device cuda alone.
+func cudaOnlyFlags(fs *pflag.FlagSet) []string {
+	var given []string
+	fs.Visit(func(f *pflag.Flag) {
+		if strings.HasPrefix(f.Usage, "cuda:") {
+			given = append(given, "--"+f.Name)
+		}
+	})
+	return given
 }
 
 // ignoredFlags names the flags given on the command line that the pattern
@@ -350,7 +369,13 @@ func soakFlags(fs *pflag.FlagSet) func() int {
 		if o.Seed == 0 {
 			o.Seed = uint64(time.Now().UnixNano())
 		}
-		return bench.SoakMain(o)
+		if o.RegistryRoot, err = staging.RegistryRootFromEnv(nil); err != nil {
+			fmt.Fprintf(os.Stderr, "pxn-bench soak: %v\n", err)
+			return 2
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return bench.SoakMain(ctx, o)
 	}
 }
 

@@ -3,6 +3,7 @@
 package bench
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // RunOptions are run's flags.
@@ -99,10 +101,50 @@ func (o RunOptions) Check() error {
 			}
 		}
 	}
+	if err := o.checkEngine(); err != nil {
+		return err
+	}
 	if o.JSON != "" {
 		return CheckOutput("--json", o.JSON)
 	}
 	return nil
+}
+
+// engineFlags names run's flag for each MC_PXN_* variable of rankEnv.
+var engineFlags = map[string]string{
+	contract.EnvCreditTimeout: "--credit-timeout",
+	contract.EnvCopyMode:      "--copy-mode",
+	contract.EnvFirstPiece:    "--first-piece",
+	contract.EnvSlotParts:     "--slot-parts",
+}
+
+// checkEngine reads the ranks' engine settings with the engine's own
+// parser, so that a value a rank's engine would refuse is refused here,
+// before any process starts, naming the flag and the value.
+func (o RunOptions) checkEngine() error {
+	env := map[string]string{contract.EnvEnable: contract.EnableOn, contract.EnvGroupID: "bench-pxn"}
+	for _, kv := range o.rankEnv() {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	_, errs := staging.ConfigFromEnv(func(k string) (string, bool) {
+		v, ok := env[k]
+		return v, ok
+	})
+	var bad []any
+	for _, err := range errs {
+		var e *staging.EnvError
+		if errors.As(err, &e) && engineFlags[e.Var] != "" {
+			err = fmt.Errorf("%s %s: %w (%s for the ranks)", engineFlags[e.Var], contract.Quote(e.Value), e.Err, e.Var)
+		} else {
+			err = fmt.Errorf("the ranks' engine settings: %w", err)
+		}
+		bad = append(bad, err)
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	return fmt.Errorf(strings.Repeat("; %w", len(bad))[2:], bad...)
 }
 
 // rankEnv are the MC_PXN_* settings the flags give every rank beyond what

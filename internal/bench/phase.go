@@ -106,6 +106,9 @@ func (dev *device) exec(o RunOptions, s scenario) ([]Row, error) {
 		if err != nil {
 			return nil, err
 		}
+		if err := dev.procs.add(c); err != nil {
+			return nil, err
+		}
 		targets = append(targets, c)
 		ev, err := c.expect("listening", dev.startup)
 		if err != nil {
@@ -197,6 +200,9 @@ func (dev *device) phase(s scenario, l *layout, targets []*child, args func(int,
 	for k := 0; k < l.Ranks; k++ {
 		c, err := startChildIn(fmt.Sprintf("rank %d", k), dev.pidns, env, args(k, mode)...)
 		if err != nil {
+			return nil, err
+		}
+		if err := dev.procs.add(c); err != nil {
 			return nil, err
 		}
 		ranks = append(ranks, c)
@@ -320,7 +326,10 @@ func (dev *device) phase(s scenario, l *layout, targets []*child, args func(int,
 	}
 	if engine && s.hold > 0 {
 		fmt.Fprintf(os.Stderr, "pxn-bench: the ranks stay registered for %v (--hold-after)\n", s.hold)
-		time.Sleep(s.hold)
+		select {
+		case <-time.After(s.hold):
+		case <-dev.procs.done:
+		}
 	}
 	dev.say("%s: the ranks exit; the targets check every byte they received", label)
 	if res.verified, res.verifyErr, err = endPhase(ranks, targets, 2*time.Minute); err != nil {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -161,4 +162,57 @@ func inTurn(cs []*child, cmd string, timeout time.Duration) ([]event, error) {
 		evs = append(evs, ev...)
 	}
 	return evs, nil
+}
+
+// procSet is every child process of a run, so that a run stopped by a
+// signal ends them all before it removes the folders they use. Only the
+// goroutine that started a child waits for it; stop only signals.
+type procSet struct {
+	mu    sync.Mutex
+	cs    []*child
+	cause error
+	// done is closed by the first stop.
+	done chan struct{}
+}
+
+func newProcSet() *procSet { return &procSet{done: make(chan struct{})} }
+
+// add records c; once the set is stopped it ends c instead and returns the
+// cause.
+func (p *procSet) add(c *child) error {
+	p.mu.Lock()
+	cause := p.cause
+	if cause == nil {
+		p.cs = append(p.cs, c)
+	}
+	p.mu.Unlock()
+	if cause != nil {
+		c.kill()
+		return cause
+	}
+	return nil
+}
+
+// stop kills every child recorded and refuses further ones with cause.
+func (p *procSet) stop(cause error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cause != nil {
+		return
+	}
+	p.cause = cause
+	close(p.done)
+	for _, c := range p.cs {
+		if c.cmd.Process != nil {
+			_ = c.cmd.Process.Kill()
+		}
+	}
+	p.cs = nil
+}
+
+// stopped returns the cause the set was stopped with, nil while it runs.
+func (p *procSet) stopped() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cause
 }

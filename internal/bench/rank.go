@@ -10,12 +10,15 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/pxn-project/pxn/internal/sim/fabric"
+	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
 // rankResult is what one rank reports after its transfers.
@@ -421,6 +424,13 @@ func openEngine(dev rankDevice, dir relay.Directory, o RankOptions, hca string, 
 	if err != nil {
 		return nil, nil, err
 	}
+	// A refused configuration leaves the engine open with PXN off; a run
+	// measuring PXN stops here rather than wait for relays that never come.
+	if eng.Counters().ConfigRefused > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		return nil, nil, errors.Join(refusal(), eng.Close(ctx))
+	}
 	eng.KeepPieceTimes(o.PieceTimes)
 	// Whatever the open starts (the pump, its registration) settles.
 	time.Sleep(200 * time.Millisecond)
@@ -430,6 +440,34 @@ func openEngine(dev rankDevice, dir relay.Directory, o RankOptions, hca string, 
 		res.DeviceBytes = int64(free0) - int64(free1)
 	}
 	return res, eng, nil
+}
+
+// refusal names each variable the engine of this process refused, with its
+// value and why: from the refusal record the engine wrote in its registry
+// root (which it then removes), else from the engine's parser.
+func refusal() error {
+	var parts []string
+	pid := os.Getpid()
+	if root, err := staging.RegistryRootFromEnv(nil); err == nil && root != "" {
+		if rs, _, err := registry.ReadRefusals(root); err == nil {
+			for _, r := range rs {
+				if r.Pid != pid {
+					continue
+				}
+				for _, v := range r.Variables {
+					parts = append(parts, fmt.Sprintf("%s=%s: %s", v.Name, contract.Quote(v.Value), v.Reason))
+				}
+			}
+		}
+		_ = registry.RemoveRefusal(root, pid)
+	}
+	if len(parts) == 0 {
+		_, errs := staging.ConfigFromEnv(nil)
+		for _, err := range errs {
+			parts = append(parts, err.Error())
+		}
+	}
+	return fmt.Errorf("the engine refused its configuration, PXN off: %s", strings.Join(parts, "; "))
 }
 
 func threadCount() int {

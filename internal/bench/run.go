@@ -3,6 +3,7 @@
 package bench
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -34,6 +35,9 @@ type device struct {
 	pidns bool
 	// progress takes a line as each step of a phase starts (nil: none).
 	progress io.Writer
+	// procs are the run's children, ended together when the run is
+	// interrupted.
+	procs *procSet
 }
 
 // say writes one progress line.
@@ -46,8 +50,10 @@ func (dev *device) say(format string, args ...any) {
 // Run runs one traffic pattern, or with CUDA.Suite the CUDA performance
 // suites, each rank and target a process of this binary (its rank and
 // target commands). It prints each scenario's rows to o.Out as soon as the
-// scenario ends (and rewrites o.JSON), and returns every row.
-func Run(o RunOptions) ([]Row, error) {
+// scenario ends (and rewrites o.JSON), and returns every row. When ctx ends
+// (a signal), Run kills its ranks and targets, removes their registry and
+// work folders, and returns the rows so far with an error.
+func Run(ctx context.Context, o RunOptions) (rows []Row, err error) {
 	if err := o.Check(); err != nil {
 		return nil, err
 	}
@@ -55,6 +61,14 @@ func Run(o RunOptions) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
+	dev.procs = newProcSet()
+	stop := context.AfterFunc(ctx, func() { dev.procs.stop(fmt.Errorf("interrupted: %w", context.Cause(ctx))) })
+	defer func() {
+		stop()
+		if cause := dev.procs.stopped(); cause != nil {
+			err = cause
+		}
+	}()
 	dev.progress = o.ErrOut
 	if dev.pidns = o.PIDNS; o.PIDNS {
 		fmt.Fprintln(o.Out, "pxn-bench: each rank runs in a PID and mount namespace of its own, with its own /proc")
@@ -92,7 +106,6 @@ func Run(o RunOptions) ([]Row, error) {
 	// Each scenario's rows are printed, and the JSON file rewritten, as
 	// soon as the scenario ends: a run cut short by a time limit keeps
 	// what it measured.
-	var rows []Row
 	emitRows := func(rs []Row) error {
 		for i := range rs {
 			rs[i].Settings = o.rankSettings()
@@ -197,6 +210,9 @@ func (dev *device) firsthop(o RunOptions) ([]Row, error) {
 	}
 	c, err := startChild("first-hop ring", nil, args...)
 	if err != nil {
+		return nil, err
+	}
+	if err := dev.procs.add(c); err != nil {
 		return nil, err
 	}
 	defer c.kill()

@@ -48,6 +48,9 @@ type SoakOptions struct {
 	Faults     []string
 	Seed       uint64
 	JSON       string
+	// RegistryRoot is the folder the ranks' registry folder is made in
+	// ("": /dev/shm, else the temporary folder).
+	RegistryRoot string
 }
 
 // SoakSummary is the soak's result.
@@ -88,9 +91,10 @@ func ParseFaults(s string) ([]string, error) {
 
 // SoakMain runs the soak, prints its summary as JSON (and writes it to
 // o.JSON) and returns the command's exit status: 1 on an error or a
-// violation.
-func SoakMain(o SoakOptions) int {
-	sum, err := soak(o)
+// violation. When ctx ends (a signal) the soak kills its ranks, removes
+// their registry folder and returns 1.
+func SoakMain(ctx context.Context, o SoakOptions) int {
+	sum, err := soak(ctx, o)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "pxn-bench soak: %v\n", err)
 		return 1
@@ -126,7 +130,7 @@ type soaker struct {
 	nextSd  uint64
 }
 
-func soak(o SoakOptions) (*SoakSummary, error) {
+func soak(ctx context.Context, o SoakOptions) (*SoakSummary, error) {
 	s := &soaker{o: o, stop: make(chan struct{}), killed: map[int]bool{}, restart: make([]bool, o.Ranks),
 		procs: make([]*soakChild, o.Ranks), nextSd: o.Seed << 20}
 	s.sum = SoakSummary{Ranks: o.Ranks, Faults: map[string]int{}, FailReasons: map[string]int{}, Violations: []string{}}
@@ -139,9 +143,12 @@ func soak(o SoakOptions) (*SoakSummary, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(work)
-	shm := "/dev/shm"
-	if st, err := os.Stat(shm); err != nil || !st.IsDir() {
-		shm = work
+	shm := o.RegistryRoot
+	if shm == "" {
+		shm = "/dev/shm"
+		if st, err := os.Stat(shm); err != nil || !st.IsDir() {
+			shm = work
+		}
 	}
 	regRoot, err := os.MkdirTemp(shm, "pxn-soak-registry-")
 	if err != nil {
@@ -198,10 +205,18 @@ func soak(o SoakOptions) (*SoakSummary, error) {
 		defer close(injected)
 		s.inject()
 	}()
-	time.Sleep(o.Duration)
-	close(s.stop)
+	select {
+	case <-time.After(o.Duration):
+		close(s.stop)
+	case <-ctx.Done():
+		close(s.stop)
+		s.killAll()
+	}
 	<-injected
 	wg.Wait()
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("interrupted: %w", context.Cause(ctx))
+	}
 	s.sum.Seconds = time.Since(start).Seconds()
 	gdir := filepath.Join(regRoot, registry.GroupDirPrefix+strconv.Itoa(os.Geteuid())+"-soak")
 	if es, err := os.ReadDir(gdir); err == nil {
@@ -212,6 +227,19 @@ func soak(o SoakOptions) (*SoakSummary, error) {
 		}
 	}
 	return &s.sum, nil
+}
+
+// killAll kills every rank as the kill fault does, so that an interrupted
+// soak ends at once and counts no violation for it.
+func (s *soaker) killAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.procs {
+		if c != nil && c.alive() {
+			s.killed[c.pid] = true
+			_ = c.cmd.Process.Signal(syscall.SIGKILL)
+		}
+	}
 }
 
 func (s *soaker) stopping() bool {
