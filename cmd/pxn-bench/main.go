@@ -28,6 +28,7 @@ import (
 	"github.com/pxn-project/pxn/internal/cli"
 	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/gpu"
 	"github.com/pxn-project/pxn/pkg/sim/ringcheck"
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -195,7 +196,7 @@ func runFlags(fs *pflag.FlagSet) func() int {
 			return 2
 		}
 		if railMapFlag == "" {
-			if o.RailMap, err = staging.RailMapFromEnv(nil); err != nil {
+			if o.RailMap, err = engineconfig.RailMapFromEnv(nil); err != nil {
 				fmt.Fprintf(os.Stderr, "pxn-bench: --rail-map default: %v\n", err)
 				return 2
 			}
@@ -204,7 +205,7 @@ func runFlags(fs *pflag.FlagSet) func() int {
 			return 2
 		}
 		if o.RegistryRoot == "" {
-			if o.RegistryRoot, err = staging.RegistryRootFromEnv(nil); err != nil {
+			if o.RegistryRoot, err = engineconfig.RegistryRootFromEnv(nil); err != nil {
 				fmt.Fprintf(os.Stderr, "pxn-bench: --registry-root default: %v\n", err)
 				return 2
 			}

@@ -13,10 +13,10 @@ import (
 	"slices"
 	"time"
 
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
-	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // rankResult is what one rank reports after its transfers.
@@ -399,7 +399,7 @@ func openEngine(dev rankDevice, dir relay.Directory, o RankOptions, hca string, 
 	var desc string
 	// hostengine.OpenFromEnv reports a refused configuration; this only asks
 	// whether PXN is on.
-	if staging.Load(nil, nil).Enable {
+	if engineconfig.Load(nil, nil).Enable {
 		var err error
 		if desc, err = dev.firstHop(&deps, src, n); err != nil {
 			return nil, nil, err

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
@@ -98,7 +99,7 @@ func rank(rep *rankReport, index int, hca, peerHCA string) error {
 		return err
 	}
 	rep.PidNS = ns.String()
-	cfg := staging.Load(nil, func(err error) { fmt.Fprintln(os.Stderr, "config:", err) })
+	cfg := engineconfig.Load(nil, func(err error) { fmt.Fprintln(os.Stderr, "config:", err) })
 	if !cfg.Enable {
 		return errors.New(contract.EnvEnable + " is not on: the pod did not get pxn.io/relay")
 	}
