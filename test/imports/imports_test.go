@@ -145,6 +145,13 @@ var rules = []rule{
 		forbid: func(_, dep string) bool { return !matches("pkg/contract/...", dep) },
 	},
 	{
+		name: "the engine never links the inspection reports: only the agent and tools read registries",
+		from: append([]string{"cmd/libpxn", "pkg/staging/registry"}, engine...),
+		forbid: func(from, dep string) bool {
+			return matches("pkg/staging/registry/inspect/...", dep) && !matches("pkg/staging/registry/inspect/...", from)
+		},
+	},
+	{
 		name:   "the engine's configuration imports nothing of the module but the contract",
 		from:   []string{"pkg/engineconfig/..."},
 		forbid: func(_, dep string) bool { return !matches("pkg/contract/...", dep) },
@@ -288,6 +295,8 @@ func TestLevelOf(t *testing.T) {
 		{"pkg/staging", "primitives"},
 		{"pkg/engineconfig", "primitives"},
 		{"pkg/staging/registry", "registry"},
+		{"pkg/staging/registry/inspect", "registry"},
+		{"pkg/staging/registry/internal/folder", "registry"},
 		{"pkg/gpu/kernel", "primitives"},
 		{"pkg/gpu", "components"},
 		{"pkg/sim/fabric", "stand-ins"},

@@ -23,7 +23,7 @@ import (
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/staging"
-	"github.com/pxn-project/pxn/pkg/staging/registry"
+	"github.com/pxn-project/pxn/pkg/staging/registry/inspect"
 )
 
 // A probe rank is one of the two ranks of a group that spans two pods: it
@@ -209,7 +209,7 @@ func rank(rep *rankReport, index int, hca, peerHCA string) error {
 		}
 	}
 	rep.Verified = uint64(len(want))
-	groups, err := registry.InspectRoot(shared, cfg.HeartbeatTimeout)
+	groups, err := inspect.Root(shared, cfg.HeartbeatTimeout)
 	if err != nil {
 		return err
 	}

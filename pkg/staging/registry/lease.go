@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
 
 // PeerLink is this rank's lease on a peer (the relay): one claimed inbound
@@ -68,7 +69,7 @@ func (r *Rank) attach(ctx context.Context, peer PeerInfo, wait bool) (*PeerLink,
 	if peer.Refused != nil {
 		return nil, peer.Refused
 	}
-	name := rankFileName(peer.Identity)
+	name := folder.RankFileName(peer.Identity)
 	if peer.Identity == r.id {
 		return nil, fmt.Errorf("pxn: attach to %s: a rank has no lane on itself", name)
 	}
@@ -84,7 +85,7 @@ func (r *Rank) attach(ctx context.Context, peer PeerInfo, wait bool) (*PeerLink,
 	l := &PeerLink{rank: r, peer: peer}
 	var h staging.Header
 	err := r.d.lockFor(ctx, wait, func() error {
-		mem, err := mapPrivate(r.d.fd(), r.d.path, name, r.d.uid, int(staging.ControlSize), true)
+		mem, err := folder.MapPrivate(r.d.fd(), r.d.path, name, r.d.uid, int(staging.ControlSize), true)
 		if errors.Is(err, fs.ErrNotExist) {
 			return ErrPeerGone
 		}
@@ -117,7 +118,7 @@ func (r *Rank) attach(ctx context.Context, peer PeerInfo, wait bool) (*PeerLink,
 	p := &pendingAttach{link: l, handle: h.IPCHandle, shares: h.ArenaShares}
 	if _, ok := r.opts.Arenas.(staging.FDArenaProvider); ok && h.ArenaShares&staging.ShareFD != 0 {
 		q := fdRequest{Lane: uint32(l.lane), SenderEpoch: r.id.Epoch, LaneEpoch: l.laneEpoch.Load()}
-		p.client, p.fdErr = dialArenaSocket(r.d, sockFileName(peer.Identity), q, staging.MonoNanos())
+		p.client, p.fdErr = dialArenaSocket(r.d, folder.SockFileName(peer.Identity), q, staging.MonoNanos())
 		if p.fdErr == nil {
 			return r.finishPending(ctx, p, wait)
 		}
@@ -259,25 +260,13 @@ func (r *Rank) finishLink(p *pendingAttach, pa staging.PeerArena, share uint32, 
 		return nil, errors.Join(ErrRankClosed, l.close(wait))
 	}
 	if say {
-		kv := []any{"registry", r.d.path, "peer", l.peer.Name, "share", ShareName(share)}
+		kv := []any{"registry", r.d.path, "peer", l.peer.Name, "share", folder.ShareName(share)}
 		if p.fdErr != nil {
 			kv = append(kv, "descriptor", p.fdErr.Error())
 		}
 		r.opts.Logger.Info("pxn mapped a relay's arena", kv...)
 	}
 	return l, nil
-}
-
-// ShareName names a way of mapping an arena (staging.ShareFD,
-// staging.ShareIPCHandle).
-func ShareName(share uint32) string {
-	switch share {
-	case staging.ShareFD:
-		return "descriptor"
-	case staging.ShareIPCHandle:
-		return "handle"
-	}
-	return fmt.Sprintf("share(%d)", share)
 }
 
 // expirePending drops the pending attaches whose answer is overdue, or
@@ -305,11 +294,11 @@ func (r *Rank) expirePending(all, wait bool) error {
 // and returns it.
 func (r *Rank) checkRelay(ctl *staging.ControlBlock, want staging.Identity) (staging.Header, error) {
 	h := ctl.Header
-	if err := checkHeader(&h); err != nil {
+	if err := folder.CheckHeader(&h); err != nil {
 		return h, err
 	}
 	now := staging.MonoNanos()
-	switch got := headerIdentity(&h); {
+	switch got := folder.HeaderIdentity(&h); {
 	case got != want:
 		return h, fmt.Errorf("%w: registered as %v", ErrPeerGone, got)
 	case int(h.UID) != r.d.uid:
@@ -318,9 +307,9 @@ func (r *Rank) checkRelay(ctl *staging.ControlBlock, want staging.Identity) (sta
 		return h, &MismatchError{Field: "arena kind", Theirs: uint64(h.ArenaKind), Ours: uint64(r.opts.Arenas.Kind())}
 	}
 	if s := ctl.Header.LoadState(); s != staging.StateReady {
-		return h, fmt.Errorf("%w: state %s", ErrPeerGone, stateName(s))
+		return h, fmt.Errorf("%w: state %s", ErrPeerGone, folder.StateName(s))
 	}
-	if hb := ctl.Header.LoadHeartbeat(); heartbeatStale(hb, now, r.opts.HeartbeatTimeout) {
+	if hb := ctl.Header.LoadHeartbeat(); folder.HeartbeatStale(hb, now, r.opts.HeartbeatTimeout) {
 		return h, fmt.Errorf("%w: heartbeat older than %v", ErrPeerGone, r.opts.HeartbeatTimeout)
 	}
 	return h, nil
@@ -364,7 +353,7 @@ func (r *Rank) claimLane(ctl *staging.ControlBlock, name string) (int, uint64, e
 // newLaneEpoch draws a lane epoch other than the lane's current one.
 func newLaneEpoch(lane *staging.Lane) (uint64, error) {
 	for {
-		epoch, err := randomEpoch()
+		epoch, err := folder.RandomEpoch()
 		if err != nil || epoch != lane.Epoch() {
 			return epoch, err
 		}
@@ -377,17 +366,17 @@ func newLaneEpoch(lane *staging.Lane) (uint64, error) {
 // registration is gone, or its heartbeat is older than the timeout.
 func (r *Rank) ownerStale(owner staging.Identity, ns staging.PidNS, now int64) string {
 	if ns == r.ns {
-		if why := goneReason(owner.Pid, owner.StartTime); why != "" {
+		if why := folder.GoneReason(owner.Pid, owner.StartTime); why != "" {
 			return why
 		}
 	}
-	h, err := readHeaderFile(r.d.fd(), r.d.path, rankFileName(owner), r.d.uid)
+	h, err := folder.ReadHeaderFile(r.d.fd(), r.d.path, folder.RankFileName(owner), r.d.uid)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return fmt.Sprintf("sender %v is no longer registered", owner)
 	case err != nil:
 		return ""
-	case heartbeatStale(h.Heartbeat, now, r.opts.HeartbeatTimeout):
+	case folder.HeartbeatStale(h.Heartbeat, now, r.opts.HeartbeatTimeout):
 		return fmt.Sprintf("sender %v: heartbeat %v old", owner, time.Duration(now-int64(h.Heartbeat)).Round(time.Millisecond))
 	}
 	return ""
@@ -615,9 +604,9 @@ func (l *PeerLink) StagingBase() uintptr { return l.arenaBase + uintptr(staging.
 func (l *PeerLink) Live(now int64) error {
 	h := &l.ctl.Header
 	if s := h.LoadState(); s != staging.StateReady {
-		return fmt.Errorf("%w: %s is %s", ErrPeerGone, l.peer.Name, stateName(s))
+		return fmt.Errorf("%w: %s is %s", ErrPeerGone, l.peer.Name, folder.StateName(s))
 	}
-	if hb := h.LoadHeartbeat(); heartbeatStale(hb, now, l.rank.opts.HeartbeatTimeout) {
+	if hb := h.LoadHeartbeat(); folder.HeartbeatStale(hb, now, l.rank.opts.HeartbeatTimeout) {
 		return fmt.Errorf("%w: %s heartbeat older than %v", ErrPeerGone, l.peer.Name, l.rank.opts.HeartbeatTimeout)
 	}
 	if !l.ownsLane() {
@@ -672,7 +661,7 @@ func (l *PeerLink) Health(now int64) error {
 		return err
 	}
 	if l.peer.PidNS == l.rank.ns {
-		if r := goneReason(l.peer.Pid, l.peer.StartTime); r != "" {
+		if r := folder.GoneReason(l.peer.Pid, l.peer.StartTime); r != "" {
 			return fmt.Errorf("%w: %s: %s", ErrPeerGone, l.peer.Name, r)
 		}
 	} else if r := l.heartbeatGone(now); r != "" {

@@ -24,6 +24,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
 
 const (
@@ -254,7 +255,7 @@ func register(ctx context.Context, opts Options, inject func(InitStep) error) (*
 	if err := opts.fill(); err != nil {
 		return nil, fmt.Errorf("pxn registry: %w", err)
 	}
-	id, err := newIdentity()
+	id, err := folder.NewIdentity()
 	if err != nil {
 		return nil, fmt.Errorf("pxn registry: %w", err)
 	}
@@ -345,7 +346,7 @@ func (r *Rank) openRegistry(ctx context.Context) error {
 }
 
 func (r *Rank) allocateArena() error {
-	a, err := r.opts.Arenas.Allocate(r.d.dir, arenaFileName(r.id))
+	a, err := r.opts.Arenas.Allocate(r.d.dir, folder.ArenaFileName(r.id))
 	if err != nil {
 		return err
 	}
@@ -391,8 +392,8 @@ func (r *Rank) registerMemory() error {
 }
 
 func (r *Rank) createControl() error {
-	name := tmpFileName(r.id)
-	fd, err := createPrivate(r.d.fd(), r.d.path, name)
+	name := folder.TmpFileName(r.id)
+	fd, err := folder.CreatePrivate(r.d.fd(), r.d.path, name)
 	if err != nil {
 		return err
 	}
@@ -407,7 +408,7 @@ func (r *Rank) createControl() error {
 	for i := range r.inbound {
 		r.inbound[i] = staging.NewRelayLane(&r.ctl.Lanes[i])
 	}
-	r.ctl.Header = newHeader(r.id, r.ns, r.opts.UID, r.opts.Rail, r.opts.HCA, r.opts.Arenas.Kind())
+	r.ctl.Header = folder.NewHeader(r.id, r.ns, r.opts.UID, r.opts.Rail, r.opts.HCA, r.opts.Arenas.Kind())
 	if err := r.ctl.Stats.SetDevice(r.opts.deviceName()); err != nil {
 		r.opts.Logger.Info("pxn rank names no device in its counters", "registry", r.d.path, "err", err.Error())
 	}
@@ -461,7 +462,7 @@ func (r *Rank) serveArena() error {
 	if !ok || r.opts.NoArenaSocket {
 		return nil
 	}
-	srv, err := startArenaServer(r.d, sockFileName(r.id), r.ctl, r.ns, fa, r.arena.Size(), r.opts.Logger)
+	srv, err := startArenaServer(r.d, folder.SockFileName(r.id), r.ctl, r.ns, fa, r.arena.Size(), r.opts.Logger)
 	if err != nil {
 		if r.ctl.Header.ArenaShares&staging.ShareIPCHandle == 0 {
 			return err
@@ -490,7 +491,7 @@ func (r *Rank) publish(ctx context.Context) error {
 	return r.d.withLock(ctx, func() error {
 		r.beat(staging.MonoNanos())
 		r.ctl.Header.StoreState(staging.StateReady)
-		tmp, name := tmpFileName(r.id), r.Name()
+		tmp, name := folder.TmpFileName(r.id), r.Name()
 		if err := unix.Renameat2(r.d.fd(), tmp, r.d.fd(), name, unix.RENAME_NOREPLACE); err != nil {
 			r.ctl.Header.StoreState(staging.StateInit)
 			return &os.LinkError{Op: "renameat2", Old: tmp, New: name, Err: err}
@@ -503,7 +504,7 @@ func (r *Rank) publish(ctx context.Context) error {
 func (r *Rank) Identity() staging.Identity { return r.id }
 
 // Name is the published name of this rank's control file.
-func (r *Rank) Name() string { return rankFileName(r.id) }
+func (r *Rank) Name() string { return folder.RankFileName(r.id) }
 
 // Dir is the path of the group's registry directory.
 func (r *Rank) Dir() string { return r.d.path }
@@ -650,7 +651,7 @@ func (r *Rank) appendPeers(ctx context.Context, dst []PeerInfo, wait bool) ([]Pe
 			sawStale = true
 			continue
 		}
-		if e.kind != entryRank {
+		if e.kind != folder.EntryRank {
 			continue
 		}
 		p, late, ok := r.readEntry(e, now)
@@ -711,7 +712,7 @@ func (r *Rank) sayRefused(p PeerInfo) {
 func (r *Rank) readEntry(e *scanEntry, now int64) (p PeerInfo, late, ok bool) {
 	s := &r.scan
 	if e.fd < 0 && !e.final {
-		fd, st, err := openPrivate(r.d.fd(), r.d.path, e.name, unix.O_RDONLY, r.d.uid)
+		fd, st, err := folder.OpenPrivate(r.d.fd(), r.d.path, e.name, unix.O_RDONLY, r.d.uid)
 		if errors.Is(err, fs.ErrNotExist) {
 			s.trusted = false
 			return p, false, false
@@ -744,7 +745,7 @@ func (r *Rank) readEntry(e *scanEntry, now int64) (p PeerInfo, late, ok bool) {
 		return e.info, false, true
 	}
 	hb := s.hdr.Heartbeat
-	if heartbeatStale(hb, now, r.opts.HeartbeatTimeout) {
+	if folder.HeartbeatStale(hb, now, r.opts.HeartbeatTimeout) {
 		return p, true, true
 	}
 	p = e.info
@@ -757,17 +758,17 @@ func (r *Rank) readEntry(e *scanEntry, now int64) (p PeerInfo, late, ok bool) {
 func (r *Rank) peerInfo(name string, id staging.Identity, size int64, b []byte) PeerInfo {
 	p := PeerInfo{Name: name, Identity: id}
 	var h staging.Header
-	err := checkControlSize(name, size)
-	if err == nil && len(b) < int(headerSize) {
+	err := folder.CheckControlSize(name, size)
+	if err == nil && len(b) < int(folder.HeaderSize) {
 		err = fmt.Errorf("%w: %s: short read", ErrCorruptEntry, name)
 	}
 	if err == nil {
-		h, err = decodeHeader(b)
+		h, err = folder.DecodeHeader(b)
 	}
 	switch {
 	case err != nil:
-	case headerIdentity(&h) != id:
-		err = fmt.Errorf("%w: header names %v", ErrCorruptEntry, headerIdentity(&h))
+	case folder.HeaderIdentity(&h) != id:
+		err = fmt.Errorf("%w: header names %v", ErrCorruptEntry, folder.HeaderIdentity(&h))
 	case int(h.UID) != r.d.uid:
 		err = fmt.Errorf("%w: header uid %d in a registry of uid %d", ErrCorruptEntry, h.UID, r.d.uid)
 	case h.ArenaKind != r.opts.Arenas.Kind():
@@ -777,9 +778,9 @@ func (r *Rank) peerInfo(name string, id staging.Identity, size int64, b []byte) 
 		p.Refused = fmt.Errorf("peer %s: %w", name, err)
 		return p
 	}
-	p.Rail, p.HCA = headerRail(&h), headerHCA(&h)
+	p.Rail, p.HCA = folder.HeaderRail(&h), folder.HeaderHCA(&h)
 	p.State, p.ArenaKind = h.State, h.ArenaKind
-	p.PidNS, p.ArenaShares = headerNS(&h), h.ArenaShares
+	p.PidNS, p.ArenaShares = folder.HeaderNS(&h), h.ArenaShares
 	return p
 }
 
@@ -848,7 +849,7 @@ func (r *Rank) BeginClose() { r.ctl.Header.StoreState(staging.StateClosing) }
 func (r *Rank) revoke(ctx context.Context) error {
 	r.ctl.Header.StoreState(staging.StateClosing)
 	return r.d.withLock(ctx, func() error {
-		name, tmp := r.Name(), tmpFileName(r.id)
+		name, tmp := r.Name(), folder.TmpFileName(r.id)
 		err := unix.Renameat2(r.d.fd(), name, r.d.fd(), tmp, unix.RENAME_NOREPLACE)
 		if err != nil && !errors.Is(err, unix.ENOENT) {
 			return &os.LinkError{Op: "renameat2", Old: name, New: tmp, Err: err}

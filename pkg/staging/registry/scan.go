@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
 
 const (
@@ -103,7 +104,7 @@ func machineScanHost() scanHost {
 // names that are not the registry's.
 type scanEntry struct {
 	name   string
-	kind   entryKind
+	kind   folder.EntryKind
 	id     staging.Identity
 	ino    uint64
 	size   int64
@@ -148,7 +149,7 @@ type procWatch struct {
 	used    uint64
 	// ctl is what the control file said when last read, and changes the
 	// scan's count of changes then (watchUnknown).
-	ctl     ctlKind
+	ctl     folder.CtlKind
 	changes uint64
 }
 
@@ -264,7 +265,7 @@ func (s *peerScan) listed(d *registryDir, self staging.Identity, z []byte, end i
 		}
 		return &os.PathError{Op: "stat", Path: filepath.Join(d.path, string(z[:end])), Err: err}
 	}
-	if p := privateProblem(&st, d.uid, 0); p != "" {
+	if p := folder.PrivateProblem(&st, d.uid, 0); p != "" {
 		return &UnsafeError{Path: filepath.Join(d.path, string(z[:end])), Problem: p}
 	}
 	e := s.byName[string(z[:end])]
@@ -274,8 +275,8 @@ func (s *peerScan) listed(d *registryDir, self staging.Identity, z []byte, end i
 	}
 	if e == nil {
 		e = &scanEntry{name: string(z[:end]), ino: st.Ino, size: st.Size, fd: -1}
-		e.kind, e.id = parseEntryName(e.name)
-		if e.id != self && (e.kind == entryRank || e.kind == entryTmp || e.kind == entryArena || e.kind == entrySock) {
+		e.kind, e.id = folder.ParseEntryName(e.name)
+		if e.id != self && (e.kind == folder.EntryRank || e.kind == folder.EntryTmp || e.kind == folder.EntryArena || e.kind == folder.EntrySock) {
 			e.proc = s.watch(d, e.id, nil)
 		}
 		s.entries = append(s.entries, e)
@@ -343,10 +344,10 @@ func (s *peerScan) watch(d *registryDir, id staging.Identity, ns *staging.PidNS)
 // classify reads the control file of an unclassified watch and sets its
 // mode from the namespace it names.
 func (s *peerScan) classify(d *registryDir, w *procWatch) {
-	c := readRegControl(d.fd(), d.path, d.uid, w.id)
-	w.ctl, w.changes = c.kind, s.changes
-	if c.kind == ctlValid {
-		w.setMode(headerNS(&c.hdr), s.self, s.host.pidfdOpen)
+	c := folder.ReadControl(d.fd(), d.path, d.uid, w.id)
+	w.ctl, w.changes = c.Kind, s.changes
+	if c.Kind == folder.CtlValid {
+		w.setMode(folder.HeaderNS(&c.Hdr), s.self, s.host.pidfdOpen)
 	}
 }
 
@@ -419,7 +420,7 @@ func (s *peerScan) poll(d *registryDir, timeout time.Duration) {
 		if w.used != s.round {
 			continue
 		}
-		if w.mode == watchUnknown && (w.ctl != ctlBad || w.changes != s.changes) {
+		if w.mode == watchUnknown && (w.ctl != folder.CtlBad || w.changes != s.changes) {
 			// Garbage is read again only when the directory changed; a
 			// control file not there yet, or not yet written, on every
 			// call.
@@ -428,7 +429,7 @@ func (s *peerScan) poll(d *registryDir, timeout time.Duration) {
 		switch {
 		case w.mode == watchHeartbeat:
 			w.checkHeartbeat(d, now, timeout)
-		case w.mode == watchUnknown && w.ctl == ctlBad:
+		case w.mode == watchUnknown && w.ctl == folder.CtlBad:
 			// Garbage: nothing in it proves anything.
 		case w.mode == watchUnknown:
 			s.judgeUnknown(d, w, now, timeout)
@@ -467,10 +468,10 @@ func (s *peerScan) poll(d *registryDir, timeout time.Duration) {
 // judgeUnknown judges a registration whose control file names no
 // namespace (see judge.gone); the cleanup judges it again under the lock.
 func (s *peerScan) judgeUnknown(d *registryDir, w *procWatch, now int64, timeout time.Duration) {
-	c := readRegControl(d.fd(), d.path, d.uid, w.id)
+	c := folder.ReadControl(d.fd(), d.path, d.uid, w.id)
 	var newest int64
 	var st unix.Stat_t
-	for _, name := range [...]string{rankFileName(w.id), tmpFileName(w.id), arenaFileName(w.id), sockFileName(w.id)} {
+	for _, name := range [...]string{folder.RankFileName(w.id), folder.TmpFileName(w.id), folder.ArenaFileName(w.id), folder.SockFileName(w.id)} {
 		if unix.Fstatat(d.fd(), name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
 			newest = max(newest, st.Ctim.Nano())
 		}
@@ -484,8 +485,8 @@ func (s *peerScan) judgeUnknown(d *registryDir, w *procWatch, now int64, timeout
 // Without a control file the heartbeat reads 0 and never changes.
 func (w *procWatch) checkHeartbeat(d *registryDir, now int64, timeout time.Duration) {
 	if w.ctlfd < 0 {
-		for _, name := range [...]string{rankFileName(w.id), tmpFileName(w.id)} {
-			if fd, _, err := openPrivate(d.fd(), d.path, name, unix.O_RDONLY, d.uid); err == nil {
+		for _, name := range [...]string{folder.RankFileName(w.id), folder.TmpFileName(w.id)} {
+			if fd, _, err := folder.OpenPrivate(d.fd(), d.path, name, unix.O_RDONLY, d.uid); err == nil {
 				w.ctlfd = fd
 				break
 			}
@@ -494,7 +495,7 @@ func (w *procWatch) checkHeartbeat(d *registryDir, now int64, timeout time.Durat
 	var hb uint64
 	if w.ctlfd >= 0 {
 		var b [8]byte
-		if n, err := unix.Pread(w.ctlfd, b[:], heartbeatOffset); err == nil && n == len(b) {
+		if n, err := unix.Pread(w.ctlfd, b[:], folder.HeartbeatOffset); err == nil && n == len(b) {
 			hb = binary.NativeEndian.Uint64(b[:])
 		} else {
 			hb = w.hb
@@ -513,7 +514,7 @@ func (w *procWatch) unchangedSince(id staging.Identity, hb uint64) (int64, bool)
 
 // openProc starts watching the process of a registration of this
 // namespace. A process already gone is gone for good; one whose state
-// cannot be proven stays watched with kill(pid, 0) alone, as goneReason
+// cannot be proven stays watched with kill(pid, 0) alone, as folder.GoneReason
 // would judge it.
 func (w *procWatch) openProc(pidfdOpen func(pid, flags int) (int, error)) {
 	id := w.id
@@ -541,7 +542,7 @@ func (w *procWatch) openProc(pidfdOpen func(pid, flags int) (int, error)) {
 	// The descriptors follow whichever process had the pid when they were
 	// opened. It was the registered one if the process that has the pid now
 	// started when the registration says: that one had the pid already.
-	if why := goneReason(id.Pid, id.StartTime); why != "" {
+	if why := folder.GoneReason(id.Pid, id.StartTime); why != "" {
 		w.setGone(why)
 	}
 }
@@ -583,7 +584,7 @@ func (w *procWatch) close() {
 
 // headerBytes is the current call's header buffer.
 func (s *peerScan) headerBytes() []byte {
-	return unsafe.Slice((*byte)(unsafe.Pointer(&s.hdr)), headerSize)
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s.hdr)), folder.HeaderSize)
 }
 
 // sameHeader compares two headers but for the heartbeat and the wake word,
