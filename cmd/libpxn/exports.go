@@ -17,6 +17,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -163,7 +164,7 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 		}
 		dev := deviceChoice{ordinal: int(o.cuda_device), set: o.flags&C.PXN_OPEN_CUDA_DEVICE != 0}
 		log := klog.Background()
-		cfg := staging.Load(cLookupEnv, nil)
+		cfg := engineconfig.Load(cLookupEnv, nil)
 		pxnOn := cfg.Enable && hca != ""
 		kind := uint32(o.copier)
 		if legacy && kind == copierDefault {

@@ -16,7 +16,7 @@ import (
 	"github.com/pxn-project/pxn/internal/cli"
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/staging"
-	"github.com/pxn-project/pxn/pkg/staging/registry"
+	"github.com/pxn-project/pxn/pkg/staging/registry/inspect"
 )
 
 type inspectConfig struct {
@@ -52,7 +52,7 @@ func (c *inspectConfig) run(stdout io.Writer) error {
 	if c.output != "table" && c.output != "json" {
 		return fmt.Errorf("-o %q: want table or json", c.output)
 	}
-	groups, err := registry.InspectRoot(c.root, c.staleAfter)
+	groups, err := inspect.Root(c.root, c.staleAfter)
 	if err != nil {
 		return cli.Failed(err)
 	}
@@ -69,7 +69,7 @@ func (c *inspectConfig) run(stdout io.Writer) error {
 	return nil
 }
 
-func writeInspectTable(w io.Writer, root string, groups []registry.GroupReport) error {
+func writeInspectTable(w io.Writer, root string, groups []inspect.GroupReport) error {
 	if len(groups) == 0 {
 		_, err := fmt.Fprintf(w, "no registry directories under %s\n", root)
 		return err
@@ -121,7 +121,7 @@ func writeInspectTable(w io.Writer, root string, groups []registry.GroupReport) 
 
 // writeInspectCounters shows each rank's counters as its pump last
 // published them: bytes (Pieces), fallbacks by reason.
-func writeInspectCounters(w io.Writer, groups []registry.GroupReport) error {
+func writeInspectCounters(w io.Writer, groups []inspect.GroupReport) error {
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "GROUP\tRANK PID/EPOCH\tDEVICE\tRELAYED\tFORWARDED\tDIRECT\tFALLBACK\tFAILED\tCREDIT WAITS\tLANES OUT/IN\tPUMP CPU\tPUBLISHED")
@@ -147,7 +147,7 @@ func writeInspectCounters(w io.Writer, groups []registry.GroupReport) error {
 }
 
 // fallbacks is the fallback bytes (Pieces) and the reasons that have any.
-func fallbacks(s *registry.StatsReport) string {
+func fallbacks(s *inspect.StatsReport) string {
 	out := bytesPieces(s.FallbackBytes.Total(), s.FallbackPieces.Total())
 	var why []string
 	for r, n := range s.FallbackPieces {
@@ -181,7 +181,7 @@ func byteSize(n uint64) string {
 
 // writeInspectNotes lists the problems of directories and every entry that
 // is not a control file.
-func writeInspectNotes(w io.Writer, groups []registry.GroupReport) error {
+func writeInspectNotes(w io.Writer, groups []inspect.GroupReport) error {
 	var notes [][3]string
 	for _, g := range groups {
 		for _, p := range g.Problems {

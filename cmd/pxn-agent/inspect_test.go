@@ -17,6 +17,7 @@ import (
 
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
+	"github.com/pxn-project/pxn/pkg/staging/registry/inspect"
 )
 
 func inspectRoot(t *testing.T) string {
@@ -160,7 +161,7 @@ func TestInspectShowsRanksLanesAndGarbage(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("inspect -o json exited %d: %s", code, errOut)
 	}
-	var groups []registry.GroupReport
+	var groups []inspect.GroupReport
 	if err := json.Unmarshal([]byte(out), &groups); err != nil {
 		t.Fatalf("inspect -o json: %v\n%s", err, out)
 	}
@@ -171,12 +172,12 @@ func TestInspectShowsRanksLanesAndGarbage(t *testing.T) {
 		if r.File != relay.Name() {
 			continue
 		}
-		if r.PidNS != ns.String() || r.Liveness != registry.JudgedByPid {
-			t.Errorf("json: relay in namespace %q judged by %q, want %q and %q", r.PidNS, r.Liveness, ns, registry.JudgedByPid)
+		if r.PidNS != ns.String() || r.Liveness != inspect.JudgedByPid {
+			t.Errorf("json: relay in namespace %q judged by %q, want %q and %q", r.PidNS, r.Liveness, ns, inspect.JudgedByPid)
 		}
 		l := r.Lanes[0]
-		if l.OwnerLiveness != registry.JudgedByPid {
-			t.Errorf("json: lane owner judged by %q, want %q", l.OwnerLiveness, registry.JudgedByPid)
+		if l.OwnerLiveness != inspect.JudgedByPid {
+			t.Errorf("json: lane owner judged by %q, want %q", l.OwnerLiveness, inspect.JudgedByPid)
 		}
 		if len(r.Lanes) != staging.LaneCount || l.OwnerPid != os.Getpid() || l.Next != 42 || l.Published != 41 || l.Completed != 40 || l.Reaped != 39 {
 			t.Errorf("json lanes of the relay: %+v", r.Lanes)

@@ -15,7 +15,7 @@ import (
 
 	"github.com/pxn-project/pxn/internal/bench"
 	"github.com/pxn-project/pxn/pkg/contract"
-	"github.com/pxn-project/pxn/pkg/staging/registry"
+	"github.com/pxn-project/pxn/pkg/staging/registry/inspect"
 )
 
 var benchBin string
@@ -270,7 +270,7 @@ func TestBenchHoldsRanksForScrapers(t *testing.T) {
 	var relayed uint64
 	var ranks []string
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		groups, err := registry.InspectRoot(regs[0], time.Minute)
+		groups, err := inspect.Root(regs[0], time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}

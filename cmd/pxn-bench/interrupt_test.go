@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/pxn-project/pxn/pkg/contract"
-	"github.com/pxn-project/pxn/pkg/staging/registry"
+	"github.com/pxn-project/pxn/pkg/staging/registry/inspect"
 )
 
 // TestRunInterrupted: SIGINT or SIGTERM of a run whose ranks are
@@ -62,7 +62,7 @@ func TestRunInterrupted(t *testing.T) {
 			}
 			var pids []int
 			for deadline := time.Now().Add(time.Minute); len(pids) < 2 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-				groups, err := registry.InspectRoot(regs[0], time.Minute)
+				groups, err := inspect.Root(regs[0], time.Minute)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -174,7 +174,7 @@ func readyRanks(t *testing.T, root, glob string, n int, done <-chan error) []int
 		if len(regs) == 0 {
 			continue
 		}
-		groups, err := registry.InspectRoot(regs[0], time.Minute)
+		groups, err := inspect.Root(regs[0], time.Minute)
 		if err != nil {
 			continue
 		}

@@ -32,6 +32,7 @@ import (
 	"github.com/pxn-project/pxn/internal/sim/ringcheck"
 	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/gpu"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -200,7 +201,7 @@ func runFlags(fs *pflag.FlagSet) func() int {
 			return 2
 		}
 		if railMapFlag == "" {
-			if o.RailMap, err = staging.RailMapFromEnv(nil); err != nil {
+			if o.RailMap, err = engineconfig.RailMapFromEnv(nil); err != nil {
 				fmt.Fprintf(os.Stderr, "pxn-bench: --rail-map default: %v\n", err)
 				return 2
 			}
@@ -209,7 +210,7 @@ func runFlags(fs *pflag.FlagSet) func() int {
 			return 2
 		}
 		if o.RegistryRoot == "" {
-			if o.RegistryRoot, err = staging.RegistryRootFromEnv(nil); err != nil {
+			if o.RegistryRoot, err = engineconfig.RegistryRootFromEnv(nil); err != nil {
 				fmt.Fprintf(os.Stderr, "pxn-bench: --registry-root default: %v\n", err)
 				return 2
 			}
@@ -369,7 +370,7 @@ func soakFlags(fs *pflag.FlagSet) func() int {
 		if o.Seed == 0 {
 			o.Seed = uint64(time.Now().UnixNano())
 		}
-		if o.RegistryRoot, err = staging.RegistryRootFromEnv(nil); err != nil {
+		if o.RegistryRoot, err = engineconfig.RegistryRootFromEnv(nil); err != nil {
 			fmt.Fprintf(os.Stderr, "pxn-bench soak: %v\n", err)
 			return 2
 		}

@@ -14,11 +14,11 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/group"
 	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
-	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // TestRoCESubnetNodeGetsPXN follows a RoCE node whose plugin names rails by
@@ -43,7 +43,7 @@ func TestRoCESubnetNodeGetsPXN(t *testing.T) {
 
 	got := allocate(t, c, "pxn-relay-05")
 	wantRails := map[string]string{"mlx5_0": "10.1.0.0/24", "mlx5_1": "10.1.1.0/24", "mlx5_2": "10.1.2.0/24", "mlx5_3": "10.1.3.0/24"}
-	cfg, errs := staging.ConfigFromEnv(lookup(got.Envs))
+	cfg, errs := engineconfig.FromEnv(lookup(got.Envs))
 	if len(errs) > 0 || !cfg.Enable {
 		t.Fatalf("the engine refuses the plugin's environment %v: enabled %v, %v", got.Envs, cfg.Enable, errs)
 	}

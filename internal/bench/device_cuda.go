@@ -15,10 +15,10 @@ import (
 
 	"github.com/pxn-project/pxn/internal/sim/gpunic"
 	"github.com/pxn-project/pxn/pkg/cuda"
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/gpu"
 	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/relay"
-	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // cudaRank is a rank on a GPU: its source in device memory, the GPU
@@ -98,7 +98,7 @@ func (r *cudaRank) newHop() (relay.Hop, error) { return gpunic.New(r.g, r.maps, 
 
 func (r *cudaRank) firstHop(deps *hostengine.HostDeps, _ uintptr, _ uint64) (string, error) {
 	log := klog.Background()
-	gather, err := gpu.ParseGatherMode(staging.Load(nil, nil).CopyMode)
+	gather, err := gpu.ParseGatherMode(engineconfig.Load(nil, nil).CopyMode)
 	if err != nil {
 		return "", err
 	}

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/pxn-project/pxn/pkg/contract"
-	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 )
 
 // RunOptions are run's flags.
@@ -127,13 +127,13 @@ func (o RunOptions) checkEngine() error {
 		k, v, _ := strings.Cut(kv, "=")
 		env[k] = v
 	}
-	_, errs := staging.ConfigFromEnv(func(k string) (string, bool) {
+	_, errs := engineconfig.FromEnv(func(k string) (string, bool) {
 		v, ok := env[k]
 		return v, ok
 	})
 	var bad []any
 	for _, err := range errs {
-		var e *staging.EnvError
+		var e *engineconfig.EnvError
 		if errors.As(err, &e) && engineFlags[e.Var] != "" {
 			err = fmt.Errorf("%s %s: %w (%s for the ranks)", engineFlags[e.Var], contract.Quote(e.Value), e.Err, e.Var)
 		} else {

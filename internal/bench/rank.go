@@ -15,9 +15,9 @@ import (
 
 	"github.com/pxn-project/pxn/internal/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/relay"
-	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
@@ -414,7 +414,7 @@ func openEngine(dev rankDevice, dir relay.Directory, o RankOptions, hca string, 
 	var desc string
 	// hostengine.OpenFromEnv reports a refused configuration; this only asks
 	// whether PXN is on.
-	if staging.Load(nil, nil).Enable {
+	if engineconfig.Load(nil, nil).Enable {
 		var err error
 		if desc, err = dev.firstHop(&deps, src, n); err != nil {
 			return nil, nil, err
@@ -448,7 +448,7 @@ func openEngine(dev rankDevice, dir relay.Directory, o RankOptions, hca string, 
 func refusal() error {
 	var parts []string
 	pid := os.Getpid()
-	if root, err := staging.RegistryRootFromEnv(nil); err == nil && root != "" {
+	if root, err := engineconfig.RegistryRootFromEnv(nil); err == nil && root != "" {
 		if rs, _, err := registry.ReadRefusals(root); err == nil {
 			for _, r := range rs {
 				if r.Pid != pid {
@@ -462,7 +462,7 @@ func refusal() error {
 		_ = registry.RemoveRefusal(root, pid)
 	}
 	if len(parts) == 0 {
-		_, errs := staging.ConfigFromEnv(nil)
+		_, errs := engineconfig.FromEnv(nil)
 		for _, err := range errs {
 			parts = append(parts, err.Error())
 		}

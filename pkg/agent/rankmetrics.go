@@ -20,6 +20,7 @@ import (
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
+	"github.com/pxn-project/pxn/pkg/staging/registry/inspect"
 )
 
 // RankLabels are the labels a rank's metrics can carry, in order: the node,
@@ -68,21 +69,21 @@ type rankMetric struct {
 	extra      string
 	values     []string
 	// read fills one value per entry of values.
-	read func(s *registry.StatsReport, out []float64)
+	read func(s *inspect.StatsReport, out []float64)
 }
 
-func counter(name, help string, read func(s *registry.StatsReport) uint64) rankMetric {
+func counter(name, help string, read func(s *inspect.StatsReport) uint64) rankMetric {
 	return rankMetric{name: name, help: help, typ: prometheus.CounterValue, values: []string{""},
-		read: func(s *registry.StatsReport, out []float64) { out[0] = float64(read(s)) }}
+		read: func(s *inspect.StatsReport, out []float64) { out[0] = float64(read(s)) }}
 }
 
-func byReason(name, help string, read func(s *registry.StatsReport) *staging.FallbackCounts) rankMetric {
+func byReason(name, help string, read func(s *inspect.StatsReport) *staging.FallbackCounts) rankMetric {
 	reasons := make([]string, staging.FallbackReasons)
 	for r := range reasons {
 		reasons[r] = staging.FallbackReasonName(r)
 	}
 	return rankMetric{name: name, help: help, typ: prometheus.CounterValue, extra: "reason", values: reasons,
-		read: func(s *registry.StatsReport, out []float64) {
+		read: func(s *inspect.StatsReport, out []float64) {
 			for r, n := range read(s) {
 				out[r] = float64(n)
 			}
@@ -93,36 +94,36 @@ func byReason(name, help string, read func(s *registry.StatsReport) *staging.Fal
 // ranks.
 var rankMetrics = []rankMetric{
 	{name: "pxn_ranks", help: "Live PXN ranks (engines registered in a group folder, heartbeat fresh).", typ: prometheus.GaugeValue, values: []string{""},
-		read: func(_ *registry.StatsReport, out []float64) { out[0] = 1 }},
+		read: func(_ *inspect.StatsReport, out []float64) { out[0] = 1 }},
 	counter("pxn_relayed_bytes_total", "Bytes of the ranks' cross-rail writes that a relay on the target's rail staged and completed.",
-		func(s *registry.StatsReport) uint64 { return s.RelayedBytes }),
+		func(s *inspect.StatsReport) uint64 { return s.RelayedBytes }),
 	counter("pxn_relayed_pieces_total", "Pieces (up to 8 MiB) of the ranks' cross-rail writes that a relay staged and completed.",
-		func(s *registry.StatsReport) uint64 { return s.RelayedPieces }),
+		func(s *inspect.StatsReport) uint64 { return s.RelayedPieces }),
 	counter("pxn_forwarded_bytes_total", "Bytes the ranks forwarded on their own rail as relays for other ranks (the second hop).",
-		func(s *registry.StatsReport) uint64 { return s.ForwardedBytes }),
+		func(s *inspect.StatsReport) uint64 { return s.ForwardedBytes }),
 	counter("pxn_forwarded_pieces_total", "Pieces the ranks forwarded as relays for other ranks.",
-		func(s *registry.StatsReport) uint64 { return s.ForwardedPieces }),
+		func(s *inspect.StatsReport) uint64 { return s.ForwardedPieces }),
 	counter("pxn_direct_bytes_total", "Bytes the ranks sent straight through their own NIC at classification: same rail, host memory, reads, or no relay on the target's rail.",
-		func(s *registry.StatsReport) uint64 { return s.DirectBytes }),
+		func(s *inspect.StatsReport) uint64 { return s.DirectBytes }),
 	byReason("pxn_fallback_bytes_total", "Bytes meant for a relay that went direct before their doorbell, by reason.",
-		func(s *registry.StatsReport) *staging.FallbackCounts { return &s.FallbackBytes }),
+		func(s *inspect.StatsReport) *staging.FallbackCounts { return &s.FallbackBytes }),
 	byReason("pxn_fallback_pieces_total", "Pieces meant for a relay that went direct before their doorbell, by reason.",
-		func(s *registry.StatsReport) *staging.FallbackCounts { return &s.FallbackPieces }),
+		func(s *inspect.StatsReport) *staging.FallbackCounts { return &s.FallbackPieces }),
 	counter("pxn_failed_pieces_total", "Pieces handed to a relay that failed (relay gone, second hop failed, invalid descriptor, shutdown).",
-		func(s *registry.StatsReport) uint64 { return s.FailedPieces }),
+		func(s *inspect.StatsReport) uint64 { return s.FailedPieces }),
 	counter("pxn_second_hop_failures_total", "Relayed pieces whose second hop failed or timed out.",
-		func(s *registry.StatsReport) uint64 { return s.SecondHopFailures }),
+		func(s *inspect.StatsReport) uint64 { return s.SecondHopFailures }),
 	counter("pxn_invalid_descs_total", "Descriptors the ranks refused as relays (a sender's bug or a hostile peer).",
-		func(s *registry.StatsReport) uint64 { return s.InvalidDescs }),
+		func(s *inspect.StatsReport) uint64 { return s.InvalidDescs }),
 	counter("pxn_credit_waits_total", "Times a lane had work queued but no credit (the relay's ring was full).",
-		func(s *registry.StatsReport) uint64 { return s.CreditWaits }),
+		func(s *inspect.StatsReport) uint64 { return s.CreditWaits }),
 	counter("pxn_lane_quarantines_total", "Lanes taken out of service after a first-hop copy or doorbell failure, or a relay that made no progress.",
-		func(s *registry.StatsReport) uint64 { return s.LaneQuarantines }),
+		func(s *inspect.StatsReport) uint64 { return s.LaneQuarantines }),
 	{name: "pxn_pump_cpu_seconds_total", help: "CPU time of the ranks' pump threads.", typ: prometheus.CounterValue, values: []string{""},
-		read: func(s *registry.StatsReport, out []float64) { out[0] = s.PumpCPU.Seconds() }},
+		read: func(s *inspect.StatsReport, out []float64) { out[0] = s.PumpCPU.Seconds() }},
 	{name: "pxn_lanes", help: "Lanes held: outbound, on relays of other rails; inbound, the ranks' own lanes held by senders.", typ: prometheus.GaugeValue,
 		extra: "direction", values: []string{"outbound", "inbound"},
-		read: func(s *registry.StatsReport, out []float64) {
+		read: func(s *inspect.StatsReport, out []float64) {
 			out[0], out[1] = float64(s.OutboundLanes), float64(s.InboundLanes)
 		}},
 }
@@ -138,7 +139,7 @@ const (
 )
 
 // RankCollector serves the pxn_* metrics of the node's ranks. It reads the
-// ranks' control files at every scrape, through registry.InspectRoot: read
+// ranks' control files at every scrape, through inspect.Root: read
 // only, no lock, nothing a pump waits for. A rank that left (its file
 // removed, its heartbeat stale) is gone from the next scrape.
 type RankCollector struct {
@@ -311,7 +312,7 @@ type LiveRank struct {
 	// Registry is the rank's registry directory.
 	Registry string
 	Pid      int
-	Stats    *registry.StatsReport
+	Stats    *inspect.StatsReport
 }
 
 func (r LiveRank) labels() []string {
@@ -404,7 +405,7 @@ func (c *RankCollector) scan() nodeScan {
 						Root: root, Pid: rf.Pid, Variables: vars})
 				}
 			}
-			groups, err := registry.InspectRoot(root, c.o.StaleAfter)
+			groups, err := inspect.Root(root, c.o.StaleAfter)
 			if err != nil {
 				continue
 			}

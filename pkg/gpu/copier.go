@@ -74,7 +74,7 @@ type CopierOptions struct {
 	Doorbell DoorbellMode
 	Copy     CopyPolicy
 	// Gather chooses between copy engines and the SM gather kernel
-	// (ParseGatherMode of staging.Config.CopyMode). GatherAuto with a forced
+	// (ParseGatherMode of engineconfig.Config.CopyMode). GatherAuto with a forced
 	// Copy form means the copy engines.
 	Gather GatherMode
 	// GatherPTX replaces the embedded kernel (kernel development only).

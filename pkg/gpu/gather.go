@@ -44,7 +44,7 @@ func (m GatherMode) String() string {
 	return fmt.Sprintf("gather mode %d", int(m))
 }
 
-// ParseGatherMode reads a copy mode (staging.Config.CopyMode, parsed from
+// ParseGatherMode reads a copy mode (engineconfig.Config.CopyMode, parsed from
 // contract.EnvCopyMode), which overrides the copier's choice between copy
 // engines and SMs; "" is auto.
 func ParseGatherMode(s string) (GatherMode, error) {

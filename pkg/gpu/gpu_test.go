@@ -22,6 +22,7 @@ import (
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
+	"github.com/pxn-project/pxn/pkg/staging/registry/inspect"
 )
 
 // requireEnv makes a missing driver or GPU a failure instead of a skip.
@@ -186,7 +187,7 @@ func TestRegistryRecordsTheGPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close(context.Background())
-	groups, err := registry.InspectRoot(root, time.Minute)
+	groups, err := inspect.Root(root, time.Minute)
 	if err != nil || len(groups) != 1 || len(groups[0].Ranks) != 1 {
 		t.Fatalf("inspect: %+v, %v", groups, err)
 	}

@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
@@ -53,7 +54,7 @@ func OpenFromEnv(ctx context.Context, lookup func(string) (string, bool), deps H
 		lookup = os.LookupEnv
 	}
 	var refused []registry.RefusedVariable
-	cfg := staging.Load(lookup, func(err error) {
+	cfg := engineconfig.Load(lookup, func(err error) {
 		v := refusedVariable(err)
 		refused = append(refused, v)
 		log.Error(err, "PXN configuration refused; sending direct", "variable", v.Name, "value", v.Value)
@@ -83,7 +84,7 @@ func OpenFromEnv(ctx context.Context, lookup func(string) (string, bool), deps H
 }
 
 func refusedVariable(err error) registry.RefusedVariable {
-	var e *staging.EnvError
+	var e *engineconfig.EnvError
 	if errors.As(err, &e) {
 		return registry.RefusedVariable{Name: e.Var, Value: e.Value, Reason: e.Err.Error()}
 	}
@@ -96,7 +97,7 @@ func refusedVariable(err error) registry.RefusedVariable {
 // names, and one that is itself refused, nothing is written: the default
 // root is shared by every process of the host and read by no agent.
 func recordRefusal(lookup func(string) (string, bool), refused []registry.RefusedVariable, enabled bool, log klog.Logger) {
-	root, err := staging.RegistryRootFromEnv(lookup)
+	root, err := engineconfig.RegistryRootFromEnv(lookup)
 	if err != nil || root == "" {
 		return
 	}
@@ -113,7 +114,7 @@ func recordRefusal(lookup func(string) (string, bool), refused []registry.Refuse
 	}
 }
 
-func register(ctx context.Context, cfg staging.Config, deps HostDeps, log klog.Logger) (*StagingRegistry, error) {
+func register(ctx context.Context, cfg engineconfig.Config, deps HostDeps, log klog.Logger) (*StagingRegistry, error) {
 	if deps.LocalHCA == "" {
 		return nil, fmt.Errorf("no local HCA name")
 	}

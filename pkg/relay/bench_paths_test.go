@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -279,7 +280,7 @@ func TestSteadyStateAllocatesNothing(t *testing.T) {
 	loads = append(loads, load{pathLoad{"1KiBx4097", 1 << 10, staging.MaxPlans + 1}, staging.SlotSize})
 	for _, l := range loads {
 		t.Run(l.name, func(t *testing.T) {
-			p := newPairTB(t, pairOpts{tgtSize: l.bytes(), srcSize: l.bytes(), manual: true, cfg: func(c *staging.Config) { c.FirstPiece = l.first }})
+			p := newPairTB(t, pairOpts{tgtSize: l.bytes(), srcSize: l.bytes(), manual: true, cfg: func(c *engineconfig.Config) { c.FirstPiece = l.first }})
 			reqs := l.requests(p)
 			warmPair(t, p, reqs)
 			// The runtime itself allocates now and then (a new OS thread

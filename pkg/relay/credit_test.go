@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -27,7 +28,7 @@ const creditPiece = 64 << 10
 func newCreditRig(t *testing.T, pieces int) *creditRig {
 	n := pieces * creditPiece
 	p := newPair(t, pairOpts{tgtSize: n, srcSize: n, manual: true, separate: true,
-		cfg: func(c *staging.Config) { c.CreditTimeout = time.Second }})
+		cfg: func(c *engineconfig.Config) { c.CreditTimeout = time.Second }})
 	r := &creditRig{t: t, p: p, clock: time.Now()}
 	r.driveUntil("the relay's lane attached", func() bool { return p.a.HasRelay("rail1") })
 	p.hopB.SetHold(true)

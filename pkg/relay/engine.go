@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
@@ -63,11 +64,11 @@ type routeTable struct {
 
 // Open builds an engine. With cfg.Enable false, or without a registry, it is
 // a pass-through to the hop: no pump, no shared memory, no extra goroutine.
-func Open(cfg staging.Config, deps Deps) (*Engine, error) {
+func Open(cfg engineconfig.Config, deps Deps) (*Engine, error) {
 	return open(cfg, deps, nil)
 }
 
-func open(cfg staging.Config, deps Deps, steer steering) (*Engine, error) {
+func open(cfg engineconfig.Config, deps Deps, steer steering) (*Engine, error) {
 	if deps.Hop == nil {
 		return nil, errors.New("relay: a hop is required")
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/pxn-project/pxn/internal/sim/fabric"
 	"github.com/pxn-project/pxn/internal/sim/hostfault"
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -51,7 +52,7 @@ type pairOpts struct {
 	tgtSize   int
 	srcSize   int
 	hopDepth  int
-	cfg       func(*staging.Config)
+	cfg       func(*engineconfig.Config)
 	holdReady bool
 	// wrapB, when set, gives engine b the hop and directory it returns
 	// instead of hopB itself.
@@ -71,8 +72,8 @@ type pairOpts struct {
 
 // enabledConfig is PXN on without the planner's ramp: the tests count and
 // place Pieces in whole slots. Ramp tests set FirstPiece themselves.
-func enabledConfig() staging.Config {
-	cfg := staging.DefaultConfig()
+func enabledConfig() engineconfig.Config {
+	cfg := engineconfig.Default()
 	cfg.Enable = true
 	cfg.GroupID = "test"
 	cfg.RailMap = railMap
@@ -256,7 +257,7 @@ func TestCrossRailThroughRelay(t *testing.T) {
 func TestRingFillsAtEighteenAndNineteenthReusesSlotZero(t *testing.T) {
 	const pieces = staging.SlotsPerLane + 1
 	p := newPair(t, pairOpts{tgtSize: pieces * staging.SlotSize, srcSize: pieces * staging.SlotSize,
-		cfg: func(c *staging.Config) { c.CreditTimeout = time.Hour }})
+		cfg: func(c *engineconfig.Config) { c.CreditTimeout = time.Hour }})
 	p.hopB.SetHold(true)
 	b, err := p.a.Submit([]relay.Request{{Op: relay.Write, Src: p.src(0), Len: pieces * staging.SlotSize, Target: sessRail1, Dst: tgtBase}})
 	if err != nil {
@@ -331,7 +332,7 @@ func TestMixedBatchPerTaskStatus(t *testing.T) {
 
 func TestCreditTimeoutSendsDirect(t *testing.T) {
 	const n = (staging.SlotsPerLane + 2) * staging.SlotSize
-	p := newPair(t, pairOpts{tgtSize: n, srcSize: n, cfg: func(c *staging.Config) { c.CreditTimeout = 50 * time.Millisecond }})
+	p := newPair(t, pairOpts{tgtSize: n, srcSize: n, cfg: func(c *engineconfig.Config) { c.CreditTimeout = 50 * time.Millisecond }})
 	p.hopB.SetBusy(true)
 	b, err := p.a.Submit([]relay.Request{{Op: relay.Write, Src: p.src(0), Len: n, Target: sessRail1, Dst: tgtBase}})
 	if err != nil {
@@ -421,7 +422,7 @@ func TestDisabledEngineStartsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := runtime.NumGoroutine()
-	e, err := relay.Open(staging.DefaultConfig(), relay.Deps{Hop: hop, Directory: hop})
+	e, err := relay.Open(engineconfig.Default(), relay.Deps{Hop: hop, Directory: hop})
 	if err != nil {
 		t.Fatal(err)
 	}

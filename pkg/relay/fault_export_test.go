@@ -5,7 +5,7 @@ package relay
 import (
 	"time"
 
-	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 )
 
 // FaultHooks are the engine's test hooks as the fault tests set them.
@@ -28,7 +28,7 @@ func (h FaultHooks) manual() bool               { return h.ManualPump }
 func (h FaultHooks) separate() bool             { return h.SeparateSlots }
 
 // OpenWithFaultHooks is Open with test hooks in place before the pump starts.
-func OpenWithFaultHooks(cfg staging.Config, deps Deps, h FaultHooks) (*Engine, error) {
+func OpenWithFaultHooks(cfg engineconfig.Config, deps Deps, h FaultHooks) (*Engine, error) {
 	return open(cfg, deps, h)
 }
 

@@ -26,6 +26,7 @@ import (
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
+	"github.com/pxn-project/pxn/pkg/staging/registry/inspect"
 )
 
 const (
@@ -436,9 +437,9 @@ func firstDiff(a, b []byte) int {
 
 // inspect returns the registry's view of the rank whose pid is pid, or
 // nil when it has no control file.
-func (g *faultGroup) inspect(pid int) *registry.RankReport {
+func (g *faultGroup) inspect(pid int) *inspect.RankReport {
 	g.t.Helper()
-	reports, err := registry.InspectRoot(g.root, 3*time.Second)
+	reports, err := inspect.Root(g.root, 3*time.Second)
 	if err != nil {
 		g.t.Fatal(err)
 	}
@@ -453,7 +454,7 @@ func (g *faultGroup) inspect(pid int) *registry.RankReport {
 }
 
 // laneOf returns the lane of relay that sender owns, or nil.
-func (g *faultGroup) laneOf(relayPid, senderPid int) *registry.LaneReport {
+func (g *faultGroup) laneOf(relayPid, senderPid int) *inspect.LaneReport {
 	g.t.Helper()
 	r := g.inspect(relayPid)
 	if r == nil {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/pxn-project/pxn/internal/sim/fabric"
 	"github.com/pxn-project/pxn/internal/sim/hostfault"
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
@@ -245,7 +246,7 @@ func faultRank() error {
 	if err := cop.RegisterDevice(base, srcN); err != nil {
 		return err
 	}
-	cfg := staging.Load(nil, func(err error) { fmt.Fprintln(os.Stderr, "config:", err) })
+	cfg := engineconfig.Load(nil, func(err error) { fmt.Fprintln(os.Stderr, "config:", err) })
 	hca := fmt.Sprintf("mlx5_%d", idx)
 	var reg relay.Registry
 	var stall *stallRegistry

@@ -11,7 +11,7 @@ import (
 
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/staging"
-	"github.com/pxn-project/pxn/pkg/staging/registry"
+	"github.com/pxn-project/pxn/pkg/staging/registry/inspect"
 )
 
 // The fault tests run every rank as its own process (the test binary in a
@@ -155,7 +155,7 @@ func TestFaultSenderKilled(t *testing.T) {
 	s1.route(faultRail(1), true, 20*time.Second)
 	r.call(faultReq{Op: "hold", On: true})
 	s1.submit(true, faultWrites(1, 10, faultPiece, 0, 0)...)
-	var lane registry.LaneReport
+	var lane inspect.LaneReport
 	eventually(t, 20*time.Second, "ten published", func() bool {
 		l := g.laneOf(r.pid, s1.pid)
 		if l != nil {
@@ -218,7 +218,7 @@ func TestFaultRelayRestarted(t *testing.T) {
 	s.route(faultRail(1), true, 20*time.Second)
 	r1.call(faultReq{Op: "hold", On: true})
 	s.submit(true, faultWrites(1, 25, faultPiece, 0, 0)...)
-	var old registry.LaneReport
+	var old inspect.LaneReport
 	eventually(t, 20*time.Second, "a full ring", func() bool {
 		l := g.laneOf(r1.pid, s.pid)
 		if l != nil {
@@ -383,7 +383,7 @@ func TestFaultCreditTimeoutSendsQueueDirect(t *testing.T) {
 	}
 
 	// What each pump published in its control file, as inspect reads it.
-	var sent, fwd *registry.StatsReport
+	var sent, fwd *inspect.StatsReport
 	eventually(t, 10*time.Second, "the counters published in the control files", func() bool {
 		rs, rr := g.inspect(s.pid), g.inspect(r.pid)
 		if rs == nil || rr == nil || rs.Stats == nil || rr.Stats == nil {

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pxn-project/pxn/pkg/staging/registry"
+	"github.com/pxn-project/pxn/pkg/staging/registry/inspect"
 )
 
 // needPidNS skips a test that runs ranks in PID namespaces of their own
@@ -47,9 +47,9 @@ func (g *faultGroup) missing(names []string) []string {
 	return m
 }
 
-func (g *faultGroup) rankReport(rank string) *registry.RankReport {
+func (g *faultGroup) rankReport(rank string) *inspect.RankReport {
 	g.t.Helper()
-	reports, err := registry.InspectRoot(g.root, 3*time.Second)
+	reports, err := inspect.Root(g.root, 3*time.Second)
 	if err != nil {
 		g.t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestNamespaceRanksRelayAcrossPidNamespaces(t *testing.T) {
 		t.Fatalf("after the second rank started, %v are gone: a live rank's files were removed (%v)", m, g.files())
 	}
 	ra, rb := g.rankReport(a.rank), g.rankReport(b.rank)
-	if ra.PidNS == rb.PidNS || ra.Liveness != registry.JudgedByHeartbeat || rb.Liveness != registry.JudgedByHeartbeat {
+	if ra.PidNS == rb.PidNS || ra.Liveness != inspect.JudgedByHeartbeat || rb.Liveness != inspect.JudgedByHeartbeat {
 		t.Errorf("inspect: %s in %s judged by %s, %s in %s judged by %s; want two namespaces other than ours, judged by heartbeat",
 			a.rank, ra.PidNS, ra.Liveness, b.rank, rb.PidNS, rb.Liveness)
 	}

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/hostmem"
 	"github.com/pxn-project/pxn/pkg/relay"
@@ -96,7 +97,7 @@ func submitInParts(t *testing.T, p *pair, st *partStepper, reqs []relay.Request)
 	return b, j
 }
 
-func stepperPair(t *testing.T, size int, cfg func(*staging.Config)) (*pair, *partStepper) {
+func stepperPair(t *testing.T, size int, cfg func(*engineconfig.Config)) (*pair, *partStepper) {
 	t.Helper()
 	var st *partStepper
 	p := joinPair(t, pairOpts{tgtSize: size, srcSize: size, cfg: cfg, copierA: func(h *hosthop.HostCopier) relay.Copier {
@@ -239,7 +240,7 @@ func TestSlotPartsOnlyOnAnIdleLane(t *testing.T) {
 		}
 	})
 	t.Run("one part configured", func(t *testing.T) {
-		p, st := stepperPair(t, n*block, func(c *staging.Config) { c.SlotParts = 1 })
+		p, st := stepperPair(t, n*block, func(c *engineconfig.Config) { c.SlotParts = 1 })
 		b, err := p.a.Submit(kvRequests(p, n, block))
 		if err != nil {
 			t.Fatal(err)
@@ -251,7 +252,7 @@ func TestSlotPartsOnlyOnAnIdleLane(t *testing.T) {
 		checkReversed(t, p, n, block)
 	})
 	t.Run("four parts configured", func(t *testing.T) {
-		p, st := stepperPair(t, n*block, func(c *staging.Config) { c.SlotParts = 4 })
+		p, st := stepperPair(t, n*block, func(c *engineconfig.Config) { c.SlotParts = 4 })
 		b, j := submitInParts(t, p, st, kvRequests(p, n, block))
 		if want := []uint32{64, 128, 192}; !slices.Equal(j.ends, want) {
 			t.Fatalf("part ends %v, want %v", j.ends, want)

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/pxn-project/pxn/internal/sim/fabric"
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -57,7 +58,7 @@ func TestRelayHandsPiecesWhole(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			// One hand-over a Piece: parts would add one for each part
 			// that lands apart from the others.
-			o := pairOpts{tgtSize: n * block, srcSize: n * block, cfg: func(c *staging.Config) { c.SlotParts = 1 }}
+			o := pairOpts{tgtSize: n * block, srcSize: n * block, cfg: func(c *engineconfig.Config) { c.SlotParts = 1 }}
 			if !whole {
 				o.wrapB = func(l *fabric.Loopback) (relay.Hop, relay.Directory) { return opsOnly{l}, l }
 			}

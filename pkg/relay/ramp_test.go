@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -33,7 +34,7 @@ func rampPieces(n, block, first uint64) uint64 {
 func TestRampThroughRelay(t *testing.T) {
 	first := uint64(256 << 10)
 	const most = 40*mib + 3
-	p := newPair(t, pairOpts{tgtSize: 2 * most, srcSize: most, cfg: func(c *staging.Config) { c.FirstPiece = first }})
+	p := newPair(t, pairOpts{tgtSize: 2 * most, srcSize: most, cfg: func(c *engineconfig.Config) { c.FirstPiece = first }})
 	for _, tc := range []struct {
 		n, block uint64
 	}{
@@ -106,7 +107,7 @@ func TestPumpSpinsWhileOneSlotMoves(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newPair(t, pairOpts{tgtSize: 16 * mib, srcSize: 16 * mib, manual: true, cfg: func(c *staging.Config) { c.FirstPiece = tc.first }})
+			p := newPair(t, pairOpts{tgtSize: 16 * mib, srcSize: 16 * mib, manual: true, cfg: func(c *engineconfig.Config) { c.FirstPiece = tc.first }})
 			drive := func(what string, cond func() bool) {
 				t.Helper()
 				waitFor(t, what, func() bool {
@@ -150,7 +151,7 @@ func TestPumpSpinsWhileOneSlotMoves(t *testing.T) {
 // request ramps.
 func TestRampOnlyOnAnIdleLane(t *testing.T) {
 	const n = 4 * mib
-	p := newPair(t, pairOpts{tgtSize: 3 * n, srcSize: 3 * n, cfg: func(c *staging.Config) { c.FirstPiece = 256 << 10 }})
+	p := newPair(t, pairOpts{tgtSize: 3 * n, srcSize: 3 * n, cfg: func(c *engineconfig.Config) { c.FirstPiece = 256 << 10 }})
 	submit := func(i int) *relay.Batch {
 		t.Helper()
 		b, err := p.a.Submit([]relay.Request{{Op: relay.Write, Src: p.src(i * n), Len: n, Target: sessRail1, Dst: tgtBase + uint64(i*n)}})

@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
@@ -20,7 +21,7 @@ type shared struct {
 	// sentTimes and relayedTimes keep the last Pieces' times (PieceTimes).
 	sentTimes, relayedTimes timeRing
 
-	cfg staging.Config
+	cfg engineconfig.Config
 	hop Hop
 	// pieceHop is hop when it takes relayed Pieces whole, else nil.
 	pieceHop PieceHop

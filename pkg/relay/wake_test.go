@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -75,7 +76,7 @@ func pumpAsleep(e *relay.Engine, w *staging.WakeWord) bool {
 // phase, docs/benchmarks.md).
 func TestIdlePumpSleepsUntilItsHeartbeat(t *testing.T) {
 	// A heartbeat timeout of 1 s makes an idle pump beat every 200 ms.
-	p := newPair(t, pairOpts{tgtSize: mib, srcSize: mib, cfg: func(c *staging.Config) { c.HeartbeatTimeout = time.Second }})
+	p := newPair(t, pairOpts{tgtSize: mib, srcSize: mib, cfg: func(c *engineconfig.Config) { c.HeartbeatTimeout = time.Second }})
 	ranks := []struct {
 		name string
 		e    *relay.Engine
@@ -127,7 +128,7 @@ func TestIdlePumpSleepsUntilItsHeartbeat(t *testing.T) {
 // sleep ends by its timeout during a round however slow the machine: only
 // a waker can end it.
 func TestSubmitAfterIdleWakesBothPumps(t *testing.T) {
-	p := newPair(t, pairOpts{tgtSize: 16 * mib, srcSize: 16 * mib, cfg: func(c *staging.Config) { c.HeartbeatTimeout = 5 * time.Minute }})
+	p := newPair(t, pairOpts{tgtSize: 16 * mib, srcSize: 16 * mib, cfg: func(c *engineconfig.Config) { c.HeartbeatTimeout = 5 * time.Minute }})
 	const n = 10 << 10
 	for round := range 3 {
 		waitFor(t, "sender pump asleep", func() bool { return pumpAsleep(p.a, p.rankA.Wake()) })

@@ -2,9 +2,11 @@
 
 // Package staging holds the engine's fixed numbers, the shared-memory ABI
 // between ranks with the two endpoints of a lane (SenderLane, RelayLane),
-// the Desc and sequence rules, the piece planner and the engine
-// configuration. It imports nothing of the module; the registry through
-// which ranks of one job find each other is package staging/registry.
+// the Desc and sequence rules and the piece planner. Of the module it
+// imports only package contract, whose limits it checks against its own
+// sizes. The engine's configuration is package engineconfig; the registry
+// through which ranks of one job find each other is package
+// staging/registry.
 package staging
 
 import (

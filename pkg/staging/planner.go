@@ -44,13 +44,6 @@ type Slice struct {
 	Whole bool
 }
 
-// CopyEntry is one first-hop copy: Len bytes from Src to Offset in the slot.
-type CopyEntry struct {
-	Src    uint64
-	Offset uint64
-	Len    uint64
-}
-
 // Piece is the content of one slot: the plan's slices numbered
 // [Start, End), in slot order, Len bytes in all. They begin at offset Off
 // of block First (an offset at the block's end, or a block of no bytes,

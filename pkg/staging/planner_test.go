@@ -18,7 +18,15 @@ import (
 type flatPlan struct {
 	Slices  []Slice
 	Entries []PlanEntry
-	Copies  []CopyEntry
+	Copies  []slotCopy
+}
+
+// slotCopy is one first-hop copy as the sender derives it from a slice:
+// Len bytes from Src to Offset in the slot.
+type slotCopy struct {
+	Src    uint64
+	Offset uint64
+	Len    uint64
 }
 
 func flatten(p *Plan, blocks []Block) flatPlan {
@@ -28,7 +36,7 @@ func flatten(p *Plan, blocks []Block) flatPlan {
 	}
 	for _, s := range f.Slices {
 		f.Entries = append(f.Entries, PlanEntry{Dst: s.Dst, Len: s.Len})
-		f.Copies = append(f.Copies, CopyEntry{Src: s.Src, Offset: s.Offset, Len: s.Len})
+		f.Copies = append(f.Copies, slotCopy{Src: s.Src, Offset: s.Offset, Len: s.Len})
 	}
 	return f
 }
@@ -357,7 +365,7 @@ func TestPlannerDoesNotMerge(t *testing.T) {
 	if len(p.Pieces) != 1 || !slices.Equal(f.Entries, want) {
 		t.Fatalf("%d pieces, entries = %+v, want 1 piece of %+v", len(p.Pieces), f.Entries, want)
 	}
-	wantCopies := []CopyEntry{{Src: 0x1000, Offset: 0, Len: 0x100}, {Src: 0x1100, Offset: 0x100, Len: 0x100}, {Src: 0x1200, Offset: 0x200, Len: 0x100}}
+	wantCopies := []slotCopy{{Src: 0x1000, Offset: 0, Len: 0x100}, {Src: 0x1100, Offset: 0x100, Len: 0x100}, {Src: 0x1200, Offset: 0x200, Len: 0x100}}
 	if !slices.Equal(f.Copies, wantCopies) {
 		t.Fatalf("copies = %+v, want %+v", f.Copies, wantCopies)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pxn-project/pxn/internal/testtools"
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/rail"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -71,7 +72,7 @@ func TestEveryStrategyOnEveryFixture(t *testing.T) {
 					contract.EnvGroupID: "job-1",
 					contract.EnvRailMap: l.RailMapJSON(),
 				}
-				cfg, errs := staging.ConfigFromEnv(func(k string) (string, bool) {
+				cfg, errs := engineconfig.FromEnv(func(k string) (string, bool) {
 					v, ok := env[k]
 					return v, ok
 				})

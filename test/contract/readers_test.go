@@ -18,8 +18,8 @@ import (
 	"github.com/pxn-project/pxn/pkg/contract"
 )
 
-// envOwner is the one file that reads MC_PXN_* variables: staging.Config.
-const envOwner = "pkg/staging/config.go"
+// envOwner is the one file that reads MC_PXN_* variables: engineconfig.Config.
+const envOwner = "pkg/engineconfig/config.go"
 
 // readerNames are the callees that read a variable by name: the os
 // functions, and the lookup functions passed around in their place.
@@ -68,7 +68,7 @@ func envReads(fset *token.FileSet, file *ast.File) []string {
 	return found
 }
 
-// TestOneReaderPerVariable: only staging.Config parses the MC_PXN_*
+// TestOneReaderPerVariable: only engineconfig.Config parses the MC_PXN_*
 // environment, and every name comes from package contract. Test files are
 // left out: they set the variables.
 func TestOneReaderPerVariable(t *testing.T) {

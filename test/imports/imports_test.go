@@ -37,7 +37,7 @@ func isSim(pkg string) bool {
 
 var (
 	controlPlane = []string{"api/...", "pkg/agent/...", "pkg/group/...", "pkg/nodestate/...", "pkg/deviceplugin/...", "pkg/dra/...", "pkg/rail/...", "cmd/pxn-agent", "cmd/pxn-device-plugin", "cmd/pxn-dra-plugin"}
-	engine       = []string{"pkg/relay/...", "pkg/hostengine/...", "pkg/staging/...", "pkg/cuda/...", "pkg/gpu/...", "pkg/hosthop/...", "pkg/hostmem/..."}
+	engine       = []string{"pkg/relay/...", "pkg/hostengine/...", "pkg/staging/...", "pkg/engineconfig/...", "pkg/cuda/...", "pkg/gpu/...", "pkg/hosthop/...", "pkg/hostmem/..."}
 	shipped      = []string{"cmd/libpxn", "cmd/pxn-agent", "cmd/pxn-device-plugin", "cmd/pxn-dra-plugin"}
 	testHelpers  = []string{"internal/testtools/...", "internal/testmem/...", "internal/sanitize/...", "internal/fakecuda/...", "internal/testkernel/..."}
 )
@@ -52,7 +52,7 @@ var levels = []struct {
 	pkgs []string
 }{
 	{"contract", []string{"pkg/contract/..."}},
-	{"primitives", []string{"api/...", "pkg/rail/...", "pkg/staging", "pkg/cuda/...", "pkg/hostmem/...", "pkg/gpu/kernel/..."}},
+	{"primitives", []string{"api/...", "pkg/rail/...", "pkg/staging", "pkg/engineconfig/...", "pkg/cuda/...", "pkg/hostmem/...", "pkg/gpu/kernel/..."}},
 	{"registry", []string{"pkg/staging/registry/..."}},
 	{"engine core", []string{"pkg/relay/..."}},
 	{"components", []string{"pkg/gpu", "pkg/hosthop/...", "pkg/hostengine/...", "pkg/group/...", "pkg/nodestate/...", "pkg/deviceplugin/...", "pkg/dra/...", "pkg/agent/..."}},
@@ -148,6 +148,18 @@ var rules = []rule{
 	{
 		name:   "the staging ABI imports nothing of the module but the contract",
 		from:   []string{"pkg/staging"},
+		forbid: func(_, dep string) bool { return !matches("pkg/contract/...", dep) },
+	},
+	{
+		name: "the engine never links the inspection reports: only the agent and tools read registries",
+		from: append([]string{"cmd/libpxn", "pkg/staging/registry"}, engine...),
+		forbid: func(from, dep string) bool {
+			return matches("pkg/staging/registry/inspect/...", dep) && !matches("pkg/staging/registry/inspect/...", from)
+		},
+	},
+	{
+		name:   "the engine's configuration imports nothing of the module but the contract",
+		from:   []string{"pkg/engineconfig/..."},
 		forbid: func(_, dep string) bool { return !matches("pkg/contract/...", dep) },
 	},
 	{
@@ -287,7 +299,10 @@ func TestLevelOf(t *testing.T) {
 	}{
 		{"pkg/contract", "contract"},
 		{"pkg/staging", "primitives"},
+		{"pkg/engineconfig", "primitives"},
 		{"pkg/staging/registry", "registry"},
+		{"pkg/staging/registry/inspect", "registry"},
+		{"pkg/staging/registry/internal/folder", "registry"},
 		{"pkg/gpu/kernel", "primitives"},
 		{"pkg/gpu", "components"},
 		{"internal/sim/fabric", "stand-ins"},

@@ -18,11 +18,12 @@ import (
 
 	"github.com/pxn-project/pxn/internal/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
-	"github.com/pxn-project/pxn/pkg/staging/registry"
+	"github.com/pxn-project/pxn/pkg/staging/registry/inspect"
 )
 
 // A probe rank is one of the two ranks of a group that spans two pods: it
@@ -98,7 +99,7 @@ func rank(rep *rankReport, index int, hca, peerHCA string) error {
 		return err
 	}
 	rep.PidNS = ns.String()
-	cfg := staging.Load(nil, func(err error) { fmt.Fprintln(os.Stderr, "config:", err) })
+	cfg := engineconfig.Load(nil, func(err error) { fmt.Fprintln(os.Stderr, "config:", err) })
 	if !cfg.Enable {
 		return errors.New(contract.EnvEnable + " is not on: the pod did not get pxn.io/relay")
 	}
@@ -208,7 +209,7 @@ func rank(rep *rankReport, index int, hca, peerHCA string) error {
 		}
 	}
 	rep.Verified = uint64(len(want))
-	groups, err := registry.InspectRoot(shared, cfg.HeartbeatTimeout)
+	groups, err := inspect.Root(shared, cfg.HeartbeatTimeout)
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
 
 // HostArenas provides arenas in host memory, for machines without CUDA: an
@@ -35,11 +36,11 @@ func (HostArenas) Kind() uint32 { return staging.ArenaHost }
 
 // Allocate creates and maps the arena file name in dir.
 func (HostArenas) Allocate(dir *os.File, name string) (staging.Arena, error) {
-	if k, _ := parseEntryName(name); k != entryArena {
+	if k, _ := folder.ParseEntryName(name); k != folder.EntryArena {
 		return nil, fmt.Errorf("host arena: %q is not an arena name", name)
 	}
 	dirfd := int(dir.Fd())
-	fd, err := createPrivate(dirfd, dir.Name(), name)
+	fd, err := folder.CreatePrivate(dirfd, dir.Name(), name)
 	if err != nil {
 		return nil, fmt.Errorf("host arena: %w", err)
 	}
@@ -77,7 +78,7 @@ func (HostArenas) Open(dir *os.File, handle [staging.ArenaHandleSize]byte) (stag
 	if err != nil {
 		return nil, err
 	}
-	mem, err := mapPrivate(int(dir.Fd()), dir.Name(), name, os.Geteuid(), staging.ArenaSize, true)
+	mem, err := folder.MapPrivate(int(dir.Fd()), dir.Name(), name, os.Geteuid(), staging.ArenaSize, true)
 	if err != nil {
 		return nil, fmt.Errorf("host arena: %w", err)
 	}
@@ -92,7 +93,7 @@ func (HostArenas) OpenFD(fd int, size uint64) (staging.PeerArena, error) {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, fmt.Errorf("host arena: fstat descriptor %d: %w", fd, err)
 	}
-	if p := privateProblem(&st, os.Geteuid(), unix.S_IFREG); p != "" {
+	if p := folder.PrivateProblem(&st, os.Geteuid(), unix.S_IFREG); p != "" {
 		return nil, fmt.Errorf("host arena: descriptor %d %s", fd, p)
 	}
 	if size != staging.ArenaSize || st.Size < int64(size) {
@@ -116,7 +117,7 @@ func hostHandleName(h [staging.ArenaHandleSize]byte) (string, error) {
 	if bytes.IndexFunc(h[n:], func(r rune) bool { return r != 0 }) >= 0 {
 		return "", fmt.Errorf("%w: host arena handle has bytes after its name", ErrCorruptEntry)
 	}
-	if k, _ := parseEntryName(name); k != entryArena {
+	if k, _ := folder.ParseEntryName(name); k != folder.EntryArena {
 		return "", fmt.Errorf("%w: host arena handle %q is not an arena name", ErrCorruptEntry, name)
 	}
 	return name, nil

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
 
 func openTestDir(t *testing.T) *os.File {
@@ -30,7 +31,7 @@ func openTestDir(t *testing.T) *os.File {
 
 func TestArenaHostAllocateIsSparseAndShared(t *testing.T) {
 	dir := openTestDir(t)
-	name := arenaFileName(staging.Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 2})
+	name := folder.ArenaFileName(staging.Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 2})
 	a, err := HostArenas{}.Allocate(dir, name)
 	if err != nil {
 		t.Fatal(err)
@@ -80,9 +81,9 @@ func TestArenaHostAllocateIsSparseAndShared(t *testing.T) {
 func TestArenaHostOpenRefusesBadHandles(t *testing.T) {
 	dir := openTestDir(t)
 	id := staging.Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 3}
-	short := arenaFileName(id)
+	short := folder.ArenaFileName(id)
 	writeFile0600(t, filepath.Join(dir.Name(), short), make([]byte, 4096))
-	link := arenaFileName(staging.Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 4})
+	link := folder.ArenaFileName(staging.Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 4})
 	if err := os.Symlink(short, filepath.Join(dir.Name(), link)); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +102,7 @@ func TestArenaHostOpenRefusesBadHandles(t *testing.T) {
 		{"path", handle("../../etc/passwd"), "not an arena name"},
 		{"arena in another directory", handle("arena-1-2-0000000000000003/../x"), "not an arena name"},
 		{"bytes after the name", trailing, "bytes after its name"},
-		{"missing file", handle(arenaFileName(staging.Identity{Pid: 1, StartTime: 1, Epoch: 1})), "no such file"},
+		{"missing file", handle(folder.ArenaFileName(staging.Identity{Pid: 1, StartTime: 1, Epoch: 1})), "no such file"},
 		{"file shorter than an arena", handle(short), "is 4096 bytes"},
 		{"symlink", handle(link), "is a symlink"},
 	}

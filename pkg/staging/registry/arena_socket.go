@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
 
 // The arena socket: a rank whose arena can hand out descriptors
@@ -183,7 +184,7 @@ func startArenaServer(d *registryDir, name string, ctl *staging.ControlBlock, se
 	if err != nil {
 		return nil, &os.PathError{Op: "socket", Path: path, Err: err}
 	}
-	if err := unix.Fchmod(fd, filePerm); err != nil {
+	if err := unix.Fchmod(fd, folder.FilePerm); err != nil {
 		unix.Close(fd)
 		return nil, &os.PathError{Op: "chmod socket", Path: path, Err: err}
 	}
@@ -209,7 +210,7 @@ func startArenaServer(d *registryDir, name string, ctl *staging.ControlBlock, se
 	if err := unix.Fstatat(d.fd(), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return fail(&os.PathError{Op: "stat", Path: path, Err: err})
 	}
-	if p := privateProblem(&st, d.uid, unix.S_IFSOCK); p != "" {
+	if p := folder.PrivateProblem(&st, d.uid, unix.S_IFSOCK); p != "" {
 		return fail(&UnsafeError{Path: path, Problem: p})
 	}
 	if err := unix.Listen(fd, sockBacklog); err != nil {

@@ -14,11 +14,12 @@ import (
 	"unsafe"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
 
 func TestRegistryRefusesUnsafeDirectoriesAndFiles(t *testing.T) {
 	const other = 65534
-	rankName := rankFileName(staging.Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 1})
+	rankName := folder.RankFileName(staging.Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 1})
 	mkdir := func(t *testing.T, dir string, mode os.FileMode) {
 		t.Helper()
 		if err := os.Mkdir(dir, mode); err != nil {
@@ -30,7 +31,7 @@ func TestRegistryRefusesUnsafeDirectoriesAndFiles(t *testing.T) {
 	}
 	private := func(t *testing.T, dir string) {
 		mkdir(t, dir, 0o700)
-		writeFile0600(t, filepath.Join(dir, lockFileName), nil)
+		writeFile0600(t, filepath.Join(dir, folder.LockFileName), nil)
 	}
 	tests := []struct {
 		name      string
@@ -45,8 +46,8 @@ func TestRegistryRefusesUnsafeDirectoriesAndFiles(t *testing.T) {
 		{name: "lock file mode 0644", want: "has mode 0644",
 			setup: func(t *testing.T, root, dir string) {
 				mkdir(t, dir, 0o700)
-				writeFile0600(t, filepath.Join(dir, lockFileName), nil)
-				os.Chmod(filepath.Join(dir, lockFileName), 0o644)
+				writeFile0600(t, filepath.Join(dir, folder.LockFileName), nil)
+				os.Chmod(filepath.Join(dir, folder.LockFileName), 0o644)
 			}},
 		{name: "control file mode 0644", want: "has mode 0644",
 			setup: func(t *testing.T, root, dir string) {
@@ -65,7 +66,7 @@ func TestRegistryRefusesUnsafeDirectoriesAndFiles(t *testing.T) {
 			setup: func(t *testing.T, root, dir string) {
 				mkdir(t, dir, 0o700)
 				writeFile0600(t, filepath.Join(root, "target"), nil)
-				if err := os.Symlink(filepath.Join(root, "target"), filepath.Join(dir, lockFileName)); err != nil {
+				if err := os.Symlink(filepath.Join(root, "target"), filepath.Join(dir, folder.LockFileName)); err != nil {
 					t.Fatal(err)
 				}
 			}},
@@ -80,7 +81,7 @@ func TestRegistryRefusesUnsafeDirectoriesAndFiles(t *testing.T) {
 		{name: "lock file is a directory", want: "is not a regular file",
 			setup: func(t *testing.T, root, dir string) {
 				mkdir(t, dir, 0o700)
-				mkdir(t, filepath.Join(dir, lockFileName), 0o700)
+				mkdir(t, filepath.Join(dir, folder.LockFileName), 0o700)
 			}},
 		{name: "directory is a file", want: "is not a directory",
 			setup: func(t *testing.T, root, dir string) { writeFile0600(t, dir, nil) }},
@@ -94,7 +95,7 @@ func TestRegistryRefusesUnsafeDirectoriesAndFiles(t *testing.T) {
 		{name: "lock file of another uid", needsRoot: true, want: fmt.Sprintf("owned by uid %d, not 0", other),
 			setup: func(t *testing.T, root, dir string) {
 				private(t, dir)
-				if err := os.Chown(filepath.Join(dir, lockFileName), other, other); err != nil {
+				if err := os.Chown(filepath.Join(dir, folder.LockFileName), other, other); err != nil {
 					t.Fatal(err)
 				}
 			}},
@@ -110,9 +111,9 @@ func TestRegistryRefusesUnsafeDirectoriesAndFiles(t *testing.T) {
 			before := listDir(t, dir)
 			aside := listDir(t, filepath.Join(root, "elsewhere"))
 			r, err := Register(context.Background(), regOptions(root, "g", "rail0"))
-			var ue *UnsafeError
+			var ue *folder.UnsafeError
 			if r != nil || !errors.As(err, &ue) || !strings.Contains(ue.Problem, tt.want) || !strings.Contains(err.Error(), "PXN off") {
-				t.Fatalf("Register = %v, %v; want an UnsafeError saying %q", r, err, tt.want)
+				t.Fatalf("Register = %v, %v; want an folder.UnsafeError saying %q", r, err, tt.want)
 			}
 			if after := listDir(t, dir); !slices.Equal(after, before) {
 				t.Errorf("a refused registry changed from %v to %v", before, after)
@@ -133,15 +134,15 @@ func TestRegistryUnsafeEntryTurnsPXNOff(t *testing.T) {
 	writeFile0600(t, stray, nil)
 	os.Chmod(stray, 0o666)
 	_, err := r.Peers(context.Background())
-	var ue *UnsafeError
+	var ue *folder.UnsafeError
 	if !errors.As(err, &ue) || ue.Path != stray {
-		t.Fatalf("Peers = %v, want an UnsafeError about %s", err, stray)
+		t.Fatalf("Peers = %v, want an folder.UnsafeError about %s", err, stray)
 	}
 	if !errors.As(r.Off(), &ue) {
-		t.Errorf("Off = %v, want the UnsafeError", r.Off())
+		t.Errorf("Off = %v, want the folder.UnsafeError", r.Off())
 	}
 	if _, err := r.Attach(context.Background(), peer); !errors.As(err, &ue) {
-		t.Errorf("Attach after PXN went off = %v, want the UnsafeError", err)
+		t.Errorf("Attach after PXN went off = %v, want the folder.UnsafeError", err)
 	}
 	os.Remove(stray)
 	if _, err := r.Peers(context.Background()); !errors.As(err, &ue) {
@@ -156,10 +157,10 @@ func TestRegistryGarbageControlFilesAreRefused(t *testing.T) {
 	dir := r.Dir()
 	me, start := os.Getpid(), selfStart(t)
 	valid := func(id staging.Identity) []byte {
-		h := newHeader(id, staging.PidNS{Dev: 1, Ino: 2}, os.Geteuid(), "rail-x", "hca-x", staging.ArenaHost)
+		h := folder.NewHeader(id, staging.PidNS{Dev: 1, Ino: 2}, os.Geteuid(), "rail-x", "hca-x", staging.ArenaHost)
 		h.State, h.Heartbeat = staging.StateReady, uint64(staging.MonoNanos())
 		b := make([]byte, staging.ControlSize)
-		copy(b, unsafe.Slice((*byte)(unsafe.Pointer(&h)), headerSize))
+		copy(b, unsafe.Slice((*byte)(unsafe.Pointer(&h)), folder.HeaderSize))
 		return b
 	}
 	mutated := func(f func(h *staging.Header)) func(id staging.Identity) []byte {
@@ -206,7 +207,7 @@ func TestRegistryGarbageControlFilesAreRefused(t *testing.T) {
 	for i, tt := range tests {
 		id := staging.Identity{Pid: me, StartTime: start, Epoch: 0x3000 + uint64(i)}
 		ids[tt.name] = id
-		writeFile0600(t, filepath.Join(dir, rankFileName(id)), tt.bytes(id))
+		writeFile0600(t, filepath.Join(dir, folder.RankFileName(id)), tt.bytes(id))
 	}
 	writeFile0600(t, filepath.Join(dir, "rank-not-a-rank"), []byte("junk"))
 	writeFile0600(t, filepath.Join(dir, "notes"), []byte("junk"))
@@ -224,7 +225,7 @@ func TestRegistryGarbageControlFilesAreRefused(t *testing.T) {
 	}
 	for _, tt := range tests {
 		id := ids[tt.name]
-		p, ok := byName[rankFileName(id)]
+		p, ok := byName[folder.RankFileName(id)]
 		if !ok || p.Refused == nil || !strings.Contains(p.Refused.Error(), tt.want) {
 			t.Errorf("%s: listed %v, refused %v; want refused with %q", tt.name, ok, p.Refused, tt.want)
 		}
@@ -243,16 +244,16 @@ func TestRegistryGarbageControlFilesAreRefused(t *testing.T) {
 }
 
 func validHeaderBytes() []byte {
-	h := newHeader(staging.Identity{Pid: 77, StartTime: 5, Epoch: 9}, staging.PidNS{Dev: 1, Ino: 2}, 0, "r", "h", staging.ArenaHost)
-	return append([]byte(nil), unsafe.Slice((*byte)(unsafe.Pointer(&h)), headerSize)...)
+	h := folder.NewHeader(staging.Identity{Pid: 77, StartTime: 5, Epoch: 9}, staging.PidNS{Dev: 1, Ino: 2}, 0, "r", "h", staging.ArenaHost)
+	return append([]byte(nil), unsafe.Slice((*byte)(unsafe.Pointer(&h)), folder.HeaderSize)...)
 }
 
 func FuzzDecodeHeader(f *testing.F) {
 	f.Add(validHeaderBytes())
-	f.Add(make([]byte, headerSize))
+	f.Add(make([]byte, folder.HeaderSize))
 	f.Add([]byte("PXNREG01"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		h, err := decodeHeader(b)
+		h, err := folder.DecodeHeader(b)
 		if err != nil {
 			return
 		}
@@ -262,7 +263,7 @@ func FuzzDecodeHeader(f *testing.F) {
 		if int(h.RailLen) > len(h.Rail) || int(h.HCALen) > len(h.HCA) || h.RailLen == 0 {
 			t.Fatalf("accepted name lengths %d, %d", h.RailLen, h.HCALen)
 		}
-		_ = headerRail(&h) + headerHCA(&h)
+		_ = folder.HeaderRail(&h) + folder.HeaderHCA(&h)
 	})
 }
 
@@ -271,15 +272,15 @@ func FuzzParseEntryName(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, name string) {
-		kind, id := parseEntryName(name)
+		kind, id := folder.ParseEntryName(name)
 		var back string
 		switch kind {
-		case entryRank:
-			back = rankFileName(id)
-		case entryTmp:
-			back = tmpFileName(id)
-		case entryArena:
-			back = arenaFileName(id)
+		case folder.EntryRank:
+			back = folder.RankFileName(id)
+		case folder.EntryTmp:
+			back = folder.TmpFileName(id)
+		case folder.EntryArena:
+			back = folder.ArenaFileName(id)
 		default:
 			return
 		}

@@ -25,6 +25,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
 
 // The test binary doubles as a rank process: with registryHelperEnv set,
@@ -173,7 +174,7 @@ func helperRank() int {
 				continue
 			}
 			links[f[1]] = l
-			fmt.Println("attached", f[1], l.LaneIndex(), l.LaneEpoch(), ShareName(l.ArenaShare()))
+			fmt.Println("attached", f[1], l.LaneIndex(), l.LaneEpoch(), folder.ShareName(l.ArenaShare()))
 		case "fill":
 			b, _ := strconv.Atoi(f[2])
 			mem := foreignBytes(links[f[1]].StagingBase(), fillBytes)
@@ -244,8 +245,8 @@ func helperAttach(ctx context.Context, r *Rank, name string) (*PeerLink, error) 
 			return r.Attach(ctx, p)
 		}
 	}
-	kind, id := parseEntryName(name)
-	if kind != entryRank {
+	kind, id := folder.ParseEntryName(name)
+	if kind != folder.EntryRank {
 		return nil, fmt.Errorf("%q is not a rank name", name)
 	}
 	return r.Attach(ctx, PeerInfo{Name: name, Identity: id})
@@ -434,7 +435,7 @@ func mustRegister(t *testing.T, o Options) *Rank {
 }
 
 func groupDir(root, group string) string {
-	return filepath.Join(root, GroupDirPrefix+strconv.Itoa(os.Geteuid())+"-"+group)
+	return filepath.Join(root, folder.GroupDirPrefix+strconv.Itoa(os.Geteuid())+"-"+group)
 }
 
 // listDir returns the sorted names in dir, or nil when dir does not exist

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
 
 func attachByName(t *testing.T, r *Rank, name string) *PeerLink {
@@ -140,7 +141,7 @@ func TestLeaseRelayCloseWaitsForSender(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			arena := arenaFileName(relay.Identity())
+			arena := folder.ArenaFileName(relay.Identity())
 			waits := make(chan []int, 1)
 			relay.leaseWatch = leaseWaitFunc(func(held []int) {
 				select {
@@ -214,7 +215,7 @@ func TestLeaseRelayCloseGivesUpAtDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	arena := arenaFileName(relay.Identity())
+	arena := folder.ArenaFileName(relay.Identity())
 	sender := startRegChild(t, childOpts{root: root, group: "g", rail: "rail1"})
 	sender.expect("ready")
 	sender.send("attach " + relay.Name())
@@ -431,7 +432,7 @@ func BenchmarkLeaseLive(b *testing.B) {
 // another process would, until the returned func.
 func holdLock(t *testing.T, root, group string) func() {
 	t.Helper()
-	f, err := os.OpenFile(filepath.Join(groupDir(root, group), lockFileName), os.O_RDWR, 0)
+	f, err := os.OpenFile(filepath.Join(groupDir(root, group), folder.LockFileName), os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

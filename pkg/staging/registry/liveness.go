@@ -3,101 +3,14 @@
 package registry
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
-
-// How the liveness of a registration is judged, as inspect reports it.
-const (
-	// JudgedByPid: the registration is in the reader's PID namespace; its
-	// pid and start time prove whether its process runs.
-	JudgedByPid = "pid"
-	// JudgedByHeartbeat: the registration is in another PID namespace,
-	// where its pid means nothing to the reader; only its heartbeat
-	// counts.
-	JudgedByHeartbeat = "heartbeat"
-)
-
-// heartbeatOffset is where a control file holds its heartbeat.
-const heartbeatOffset = int64(unsafe.Offsetof(staging.Header{}.Heartbeat))
-
-// ctlKind is what a registration's control file says about it.
-type ctlKind int
-
-const (
-	// ctlNone: neither rank-<id> nor .rank-<id>.tmp exists.
-	ctlNone ctlKind = iota
-	// ctlValid: a header that validates and names the registration.
-	ctlValid
-	// ctlBlank: a .tmp file whose header was never written (shorter than a
-	// control block, or no magic yet): its rank died or froze between
-	// creating the file and writing the header.
-	ctlBlank
-	// ctlBad: anything else (another ABI, garbage, unsafe): nothing in it
-	// can be trusted, not even its namespace.
-	ctlBad
-)
-
-// regControl is the control file of one registration as read once.
-type regControl struct {
-	kind ctlKind
-	name string
-	hdr  staging.Header
-	// ctime is the file's change time (CLOCK_REALTIME nanoseconds).
-	ctime int64
-}
-
-// readRegControl finds and reads the control file of id: rank-<id> while
-// it is published, .rank-<id>.tmp before and after. A rank's control file
-// is the first of its files to be created and the last to go (see
-// Register and Close), so a registration without one has no live process
-// behind it unless it is being torn down this very moment.
-func readRegControl(dirfd int, dirPath string, uid int, id staging.Identity) regControl {
-	for _, name := range [...]string{rankFileName(id), tmpFileName(id)} {
-		fd, st, err := openPrivate(dirfd, dirPath, name, unix.O_RDONLY, uid)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		c := regControl{kind: ctlBad, name: name, ctime: st.Ctim.Nano()}
-		if err != nil {
-			return c
-		}
-		defer unix.Close(fd)
-		tmp := name != rankFileName(id)
-		if st.Size < int64(staging.ControlSize) {
-			if tmp {
-				c.kind = ctlBlank
-			}
-			return c
-		}
-		var buf [headerSize]byte
-		if preadFull(fd, buf[:], 0) != nil {
-			return c
-		}
-		h, err := decodeHeader(buf[:])
-		switch {
-		case err != nil && tmp && h.Magic == 0:
-			c.kind = ctlBlank
-		case err != nil, headerIdentity(&h) != id, int(h.UID) != uid:
-		default:
-			c.kind, c.hdr = ctlValid, h
-		}
-		return c
-	}
-	return regControl{kind: ctlNone}
-}
-
-// headerNS is the PID namespace a header names.
-func headerNS(h *staging.Header) staging.PidNS {
-	return staging.PidNS{Dev: h.PidNSDev, Ino: h.PidNSIno}
-}
 
 // heartbeatObserver remembers, for registrations of other PID namespaces,
 // since when (on the observer's clock) their heartbeat has held its
@@ -126,29 +39,29 @@ type judge struct {
 // "" while it is not or that cannot be proven. newest is the latest change
 // time of any of the registration's files, for a registration whose
 // control file tells nothing.
-func (j judge) gone(id staging.Identity, c regControl, newest int64, now int64) string {
-	switch c.kind {
-	case ctlValid:
-		if ns := headerNS(&c.hdr); ns != j.self {
-			return j.heartbeatGone(id, c.hdr.Heartbeat, ns, now)
+func (j judge) gone(id staging.Identity, c folder.Control, newest int64, now int64) string {
+	switch c.Kind {
+	case folder.CtlValid:
+		if ns := folder.HeaderNS(&c.Hdr); ns != j.self {
+			return j.heartbeatGone(id, c.Hdr.Heartbeat, ns, now)
 		}
-		return goneReason(id.Pid, id.StartTime)
-	case ctlBad:
+		return folder.GoneReason(id.Pid, id.StartTime)
+	case folder.CtlBad:
 		return ""
 	}
 	// No namespace to go by. A live process of this namespace with the
 	// registration's pid and start time is proof of life (a process of
 	// another namespace could only be mistaken for it, never the other
 	// way round); otherwise time alone can tell.
-	if proc, err := readProcStat(id.Pid); err == nil && proc.StartTime == id.StartTime && proc.State != 'Z' && proc.State != 'X' {
+	if proc, err := folder.ReadProcStat(id.Pid); err == nil && proc.StartTime == id.StartTime && proc.State != 'Z' && proc.State != 'X' {
 		return ""
 	}
 	age := time.Duration(time.Now().UnixNano() - newest)
 	if age <= j.timeout {
 		return ""
 	}
-	if c.kind == ctlBlank {
-		return fmt.Sprintf("its control file %s was never written, for %v", c.name, age.Round(time.Millisecond))
+	if c.Kind == folder.CtlBlank {
+		return fmt.Sprintf("its control file %s was never written, for %v", c.Name, age.Round(time.Millisecond))
 	}
 	return fmt.Sprintf("it has no control file, for %v", age.Round(time.Millisecond))
 }
@@ -156,7 +69,7 @@ func (j judge) gone(id staging.Identity, c regControl, newest int64, now int64) 
 // heartbeatGone judges a registration of another namespace whose heartbeat
 // reads hb now.
 func (j judge) heartbeatGone(id staging.Identity, hb uint64, ns staging.PidNS, now int64) string {
-	if j.obs == nil || !heartbeatStale(hb, now, j.timeout) {
+	if j.obs == nil || !folder.HeartbeatStale(hb, now, j.timeout) {
 		return ""
 	}
 	since, ok := j.obs.unchangedSince(id, hb)
@@ -171,11 +84,11 @@ func (j judge) heartbeatGone(id staging.Identity, hb uint64, ns staging.PidNS, n
 // file; without one, by a heartbeat that never changes.
 func (j judge) ownerGone(d *registryDir, owner staging.Identity, ns staging.PidNS, now int64) string {
 	if ns == j.self {
-		return goneReason(owner.Pid, owner.StartTime)
+		return folder.GoneReason(owner.Pid, owner.StartTime)
 	}
 	var hb uint64
-	if c := readRegControl(d.fd(), d.path, d.uid, owner); c.kind == ctlValid {
-		hb = c.hdr.Heartbeat
+	if c := folder.ReadControl(d.fd(), d.path, d.uid, owner); c.Kind == folder.CtlValid {
+		hb = c.Hdr.Heartbeat
 	}
 	return j.heartbeatGone(owner, hb, ns, now)
 }
@@ -184,7 +97,7 @@ func (j judge) ownerGone(d *registryDir, owner staging.Identity, ns staging.PidN
 func newestChange(dirfd int, entries []dirEntry, id staging.Identity) int64 {
 	var newest int64
 	for _, e := range entries {
-		if e.id != id || e.kind == entryOther || e.kind == entryLock {
+		if e.id != id || e.kind == folder.EntryOther || e.kind == folder.EntryLock {
 			continue
 		}
 		var st unix.Stat_t

@@ -15,6 +15,8 @@ import (
 	"unsafe"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry/inspect"
+	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
 
 // needPidNS skips a test that runs ranks in PID namespaces of their own
@@ -33,8 +35,8 @@ func needPidNS(t *testing.T) {
 
 // nsFiles are the files a published rank named name has in the directory.
 func nsFiles(name string) []string {
-	_, id := parseEntryName(name)
-	return []string{name, arenaFileName(id), sockFileName(id)}
+	_, id := folder.ParseEntryName(name)
+	return []string{name, folder.ArenaFileName(id), folder.SockFileName(id)}
 }
 
 func missingFiles(dir string, names []string) []string {
@@ -119,13 +121,13 @@ func TestNamespaceRanksInSeparatePidNamespaces(t *testing.T) {
 		_, okB := findPeer(ps, bName)
 		return okA && okB
 	})
-	groups, err := InspectRoot(root, timeout)
+	groups, err := inspect.Root(root, timeout)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range groups[0].Ranks {
-		if (r.File == aName || r.File == bName) && (r.Liveness != JudgedByHeartbeat || r.PidNS == selfNS(t).String()) {
-			t.Errorf("inspect from another namespace shows %s in %s judged by %q, want its own namespace judged by %q", r.File, r.PidNS, r.Liveness, JudgedByHeartbeat)
+		if (r.File == aName || r.File == bName) && (r.Liveness != inspect.JudgedByHeartbeat || r.PidNS == selfNS(t).String()) {
+			t.Errorf("inspect from another namespace shows %s in %s judged by %q, want its own namespace judged by %q", r.File, r.PidNS, r.Liveness, inspect.JudgedByHeartbeat)
 		}
 	}
 
@@ -185,46 +187,46 @@ func TestNamespaceForeignAndUnknownEntries(t *testing.T) {
 	// Beating: a rank of another namespace whose pid here is dead, and
 	// whose heartbeat this test keeps moving.
 	beating := staging.Identity{Pid: dead, StartTime: 12345, Epoch: 0x7001}
-	writeFakeRank(t, dir, beating, rankFileName(beating), foreign)
+	writeFakeRank(t, dir, beating, folder.RankFileName(beating), foreign)
 	// Silent: the same, its heartbeat left as written.
 	silent := staging.Identity{Pid: dead, StartTime: 12345, Epoch: 0x7002}
-	writeFakeRank(t, dir, silent, rankFileName(silent), foreign)
+	writeFakeRank(t, dir, silent, folder.RankFileName(silent), foreign)
 	// Our own pid, but recorded in another namespace: not alive by that.
 	mine := staging.Identity{Pid: me, StartTime: start, Epoch: 0x7003}
-	writeFakeRank(t, dir, mine, rankFileName(mine), foreign)
+	writeFakeRank(t, dir, mine, folder.RankFileName(mine), foreign)
 	// Garbage: an old ABI names no namespace; never removed on a guess.
 	old := staging.Identity{Pid: dead, StartTime: 12345, Epoch: 0x7004}
-	writeFakeRank(t, dir, old, rankFileName(old), func(h *staging.Header) { h.ABIVersion = 2 })
+	writeFakeRank(t, dir, old, folder.RankFileName(old), func(h *staging.Header) { h.ABIVersion = 2 })
 	// Never written: a .tmp of a rank that died creating it.
 	blank := staging.Identity{Pid: dead, StartTime: 12345, Epoch: 0x7005}
-	writeFile0600(t, filepath.Join(dir, tmpFileName(blank)), make([]byte, 100))
+	writeFile0600(t, filepath.Join(dir, folder.TmpFileName(blank)), make([]byte, 100))
 	// Alive here, no control file: its pid and start time are this
 	// process's.
 	arenaOnly := staging.Identity{Pid: me, StartTime: start, Epoch: 0x7006}
-	writeFile0600(t, filepath.Join(dir, arenaFileName(arenaOnly)), nil)
+	writeFile0600(t, filepath.Join(dir, folder.ArenaFileName(arenaOnly)), nil)
 	created := staging.MonoNanos()
 
 	// A registrant has watched nothing: it removes none of them.
 	mustRegister(t, regOptions(root, "g", "rail1"))
 	for _, id := range []staging.Identity{beating, silent, mine, old} {
-		if !fileExists(filepath.Join(dir, rankFileName(id))) || !fileExists(filepath.Join(dir, arenaFileName(id))) {
+		if !fileExists(filepath.Join(dir, folder.RankFileName(id))) || !fileExists(filepath.Join(dir, folder.ArenaFileName(id))) {
 			t.Fatalf("a registrant removed files of %v: %v", id, listDir(t, dir))
 		}
 	}
-	if !fileExists(filepath.Join(dir, tmpFileName(blank))) {
+	if !fileExists(filepath.Join(dir, folder.TmpFileName(blank))) {
 		t.Fatalf("a registrant removed an unwritten control file younger than the timeout")
 	}
 
 	beat := func() {
 		var b [8]byte
 		*(*uint64)(unsafe.Pointer(&b[0])) = uint64(staging.MonoNanos())
-		pokeFile(t, filepath.Join(dir, rankFileName(beating)), unsafe.Offsetof(staging.Header{}.Heartbeat), b[:])
+		pokeFile(t, filepath.Join(dir, folder.RankFileName(beating)), unsafe.Offsetof(staging.Header{}.Heartbeat), b[:])
 	}
 	gone := func(id staging.Identity) bool {
-		return !fileExists(filepath.Join(dir, rankFileName(id))) && !fileExists(filepath.Join(dir, arenaFileName(id)))
+		return !fileExists(filepath.Join(dir, folder.RankFileName(id))) && !fileExists(filepath.Join(dir, folder.ArenaFileName(id)))
 	}
 	deadline := time.Now().Add(childWait)
-	for !gone(silent) || !gone(mine) || fileExists(filepath.Join(dir, tmpFileName(blank))) {
+	for !gone(silent) || !gone(mine) || fileExists(filepath.Join(dir, folder.TmpFileName(blank))) {
 		if time.Now().After(deadline) {
 			t.Fatalf("silent ranks of another namespace still there after %v: %v", childWait, listDir(t, dir))
 		}
@@ -233,7 +235,7 @@ func TestNamespaceForeignAndUnknownEntries(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	beat()
-	if ps, _ := nextPeers(t, obs); !hasPeer(ps, rankFileName(beating)) || hasPeer(ps, rankFileName(silent)) {
+	if ps, _ := nextPeers(t, obs); !hasPeer(ps, folder.RankFileName(beating)) || hasPeer(ps, folder.RankFileName(silent)) {
 		t.Errorf("peers %+v, want the beating rank of another namespace and not the silent one", ps)
 	}
 	if since := time.Duration(staging.MonoNanos() - created); since < timeout {
@@ -244,7 +246,7 @@ func TestNamespaceForeignAndUnknownEntries(t *testing.T) {
 			t.Errorf("%v removed: a beating rank, or garbage that names no namespace", id)
 		}
 	}
-	if !fileExists(filepath.Join(dir, arenaFileName(arenaOnly))) {
+	if !fileExists(filepath.Join(dir, folder.ArenaFileName(arenaOnly))) {
 		t.Errorf("an arena whose pid and start time are of a live process here was removed")
 	}
 }
@@ -257,7 +259,7 @@ func TestNamespaceArenaSocketRefusesAllButTheHolder(t *testing.T) {
 	sender := mustRegister(t, regOptions(root, "g", "rail1"))
 	l := attachByName(t, sender, relay.Name())
 	if l.ArenaShare() != staging.ShareFD {
-		t.Fatalf("attached by %s, want by descriptor", ShareName(l.ArenaShare()))
+		t.Fatalf("attached by %s, want by descriptor", folder.ShareName(l.ArenaShare()))
 	}
 	if relay.Header().ArenaShares != staging.ShareIPCHandle|staging.ShareFD {
 		t.Errorf("relay offers shares %#x, want handle and descriptor", relay.Header().ArenaShares)
@@ -267,7 +269,7 @@ func TestNamespaceArenaSocketRefusesAllButTheHolder(t *testing.T) {
 	if got := string(foreignBytes(relay.Arena().Base()+uintptr(staging.LaneOffset(l.LaneIndex())), 4)); got != "pxn!" {
 		t.Errorf("the relay reads %q where the sender wrote through its descriptor mapping", got)
 	}
-	sock := sockFileName(relay.Identity())
+	sock := folder.SockFileName(relay.Identity())
 	good := fdRequest{Lane: uint32(l.LaneIndex()), SenderEpoch: sender.Identity().Epoch, LaneEpoch: l.LaneEpoch()}
 	ask := func(q fdRequest) error {
 		c, err := dialArenaSocket(sender.d, sock, q, staging.MonoNanos())
@@ -323,13 +325,13 @@ func TestNamespaceArenaByHandleWithoutSocket(t *testing.T) {
 	o := regOptions(root, "g", "rail0")
 	o.NoArenaSocket = true
 	relay := mustRegister(t, o)
-	if relay.Header().ArenaShares != staging.ShareIPCHandle || fileExists(filepath.Join(relay.Dir(), sockFileName(relay.Identity()))) {
+	if relay.Header().ArenaShares != staging.ShareIPCHandle || fileExists(filepath.Join(relay.Dir(), folder.SockFileName(relay.Identity()))) {
 		t.Fatalf("relay without socket offers %#x, socket file there: %v", relay.Header().ArenaShares, listDir(t, relay.Dir()))
 	}
 	sender := mustRegister(t, regOptions(root, "g", "rail1"))
 	l := attachByName(t, sender, relay.Name())
 	if l.ArenaShare() != staging.ShareIPCHandle {
-		t.Errorf("attached by %s, want by handle", ShareName(l.ArenaShare()))
+		t.Errorf("attached by %s, want by handle", folder.ShareName(l.ArenaShare()))
 	}
 }
 
@@ -354,7 +356,7 @@ func TestNamespaceTryAttachDoesNotWaitForTheSocket(t *testing.T) {
 		return err == nil
 	})
 	if l.ArenaShare() != staging.ShareFD {
-		t.Errorf("attached by %s, want by descriptor", ShareName(l.ArenaShare()))
+		t.Errorf("attached by %s, want by descriptor", folder.ShareName(l.ArenaShare()))
 	}
 	t.Logf("TryAttach returned pending %d times", pending)
 	if err := l.Close(); err != nil {
@@ -375,7 +377,7 @@ func TestNamespaceRevokedRankKeepsItsControlFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := relay.Identity()
-	if fileExists(filepath.Join(relay.Dir(), relay.Name())) || !fileExists(filepath.Join(relay.Dir(), tmpFileName(id))) {
+	if fileExists(filepath.Join(relay.Dir(), relay.Name())) || !fileExists(filepath.Join(relay.Dir(), folder.TmpFileName(id))) {
 		t.Errorf("after revoke the directory holds %v, want the control file under its temporary name", listDir(t, relay.Dir()))
 	}
 	if err := relay.Close(context.Background()); err != nil {

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
 
 func statLine(comm string, start string) string {
@@ -41,12 +42,12 @@ func TestIdentityParseProcStat(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			st, err := parseProcStat([]byte(tt.line))
+			st, err := folder.ParseProcStat([]byte(tt.line))
 			if (err == nil) != tt.ok {
-				t.Fatalf("parseProcStat(%q) = %+v, %v; want ok %v", tt.line, st, err, tt.ok)
+				t.Fatalf("folder.ParseProcStat(%q) = %+v, %v; want ok %v", tt.line, st, err, tt.ok)
 			}
 			if tt.ok && (st.State != tt.state || st.StartTime != tt.start) {
-				t.Errorf("parseProcStat(%q) = %c %d, want %c %d", tt.line, st.State, st.StartTime, tt.state, tt.start)
+				t.Errorf("folder.ParseProcStat(%q) = %c %d, want %c %d", tt.line, st.State, st.StartTime, tt.state, tt.start)
 			}
 		})
 	}
@@ -57,16 +58,16 @@ func FuzzParseProcStat(f *testing.F) {
 	f.Add([]byte(statLine("a) b", "2")))
 	f.Add([]byte("1 ("))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		parseProcStat(b)
+		folder.ParseProcStat(b)
 	})
 }
 
 func TestIdentityOfThisProcess(t *testing.T) {
-	a, err := newIdentity()
+	a, err := folder.NewIdentity()
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := newIdentity()
+	b, err := folder.NewIdentity()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,14 +77,14 @@ func TestIdentityOfThisProcess(t *testing.T) {
 	if a.Epoch == 0 || b.Epoch == 0 || a.Epoch == b.Epoch {
 		t.Errorf("epochs %#x and %#x, want two different non-zero ones", a.Epoch, b.Epoch)
 	}
-	if why := goneReason(a.Pid, a.StartTime); why != "" {
+	if why := folder.GoneReason(a.Pid, a.StartTime); why != "" {
 		t.Errorf("this process is %q", why)
 	}
-	if why := goneReason(a.Pid, a.StartTime+1); !strings.Contains(why, "reused") {
+	if why := folder.GoneReason(a.Pid, a.StartTime+1); !strings.Contains(why, "reused") {
 		t.Errorf("another start time: %q, want reused", why)
 	}
 	for _, pid := range []int{0, -1, staging.MaxPid + 1} {
-		if why := goneReason(pid, 1); why == "" {
+		if why := folder.GoneReason(pid, 1); why == "" {
 			t.Errorf("pid %d counts as running", pid)
 		}
 	}
@@ -102,15 +103,15 @@ func TestIdentityExitedAndZombieProcessesAreGone(t *testing.T) {
 	pid := cmd.Process.Pid
 	// Not yet reaped: a zombie, which kill(pid, 0) still finds.
 	pollUntil(t, "the child to become a zombie", func() bool {
-		st, err := readProcStat(pid)
+		st, err := folder.ReadProcStat(pid)
 		return err == nil && st.State == 'Z'
 	})
-	st, _ := readProcStat(pid)
-	if why := goneReason(pid, st.StartTime); !strings.Contains(why, "zombie") {
+	st, _ := folder.ReadProcStat(pid)
+	if why := folder.GoneReason(pid, st.StartTime); !strings.Contains(why, "zombie") {
 		t.Errorf("zombie %d: %q, want exited (zombie)", pid, why)
 	}
 	cmd.Wait()
-	if why := goneReason(pid, st.StartTime); !strings.Contains(why, "exited") {
+	if why := folder.GoneReason(pid, st.StartTime); !strings.Contains(why, "exited") {
 		t.Errorf("reaped %d: %q, want exited", pid, why)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
 
 // RefusalPrefix opens the name of a refusal record in a registry root:
@@ -128,7 +129,7 @@ func ReadRefusals(root string) (rs []Refusal, bad int, err error) {
 		return nil, 0, &os.PathError{Op: "open", Path: root, Err: err}
 	}
 	defer unix.Close(rootfd)
-	names, err := readDirNames(rootfd, root)
+	names, err := folder.ReadDirNames(rootfd, root)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
 
 func TestRegistryRanksInOneGroupSeeEachOther(t *testing.T) {
@@ -53,8 +54,8 @@ func TestRegistryRanksInOneGroupSeeEachOther(t *testing.T) {
 	for _, c := range children {
 		c.finish()
 	}
-	if got := listDir(t, groupDir(root, "job")); !slices.Equal(got, []string{lockFileName}) {
-		t.Errorf("after every rank closed the directory holds %v, want only %s", got, lockFileName)
+	if got := listDir(t, groupDir(root, "job")); !slices.Equal(got, []string{folder.LockFileName}) {
+		t.Errorf("after every rank closed the directory holds %v, want only %s", got, folder.LockFileName)
 	}
 }
 
@@ -84,9 +85,9 @@ func TestRegistryKilledRankIsCleanedByNextRegistrant(t *testing.T) {
 	dir := groupDir(root, "g")
 	c := startRegChild(t, childOpts{root: root, group: "g"})
 	name := c.expect("ready")
-	_, id := parseEntryName(name)
+	_, id := folder.ParseEntryName(name)
 	c.kill()
-	for _, f := range []string{name, arenaFileName(id)} {
+	for _, f := range []string{name, folder.ArenaFileName(id)} {
 		if !fileExists(filepath.Join(dir, f)) {
 			t.Fatalf("%s vanished before anyone cleaned", f)
 		}
@@ -108,10 +109,10 @@ func TestRegistryRankKilledDuringInitIsCleaned(t *testing.T) {
 	c.expect("hanging")
 	var tmp, arena string
 	for _, n := range listDir(t, dir) {
-		switch k, id := parseEntryName(n); {
-		case k == entryTmp && id.Pid == c.pid():
+		switch k, id := folder.ParseEntryName(n); {
+		case k == folder.EntryTmp && id.Pid == c.pid():
 			tmp = n
-		case k == entryArena && id.Pid == c.pid():
+		case k == folder.EntryArena && id.Pid == c.pid():
 			arena = n
 		}
 	}
@@ -136,9 +137,9 @@ func TestRegistryRankKilledDuringInitIsCleaned(t *testing.T) {
 
 // rankFiles lists the files of the given ranks and the lock, sorted.
 func rankFiles(rs ...*Rank) []string {
-	names := []string{lockFileName}
+	names := []string{folder.LockFileName}
 	for _, r := range rs {
-		names = append(names, r.Name(), arenaFileName(r.Identity()), sockFileName(r.Identity()))
+		names = append(names, r.Name(), folder.ArenaFileName(r.Identity()), folder.SockFileName(r.Identity()))
 	}
 	slices.Sort(names)
 	return names
@@ -161,19 +162,19 @@ func selfNS(t testing.TB) staging.PidNS {
 // to it.
 func writeFakeRank(t *testing.T, dir string, id staging.Identity, name string, mutate func(h *staging.Header)) {
 	t.Helper()
-	h := newHeader(id, selfNS(t), os.Geteuid(), "rail-x", "hca-x", staging.ArenaHost)
+	h := folder.NewHeader(id, selfNS(t), os.Geteuid(), "rail-x", "hca-x", staging.ArenaHost)
 	h.State = staging.StateReady
 	h.Heartbeat = uint64(staging.MonoNanos())
 	handle := [staging.ArenaHandleSize]byte{}
-	copy(handle[:], arenaFileName(id))
+	copy(handle[:], folder.ArenaFileName(id))
 	h.IPCHandle = handle
 	if mutate != nil {
 		mutate(&h)
 	}
 	b := make([]byte, staging.ControlSize)
-	copy(b, unsafe.Slice((*byte)(unsafe.Pointer(&h)), headerSize))
+	copy(b, unsafe.Slice((*byte)(unsafe.Pointer(&h)), folder.HeaderSize))
 	writeFile0600(t, filepath.Join(dir, name), b)
-	writeFile0600(t, filepath.Join(dir, arenaFileName(id)), nil)
+	writeFile0600(t, filepath.Join(dir, folder.ArenaFileName(id)), nil)
 }
 
 // writeFile0600 writes b to a 0600 file, leaving trailing zeros sparse.
@@ -192,7 +193,7 @@ func writeFile0600(t *testing.T, path string, b []byte) {
 
 func selfStart(t *testing.T) uint64 {
 	t.Helper()
-	st, err := readProcStat(os.Getpid())
+	st, err := folder.ReadProcStat(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,9 +244,9 @@ func TestRegistryStaleEntries(t *testing.T) {
 			mutate: func(h *staging.Header) { h.State, h.Heartbeat = staging.StateInit, 0 }},
 	}
 	for _, tt := range tests {
-		name := rankFileName(tt.id)
+		name := folder.RankFileName(tt.id)
 		if tt.tmp {
-			name = tmpFileName(tt.id)
+			name = folder.TmpFileName(tt.id)
 		}
 		writeFakeRank(t, dir, tt.id, name, tt.mutate)
 	}
@@ -267,11 +268,11 @@ func TestRegistryStaleEntries(t *testing.T) {
 	// every stale registration and nothing else.
 	mustRegister(t, regOptions(root, "g", "rail1"))
 	for _, tt := range tests {
-		name := rankFileName(tt.id)
+		name := folder.RankFileName(tt.id)
 		if tt.tmp {
-			name = tmpFileName(tt.id)
+			name = folder.TmpFileName(tt.id)
 		}
-		for _, f := range []string{name, arenaFileName(tt.id)} {
+		for _, f := range []string{name, folder.ArenaFileName(tt.id)} {
 			if gone := !fileExists(filepath.Join(dir, f)); gone != tt.stale {
 				t.Errorf("%s: %s removed = %v, want %v", tt.name, f, gone, tt.stale)
 			}
@@ -344,7 +345,7 @@ func TestRegistryUIDsDoNotSeeEachOther(t *testing.T) {
 			t.Errorf("rank %d sees %q, want no peers", c.pid(), got)
 		}
 	}
-	otherDir := filepath.Join(root, fmt.Sprintf("%s%d-g", GroupDirPrefix, other))
+	otherDir := filepath.Join(root, fmt.Sprintf("%s%d-g", folder.GroupDirPrefix, other))
 	var st unix.Stat_t
 	if err := unix.Lstat(otherDir, &st); err != nil || st.Uid != other || st.Mode&0o7777 != 0o700 {
 		t.Errorf("directory of uid %d: %v, uid %d, mode %04o; want uid %d, 0700", other, err, st.Uid, st.Mode&0o7777, other)
@@ -407,7 +408,7 @@ func TestRegistryInitFailureRollsBack(t *testing.T) {
 			if !slices.Equal(ran, steps[:step]) {
 				t.Errorf("steps run %v, want %v", ran, steps[:step])
 			}
-			want := []string{lockFileName}
+			want := []string{folder.LockFileName}
 			if step == StepOpenRegistry {
 				want = nil
 			}
@@ -469,11 +470,11 @@ func TestRegistryFailedMemoryRegistrationQuarantinesArena(t *testing.T) {
 	// The control file stays with the arena: it names the namespace by
 	// which others judge the arena.
 	names := listDir(t, dir)
-	if len(names) != 3 || names[0] != lockFileName {
+	if len(names) != 3 || names[0] != folder.LockFileName {
 		t.Fatalf("directory holds %v, want the lock, the control file and the quarantined arena", names)
 	}
 	ctl, arena := names[1], names[2]
-	if k, id := parseEntryName(arena); k != entryArena || id.Pid != os.Getpid() || ctl != tmpFileName(id) {
+	if k, id := folder.ParseEntryName(arena); k != folder.EntryArena || id.Pid != os.Getpid() || ctl != folder.TmpFileName(id) {
 		t.Fatalf("directory holds %v, want the lock, and this process's arena and its .tmp control file", names)
 	}
 	if !mapsMention(t, arena) {
@@ -495,7 +496,7 @@ func TestRegistryQuarantinedArenaOfExitedProcessIsCleaned(t *testing.T) {
 	}
 	<-c.done
 	names := listDir(t, dir)
-	if len(names) != 3 || !strings.HasPrefix(names[1], tmpPrefix) || !strings.HasPrefix(names[2], arenaPrefix) {
+	if len(names) != 3 || !strings.HasPrefix(names[1], folder.TmpPrefix) || !strings.HasPrefix(names[2], folder.ArenaPrefix) {
 		t.Fatalf("after the failed child the directory holds %v, want the lock, a control file and an arena", names)
 	}
 	r := mustRegister(t, regOptions(root, "g", "rail0"))
@@ -514,13 +515,13 @@ func TestRegistryTeardownOrderAndNothingLeft(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	arena := arenaFileName(relay.Identity())
+	arena := folder.ArenaFileName(relay.Identity())
 	reg.beforeDeregister = func() {
 		// Reverse order: READY revoked (the control file back under its
 		// temporary name) and the socket gone before the NIC lets go; the
 		// arena outlives its registration, the control file the arena.
-		if fileExists(filepath.Join(dir, relay.Name())) || fileExists(filepath.Join(dir, sockFileName(relay.Identity()))) ||
-			!fileExists(filepath.Join(dir, arena)) || !fileExists(filepath.Join(dir, tmpFileName(relay.Identity()))) {
+		if fileExists(filepath.Join(dir, relay.Name())) || fileExists(filepath.Join(dir, folder.SockFileName(relay.Identity()))) ||
+			!fileExists(filepath.Join(dir, arena)) || !fileExists(filepath.Join(dir, folder.TmpFileName(relay.Identity()))) {
 			t.Errorf("deregistering with %v in the directory; want the revoked control file and the arena there, and no socket", listDir(t, dir))
 		}
 	}
@@ -538,8 +539,8 @@ func TestRegistryTeardownOrderAndNothingLeft(t *testing.T) {
 	if reg.registered.Load() != 1 || reg.deregistered.Load() != 1 {
 		t.Errorf("registered %d, deregistered %d; want 1 and 1", reg.registered.Load(), reg.deregistered.Load())
 	}
-	if got := listDir(t, dir); !slices.Equal(got, []string{lockFileName}) {
-		t.Errorf("after teardown the directory holds %v, want only %s", got, lockFileName)
+	if got := listDir(t, dir); !slices.Equal(got, []string{folder.LockFileName}) {
+		t.Errorf("after teardown the directory holds %v, want only %s", got, folder.LockFileName)
 	}
 	if mapsMention(t, arena) {
 		t.Errorf("arena %s still mapped after Close", arena)
@@ -557,11 +558,11 @@ func TestRegistryFailedDeregisterQuarantinesArena(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	arena := arenaFileName(r.Identity())
+	arena := folder.ArenaFileName(r.Identity())
 	if err := r.Close(context.Background()); err == nil || !strings.Contains(err.Error(), "quarantined") {
 		t.Fatalf("Close = %v, want the arena quarantined", err)
 	}
-	if got, want := listDir(t, groupDir(root, "g")), []string{lockFileName, tmpFileName(r.Identity()), arena}; !slices.Equal(got, want) {
+	if got, want := listDir(t, groupDir(root, "g")), []string{folder.LockFileName, folder.TmpFileName(r.Identity()), arena}; !slices.Equal(got, want) {
 		t.Errorf("directory holds %v, want %v: the lock, the revoked control file and the quarantined arena", got, want)
 	}
 	if !mapsMention(t, arena) {
@@ -621,31 +622,31 @@ func TestRegistryEntryNames(t *testing.T) {
 	id := staging.Identity{Pid: 4242, StartTime: 987654, Epoch: 0xabcdef}
 	tests := []struct {
 		name string
-		kind entryKind
+		kind folder.EntryKind
 	}{
-		{rankFileName(id), entryRank},
-		{tmpFileName(id), entryTmp},
-		{arenaFileName(id), entryArena},
-		{".lock", entryLock},
-		{"rank-4242-987654-abcdef", entryOther},               // epoch not 16 digits
-		{"rank-04242-987654-0000000000abcdef", entryOther},    // not canonical
-		{"rank-4242-987654-0000000000ABCDEF", entryOther},     // not canonical
-		{"rank-0-987654-0000000000abcdef", entryOther},        // pid 0
-		{"rank-99999999-987654-0000000000abcdef", entryOther}, // pid out of range
-		{"rank-4242-987654-0000000000000000", entryOther},     // epoch 0
-		{"rank-4242-987654-0000000000abcdef-x", entryOther},
-		{".rank-.tmp", entryOther},
-		{"arena-../../x", entryOther},
-		{"README", entryOther},
+		{folder.RankFileName(id), folder.EntryRank},
+		{folder.TmpFileName(id), folder.EntryTmp},
+		{folder.ArenaFileName(id), folder.EntryArena},
+		{".lock", folder.EntryLock},
+		{"rank-4242-987654-abcdef", folder.EntryOther},               // epoch not 16 digits
+		{"rank-04242-987654-0000000000abcdef", folder.EntryOther},    // not canonical
+		{"rank-4242-987654-0000000000ABCDEF", folder.EntryOther},     // not canonical
+		{"rank-0-987654-0000000000abcdef", folder.EntryOther},        // pid 0
+		{"rank-99999999-987654-0000000000abcdef", folder.EntryOther}, // pid out of range
+		{"rank-4242-987654-0000000000000000", folder.EntryOther},     // epoch 0
+		{"rank-4242-987654-0000000000abcdef-x", folder.EntryOther},
+		{".rank-.tmp", folder.EntryOther},
+		{"arena-../../x", folder.EntryOther},
+		{"README", folder.EntryOther},
 	}
 	for _, tt := range tests {
-		kind, got := parseEntryName(tt.name)
+		kind, got := folder.ParseEntryName(tt.name)
 		if kind != tt.kind {
-			t.Errorf("parseEntryName(%q) kind = %v, want %v", tt.name, kind, tt.kind)
+			t.Errorf("folder.ParseEntryName(%q) kind = %v, want %v", tt.name, kind, tt.kind)
 		}
-		if kind == entryRank || kind == entryTmp || kind == entryArena {
+		if kind == folder.EntryRank || kind == folder.EntryTmp || kind == folder.EntryArena {
 			if got != id {
-				t.Errorf("parseEntryName(%q) = %v, want %v", tt.name, got, id)
+				t.Errorf("folder.ParseEntryName(%q) = %v, want %v", tt.name, got, id)
 			}
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"unsafe"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
 
 // scanObserver registers a rank of this process that watches the group,
@@ -136,7 +137,7 @@ func TestPeersSeeInPlaceChangesOnTheNextCall(t *testing.T) {
 	root := regTestRoot(t)
 	r := scanObserver(t, root, "g", 0, scanTest{listEvery: time.Hour})
 	id := staging.Identity{Pid: os.Getpid(), StartTime: selfStart(t), Epoch: 0x5001}
-	name := rankFileName(id)
+	name := folder.RankFileName(id)
 	path := filepath.Join(r.Dir(), name)
 	writeFakeRank(t, r.Dir(), id, name, func(h *staging.Header) { h.State = staging.StateInit })
 	if p, ok := findPeer(settle(t, r), name); ok {
@@ -240,8 +241,8 @@ func TestPeersSeeRestartWithNewEpoch(t *testing.T) {
 	}
 	c.send("reregister")
 	neu := c.expect("ready")
-	_, oldID := parseEntryName(old)
-	_, newID := parseEntryName(neu)
+	_, oldID := folder.ParseEntryName(old)
+	_, newID := folder.ParseEntryName(neu)
 	if oldID.Pid != newID.Pid || oldID.Epoch == newID.Epoch {
 		t.Fatalf("re-registered as %v after %v, want the same pid under a new epoch", newID, oldID)
 	}
@@ -344,7 +345,7 @@ func TestPeersSeeKilledRanks(t *testing.T) {
 			if _, ok := findPeer(ps, name); !ok || len(ps) != 2 {
 				t.Fatalf("peers %+v, want %s and %s", ps, name, zname)
 			}
-			_, id := parseEntryName(name)
+			_, id := folder.ParseEntryName(name)
 
 			c.kill() // and reaped
 			ps, listed := nextPeers(t, r)
@@ -352,7 +353,7 @@ func TestPeersSeeKilledRanks(t *testing.T) {
 			if _, ok := findPeer(ps, name); ok || len(ps) != 1 {
 				t.Errorf("the call after SIGKILL lists %+v, want only %s", ps, zname)
 			}
-			for _, f := range []string{name, arenaFileName(id)} {
+			for _, f := range []string{name, folder.ArenaFileName(id)} {
 				if fileExists(filepath.Join(r.Dir(), f)) {
 					t.Errorf("the call after SIGKILL left %s of the killed rank", f)
 				}
@@ -365,7 +366,7 @@ func TestPeersSeeKilledRanks(t *testing.T) {
 			// The leader shows Z while its other threads still exit; the
 			// process has exited once they are all gone.
 			pollUntil(t, "the killed rank to become a zombie", func() bool {
-				st, err := readProcStat(z.Process.Pid)
+				st, err := folder.ReadProcStat(z.Process.Pid)
 				tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", z.Process.Pid))
 				return err == nil && st.State == 'Z' && len(tasks) == 1
 			})
@@ -465,7 +466,7 @@ func TestPeersRecheckEveryEntryWithinListEvery(t *testing.T) {
 	// stat until the periodic listing, which finds it. The deadline only
 	// ends a test whose listing never comes: listEvery, and childWait for a
 	// loaded machine.
-	arena := filepath.Join(r.Dir(), arenaFileName(peer.Identity()))
+	arena := filepath.Join(r.Dir(), folder.ArenaFileName(peer.Identity()))
 	if err := os.Chmod(arena, 0o640); err != nil {
 		t.Fatal(err)
 	}
@@ -485,9 +486,9 @@ func TestPeersRecheckEveryEntryWithinListEvery(t *testing.T) {
 			t.Fatalf("Peers did not list the directory within %v after an entry became unsafe", listEvery+childWait)
 		}
 	}
-	var ue *UnsafeError
+	var ue *folder.UnsafeError
 	if !errors.As(err, &ue) || ue.Path != arena || !strings.Contains(ue.Problem, "has mode 0640") {
-		t.Errorf("Peers = %v, want an UnsafeError about the mode of %s", err, arena)
+		t.Errorf("Peers = %v, want an folder.UnsafeError about the mode of %s", err, arena)
 	}
 }
 
@@ -557,14 +558,14 @@ func TestPeersSteadyStateAllocatesNothing(t *testing.T) {
 			c.expect("attached")
 			me, start := os.Getpid(), selfStart(t)
 			refused := staging.Identity{Pid: me, StartTime: start, Epoch: 0x6001}
-			writeFakeRank(t, dir, refused, rankFileName(refused), func(h *staging.Header) { h.LaneCount = 8 })
+			writeFakeRank(t, dir, refused, folder.RankFileName(refused), func(h *staging.Header) { h.LaneCount = 8 })
 			late := staging.Identity{Pid: me, StartTime: start, Epoch: 0x6002}
-			writeFakeRank(t, dir, late, rankFileName(late), func(h *staging.Header) { h.Heartbeat = 1 })
+			writeFakeRank(t, dir, late, folder.RankFileName(late), func(h *staging.Header) { h.Heartbeat = 1 })
 			initializing := staging.Identity{Pid: me, StartTime: start, Epoch: 0x6003}
-			writeFakeRank(t, dir, initializing, tmpFileName(initializing), func(h *staging.Header) { h.State = staging.StateInit })
+			writeFakeRank(t, dir, initializing, folder.TmpFileName(initializing), func(h *staging.Header) { h.State = staging.StateInit })
 			// Of another PID namespace: watched by its heartbeat.
 			foreign := staging.Identity{Pid: me, StartTime: start, Epoch: 0x6004}
-			writeFakeRank(t, dir, foreign, rankFileName(foreign), func(h *staging.Header) { h.PidNSDev, h.PidNSIno = otherNS.Dev, otherNS.Ino })
+			writeFakeRank(t, dir, foreign, folder.RankFileName(foreign), func(h *staging.Header) { h.PidNSDev, h.PidNSIno = otherNS.Dev, otherNS.Ino })
 			writeFile0600(t, filepath.Join(dir, "notes"), []byte("x"))
 
 			settle(t, r)

@@ -16,12 +16,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry/inspect"
+	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
 
 // inspectRank returns the report of rank r under root.
-func inspectedRank(t *testing.T, root string, r *Rank) RankReport {
+func inspectedRank(t *testing.T, root string, r *Rank) inspect.RankReport {
 	t.Helper()
-	groups, err := InspectRoot(root, time.Minute)
+	groups, err := inspect.Root(root, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +35,7 @@ func inspectedRank(t *testing.T, root string, r *Rank) RankReport {
 		}
 	}
 	t.Fatalf("inspect does not list rank %s: %+v", r.Name(), groups)
-	return RankReport{}
+	return inspect.RankReport{}
 }
 
 func TestPublishedStatsAreInspected(t *testing.T) {
@@ -110,8 +112,8 @@ func TestStatsOfAHostileBlock(t *testing.T) {
 	atomic.StoreUint64(&r.ctl.Stats.Gen, 7)
 	start := time.Now()
 	rr := inspectedRank(t, root, r)
-	if rr.Stats != nil || !strings.Contains(rr.StatsError, ErrStatsBusy.Error()) {
-		t.Errorf("odd generation: stats %+v error %q, want %v", rr.Stats, rr.StatsError, ErrStatsBusy)
+	if rr.Stats != nil || !strings.Contains(rr.StatsError, folder.ErrStatsBusy.Error()) {
+		t.Errorf("odd generation: stats %+v error %q, want %v", rr.Stats, rr.StatsError, folder.ErrStatsBusy)
 	}
 	// Bounded: statsNaps naps; a minute means the reader never gave up.
 	if took := time.Since(start); took > time.Minute {
@@ -166,8 +168,8 @@ func TestStatsReadsAreNeverTorn(t *testing.T) {
 
 	var busy int
 	for range 2000 {
-		st, err := readStats(fd)
-		if errors.Is(err, ErrStatsBusy) {
+		st, err := folder.ReadStats(fd)
+		if errors.Is(err, folder.ErrStatsBusy) {
 			busy++
 			continue
 		}

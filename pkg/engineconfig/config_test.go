@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package staging
+package engineconfig
 
 import (
 	"errors"
@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 type env map[string]string
@@ -40,7 +41,7 @@ var enabled = env{contract.EnvEnable: "1", contract.EnvGroupID: "job-7"}
 var allEnvVars = []string{contract.EnvEnable, contract.EnvGroupID, contract.EnvInflightDepth, contract.EnvRailMap, contract.EnvCreditTimeout, contract.EnvHeartbeatTimeout, contract.EnvRegistryRoot}
 
 func TestConfigDefaults(t *testing.T) {
-	cfg, errs := ConfigFromEnv(env{}.lookup)
+	cfg, errs := FromEnv(env{}.lookup)
 	if len(errs) != 0 {
 		t.Fatalf("errors with nothing set: %v", errs)
 	}
@@ -49,15 +50,15 @@ func TestConfigDefaults(t *testing.T) {
 		CreditTimeout:    1000 * time.Millisecond,
 		HeartbeatTimeout: 3000 * time.Millisecond,
 		RegistryRoot:     "/dev/shm",
-		FirstPiece:       SlotSize,
-		SlotParts:        MaxParts,
+		FirstPiece:       staging.SlotSize,
+		SlotParts:        staging.MaxParts,
 		CopyMode:         "auto",
 	}
 	if !equalConfig(cfg, want) {
 		t.Fatalf("config = %+v, want %+v", cfg, want)
 	}
 
-	cfg, errs = ConfigFromEnv(enabled.lookup)
+	cfg, errs = FromEnv(enabled.lookup)
 	if len(errs) != 0 {
 		t.Fatalf("errors with enable and group: %v", errs)
 	}
@@ -86,11 +87,11 @@ func TestConfigDisabledReadsNothing(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			var looked []string
-			cfg, errs := ConfigFromEnv(func(v string) (string, bool) {
+			cfg, errs := FromEnv(func(v string) (string, bool) {
 				looked = append(looked, v)
 				return e.lookup(v)
 			})
-			if len(errs) != 0 || !equalConfig(cfg, DefaultConfig()) {
+			if len(errs) != 0 || !equalConfig(cfg, Default()) {
 				t.Fatalf("config %+v, errors %v; want defaults and no error", cfg, errs)
 			}
 			if len(looked) != 1 || looked[0] != contract.EnvEnable {
@@ -105,7 +106,7 @@ func ptr[T any](v T) *T { return &v }
 func TestConfigEnable(t *testing.T) {
 	for _, v := range []string{"true", "false", "TRUE", "yes", "on", "01", "00", " 1", "1 ", "2", "-1", "+1", "1\n", "０"} {
 		t.Run(strconv.Quote(v), func(t *testing.T) {
-			cfg, errs := ConfigFromEnv(enabled.with(contract.EnvEnable, v).lookup)
+			cfg, errs := FromEnv(enabled.with(contract.EnvEnable, v).lookup)
 			if cfg.Enable || len(errs) != 1 {
 				t.Fatalf("enable %q: config %+v, errors %v; want PXN off and one error", v, cfg, errs)
 			}
@@ -165,15 +166,15 @@ func TestConfigVariables(t *testing.T) {
 		{"heartbeat 600001", enabled.with(contract.EnvHeartbeatTimeout, "600001"), contract.EnvHeartbeatTimeout, nil},
 		{"heartbeat negative", enabled.with(contract.EnvHeartbeatTimeout, "-3000"), contract.EnvHeartbeatTimeout, nil},
 
-		{"first piece default: no ramp", enabled, "", func(c Config) bool { return c.FirstPiece == SlotSize }},
+		{"first piece default: no ramp", enabled, "", func(c Config) bool { return c.FirstPiece == staging.SlotSize }},
 		{"first piece 4", enabled.with(contract.EnvFirstPiece, "4"), "", func(c Config) bool { return c.FirstPiece == 4<<10 }},
 		{"first piece 1000", enabled.with(contract.EnvFirstPiece, "1000"), "", func(c Config) bool { return c.FirstPiece == 1000<<10 }},
-		{"first piece the slot", enabled.with(contract.EnvFirstPiece, "8192"), "", func(c Config) bool { return c.FirstPiece == SlotSize }},
+		{"first piece the slot", enabled.with(contract.EnvFirstPiece, "8192"), "", func(c Config) bool { return c.FirstPiece == staging.SlotSize }},
 		{"first piece 3", enabled.with(contract.EnvFirstPiece, "3"), contract.EnvFirstPiece, nil},
 		{"first piece 0", enabled.with(contract.EnvFirstPiece, "0"), contract.EnvFirstPiece, nil},
 		{"first piece past the slot", enabled.with(contract.EnvFirstPiece, "8193"), contract.EnvFirstPiece, nil},
 		{"first piece with unit", enabled.with(contract.EnvFirstPiece, "256KiB"), contract.EnvFirstPiece, nil},
-		{"slot parts default", enabled, "", func(c Config) bool { return c.SlotParts == MaxParts }},
+		{"slot parts default", enabled, "", func(c Config) bool { return c.SlotParts == staging.MaxParts }},
 		{"slot parts 1: off", enabled.with(contract.EnvSlotParts, "1"), "", func(c Config) bool { return c.SlotParts == 1 }},
 		{"slot parts 4", enabled.with(contract.EnvSlotParts, "4"), "", func(c Config) bool { return c.SlotParts == 4 }},
 		{"slot parts 0", enabled.with(contract.EnvSlotParts, "0"), contract.EnvSlotParts, nil},
@@ -209,7 +210,7 @@ func TestConfigVariables(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, errs := ConfigFromEnv(tc.env.lookup)
+			cfg, errs := FromEnv(tc.env.lookup)
 			if tc.bad == "" {
 				if len(errs) != 0 || !cfg.Enable {
 					t.Fatalf("errors %v, enable %v; want PXN on", errs, cfg.Enable)
@@ -223,7 +224,7 @@ func TestConfigVariables(t *testing.T) {
 				t.Fatalf("config %+v, errors %v; want PXN off and one error", cfg, errs)
 			}
 			checkEnvError(t, errs[0], tc.bad, tc.env[tc.bad])
-			if !equalConfigExcept(cfg, DefaultConfig(), tc.bad) {
+			if !equalConfigExcept(cfg, Default(), tc.bad) {
 				t.Fatalf("invalid %s left config %+v, want defaults in its place", tc.bad, cfg)
 			}
 		})
@@ -256,7 +257,7 @@ func TestConfigGroupIDMissing(t *testing.T) {
 		"empty": enabled.with(contract.EnvGroupID, ""),
 	} {
 		t.Run(name, func(t *testing.T) {
-			cfg, errs := ConfigFromEnv(e.lookup)
+			cfg, errs := FromEnv(e.lookup)
 			if cfg.Enable || len(errs) != 1 {
 				t.Fatalf("config %+v, errors %v; want PXN off and one error", cfg, errs)
 			}
@@ -285,14 +286,14 @@ func TestConfigErrorMessages(t *testing.T) {
 		{enabled.with(contract.EnvRailMap, `{"mlx5_0":1}`), `MC_PXN_RAIL_MAP="{\"mlx5_0\":1}": rail map: HCA "mlx5_0" maps to a number, want a string`},
 	}
 	for _, tc := range tests {
-		_, errs := ConfigFromEnv(tc.env.lookup)
+		_, errs := FromEnv(tc.env.lookup)
 		if len(errs) != 1 || errs[0].Error() != tc.want {
 			t.Errorf("errors %q, want [%q]", errs, tc.want)
 		}
 	}
 
 	huge := `{"mlx5_0":"` + strings.Repeat("x", 70<<10) + `"}`
-	_, errs := ConfigFromEnv(enabled.with(contract.EnvRailMap, huge).lookup)
+	_, errs := FromEnv(enabled.with(contract.EnvRailMap, huge).lookup)
 	if len(errs) != 1 {
 		t.Fatalf("errors %v, want one", errs)
 	}
@@ -343,7 +344,7 @@ func TestConfigEveryProblemReported(t *testing.T) {
 }
 
 // TestRegistryRootFromEnv reads the root whether or not PXN is on, and
-// refuses what ConfigFromEnv refuses.
+// refuses what FromEnv refuses.
 func TestRegistryRootFromEnv(t *testing.T) {
 	for _, tc := range []struct {
 		env  env
@@ -379,25 +380,6 @@ func TestRailMapFromEnv(t *testing.T) {
 		var ee *EnvError
 		if !maps.Equal(got, tc.want) || (err != nil) != tc.bad || (err != nil && (!errors.As(err, &ee) || ee.Var != contract.EnvRailMap)) {
 			t.Errorf("RailMapFromEnv(%v) = %v, %v; want %v, error %v", tc.env, got, err, tc.want, tc.bad)
-		}
-	}
-}
-
-func TestCanonicalRail(t *testing.T) {
-	m := map[string]string{"mlx5_0": "rail0", "mlx5_3": "rail1"}
-	tests := []struct {
-		m         map[string]string
-		hca, want string
-	}{
-		{m, "mlx5_0", "rail0"},
-		{m, "mlx5_3", "rail1"},
-		{m, "mlx5_1", "mlx5_1"},
-		{m, "", ""},
-		{nil, "mlx5_0", "mlx5_0"},
-	}
-	for _, tc := range tests {
-		if got := CanonicalRail(tc.m, tc.hca); got != tc.want {
-			t.Errorf("CanonicalRail(%v, %q) = %q, want %q", tc.m, tc.hca, got, tc.want)
 		}
 	}
 }
@@ -482,7 +464,7 @@ func FuzzConfigFromEnv(f *testing.F) {
 				e[name] = values[i]
 			}
 		}
-		cfg, errs := ConfigFromEnv(e.lookup)
+		cfg, errs := FromEnv(e.lookup)
 		seen := map[string]bool{}
 		for _, err := range errs {
 			var ee *EnvError
@@ -498,7 +480,7 @@ func FuzzConfigFromEnv(f *testing.F) {
 			t.Fatalf("PXN on despite %v", errs)
 		}
 		if e[contract.EnvEnable] != "1" {
-			if cfg.Enable || !equalConfig(cfg, DefaultConfig()) {
+			if cfg.Enable || !equalConfig(cfg, Default()) {
 				t.Fatalf("enable %q gave %+v", e[contract.EnvEnable], cfg)
 			}
 			if wantErr := e[contract.EnvEnable] != "" && e[contract.EnvEnable] != "0"; wantErr != (len(errs) == 1) || len(errs) > 1 {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package registry
+package folder
 
 import (
 	"bytes"
@@ -29,14 +29,14 @@ func (e *MismatchError) Error() string {
 	return fmt.Sprintf("%s %d differs from ours %d", e.Field, e.Theirs, e.Ours)
 }
 
-const headerSize = unsafe.Sizeof(staging.Header{})
+const HeaderSize = unsafe.Sizeof(staging.Header{})
 
-// newHeader fills everything a rank publishes and never changes afterwards.
-func newHeader(id staging.Identity, ns staging.PidNS, uid int, rail, hca string, arenaKind uint32) staging.Header {
+// NewHeader fills everything a rank publishes and never changes afterwards.
+func NewHeader(id staging.Identity, ns staging.PidNS, uid int, rail, hca string, arenaKind uint32) staging.Header {
 	h := staging.Header{
 		Magic:        staging.RegistryMagic,
 		ABIVersion:   staging.ABIVersion,
-		HeaderSize:   uint32(headerSize),
+		HeaderSize:   uint32(HeaderSize),
 		State:        staging.StateInit,
 		UID:          uint32(uid),
 		Pid:          uint64(id.Pid),
@@ -58,27 +58,27 @@ func newHeader(id staging.Identity, ns staging.PidNS, uid int, rail, hca string,
 	return h
 }
 
-// decodeHeader copies a header out of untrusted bytes and validates it.
-func decodeHeader(b []byte) (staging.Header, error) {
+// DecodeHeader copies a header out of untrusted bytes and validates it.
+func DecodeHeader(b []byte) (staging.Header, error) {
 	var h staging.Header
-	if len(b) < int(headerSize) {
-		return h, fmt.Errorf("%w: header is %d bytes, want %d", ErrCorruptEntry, len(b), headerSize)
+	if len(b) < int(HeaderSize) {
+		return h, fmt.Errorf("%w: header is %d bytes, want %d", ErrCorruptEntry, len(b), HeaderSize)
 	}
-	copy(unsafe.Slice((*byte)(unsafe.Pointer(&h)), headerSize), b)
-	return h, checkHeader(&h)
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(&h)), HeaderSize), b)
+	return h, CheckHeader(&h)
 }
 
-// checkHeader validates a header copy. The engine numbers must equal ours
+// CheckHeader validates a header copy. The engine numbers must equal ours
 // (a *MismatchError names the first that differs); every other field must
 // be in range.
-func checkHeader(h *staging.Header) error {
+func CheckHeader(h *staging.Header) error {
 	for _, f := range [...]struct {
 		name         string
 		theirs, ours uint64
 	}{
 		{"magic", h.Magic, staging.RegistryMagic},
 		{"ABI version", uint64(h.ABIVersion), staging.ABIVersion},
-		{"header size", uint64(h.HeaderSize), uint64(headerSize)},
+		{"header size", uint64(h.HeaderSize), uint64(HeaderSize)},
 		{"lane count", uint64(h.LaneCount), staging.LaneCount},
 		{"slots per lane", uint64(h.SlotsPerLane), staging.SlotsPerLane},
 		{"slot size", h.SlotSize, staging.SlotSize},
@@ -111,15 +111,15 @@ func checkHeader(h *staging.Header) error {
 	return nil
 }
 
-// headerIdentity is the identity a validated header claims.
-func headerIdentity(h *staging.Header) staging.Identity {
+// HeaderIdentity is the identity a validated header claims.
+func HeaderIdentity(h *staging.Header) staging.Identity {
 	return staging.Identity{Pid: int(h.Pid), StartTime: h.StartTime, Epoch: h.BootEpoch}
 }
 
-func headerRail(h *staging.Header) string { return string(h.Rail[:h.RailLen]) }
-func headerHCA(h *staging.Header) string  { return string(h.HCA[:h.HCALen]) }
+func HeaderRail(h *staging.Header) string { return string(h.Rail[:h.RailLen]) }
+func HeaderHCA(h *staging.Header) string  { return string(h.HCA[:h.HCALen]) }
 
-func stateName(s uint32) string {
+func StateName(s uint32) string {
 	switch s {
 	case staging.StateInit:
 		return "INIT"
@@ -129,4 +129,16 @@ func stateName(s uint32) string {
 		return "CLOSING"
 	}
 	return fmt.Sprintf("state(%d)", s)
+}
+
+// ShareName names a way of mapping an arena (staging.ShareFD,
+// staging.ShareIPCHandle).
+func ShareName(share uint32) string {
+	switch share {
+	case staging.ShareFD:
+		return "descriptor"
+	case staging.ShareIPCHandle:
+		return "handle"
+	}
+	return fmt.Sprintf("share(%d)", share)
 }

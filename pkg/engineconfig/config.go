@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package staging
+// Package engineconfig is the engine's configuration: the MC_PXN_*
+// variables of package contract read from a process's environment and
+// checked.
+package engineconfig
 
 import (
 	"fmt"
@@ -10,20 +13,6 @@ import (
 	"time"
 
 	"github.com/pxn-project/pxn/pkg/contract"
-)
-
-// The registry header stores a rank's rail and HCA names, so the contract's
-// limits must be the header's field sizes (a failing line is a negative
-// array length).
-var (
-	_ [contract.MaxRailName - len(Header{}.Rail)]struct{}
-	_ [len(Header{}.Rail) - contract.MaxRailName]struct{}
-	_ [contract.MaxHCAName - len(Header{}.HCA)]struct{}
-	_ [len(Header{}.HCA) - contract.MaxHCAName]struct{}
-	_ [contract.MaxFirstPieceKiB<<10 - SlotSize]struct{}
-	_ [SlotSize - contract.MaxFirstPieceKiB<<10]struct{}
-	_ [contract.MaxSlotParts - MaxParts]struct{}
-	_ [MaxParts - contract.MaxSlotParts]struct{}
 )
 
 // Config is the engine configuration. Only a Config with Enable set may be
@@ -38,7 +27,7 @@ type Config struct {
 	HeartbeatTimeout time.Duration
 	RegistryRoot     string
 	// FirstPiece is the byte cap of a request's first Piece (the
-	// planner's ramp); SlotSize is no ramp.
+	// planner's ramp); the slot size is no ramp.
 	FirstPiece uint64
 	// SlotParts is the most parts a Piece on an idle lane is copied and
 	// forwarded in (Desc.Parts); 1 is none.
@@ -48,8 +37,8 @@ type Config struct {
 	CopyMode string
 }
 
-// DefaultConfig is PXN off with every default in place.
-func DefaultConfig() Config {
+// Default is PXN off with every default in place.
+func Default() Config {
 	return Config{
 		InflightDepth:    contract.DefaultInflightDepth,
 		CreditTimeout:    contract.DefaultCreditTimeout,
@@ -81,13 +70,13 @@ func (e *EnvError) Unwrap() error { return e.Err }
 
 var errGroupRequired = fmt.Errorf("required when %s=%s", contract.EnvEnable, contract.EnableOn)
 
-// ConfigFromEnv reads the configuration through lookup (os.LookupEnv when
+// FromEnv reads the configuration through lookup (os.LookupEnv when
 // nil): the variables, defaults and ranges of package contract. A variable
 // set to the empty string counts as unset. contract.EnvEnable accepts exactly
 // "0" and "1"; unless it is "1" nothing else is read. With
 // any problem the returned Config has Enable false, holds the default in
 // place of each invalid value, and every problem is one *EnvError.
-func ConfigFromEnv(lookup func(string) (string, bool)) (Config, []error) {
+func FromEnv(lookup func(string) (string, bool)) (Config, []error) {
 	if lookup == nil {
 		lookup = os.LookupEnv
 	}
@@ -95,7 +84,7 @@ func ConfigFromEnv(lookup func(string) (string, bool)) (Config, []error) {
 		v, ok := lookup(name)
 		return v, ok && v != ""
 	}
-	cfg := DefaultConfig()
+	cfg := Default()
 	switch v, _ := get(contract.EnvEnable); v {
 	case "", contract.EnableOff:
 		return cfg, nil
@@ -224,10 +213,10 @@ func registryRoot(get func(string) (string, bool)) (string, error) {
 	return root, nil
 }
 
-// Load is ConfigFromEnv that hands each problem to warn, once. A host process
+// Load is FromEnv that hands each problem to warn, once. A host process
 // logs them and runs with PXN off; nothing here can panic on a bad value.
 func Load(lookup func(string) (string, bool), warn func(error)) Config {
-	cfg, errs := ConfigFromEnv(lookup)
+	cfg, errs := FromEnv(lookup)
 	if warn != nil {
 		for _, err := range errs {
 			warn(err)

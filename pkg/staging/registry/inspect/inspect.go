@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package registry
+// Package inspect reports what registry folders hold (groups, ranks, their
+// lanes and counters) for the node agent and pxn-agent inspect. It only
+// reads: no lock, no write, no registration. The engine never links it.
+package inspect
 
 import (
 	"fmt"
@@ -15,9 +18,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
 
-// GroupReport is what InspectRoot finds in one registry directory.
+// GroupReport is what Root finds in one registry directory.
 type GroupReport struct {
 	// Group is the directory's name, mooncake-pxn-<uid>-<group>.
 	Group string `json:"group"`
@@ -100,14 +104,22 @@ var (
 	_ [unsafe.Sizeof(laneHead{}) - unsafe.Offsetof(staging.Lane{}.Ready)]struct{}
 )
 
-// InspectRoot reports every registry directory (mooncake-pxn-*) under
+// arenaEntry is an arena or arena socket of a group, matched to its rank
+// once every control file is read.
+type arenaEntry struct {
+	name string
+	kind folder.EntryKind
+	id   staging.Identity
+}
+
+// Root reports every registry directory (mooncake-pxn-*) under
 // root. It only reads: it takes no lock and changes nothing (the counters
 // block is read through a read-only mapping), so what it shows of live
 // ranks is a moment's snapshot. A rank whose heartbeat is older than
 // staleAfter is reported stale; one in the caller's PID namespace is also
 // judged by its pid, one in another by its heartbeat alone. Garbage is
 // reported, never fatal; only an unreadable root is an error.
-func InspectRoot(root string, staleAfter time.Duration) ([]GroupReport, error) {
+func Root(root string, staleAfter time.Duration) ([]GroupReport, error) {
 	// Without its own namespace, inspect judges every rank by heartbeat.
 	self, _ := staging.SelfPidNS()
 	rootfd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -115,14 +127,14 @@ func InspectRoot(root string, staleAfter time.Duration) ([]GroupReport, error) {
 		return nil, &os.PathError{Op: "open", Path: root, Err: err}
 	}
 	defer unix.Close(rootfd)
-	names, err := readDirNames(rootfd, root)
+	names, err := folder.ReadDirNames(rootfd, root)
 	if err != nil {
 		return nil, err
 	}
 	sort.Strings(names)
 	groups := []GroupReport{}
 	for _, n := range names {
-		if strings.HasPrefix(n, GroupDirPrefix) {
+		if strings.HasPrefix(n, folder.GroupDirPrefix) {
 			groups = append(groups, inspectGroup(rootfd, root, n, self, staleAfter))
 		}
 	}
@@ -138,7 +150,7 @@ func inspectGroup(rootfd int, root, name string, self staging.PidNS, staleAfter 
 		return g
 	}
 	g.UID, g.Mode = int(st.Uid), fmt.Sprintf("%04o", st.Mode&0o7777)
-	if err := checkPrivate(path, &st, g.UID, unix.S_IFDIR); err != nil {
+	if err := folder.CheckPrivate(path, &st, g.UID, unix.S_IFDIR); err != nil {
 		g.Problems = append(g.Problems, err.Error())
 		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 			return g
@@ -153,7 +165,7 @@ func inspectGroup(rootfd int, root, name string, self staging.PidNS, staleAfter 
 		return g
 	}
 	defer unix.Close(fd)
-	names, err := readDirNames(fd, path)
+	names, err := folder.ReadDirNames(fd, path)
 	if err != nil {
 		g.Problems = append(g.Problems, err.Error())
 		return g
@@ -161,38 +173,38 @@ func inspectGroup(rootfd int, root, name string, self staging.PidNS, staleAfter 
 	sort.Strings(names)
 	now := staging.MonoNanos()
 	ranks := make(map[staging.Identity]*RankReport)
-	var arenas []dirEntry
+	var arenas []arenaEntry
 	for _, n := range names {
 		var est unix.Stat_t
 		if err := unix.Fstatat(fd, n, &est, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			continue
 		}
-		kind, id := parseEntryName(n)
-		if err := checkPrivate(filepath.Join(path, n), &est, g.UID, 0); err != nil {
+		kind, id := folder.ParseEntryName(n)
+		if err := folder.CheckPrivate(filepath.Join(path, n), &est, g.UID, 0); err != nil {
 			g.Entries = append(g.Entries, EntryReport{Name: n, Kind: "unsafe", Note: err.Error()})
 			continue
 		}
 		switch kind {
-		case entryLock:
-		case entryRank, entryTmp:
+		case folder.EntryLock:
+		case folder.EntryRank, folder.EntryTmp:
 			rr, err := inspectRank(fd, path, n, kind, id, g.UID, self, now, staleAfter)
 			if err != nil {
 				k := "garbage"
-				if kind == entryTmp {
+				if kind == folder.EntryTmp {
 					k = "initializing"
 				}
 				g.Entries = append(g.Entries, EntryReport{Name: n, Kind: k, Note: err.Error()})
 				continue
 			}
 			g.Ranks = append(g.Ranks, rr)
-		case entryArena, entrySock:
-			arenas = append(arenas, dirEntry{name: n, kind: kind, id: id})
+		case folder.EntryArena, folder.EntrySock:
+			arenas = append(arenas, arenaEntry{name: n, kind: kind, id: id})
 		default:
 			g.Entries = append(g.Entries, EntryReport{Name: n, Kind: "garbage", Note: "not a registry name"})
 		}
 	}
 	for i := range g.Ranks {
-		_, id := parseEntryName(g.Ranks[i].File)
+		_, id := folder.ParseEntryName(g.Ranks[i].File)
 		ranks[id] = &g.Ranks[i]
 	}
 	for _, a := range arenas {
@@ -200,8 +212,8 @@ func inspectGroup(rootfd int, root, name string, self staging.PidNS, staleAfter 
 		switch rr := ranks[a.id]; {
 		case rr == nil:
 			note = "orphan: no control file; removed once older than the heartbeat timeout"
-		case rr.Liveness == JudgedByPid && goneReason(a.id.Pid, a.id.StartTime) != "":
-			note = "orphan: " + goneReason(a.id.Pid, a.id.StartTime) + "; the next registrant removes it"
+		case rr.Liveness == JudgedByPid && folder.GoneReason(a.id.Pid, a.id.StartTime) != "":
+			note = "orphan: " + folder.GoneReason(a.id.Pid, a.id.StartTime) + "; the next registrant removes it"
 		case rr.Liveness == JudgedByHeartbeat && strings.HasPrefix(rr.Health, "stale: "):
 			note = "its rank's heartbeat is late; a rank of the group removes it once it has not moved for the heartbeat timeout"
 		}
@@ -212,7 +224,7 @@ func inspectGroup(rootfd int, root, name string, self staging.PidNS, staleAfter 
 
 // groupDirUID parses the uid out of mooncake-pxn-<uid>-<group>.
 func groupDirUID(name string) (int, bool) {
-	s, _, ok := strings.Cut(strings.TrimPrefix(name, GroupDirPrefix), "-")
+	s, _, ok := strings.Cut(strings.TrimPrefix(name, folder.GroupDirPrefix), "-")
 	if !ok {
 		return 0, false
 	}
@@ -220,39 +232,39 @@ func groupDirUID(name string) (int, bool) {
 	return uid, err == nil
 }
 
-func inspectRank(dirfd int, dirPath, name string, kind entryKind, id staging.Identity, uid int, self staging.PidNS, now int64, staleAfter time.Duration) (RankReport, error) {
-	fd, st, err := openPrivate(dirfd, dirPath, name, unix.O_RDONLY, uid)
+func inspectRank(dirfd int, dirPath, name string, kind folder.EntryKind, id staging.Identity, uid int, self staging.PidNS, now int64, staleAfter time.Duration) (RankReport, error) {
+	fd, st, err := folder.OpenPrivate(dirfd, dirPath, name, unix.O_RDONLY, uid)
 	if err != nil {
 		return RankReport{}, err
 	}
 	defer unix.Close(fd)
 	if st.Size < int64(staging.ControlSize) {
-		return RankReport{}, fmt.Errorf("%w: %d bytes, want %d", ErrCorruptEntry, st.Size, staging.ControlSize)
+		return RankReport{}, fmt.Errorf("%w: %d bytes, want %d", folder.ErrCorruptEntry, st.Size, staging.ControlSize)
 	}
-	var buf [headerSize]byte
-	if err := preadFull(fd, buf[:], 0); err != nil {
-		return RankReport{}, fmt.Errorf("%w: %v", ErrCorruptEntry, err)
+	var buf [folder.HeaderSize]byte
+	if err := folder.PreadFull(fd, buf[:], 0); err != nil {
+		return RankReport{}, fmt.Errorf("%w: %v", folder.ErrCorruptEntry, err)
 	}
-	h, err := decodeHeader(buf[:])
+	h, err := folder.DecodeHeader(buf[:])
 	if err != nil {
 		return RankReport{}, err
 	}
-	if got := headerIdentity(&h); got != id {
-		return RankReport{}, fmt.Errorf("%w: header names %v", ErrCorruptEntry, got)
+	if got := folder.HeaderIdentity(&h); got != id {
+		return RankReport{}, fmt.Errorf("%w: header names %v", folder.ErrCorruptEntry, got)
 	}
 	rr := RankReport{
 		File:         name,
-		Published:    kind == entryRank,
-		State:        stateName(h.State),
+		Published:    kind == folder.EntryRank,
+		State:        folder.StateName(h.State),
 		Pid:          id.Pid,
 		StartTime:    id.StartTime,
 		Epoch:        fmt.Sprintf("%016x", id.Epoch),
-		Rail:         headerRail(&h),
-		HCA:          headerHCA(&h),
+		Rail:         folder.HeaderRail(&h),
+		HCA:          folder.HeaderHCA(&h),
 		Arena:        arenaKindName(h.ArenaKind),
 		HeartbeatAge: -1,
-		PidNS:        headerNS(&h).String(),
-		Liveness:     livenessOf(headerNS(&h), self),
+		PidNS:        folder.HeaderNS(&h).String(),
+		Liveness:     livenessOf(folder.HeaderNS(&h), self),
 		Shares:       sharesText(h.ArenaShares),
 		Health:       "live",
 	}
@@ -261,25 +273,25 @@ func inspectRank(dirfd int, dirPath, name string, kind entryKind, id staging.Ide
 	}
 	why := ""
 	if rr.Liveness == JudgedByPid {
-		why = goneReason(id.Pid, id.StartTime)
+		why = folder.GoneReason(id.Pid, id.StartTime)
 	}
 	switch {
 	case why != "":
 		rr.Health = "stale: " + why
-	case kind == entryTmp && heartbeatStale(h.Heartbeat, now, staleAfter) && rr.Liveness == JudgedByHeartbeat:
+	case kind == folder.EntryTmp && folder.HeartbeatStale(h.Heartbeat, now, staleAfter) && rr.Liveness == JudgedByHeartbeat:
 		rr.Health = fmt.Sprintf("stale: heartbeat older than %v (judged by heartbeat)", staleAfter)
-	case kind == entryTmp && h.State == staging.StateClosing:
+	case kind == folder.EntryTmp && h.State == staging.StateClosing:
 		rr.Health = "revoked"
-	case kind == entryTmp:
+	case kind == folder.EntryTmp:
 		rr.Health = "initializing"
-	case heartbeatStale(h.Heartbeat, now, staleAfter):
+	case folder.HeartbeatStale(h.Heartbeat, now, staleAfter):
 		rr.Health = fmt.Sprintf("stale: heartbeat older than %v", staleAfter)
 	}
 	for i := 0; i < staging.LaneCount; i++ {
 		var lh laneHead
 		off := int64(unsafe.Offsetof(staging.ControlBlock{}.Lanes) + uintptr(i)*unsafe.Sizeof(staging.Lane{}))
-		if err := preadFull(fd, unsafe.Slice((*byte)(unsafe.Pointer(&lh)), unsafe.Sizeof(lh)), off); err != nil {
-			return RankReport{}, fmt.Errorf("%w: lane %d: %v", ErrCorruptEntry, i, err)
+		if err := folder.PreadFull(fd, unsafe.Slice((*byte)(unsafe.Pointer(&lh)), unsafe.Sizeof(lh)), off); err != nil {
+			return RankReport{}, fmt.Errorf("%w: lane %d: %v", folder.ErrCorruptEntry, i, err)
 		}
 		lr := LaneReport{
 			Lane:      i,
@@ -296,16 +308,16 @@ func inspectRank(dirfd int, dirPath, name string, kind entryKind, id staging.Ide
 			lr.OwnerPid, lr.OwnerEpoch, lr.OwnerHealth = owner.Pid, fmt.Sprintf("%016x", owner.Epoch), "live"
 			lr.OwnerPidNS, lr.OwnerLiveness = ns.String(), livenessOf(ns, self)
 			if lr.OwnerLiveness == JudgedByPid {
-				if why := goneReason(owner.Pid, owner.StartTime); why != "" {
+				if why := folder.GoneReason(owner.Pid, owner.StartTime); why != "" {
 					lr.OwnerHealth = "stale: " + why
 				}
-			} else if c := readRegControl(dirfd, dirPath, uid, owner); c.kind != ctlValid || heartbeatStale(c.hdr.Heartbeat, now, staleAfter) {
+			} else if c := folder.ReadControl(dirfd, dirPath, uid, owner); c.Kind != folder.CtlValid || folder.HeartbeatStale(c.Hdr.Heartbeat, now, staleAfter) {
 				lr.OwnerHealth = fmt.Sprintf("stale: no heartbeat within %v (judged by heartbeat)", staleAfter)
 			}
 		}
 		rr.Lanes = append(rr.Lanes, lr)
 	}
-	stats, err := readStats(fd)
+	stats, err := folder.ReadStats(fd)
 	if err == nil {
 		rr.Stats, err = newStatsReport(&stats, now)
 	}
@@ -326,7 +338,7 @@ func sharesText(shares uint32) string {
 	var s []string
 	for _, sh := range [...]uint32{staging.ShareIPCHandle, staging.ShareFD} {
 		if shares&sh != 0 {
-			s = append(s, ShareName(sh))
+			s = append(s, folder.ShareName(sh))
 		}
 	}
 	return strings.Join(s, ",")
@@ -341,3 +353,14 @@ func arenaKindName(k uint32) string {
 	}
 	return strconv.Itoa(int(k))
 }
+
+// How the liveness of a registration is judged, as inspect reports it.
+const (
+	// JudgedByPid: the registration is in the reader's PID namespace; its
+	// pid and start time prove whether its process runs.
+	JudgedByPid = "pid"
+	// JudgedByHeartbeat: the registration is in another PID namespace,
+	// where its pid means nothing to the reader; only its heartbeat
+	// counts.
+	JudgedByHeartbeat = "heartbeat"
+)

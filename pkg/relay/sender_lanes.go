@@ -1,0 +1,266 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pxn-project/pxn/pkg/staging"
+)
+
+// checkLanes reads the health of the relays behind the outbound lanes
+// from their mapped control blocks: stale ones stop taking tickets, gone
+// ones fail what they had. It makes no system call for a live relay.
+func (sn *sender) checkLanes() {
+	s := sn.s
+	if sn.peersOff || sn.noSend {
+		return
+	}
+	changed := false
+	now := time.Now()
+	live := sn.lanes[:0]
+	for _, sl := range sn.lanes {
+		h := sl.link.Health(now)
+		if h == Gone {
+			sn.retire(sl, errRelayGone, staging.FallbackRelayGone)
+			changed = true
+			continue
+		}
+		if h == Closing {
+			// The relay completes or fails what was published; the lane
+			// goes back as soon as nothing is left, so that its close
+			// need not wait for us.
+			if !sl.tx.InFlight() {
+				sn.retire(sl, nil, staging.FallbackRelayGone)
+				changed = true
+				continue
+			}
+			h = Stale
+		}
+		if stale := h == Stale; stale != sl.stale.Load() {
+			sl.stale.Store(stale)
+			changed = true
+		}
+		if d := sn.ticketTimeout(); sl.tx.InFlight() && now.Sub(sl.progressAt) > d {
+			// The lane's claim stays with the zombie until the copier has
+			// drained, and hasLane keeps it from being claimed anew
+			// meanwhile: this relay gets no more tickets from us.
+			s.log.Error(errTicketTimeout, "published tickets failed; relay not used again", "relayPid", sl.peer.Pid, "lane", sl.link.LaneIndex(), "seq", sl.tx.Reaped()+1, "timeout", d)
+			s.counters.laneQuarantine.Add(1)
+			sl.keepClaim = true
+			sn.retire(sl, fmt.Errorf("%w within %v", errTicketTimeout, d), staging.FallbackLaneBroken)
+			changed = true
+			continue
+		}
+		if sl.broken && !sl.tx.InFlight() {
+			sn.retire(sl, nil, staging.FallbackLaneBroken)
+			changed = true
+			continue
+		}
+		if s.exhausted(sl) && !sl.tx.InFlight() {
+			// Sequence space spent and drained: a new claim gives the lane
+			// a new epoch and restarts at seq 1.
+			sn.retire(sl, nil, staging.FallbackNoLane)
+			changed = true
+			continue
+		}
+		live = append(live, sl)
+	}
+	sn.lanes = live
+	sn.releaseLanded()
+	if changed {
+		sn.publishRoutes()
+	}
+}
+
+// listPeers lists the group (a registry scan): new relays get a lane, and
+// more peers than lanes turn PXN off.
+func (sn *sender) listPeers() {
+	s := sn.s
+	sn.attachPending = false
+	peers, err := sn.reg.Peers()
+	if err != nil {
+		if errors.Is(err, ErrTooManyPeers) {
+			if !sn.peersOff {
+				sn.peersOff = true
+				s.log.Info("more than 7 peers in the group; PXN off, sending direct", "err", err.Error())
+			}
+			s.pxn.Store(false)
+			for _, sl := range sn.lanes {
+				sn.retire(sl, errRelayGone, staging.FallbackNoLane)
+			}
+			sn.lanes = nil
+			s.routes.Store(&routeTable{})
+			return
+		}
+		s.log.Error(err, "registry scan failed")
+		return
+	}
+	if sn.peersOff || sn.noSend {
+		return
+	}
+	changed := false
+	for _, pr := range peers {
+		if pr.Rail == s.localRail || pr.Rail == "" {
+			continue
+		}
+		if sn.hasLane(pr) {
+			continue
+		}
+		if sl := sn.attach(pr); sl != nil {
+			sn.lanes = append(sn.lanes, sl)
+			changed = true
+		}
+	}
+	if changed {
+		sn.publishRoutes()
+	}
+}
+
+// attach claims a lane on relay pr and registers its words for doorbells.
+func (sn *sender) attach(pr Peer) *senderLane {
+	s := sn.s
+	link, err := sn.reg.Attach(pr)
+	if err != nil {
+		// A busy registry is retried at the next heartbeat interval,
+		// silently.
+		if errors.Is(err, ErrRegistryBusy) {
+			sn.attachPending = true
+		} else {
+			s.log.V(1).Info("cannot attach to relay", "pid", pr.Pid, "rail", pr.Rail, "err", err.Error())
+		}
+		return nil
+	}
+	sl := &senderLane{outLane: &outLane{peer: pr}, link: link, tx: link.Sender(), relayWake: link.Wake(), copierLane: sn.freeCopierLane()}
+	if hr, ok := s.copier.(HostRegistrar); ok {
+		unreg, err := hr.RegisterHost(sl.tx.Words())
+		if err != nil {
+			s.log.Error(err, "cannot register a relay's lane for doorbells", "pid", pr.Pid, "rail", pr.Rail)
+			_ = link.Close()
+			return nil
+		}
+		sl.unreg = unreg
+	}
+	if as, ok := link.(ArenaSharer); ok {
+		switch as.ArenaShare() {
+		case staging.ShareFD:
+			s.counters.arenaByFD.Add(1)
+		case staging.ShareIPCHandle:
+			s.counters.arenaByHandle.Add(1)
+		}
+	}
+	return sl
+}
+
+// retire ends a lane: published Pieces fail with err (nil: the lane was
+// drained), queued ones go direct for why. The claim and mappings are released now
+// when nothing can still be copied into the relay's memory, or after the
+// copier has drained otherwise.
+func (sn *sender) retire(sl *senderLane, err error, why fallbackReason) {
+	sl.gone.Store(true)
+	inFlight := sl.tx.InFlight()
+	sl.copiedFrom, sl.copiedTo = sl.tx.Reaped()+1, sl.tx.Published()
+	if err != nil {
+		sn.failPublished(sl, err)
+	}
+	sl.drainTo(&sn.s.fallbacks, why)
+	if inFlight {
+		sn.zombies = append(sn.zombies, sl)
+		return
+	}
+	sl.release(sn.s.log)
+}
+
+// releaseLanded releases the retired lanes whose copies have all landed:
+// every seq abandoned at retire has its doorbell in the ready word, and a
+// doorbell is written only after its copy. A lane kept for a relay that
+// stopped making progress (keepClaim) waits for the copier's drain at stop,
+// so that the relay gets no lane from us again.
+func (sn *sender) releaseLanded() {
+	kept := sn.zombies[:0]
+	for _, sl := range sn.zombies {
+		if !sl.keepClaim && sl.landed() {
+			sl.release(sn.s.log)
+			continue
+		}
+		kept = append(kept, sl)
+	}
+	clear(sn.zombies[len(kept):])
+	sn.zombies = kept
+}
+
+// copierFailed handles a copier that can no longer ring doorbells: every
+// lane stops taking tickets and fails what it published.
+func (sn *sender) copierFailed(err error) {
+	s := sn.s
+	s.log.Error(err, "copier failed; outbound lanes quarantined")
+	for _, sl := range sn.lanes {
+		s.counters.laneQuarantine.Add(1)
+		sl.broken = true
+		sn.failPublished(sl, fmt.Errorf("first hop failed: %w", err))
+		sl.drainTo(&s.fallbacks, staging.FallbackLaneBroken)
+	}
+}
+
+// freeCopierLane is the lowest copier lane no live outbound lane holds,
+// preferring one no retired lane still drains through either. A rank has
+// at most one outbound lane a rail, so with LaneCount+1 rails at most there
+// is always one; beyond that, lanes share (their copies are ordered behind
+// each other's, which is correct, only slower).
+func (sn *sender) freeCopierLane() int {
+	var live, draining [staging.LaneCount]bool
+	for _, sl := range sn.lanes {
+		live[sl.copierLane] = true
+	}
+	for _, sl := range sn.zombies {
+		draining[sl.copierLane] = true
+	}
+	free := -1
+	for i := range live {
+		if live[i] {
+			continue
+		}
+		if !draining[i] {
+			return i
+		}
+		if free < 0 {
+			free = i
+		}
+	}
+	if free >= 0 {
+		return free
+	}
+	return len(sn.lanes) % staging.LaneCount
+}
+
+func (sn *sender) hasLane(pr Peer) bool {
+	for _, sl := range sn.lanes {
+		if sl.peer.Pid == pr.Pid && sl.peer.Epoch == pr.Epoch {
+			return true
+		}
+	}
+	for _, sl := range sn.zombies {
+		if sl.peer.Pid == pr.Pid && sl.peer.Epoch == pr.Epoch {
+			return true
+		}
+	}
+	return false
+}
+
+// publishRoutes rebuilds the rail → lane table. A rail with more than one
+// relay is not unique and routes direct.
+func (sn *sender) publishRoutes() {
+	count := map[string]int{}
+	for _, sl := range sn.lanes {
+		count[sl.peer.Rail]++
+	}
+	rt := &routeTable{byRail: map[string]*outLane{}}
+	for _, sl := range sn.lanes {
+		if count[sl.peer.Rail] == 1 {
+			rt.byRail[sl.peer.Rail] = sl.outLane
+		}
+	}
+	sn.s.routes.Store(rt)
+}

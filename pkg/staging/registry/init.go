@@ -1,0 +1,324 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
+)
+
+// InitStep is one step of Register, in order. Close undoes them in reverse.
+type InitStep int
+
+// The steps of Register. The control file comes first and goes last: every
+// other file of the registration is judged by the PID namespace its header
+// names (see judge).
+const (
+	// StepOpenRegistry opens (or creates) the group directory and its lock,
+	// checks ownership and modes, and removes stale entries.
+	StepOpenRegistry InitStep = iota + 1
+	// StepCreateControl creates and maps the control file under its
+	// temporary name and fills the header.
+	StepCreateControl
+	StepAllocateArena
+	// StepRegisterMemory hands the arena to Options.Memory.
+	StepRegisterMemory
+	// StepExportHandle puts the arena's export handle into the header.
+	StepExportHandle
+	// StepServeArena opens the arena socket, when the arena can hand out
+	// descriptors (staging.FDArena).
+	StepServeArena
+	// StepPublish marks the rank READY and renames the control file to its
+	// published name.
+	StepPublish
+)
+
+func (s InitStep) String() string {
+	switch s {
+	case StepOpenRegistry:
+		return "open registry"
+	case StepAllocateArena:
+		return "allocate arena"
+	case StepRegisterMemory:
+		return "register arena memory"
+	case StepCreateControl:
+		return "create control file"
+	case StepExportHandle:
+		return "export arena handle"
+	case StepServeArena:
+		return "serve arena descriptors"
+	case StepPublish:
+		return "publish READY"
+	}
+	return fmt.Sprintf("step(%d)", int(s))
+}
+
+// InitError is the failure of one step of Register. Everything done before
+// it has been undone, except an arena that had to be quarantined.
+type InitError struct {
+	Step InitStep
+	Err  error
+}
+
+func (e *InitError) Error() string { return "pxn registry: " + e.Step.String() + ": " + e.Err.Error() }
+
+func (e *InitError) Unwrap() error { return e.Err }
+
+// Register joins the group: it runs the steps of InitStep in order and
+// returns a rank published READY. On failure every step done is undone in
+// reverse order and no file of this rank remains, except a quarantined
+// arena (see MemoryRegistrar). The arena provider, directory and memory
+// registrar must outlive the Rank.
+func Register(ctx context.Context, opts Options) (*Rank, error) {
+	return register(ctx, opts, nil)
+}
+
+// register is Register with inject, when not nil, run before each step: an
+// error it returns fails that step. Tests drive the roll-back through it.
+func register(ctx context.Context, opts Options, inject func(InitStep) error) (*Rank, error) {
+	if err := opts.fill(); err != nil {
+		return nil, fmt.Errorf("pxn registry: %w", err)
+	}
+	id, err := folder.NewIdentity()
+	if err != nil {
+		return nil, fmt.Errorf("pxn registry: %w", err)
+	}
+	ns, err := staging.SelfPidNS()
+	if err != nil {
+		return nil, fmt.Errorf("pxn registry: %w", err)
+	}
+	r := &Rank{
+		id:           id,
+		ns:           ns,
+		opts:         opts,
+		links:        make(map[*PeerLink]struct{}),
+		refused:      make(map[string]bool),
+		shareSaid:    make(map[string]bool),
+		importFailed: make(map[string]error),
+		pending:      make(map[staging.Identity]*pendingAttach),
+	}
+	r.scan.self = ns
+	r.scan.host = machineScanHost()
+	if err := r.init(ctx, inject); err != nil {
+		if uerr := r.unwind(); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("pxn registry: roll back: %w", uerr))
+		}
+		return nil, err
+	}
+	r.opts.Logger.Info("pxn rank published", "registry", r.d.path, "rank", r.Name(), "rail", opts.Rail, "hca", opts.HCA)
+	return r, nil
+}
+
+func (r *Rank) init(ctx context.Context, inject func(InitStep) error) error {
+	for _, s := range [...]struct {
+		step InitStep
+		run  func() error
+	}{
+		{StepOpenRegistry, func() error { return r.openRegistry(ctx) }},
+		{StepCreateControl, r.createControl},
+		{StepAllocateArena, r.allocateArena},
+		{StepRegisterMemory, r.registerMemory},
+		{StepExportHandle, r.exportHandle},
+		{StepServeArena, r.serveArena},
+		{StepPublish, func() error { return r.publish(ctx) }},
+	} {
+		if inject != nil {
+			if err := inject(s.step); err != nil {
+				return &InitError{Step: s.step, Err: err}
+			}
+		}
+		if err := s.run(); err != nil {
+			return &InitError{Step: s.step, Err: err}
+		}
+		// An initializing rank beats too: a rank of another PID namespace
+		// judges it by its heartbeat alone.
+		if r.ctl != nil {
+			r.beat(staging.MonoNanos())
+		}
+	}
+	return nil
+}
+
+func (r *Rank) pushUndo(f func() error) { r.undo = append(r.undo, f) }
+
+// unwind runs the teardown of every completed step, newest first.
+func (r *Rank) unwind() error {
+	var errs []error
+	for i := len(r.undo) - 1; i >= 0; i-- {
+		if err := r.undo[i](); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	r.undo = nil
+	return errors.Join(errs...)
+}
+
+func (r *Rank) openRegistry(ctx context.Context) error {
+	d, err := openRegistryDir(r.opts.Root, r.opts.UID, r.opts.Group)
+	if err != nil {
+		return err
+	}
+	r.d = d
+	r.pushUndo(d.close)
+	return d.withLock(ctx, func() error {
+		removed, why, err := d.cleanStale(r.id, judge{self: r.ns, timeout: r.opts.HeartbeatTimeout})
+		if len(removed) > 0 {
+			r.opts.Logger.Info("pxn removed stale registry entries", "registry", d.path, "entries", removed, "reasons", why)
+		}
+		return err
+	})
+}
+
+func (r *Rank) allocateArena() error {
+	a, err := r.opts.Arenas.Allocate(r.d.dir, folder.ArenaFileName(r.id))
+	if err != nil {
+		return err
+	}
+	if a.Size() < staging.ArenaSize || a.Kind() != r.opts.Arenas.Kind() {
+		err := fmt.Errorf("arena of kind %d and %d bytes, want kind %d and %d bytes", a.Kind(), a.Size(), r.opts.Arenas.Kind(), uint64(staging.ArenaSize))
+		return errors.Join(err, a.Close())
+	}
+	r.arena = a
+	r.pushUndo(func() error {
+		if r.quarantined {
+			return nil
+		}
+		return a.Close()
+	})
+	return nil
+}
+
+// quarantine keeps the arena allocated (and its file, for a host arena)
+// until the process exits: a NIC may still hold part of it.
+func (r *Rank) quarantine(why error) {
+	r.quarantined = true
+	r.opts.Logger.Error(why, "pxn arena quarantined until the process exits", "registry", r.d.path, "base", r.arena.Base())
+}
+
+func (r *Rank) registerMemory() error {
+	m := r.opts.Memory
+	if m == nil {
+		return nil
+	}
+	base, size := r.arena.Base(), r.arena.Size()
+	if err := m.Register(base, size); err != nil {
+		r.quarantine(err)
+		return fmt.Errorf("%w (arena quarantined)", err)
+	}
+	r.pushUndo(func() error {
+		if err := m.Deregister(base, size); err != nil {
+			r.quarantine(err)
+			return fmt.Errorf("deregister arena: %w (arena quarantined)", err)
+		}
+		return nil
+	})
+	return nil
+}
+
+func (r *Rank) createControl() error {
+	name := folder.TmpFileName(r.id)
+	fd, err := folder.CreatePrivate(r.d.fd(), r.d.path, name)
+	if err != nil {
+		return err
+	}
+	mem, err := sizeAndMap(fd, int(staging.ControlSize))
+	unix.Close(fd)
+	if err != nil {
+		unix.Unlinkat(r.d.fd(), name, 0)
+		return fmt.Errorf("control file %s: %w", name, err)
+	}
+	r.ctlMem = mem
+	r.ctl = (*staging.ControlBlock)(unsafe.Pointer(&mem[0]))
+	for i := range r.inbound {
+		r.inbound[i] = staging.NewRelayLane(&r.ctl.Lanes[i])
+	}
+	r.ctl.Header = folder.NewHeader(r.id, r.ns, r.opts.UID, r.opts.Rail, r.opts.HCA, r.opts.Arenas.Kind())
+	if err := r.ctl.Stats.SetDevice(r.opts.deviceName()); err != nil {
+		r.opts.Logger.Info("pxn rank names no device in its counters", "registry", r.d.path, "err", err.Error())
+	}
+	r.pushUndo(func() error {
+		if r.quarantined {
+			// The control file stays with the arena, so that others judge
+			// the arena by the namespace it names until the process exits.
+			return nil
+		}
+		err := unix.Munmap(mem)
+		r.ctl, r.ctlMem, r.inbound = nil, nil, [staging.LaneCount]*staging.RelayLane{}
+		// Published, the file was renamed; revoked, renamed back.
+		if uerr := unix.Unlinkat(r.d.fd(), name, 0); uerr != nil && !errors.Is(uerr, unix.ENOENT) {
+			err = errors.Join(err, uerr)
+		}
+		return err
+	})
+	return nil
+}
+
+func sizeAndMap(fd, size int) ([]byte, error) {
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		return nil, fmt.Errorf("ftruncate: %w", err)
+	}
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("mmap: %w", err)
+	}
+	return mem, nil
+}
+
+func (r *Rank) exportHandle() error {
+	h, err := r.arena.Export()
+	if _, fd := r.arena.(staging.FDArena); fd && !r.opts.NoArenaSocket && errors.Is(err, staging.ErrNoHandle) {
+		// Shared by descriptor alone; serveArena must then succeed.
+		r.ctl.Header.ArenaShares &^= staging.ShareIPCHandle
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	r.ctl.Header.IPCHandle = h
+	return nil
+}
+
+// serveArena opens the arena socket when the arena can hand out
+// descriptors, and says so in the header (staging.ShareFD). A socket that
+// cannot be opened leaves the handle as the only way, when there is one.
+func (r *Rank) serveArena() error {
+	fa, ok := r.arena.(staging.FDArena)
+	if !ok || r.opts.NoArenaSocket {
+		return nil
+	}
+	srv, err := startArenaServer(r.d, folder.SockFileName(r.id), r.ctl, r.ns, fa, r.arena.Size(), r.opts.Logger)
+	if err != nil {
+		if r.ctl.Header.ArenaShares&staging.ShareIPCHandle == 0 {
+			return err
+		}
+		r.opts.Logger.Error(err, "pxn arena socket not served; peers map the arena by its handle", "registry", r.d.path)
+		return nil
+	}
+	r.server = srv
+	r.ctl.Header.ArenaShares |= staging.ShareFD
+	r.pushUndo(srv.close)
+	return nil
+}
+
+// publish makes the rank visible: READY is stored while the file still has
+// its temporary name, and the rename is the only step peers can observe.
+func (r *Rank) publish(ctx context.Context) error {
+	return r.d.withLock(ctx, func() error {
+		r.beat(staging.MonoNanos())
+		r.ctl.Header.StoreState(staging.StateReady)
+		tmp, name := folder.TmpFileName(r.id), r.Name()
+		if err := unix.Renameat2(r.d.fd(), tmp, r.d.fd(), name, unix.RENAME_NOREPLACE); err != nil {
+			r.ctl.Header.StoreState(staging.StateInit)
+			return &os.LinkError{Op: "renameat2", Old: tmp, New: name, Err: err}
+		}
+		return nil
+	})
+}
