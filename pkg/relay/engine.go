@@ -67,7 +67,7 @@ func Open(cfg staging.Config, deps Deps) (*Engine, error) {
 	return open(cfg, deps, nil)
 }
 
-func open(cfg staging.Config, deps Deps, steer steering) (*Engine, error) {
+func open(cfg staging.Config, deps Deps, h *hooks) (*Engine, error) {
 	if deps.Hop == nil {
 		return nil, errors.New("relay: a hop is required")
 	}
@@ -82,7 +82,7 @@ func open(cfg staging.Config, deps Deps, steer steering) (*Engine, error) {
 			dir:    deps.Directory,
 			copier: deps.Copier,
 			log:    log,
-			steer:  steer,
+			hooks:  h,
 
 			batches:   newBatchPool(),
 			groups:    newGroupPool(),
