@@ -337,8 +337,8 @@ func TestHostCopierHoldReady(t *testing.T) {
 	if err := c.ReleaseReady(ev); !errors.Is(err, ErrUnknownEvent) {
 		t.Fatalf("second ReleaseReady: %v, want ErrUnknownEvent", err)
 	}
-	if n := c.Stats().HeldEvents; n != 0 {
-		t.Fatalf("HeldEvents = %d", n)
+	if n := heldEvents(c.HostCopier); n != 0 {
+		t.Fatalf("%d events held", n)
 	}
 }
 
@@ -438,7 +438,7 @@ func TestHostCopierFailNextCopy(t *testing.T) {
 }
 
 func TestHostCopierCloseDrains(t *testing.T) {
-	c := NewHostCopier(HostCopierOptions{})
+	c := NewHostCopier()
 	const perLane = LaneQueueDepth
 	src := mapped(t, 1<<20)
 	fill(src, 5)
@@ -601,7 +601,7 @@ func TestHostCopierGateReuse(t *testing.T) {
 	if n := pooled(); n != 3 {
 		t.Fatalf("%d gates kept for reuse, want 3: a failed Copy kept a reference", n)
 	}
-	if st := c.Stats(); st.LiveEvents != 0 || st.HeldEvents != 0 {
-		t.Fatalf("stats %+v", st)
+	if st := c.Stats(); st.LiveEvents != 0 || heldEvents(c.HostCopier) != 0 {
+		t.Fatalf("stats %+v, %d held", st, heldEvents(c.HostCopier))
 	}
 }

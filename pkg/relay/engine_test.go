@@ -14,6 +14,7 @@ import (
 	"unsafe"
 
 	"github.com/pxn-project/pxn/pkg/hosthop"
+	"github.com/pxn-project/pxn/pkg/internal/testhooks"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/sim/hostfault"
@@ -102,12 +103,12 @@ func newPairTB(t testing.TB, o pairOpts) *pair {
 	}
 	p.srcBytes = mapAnon(t, o.srcSize)
 	fillPattern(p.srcBytes, 1)
-	var copOpts hosthop.HostCopierOptions
 	if o.holdReady {
 		p.holdA = hostfault.NewHolder()
-		copOpts.Ready = p.holdA
+		p.copA = testhooks.NewHostCopier(testhooks.HostCopier{Ready: p.holdA}).(*hosthop.HostCopier)
+	} else {
+		p.copA = hosthop.NewHostCopier()
 	}
-	p.copA = hosthop.NewHostCopier(copOpts)
 	if err := p.copA.RegisterDevice(p.src(0), uint64(len(p.srcBytes))); err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +132,7 @@ func newPairTB(t testing.TB, o pairOpts) *pair {
 		if o.wrapB != nil {
 			hopB, dirB = o.wrapB(p.hopB)
 		}
-		p.b, err = relay.OpenWithFaultHooks(cfg, relay.Deps{Hop: hopB, Directory: dirB, Copier: hosthop.NewHostCopier(hosthop.HostCopierOptions{}), Registry: p.rankB, LocalHCA: "mlx5_1"}, hooks)
+		p.b, err = relay.OpenWithFaultHooks(cfg, relay.Deps{Hop: hopB, Directory: dirB, Copier: hosthop.NewHostCopier(), Registry: p.rankB, LocalHCA: "mlx5_1"}, hooks)
 		if err != nil {
 			t.Fatal(err)
 		}
