@@ -373,6 +373,9 @@ func (c *HostCopier) enqueue(lane int, job copyJob, entries []relay.CopyEntry) e
 		}
 		c.lanes[lane] = l
 		c.workers.Add(1)
+		if h := c.hooks; h != nil && h.goStarted != nil {
+			h.goStarted()
+		}
 		go c.runLane(l)
 	}
 	var buf []relay.CopyEntry

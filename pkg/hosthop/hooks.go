@@ -7,12 +7,15 @@ import (
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 
-// hooks let tests hold a copier's source-ready events and fail the copies
-// they choose. A production copier has none, so each use costs one nil
-// check.
+// hooks let tests hold a copier's source-ready events, fail the copies
+// they choose and count the goroutines it starts. A production copier has
+// none, so each use costs one nil check.
 type hooks struct {
 	ready  testhooks.ReadyHolder
 	faults testhooks.CopyFaults
+	// goStarted, when set, is called for each lane goroutine the copier
+	// starts, before it starts.
+	goStarted func()
 }
 
 func init() {

@@ -7,8 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -68,6 +68,9 @@ type pairOpts struct {
 	// copierA, when set, gives engine a the copier it returns instead of
 	// its host copier.
 	copierA func(*hosthop.HostCopier) relay.Copier
+	// goStarted, when set, is called for each goroutine either engine
+	// starts.
+	goStarted func()
 }
 
 // enabledConfig is PXN on without the planner's ramp: the tests count and
@@ -114,7 +117,7 @@ func newPairTB(t testing.TB, o pairOpts) *pair {
 	}
 	p.rankA = p.g.add("rail0", "mlx5_0")
 	p.rankB = p.g.add("rail1", "mlx5_1")
-	hooks := relay.FaultHooks{ManualPump: o.manual, SeparateSlots: o.separate}
+	hooks := relay.FaultHooks{ManualPump: o.manual, SeparateSlots: o.separate, GoStarted: o.goStarted}
 	var err error
 	if o.without != "a" {
 		var copA relay.Copier = p.copA
@@ -415,19 +418,28 @@ func TestFallbackWaitsForSourceReady(t *testing.T) {
 	}
 }
 
+// TestDisabledEngineStartsNothing counts the goroutines the engine itself
+// starts, through its hooks, not the process's: another test's goroutine
+// winding down does not move the count. The enabled pair shows that the
+// count sees the goroutines an engine does start.
 func TestDisabledEngineStartsNothing(t *testing.T) {
+	var pumps atomic.Int32
+	newPair(t, pairOpts{tgtSize: mib, srcSize: mib, goStarted: func() { pumps.Add(1) }})
+	if n := pumps.Load(); n != 2 {
+		t.Fatalf("an enabled pair started %d goroutines, want its 2 pumps", n)
+	}
 	hop := fabric.NewLoopback(fabric.LoopbackOptions{})
 	buf := make([]byte, mib)
 	if err := hop.AddTarget(sessRail1, "rmlx5_1", buf, tgtBase); err != nil {
 		t.Fatal(err)
 	}
-	before := runtime.NumGoroutine()
-	e, err := relay.Open(staging.DefaultConfig(), relay.Deps{Hop: hop, Directory: hop})
+	var started atomic.Int32
+	e, err := relay.OpenWithFaultHooks(staging.DefaultConfig(), relay.Deps{Hop: hop, Directory: hop}, relay.FaultHooks{GoStarted: func() { started.Add(1) }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := runtime.NumGoroutine(); got != before {
-		t.Fatalf("disabled engine started %d goroutines", got-before)
+	if n := started.Load(); n != 0 {
+		t.Fatalf("disabled engine started %d goroutines", n)
 	}
 	src := bytes.Repeat([]byte{0xab}, 4096)
 	b, err := e.Submit([]relay.Request{{Op: relay.Write, Src: uintptr(unsafe.Pointer(&src[0])), Len: 4096, Target: sessRail1, Dst: tgtBase}})

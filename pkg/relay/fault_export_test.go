@@ -20,6 +20,9 @@ type FaultHooks struct {
 	ManualPump bool
 	// SeparateSlots publishes every Piece in a slot of its own.
 	SeparateSlots bool
+	// GoStarted, when set, is called for each goroutine the engine
+	// starts, before it starts.
+	GoStarted func()
 }
 
 // OpenWithFaultHooks is Open with test hooks in place before the pump starts.
@@ -29,6 +32,7 @@ func OpenWithFaultHooks(cfg staging.Config, deps Deps, h FaultHooks) (*Engine, e
 		ticketLimit: h.TicketTimeout,
 		manual:      h.ManualPump,
 		separate:    h.SeparateSlots,
+		goStarted:   h.GoStarted,
 	})
 }
 

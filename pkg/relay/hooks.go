@@ -21,6 +21,10 @@ type hooks struct {
 	// separate publishes every Piece in a slot of its own (sender.join
 	// joins none): tests that count seqs or fill a ring Piece by Piece.
 	separate bool
+	// goStarted, when set, is called for each goroutine the engine
+	// starts, before it starts: tests count what the engine started, not
+	// what the process runs.
+	goStarted func()
 }
 
 // joining reports whether the sender joins queued Pieces into one slot.
