@@ -65,7 +65,7 @@ func (f *firstHop) close() error {
 }
 
 func hostFirstHop(kind uint32) *firstHop {
-	c := hosthop.NewHostCopier(hosthop.HostCopierOptions{})
+	c := hosthop.NewHostCopier()
 	return &firstHop{kind: kind, copier: c, mem: c, arenaKind: memHost}
 }
 

@@ -67,7 +67,7 @@ func TestRoCESubnetNodeGetsPXN(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	e, err := hostengine.OpenFromEnv(ctx, lookup(env), hostengine.HostDeps{Hop: idleHop{}, Directory: noTargets{}, Copier: hosthop.NewHostCopier(hosthop.HostCopierOptions{}), LocalHCA: "mlx5_2", Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
+	e, err := hostengine.OpenFromEnv(ctx, lookup(env), hostengine.HostDeps{Hop: idleHop{}, Directory: noTargets{}, Copier: hosthop.NewHostCopier(), LocalHCA: "mlx5_2", Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,7 +44,7 @@ func (h *hostRank) newHop() (relay.Hop, error) {
 }
 
 func (h *hostRank) firstHop(deps *hostengine.HostDeps, src uintptr, n uint64) (string, error) {
-	c := hosthop.NewHostCopier(hosthop.HostCopierOptions{})
+	c := hosthop.NewHostCopier()
 	if err := c.RegisterDevice(src, n); err != nil {
 		return "", err
 	}

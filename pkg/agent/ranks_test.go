@@ -86,7 +86,7 @@ func runRankRole() int {
 		fmt.Println("error", err)
 		return 1
 	}
-	copier := hosthop.NewHostCopier(hosthop.HostCopierOptions{})
+	copier := hosthop.NewHostCopier()
 	base := uintptr(unsafe.Pointer(&src[0]))
 	if err := copier.RegisterDevice(base, uint64(len(src))); err != nil {
 		fmt.Println("error", err)

@@ -224,7 +224,8 @@ func (d *Driver) MemcpyHtoDAsync(dst DevicePtr, src uintptr, n uint64, s Stream)
 	return d.check(C.pxn_cuMemcpyHtoDAsync(d.t, C.CUdeviceptr(dst), C.uintptr_t(src), C.size_t(n), C.pxn_handle(s)), "cuMemcpyHtoDAsync(%#x, %#x, %d)", uint64(dst), src, n)
 }
 
-// MemcpyHtoD is the synchronous cuMemcpyHtoD (tests and set-up only).
+// MemcpyHtoD is the synchronous cuMemcpyHtoD (set-up only: never on a data
+// path).
 func (d *Driver) MemcpyHtoD(dst DevicePtr, src []byte) error {
 	if len(src) == 0 {
 		return nil
@@ -232,7 +233,8 @@ func (d *Driver) MemcpyHtoD(dst DevicePtr, src []byte) error {
 	return d.check(C.pxn_cuMemcpyHtoD(d.t, C.CUdeviceptr(dst), unsafe.Pointer(&src[0]), C.size_t(len(src))), "cuMemcpyHtoD(%#x, %d)", uint64(dst), len(src))
 }
 
-// MemcpyDtoH is the synchronous cuMemcpyDtoH (tests and set-up only).
+// MemcpyDtoH is the synchronous cuMemcpyDtoH (set-up and start-up probes
+// only: never on a data path).
 func (d *Driver) MemcpyDtoH(dst []byte, src DevicePtr) error {
 	if len(dst) == 0 {
 		return nil
@@ -279,8 +281,8 @@ func (d *Driver) StreamWaitEvent(s Stream, e Event) error {
 	return d.check(C.pxn_cuStreamWaitEvent(d.t, C.pxn_handle(s), C.pxn_handle(e), 0), "cuStreamWaitEvent(%#x, %#x)", uintptr(s), uintptr(e))
 }
 
-// StreamSynchronize is cuStreamSynchronize (tests and start-up probes
-// only: never on a data path).
+// StreamSynchronize is cuStreamSynchronize (set-up, start-up probes and
+// teardown only: never on a data path).
 func (d *Driver) StreamSynchronize(s Stream) error {
 	return d.check(C.pxn_cuStreamSynchronize(d.t, C.pxn_handle(s)), "cuStreamSynchronize(%#x)", uintptr(s))
 }
@@ -320,11 +322,6 @@ func (d *Driver) queried(r Result, e Event) (bool, error) {
 		return false, nil
 	}
 	return false, d.errorf(r, "cuEventQuery(%#x)", uintptr(e))
-}
-
-// EventSynchronize is cuEventSynchronize (tests only).
-func (d *Driver) EventSynchronize(e Event) error {
-	return d.check(C.pxn_cuEventSynchronize(d.t, C.pxn_handle(e)), "cuEventSynchronize(%#x)", uintptr(e))
 }
 
 // EventDestroy is cuEventDestroy.

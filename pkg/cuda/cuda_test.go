@@ -384,7 +384,7 @@ func TestCopyModes(t *testing.T) {
 				if err := op.Enqueue(&Piece{Ctx: g.ctx, Stream: s, Mode: mode, Entries: ents, Done: done}); err != nil {
 					t.Fatal(err)
 				}
-				if err := g.d.EventSynchronize(done); err != nil {
+				if err := g.d.eventSynchronize(done); err != nil {
 					t.Fatal(err)
 				}
 				got := make([]byte, n)

@@ -193,20 +193,3 @@ func (d *Driver) WithContext(ctx Context, fn func() error) error {
 	}
 	return fn()
 }
-
-// withoutEntryPoint returns a driver whose table lacks name's entries, as an
-// old driver's would (for tests of the "not available" path). It shares
-// nothing mutable with d.
-func (d *Driver) withoutEntryPoint(name string) *Driver {
-	t := (*C.pxn_cu_table)(C.calloc(1, C.size_t(unsafe.Sizeof(C.pxn_cu_table{}))))
-	if t == nil {
-		return nil
-	}
-	*t = *d.t
-	for i := 0; i < int(C.PXN_CU_NSYM); i++ {
-		if C.GoString(C.pxn_cu_symbol_name(C.int(i))) == name {
-			t.fn[i] = nil
-		}
-	}
-	return &Driver{t: t, version: d.version, procV2: d.procV2}
-}

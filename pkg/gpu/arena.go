@@ -372,13 +372,33 @@ func (e *ImportError) Hint() string {
 	return ""
 }
 
+// closeOnce is what the four arena types share to release their memory on
+// the first Close and do nothing on later ones.
+type closeOnce struct {
+	mu     sync.Mutex
+	closed bool
+}
+
+// close runs free on g's thread, with its context current, unless an
+// earlier call did; the error names the arena by what and base.
+func (c *closeOnce) close(g *GPU, what string, base cuda.DevicePtr, free func() error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	if err := g.Do(free); err != nil {
+		return fmt.Errorf("%s %#x: %w", what, uint64(base), err)
+	}
+	return nil
+}
+
 type ipcArena struct {
 	g      *GPU
 	base   cuda.DevicePtr
 	handle cuda.IPCMemHandle
-
-	mu     sync.Mutex
-	closed bool
+	closeOnce
 }
 
 func (a *ipcArena) Kind() uint32  { return staging.ArenaCUDA }
@@ -392,16 +412,7 @@ func (a *ipcArena) Export() ([staging.ArenaHandleSize]byte, error) {
 // Close frees the arena. The registry calls it only after every peer lease
 // is gone, so no peer still maps it.
 func (a *ipcArena) Close() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return nil
-	}
-	a.closed = true
-	if err := a.g.Do(func() error { return a.g.d.MemFree(a.base) }); err != nil {
-		return fmt.Errorf("gpu arena %#x: %w", uint64(a.base), err)
-	}
-	return nil
+	return a.close(a.g, "gpu arena", a.base, func() error { return a.g.d.MemFree(a.base) })
 }
 
 type fdArena struct {
@@ -411,9 +422,8 @@ type fdArena struct {
 	// mapped is staging.ArenaSize rounded up to the granularity: the size
 	// of the allocation, the reservation and the mapping.
 	mapped uint64
-
-	mu     sync.Mutex
-	closed bool
+	// closeOnce's lock also keeps ExportFD from exporting a closed arena.
+	closeOnce
 }
 
 func (a *fdArena) Kind() uint32  { return staging.ArenaCUDA }
@@ -452,18 +462,7 @@ func (a *fdArena) ExportFD() (int, error) {
 // Close unmaps and releases the arena. The registry calls it only after
 // every peer lease is gone; a peer that still maps it keeps the memory
 // alive until it unmaps.
-func (a *fdArena) Close() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return nil
-	}
-	a.closed = true
-	if err := a.g.Do(a.free); err != nil {
-		return fmt.Errorf("gpu arena %#x: %w", uint64(a.base), err)
-	}
-	return nil
-}
+func (a *fdArena) Close() error { return a.close(a.g, "gpu arena", a.base, a.free) }
 
 // free needs the context current.
 func (a *fdArena) free() error {
@@ -474,9 +473,7 @@ func (a *fdArena) free() error {
 type ipcPeerArena struct {
 	g    *GPU
 	base cuda.DevicePtr
-
-	mu     sync.Mutex
-	closed bool
+	closeOnce
 }
 
 func (p *ipcPeerArena) Base() uintptr { return uintptr(p.base) }
@@ -484,16 +481,7 @@ func (p *ipcPeerArena) Base() uintptr { return uintptr(p.base) }
 // Close unmaps the peer's arena (cuIpcCloseMemHandle). Work this process
 // enqueued into it must have completed.
 func (p *ipcPeerArena) Close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return nil
-	}
-	p.closed = true
-	if err := p.g.Do(func() error { return p.g.d.IPCCloseMemHandle(p.base) }); err != nil {
-		return fmt.Errorf("gpu peer arena %#x: %w", uint64(p.base), err)
-	}
-	return nil
+	return p.close(p.g, "gpu peer arena", p.base, func() error { return p.g.d.IPCCloseMemHandle(p.base) })
 }
 
 type fdPeerArena struct {
@@ -501,27 +489,14 @@ type fdPeerArena struct {
 	base   cuda.DevicePtr
 	handle cuda.MemHandle
 	mapped uint64
-
-	mu     sync.Mutex
-	closed bool
+	closeOnce
 }
 
 func (p *fdPeerArena) Base() uintptr { return uintptr(p.base) }
 
 // Close unmaps the peer's arena, frees the address range and releases the
 // imported handle. Work this process enqueued into it must have completed.
-func (p *fdPeerArena) Close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return nil
-	}
-	p.closed = true
-	if err := p.g.Do(p.free); err != nil {
-		return fmt.Errorf("gpu peer arena %#x: %w", uint64(p.base), err)
-	}
-	return nil
-}
+func (p *fdPeerArena) Close() error { return p.close(p.g, "gpu peer arena", p.base, p.free) }
 
 func (p *fdPeerArena) free() error {
 	d := p.g.d

@@ -36,7 +36,7 @@ func open(t *testing.T, kv map[string]string) (*relay.Engine, []string) {
 	var logged []string
 	log := funcr.New(func(prefix, args string) { logged = append(logged, args) }, funcr.Options{})
 	e, err := hostengine.OpenFromEnv(context.Background(), env(kv), hostengine.HostDeps{
-		Hop: idleHop{}, Directory: noTargets{}, Copier: hosthop.NewHostCopier(hosthop.HostCopierOptions{}),
+		Hop: idleHop{}, Directory: noTargets{}, Copier: hosthop.NewHostCopier(),
 		LocalHCA: "mlx5_0", Logger: log,
 	})
 	if err != nil {

@@ -28,7 +28,7 @@ func gbps(bytes uint64, d time.Duration) float64 { return float64(bytes) / d.Sec
 func BenchmarkHostCopier8MiB(b *testing.B) {
 	src, dst := mapped(b, benchPiece), mapped(b, benchPiece)
 	fill(src, 1)
-	c := NewHostCopier(HostCopierOptions{})
+	c := NewHostCopier()
 	defer c.Close()
 	var bell uint64
 	entries := []relay.CopyEntry{{Src: addr(src), Dst: addr(dst), Len: benchPiece}}
@@ -65,7 +65,7 @@ func BenchmarkHostCopier8MiB(b *testing.B) {
 // classify the source, record its ready event; then the pump queries and
 // releases it. It must not allocate.
 func BenchmarkHostCopierCallerPath(b *testing.B) {
-	c := NewHostCopier(HostCopierOptions{})
+	c := NewHostCopier()
 	defer c.Close()
 	for i := range 16 {
 		if err := c.RegisterDevice(uintptr(1<<40+i<<32), 1<<30); err != nil {

@@ -27,38 +27,6 @@ var (
 // an engine that respects credit never sees ErrLaneFull.
 const LaneQueueDepth = 2 * staging.SlotsPerLane
 
-// HostCopierOptions configures a HostCopier. The zero value is the copier
-// libpxn ships: every source-ready event complete at once, no copy failed
-// on purpose.
-type HostCopierOptions struct {
-	// Ready, when set, holds the source-ready events it chooses until it
-	// releases them.
-	Ready ReadyHolder
-	// Faults, when set, is asked before each Copy is enqueued.
-	Faults CopyFaults
-}
-
-// ReadyHolder decides which source-ready events wait to be released: a
-// simulation supplies one (internal/sim/hostfault) to prove that nothing reads a
-// source before its ready event.
-type ReadyHolder interface {
-	// Attach is called once, by NewHostCopier, with the function that
-	// completes a held event; for any other event it returns an error
-	// wrapping ErrUnknownEvent.
-	Attach(release func(relay.Event) error)
-	// Hold reports whether ev, just recorded, waits for release. It must
-	// not call release.
-	Hold(ev relay.Event) bool
-}
-
-// CopyFaults fails chosen copies: a simulation supplies one to drive the
-// engine's error paths.
-type CopyFaults interface {
-	// CopyFault returns the error that this Copy on lane fails with,
-	// without enqueueing anything, or nil.
-	CopyFault(lane int) error
-}
-
 // HostCopierStats are a HostCopier's counters.
 type HostCopierStats struct {
 	// Copies is the number of Copy calls whose doorbell has been rung.
@@ -73,8 +41,6 @@ type HostCopierStats struct {
 	Parts uint64
 	// LiveEvents is the number of recorded events not yet released.
 	LiveEvents int
-	// HeldEvents is the number of events that wait for their ReadyHolder.
-	HeldEvents int
 	// Lanes is the number of lane workers started.
 	Lanes int
 }
@@ -85,8 +51,8 @@ type HostCopierStats struct {
 // ready event, and each ends with the doorbell store. Memory registered with
 // RegisterDevice classifies as relay.Device; all other memory is relay.Host.
 type HostCopier struct {
-	ready  ReadyHolder
-	faults CopyFaults
+	// hooks is nil in production.
+	hooks *hooks
 
 	devMu sync.RWMutex
 	dev   hostmem.Spans
@@ -94,7 +60,7 @@ type HostCopier struct {
 	evMu   sync.Mutex
 	lastEv relay.Event
 	// events maps each live event to its gate, nil for an event complete
-	// at birth; held maps the events that wait for their release. gates
+	// at birth; held maps the events that a test's hooks hold. gates
 	// are the gates that nothing refers to any more, for reuse.
 	events map[relay.Event]*readyGate
 	held   map[relay.Event]*readyGate
@@ -151,17 +117,19 @@ var (
 	_ relay.RangeClassifier = (*HostCopier)(nil)
 )
 
-// NewHostCopier returns a copier. It starts no goroutine until the first Copy.
-func NewHostCopier(opts HostCopierOptions) *HostCopier {
+// NewHostCopier returns a copier whose source-ready events are complete at
+// once. It starts no goroutine until the first Copy.
+func NewHostCopier() *HostCopier { return newHostCopier(nil) }
+
+func newHostCopier(h *hooks) *HostCopier {
 	c := &HostCopier{
-		ready:   opts.Ready,
-		faults:  opts.Faults,
+		hooks:   h,
 		events:  make(map[relay.Event]*readyGate),
 		held:    make(map[relay.Event]*readyGate),
 		closing: make(chan struct{}),
 	}
-	if c.ready != nil {
-		c.ready.Attach(c.releaseReady)
+	if h != nil && h.ready != nil {
+		h.ready.Attach(c.releaseReady)
 	}
 	return c
 }
@@ -206,13 +174,13 @@ func (c *HostCopier) ClassifyRange(addr uintptr, n uint64) (relay.Kind, uintptr,
 }
 
 // RecordReady returns a new source-ready event. It is complete at once unless
-// the ReadyHolder holds it. The stream is not interpreted.
+// a test's hooks hold it. The stream is not interpreted.
 func (c *HostCopier) RecordReady(stream uintptr) (relay.Event, error) {
 	c.evMu.Lock()
 	defer c.evMu.Unlock()
 	c.lastEv++
 	ev := c.lastEv
-	if c.ready != nil && c.ready.Hold(ev) {
+	if h := c.hooks; h != nil && h.ready != nil && h.ready.Hold(ev) {
 		g := c.newGate()
 		c.events[ev] = g
 		c.held[ev] = g
@@ -270,7 +238,7 @@ func (c *HostCopier) Query(ev relay.Event) (bool, error) {
 }
 
 // Release forgets ev. A Copy already enqueued behind ev still waits for it,
-// and a held event stays releasable by its ReadyHolder.
+// and a held event stays releasable by the hooks that hold it.
 func (c *HostCopier) Release(ev relay.Event) {
 	c.evMu.Lock()
 	if g, ok := c.events[ev]; ok {
@@ -282,8 +250,8 @@ func (c *HostCopier) Release(ev relay.Event) {
 	c.evMu.Unlock()
 }
 
-// releaseReady completes a held source-ready event; its ReadyHolder calls
-// it.
+// releaseReady completes a held source-ready event; the hooks' ReadyHolder
+// calls it.
 func (c *HostCopier) releaseReady(ev relay.Event) error {
 	c.evMu.Lock()
 	g, ok := c.held[ev]
@@ -388,8 +356,8 @@ func (c *HostCopier) enqueue(lane int, job copyJob, entries []relay.CopyEntry) e
 	if c.closed {
 		return ErrClosed
 	}
-	if c.faults != nil {
-		if err := c.faults.CopyFault(lane); err != nil {
+	if h := c.hooks; h != nil && h.faults != nil {
+		if err := h.faults.CopyFault(lane); err != nil {
 			return err
 		}
 	}
@@ -405,6 +373,9 @@ func (c *HostCopier) enqueue(lane int, job copyJob, entries []relay.CopyEntry) e
 		}
 		c.lanes[lane] = l
 		c.workers.Add(1)
+		if h := c.hooks; h != nil && h.goStarted != nil {
+			h.goStarted()
+		}
 		go c.runLane(l)
 	}
 	var buf []relay.CopyEntry
@@ -474,7 +445,7 @@ func (c *HostCopier) await(l *hostLane, g *readyGate) bool {
 // Stats returns the copier's counters.
 func (c *HostCopier) Stats() HostCopierStats {
 	c.evMu.Lock()
-	live, held := len(c.events), len(c.held)
+	live := len(c.events)
 	c.evMu.Unlock()
 	c.laneMu.Lock()
 	lanes := 0
@@ -490,7 +461,6 @@ func (c *HostCopier) Stats() HostCopierStats {
 		Abandoned:  c.abandoned.Load(),
 		Parts:      c.parts.Load(),
 		LiveEvents: live,
-		HeldEvents: held,
 		Lanes:      lanes,
 	}
 }

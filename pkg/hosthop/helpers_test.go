@@ -38,12 +38,19 @@ type simCopier struct {
 }
 
 // newSimCopier returns a copier whose events the Holder holds when hold is
-// set; without hold it has no ReadyHolder, as the copier libpxn ships.
+// set; without hold its hooks hold none, as the copier libpxn ships.
 func newSimCopier(hold bool) *simCopier {
 	h, f := hostfault.NewHolder(), &hostfault.Faults{}
-	opts := HostCopierOptions{Faults: f}
+	hk := &hooks{faults: f}
 	if hold {
-		opts.Ready = h
+		hk.ready = h
 	}
-	return &simCopier{HostCopier: NewHostCopier(opts), Holder: h, Faults: f}
+	return &simCopier{HostCopier: newHostCopier(hk), Holder: h, Faults: f}
+}
+
+// heldEvents is the number of c's events that wait for their release.
+func heldEvents(c *HostCopier) int {
+	c.evMu.Lock()
+	defer c.evMu.Unlock()
+	return len(c.held)
 }

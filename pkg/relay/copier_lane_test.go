@@ -88,13 +88,13 @@ func TestOutboundLanesUseCopierLanesOfTheirOwn(t *testing.T) {
 	}
 	// The two relays claim a lane on each other first, so the sender
 	// that comes last is the second claimant on both: lane 1 at each.
-	b := open("rail1", "mlx5_1", hosthop.NewHostCopier(hosthop.HostCopierOptions{}))
-	c := open("rail2", "mlx5_2", hosthop.NewHostCopier(hosthop.HostCopierOptions{}))
+	b := open("rail1", "mlx5_1", hosthop.NewHostCopier())
+	c := open("rail2", "mlx5_2", hosthop.NewHostCopier())
 	waitFor(t, "the relays' lanes on each other", func() bool { return b.HasRelay("rail2") && c.HasRelay("rail1") })
 
 	src := mapAnon(t, size)
 	fillPattern(src, 7)
-	rec := &laneRecorder{HostCopier: hosthop.NewHostCopier(hosthop.HostCopierOptions{}), byBell: map[uintptr][]int{}}
+	rec := &laneRecorder{HostCopier: hosthop.NewHostCopier(), byBell: map[uintptr][]int{}}
 	if err := rec.RegisterDevice(uintptr(unsafe.Pointer(&src[0])), size); err != nil {
 		t.Fatal(err)
 	}

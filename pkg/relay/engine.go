@@ -68,7 +68,7 @@ func Open(cfg engineconfig.Config, deps Deps) (*Engine, error) {
 	return open(cfg, deps, nil)
 }
 
-func open(cfg engineconfig.Config, deps Deps, steer steering) (*Engine, error) {
+func open(cfg engineconfig.Config, deps Deps, h *hooks) (*Engine, error) {
 	if deps.Hop == nil {
 		return nil, errors.New("relay: a hop is required")
 	}
@@ -83,7 +83,7 @@ func open(cfg engineconfig.Config, deps Deps, steer steering) (*Engine, error) {
 			dir:    deps.Directory,
 			copier: deps.Copier,
 			log:    log,
-			steer:  steer,
+			hooks:  h,
 
 			batches:   newBatchPool(),
 			groups:    newGroupPool(),

@@ -7,8 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -17,6 +17,7 @@ import (
 	"github.com/pxn-project/pxn/internal/sim/hostfault"
 	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/hosthop"
+	"github.com/pxn-project/pxn/pkg/internal/testhooks"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -68,6 +69,9 @@ type pairOpts struct {
 	// copierA, when set, gives engine a the copier it returns instead of
 	// its host copier.
 	copierA func(*hosthop.HostCopier) relay.Copier
+	// goStarted, when set, is called for each goroutine either engine
+	// starts.
+	goStarted func()
 }
 
 // enabledConfig is PXN on without the planner's ramp: the tests count and
@@ -103,18 +107,18 @@ func newPairTB(t testing.TB, o pairOpts) *pair {
 	}
 	p.srcBytes = mapAnon(t, o.srcSize)
 	fillPattern(p.srcBytes, 1)
-	var copOpts hosthop.HostCopierOptions
 	if o.holdReady {
 		p.holdA = hostfault.NewHolder()
-		copOpts.Ready = p.holdA
+		p.copA = testhooks.NewHostCopier(testhooks.HostCopier{Ready: p.holdA}).(*hosthop.HostCopier)
+	} else {
+		p.copA = hosthop.NewHostCopier()
 	}
-	p.copA = hosthop.NewHostCopier(copOpts)
 	if err := p.copA.RegisterDevice(p.src(0), uint64(len(p.srcBytes))); err != nil {
 		t.Fatal(err)
 	}
 	p.rankA = p.g.add("rail0", "mlx5_0")
 	p.rankB = p.g.add("rail1", "mlx5_1")
-	hooks := relay.FaultHooks{ManualPump: o.manual, SeparateSlots: o.separate}
+	hooks := relay.FaultHooks{ManualPump: o.manual, SeparateSlots: o.separate, GoStarted: o.goStarted}
 	var err error
 	if o.without != "a" {
 		var copA relay.Copier = p.copA
@@ -132,7 +136,7 @@ func newPairTB(t testing.TB, o pairOpts) *pair {
 		if o.wrapB != nil {
 			hopB, dirB = o.wrapB(p.hopB)
 		}
-		p.b, err = relay.OpenWithFaultHooks(cfg, relay.Deps{Hop: hopB, Directory: dirB, Copier: hosthop.NewHostCopier(hosthop.HostCopierOptions{}), Registry: p.rankB, LocalHCA: "mlx5_1"}, hooks)
+		p.b, err = relay.OpenWithFaultHooks(cfg, relay.Deps{Hop: hopB, Directory: dirB, Copier: hosthop.NewHostCopier(), Registry: p.rankB, LocalHCA: "mlx5_1"}, hooks)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -415,19 +419,28 @@ func TestFallbackWaitsForSourceReady(t *testing.T) {
 	}
 }
 
+// TestDisabledEngineStartsNothing counts the goroutines the engine itself
+// starts, through its hooks, not the process's: another test's goroutine
+// winding down does not move the count. The enabled pair shows that the
+// count sees the goroutines an engine does start.
 func TestDisabledEngineStartsNothing(t *testing.T) {
+	var pumps atomic.Int32
+	newPair(t, pairOpts{tgtSize: mib, srcSize: mib, goStarted: func() { pumps.Add(1) }})
+	if n := pumps.Load(); n != 2 {
+		t.Fatalf("an enabled pair started %d goroutines, want its 2 pumps", n)
+	}
 	hop := fabric.NewLoopback(fabric.LoopbackOptions{})
 	buf := make([]byte, mib)
 	if err := hop.AddTarget(sessRail1, "rmlx5_1", buf, tgtBase); err != nil {
 		t.Fatal(err)
 	}
-	before := runtime.NumGoroutine()
-	e, err := relay.Open(engineconfig.Default(), relay.Deps{Hop: hop, Directory: hop})
+	var started atomic.Int32
+	e, err := relay.OpenWithFaultHooks(engineconfig.Default(), relay.Deps{Hop: hop, Directory: hop}, relay.FaultHooks{GoStarted: func() { started.Add(1) }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := runtime.NumGoroutine(); got != before {
-		t.Fatalf("disabled engine started %d goroutines", got-before)
+	if n := started.Load(); n != 0 {
+		t.Fatalf("disabled engine started %d goroutines", n)
 	}
 	src := bytes.Repeat([]byte{0xab}, 4096)
 	b, err := e.Submit([]relay.Request{{Op: relay.Write, Src: uintptr(unsafe.Pointer(&src[0])), Len: 4096, Target: sessRail1, Dst: tgtBase}})

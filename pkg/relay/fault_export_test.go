@@ -20,16 +20,20 @@ type FaultHooks struct {
 	ManualPump bool
 	// SeparateSlots publishes every Piece in a slot of its own.
 	SeparateSlots bool
+	// GoStarted, when set, is called for each goroutine the engine
+	// starts, before it starts.
+	GoStarted func()
 }
-
-func (h FaultHooks) laneEnd() uint64            { return h.LastSeq }
-func (h FaultHooks) ticketLimit() time.Duration { return h.TicketTimeout }
-func (h FaultHooks) manual() bool               { return h.ManualPump }
-func (h FaultHooks) separate() bool             { return h.SeparateSlots }
 
 // OpenWithFaultHooks is Open with test hooks in place before the pump starts.
 func OpenWithFaultHooks(cfg engineconfig.Config, deps Deps, h FaultHooks) (*Engine, error) {
-	return open(cfg, deps, h)
+	return open(cfg, deps, &hooks{
+		laneEnd:     h.LastSeq,
+		ticketLimit: h.TicketTimeout,
+		manual:      h.ManualPump,
+		separate:    h.SeparateSlots,
+		goStarted:   h.GoStarted,
+	})
 }
 
 // RunRound runs one round of a ManualPump engine's pump on the calling

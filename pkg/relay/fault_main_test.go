@@ -24,6 +24,7 @@ import (
 	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/hosthop"
+	"github.com/pxn-project/pxn/pkg/internal/testhooks"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
@@ -173,7 +174,8 @@ type holdCopier struct {
 
 func newHoldCopier() *holdCopier {
 	h := hostfault.NewHolder()
-	return &holdCopier{HostCopier: hosthop.NewHostCopier(hosthop.HostCopierOptions{Ready: h}), holder: h}
+	c := testhooks.NewHostCopier(testhooks.HostCopier{Ready: h}).(*hosthop.HostCopier)
+	return &holdCopier{HostCopier: c, holder: h}
 }
 
 func (c *holdCopier) RecordReady(stream uintptr) (relay.Event, error) {

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// A lane whose epochs end at seq 5 (the sender's laneEnd steering, in place
+// A lane whose epochs end at seq 5 (the sender's laneEnd hook, in place
 // of MaxLaneSeq) publishes up to its last seq, drains, and moves to a new
 // epoch that starts again at seq 1. Every Piece ends exactly once: relayed,
 // or direct when it was queued at the rollover; none is lost or repeated.

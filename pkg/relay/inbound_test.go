@@ -56,7 +56,7 @@ func TestInboundLanesServedInTurnAcrossTheCap(t *testing.T) {
 			}
 			cfg := enabledConfig()
 			cfg.InflightDepth = depth
-			e, err := relay.OpenWithFaultHooks(cfg, relay.Deps{Hop: hop, Directory: hop, Copier: hosthop.NewHostCopier(hosthop.HostCopierOptions{}),
+			e, err := relay.OpenWithFaultHooks(cfg, relay.Deps{Hop: hop, Directory: hop, Copier: hosthop.NewHostCopier(),
 				Registry: rank, LocalHCA: "mlx5_1"}, relay.FaultHooks{ManualPump: true})
 			if err != nil {
 				t.Fatal(err)

@@ -114,7 +114,12 @@ func newPump(s *shared, reg Registry) *pump {
 	}
 }
 
-func (p *pump) start() { go p.run() }
+func (p *pump) start() {
+	if h := p.s.hooks; h != nil && h.goStarted != nil {
+		h.goStarted()
+	}
+	go p.run()
+}
 
 // run drives the rounds. The goroutine keeps its OS thread to the end (the
 // thread dies with it): the copier's context and the timer slack are set on

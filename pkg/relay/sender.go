@@ -77,8 +77,8 @@ const ticketTimeout = 30 * time.Second
 var errTicketTimeout = fmt.Errorf("relay made no progress on the piece: %w", ErrTimedOut)
 
 func (sn *sender) ticketTimeout() time.Duration {
-	if st := sn.s.steer; st != nil && st.ticketLimit() > 0 {
-		return st.ticketLimit()
+	if h := sn.s.hooks; h != nil && h.ticketLimit > 0 {
+		return h.ticketLimit
 	}
 	return ticketTimeout
 }

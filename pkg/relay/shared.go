@@ -31,8 +31,8 @@ type shared struct {
 	partCopier PartCopier
 	localRail  string
 	log        klog.Logger
-	// steer is nil in production (steering).
-	steer steering
+	// hooks is nil in production.
+	hooks *hooks
 
 	// pxn is true while cross-rail writes may take the PXN path.
 	pxn atomic.Bool

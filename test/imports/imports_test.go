@@ -54,7 +54,7 @@ var levels = []struct {
 	{"contract", []string{"pkg/contract/..."}},
 	{"primitives", []string{"api/...", "pkg/rail/...", "pkg/staging", "pkg/engineconfig/...", "pkg/cuda/...", "pkg/hostmem/...", "pkg/gpu/kernel/..."}},
 	{"registry", []string{"pkg/staging/registry/..."}},
-	{"engine core", []string{"pkg/relay/..."}},
+	{"engine core", []string{"pkg/relay/...", "pkg/internal/testhooks"}},
 	{"components", []string{"pkg/gpu", "pkg/hosthop/...", "pkg/hostengine/...", "pkg/group/...", "pkg/nodestate/...", "pkg/deviceplugin/...", "pkg/dra/...", "pkg/agent/..."}},
 	{"stand-ins", []string{"internal/sim/..."}},
 	{"program parts", []string{"internal/..."}},

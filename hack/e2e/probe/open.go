@@ -32,7 +32,7 @@ func runOpen(args []string) error {
 	}
 	ctx := context.Background()
 	eng, err := hostengine.OpenFromEnv(ctx, nil, hostengine.HostDeps{Hop: idleHop{}, Directory: noTargets{},
-		Copier: hosthop.NewHostCopier(hosthop.HostCopierOptions{}), LocalHCA: "mlx5_0"})
+		Copier: hosthop.NewHostCopier(), LocalHCA: "mlx5_0"})
 	if err != nil {
 		return err
 	}

@@ -147,7 +147,7 @@ func rank(rep *rankReport, index int, hca, peerHCA string) error {
 	}
 	pattern(src, index, 0)
 	srcBase := uintptr(unsafe.Pointer(&src[0]))
-	cop := hosthop.NewHostCopier(hosthop.HostCopierOptions{})
+	cop := hosthop.NewHostCopier()
 	if err := cop.RegisterDevice(srcBase, uint64(len(src))); err != nil {
 		return err
 	}

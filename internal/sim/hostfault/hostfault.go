@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package hostfault is a stand-in for tests and benchmarks: the
-// hosthop.ReadyHolder and hosthop.CopyFaults that hold a host copier's
+// testhooks.ReadyHolder and testhooks.CopyFaults that hold a host copier's
 // source-ready events until a test releases them and fail the copies a
 // test chooses. Nothing shipped links it.
 package hostfault

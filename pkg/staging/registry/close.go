@@ -99,8 +99,8 @@ func (r *Rank) waitLeases(ctx context.Context) error {
 			return nil
 		}
 		poll := leasePoll
-		if r.leaseWatch != nil {
-			poll = r.leaseWatch.leaseWait(held)
+		if h := r.hooks; h != nil && h.leaseWait != nil {
+			poll = h.leaseWait(held)
 		}
 		r.Heartbeat(staging.MonoNanos())
 		if timer == nil {

@@ -109,7 +109,7 @@ func helperRank() int {
 	if os.Getenv(helperMemFailEnv) == "1" {
 		opts.Memory = failingRegistrar{}
 	}
-	r, err := register(ctx, opts, inject)
+	r, err := register(ctx, opts, &hooks{beforeStep: inject})
 	if err != nil {
 		fmt.Println("register-error", oneLine(err))
 		return 3
@@ -206,7 +206,7 @@ func helperRank() int {
 				fmt.Println("close-error", oneLine(err))
 				continue
 			}
-			if r, err = register(ctx, opts, inject); err != nil {
+			if r, err = register(ctx, opts, &hooks{beforeStep: inject}); err != nil {
 				fmt.Println("register-error", oneLine(err))
 				return 3
 			}

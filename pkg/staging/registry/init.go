@@ -81,9 +81,8 @@ func Register(ctx context.Context, opts Options) (*Rank, error) {
 	return register(ctx, opts, nil)
 }
 
-// register is Register with inject, when not nil, run before each step: an
-// error it returns fails that step. Tests drive the roll-back through it.
-func register(ctx context.Context, opts Options, inject func(InitStep) error) (*Rank, error) {
+// register is Register with the package's test hooks, nil in production.
+func register(ctx context.Context, opts Options, h *hooks) (*Rank, error) {
 	if err := opts.fill(); err != nil {
 		return nil, fmt.Errorf("pxn registry: %w", err)
 	}
@@ -104,10 +103,11 @@ func register(ctx context.Context, opts Options, inject func(InitStep) error) (*
 		shareSaid:    make(map[string]bool),
 		importFailed: make(map[string]error),
 		pending:      make(map[staging.Identity]*pendingAttach),
+		hooks:        h,
 	}
 	r.scan.self = ns
 	r.scan.host = machineScanHost()
-	if err := r.init(ctx, inject); err != nil {
+	if err := r.init(ctx); err != nil {
 		if uerr := r.unwind(); uerr != nil {
 			err = errors.Join(err, fmt.Errorf("pxn registry: roll back: %w", uerr))
 		}
@@ -117,7 +117,7 @@ func register(ctx context.Context, opts Options, inject func(InitStep) error) (*
 	return r, nil
 }
 
-func (r *Rank) init(ctx context.Context, inject func(InitStep) error) error {
+func (r *Rank) init(ctx context.Context) error {
 	for _, s := range [...]struct {
 		step InitStep
 		run  func() error
@@ -130,8 +130,8 @@ func (r *Rank) init(ctx context.Context, inject func(InitStep) error) error {
 		{StepServeArena, r.serveArena},
 		{StepPublish, func() error { return r.publish(ctx) }},
 	} {
-		if inject != nil {
-			if err := inject(s.step); err != nil {
+		if h := r.hooks; h != nil && h.beforeStep != nil {
+			if err := h.beforeStep(s.step); err != nil {
 				return &InitError{Step: s.step, Err: err}
 			}
 		}

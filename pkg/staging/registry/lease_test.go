@@ -143,12 +143,13 @@ func TestLeaseRelayCloseWaitsForSender(t *testing.T) {
 			}
 			arena := folder.ArenaFileName(relay.Identity())
 			waits := make(chan []int, 1)
-			relay.leaseWatch = leaseWaitFunc(func(held []int) {
+			relay.hooks = &hooks{leaseWait: func(held []int) time.Duration {
 				select {
 				case waits <- held:
 				default:
 				}
-			})
+				return time.Millisecond
+			}}
 			sender := startRegChild(t, childOpts{root: root, group: "g", rail: "rail1"})
 			sender.expect("ready")
 			sender.send("attach " + relay.Name())
@@ -519,13 +520,4 @@ func TestLeaseNoWaitCallsUnderAHeldLock(t *testing.T) {
 	if owned() {
 		t.Fatalf("lanes %v still leased after the sender closed", relay.Leases())
 	}
-}
-
-// leaseWaitFunc is a leaseWatcher that hands each look of Close at its
-// held lanes to a func and has it look again after a millisecond.
-type leaseWaitFunc func(held []int)
-
-func (f leaseWaitFunc) leaseWait(held []int) time.Duration {
-	f(held)
-	return time.Millisecond
 }

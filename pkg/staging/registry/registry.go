@@ -168,16 +168,8 @@ type Rank struct {
 	scanMu sync.Mutex
 	scan   peerScan
 
-	// leaseWatch is nil in production (leaseWatcher).
-	leaseWatch leaseWatcher
-}
-
-// leaseWatcher sees Close wait for the leases of its inbound lanes; only
-// the package's tests supply one, to watch the wait and shorten it.
-type leaseWatcher interface {
-	// leaseWait is told which lanes are still held each time Close looks,
-	// and returns how long Close waits before it looks again.
-	leaseWait(held []int) time.Duration
+	// hooks is nil in production.
+	hooks *hooks
 }
 
 // ServeStats counts what this rank's arena socket did; zero when it

@@ -400,7 +400,7 @@ func TestRegistryInitFailureRollsBack(t *testing.T) {
 				}
 				return nil
 			}
-			r, err := register(context.Background(), o, inject)
+			r, err := register(context.Background(), o, &hooks{beforeStep: inject})
 			var ie *InitError
 			if r != nil || !errors.As(err, &ie) || ie.Step != step || !strings.Contains(err.Error(), step.String()) {
 				t.Fatalf("Register = %v, %v; want an InitError of step %q", r, err, step)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -492,25 +493,48 @@ func TestPeersRecheckEveryEntryWithinListEvery(t *testing.T) {
 	}
 }
 
-// registryFds lists this process's descriptors of the registry under root,
-// of /proc/<pid>/stat files and pidfds.
+// registryFds lists this process's descriptors that a scan of the ranks
+// under root may hold: files under root, and the /proc/<pid>/stat files and
+// pidfds of this process, the only one whose ranks the caller registers.
+// Descriptors of other processes (another test's children, whose pidfds
+// the runtime closes when it collects them) are not the scan's.
 func registryFds(t *testing.T, root string) []string {
 	t.Helper()
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
 		t.Fatal(err)
 	}
+	self := strconv.Itoa(os.Getpid())
 	var fds []string
 	for _, e := range ents {
 		l, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
 		if err != nil {
 			continue
 		}
-		if strings.HasPrefix(l, root) || strings.Contains(l, "pidfd") || strings.HasPrefix(l, "/proc/") && strings.HasSuffix(l, "/stat") {
-			fds = append(fds, l)
+		switch {
+		case strings.HasPrefix(l, root), l == "/proc/"+self+"/stat":
+		case strings.Contains(l, "pidfd") && pidfdOf(e.Name()) == self:
+		default:
+			continue
 		}
+		fds = append(fds, e.Name()+" "+l)
 	}
 	return fds
+}
+
+// pidfdOf returns the PID that the pidfd fd refers to, from its fdinfo, or
+// "" when it cannot tell.
+func pidfdOf(fd string) string {
+	b, err := os.ReadFile(filepath.Join("/proc/self/fdinfo", fd))
+	if err != nil {
+		return ""
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "Pid:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
 }
 
 func TestPeersCloseReleasesDescriptors(t *testing.T) {
