@@ -105,6 +105,9 @@ func TestValidationRejects(t *testing.T) {
 			"--set", "devicePlugin.metricsBindAddress=0"}, "serviceMonitor.enabled=true but no enabled component serves metrics"},
 		{"pod monitor without metrics", []string{"--set", "podMonitor.enabled=true", "--set", "agent.metricsBindAddress=0",
 			"--set", "devicePlugin.metricsAddr="}, "podMonitor.enabled=true but no enabled component serves metrics"},
+		{"pod monitor, the DRA driver alone without metrics", []string{"--set", "dra.enabled=true", "--set", "agent.enabled=false",
+			"--set", "devicePlugin.enabled=false", "--set", "podMonitor.enabled=true", "--set", "dra.metricsBindAddress=0"},
+			"podMonitor.enabled=true but no enabled component serves metrics (dra.metricsBindAddress=0)"},
 		{"service monitor without the Services", []string{"--set", "serviceMonitor.enabled=true", "--set", "metricsService.enabled=false"},
 			"set metricsService.enabled=true"},
 	} {

@@ -56,25 +56,6 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/* The port of a host:port address. */}}
-{{/*
-pxn.devicePluginMetricsAddr: the device plugin's --metrics-bind-address,
-from devicePlugin.metricsBindAddress, or from the deprecated
-devicePlugin.metricsAddr when a values file still sets it ("" there: 0).
-*/}}
-{{- define "pxn.devicePluginMetricsAddr" -}}
-{{- $v := .Values.devicePlugin -}}
-{{- if hasKey $v "metricsAddr" -}}
-{{- default "0" $v.metricsAddr -}}
-{{- else -}}
-{{- toString $v.metricsBindAddress -}}
-{{- end -}}
-{{- end -}}
-
-{{/* pxn.serves: "true" when a bind address asks for an endpoint (not 0, not empty). */}}
-{{- define "pxn.serves" -}}
-{{- if and (ne (toString .) "0") (ne (toString .) "") -}}true{{- end -}}
-{{- end -}}
-
 {{- define "pxn.port" -}}
 {{- regexFind "[0-9]+$" . -}}
 {{- end -}}
@@ -140,3 +121,4 @@ updateStrategy:
     maxSurge: 0
     maxUnavailable: {{ .Values.updateStrategy.maxUnavailable }}
 {{- end -}}
+
