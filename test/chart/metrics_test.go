@@ -18,7 +18,8 @@ import (
 // TestMetricsServices: with every node daemon on, each DaemonSet has one
 // metrics Service, which selects that DaemonSet's pods and no other's and
 // sends its port to the container's metrics port; the ServiceMonitor selects
-// every one of them, and the PodMonitor every daemon's pods.
+// every one of them, and the PodMonitor the pods of every daemon that serves
+// metrics and no other's.
 func TestMetricsServices(t *testing.T) {
 	h := newHelm(t)
 	for _, tc := range []struct {
@@ -93,6 +94,9 @@ func TestMetricsServices(t *testing.T) {
 				if !serves {
 					if len(selecting) != 0 {
 						t.Errorf("%s serves no metrics, yet Service %s selects its pods", ds.Name, selecting[0].Name)
+					}
+					if monitorSelects(t, pm, ds.Spec.Template.Labels) {
+						t.Errorf("%s serves no metrics, yet the PodMonitor selects its pods", ds.Name)
 					}
 					continue
 				}
