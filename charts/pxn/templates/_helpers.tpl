@@ -122,3 +122,25 @@ updateStrategy:
     maxUnavailable: {{ .Values.updateStrategy.maxUnavailable }}
 {{- end -}}
 
+
+{{/*
+pxn.verifyNodes: the nodes helm test checks, as a YAML list:
+nodeValidation.nodes, or else every node that the chart's nodeSelector
+selects, looked up when the chart is installed or upgraded (none under helm
+template).
+*/}}
+{{- define "pxn.verifyNodes" -}}
+{{- $nodes := .Values.nodeValidation.nodes -}}
+{{- if not $nodes -}}
+{{- $found := lookup "v1" "Node" "" "" -}}
+{{- range $n := (get (default dict $found) "items" | default list) -}}
+{{- $labels := default dict $n.metadata.labels -}}
+{{- $match := true -}}
+{{- range $k, $v := $.Values.nodeSelector -}}
+{{- if ne (toString (get $labels $k)) (toString $v) }}{{ $match = false }}{{ end -}}
+{{- end -}}
+{{- if $match }}{{ $nodes = append $nodes $n.metadata.name }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $nodes -}}
+{{- end -}}
