@@ -1,10 +1,12 @@
 {{/*
 pxn.nodeDaemonTable: the node daemons the chart installs, in the order they
 are rendered. Every template that deals with the daemons as a set (their
-DaemonSets, ServiceAccounts, metrics Services, monitors, validation, NOTES)
-ranges over pxn.nodeDaemons, built from this table; adding a daemon is one
-entry here and one template of its own parts, pxn.daemon.<name> (see
-_agent.tpl).
+DaemonSets, ServiceAccounts, metrics Services, the PodMonitor, validation,
+NOTES) ranges over pxn.nodeDaemons, built from this table. Adding a daemon is
+one entry here; beside it the daemon brings what is its own: the template
+pxn.daemon.<name> of its DaemonSet's parts (see _agent.tpl), its block of
+values (in values.schema.json, $defs.nodeDaemon and its own keys) and its
+RBAC.
   name:   the component label, the suffix of its objects' names, the
           container's name
   key:    its block of values, .Values.<key>
