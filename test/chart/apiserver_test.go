@@ -104,6 +104,7 @@ func TestServerDryRun(t *testing.T) {
 		{"defaults", nil},
 		{"node validation pods", []string{"--set", "nodeValidation.nodes={gpu-1,gpu-2}"}},
 		{"custom", []string{"-f", customFile}},
+		{"DRA driver beside the others, monitors on", []string{"--set", "dra.enabled=true", "--set", "serviceMonitor.enabled=true", "--set", "podMonitor.enabled=true"}},
 		{"agent only", []string{"--set", "devicePlugin.enabled=false", "--set", "rails.strategy=subnet", "--set", "rbac.create=false",
 			"--set", "agent.serviceAccount.create=false", "--set", "agent.serviceAccount.name=pxn-agent"}},
 		{"plugin only", []string{"--set", "agent.enabled=false", "--set", "devicePlugin.podResourcesSocket=/var/lib/kubelet/device-plugins/pr.sock",

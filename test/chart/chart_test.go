@@ -154,6 +154,9 @@ func TestLint(t *testing.T) {
 		{"custom", []string{"-f", customFile}},
 		{"agent only, subnet", []string{"--set", "devicePlugin.enabled=false", "--set", "rails.strategy=subnet"}},
 		{"cleanup hook", []string{"--set", "cleanup.removeNodeLabels=true"}},
+		{"the DRA driver alone", []string{"--set", "dra.enabled=true", "--set", "agent.enabled=false", "--set", "devicePlugin.enabled=false"}},
+		{"nodes to verify listed", []string{"--set", "dra.enabled=true", "--set", "nodeValidation.nodes={gpu-1,gpu-2}"}},
+		{"no node validation", []string{"--set", "nodeValidation.enabled=false"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"lint", "--strict", chartDir}, tc.args...)

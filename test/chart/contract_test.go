@@ -35,15 +35,15 @@ func TestSchemaNamesFollowTheContract(t *testing.T) {
 		path []string
 		want string
 	}{
-		{[]string{"definitions", "staticTable", "propertyNames", "pattern"}, contract.HCANamePattern},
-		{[]string{"definitions", "staticTable", "additionalProperties", "pattern"}, contract.RailNamePattern},
-		{[]string{"properties", "devicePlugin", "properties", "groupID", "pattern"}, contract.GroupIDPattern},
+		{[]string{"$defs", "staticTable", "propertyNames", "pattern"}, contract.HCANamePattern},
+		{[]string{"$defs", "staticTable", "additionalProperties", "pattern"}, contract.RailNamePattern},
+		{[]string{"$defs", "relayPlugin", "properties", "groupID", "pattern"}, contract.GroupIDPattern},
 	} {
 		if got := at(tc.path...); got != tc.want {
 			t.Errorf("values.schema.json %v = %v, want %s", tc.path, got, tc.want)
 		}
 	}
-	if got, _ := json.Marshal(at("properties", "devicePlugin", "properties", "groupID", "not", "enum")); string(got) != `[".",".."]` {
+	if got, _ := json.Marshal(at("$defs", "relayPlugin", "properties", "groupID", "not", "enum")); string(got) != `[".",".."]` {
 		t.Errorf("groupID does not refuse . and ..: not.enum = %s", got)
 	}
 }

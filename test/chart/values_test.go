@@ -3,6 +3,11 @@
 package chart_test
 
 import (
+	"encoding/json"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -58,6 +63,10 @@ func TestSchemaRejects(t *testing.T) {
 		{"validation bytes without unit", []string{"--set", "nodeValidation.bytes=16"}, "bytes"},
 		{"validation timeout in words", []string{"--set", "nodeValidation.timeout=long"}, "timeout"},
 		{"alert severity with a space", []string{"--set", "prometheusRule.severity=very bad"}, "severity"},
+		{"DRA groupID with slash", []string{"--set", "dra.groupID=a/b"}, "groupID"},
+		{"unknown DRA key", []string{"--set", "dra.resyncPeriod=1m"}, "/dra/resyncPeriod"},
+		{"DRA metrics address without port", []string{"--set", "dra.metricsBindAddress=localhost"}, "metricsBindAddress"},
+		{"plugin shm dir relative", []string{"--set", "devicePlugin.shmDir=dev/shm"}, "shmDir"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			expectFailure(t, h, tc.args, tc.want)
@@ -105,6 +114,9 @@ func TestValidationRejects(t *testing.T) {
 			"--set", "devicePlugin.metricsBindAddress=0"}, "serviceMonitor.enabled=true but no enabled component serves metrics"},
 		{"pod monitor without metrics", []string{"--set", "podMonitor.enabled=true", "--set", "agent.metricsBindAddress=0",
 			"--set", "devicePlugin.metricsAddr="}, "podMonitor.enabled=true but no enabled component serves metrics"},
+		{"pod monitor, the DRA driver alone without metrics", []string{"--set", "dra.enabled=true", "--set", "agent.enabled=false",
+			"--set", "devicePlugin.enabled=false", "--set", "podMonitor.enabled=true", "--set", "dra.metricsBindAddress=0"},
+			"podMonitor.enabled=true but no enabled component serves metrics (dra.metricsBindAddress=0)"},
 		{"service monitor without the Services", []string{"--set", "serviceMonitor.enabled=true", "--set", "metricsService.enabled=false"},
 			"set metricsService.enabled=true"},
 	} {
@@ -122,5 +134,49 @@ func expectFailure(t *testing.T, h *helm, args []string, want string) {
 	}
 	if !strings.Contains(err.Error(), want) {
 		t.Fatalf("helm template %q failed without naming %q:\n%v", args, want, err)
+	}
+}
+
+// TestSchemaSharedDaemonKeys: the node daemons' shared keys are defined once
+// ($defs nodeDaemon and relayPlugin) and named once more in the lists that
+// let unevaluatedProperties pass them (nodeDaemonKeys, relayPluginKeys); the
+// two must name the same keys. A bad value of a shared key is reported alone,
+// not with every other key of its block.
+func TestSchemaSharedDaemonKeys(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Defs map[string]struct {
+			Properties map[string]json.RawMessage `json:"properties"`
+		} `json:"$defs"`
+	}
+	if err := json.Unmarshal(b, &schema); err != nil {
+		t.Fatal(err)
+	}
+	for _, def := range []string{"nodeDaemon", "relayPlugin"} {
+		keys := slices.Sorted(maps.Keys(schema.Defs[def].Properties))
+		names := slices.Sorted(maps.Keys(schema.Defs[def+"Keys"].Properties))
+		if len(keys) == 0 || !slices.Equal(keys, names) {
+			t.Errorf("$defs.%s defines %v, $defs.%sKeys names %v", def, keys, def, names)
+		}
+	}
+
+	h := newHelm(t)
+	for _, args := range [][]string{
+		{"--set", "dra.enabled=yes"},
+		{"--set", "devicePlugin.groupID=a/b"},
+		{"--set", "agent.kubeconfig=relative"},
+	} {
+		out, err := h.run(h.templateArgs(args)...)
+		if err == nil {
+			t.Errorf("helm template %q succeeded; rendered %d bytes", args, len(out))
+			continue
+		}
+		if key := args[1][:strings.Index(args[1], "=")]; !strings.Contains(err.Error(), "/"+strings.ReplaceAll(key, ".", "/")) ||
+			strings.Count(err.Error(), "false schema") != 0 {
+			t.Errorf("helm template %q: want an error at %s alone, got:\n%v", args, key, err)
+		}
 	}
 }

@@ -56,25 +56,6 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/* The port of a host:port address. */}}
-{{/*
-pxn.devicePluginMetricsAddr: the device plugin's --metrics-bind-address,
-from devicePlugin.metricsBindAddress, or from the deprecated
-devicePlugin.metricsAddr when a values file still sets it ("" there: 0).
-*/}}
-{{- define "pxn.devicePluginMetricsAddr" -}}
-{{- $v := .Values.devicePlugin -}}
-{{- if hasKey $v "metricsAddr" -}}
-{{- default "0" $v.metricsAddr -}}
-{{- else -}}
-{{- toString $v.metricsBindAddress -}}
-{{- end -}}
-{{- end -}}
-
-{{/* pxn.serves: "true" when a bind address asks for an endpoint (not 0, not empty). */}}
-{{- define "pxn.serves" -}}
-{{- if and (ne (toString .) "0") (ne (toString .) "") -}}true{{- end -}}
-{{- end -}}
-
 {{- define "pxn.port" -}}
 {{- regexFind "[0-9]+$" . -}}
 {{- end -}}
@@ -139,4 +120,27 @@ updateStrategy:
   rollingUpdate:
     maxSurge: 0
     maxUnavailable: {{ .Values.updateStrategy.maxUnavailable }}
+{{- end -}}
+
+
+{{/*
+pxn.verifyNodes: the nodes helm test checks, as a YAML list:
+nodeValidation.nodes, or else every node that the chart's nodeSelector
+selects, looked up when the chart is installed or upgraded (none under helm
+template).
+*/}}
+{{- define "pxn.verifyNodes" -}}
+{{- $nodes := .Values.nodeValidation.nodes -}}
+{{- if not $nodes -}}
+{{- $found := lookup "v1" "Node" "" "" -}}
+{{- range $n := (get (default dict $found) "items" | default list) -}}
+{{- $labels := default dict $n.metadata.labels -}}
+{{- $match := true -}}
+{{- range $k, $v := $.Values.nodeSelector -}}
+{{- if ne (toString (get $labels $k)) (toString $v) }}{{ $match = false }}{{ end -}}
+{{- end -}}
+{{- if $match }}{{ $nodes = append $nodes $n.metadata.name }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $nodes -}}
 {{- end -}}
