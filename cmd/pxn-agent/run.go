@@ -24,6 +24,7 @@ import (
 	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/agent"
 	"github.com/pxn-project/pxn/pkg/deviceplugin"
+	"github.com/pxn-project/pxn/pkg/nodestate"
 	"github.com/pxn-project/pxn/pkg/rail"
 )
 
@@ -70,7 +71,7 @@ func (c *runConfig) complete() error {
 	if c.opts.Resync <= 0 || c.opts.PollInterval <= 0 {
 		return fmt.Errorf("--resync %v and --poll-interval %v must be positive", c.opts.Resync, c.opts.PollInterval)
 	}
-	c.opts.Discoverer = agent.RailDiscoverer{Options: c.rail}
+	c.opts.Discoverer = nodestate.RailDiscoverer{Options: c.rail}
 	if c.ranks.ShmDir != "" {
 		if c.ranks.StaleAfter <= 0 {
 			return fmt.Errorf("--rank-stale-after %v must be positive", c.ranks.StaleAfter)

@@ -27,7 +27,7 @@ import (
 	"github.com/pxn-project/pxn/internal/cli"
 	"github.com/pxn-project/pxn/internal/testtools"
 	"github.com/pxn-project/pxn/internal/version"
-	"github.com/pxn-project/pxn/pkg/agent"
+	"github.com/pxn-project/pxn/pkg/nodestate"
 	"github.com/pxn-project/pxn/pkg/rail"
 )
 
@@ -55,7 +55,7 @@ func TestRunFlags(t *testing.T) {
 		t.Errorf("defaults: %+v kubeconfig %q", o, c.kubeconfig)
 	}
 	want := rail.Options{HostRoot: "/", Strategy: rail.StrategyPCIOrder, SubnetPrefixLen: rail.DefaultSubnetPrefixLen}
-	if d, ok := o.Discoverer.(agent.RailDiscoverer); !ok || d.Options.HostRoot != want.HostRoot ||
+	if d, ok := o.Discoverer.(nodestate.RailDiscoverer); !ok || d.Options.HostRoot != want.HostRoot ||
 		d.Options.Strategy != want.Strategy || d.Options.SubnetPrefixLen != want.SubnetPrefixLen {
 		t.Errorf("discoverer %#v, want rail options %+v", o.Discoverer, want)
 	}
@@ -66,7 +66,7 @@ func TestRunFlags(t *testing.T) {
 	if err != nil {
 		t.Fatalf("flags: %v", err)
 	}
-	d := c.opts.Discoverer.(agent.RailDiscoverer)
+	d := c.opts.Discoverer.(nodestate.RailDiscoverer)
 	if c.opts.NodeName != "n1" || d.Options.HostRoot != "/host" || d.Options.Strategy != "static" ||
 		d.Options.StaticFile != "/etc/rails.json" || d.Options.SubnetPrefixLen != 16 || c.opts.Resync != 5*time.Second ||
 		c.kubeconfig != "/kc" || c.opts.MetricsBindAddress != "0" || c.opts.HealthProbeBindAddress != "127.0.0.1:1" ||
@@ -107,7 +107,7 @@ func TestRunEnvironment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := c.opts.Discoverer.(agent.RailDiscoverer)
+	d := c.opts.Discoverer.(nodestate.RailDiscoverer)
 	if c.opts.NodeName != "env-node" || d.Options.HostRoot != "/env-host" || d.Options.Strategy != "subnet" ||
 		d.Options.SubnetPrefixLen != 20 || c.opts.Resync != 9*time.Second || c.opts.MetricsBindAddress != ":1234" {
 		t.Errorf("parsed %+v %+v", c.opts, d.Options)

@@ -135,13 +135,15 @@ func (o *options) run(ctx context.Context) error {
 	metrics := deviceplugin.NewMetrics(reg)
 
 	log := klog.Background()
-	discoverer, err := o.rail.Discoverer(log)
+	discoverer, err := o.rail.Discoverer()
 	if err != nil {
 		return err
 	}
-	monitor := nodestate.NewMonitor(discoverer, o.rediscoverInterval, func(st nodestate.NodeState) {
-		metrics.SetDeviceHealth(o.devices, st.Healthy)
-	}, log)
+	monitor := nodestate.NewMonitor(discoverer, nodestate.Options{
+		Interval: o.rediscoverInterval,
+		Observe:  func(st nodestate.NodeState) { metrics.SetDeviceHealth(o.devices, st.Healthy) },
+		Logger:   log,
+	})
 
 	store := deviceplugin.NewStore(o.stateDir, o.shmDir, log)
 	if err := store.Prepare(); err != nil {

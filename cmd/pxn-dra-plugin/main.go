@@ -128,11 +128,11 @@ func (o *options) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	discoverer, err := o.rail.Discoverer(log)
+	discoverer, err := o.rail.Discoverer()
 	if err != nil {
 		return err
 	}
-	monitor := nodestate.NewMonitor(discoverer, o.rediscoverInterval, nil, log)
+	monitor := nodestate.NewMonitor(discoverer, nodestate.Options{Interval: o.rediscoverInterval, Logger: log})
 	driver, err := dra.New(dra.Config{
 		NodeName: o.nodeName,
 		Member:   group.Member{GroupID: o.groupID, RegistryRoot: o.registryRoot},

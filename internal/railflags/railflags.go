@@ -8,7 +8,6 @@ import (
 	"fmt"
 
 	"github.com/spf13/pflag"
-	"k8s.io/klog/v2"
 
 	"github.com/pxn-project/pxn/pkg/nodestate"
 	"github.com/pxn-project/pxn/pkg/rail"
@@ -31,13 +30,13 @@ func (r *Flags) Bind(fs *pflag.FlagSet) {
 }
 
 // Discoverer returns the discoverer the flags describe.
-func (r *Flags) Discoverer(log klog.Logger) (nodestate.Discoverer, error) {
+func (r *Flags) Discoverer() (nodestate.Discoverer, error) {
 	switch r.Strategy {
 	case rail.StrategyPCIOrder, rail.StrategySubnet, rail.StrategyStatic:
 	default:
 		return nil, fmt.Errorf("--rail-strategy=%q: want %s, %s or %s", r.Strategy, rail.StrategyPCIOrder, rail.StrategySubnet, rail.StrategyStatic)
 	}
-	return &nodestate.RailDiscoverer{Logger: log, Options: rail.Options{
+	return nodestate.RailDiscoverer{Options: rail.Options{
 		HostRoot:        r.HostRoot,
 		Strategy:        r.Strategy,
 		SubnetPrefixLen: r.subnetPrefixLen,

@@ -3,30 +3,18 @@
 package agent
 
 import (
-	"context"
-
 	pxnv1alpha1 "github.com/pxn-project/pxn/api/v1alpha1"
-	"github.com/pxn-project/pxn/pkg/nodestate"
 	"github.com/pxn-project/pxn/pkg/rail"
 )
 
-// RailDiscoverer discovers with pkg/rail under a host root.
-type RailDiscoverer struct {
-	Options rail.Options
-}
-
-// Discover runs rail.Discover and converts its layout to the API's types.
-func (r RailDiscoverer) Discover(ctx context.Context) (*Discovery, error) {
-	l, err := rail.Discover(ctx, r.Options)
-	if err != nil {
-		return nil, err
-	}
+// NewDiscovery converts a discovered layout to what the agent publishes.
+func NewDiscovery(l *rail.Layout) *Discovery {
 	d := &Discovery{Layout: LayoutFromRail(l), Warnings: l.Warnings, SharedSubnetMessage: l.SharedSubnetMessage()}
 	d.Ready, d.NotReadyMessage = l.Ready()
 	if d.Ready {
 		d.NotReadyMessage = ""
 	}
-	return d, nil
+	return d
 }
 
 // LayoutFromRail converts a discovered layout to the PxnRailMap status form.
@@ -59,6 +47,3 @@ func LayoutFromRail(l *rail.Layout) pxnv1alpha1.RailLayout {
 	}
 	return out
 }
-
-// Fingerprint is nodestate.Fingerprint of the discoverer's options.
-func (r RailDiscoverer) Fingerprint() (string, error) { return nodestate.Fingerprint(r.Options) }
