@@ -9,7 +9,7 @@
 //	pxn-agent version     print the version
 //
 // Every flag can also be set from the environment, PXN_AGENT_<FLAG> (see
-// docs/operations.md); --node-name reads NODE_NAME.
+// docs/operations.md); --node-name reads NODE_NAME, as in every binary.
 package main
 
 import (
@@ -26,9 +26,6 @@ import (
 
 // envPrefix is the prefix of the agent's environment variables.
 const envPrefix = "PXN_AGENT"
-
-// envOverride names the variables that do not follow PXN_AGENT_<FLAG>.
-var envOverride = map[string]string{"node-name": "NODE_NAME"}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -72,6 +69,6 @@ the agent (pxn-agent run).`,
 		newRemoveLabelsCommand(ctx),
 		newVerifyNodeCommand(ctx),
 	)
-	cli.Setup(root, envPrefix, envOverride)
+	cli.Setup(root, envPrefix, nil)
 	return root
 }

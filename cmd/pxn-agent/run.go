@@ -21,26 +21,25 @@ import (
 
 	"github.com/pxn-project/pxn/internal/buildinfo"
 	"github.com/pxn-project/pxn/internal/cli"
+	"github.com/pxn-project/pxn/internal/railflags"
 	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/agent"
 	"github.com/pxn-project/pxn/pkg/deviceplugin"
-	"github.com/pxn-project/pxn/pkg/nodestate"
-	"github.com/pxn-project/pxn/pkg/rail"
 )
 
 // runConfig is what the run flags say.
 type runConfig struct {
 	kubeconfig string
 	opts       agent.Options
-	rail       rail.Options
+	rail       railflags.Flags
 	ranks      agent.RankMetricsOptions
 	// podResourcesSocket names the pods behind the ranks ("": it does not).
 	podResourcesSocket string
 }
 
 func (c *runConfig) bind(fs *pflag.FlagSet) {
-	fs.StringVar(&c.opts.NodeName, "node-name", "", "name of this node")
-	bindRailFlags(fs, &c.rail)
+	cli.BindNodeName(fs, &c.opts.NodeName)
+	c.rail.Bind(fs)
 	fs.DurationVar(&c.opts.Resync, "resync", 60*time.Second, "period of unconditional rediscovery and reconciliation")
 	fs.DurationVar(&c.opts.PollInterval, "poll-interval", 2*time.Second, "period of the cheap sysfs check that triggers a rediscovery when HCAs, GPUs or port states change")
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster or $KUBECONFIG")
@@ -55,26 +54,25 @@ func (c *runConfig) bind(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.ranks.StaleAfter, "rank-stale-after", 10*time.Second, "leave out of the rank metrics a rank whose heartbeat is older (exited or hung)")
 }
 
-// bindRailFlags binds the rail discovery flags that run and discover share.
-func bindRailFlags(fs *pflag.FlagSet, o *rail.Options) {
-	fs.StringVar(&o.HostRoot, "host-root", "/", "folder where the host's / is visible (its sys/ is read)")
-	fs.StringVar(&o.Strategy, "rail-strategy", rail.StrategyPCIOrder, "how rails are named: pci-order, subnet or static")
-	fs.IntVar(&o.SubnetPrefixLen, "subnet-prefix-len", rail.DefaultSubnetPrefixLen, "IPv4 prefix length of the subnet strategy")
-	fs.StringVar(&o.StaticFile, "static-file", "", "static strategy: JSON object of HCA name to rail name")
-}
-
-// complete checks the flags and fills what they imply.
+// complete checks the flags and fills what they imply; the error names the
+// flag.
 func (c *runConfig) complete() error {
 	if c.opts.NodeName == "" {
-		return errors.New("--node-name is empty and NODE_NAME is not set")
+		return errors.New("--node-name is empty and " + cli.NodeNameEnv + " is not set")
 	}
-	if c.opts.Resync <= 0 || c.opts.PollInterval <= 0 {
-		return fmt.Errorf("--resync %v and --poll-interval %v must be positive", c.opts.Resync, c.opts.PollInterval)
+	if c.opts.Resync <= 0 {
+		return cli.FlagError("resync", c.opts.Resync, errors.New("must be positive"))
 	}
-	c.opts.Discoverer = nodestate.RailDiscoverer{Options: c.rail}
+	if c.opts.PollInterval <= 0 {
+		return cli.FlagError("poll-interval", c.opts.PollInterval, errors.New("must be positive"))
+	}
+	if err := c.rail.Validate(); err != nil {
+		return err
+	}
+	c.opts.Discoverer = c.rail.Discoverer()
 	if c.ranks.ShmDir != "" {
 		if c.ranks.StaleAfter <= 0 {
-			return fmt.Errorf("--rank-stale-after %v must be positive", c.ranks.StaleAfter)
+			return cli.FlagError("rank-stale-after", c.ranks.StaleAfter, errors.New("must be positive"))
 		}
 		c.ranks.NodeName = c.opts.NodeName
 		// Checked here, so that a bad label list is a usage error.

@@ -81,7 +81,10 @@ func TestRunFlags(t *testing.T) {
 	}{
 		{nil, "", "--node-name is empty"},
 		{[]string{"--node-name=a", "extra"}, "", `unknown command "extra"`},
-		{[]string{"--node-name=a", "--resync=0s"}, "", "must be positive"},
+		{[]string{"--node-name=a", "--resync=0s"}, "", "pxn-agent run: --resync=0s: must be positive"},
+		{[]string{"--node-name=a", "--rail-strategy=nearest"}, "", `pxn-agent run: --rail-strategy="nearest": want pci-order, subnet or static`},
+		{[]string{"verify-node"}, "", "pxn-agent verify-node: --node-name is empty and NODE_NAME is not set"},
+		{[]string{"verify-node", "--node=a"}, "", "pxn-agent verify-node: unknown flag: --node"},
 		{[]string{"frobnicate"}, "", `unknown command "frobnicate" for "pxn-agent"`},
 		{[]string{"--no-such-flag"}, "x", "unknown flag: --no-such-flag"},
 	} {
@@ -246,9 +249,9 @@ echo '[{"bytes":33554432,"relayed_bytes":33554432,"failed_tasks":0,"verified":tr
 		{"other-node", 1, "pxn node other-node: FAIL: PxnRailMap other-node: pxnrailmaps.pxn.io \"other-node\" not found\n"},
 	} {
 		var out bytes.Buffer
-		code := execute(ctx, []string{"verify-node", "--node=" + tc.node, "--kubeconfig=" + kubeconfig, "--bench=" + bench}, &out, io.Discard)
+		code := execute(ctx, []string{"verify-node", "--node-name=" + tc.node, "--kubeconfig=" + kubeconfig, "--bench=" + bench}, &out, io.Discard)
 		if code != tc.code || out.String() != tc.line {
-			t.Errorf("verify-node --node=%s: exit %d, %q; want %d, %q", tc.node, code, out.String(), tc.code, tc.line)
+			t.Errorf("verify-node --node-name=%s: exit %d, %q; want %d, %q", tc.node, code, out.String(), tc.code, tc.line)
 		}
 	}
 

@@ -74,14 +74,30 @@ func (o *options) bind(fs *pflag.FlagSet) {
 	o.rail.Bind(fs)
 }
 
+// validate checks every flag; the error names the flag.
 func (o *options) validate() error {
-	for name, d := range map[string]time.Duration{"gc-interval": o.gcInterval, "gc-grace": o.gcGrace, "gc-kubelet-settle": o.gcKubeletSettle,
-		"rediscover-interval": o.rediscoverInterval, "pod-lookup-timeout": o.podLookupTimeout} {
-		if d <= 0 {
-			return fmt.Errorf("--%s=%v: must be positive", name, d)
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"gc-interval", o.gcInterval}, {"gc-grace", o.gcGrace}, {"gc-kubelet-settle", o.gcKubeletSettle},
+		{"rediscover-interval", o.rediscoverInterval}, {"pod-lookup-timeout", o.podLookupTimeout}} {
+		if d.v <= 0 {
+			return cli.FlagError(d.flag, d.v, errors.New("must be positive"))
 		}
 	}
-	return nil
+	if err := deviceplugin.ValidateResourceName(o.resourceName); err != nil {
+		return cli.FlagError("resource-name", o.resourceName, err)
+	}
+	if o.devices < 1 || o.devices > deviceplugin.MaxDevices {
+		return cli.FlagError("devices", o.devices, fmt.Errorf("want 1..%d", deviceplugin.MaxDevices))
+	}
+	if err := contract.ValidateGroupID(o.groupID); err != nil {
+		return cli.FlagError("group-id", contract.Quote(o.groupID), err)
+	}
+	if err := contract.ValidateRegistryRoot(o.registryRoot); err != nil {
+		return cli.FlagError("container-registry-root", contract.Quote(o.registryRoot), err)
+	}
+	return o.rail.Validate()
 }
 
 // envPrefix is the prefix of the plugin's environment variables.
@@ -124,7 +140,6 @@ its job's registry folder. It runs until it is stopped (SIGTERM).`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	o.bind(root.Flags())
-	cli.DeprecatedAlias(root.Flags(), "metrics-addr", "metrics-bind-address", stderr)
 	cli.Setup(root, envPrefix, nil)
 	return root
 }
@@ -135,11 +150,7 @@ func (o *options) run(ctx context.Context) error {
 	metrics := deviceplugin.NewMetrics(reg)
 
 	log := klog.Background()
-	discoverer, err := o.rail.Discoverer()
-	if err != nil {
-		return err
-	}
-	monitor := nodestate.NewMonitor(discoverer, nodestate.Options{
+	monitor := nodestate.NewMonitor(o.rail.Discoverer(), nodestate.Options{
 		Interval: o.rediscoverInterval,
 		Observe:  func(st nodestate.NodeState) { metrics.SetDeviceHealth(o.devices, st.Healthy) },
 		Logger:   log,

@@ -52,7 +52,7 @@ type options struct {
 }
 
 func (o *options) bind(fs *pflag.FlagSet) {
-	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name, the driver's pool (default: $NODE_NAME)")
+	cli.BindNodeName(fs, &o.nodeName)
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for the API server; empty: in-cluster config")
 	fs.StringVar(&o.cdiDir, "cdi-dir", "/var/run/cdi", "folder the container runtime reads CDI specs from; one spec per prepared claim")
 	fs.StringVar(&o.pluginsDir, "kubelet-plugins-dir", dra.DefaultKubeletPluginsDir, "kubelet's plugins folder; the DRA socket is <folder>/"+dra.DriverName+"/dra.sock")
@@ -67,14 +67,21 @@ func (o *options) bind(fs *pflag.FlagSet) {
 	o.rail.Bind(fs)
 }
 
+// validate checks every flag; the error names the flag.
 func (o *options) validate() error {
 	if o.nodeName == "" {
-		return errors.New("--node-name is empty and NODE_NAME is not set")
+		return errors.New("--node-name is empty and " + cli.NodeNameEnv + " is not set")
 	}
 	if o.rediscoverInterval <= 0 {
-		return fmt.Errorf("--rediscover-interval=%v: must be positive", o.rediscoverInterval)
+		return cli.FlagError("rediscover-interval", o.rediscoverInterval, errors.New("must be positive"))
 	}
-	return nil
+	if err := contract.ValidateGroupID(o.groupID); err != nil {
+		return cli.FlagError("group-id", contract.Quote(o.groupID), err)
+	}
+	if err := contract.ValidateRegistryRoot(o.registryRoot); err != nil {
+		return cli.FlagError("container-registry-root", contract.Quote(o.registryRoot), err)
+	}
+	return o.rail.Validate()
 }
 
 const envPrefix = "PXN_DRA_PLUGIN"
@@ -128,11 +135,7 @@ func (o *options) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	discoverer, err := o.rail.Discoverer()
-	if err != nil {
-		return err
-	}
-	monitor := nodestate.NewMonitor(discoverer, nodestate.Options{Interval: o.rediscoverInterval, Logger: log})
+	monitor := nodestate.NewMonitor(o.rail.Discoverer(), nodestate.Options{Interval: o.rediscoverInterval, Logger: log})
 	driver, err := dra.New(dra.Config{
 		NodeName: o.nodeName,
 		Member:   group.Member{GroupID: o.groupID, RegistryRoot: o.registryRoot},
