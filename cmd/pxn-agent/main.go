@@ -15,24 +15,17 @@ package main
 import (
 	"context"
 	"io"
-	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/spf13/cobra"
 
 	"github.com/pxn-project/pxn/internal/cli"
+	"github.com/pxn-project/pxn/internal/daemon"
 )
 
 // envPrefix is the prefix of the agent's environment variables.
 const envPrefix = "PXN_AGENT"
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := execute(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { daemon.Main(execute) }
 
 // execute runs the command line args: exit 0, 1 when the command failed, 2
 // on bad usage. No arguments, or flags without a subcommand, are run's, as

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 
 	"github.com/pxn-project/pxn/internal/buildinfo"
 	"github.com/pxn-project/pxn/internal/cli"
+	"github.com/pxn-project/pxn/internal/daemon"
 	"github.com/pxn-project/pxn/internal/railflags"
 	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/agent"
@@ -32,6 +32,7 @@ type runConfig struct {
 	kubeconfig string
 	opts       agent.Options
 	rail       railflags.Flags
+	endpoints  daemon.Endpoints
 	ranks      agent.RankMetricsOptions
 	// podResourcesSocket names the pods behind the ranks ("": it does not).
 	podResourcesSocket string
@@ -43,8 +44,7 @@ func (c *runConfig) bind(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.opts.Resync, "resync", 60*time.Second, "period of unconditional rediscovery and reconciliation")
 	fs.DurationVar(&c.opts.PollInterval, "poll-interval", 2*time.Second, "period of the cheap sysfs check that triggers a rediscovery when HCAs, GPUs or port states change")
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster or $KUBECONFIG")
-	fs.StringVar(&c.opts.MetricsBindAddress, "metrics-bind-address", ":9640", `address of the Prometheus /metrics endpoint; "0" disables it`)
-	fs.StringVar(&c.opts.HealthProbeBindAddress, "health-probe-bind-address", ":9642", `address of /healthz and /readyz; "0" disables them`)
+	c.endpoints.Bind(fs, ":9640", ":9642")
 	fs.StringVar(&c.opts.AgentVersion, "agent-version", version.String(), "version written to status.agentVersion")
 	fs.StringVar(&c.ranks.ShmDir, "shm-dir", "/dev/shm/pxn", `the device plugin's --shm-dir: the ranks of each job register in its group folders, which the agent reads (never writes) for the pxn_* rank metrics; "" turns those metrics off`)
 	fs.StringVar(&c.ranks.StateDir, "state-dir", "/run/pxn", "the device plugin's --state-dir: its slot links name each device's group folder")
@@ -70,6 +70,7 @@ func (c *runConfig) complete() error {
 		return err
 	}
 	c.opts.Discoverer = c.rail.Discoverer()
+	c.opts.MetricsBindAddress, c.opts.HealthProbeBindAddress = c.endpoints.Metrics, c.endpoints.Health
 	if c.ranks.ShmDir != "" {
 		if c.ranks.StaleAfter <= 0 {
 			return cli.FlagError("rank-stale-after", c.ranks.StaleAfter, errors.New("must be positive"))
@@ -92,15 +93,15 @@ func newRunCommand(ctx context.Context, onRun func(*runConfig) error) *cobra.Com
 		Long: `Discovers the node's rails, publishes its PxnRailMap and labels the node; keeps
 both current until it is stopped (SIGTERM).`,
 		Args: cobra.NoArgs,
-		RunE: func(*cobra.Command, []string) error {
+		RunE: daemon.RunE(ctx, "pxn-agent", c.complete, c.run),
+	}
+	if onRun != nil {
+		cmd.RunE = func(*cobra.Command, []string) error {
 			if err := c.complete(); err != nil {
 				return err
 			}
-			if onRun != nil {
-				return onRun(c)
-			}
-			return c.run(ctx)
-		},
+			return onRun(c)
+		}
 	}
 	c.bind(cmd.Flags())
 	return cmd
@@ -109,16 +110,12 @@ both current until it is stopped (SIGTERM).`,
 // run runs the agent until ctx is done.
 func (c *runConfig) run(ctx context.Context) error {
 	ctrllog.SetLogger(klog.NewKlogr())
-	defer klog.Flush()
-	klog.InfoS("Starting pxn-agent", "version", version.String(), "revision", version.Revision(), "goVersion", runtime.Version(),
-		"node", klog.KRef("", c.opts.NodeName))
 	if err := buildinfo.Register(ctrlmetrics.Registry); err != nil {
-		return cli.Failed(fmt.Errorf("register pxn_build_info: %w", err))
+		return fmt.Errorf("register pxn_build_info: %w", err)
 	}
 	cfg, err := restConfig(c.kubeconfig)
 	if err != nil {
-		klog.ErrorS(err, "no Kubernetes client configuration")
-		return cli.ExitError{Code: 1}
+		return fmt.Errorf("no Kubernetes client configuration: %w", err)
 	}
 	cfg.UserAgent = "pxn-agent/" + c.opts.AgentVersion
 	if c.opts.Ranks != nil && c.podResourcesSocket != "" {
@@ -131,11 +128,7 @@ func (c *runConfig) run(ctx context.Context) error {
 		}
 	}
 	c.opts.Logger = klog.Background()
-	if err := agent.Run(ctx, cfg, c.opts); err != nil {
-		klog.ErrorS(err, "agent failed", "node", klog.KRef("", c.opts.NodeName))
-		return cli.ExitError{Code: 1}
-	}
-	return nil
+	return agent.Run(ctx, cfg, c.opts)
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {

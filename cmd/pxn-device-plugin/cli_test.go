@@ -38,7 +38,7 @@ func TestCommandLine(t *testing.T) {
 			stderr: "--gc-grace=-1s: must be positive"},
 		{name: "flag wins over the environment", args: []string{"--pod-lookup-timeout=0s"},
 			env: map[string]string{"PXN_DEVICE_PLUGIN_POD_LOOKUP_TIMEOUT": "1s"}, code: 2, stderr: "--pod-lookup-timeout=0s: must be positive"},
-		{name: "metrics flag", args: []string{"--help"}, stdout: []string{"--metrics-bind-address string", `address of the Prometheus /metrics endpoint; "0"`, `/readyz (registered with the kubelet); "0" disables`}},
+		{name: "metrics flag", args: []string{"--help"}, stdout: []string{"--metrics-bind-address string", `address of the Prometheus /metrics endpoint; "0"`, `/readyz (the daemon is ready); "0" disables`}},
 		{name: "the retired metrics flag", args: []string{"--metrics-addr=:1"}, code: 2, stderr: "pxn-device-plugin: unknown flag: --metrics-addr"},
 		{name: "bad rail strategy", args: []string{"--rail-strategy=nearest"}, code: 2, stderr: `pxn-device-plugin: --rail-strategy="nearest": want pci-order, subnet or static`},
 		{name: "static strategy without its table", args: []string{"--rail-strategy=static"}, code: 2, stderr: "--rail-strategy=static needs --static-file"},

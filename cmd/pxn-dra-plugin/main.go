@@ -13,11 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
-	"runtime"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -45,8 +41,7 @@ type options struct {
 	shmDir             string
 	registryRoot       string
 	groupID            string
-	metricsAddr        string
-	healthAddr         string
+	endpoints          daemon.Endpoints
 	rediscoverInterval time.Duration
 	rail               railflags.Flags
 }
@@ -61,8 +56,7 @@ func (o *options) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&o.shmDir, "shm-dir", "/dev/shm/pxn-dra", "host tmpfs folder for group folders (<shm-dir>/groups); not the device plugin's, whose collector removes folders it did not make")
 	fs.StringVar(&o.registryRoot, "container-registry-root", "/run/pxn", "container path of the group folder mount, and "+contract.EnvRegistryRoot)
 	fs.StringVar(&o.groupID, "group-id", "k8s", contract.EnvGroupID+" handed to every container")
-	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":9644", `address of the Prometheus /metrics endpoint; "0" disables it`)
-	fs.StringVar(&o.healthAddr, "health-probe-bind-address", ":9645", `address of /healthz (the process serves) and /readyz (registered with the kubelet); "0" disables them`)
+	o.endpoints.Bind(fs, ":9644", ":9645")
 	fs.DurationVar(&o.rediscoverInterval, "rediscover-interval", 30*time.Second, "how often rails and port states are re-read")
 	o.rail.Bind(fs)
 }
@@ -86,12 +80,7 @@ func (o *options) validate() error {
 
 const envPrefix = "PXN_DRA_PLUGIN"
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	code := execute(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { daemon.Main(execute) }
 
 // execute runs the command line args: exit 0, 1 when the driver failed, 2
 // on bad usage.
@@ -109,17 +98,7 @@ and prepares every ResourceClaim allocated to it as one group: the claim's
 containers get the engine's environment (MC_PXN_*) and the group's folder.
 It runs until it is stopped (SIGTERM).`,
 		Args: cobra.NoArgs,
-		RunE: func(*cobra.Command, []string) error {
-			if err := o.validate(); err != nil {
-				return err
-			}
-			defer klog.Flush()
-			if err := o.run(ctx); err != nil {
-				klog.ErrorS(err, "pxn-dra-plugin failed")
-				return cli.ExitError{Code: 1}
-			}
-			return nil
-		},
+		RunE: daemon.RunE(ctx, "pxn-dra-plugin", o.validate, o.run),
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -129,7 +108,6 @@ It runs until it is stopped (SIGTERM).`,
 }
 
 func (o *options) run(ctx context.Context) error {
-	klog.InfoS("Starting pxn-dra-plugin", "version", version.String(), "revision", version.Revision(), "goVersion", runtime.Version())
 	log := klog.Background()
 	client, err := apiClient(o.kubeconfig)
 	if err != nil {
@@ -158,15 +136,8 @@ func (o *options) run(ctx context.Context) error {
 		cancel()
 		wg.Wait()
 	}()
-	if daemon.Serves(o.metricsAddr) {
-		if err := daemon.ServeMetrics(ctx, &wg, o.metricsAddr, daemon.ProcessRegistry()); err != nil {
-			return err
-		}
-	}
-	if daemon.Serves(o.healthAddr) {
-		if err := daemon.ServeHTTP(ctx, &wg, "health probes", o.healthAddr, daemon.Probes(driver.Registered)); err != nil {
-			return err
-		}
+	if err := o.endpoints.Serve(ctx, &wg, daemon.ProcessRegistry(), driver.Registered); err != nil {
+		return err
 	}
 	wg.Go(func() { monitor.Run(ctx) })
 	return driver.Serve(ctx, client, dra.ServeOptions{PluginsDir: o.pluginsDir, RegistryDir: o.registryDir})
