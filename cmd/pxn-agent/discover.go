@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -14,12 +15,13 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pxn-project/pxn/internal/cli"
+	"github.com/pxn-project/pxn/internal/railflags"
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/rail"
 )
 
 type discoverConfig struct {
-	rail   rail.Options
+	rail   railflags.Flags
 	output string
 }
 
@@ -37,10 +39,13 @@ bad usage.`,
   pxn-agent discover -o railmap    # the ` + contract.EnvRailMap + ` a pod on this node gets`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := c.validate(); err != nil {
+				return err
+			}
 			return c.run(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
-	bindRailFlags(cmd.Flags(), &c.rail)
+	c.rail.Bind(cmd.Flags())
 	cmd.Flags().StringVarP(&c.output, "output", "o", "table", "output format: table, json, or railmap (the rail map alone, as "+contract.EnvRailMap+")")
 	return cmd
 }
@@ -48,13 +53,18 @@ bad usage.`,
 // exitNotReady is discover's exit status for a node that is not ready.
 const exitNotReady = 3
 
+// validate checks the flags; the error names the flag.
+func (c *discoverConfig) validate() error {
+	if c.output != "table" && c.output != "json" && c.output != "railmap" {
+		return cli.FlagError("output", strconv.Quote(c.output), errors.New("want table, json or railmap"))
+	}
+	return c.rail.Validate()
+}
+
 // run prints the node's layout; a failed discovery exits 1, a node that is
 // not ready exitNotReady.
 func (c *discoverConfig) run(ctx context.Context, stdout, stderr io.Writer) error {
-	if c.output != "table" && c.output != "json" && c.output != "railmap" {
-		return fmt.Errorf("output format %q: want table, json or railmap", c.output)
-	}
-	layout, err := rail.Discover(ctx, c.rail)
+	layout, err := rail.Discover(ctx, c.rail.Options())
 	if err != nil {
 		return cli.Failed(err)
 	}
@@ -72,7 +82,7 @@ func (c *discoverConfig) run(ctx context.Context, stdout, stderr io.Writer) erro
 	} else {
 		discoverTable(stdout, layout)
 	}
-	return notReady(layout, c.rail.HostRoot)
+	return notReady(layout, c.rail.Options().HostRoot)
 }
 
 // notReady is the exit of a node that is not ready, saying why; nil when it

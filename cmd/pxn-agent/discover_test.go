@@ -170,12 +170,12 @@ func TestDiscoverErrors(t *testing.T) {
 		code   int
 		stderr string
 	}{
-		{[]string{"--host-root", root, "--rail-strategy", "nearest"}, 1, `pxn-agent discover: rail strategy "nearest": want pci-order, subnet or static`},
-		{[]string{"--host-root", root, "--rail-strategy", "static"}, 1, "static rail strategy needs a static file"},
+		{[]string{"--host-root", root, "--rail-strategy", "nearest"}, 2, `pxn-agent discover: --rail-strategy="nearest": want pci-order, subnet or static`},
+		{[]string{"--host-root", root, "--rail-strategy", "static"}, 2, "pxn-agent discover: --rail-strategy=static needs --static-file"},
 		{[]string{"--host-root", root, "--rail-strategy", "static", "--static-file", bad}, 1, `HCA "mlx5_0" maps to a number, want a string`},
-		{[]string{"--host-root", root, "--rail-strategy", "subnet", "--subnet-prefix-len", "40"}, 1, "subnet prefix length 40: want 1..32"},
+		{[]string{"--host-root", root, "--rail-strategy", "subnet", "--subnet-prefix-len", "40"}, 2, "pxn-agent discover: --subnet-prefix-len=40: want 1..32"},
 		{[]string{"--host-root", filepath.Join(dir, "missing")}, 1, "pxn-agent discover: host root: "},
-		{[]string{"--host-root", root, "-o", "yaml"}, 2, `output format "yaml": want table, json or railmap`},
+		{[]string{"--host-root", root, "-o", "yaml"}, 2, `pxn-agent discover: --output="yaml": want table, json or railmap`},
 		{[]string{"--host-root", root, "--subnet-prefix-len", "x"}, 2, `invalid argument "x" for "--subnet-prefix-len"`},
 		{[]string{"--no-such-flag"}, 2, "pxn-agent discover: unknown flag: --no-such-flag"},
 		{[]string{"--host-root", root, "extra"}, 2, `unknown command "extra" for "pxn-agent discover"`},

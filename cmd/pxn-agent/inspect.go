@@ -4,6 +4,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -50,7 +51,7 @@ a heartbeat).`,
 
 func (c *inspectConfig) run(stdout io.Writer) error {
 	if c.output != "table" && c.output != "json" {
-		return fmt.Errorf("-o %q: want table or json", c.output)
+		return cli.FlagError("output", strconv.Quote(c.output), errors.New("want table or json"))
 	}
 	groups, err := inspect.Root(c.root, c.staleAfter)
 	if err != nil {

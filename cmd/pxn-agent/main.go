@@ -9,33 +9,23 @@
 //	pxn-agent version     print the version
 //
 // Every flag can also be set from the environment, PXN_AGENT_<FLAG> (see
-// docs/operations.md); --node-name reads NODE_NAME.
+// docs/operations.md); --node-name reads NODE_NAME, as in every binary.
 package main
 
 import (
 	"context"
 	"io"
-	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/spf13/cobra"
 
 	"github.com/pxn-project/pxn/internal/cli"
+	"github.com/pxn-project/pxn/internal/daemon"
 )
 
 // envPrefix is the prefix of the agent's environment variables.
 const envPrefix = "PXN_AGENT"
 
-// envOverride names the variables that do not follow PXN_AGENT_<FLAG>.
-var envOverride = map[string]string{"node-name": "NODE_NAME"}
-
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := execute(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { daemon.Main(execute) }
 
 // execute runs the command line args: exit 0, 1 when the command failed, 2
 // on bad usage. No arguments, or flags without a subcommand, are run's, as
@@ -72,6 +62,6 @@ the agent (pxn-agent run).`,
 		newRemoveLabelsCommand(ctx),
 		newVerifyNodeCommand(ctx),
 	)
-	cli.Setup(root, envPrefix, envOverride)
+	cli.Setup(root, envPrefix, nil)
 	return root
 }

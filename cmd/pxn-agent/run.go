@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
 	"time"
 
@@ -21,30 +20,31 @@ import (
 
 	"github.com/pxn-project/pxn/internal/buildinfo"
 	"github.com/pxn-project/pxn/internal/cli"
+	"github.com/pxn-project/pxn/internal/daemon"
+	"github.com/pxn-project/pxn/internal/railflags"
 	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/agent"
 	"github.com/pxn-project/pxn/pkg/deviceplugin"
-	"github.com/pxn-project/pxn/pkg/rail"
 )
 
 // runConfig is what the run flags say.
 type runConfig struct {
 	kubeconfig string
 	opts       agent.Options
-	rail       rail.Options
+	rail       railflags.Flags
+	endpoints  daemon.Endpoints
 	ranks      agent.RankMetricsOptions
 	// podResourcesSocket names the pods behind the ranks ("": it does not).
 	podResourcesSocket string
 }
 
 func (c *runConfig) bind(fs *pflag.FlagSet) {
-	fs.StringVar(&c.opts.NodeName, "node-name", "", "name of this node")
-	bindRailFlags(fs, &c.rail)
+	cli.BindNodeName(fs, &c.opts.NodeName)
+	c.rail.Bind(fs)
 	fs.DurationVar(&c.opts.Resync, "resync", 60*time.Second, "period of unconditional rediscovery and reconciliation")
 	fs.DurationVar(&c.opts.PollInterval, "poll-interval", 2*time.Second, "period of the cheap sysfs check that triggers a rediscovery when HCAs, GPUs or port states change")
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster or $KUBECONFIG")
-	fs.StringVar(&c.opts.MetricsBindAddress, "metrics-bind-address", ":9640", `address of the Prometheus /metrics endpoint; "0" disables it`)
-	fs.StringVar(&c.opts.HealthProbeBindAddress, "health-probe-bind-address", ":9642", `address of /healthz and /readyz; "0" disables them`)
+	c.endpoints.Bind(fs, ":9640", ":9642")
 	fs.StringVar(&c.opts.AgentVersion, "agent-version", version.String(), "version written to status.agentVersion")
 	fs.StringVar(&c.ranks.ShmDir, "shm-dir", "/dev/shm/pxn", `the device plugin's --shm-dir: the ranks of each job register in its group folders, which the agent reads (never writes) for the pxn_* rank metrics; "" turns those metrics off`)
 	fs.StringVar(&c.ranks.StateDir, "state-dir", "/run/pxn", "the device plugin's --state-dir: its slot links name each device's group folder")
@@ -54,26 +54,26 @@ func (c *runConfig) bind(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.ranks.StaleAfter, "rank-stale-after", 10*time.Second, "leave out of the rank metrics a rank whose heartbeat is older (exited or hung)")
 }
 
-// bindRailFlags binds the rail discovery flags that run and discover share.
-func bindRailFlags(fs *pflag.FlagSet, o *rail.Options) {
-	fs.StringVar(&o.HostRoot, "host-root", "/", "folder where the host's / is visible (its sys/ is read)")
-	fs.StringVar(&o.Strategy, "rail-strategy", rail.StrategyPCIOrder, "how rails are named: pci-order, subnet or static")
-	fs.IntVar(&o.SubnetPrefixLen, "subnet-prefix-len", rail.DefaultSubnetPrefixLen, "IPv4 prefix length of the subnet strategy")
-	fs.StringVar(&o.StaticFile, "static-file", "", "static strategy: JSON object of HCA name to rail name")
-}
-
-// complete checks the flags and fills what they imply.
+// complete checks the flags and fills what they imply; the error names the
+// flag.
 func (c *runConfig) complete() error {
 	if c.opts.NodeName == "" {
-		return errors.New("--node-name is empty and NODE_NAME is not set")
+		return errors.New("--node-name is empty and " + cli.NodeNameEnv + " is not set")
 	}
-	if c.opts.Resync <= 0 || c.opts.PollInterval <= 0 {
-		return fmt.Errorf("--resync %v and --poll-interval %v must be positive", c.opts.Resync, c.opts.PollInterval)
+	if c.opts.Resync <= 0 {
+		return cli.FlagError("resync", c.opts.Resync, errors.New("must be positive"))
 	}
-	c.opts.Discoverer = agent.RailDiscoverer{Options: c.rail}
+	if c.opts.PollInterval <= 0 {
+		return cli.FlagError("poll-interval", c.opts.PollInterval, errors.New("must be positive"))
+	}
+	if err := c.rail.Validate(); err != nil {
+		return err
+	}
+	c.opts.Discoverer = c.rail.Discoverer()
+	c.opts.MetricsBindAddress, c.opts.HealthProbeBindAddress = c.endpoints.Metrics, c.endpoints.Health
 	if c.ranks.ShmDir != "" {
 		if c.ranks.StaleAfter <= 0 {
-			return fmt.Errorf("--rank-stale-after %v must be positive", c.ranks.StaleAfter)
+			return cli.FlagError("rank-stale-after", c.ranks.StaleAfter, errors.New("must be positive"))
 		}
 		c.ranks.NodeName = c.opts.NodeName
 		// Checked here, so that a bad label list is a usage error.
@@ -93,15 +93,15 @@ func newRunCommand(ctx context.Context, onRun func(*runConfig) error) *cobra.Com
 		Long: `Discovers the node's rails, publishes its PxnRailMap and labels the node; keeps
 both current until it is stopped (SIGTERM).`,
 		Args: cobra.NoArgs,
-		RunE: func(*cobra.Command, []string) error {
+		RunE: daemon.RunE(ctx, "pxn-agent", c.complete, c.run),
+	}
+	if onRun != nil {
+		cmd.RunE = func(*cobra.Command, []string) error {
 			if err := c.complete(); err != nil {
 				return err
 			}
-			if onRun != nil {
-				return onRun(c)
-			}
-			return c.run(ctx)
-		},
+			return onRun(c)
+		}
 	}
 	c.bind(cmd.Flags())
 	return cmd
@@ -110,16 +110,12 @@ both current until it is stopped (SIGTERM).`,
 // run runs the agent until ctx is done.
 func (c *runConfig) run(ctx context.Context) error {
 	ctrllog.SetLogger(klog.NewKlogr())
-	defer klog.Flush()
-	klog.InfoS("Starting pxn-agent", "version", version.String(), "revision", version.Revision(), "goVersion", runtime.Version(),
-		"node", klog.KRef("", c.opts.NodeName))
 	if err := buildinfo.Register(ctrlmetrics.Registry); err != nil {
-		return cli.Failed(fmt.Errorf("register pxn_build_info: %w", err))
+		return fmt.Errorf("register pxn_build_info: %w", err)
 	}
 	cfg, err := restConfig(c.kubeconfig)
 	if err != nil {
-		klog.ErrorS(err, "no Kubernetes client configuration")
-		return cli.ExitError{Code: 1}
+		return fmt.Errorf("no Kubernetes client configuration: %w", err)
 	}
 	cfg.UserAgent = "pxn-agent/" + c.opts.AgentVersion
 	if c.opts.Ranks != nil && c.podResourcesSocket != "" {
@@ -132,11 +128,7 @@ func (c *runConfig) run(ctx context.Context) error {
 		}
 	}
 	c.opts.Logger = klog.Background()
-	if err := agent.Run(ctx, cfg, c.opts); err != nil {
-		klog.ErrorS(err, "agent failed", "node", klog.KRef("", c.opts.NodeName))
-		return cli.ExitError{Code: 1}
-	}
-	return nil
+	return agent.Run(ctx, cfg, c.opts)
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {

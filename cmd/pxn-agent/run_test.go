@@ -27,7 +27,7 @@ import (
 	"github.com/pxn-project/pxn/internal/cli"
 	"github.com/pxn-project/pxn/internal/testtools"
 	"github.com/pxn-project/pxn/internal/version"
-	"github.com/pxn-project/pxn/pkg/agent"
+	"github.com/pxn-project/pxn/pkg/nodestate"
 	"github.com/pxn-project/pxn/pkg/rail"
 )
 
@@ -55,7 +55,7 @@ func TestRunFlags(t *testing.T) {
 		t.Errorf("defaults: %+v kubeconfig %q", o, c.kubeconfig)
 	}
 	want := rail.Options{HostRoot: "/", Strategy: rail.StrategyPCIOrder, SubnetPrefixLen: rail.DefaultSubnetPrefixLen}
-	if d, ok := o.Discoverer.(agent.RailDiscoverer); !ok || d.Options.HostRoot != want.HostRoot ||
+	if d, ok := o.Discoverer.(nodestate.RailDiscoverer); !ok || d.Options.HostRoot != want.HostRoot ||
 		d.Options.Strategy != want.Strategy || d.Options.SubnetPrefixLen != want.SubnetPrefixLen {
 		t.Errorf("discoverer %#v, want rail options %+v", o.Discoverer, want)
 	}
@@ -66,7 +66,7 @@ func TestRunFlags(t *testing.T) {
 	if err != nil {
 		t.Fatalf("flags: %v", err)
 	}
-	d := c.opts.Discoverer.(agent.RailDiscoverer)
+	d := c.opts.Discoverer.(nodestate.RailDiscoverer)
 	if c.opts.NodeName != "n1" || d.Options.HostRoot != "/host" || d.Options.Strategy != "static" ||
 		d.Options.StaticFile != "/etc/rails.json" || d.Options.SubnetPrefixLen != 16 || c.opts.Resync != 5*time.Second ||
 		c.kubeconfig != "/kc" || c.opts.MetricsBindAddress != "0" || c.opts.HealthProbeBindAddress != "127.0.0.1:1" ||
@@ -81,7 +81,10 @@ func TestRunFlags(t *testing.T) {
 	}{
 		{nil, "", "--node-name is empty"},
 		{[]string{"--node-name=a", "extra"}, "", `unknown command "extra"`},
-		{[]string{"--node-name=a", "--resync=0s"}, "", "must be positive"},
+		{[]string{"--node-name=a", "--resync=0s"}, "", "pxn-agent run: --resync=0s: must be positive"},
+		{[]string{"--node-name=a", "--rail-strategy=nearest"}, "", `pxn-agent run: --rail-strategy="nearest": want pci-order, subnet or static`},
+		{[]string{"verify-node"}, "", "pxn-agent verify-node: --node-name is empty and NODE_NAME is not set"},
+		{[]string{"verify-node", "--node=a"}, "", "pxn-agent verify-node: unknown flag: --node"},
 		{[]string{"frobnicate"}, "", `unknown command "frobnicate" for "pxn-agent"`},
 		{[]string{"--no-such-flag"}, "x", "unknown flag: --no-such-flag"},
 	} {
@@ -107,7 +110,7 @@ func TestRunEnvironment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := c.opts.Discoverer.(agent.RailDiscoverer)
+	d := c.opts.Discoverer.(nodestate.RailDiscoverer)
 	if c.opts.NodeName != "env-node" || d.Options.HostRoot != "/env-host" || d.Options.Strategy != "subnet" ||
 		d.Options.SubnetPrefixLen != 20 || c.opts.Resync != 9*time.Second || c.opts.MetricsBindAddress != ":1234" {
 		t.Errorf("parsed %+v %+v", c.opts, d.Options)
@@ -246,9 +249,9 @@ echo '[{"bytes":33554432,"relayed_bytes":33554432,"failed_tasks":0,"verified":tr
 		{"other-node", 1, "pxn node other-node: FAIL: PxnRailMap other-node: pxnrailmaps.pxn.io \"other-node\" not found\n"},
 	} {
 		var out bytes.Buffer
-		code := execute(ctx, []string{"verify-node", "--node=" + tc.node, "--kubeconfig=" + kubeconfig, "--bench=" + bench}, &out, io.Discard)
+		code := execute(ctx, []string{"verify-node", "--node-name=" + tc.node, "--kubeconfig=" + kubeconfig, "--bench=" + bench}, &out, io.Discard)
 		if code != tc.code || out.String() != tc.line {
-			t.Errorf("verify-node --node=%s: exit %d, %q; want %d, %q", tc.node, code, out.String(), tc.code, tc.line)
+			t.Errorf("verify-node --node-name=%s: exit %d, %q; want %d, %q", tc.node, code, out.String(), tc.code, tc.line)
 		}
 	}
 

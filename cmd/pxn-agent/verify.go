@@ -34,7 +34,7 @@ pod on each selected node.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if node == "" {
-				return cli.ExitError{Code: 2, Err: errors.New("--node is required")}
+				return errors.New("--node-name is empty and " + cli.NodeNameEnv + " is not set")
 			}
 			cfg, err := restConfig(kubeconfig)
 			if err != nil {
@@ -60,7 +60,7 @@ pod on each selected node.`,
 		},
 	}
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster or $KUBECONFIG")
-	cmd.Flags().StringVar(&node, "node", "", "the node to judge (its PxnRailMap's name)")
+	cli.BindNodeName(cmd.Flags(), &node)
 	cmd.Flags().StringVar(&bench, "bench", "/usr/local/bin/pxn-bench", "the pxn-bench binary")
 	cmd.Flags().StringVar(&size, "bytes", "16MiB", "bytes each rank writes across rails")
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "bound on the whole check")

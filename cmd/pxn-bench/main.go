@@ -30,7 +30,6 @@ import (
 	"github.com/pxn-project/pxn/internal/bench"
 	"github.com/pxn-project/pxn/internal/cli"
 	"github.com/pxn-project/pxn/internal/sim/ringcheck"
-	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/gpu"
@@ -86,9 +85,6 @@ engine and then through the second hop alone, and every target checks each
 byte it received. The same scenarios run on host memory (--device host, a
 TCP hop on loopback stands in for RDMA) and on CUDA GPUs (--device cuda, an
 emulated NIC copies into the targets' device memory).`,
-		Version:       version.Line("pxn-bench"),
-		SilenceUsage:  true,
-		SilenceErrors: true,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) > 0 {
 				return usageError{fmt.Errorf("unknown command %q (want run, soak or version)", args[0])}
@@ -97,7 +93,6 @@ emulated NIC copies into the targets' device memory).`,
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(
 		command("run", "Run one traffic pattern, or the CUDA performance suites, and print the table", false, runFlags),
@@ -106,8 +101,8 @@ emulated NIC copies into the targets' device memory).`,
 		command("target", "One remote target of a run (started by run)", true, targetFlags),
 		command("soak-rank", "One rank of a soak (started by soak)", true, soakRankFlags),
 		command("cuda-firsthop", "The P2 first-hop ring (started by run --suite p2)", true, firsthopFlags),
-		cli.VersionCommand("pxn-bench"),
 	)
+	cli.Conventions(root)
 	return root
 }
 

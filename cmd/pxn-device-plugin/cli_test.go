@@ -38,9 +38,13 @@ func TestCommandLine(t *testing.T) {
 			stderr: "--gc-grace=-1s: must be positive"},
 		{name: "flag wins over the environment", args: []string{"--pod-lookup-timeout=0s"},
 			env: map[string]string{"PXN_DEVICE_PLUGIN_POD_LOOKUP_TIMEOUT": "1s"}, code: 2, stderr: "--pod-lookup-timeout=0s: must be positive"},
-		{name: "metrics flag", args: []string{"--help"}, stdout: []string{"--metrics-bind-address string", `address of the Prometheus /metrics endpoint; "0"`, `/readyz (registered with the kubelet); "0" disables`}},
-		{name: "the old metrics flag still works and says so once", args: []string{"--metrics-addr=", "--metrics-addr=:1", "--gc-grace=0s"}, code: 2,
-			stderr: "warning: --metrics-addr is deprecated and will be removed; use --metrics-bind-address\npxn-device-plugin: --gc-grace=0s: must be positive"},
+		{name: "metrics flag", args: []string{"--help"}, stdout: []string{"--metrics-bind-address string", `address of the Prometheus /metrics endpoint; "0"`, `/readyz (the daemon is ready); "0" disables`}},
+		{name: "the retired metrics flag", args: []string{"--metrics-addr=:1"}, code: 2, stderr: "pxn-device-plugin: unknown flag: --metrics-addr"},
+		{name: "bad rail strategy", args: []string{"--rail-strategy=nearest"}, code: 2, stderr: `pxn-device-plugin: --rail-strategy="nearest": want pci-order, subnet or static`},
+		{name: "static strategy without its table", args: []string{"--rail-strategy=static"}, code: 2, stderr: "--rail-strategy=static needs --static-file"},
+		{name: "no devices", args: []string{"--devices=0"}, code: 2, stderr: "pxn-device-plugin: --devices=0: want 1..1000"},
+		{name: "bad resource name", args: []string{"--resource-name=relay"}, code: 2, stderr: `pxn-device-plugin: --resource-name=relay: resource name "relay" is not <domain>/<name>`},
+		{name: "bad group id", args: []string{"--group-id=.."}, code: 2, stderr: `pxn-device-plugin: --group-id=`},
 		{name: "bad environment value", env: map[string]string{"PXN_DEVICE_PLUGIN_DEVICES": "many"}, code: 2,
 			stderr: `PXN_DEVICE_PLUGIN_DEVICES="many" (for --devices)`},
 	}
@@ -63,9 +67,6 @@ func TestCommandLine(t *testing.T) {
 	}
 	var stdout bytes.Buffer
 	execute(context.Background(), []string{"--help"}, &stdout, io.Discard)
-	if strings.Contains(stdout.String(), "--metrics-addr") {
-		t.Errorf("help lists the deprecated --metrics-addr:\n%s", stdout.String())
-	}
 	if i, j := strings.Index(stdout.String(), "Logging flags:"), strings.Index(stdout.String(), "--shm-dir"); j < 0 || j > i {
 		t.Errorf("the tool's flags are not listed before the logging flags:\n%s", stdout.String())
 	}

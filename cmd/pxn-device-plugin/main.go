@@ -13,11 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
-	"runtime"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -28,7 +24,6 @@ import (
 	"github.com/pxn-project/pxn/internal/cli"
 	"github.com/pxn-project/pxn/internal/daemon"
 	"github.com/pxn-project/pxn/internal/railflags"
-	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/deviceplugin"
 	"github.com/pxn-project/pxn/pkg/nodestate"
@@ -44,8 +39,7 @@ type options struct {
 	registryRoot       string
 	groupID            string
 	kubeconfig         string
-	metricsAddr        string
-	healthAddr         string
+	endpoints          daemon.Endpoints
 	gcInterval         time.Duration
 	gcGrace            time.Duration
 	gcKubeletSettle    time.Duration
@@ -64,8 +58,7 @@ func (o *options) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&o.registryRoot, "container-registry-root", "/run/pxn", "container path of the group directory mount, and "+contract.EnvRegistryRoot)
 	fs.StringVar(&o.groupID, "group-id", "k8s", contract.EnvGroupID+" handed to every container")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for the API server; empty: in-cluster config when in a pod, else no API access")
-	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":9641", `address of the Prometheus /metrics endpoint; "0" disables it`)
-	fs.StringVar(&o.healthAddr, "health-probe-bind-address", ":9643", `address of /healthz (the process serves) and /readyz (registered with the kubelet); "0" disables them`)
+	o.endpoints.Bind(fs, ":9641", ":9643")
 	fs.DurationVar(&o.gcInterval, "gc-interval", 30*time.Second, "how often unused slot links and group directories are collected")
 	fs.DurationVar(&o.gcGrace, "gc-grace", 5*time.Minute, "how long an unassigned slot link or unreferenced group directory is kept")
 	fs.DurationVar(&o.gcKubeletSettle, "gc-kubelet-settle", deviceplugin.DefaultKubeletSettle, "how long collection waits after a kubelet (re)starts watching the plugin, while the kubelet re-admits running pods")
@@ -74,25 +67,36 @@ func (o *options) bind(fs *pflag.FlagSet) {
 	o.rail.Bind(fs)
 }
 
+// validate checks every flag; the error names the flag.
 func (o *options) validate() error {
-	for name, d := range map[string]time.Duration{"gc-interval": o.gcInterval, "gc-grace": o.gcGrace, "gc-kubelet-settle": o.gcKubeletSettle,
-		"rediscover-interval": o.rediscoverInterval, "pod-lookup-timeout": o.podLookupTimeout} {
-		if d <= 0 {
-			return fmt.Errorf("--%s=%v: must be positive", name, d)
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"gc-interval", o.gcInterval}, {"gc-grace", o.gcGrace}, {"gc-kubelet-settle", o.gcKubeletSettle},
+		{"rediscover-interval", o.rediscoverInterval}, {"pod-lookup-timeout", o.podLookupTimeout}} {
+		if d.v <= 0 {
+			return cli.FlagError(d.flag, d.v, errors.New("must be positive"))
 		}
 	}
-	return nil
+	if err := deviceplugin.ValidateResourceName(o.resourceName); err != nil {
+		return cli.FlagError("resource-name", o.resourceName, err)
+	}
+	if o.devices < 1 || o.devices > deviceplugin.MaxDevices {
+		return cli.FlagError("devices", o.devices, fmt.Errorf("want 1..%d", deviceplugin.MaxDevices))
+	}
+	if err := contract.ValidateGroupID(o.groupID); err != nil {
+		return cli.FlagError("group-id", contract.Quote(o.groupID), err)
+	}
+	if err := contract.ValidateRegistryRoot(o.registryRoot); err != nil {
+		return cli.FlagError("container-registry-root", contract.Quote(o.registryRoot), err)
+	}
+	return o.rail.Validate()
 }
 
 // envPrefix is the prefix of the plugin's environment variables.
 const envPrefix = "PXN_DEVICE_PLUGIN"
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	code := execute(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { daemon.Main(execute) }
 
 // execute runs the command line args: exit 0, 1 when the plugin failed, 2 on
 // bad usage.
@@ -109,39 +113,25 @@ func newRootCommand(ctx context.Context, stdout, stderr io.Writer) *cobra.Comman
 Every container that requests it gets the engine's environment (MC_PXN_*) and
 its job's registry folder. It runs until it is stopped (SIGTERM).`,
 		Args: cobra.NoArgs,
-		RunE: func(*cobra.Command, []string) error {
-			if err := o.validate(); err != nil {
-				return err
-			}
-			defer klog.Flush()
-			if err := o.run(ctx); err != nil {
-				klog.ErrorS(err, "pxn-device-plugin failed")
-				return cli.ExitError{Code: 1}
-			}
-			return nil
-		},
+		RunE: daemon.RunE(ctx, "pxn-device-plugin", o.validate, o.run),
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	o.bind(root.Flags())
-	cli.DeprecatedAlias(root.Flags(), "metrics-addr", "metrics-bind-address", stderr)
 	cli.Setup(root, envPrefix, nil)
 	return root
 }
 
 func (o *options) run(ctx context.Context) error {
-	klog.InfoS("Starting pxn-device-plugin", "version", version.String(), "revision", version.Revision(), "goVersion", runtime.Version())
 	reg := daemon.ProcessRegistry()
 	metrics := deviceplugin.NewMetrics(reg)
 
 	log := klog.Background()
-	discoverer, err := o.rail.Discoverer(log)
-	if err != nil {
-		return err
-	}
-	monitor := nodestate.NewMonitor(discoverer, o.rediscoverInterval, func(st nodestate.NodeState) {
-		metrics.SetDeviceHealth(o.devices, st.Healthy)
-	}, log)
+	monitor := nodestate.NewMonitor(o.rail.Discoverer(), nodestate.Options{
+		Interval: o.rediscoverInterval,
+		Observe:  func(st nodestate.NodeState) { metrics.SetDeviceHealth(o.devices, st.Healthy) },
+		Logger:   log,
+	})
 
 	store := deviceplugin.NewStore(o.stateDir, o.shmDir, log)
 	if err := store.Prepare(); err != nil {
@@ -178,15 +168,8 @@ func (o *options) run(ctx context.Context) error {
 		cancel()
 		wg.Wait()
 	}()
-	if daemon.Serves(o.metricsAddr) {
-		if err := daemon.ServeMetrics(ctx, &wg, o.metricsAddr, reg); err != nil {
-			return err
-		}
-	}
-	if daemon.Serves(o.healthAddr) {
-		if err := daemon.ServeHTTP(ctx, &wg, "health probes", o.healthAddr, daemon.Probes(server.Registered)); err != nil {
-			return err
-		}
+	if err := o.endpoints.Serve(ctx, &wg, reg, server.Registered); err != nil {
+		return err
 	}
 	wg.Go(func() { monitor.Run(ctx) })
 	wg.Go(func() { resource.RunGarbageCollector(ctx, o.gcInterval, o.gcGrace, o.gcKubeletSettle) })

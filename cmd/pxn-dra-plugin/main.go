@@ -13,11 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
-	"runtime"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -45,14 +41,13 @@ type options struct {
 	shmDir             string
 	registryRoot       string
 	groupID            string
-	metricsAddr        string
-	healthAddr         string
+	endpoints          daemon.Endpoints
 	rediscoverInterval time.Duration
 	rail               railflags.Flags
 }
 
 func (o *options) bind(fs *pflag.FlagSet) {
-	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name, the driver's pool (default: $NODE_NAME)")
+	cli.BindNodeName(fs, &o.nodeName)
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for the API server; empty: in-cluster config")
 	fs.StringVar(&o.cdiDir, "cdi-dir", "/var/run/cdi", "folder the container runtime reads CDI specs from; one spec per prepared claim")
 	fs.StringVar(&o.pluginsDir, "kubelet-plugins-dir", dra.DefaultKubeletPluginsDir, "kubelet's plugins folder; the DRA socket is <folder>/"+dra.DriverName+"/dra.sock")
@@ -61,30 +56,31 @@ func (o *options) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&o.shmDir, "shm-dir", "/dev/shm/pxn-dra", "host tmpfs folder for group folders (<shm-dir>/groups); not the device plugin's, whose collector removes folders it did not make")
 	fs.StringVar(&o.registryRoot, "container-registry-root", "/run/pxn", "container path of the group folder mount, and "+contract.EnvRegistryRoot)
 	fs.StringVar(&o.groupID, "group-id", "k8s", contract.EnvGroupID+" handed to every container")
-	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":9644", `address of the Prometheus /metrics endpoint; "0" disables it`)
-	fs.StringVar(&o.healthAddr, "health-probe-bind-address", ":9645", `address of /healthz (the process serves) and /readyz (registered with the kubelet); "0" disables them`)
+	o.endpoints.Bind(fs, ":9644", ":9645")
 	fs.DurationVar(&o.rediscoverInterval, "rediscover-interval", 30*time.Second, "how often rails and port states are re-read")
 	o.rail.Bind(fs)
 }
 
+// validate checks every flag; the error names the flag.
 func (o *options) validate() error {
 	if o.nodeName == "" {
-		return errors.New("--node-name is empty and NODE_NAME is not set")
+		return errors.New("--node-name is empty and " + cli.NodeNameEnv + " is not set")
 	}
 	if o.rediscoverInterval <= 0 {
-		return fmt.Errorf("--rediscover-interval=%v: must be positive", o.rediscoverInterval)
+		return cli.FlagError("rediscover-interval", o.rediscoverInterval, errors.New("must be positive"))
 	}
-	return nil
+	if err := contract.ValidateGroupID(o.groupID); err != nil {
+		return cli.FlagError("group-id", contract.Quote(o.groupID), err)
+	}
+	if err := contract.ValidateRegistryRoot(o.registryRoot); err != nil {
+		return cli.FlagError("container-registry-root", contract.Quote(o.registryRoot), err)
+	}
+	return o.rail.Validate()
 }
 
 const envPrefix = "PXN_DRA_PLUGIN"
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	code := execute(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { daemon.Main(execute) }
 
 // execute runs the command line args: exit 0, 1 when the driver failed, 2
 // on bad usage.
@@ -102,17 +98,7 @@ and prepares every ResourceClaim allocated to it as one group: the claim's
 containers get the engine's environment (MC_PXN_*) and the group's folder.
 It runs until it is stopped (SIGTERM).`,
 		Args: cobra.NoArgs,
-		RunE: func(*cobra.Command, []string) error {
-			if err := o.validate(); err != nil {
-				return err
-			}
-			defer klog.Flush()
-			if err := o.run(ctx); err != nil {
-				klog.ErrorS(err, "pxn-dra-plugin failed")
-				return cli.ExitError{Code: 1}
-			}
-			return nil
-		},
+		RunE: daemon.RunE(ctx, "pxn-dra-plugin", o.validate, o.run),
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -122,17 +108,12 @@ It runs until it is stopped (SIGTERM).`,
 }
 
 func (o *options) run(ctx context.Context) error {
-	klog.InfoS("Starting pxn-dra-plugin", "version", version.String(), "revision", version.Revision(), "goVersion", runtime.Version())
 	log := klog.Background()
 	client, err := apiClient(o.kubeconfig)
 	if err != nil {
 		return err
 	}
-	discoverer, err := o.rail.Discoverer(log)
-	if err != nil {
-		return err
-	}
-	monitor := nodestate.NewMonitor(discoverer, o.rediscoverInterval, nil, log)
+	monitor := nodestate.NewMonitor(o.rail.Discoverer(), nodestate.Options{Interval: o.rediscoverInterval, Logger: log})
 	driver, err := dra.New(dra.Config{
 		NodeName: o.nodeName,
 		Member:   group.Member{GroupID: o.groupID, RegistryRoot: o.registryRoot},
@@ -155,15 +136,8 @@ func (o *options) run(ctx context.Context) error {
 		cancel()
 		wg.Wait()
 	}()
-	if daemon.Serves(o.metricsAddr) {
-		if err := daemon.ServeMetrics(ctx, &wg, o.metricsAddr, daemon.ProcessRegistry()); err != nil {
-			return err
-		}
-	}
-	if daemon.Serves(o.healthAddr) {
-		if err := daemon.ServeHTTP(ctx, &wg, "health probes", o.healthAddr, daemon.Probes(driver.Registered)); err != nil {
-			return err
-		}
+	if err := o.endpoints.Serve(ctx, &wg, daemon.ProcessRegistry(), driver.Registered); err != nil {
+		return err
 	}
 	wg.Go(func() { monitor.Run(ctx) })
 	return driver.Serve(ctx, client, dra.ServeOptions{PluginsDir: o.pluginsDir, RegistryDir: o.registryDir})

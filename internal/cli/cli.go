@@ -2,7 +2,9 @@
 
 // Package cli gives PXN's commands one shape: cobra commands with pflag long
 // flags, every flag of the tool readable from an environment variable, klog's
-// flags in their own help section, and --version / a version subcommand.
+// flags (-v/--v the log level) in their own help section, --version and a
+// version subcommand, errors that name the flag, and exit status 2 for bad
+// usage.
 //
 // Precedence of a flag's value: the command line, then its environment
 // variable, then the default.
@@ -33,13 +35,33 @@ func EnvName(prefix, flag string) string {
 	return prefix + "_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 }
 
+// NodeNameEnv is the environment variable of --node-name in every binary:
+// the name the downward API is usually given.
+const NodeNameEnv = "NODE_NAME"
+
+// BindNodeName adds --node-name, the one spelling of this node's name; its
+// variable is NodeNameEnv.
+func BindNodeName(fs *pflag.FlagSet, p *string) {
+	fs.StringVar(p, "node-name", "", "this node's name, as its Node object is named")
+}
+
+// FlagError is a bad value of the flag named flag: "--flag=value: err".
+func FlagError(flag string, value any, err error) error {
+	return fmt.Errorf("--%s=%v: %w", flag, value, err)
+}
+
 // BindEnv gives every flag of fs an environment variable: the one named in
-// override, or EnvName(prefix, flag). A flag named in override with "" has
-// none. The variable is shown in the flag's help.
+// override, NodeNameEnv for --node-name, or EnvName(prefix, flag). A flag
+// named in override with "" has none. The variable is shown in the flag's
+// help.
 func BindEnv(fs *pflag.FlagSet, prefix string, override map[string]string) {
 	fs.VisitAll(func(f *pflag.Flag) {
 		env, ok := override[f.Name]
-		if !ok {
+		switch {
+		case ok:
+		case f.Name == "node-name":
+			env = NodeNameEnv
+		default:
 			env = EnvName(prefix, f.Name)
 		}
 		if env == "" {
@@ -51,25 +73,13 @@ func BindEnv(fs *pflag.FlagSet, prefix string, override map[string]string) {
 }
 
 // ApplyEnv sets every flag that the command line left alone from its
-// environment variable, when that is set. A flag and its deprecated alias
-// count as one: either given on the command line, neither variable is read,
-// and the current name's variable wins over the alias's. The error names the
-// variable and its value.
+// environment variable, when that is set. The error names the variable, its
+// value and the flag.
 func ApplyEnv(fs *pflag.FlagSet) error {
-	changed := map[string]bool{}
-	fs.Visit(func(f *pflag.Flag) {
-		changed[f.Name] = true
-		for _, t := range f.Annotations[aliasAnnotation] {
-			changed[t] = true
-		}
-	})
 	var err error
 	fs.VisitAll(func(f *pflag.Flag) {
 		names := f.Annotations[envAnnotation]
-		if err != nil || changed[f.Name] || len(names) == 0 {
-			return
-		}
-		if t := f.Annotations[aliasAnnotation]; len(t) > 0 && changed[t[0]] {
+		if err != nil || f.Changed || len(names) == 0 {
 			return
 		}
 		v, ok := os.LookupEnv(names[0])
@@ -83,42 +93,6 @@ func ApplyEnv(fs *pflag.FlagSet) error {
 	return err
 }
 
-// aliasAnnotation is the pflag annotation of a deprecated alias that names
-// the flag it stands for.
-const aliasAnnotation = "pxn.io/alias-of"
-
-// DeprecatedAlias adds the hidden flag old to fs as another name of the flag
-// current: it sets the same value. The first time it is set, from the command
-// line or its environment variable, it writes one line to warn saying so.
-// Set it up before Setup, so that the alias gets its environment variable
-// too.
-func DeprecatedAlias(fs *pflag.FlagSet, old, current string, warn io.Writer) {
-	f := fs.Lookup(current)
-	if f == nil {
-		panic("cli: DeprecatedAlias of unknown flag --" + current)
-	}
-	fs.Var(&aliasValue{Value: f.Value, old: old, current: current, warn: warn}, old, "deprecated: use --"+current)
-	_ = fs.SetAnnotation(old, aliasAnnotation, []string{current})
-	_ = fs.MarkHidden(old)
-}
-
-// aliasValue is the value of a deprecated alias: the current flag's value,
-// and a warning on its first Set.
-type aliasValue struct {
-	pflag.Value
-	old, current string
-	warn         io.Writer
-	warned       bool
-}
-
-func (a *aliasValue) Set(s string) error {
-	if !a.warned {
-		a.warned = true
-		fmt.Fprintf(a.warn, "warning: --%s is deprecated and will be removed; use --%s\n", a.old, a.current)
-	}
-	return a.Value.Set(s)
-}
-
 // LoggingFlags is klog's flags as a pflag set of their own, so that help can
 // show them apart from the tool's.
 func LoggingFlags() *pflag.FlagSet {
@@ -129,11 +103,12 @@ func LoggingFlags() *pflag.FlagSet {
 	return fs
 }
 
-// Setup finishes a command tree: klog's flags on every command that runs
-// (root's persistent flags), environment variables for the tool's own flags
-// of every command, --version and a version subcommand on the root, help in
-// sections, and errors printed once as "<binary>: <error>".
-func Setup(root *cobra.Command, prefix string, override map[string]string) {
+// Conventions gives root what every PXN binary has: klog's flags on every
+// command (root's persistent flags; -v/--v is the log level), --version
+// (no shorthand) and a version subcommand that print the same line, no
+// completion command, and errors and usage left to the caller to print once.
+// It returns klog's flags.
+func Conventions(root *cobra.Command) *pflag.FlagSet {
 	logging := LoggingFlags()
 	root.PersistentFlags().AddFlagSet(logging)
 	root.Version = version.String()
@@ -142,6 +117,14 @@ func Setup(root *cobra.Command, prefix string, override map[string]string) {
 	root.SilenceErrors = true
 	root.CompletionOptions.DisableDefaultCmd = true
 	root.AddCommand(VersionCommand(root.Name()))
+	return logging
+}
+
+// Setup finishes a command tree: Conventions, environment variables for the
+// tool's own flags of every command, help in sections, and errors printed
+// once as "<binary>: <error>" by Execute.
+func Setup(root *cobra.Command, prefix string, override map[string]string) {
+	logging := Conventions(root)
 	var walk func(*cobra.Command)
 	walk = func(c *cobra.Command) {
 		BindEnv(c.LocalNonPersistentFlags(), prefix, override)

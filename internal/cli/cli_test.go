@@ -4,53 +4,82 @@ package cli
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
 
 	"github.com/spf13/cobra"
 )
 
-// TestDeprecatedAlias: the old name sets the current flag's value and warns
-// once; the current name, on the command line or from its variable, wins
-// over the alias's variable; help does not list the alias.
-func TestDeprecatedAlias(t *testing.T) {
+// TestNodeNameVariable: --node-name reads NODE_NAME in every tool, never a
+// variable of the tool's prefix; the command line wins over it.
+func TestNodeNameVariable(t *testing.T) {
 	tests := []struct {
-		name  string
-		args  []string
-		env   map[string]string
-		want  string
-		warns int
+		name string
+		args []string
+		env  map[string]string
+		want string
 	}{
-		{name: "default", want: ":1"},
-		{name: "current name", args: []string{"--metrics-bind-address=0"}, want: "0"},
-		{name: "old name", args: []string{"--metrics-addr=:2"}, want: ":2", warns: 1},
-		{name: "old name twice warns once", args: []string{"--metrics-addr=:2", "--metrics-addr=:3"}, want: ":3", warns: 1},
-		{name: "old variable", env: map[string]string{"TOOL_METRICS_ADDR": ":4"}, want: ":4", warns: 1},
-		{name: "current variable wins over the old one", env: map[string]string{"TOOL_METRICS_ADDR": ":4", "TOOL_METRICS_BIND_ADDRESS": ":5"}, want: ":5", warns: 1},
-		{name: "old name on the command line wins over the current variable", args: []string{"--metrics-addr=:6"},
-			env: map[string]string{"TOOL_METRICS_BIND_ADDRESS": ":5"}, want: ":6", warns: 1},
-		{name: "current name on the command line wins over the old variable", args: []string{"--metrics-bind-address=:7"},
-			env: map[string]string{"TOOL_METRICS_ADDR": ":4"}, want: ":7"},
+		{name: "from NODE_NAME", env: map[string]string{"NODE_NAME": "a", "TOOL_NODE_NAME": "b"}, want: "a"},
+		{name: "the command line wins", args: []string{"--node-name=c"}, env: map[string]string{"NODE_NAME": "a"}, want: "c"},
+		{name: "no variable of the prefix", env: map[string]string{"NODE_NAME": "", "TOOL_NODE_NAME": "b"}, want: ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range tc.env {
 				t.Setenv(k, v)
 			}
-			var addr string
+			var node string
 			var stderr bytes.Buffer
 			root := &cobra.Command{Use: "tool", RunE: func(*cobra.Command, []string) error { return nil }}
-			root.Flags().StringVar(&addr, "metrics-bind-address", ":1", "address")
-			DeprecatedAlias(root.Flags(), "metrics-addr", "metrics-bind-address", &stderr)
+			BindNodeName(root.Flags(), &node)
 			Setup(root, "TOOL", nil)
 			if code := Execute(root, tc.args, &stderr); code != 0 {
 				t.Fatalf("exit %d: %s", code, stderr.String())
 			}
-			if addr != tc.want {
-				t.Errorf("address %q, want %q", addr, tc.want)
+			if node != tc.want {
+				t.Errorf("node %q, want %q", node, tc.want)
 			}
-			if n := strings.Count(stderr.String(), "warning: --metrics-addr is deprecated and will be removed; use --metrics-bind-address"); n != tc.warns {
-				t.Errorf("%d warnings, want %d:\n%s", n, tc.warns, stderr.String())
+		})
+	}
+}
+
+// TestUsageErrors: a flag's bad value exits 2 naming the flag, from the
+// command line, its variable or the command's own check; a failure exits 1.
+func TestUsageErrors(t *testing.T) {
+	tests := []struct {
+		name   string
+		args   []string
+		env    map[string]string
+		code   int
+		stderr string
+	}{
+		{name: "value cobra refuses", args: []string{"--count=x"}, code: 2, stderr: `tool: invalid argument "x" for "--count" flag`},
+		{name: "value from a variable", env: map[string]string{"TOOL_COUNT": "x"}, code: 2, stderr: `tool: TOOL_COUNT="x" (for --count)`},
+		{name: "value the command refuses", args: []string{"--count=0"}, code: 2, stderr: "tool: --count=0: want at least 1\n"},
+		{name: "failure", args: []string{"--count=2"}, code: 1, stderr: "tool: two is too many\n"},
+		{name: "-v is the log level", args: []string{"-v=0", "--count=1"}, code: 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			var count int
+			root := &cobra.Command{Use: "tool", RunE: func(*cobra.Command, []string) error {
+				switch {
+				case count < 1:
+					return FlagError("count", count, errors.New("want at least 1"))
+				case count > 1:
+					return Failed(errors.New("two is too many"))
+				}
+				return nil
+			}}
+			root.Flags().IntVar(&count, "count", 1, "")
+			Setup(root, "TOOL", nil)
+			var stderr bytes.Buffer
+			if code := Execute(root, tc.args, &stderr); code != tc.code || !strings.Contains(stderr.String(), tc.stderr) {
+				t.Errorf("exit %d, stderr %q; want %d and %q", code, stderr.String(), tc.code, tc.stderr)
 			}
 		})
 	}

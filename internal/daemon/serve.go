@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package daemon holds what PXN's node daemons share beside their command
-// line: health probes, HTTP endpoints, a process metrics registry and the API
-// server configuration. Apart from internal/cli so that the tools that use
+// line: the process's start and end, health probes, HTTP endpoints and
+// their flags, a process metrics registry and the API server configuration. Apart from internal/cli so that the tools that use
 // only the command line (pxn-bench, pxn-gpucheck) link no Kubernetes client
 // and no Prometheus.
 package daemon

@@ -1,14 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Package railflags binds the rail discovery flags the node plugins share,
-// named as in pxn-agent.
+// Package railflags binds the rail discovery flags of every binary that
+// discovers the node's rails: pxn-agent (run and discover),
+// pxn-device-plugin and pxn-dra-plugin.
 package railflags
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/spf13/pflag"
-	"k8s.io/klog/v2"
 
 	"github.com/pxn-project/pxn/pkg/nodestate"
 	"github.com/pxn-project/pxn/pkg/rail"
@@ -16,31 +17,39 @@ import (
 
 // Flags are the rail strategy's parameters.
 type Flags struct {
-	HostRoot        string
-	Strategy        string
-	subnetPrefixLen int
-	staticFile      string
+	o rail.Options
 }
 
 // Bind adds the flags to fs.
 func (r *Flags) Bind(fs *pflag.FlagSet) {
-	fs.StringVar(&r.HostRoot, "host-root", "/", "root of the host filesystem for rail discovery (sysfs under it)")
-	fs.StringVar(&r.Strategy, "rail-strategy", "pci-order", "canonical rail strategy: pci-order, subnet or static")
-	fs.IntVar(&r.subnetPrefixLen, "subnet-prefix-len", rail.DefaultSubnetPrefixLen, "IPv4 prefix length of the subnet rail strategy")
-	fs.StringVar(&r.staticFile, "static-file", "", "static rail strategy: JSON object of HCA name to rail name")
+	fs.StringVar(&r.o.HostRoot, "host-root", "/", "folder where the host's / is visible (its sys/ is read)")
+	fs.StringVar(&r.o.Strategy, "rail-strategy", rail.StrategyPCIOrder, "how rails are named: pci-order, subnet or static")
+	fs.IntVar(&r.o.SubnetPrefixLen, "subnet-prefix-len", rail.DefaultSubnetPrefixLen, "IPv4 prefix length of the subnet strategy")
+	fs.StringVar(&r.o.StaticFile, "static-file", "", "static strategy: JSON object of HCA name to rail name")
 }
 
-// Discoverer returns the discoverer the flags describe.
-func (r *Flags) Discoverer(log klog.Logger) (nodestate.Discoverer, error) {
-	switch r.Strategy {
-	case rail.StrategyPCIOrder, rail.StrategySubnet, rail.StrategyStatic:
+// Validate checks the flags' values; the error names the flag.
+func (r *Flags) Validate() error {
+	switch r.o.Strategy {
+	case rail.StrategyPCIOrder:
+	case rail.StrategySubnet:
+		if n := r.o.SubnetPrefixLen; n < 1 || n > 32 {
+			return fmt.Errorf("--subnet-prefix-len=%d: want 1..32", n)
+		}
+	case rail.StrategyStatic:
+		if r.o.StaticFile == "" {
+			return errors.New("--rail-strategy=static needs --static-file")
+		}
 	default:
-		return nil, fmt.Errorf("--rail-strategy=%q: want %s, %s or %s", r.Strategy, rail.StrategyPCIOrder, rail.StrategySubnet, rail.StrategyStatic)
+		return fmt.Errorf("--rail-strategy=%q: want %s, %s or %s", r.o.Strategy, rail.StrategyPCIOrder, rail.StrategySubnet, rail.StrategyStatic)
 	}
-	return &nodestate.RailDiscoverer{Logger: log, Options: rail.Options{
-		HostRoot:        r.HostRoot,
-		Strategy:        r.Strategy,
-		SubnetPrefixLen: r.subnetPrefixLen,
-		StaticFile:      r.staticFile,
-	}}, nil
+	return nil
+}
+
+// Options are the discovery options the flags describe.
+func (r *Flags) Options() rail.Options { return r.o }
+
+// Discoverer returns the discoverer the flags describe.
+func (r *Flags) Discoverer() nodestate.RailDiscoverer {
+	return nodestate.RailDiscoverer{Options: r.o}
 }

@@ -3,9 +3,9 @@
 // Package agent publishes a node's rail layout as its PxnRailMap, keeps the
 // map's conditions current and labels the node. It runs as a
 // controller-runtime manager: one controller with a single key (the node),
-// fed by the informer caches of PxnRailMaps and the node and by a discovery
-// loop that rediscovers on every resync and whenever the host's HCA/GPU
-// fingerprint changes.
+// fed by the informer caches of PxnRailMaps and the node and by a
+// nodestate.Monitor that rediscovers on every resync and whenever the host's
+// HCA/GPU fingerprint changes.
 package agent
 
 import (
@@ -34,6 +34,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	pxnv1alpha1 "github.com/pxn-project/pxn/api/v1alpha1"
+	"github.com/pxn-project/pxn/pkg/nodestate"
 )
 
 // FieldManager is the server-side apply field manager of every write the agent
@@ -53,17 +54,13 @@ type Discovery struct {
 	Warnings            []string
 }
 
-// Discoverer finds the node's rail layout. Fingerprint is called every poll
-// interval and must be cheap: a change in its value triggers a discovery.
-type Discoverer interface {
-	Discover(ctx context.Context) (*Discovery, error)
-	Fingerprint() (string, error)
-}
-
 // Options configure an agent.
 type Options struct {
-	NodeName   string
-	Discoverer Discoverer
+	NodeName string
+	// Discoverer finds the node's rail layout. When it is a
+	// nodestate.Fingerprinter, a change of its fingerprint triggers a
+	// discovery; Fingerprint must then be cheap.
+	Discoverer nodestate.Discoverer
 	// Resync is the period of unconditional rediscovery and reconciliation.
 	Resync time.Duration
 	// PollInterval is the period of the fingerprint poll.
@@ -189,13 +186,13 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		opts.Events = rec
 	}
 
-	loop := newDiscoveryLoop(opts, m, logger)
+	rails := newRailWatch(opts, m, logger)
 	r := &reconciler{
 		node:         opts.NodeName,
 		agentVersion: opts.AgentVersion,
 		reader:       mgr.GetCache(),
 		writer:       mgr.GetClient(),
-		state:        loop,
+		state:        rails,
 		metrics:      m,
 		events:       opts.Events,
 		log:          logger,
@@ -210,10 +207,10 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("create controller: %w", err)
 	}
-	if err := watch(c, mgr.GetCache(), opts.NodeName, loop.events); err != nil {
+	if err := watch(c, mgr.GetCache(), opts.NodeName, rails.events); err != nil {
 		return err
 	}
-	if err := mgr.Add(loop); err != nil {
+	if err := mgr.Add(rails); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {

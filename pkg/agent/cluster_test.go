@@ -17,6 +17,7 @@ import (
 
 	pxnv1alpha1 "github.com/pxn-project/pxn/api/v1alpha1"
 	"github.com/pxn-project/pxn/pkg/agent"
+	"github.com/pxn-project/pxn/pkg/nodestate"
 	"github.com/pxn-project/pxn/pkg/rail"
 )
 
@@ -29,7 +30,7 @@ func TestInconsistentRailNames(t *testing.T) {
 	// on the other.
 	pci := startAgent(t, cfg, railAgent(a.Name, railTestdata("sysfs", "hgx-8gpu"), time.Second, time.Hour))
 	static := railAgent(b.Name, railTestdata("sysfs", "hgx-8gpu"), time.Second, time.Hour)
-	static.Discoverer = agent.RailDiscoverer{Options: rail.Options{
+	static.Discoverer = nodestate.RailDiscoverer{Options: rail.Options{
 		HostRoot: railTestdata("sysfs", "hgx-8gpu"), Strategy: rail.StrategyStatic, StaticFile: railTestdata("static", "hgx-8gpu.json"),
 	}}
 	startAgent(t, cfg, static)
@@ -105,11 +106,11 @@ func TestUnchangedNodeMakesNoRequests(t *testing.T) {
 	c := newClient(t, cfg)
 	ctx := context.Background()
 
-	d, err := agent.RailDiscoverer{Options: rail.Options{HostRoot: railTestdata("sysfs", "hgx-8gpu")}}.Discover(ctx)
+	l, err := nodestate.RailDiscoverer{Options: rail.Options{HostRoot: railTestdata("sysfs", "hgx-8gpu")}}.Discover(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	createOtherMaps(t, c, others, d.Layout)
+	createOtherMaps(t, c, others, agent.LayoutFromRail(l))
 
 	node := createNode(t, c, "gpu-node-quiet")
 	root := copyFixture(t, "hgx-8gpu")

@@ -31,6 +31,7 @@ import (
 	pxnv1alpha1 "github.com/pxn-project/pxn/api/v1alpha1"
 	"github.com/pxn-project/pxn/internal/testtools"
 	"github.com/pxn-project/pxn/pkg/agent"
+	"github.com/pxn-project/pxn/pkg/nodestate"
 	"github.com/pxn-project/pxn/pkg/rail"
 )
 
@@ -274,7 +275,7 @@ func mapCondition(t *testing.T, c client.Client, name, condType string, status m
 func railAgent(node, hostRoot string, resync, poll time.Duration) agent.Options {
 	return agent.Options{
 		NodeName:     node,
-		Discoverer:   agent.RailDiscoverer{Options: rail.Options{HostRoot: hostRoot}},
+		Discoverer:   nodestate.RailDiscoverer{Options: rail.Options{HostRoot: hostRoot}},
 		Resync:       resync,
 		PollInterval: poll,
 		MinBackoff:   100 * time.Millisecond,

@@ -10,10 +10,11 @@ import (
 	"testing"
 
 	"github.com/pxn-project/pxn/pkg/agent"
+	"github.com/pxn-project/pxn/pkg/nodestate"
 	"github.com/pxn-project/pxn/pkg/rail"
 )
 
-func TestRailDiscovererFixture(t *testing.T) {
+func TestNewDiscoveryFixture(t *testing.T) {
 	tests := []struct {
 		name       string
 		fixture    string
@@ -37,13 +38,14 @@ func TestRailDiscovererFixture(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d := agent.RailDiscoverer{Options: rail.Options{
+			d := nodestate.RailDiscoverer{Options: rail.Options{
 				HostRoot: railTestdata("sysfs", tc.fixture), Strategy: tc.strategy, StaticFile: tc.static,
 			}}
-			got, err := d.Discover(context.Background())
+			found, err := d.Discover(context.Background())
 			if err != nil {
 				t.Fatalf("Discover: %v", err)
 			}
+			got := agent.NewDiscovery(found)
 			l := got.Layout
 			if l.Rails != tc.wantRails || len(l.GPUs) != tc.wantGPUs || len(l.HCAs) != tc.wantHCAs {
 				t.Errorf("rails, gpus, hcas = %d, %d, %d; want %d, %d, %d", l.Rails, len(l.GPUs), len(l.HCAs), tc.wantRails, tc.wantGPUs, tc.wantHCAs)
@@ -80,7 +82,7 @@ func TestFingerprintFollowsHost(t *testing.T) {
 	if err := os.WriteFile(static, []byte(`{"mlx5_0":"a"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d := agent.RailDiscoverer{Options: rail.Options{HostRoot: root, StaticFile: static}}
+	d := nodestate.RailDiscoverer{Options: rail.Options{HostRoot: root, StaticFile: static}}
 	fp := func() string {
 		t.Helper()
 		s, err := d.Fingerprint()

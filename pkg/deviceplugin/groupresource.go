@@ -57,13 +57,25 @@ type Config struct {
 	Logger klog.Logger
 }
 
+// MaxDevices is the most virtual devices a resource advertises.
+const MaxDevices = 1000
+
+// ValidateResourceName checks that name is an extended resource name,
+// <domain>/<name>.
+func ValidateResourceName(name string) error {
+	if i := strings.IndexByte(name, '/'); i <= 0 || i == len(name)-1 {
+		return fmt.Errorf("resource name %q is not <domain>/<name>", name)
+	}
+	return nil
+}
+
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
-	if i := strings.IndexByte(c.ResourceName, '/'); i <= 0 || i == len(c.ResourceName)-1 {
-		return fmt.Errorf("resource name %q is not <domain>/<name>", c.ResourceName)
+	if err := ValidateResourceName(c.ResourceName); err != nil {
+		return err
 	}
-	if c.DeviceCount < 1 || c.DeviceCount > 1000 {
-		return fmt.Errorf("device count %d is outside 1..1000", c.DeviceCount)
+	if c.DeviceCount < 1 || c.DeviceCount > MaxDevices {
+		return fmt.Errorf("device count %d is outside 1..%d", c.DeviceCount, MaxDevices)
 	}
 	if err := c.member().Validate(); err != nil {
 		return err

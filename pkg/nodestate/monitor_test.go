@@ -8,23 +8,35 @@ import (
 	"testing"
 
 	"k8s.io/klog/v2"
+
+	"github.com/pxn-project/pxn/pkg/rail"
 )
 
+// scriptedDiscoverer reports a node of one HCA on rail0 and some GPUs.
 type scriptedDiscoverer struct {
-	railMap string
-	healthy bool
-	gpus    int
-	err     error
+	active bool
+	gpus   int
+	err    error
 }
 
-func (d *scriptedDiscoverer) Discover(context.Context) (Discovery, error) {
-	return Discovery{RailMap: d.railMap, Healthy: d.healthy, Summary: Summary{GPUs: d.gpus}}, d.err
+func (d *scriptedDiscoverer) Discover(context.Context) (*rail.Layout, error) {
+	if d.err != nil {
+		return nil, d.err
+	}
+	state := rail.StateActive
+	if !d.active {
+		state = "DOWN"
+	}
+	return &rail.Layout{Rails: 1, Strategy: rail.StrategyPCIOrder, GPUs: make([]rail.GPU, d.gpus),
+		HCAs:    []rail.HCA{{Name: "mlx5_0", State: state, Port: 1, Rail: "rail0"}},
+		RailMap: map[string]string{"mlx5_0": "rail0"}}, nil
 }
 
 func TestMonitorStates(t *testing.T) {
+	const railMap = `{"mlx5_0":"rail0"}`
 	d := &scriptedDiscoverer{}
 	var observed []NodeState
-	m := NewMonitor(d, 1, func(s NodeState) { observed = append(observed, s) }, klog.Background())
+	m := NewMonitor(d, Options{Interval: 1, Observe: func(s NodeState) { observed = append(observed, s) }, Logger: klog.Background()})
 	ctx := context.Background()
 
 	st, changed := m.State()
@@ -34,8 +46,7 @@ func TestMonitorStates(t *testing.T) {
 
 	steps := []struct {
 		name        string
-		railMap     string
-		healthy     bool
+		active      bool
 		gpus        int
 		err         error
 		wantHealthy bool
@@ -43,16 +54,17 @@ func TestMonitorStates(t *testing.T) {
 		wantGPUs    int
 		wantChange  bool
 	}{
-		{"first discovery fails", "", false, 0, errors.New("no sysfs"), false, "", 0, true},
-		{"recovers", `{"a":"r0"}`, true, 2, nil, true, `{"a":"r0"}`, 2, true},
-		{"unchanged", `{"a":"r0"}`, true, 2, nil, true, `{"a":"r0"}`, 2, false},
-		{"a GPU more", `{"a":"r0"}`, true, 3, nil, true, `{"a":"r0"}`, 3, true},
-		{"all ports down", `{"a":"r0"}`, false, 3, nil, false, `{"a":"r0"}`, 3, true},
-		{"fails again keeps the last rail map", "", false, 0, errors.New("gone"), false, `{"a":"r0"}`, 3, true},
-		{"healthy again", `{"a":"r0"}`, true, 3, nil, true, `{"a":"r0"}`, 3, true},
+		{"first discovery fails", false, 0, errors.New("no sysfs"), false, "", 0, true},
+		{"recovers", true, 2, nil, true, railMap, 2, true},
+		{"unchanged", true, 2, nil, true, railMap, 2, false},
+		{"a GPU more", true, 3, nil, true, railMap, 3, true},
+		{"all ports down", false, 3, nil, false, railMap, 3, true},
+		{"fails again keeps the last rail map", false, 0, errors.New("gone"), false, railMap, 3, true},
+		{"fails the same way", false, 0, errors.New("gone"), false, railMap, 3, false},
+		{"healthy again", true, 3, nil, true, railMap, 3, true},
 	}
-	for _, s := range steps {
-		d.railMap, d.healthy, d.gpus, d.err = s.railMap, s.healthy, s.gpus, s.err
+	for i, s := range steps {
+		d.active, d.gpus, d.err = s.active, s.gpus, s.err
 		m.discoverOnce(ctx)
 		var next <-chan struct{}
 		st, next = m.State()
@@ -70,8 +82,45 @@ func TestMonitorStates(t *testing.T) {
 		if !st.Discovered || st.Healthy != s.wantHealthy || st.RailMap != s.wantRailMap || st.Summary.GPUs != s.wantGPUs {
 			t.Fatalf("%s: state %+v", s.name, st)
 		}
+		if (st.Layout == nil) != (s.wantRailMap == "") || st.Layout != nil && len(st.Layout.GPUs) != s.wantGPUs {
+			t.Fatalf("%s: layout %+v", s.name, st.Layout)
+		}
+		if len(observed) != i+1 || observed[i].Healthy != st.Healthy || observed[i].Summary != st.Summary {
+			t.Fatalf("%s: observer saw %d states, the last %+v; want %d, the last %+v", s.name, len(observed), observed[len(observed)-1], i+1, st)
+		}
 	}
-	if len(observed) != 6 {
-		t.Fatalf("observer saw %d states, want 6", len(observed))
+}
+
+// fingerprinted is a discoverer whose host the test changes: each discovery
+// counts, and the fingerprint is the host's version.
+type fingerprinted struct {
+	scriptedDiscoverer
+	host, discoveries int
+}
+
+func (f *fingerprinted) Fingerprint() (string, error) { return string(rune('a' + f.host)), nil }
+
+func (f *fingerprinted) Discover(ctx context.Context) (*rail.Layout, error) {
+	f.discoveries++
+	return f.scriptedDiscoverer.Discover(ctx)
+}
+
+// TestMonitorFingerprint: a discovery keeps the fingerprint taken before it;
+// only the poll of a monitor with a poll interval reads it.
+func TestMonitorFingerprint(t *testing.T) {
+	f := &fingerprinted{scriptedDiscoverer: scriptedDiscoverer{active: true}}
+	m := NewMonitor(f, Options{Interval: 1, PollInterval: 1, Logger: klog.Background()})
+	fp := m.discover(context.Background())
+	if fp != "a" || f.discoveries != 1 {
+		t.Fatalf("fingerprint %q after %d discoveries, want a after 1", fp, f.discoveries)
+	}
+	if m.fingerprinter() == nil {
+		t.Fatal("a monitor with a poll interval does not poll its fingerprinter")
+	}
+	if NewMonitor(f, Options{Interval: 1}).fingerprinter() != nil {
+		t.Error("a monitor without a poll interval polls")
+	}
+	if NewMonitor(&f.scriptedDiscoverer, Options{Interval: 1, PollInterval: 1}).fingerprinter() != nil {
+		t.Error("a monitor polls a discoverer that has no fingerprint")
 	}
 }

@@ -45,6 +45,7 @@ import (
 	"github.com/pxn-project/pxn/pkg/dra"
 	"github.com/pxn-project/pxn/pkg/group"
 	"github.com/pxn-project/pxn/pkg/nodestate"
+	"github.com/pxn-project/pxn/pkg/rail"
 )
 
 // auditPolicy records every request of a service account, without bodies.
@@ -183,35 +184,25 @@ func (d *scriptedDiscoverer) set(ready bool) {
 	d.mu.Unlock()
 }
 
-func (d *scriptedDiscoverer) isReady() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.ready
-}
-
 func (d *scriptedDiscoverer) Fingerprint() (string, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return fmt.Sprint(d.ready), nil
 }
 
-func (d *scriptedDiscoverer) Discover(context.Context) (*agent.Discovery, error) {
+func (d *scriptedDiscoverer) Discover(context.Context) (*rail.Layout, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	state := "ACTIVE"
 	if !d.ready {
 		state = "DOWN"
 	}
-	out := &agent.Discovery{Ready: d.ready, Layout: pxnv1alpha1.RailLayout{
+	return &rail.Layout{
 		Rails: 1, Strategy: "pci-order", GPUSource: "sysfs",
-		GPUs:    []pxnv1alpha1.GPU{{Index: 0, PCIBusID: "0000:18:00.0", NUMANode: 0, HCA: "mlx5_0", Distance: "PIX", Rail: "rail0"}},
-		HCAs:    []pxnv1alpha1.HCA{{Name: "mlx5_0", PCIBusID: "0000:19:00.0", LinkLayer: "InfiniBand", State: state, PhysState: "LinkUp", Rate: "400 Gb/sec (4X NDR)", Rail: "rail0", Port: 1}},
+		GPUs:    []rail.GPU{{Index: 0, PCIBusID: "0000:18:00.0", NUMANode: 0, HCA: "mlx5_0", Distance: "PIX", Rail: "rail0"}},
+		HCAs:    []rail.HCA{{Name: "mlx5_0", PCIBusID: "0000:19:00.0", LinkLayer: "InfiniBand", State: state, PhysState: "LinkUp", Rate: "400 Gb/sec (4X NDR)", Rail: "rail0", Port: 1}},
 		RailMap: map[string]string{"mlx5_0": "rail0"},
-	}}
-	if !d.ready {
-		out.NotReadyMessage = "mlx5_0 port 1 DOWN"
-	}
-	return out, nil
+	}, nil
 }
 
 // TestChartGrantsWhatTheCodeUses runs the real agent and the device plugin's
@@ -353,8 +344,8 @@ func runDRADriver(t *testing.T, ctx context.Context, e *accessEnv) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(base) })
-	disc := draDiscoverer{&scriptedDiscoverer{ready: true}}
-	state := nodestate.NewMonitor(disc, 20*time.Millisecond, nil, klog.Background())
+	disc := &scriptedDiscoverer{ready: true}
+	state := nodestate.NewMonitor(disc, nodestate.Options{Interval: 20 * time.Millisecond, Logger: klog.Background()})
 	token := kubernetes.NewForConfigOrDie(e.tokenConfig(t, "dra-plugin", true))
 	d, err := dra.New(dra.Config{
 		NodeName: "node-a", Member: group.Member{GroupID: "k8s", RegistryRoot: "/run/pxn"},
@@ -439,15 +430,6 @@ func runDRADriver(t *testing.T, ctx context.Context, e *accessEnv) {
 	if _, err := os.Stat(filepath.Join(base, "shm", "groups", want)); err != nil {
 		t.Errorf("the extended resource claim's group is not its pod's label's: %v", err)
 	}
-}
-
-// draDiscoverer is scriptedDiscoverer's node as the DRA driver's rail
-// monitor asks for it.
-type draDiscoverer struct{ *scriptedDiscoverer }
-
-func (d draDiscoverer) Discover(context.Context) (nodestate.Discovery, error) {
-	return nodestate.Discovery{RailMap: `{"mlx5_0":"rail0"}`, Healthy: d.isReady(),
-		Summary: nodestate.Summary{Rails: 1, HCAs: 1, GPUs: 1, Strategy: "pci-order"}}, nil
 }
 
 // access is "VERB GROUP/RESOURCE[/SUBRESOURCE] [in NAMESPACE]", the form

@@ -116,7 +116,7 @@ func TestNodeValidationPods(t *testing.T) {
 		}
 		if o.GetName() != "pxn-verify-"+node || sa != "pxn-verify" || relay != "1" ||
 			!slices.Equal(cmd, []string{"/usr/local/bin/pxn-agent", "verify-node"}) ||
-			!slices.Equal(args, []string{"--node=" + node, "--bytes=4MiB", "--timeout=5m"}) {
+			!slices.Equal(args, []string{"--node-name=" + node, "--bytes=4MiB", "--timeout=5m"}) {
 			t.Errorf("pod %s: node %s, sa %s, relay %q, command %v %v", o.GetName(), node, sa, relay, cmd, args)
 		}
 	}
