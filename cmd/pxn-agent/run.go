@@ -23,7 +23,7 @@ import (
 	"github.com/pxn-project/pxn/internal/cli"
 	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/agent"
-	"github.com/pxn-project/pxn/pkg/deviceplugin"
+	"github.com/pxn-project/pxn/pkg/podresources"
 	"github.com/pxn-project/pxn/pkg/rail"
 )
 
@@ -123,7 +123,7 @@ func (c *runConfig) run(ctx context.Context) error {
 	}
 	cfg.UserAgent = "pxn-agent/" + c.opts.AgentVersion
 	if c.opts.Ranks != nil && c.podResourcesSocket != "" {
-		pods, err := deviceplugin.NewPodResourcesClient(c.podResourcesSocket)
+		pods, err := podresources.New(c.podResourcesSocket)
 		if err != nil {
 			klog.ErrorS(err, "no PodResources client; rank metrics go without pod labels")
 		} else {

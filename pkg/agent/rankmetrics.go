@@ -15,9 +15,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
-	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/podresources"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
@@ -28,11 +28,6 @@ import (
 // (the device plugin's group key) and the namespace and pod holding that
 // folder.
 var RankLabels = []string{"node", "rail", "hca", "device", "group", "namespace", "pod"}
-
-// PodResourcesLister lists the devices the kubelet has assigned to pods.
-type PodResourcesLister interface {
-	List(ctx context.Context) (*podresourcesv1.ListPodResourcesResponse, error)
-}
 
 // RankMetricsOptions say where the node's ranks register and how their
 // metrics are labelled.
@@ -46,7 +41,7 @@ type RankMetricsOptions struct {
 	// Pods lists the kubelet's device assignments, which name the pod
 	// behind each slot; nil leaves namespace and pod empty. ResourceName
 	// is the device plugin's resource.
-	Pods         PodResourcesLister
+	Pods         podresources.Lister
 	ResourceName string
 	// PodLookupTimeout bounds one Pods call; default 2 s.
 	PodLookupTimeout time.Duration

@@ -18,6 +18,7 @@ import (
 
 	"github.com/pxn-project/pxn/pkg/group"
 	"github.com/pxn-project/pxn/pkg/nodestate"
+	"github.com/pxn-project/pxn/pkg/podresources"
 )
 
 // GroupLabel is the pod label that puts pods of one job into one group.
@@ -87,7 +88,7 @@ type GroupResource struct {
 	known   map[string]bool
 	state   StateSource
 	store   *Store
-	pods    PodResourcesLister
+	pods    podresources.Lister
 	api     PodGetter
 	metrics *Metrics
 
@@ -109,7 +110,7 @@ func (r *GroupResource) KubeletWatching(at time.Time) { r.watched.Store(at.UnixN
 
 // NewGroupResource returns the resource. api may be nil when the API
 // server is not reachable; groups are then keyed by pod name.
-func NewGroupResource(cfg Config, state StateSource, store *Store, pods PodResourcesLister, api PodGetter, m *Metrics) (*GroupResource, error) {
+func NewGroupResource(cfg Config, state StateSource, store *Store, pods podresources.Lister, api PodGetter, m *Metrics) (*GroupResource, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/group"
 	"github.com/pxn-project/pxn/pkg/nodestate"
+	"github.com/pxn-project/pxn/pkg/podresources"
 )
 
 type fixedState struct{ st nodestate.NodeState }
@@ -74,7 +75,7 @@ func testConfig() Config {
 		PodLookupTimeout: 2 * time.Second, APITimeout: time.Second}
 }
 
-func newTestResource(t testing.TB, pods PodResourcesLister, api PodGetter) (*GroupResource, *Store) {
+func newTestResource(t testing.TB, pods podresources.Lister, api PodGetter) (*GroupResource, *Store) {
 	t.Helper()
 	base := t.TempDir()
 	store := NewStore(filepath.Join(base, "state"), filepath.Join(base, "shm"), klog.Background())
