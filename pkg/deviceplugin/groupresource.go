@@ -189,8 +189,9 @@ func (r *GroupResource) Allocate(_ context.Context, req *pluginapi.AllocateReque
 	return resp, nil
 }
 
-// PreStartContainer finds the pod holding deviceIDs, computes its group key
-// and points the devices' slot links at the group directory.
+// PreStartContainer finds the pod holding deviceIDs, computes its group key,
+// points the devices' slot links at the group directory and records the pod
+// as an owner of it.
 func (r *GroupResource) PreStartContainer(ctx context.Context, deviceIDs []string) error {
 	if _, err := r.checkIDs(deviceIDs); err != nil {
 		return err
@@ -203,7 +204,7 @@ func (r *GroupResource) PreStartContainer(ctx context.Context, deviceIDs []strin
 	if err != nil {
 		return err
 	}
-	dir, err := r.store.Link(deviceIDs, key, time.Now())
+	dir, err := r.store.Link(deviceIDs, key, group.Owner{Namespace: ref.Namespace, Pods: []string{ref.Pod}}, time.Now())
 	if err != nil {
 		return status.Error(codes.Internal, err.Error())
 	}

@@ -218,6 +218,13 @@ func TestPreStartContainer(t *testing.T) {
 		assertLink(t, store, "pxn-relay-02", group.Key("b", group.SourceLabel, "job"))
 		assertLink(t, store, "pxn-relay-03", group.Key("a", group.SourceUID, "uid-3"))
 		assertLink(t, store, "pxn-relay-04", group.Key("a", group.SourceUID, "uid-3"))
+		key := group.Key("a", group.SourceLabel, "job")
+		for dev, pod := range map[string]string{"pxn-relay-00": "p0", "pxn-relay-01": "p1"} {
+			o, err := group.ReadOwner(filepath.Join(store.ownersDir, group.OwnerRecordName(key, group.OwnerSlotPrefix+dev)))
+			if err != nil || o.Namespace != "a" || !reflect.DeepEqual(o.Pods, []string{pod}) {
+				t.Errorf("owner record of %s: %+v, %v; want pod a/%s", dev, o, err, pod)
+			}
+		}
 	})
 
 	t.Run("without API", func(t *testing.T) {

@@ -4,6 +4,8 @@ package deviceplugin
 
 import (
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/pxn-project/pxn/pkg/group"
 )
 
 // containerRef names the container that holds a set of devices.
@@ -31,15 +33,16 @@ func findContainer(resp *podresourcesv1.ListPodResourcesResponse, resource strin
 	return containerRef{}, false
 }
 
-// assignedDevices returns the IDs of resource that the kubelet has assigned.
-func assignedDevices(resp *podresourcesv1.ListPodResourcesResponse, resource string) map[string]bool {
-	ids := make(map[string]bool)
+// assignedDevices returns the IDs of resource that the kubelet has
+// assigned, each with the pod holding it.
+func assignedDevices(resp *podresourcesv1.ListPodResourcesResponse, resource string) map[string]group.Owner {
+	ids := make(map[string]group.Owner)
 	for _, p := range resp.GetPodResources() {
 		for _, c := range p.GetContainers() {
 			for _, d := range c.GetDevices() {
 				if d.GetResourceName() == resource {
 					for _, id := range d.GetDeviceIds() {
-						ids[id] = true
+						ids[id] = group.Owner{Namespace: p.GetNamespace(), Pods: []string{p.GetName()}}
 					}
 				}
 			}
