@@ -483,7 +483,6 @@ func checkOwners(t *testing.T, dirs nodeDirs, want map[string]map[string]group.O
 	}
 }
 
-
 func TestPrepareIsIdempotent(t *testing.T) {
 	dirs := newNodeDirs(t)
 	a := newClaim("team-a", "job-a", "uid-a")
