@@ -3,10 +3,7 @@
 package contract
 
 import (
-	"fmt"
-	"os"
 	"path/filepath"
-	"strings"
 )
 
 // The node plugins' group-folder layout, which the node agent's rank
@@ -43,29 +40,4 @@ func IsGroupKey(name string) bool {
 		}
 	}
 	return true
-}
-
-// ReadSlots returns the group key each slot link under stateDir points at,
-// by device ID. It only reads. Links that do not point at a group folder
-// (a runtime's empty folder, a temporary link) are left out.
-func ReadSlots(stateDir string) (map[string]string, error) {
-	dir := SlotsDir(stateDir)
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, fmt.Errorf("read slots %s: %w", dir, err)
-	}
-	slots := make(map[string]string, len(entries))
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
-		target, err := os.Readlink(filepath.Join(dir, e.Name()))
-		if err != nil {
-			continue
-		}
-		if key := filepath.Base(target); IsGroupKey(key) {
-			slots[e.Name()] = key
-		}
-	}
-	return slots, nil
 }
