@@ -527,9 +527,7 @@ func (c *RankCollector) groupOwners(shm string, live *livePods) groupPods {
 	out := groupPods{}
 	for key, files := range names {
 		if len(files) > maxGroupOwners {
-			for range len(files) - maxGroupOwners {
-				c.errors.Inc()
-			}
+			c.errors.Add(float64(len(files) - maxGroupOwners))
 			files = files[:maxGroupOwners]
 		}
 		for _, f := range files {

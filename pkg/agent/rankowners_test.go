@@ -5,6 +5,7 @@ package agent_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -127,5 +128,28 @@ func TestRankMetricsOfDRAClaims(t *testing.T) {
 	}
 	if v, _ := value(fams, "pxn_agent_rank_read_errors_total", nil); v != 2 {
 		t.Errorf("read errors %v, want 2 (the corrupt record, the failed lookup)\n%s", v, text)
+	}
+}
+
+// TestRankMetricsBoundOwnerRecords: a group folder's owner records beyond
+// the bound are left unread and counted.
+func TestRankMetricsBoundOwnerRecords(t *testing.T) {
+	shm := shmDir(t, "pxn-agent-owners-")
+	key := group.Key("team-e", group.SourceLabel, "big")
+	registerRank(t, groupDir(t, shm, key), "rail0", "mlx5_0")
+	const records, bound = 258, 256
+	for i := range records {
+		writeOwner(t, shm, key, fmt.Sprintf("%sdev-%03d", group.OwnerSlotPrefix, i), group.Owner{Namespace: "team-e", Pods: []string{fmt.Sprintf("e-%03d", i)}})
+	}
+	c, err := agent.NewRankCollector(agent.RankMetricsOptions{NodeName: testNode, ShmDirs: []string{shm}, StaleAfter: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, fams := scrape(t, c)
+	if v, ok := value(fams, "pxn_ranks", map[string]string{"group": key, "namespace": "team-e", "pod": ""}); !ok || v != 1 {
+		t.Errorf("the rank of a folder of %d pods is not under its namespace\n%s", records, text)
+	}
+	if v, _ := value(fams, "pxn_agent_rank_read_errors_total", nil); v != records-bound {
+		t.Errorf("read errors %v, want %d (the records over the bound)\n%s", v, records-bound, text)
 	}
 }
