@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,7 +25,7 @@ import (
 	"github.com/pxn-project/pxn/internal/railflags"
 	"github.com/pxn-project/pxn/internal/version"
 	"github.com/pxn-project/pxn/pkg/agent"
-	"github.com/pxn-project/pxn/pkg/deviceplugin"
+	"github.com/pxn-project/pxn/pkg/podresources"
 )
 
 // runConfig is what the run flags say.
@@ -34,8 +35,12 @@ type runConfig struct {
 	rail       railflags.Flags
 	endpoints  daemon.Endpoints
 	ranks      agent.RankMetricsOptions
-	// podResourcesSocket names the pods behind the ranks ("": it does not).
+	// podResourcesSocket names the pods running on the node ("": the owner
+	// records are taken as they are).
 	podResourcesSocket string
+	// stateDir and resourceName are flags of an earlier version, accepted
+	// and ignored.
+	stateDir, resourceName string
 }
 
 func (c *runConfig) bind(fs *pflag.FlagSet) {
@@ -46,10 +51,12 @@ func (c *runConfig) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster or $KUBECONFIG")
 	c.endpoints.Bind(fs, ":9640", ":9642")
 	fs.StringVar(&c.opts.AgentVersion, "agent-version", version.String(), "version written to status.agentVersion")
-	fs.StringVar(&c.ranks.ShmDir, "shm-dir", "/dev/shm/pxn", `the device plugin's --shm-dir: the ranks of each job register in its group folders, which the agent reads (never writes) for the pxn_* rank metrics; "" turns those metrics off`)
-	fs.StringVar(&c.ranks.StateDir, "state-dir", "/run/pxn", "the device plugin's --state-dir: its slot links name each device's group folder")
-	fs.StringVar(&c.podResourcesSocket, "pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", `the kubelet's PodResources socket, which names the pod holding each group folder; "" leaves the namespace and pod labels empty`)
-	fs.StringVar(&c.ranks.ResourceName, "resource-name", "pxn.io/relay", "the device plugin's extended resource")
+	fs.StringSliceVar(&c.ranks.ShmDirs, "shm-dir", []string{"/dev/shm/pxn", "/dev/shm/pxn-dra"}, `the node plugins' --shm-dir folders, comma-separated (the device plugin's, the DRA driver's): the ranks of each job register in their group folders, which the agent reads (never writes) for the pxn_* rank metrics, with the owner records that name each folder's pods; "" turns those metrics off`)
+	fs.StringVar(&c.podResourcesSocket, "pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", `the kubelet's PodResources socket, which says which pods still run, so that a pod an owner record names after it ended is left out; "" takes the records as they are`)
+	fs.StringVar(&c.stateDir, "state-dir", "", "")
+	fs.StringVar(&c.resourceName, "resource-name", "", "")
+	_ = fs.MarkDeprecated("state-dir", "the node plugins' owner records name each group folder's pods; it has no effect")
+	_ = fs.MarkDeprecated("resource-name", "the node plugins' owner records name each group folder's pods; it has no effect")
 	fs.StringSliceVar(&c.ranks.Labels, "rank-metric-labels", agent.RankLabels, "labels of the pxn_* rank metrics, some of "+strings.Join(agent.RankLabels, ",")+"; ranks whose kept labels agree are summed")
 	fs.DurationVar(&c.ranks.StaleAfter, "rank-stale-after", 10*time.Second, "leave out of the rank metrics a rank whose heartbeat is older (exited or hung)")
 }
@@ -71,7 +78,7 @@ func (c *runConfig) complete() error {
 	}
 	c.opts.Discoverer = c.rail.Discoverer()
 	c.opts.MetricsBindAddress, c.opts.HealthProbeBindAddress = c.endpoints.Metrics, c.endpoints.Health
-	if c.ranks.ShmDir != "" {
+	if slices.ContainsFunc(c.ranks.ShmDirs, func(d string) bool { return d != "" }) {
 		if c.ranks.StaleAfter <= 0 {
 			return cli.FlagError("rank-stale-after", c.ranks.StaleAfter, errors.New("must be positive"))
 		}
@@ -119,7 +126,7 @@ func (c *runConfig) run(ctx context.Context) error {
 	}
 	cfg.UserAgent = "pxn-agent/" + c.opts.AgentVersion
 	if c.opts.Ranks != nil && c.podResourcesSocket != "" {
-		pods, err := deviceplugin.NewPodResourcesClient(c.podResourcesSocket)
+		pods, err := podresources.New(c.podResourcesSocket)
 		if err != nil {
 			klog.ErrorS(err, "no PodResources client; rank metrics go without pod labels")
 		} else {

@@ -27,6 +27,7 @@ import (
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/deviceplugin"
 	"github.com/pxn-project/pxn/pkg/nodestate"
+	"github.com/pxn-project/pxn/pkg/podresources"
 )
 
 type options struct {
@@ -137,7 +138,7 @@ func (o *options) run(ctx context.Context) error {
 	if err := store.Prepare(); err != nil {
 		return err
 	}
-	pods, err := deviceplugin.NewPodResourcesClient(o.podResourcesSocket)
+	pods, err := podresources.New(o.podResourcesSocket)
 	if err != nil {
 		return err
 	}

@@ -15,9 +15,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
-	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/group"
+	"github.com/pxn-project/pxn/pkg/podresources"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 	"github.com/pxn-project/pxn/pkg/staging/registry/inspect"
@@ -26,29 +27,24 @@ import (
 // RankLabels are the labels a rank's metrics can carry, in order: the node,
 // the rank's canonical rail and HCA, the device its staging arena lives in
 // (a GPU's PCI bus id, or "host"), the group folder its job's ranks meet in
-// (the device plugin's group key) and the namespace and pod holding that
-// folder.
+// (a node plugin's group key) and the namespace and pod holding that folder
+// (from the folder's owner records).
 var RankLabels = []string{"node", "rail", "hca", "device", "group", "namespace", "pod"}
-
-// PodResourcesLister lists the devices the kubelet has assigned to pods.
-type PodResourcesLister interface {
-	List(ctx context.Context) (*podresourcesv1.ListPodResourcesResponse, error)
-}
 
 // RankMetricsOptions say where the node's ranks register and how their
 // metrics are labelled.
 type RankMetricsOptions struct {
 	NodeName string
-	// ShmDir and StateDir are the device plugin's host folders (its
-	// --shm-dir and --state-dir): the group folders, in which the ranks of
-	// each job register, and the slot links that name each device's group.
-	ShmDir   string
-	StateDir string
-	// Pods lists the kubelet's device assignments, which name the pod
-	// behind each slot; nil leaves namespace and pod empty. ResourceName
-	// is the device plugin's resource.
-	Pods         PodResourcesLister
-	ResourceName string
+	// ShmDirs are the node plugins' host shm folders (the device plugin's
+	// and the DRA driver's --shm-dir): their group folders, in which the
+	// ranks of each job register, and the owner records (pkg/group) that
+	// name the namespace and pods holding each folder. A folder that does
+	// not exist holds no ranks.
+	ShmDirs []string
+	// Pods lists the pods running on the node: a pod that an owner record
+	// names and the kubelet does not list is left out of the labels. Nil,
+	// or a failed call, takes the records as they are.
+	Pods podresources.Lister
 	// PodLookupTimeout bounds one Pods call; default 2 s.
 	PodLookupTimeout time.Duration
 	// Labels are the RankLabels the metrics carry; ranks whose kept
@@ -129,13 +125,15 @@ var rankMetrics = []rankMetric{
 }
 
 // What one group folder may cost a scrape: its registries are looked for in
-// the folder and in at most maxGroupRoots-1 folders below it, and at most
-// maxGroupRanks of its ranks are exported. A job has a handful of ranks;
-// a workload that fills its folder with fake registries only loses its
-// own metrics, and the agent's cost and the label cardinality stay bounded.
+// the folder and in at most maxGroupRoots-1 folders below it, at most
+// maxGroupRanks of its ranks are exported, and at most maxGroupOwners of
+// its owner records are read. A job has a handful of ranks; a workload
+// that fills its folder with fake registries only loses its own metrics,
+// and the agent's cost and the label cardinality stay bounded.
 const (
-	maxGroupRoots = 16
-	maxGroupRanks = 64
+	maxGroupRoots  = 16
+	maxGroupRanks  = 64
+	maxGroupOwners = 256
 )
 
 // RankCollector serves the pxn_* metrics of the node's ranks. It reads the
@@ -156,7 +154,8 @@ var _ prometheus.Collector = (*RankCollector)(nil)
 
 // NewRankCollector checks o and returns its collector.
 func NewRankCollector(o RankMetricsOptions) (*RankCollector, error) {
-	if o.ShmDir == "" {
+	o.ShmDirs = slices.DeleteFunc(slices.Clone(o.ShmDirs), func(d string) bool { return d == "" })
+	if len(o.ShmDirs) == 0 {
 		return nil, fmt.Errorf("rank metrics: no shm folder")
 	}
 	if o.StaleAfter <= 0 {
@@ -199,7 +198,7 @@ func NewRankCollector(o RankMetricsOptions) (*RankCollector, error) {
 		append(slices.Clone(names), "variable"), nil)
 	c.errors = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "pxn_agent_rank_read_errors_total",
-		Help: "Ranks left out of a scrape (a corrupt control file, a counters block that stayed busy, names that are not UTF-8, a group folder over its bound of ranks), and failed pod lookups.",
+		Help: "Ranks left out of a scrape (a corrupt control file, a counters block that stayed busy, names that are not UTF-8, a group folder over its bound of ranks), owner records left unread (corrupt, over a folder's bound), and failed pod lookups.",
 	})
 	return c, nil
 }
@@ -359,15 +358,28 @@ func (c *RankCollector) Refused() []RefusedRank { return c.scan().refused }
 
 func (c *RankCollector) scan() nodeScan {
 	var out nodeScan
+	var live *livePods
+	for _, shm := range c.o.ShmDirs {
+		c.scanShm(shm, &live, &out)
+	}
+	return out
+}
+
+// scanShm adds the ranks of the group folders in one shm folder to out.
+// live is looked up on the first folder that has group folders.
+func (c *RankCollector) scanShm(shm string, live **livePods, out *nodeScan) {
 	log := c.o.Logger
-	groupsDir := contract.GroupsDir(c.o.ShmDir)
+	groupsDir := contract.GroupsDir(shm)
 	keys, err := os.ReadDir(groupsDir)
 	if err != nil {
-		// No group folder yet: the device plugin has served no pod.
+		// No group folder yet: the plugin has served no pod.
 		log.V(4).Info("no group folders", "dir", groupsDir, "err", err.Error())
-		return out
+		return
 	}
-	pods := c.podsByGroup()
+	if *live == nil {
+		*live = c.livePods()
+	}
+	pods := c.groupOwners(shm, *live)
 	for _, k := range keys {
 		if !k.IsDir() {
 			continue
@@ -448,10 +460,9 @@ func (c *RankCollector) scan() nodeScan {
 			}
 		}
 	}
-	return out
 }
 
-// groupPods are the pods holding each group folder's slots.
+// groupPods are the pods holding each group folder, by group key.
 type groupPods map[string][]podRef
 
 type podRef struct{ namespace, name string }
@@ -476,40 +487,64 @@ func (g groupPods) of(key string) (namespace, pod string) {
 	return namespace, pod
 }
 
-// podsByGroup maps group keys to pods: slot links name each device's
-// group, the kubelet's assignments each device's pod.
-func (c *RankCollector) podsByGroup() groupPods {
-	if c.o.Pods == nil || c.o.StateDir == "" {
-		return nil
-	}
-	slots, err := contract.ReadSlots(c.o.StateDir)
-	if err != nil || len(slots) == 0 {
-		return nil
+// livePods is the kubelet's list of the node's pods; known is false when
+// there is none to ask or it did not answer.
+type livePods struct {
+	known bool
+	pods  map[podRef]bool
+}
+
+func (c *RankCollector) livePods() *livePods {
+	if c.o.Pods == nil {
+		return &livePods{}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.o.PodLookupTimeout)
 	defer cancel()
 	resp, err := c.o.Pods.List(ctx)
 	if err != nil {
 		c.errors.Inc()
-		c.o.Logger.V(2).Info("pod resources lookup failed; ranks go without pod labels", "err", err.Error())
+		c.o.Logger.V(2).Info("pod resources lookup failed; owner records are taken as they are", "err", err.Error())
+		return &livePods{}
+	}
+	l := &livePods{known: true, pods: map[podRef]bool{}}
+	for _, p := range resp.GetPodResources() {
+		l.pods[podRef{namespace: p.GetNamespace(), name: p.GetName()}] = true
+	}
+	return l
+}
+
+// groupOwners maps the group keys of shm to the pods their owner records
+// name, less those the kubelet knows to be gone. The records are
+// untrusted input: one that cannot be read or decoded counts as a read
+// error and names nobody.
+func (c *RankCollector) groupOwners(shm string, live *livePods) groupPods {
+	dir := contract.OwnersDir(shm)
+	names, err := group.ListOwners(dir)
+	if err != nil {
+		c.errors.Inc()
+		c.o.Logger.V(2).Info("owner records unreadable; ranks go without pod labels", "err", err.Error())
 		return nil
 	}
 	out := groupPods{}
-	for _, p := range resp.GetPodResources() {
-		for _, ct := range p.GetContainers() {
-			for _, d := range ct.GetDevices() {
-				if d.GetResourceName() != c.o.ResourceName {
+	for key, files := range names {
+		if len(files) > maxGroupOwners {
+			c.errors.Add(float64(len(files) - maxGroupOwners))
+			files = files[:maxGroupOwners]
+		}
+		for _, f := range files {
+			o, err := group.ReadOwner(filepath.Join(dir, f))
+			if err != nil {
+				c.errors.Inc()
+				c.o.Logger.V(2).Info("owner record left out", "err", err.Error())
+				continue
+			}
+			for _, name := range o.Pods {
+				ref := podRef{namespace: o.Namespace, name: name}
+				if live.known && !live.pods[ref] {
 					continue
 				}
-				for _, id := range d.GetDeviceIds() {
-					key, ok := slots[id]
-					if !ok {
-						continue
-					}
-					ref := podRef{namespace: p.GetNamespace(), name: p.GetName()}
-					if !slices.Contains(out[key], ref) {
-						out[key] = append(out[key], ref)
-					}
+				if !slices.Contains(out[key], ref) {
+					out[key] = append(out[key], ref)
 				}
 			}
 		}

@@ -59,8 +59,8 @@ func TestRankMetrics(t *testing.T) {
 	r1.call(fmt.Sprintf("write rail0 %d", relayedB), "done true")
 	r0.call(fmt.Sprintf("write rail0 %d", sameRail), "done true")
 
-	c, err := agent.NewRankCollector(agent.RankMetricsOptions{NodeName: testNode, ShmDir: n.shm, StateDir: n.state,
-		Pods: n.pods(), ResourceName: "pxn.io/relay"})
+	c, err := agent.NewRankCollector(agent.RankMetricsOptions{NodeName: testNode, ShmDirs: []string{n.shm},
+		Pods: n.pods()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,8 +135,8 @@ func TestRankMetrics(t *testing.T) {
 	t.Run("dashboard", func(t *testing.T) { checkDashboard(t, fams) })
 
 	t.Run("label allowlist", func(t *testing.T) {
-		few, err := agent.NewRankCollector(agent.RankMetricsOptions{NodeName: testNode, ShmDir: n.shm, StateDir: n.state,
-			Pods: n.pods(), ResourceName: "pxn.io/relay", Labels: []string{"group", "node"}})
+		few, err := agent.NewRankCollector(agent.RankMetricsOptions{NodeName: testNode, ShmDirs: []string{n.shm},
+			Pods: n.pods(), Labels: []string{"group", "node"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -159,7 +159,7 @@ func TestRankMetrics(t *testing.T) {
 			}
 		}
 		for _, bad := range [][]string{{"gpu"}, {"rail", "rail"}} {
-			if _, err := agent.NewRankCollector(agent.RankMetricsOptions{ShmDir: n.shm, Labels: bad}); err == nil || !strings.Contains(err.Error(), bad[len(bad)-1]) {
+			if _, err := agent.NewRankCollector(agent.RankMetricsOptions{ShmDirs: []string{n.shm}, Labels: bad}); err == nil || !strings.Contains(err.Error(), bad[len(bad)-1]) {
 				t.Errorf("labels %v: %v, want an error naming %q", bad, err, bad[len(bad)-1])
 			}
 		}
@@ -170,7 +170,7 @@ func TestRankMetrics(t *testing.T) {
 		if err := r1.cmd.Process.Kill(); err != nil {
 			t.Fatal(err)
 		}
-		short, err := agent.NewRankCollector(agent.RankMetricsOptions{NodeName: testNode, ShmDir: n.shm, StaleAfter: 2 * time.Second})
+		short, err := agent.NewRankCollector(agent.RankMetricsOptions{NodeName: testNode, ShmDirs: []string{n.shm}, StaleAfter: 2 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -249,7 +249,7 @@ func TestRankMetricsBoundAHostileGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	c, err := agent.NewRankCollector(agent.RankMetricsOptions{NodeName: testNode, ShmDir: shm})
+	c, err := agent.NewRankCollector(agent.RankMetricsOptions{NodeName: testNode, ShmDirs: []string{shm}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,19 +280,13 @@ func TestRankMetricsRefusedAndStale(t *testing.T) {
 		t.Skipf("no /dev/shm: %v", err)
 	}
 	t.Cleanup(func() { os.RemoveAll(shm) })
-	state := t.TempDir()
 	job := group.Key("team-a", group.SourceLabel, "job-a")
 	dir := filepath.Join(contract.GroupsDir(shm), job)
 	bench := filepath.Join(dir, "bench-registry")
 	if err := os.MkdirAll(bench, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(contract.SlotsDir(state), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(dir, filepath.Join(contract.SlotsDir(state), "dev-0")); err != nil {
-		t.Fatal(err)
-	}
+	writeOwner(t, shm, job, group.OwnerSlotPrefix+"dev-0", group.Owner{Namespace: "team-a", Pods: []string{"a-0"}})
 	refuse := func(root string, pid int, vars ...string) {
 		t.Helper()
 		r := registry.Refusal{Pid: pid}
@@ -317,8 +311,8 @@ func TestRankMetricsRefusedAndStale(t *testing.T) {
 	t.Cleanup(func() { r.Close(context.Background()) })
 
 	const staleAfter = 200 * time.Millisecond
-	c, err := agent.NewRankCollector(agent.RankMetricsOptions{NodeName: testNode, ShmDir: shm, StateDir: state,
-		Pods: fakePods{"dev-0": {"team-a", "a-0"}}, ResourceName: "pxn.io/relay", StaleAfter: staleAfter})
+	c, err := agent.NewRankCollector(agent.RankMetricsOptions{NodeName: testNode, ShmDirs: []string{shm},
+		Pods: fakePods{"dev-0": {"team-a", "a-0"}}, StaleAfter: staleAfter})
 	if err != nil {
 		t.Fatal(err)
 	}

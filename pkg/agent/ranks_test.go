@@ -215,7 +215,8 @@ func (p *rankProc) call(cmd, want string) {
 	}
 }
 
-// fakePods is the kubelet's PodResources answer: device ID → pod.
+// fakePods is the kubelet's PodResources answer: device ID → pod (the
+// agent reads only which pods run).
 type fakePods map[string][2]string
 
 func (f fakePods) List(context.Context) (*podresourcesv1.ListPodResourcesResponse, error) {
@@ -236,9 +237,22 @@ func (f fakePods) List(context.Context) (*podresourcesv1.ListPodResourcesRespons
 // folder jobA holds ranks 0 and 1 (held by two pods of one job), jobB rank 2,
 // registered one folder below the group folder, as pxn-bench does.
 type rankNode struct {
-	shm, state string
+	shm        string
 	jobA, jobB string
 	ranks      []*rankProc
+}
+
+// writeOwner writes an owner record of the group folder key in shm as a
+// node plugin does.
+func writeOwner(t *testing.T, shm, key, id string, o group.Owner) {
+	t.Helper()
+	dir := contract.OwnersDir(shm)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := group.WriteOwner(dir, key, id, o); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func newRankNode(t *testing.T) *rankNode {
@@ -248,7 +262,7 @@ func newRankNode(t *testing.T) *rankNode {
 		t.Skipf("no /dev/shm for the ranks' arenas: %v", err)
 	}
 	t.Cleanup(func() { os.RemoveAll(shm) })
-	n := &rankNode{shm: shm, state: t.TempDir(),
+	n := &rankNode{shm: shm,
 		jobA: group.Key("team-a", group.SourceLabel, "job-a"),
 		jobB: group.Key("team-b", group.SourceUID, "0b9e0bd2-pod")}
 	for dev, key := range map[string]string{"dev-0": n.jobA, "dev-1": n.jobA, "dev-2": n.jobB} {
@@ -256,12 +270,8 @@ func newRankNode(t *testing.T) *rankNode {
 		if err := os.MkdirAll(dir, 0o777); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.MkdirAll(contract.SlotsDir(n.state), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Symlink(dir, filepath.Join(contract.SlotsDir(n.state), dev)); err != nil {
-			t.Fatal(err)
-		}
+		pod := n.pods()[dev]
+		writeOwner(t, shm, key, group.OwnerSlotPrefix+dev, group.Owner{Namespace: pod[0], Pods: []string{pod[1]}})
 	}
 	jobA := filepath.Join(contract.GroupsDir(shm), n.jobA)
 	jobB := filepath.Join(contract.GroupsDir(shm), n.jobB, "bench-registry")

@@ -4,7 +4,7 @@
 // plugin, the PxnRailMap CRD, the Helm chart) and its engine (libpxn) agree
 // on: the MC_PXN_* environment with its defaults and ranges, the rules for
 // rail names, HCA names and group ids, the rail map's JSON encoding, and
-// the device plugin's group-folder layout that the node agent reads.
+// the node plugins' group-folder layout that the node agent reads.
 // Both sides import it and neither restates any of it. It imports nothing of
 // the module, so the control plane links no engine code through it.
 package contract

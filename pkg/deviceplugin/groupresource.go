@@ -18,6 +18,7 @@ import (
 
 	"github.com/pxn-project/pxn/pkg/group"
 	"github.com/pxn-project/pxn/pkg/nodestate"
+	"github.com/pxn-project/pxn/pkg/podresources"
 )
 
 // GroupLabel is the pod label that puts pods of one job into one group.
@@ -99,7 +100,7 @@ type GroupResource struct {
 	known   map[string]bool
 	state   StateSource
 	store   *Store
-	pods    PodResourcesLister
+	pods    podresources.Lister
 	api     PodGetter
 	metrics *Metrics
 
@@ -121,7 +122,7 @@ func (r *GroupResource) KubeletWatching(at time.Time) { r.watched.Store(at.UnixN
 
 // NewGroupResource returns the resource. api may be nil when the API
 // server is not reachable; groups are then keyed by pod name.
-func NewGroupResource(cfg Config, state StateSource, store *Store, pods PodResourcesLister, api PodGetter, m *Metrics) (*GroupResource, error) {
+func NewGroupResource(cfg Config, state StateSource, store *Store, pods podresources.Lister, api PodGetter, m *Metrics) (*GroupResource, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -200,8 +201,9 @@ func (r *GroupResource) Allocate(_ context.Context, req *pluginapi.AllocateReque
 	return resp, nil
 }
 
-// PreStartContainer finds the pod holding deviceIDs, computes its group key
-// and points the devices' slot links at the group directory.
+// PreStartContainer finds the pod holding deviceIDs, computes its group key,
+// points the devices' slot links at the group directory and records the pod
+// as an owner of it.
 func (r *GroupResource) PreStartContainer(ctx context.Context, deviceIDs []string) error {
 	if _, err := r.checkIDs(deviceIDs); err != nil {
 		return err
@@ -214,7 +216,7 @@ func (r *GroupResource) PreStartContainer(ctx context.Context, deviceIDs []strin
 	if err != nil {
 		return err
 	}
-	dir, err := r.store.Link(deviceIDs, key, time.Now())
+	dir, err := r.store.Link(deviceIDs, key, group.Owner{Namespace: ref.Namespace, Pods: []string{ref.Pod}}, time.Now())
 	if err != nil {
 		return status.Error(codes.Internal, err.Error())
 	}

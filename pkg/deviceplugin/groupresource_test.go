@@ -22,6 +22,7 @@ import (
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/group"
 	"github.com/pxn-project/pxn/pkg/nodestate"
+	"github.com/pxn-project/pxn/pkg/podresources"
 )
 
 type fixedState struct{ st nodestate.NodeState }
@@ -74,7 +75,7 @@ func testConfig() Config {
 		PodLookupTimeout: 2 * time.Second, APITimeout: time.Second}
 }
 
-func newTestResource(t testing.TB, pods PodResourcesLister, api PodGetter) (*GroupResource, *Store) {
+func newTestResource(t testing.TB, pods podresources.Lister, api PodGetter) (*GroupResource, *Store) {
 	t.Helper()
 	base := t.TempDir()
 	store := NewStore(filepath.Join(base, "state"), filepath.Join(base, "shm"), klog.Background())
@@ -217,6 +218,13 @@ func TestPreStartContainer(t *testing.T) {
 		assertLink(t, store, "pxn-relay-02", group.Key("b", group.SourceLabel, "job"))
 		assertLink(t, store, "pxn-relay-03", group.Key("a", group.SourceUID, "uid-3"))
 		assertLink(t, store, "pxn-relay-04", group.Key("a", group.SourceUID, "uid-3"))
+		key := group.Key("a", group.SourceLabel, "job")
+		for dev, pod := range map[string]string{"pxn-relay-00": "p0", "pxn-relay-01": "p1"} {
+			o, err := group.ReadOwner(filepath.Join(store.ownersDir, group.OwnerRecordName(key, group.OwnerSlotPrefix+dev)))
+			if err != nil || o.Namespace != "a" || !reflect.DeepEqual(o.Pods, []string{pod}) {
+				t.Errorf("owner record of %s: %+v, %v; want pod a/%s", dev, o, err, pod)
+			}
+		}
 	})
 
 	t.Run("without API", func(t *testing.T) {

@@ -18,14 +18,17 @@ import (
 	"github.com/pxn-project/pxn/pkg/group"
 )
 
-// Store owns the slot links (<state-dir>/slots/<device-id>) and the group
-// directories (<shm-dir>/groups/<key>) they point to. Link and Collect are
-// serialized so a link made while a collection runs is never removed by it.
+// Store owns the slot links (<state-dir>/slots/<device-id>), the group
+// directories (<shm-dir>/groups/<key>) they point to, and one owner record
+// per slot link (group.OwnerSlotPrefix) naming the pod that holds the
+// device. Link and Collect are serialized so a link made while a collection
+// runs is never removed by it.
 type Store struct {
 	stateDir  string
 	shmDir    string
 	slotsDir  string
 	groupsDir string
+	ownersDir string
 
 	log       klog.Logger
 	mu        sync.Mutex
@@ -42,6 +45,7 @@ func NewStore(stateDir, shmDir string, log klog.Logger) *Store {
 		shmDir:    filepath.Clean(shmDir),
 		slotsDir:  contract.SlotsDir(stateDir),
 		groupsDir: contract.GroupsDir(shmDir),
+		ownersDir: contract.OwnersDir(shmDir),
 		linked:    make(map[string]time.Time),
 		groupSeen: make(map[string]time.Time),
 	}
@@ -57,12 +61,15 @@ func (s *Store) GroupPath(key string) string { return filepath.Join(s.groupsDir,
 // process's user can write to them: group directories are created and removed
 // below them by path.
 func (s *Store) Prepare() error {
-	return group.MakePrivateDirs(s.stateDir, s.slotsDir, s.shmDir, s.groupsDir)
+	return group.MakePrivateDirs(s.stateDir, s.slotsDir, s.shmDir, s.groupsDir, s.ownersDir)
 }
 
-// Link creates the group directory of key and atomically points the slot link
-// of every device at it. It returns the group directory.
-func (s *Store) Link(deviceIDs []string, key string, now time.Time) (string, error) {
+// Link creates the group directory of key, atomically points the slot link
+// of every device at it and records owner for each device. It returns the
+// group directory. A record that cannot be written fails nothing: the
+// record names pods for the agent's metrics only, and Collect writes it
+// again.
+func (s *Store) Link(deviceIDs []string, key string, owner group.Owner, now time.Time) (string, error) {
 	if !contract.IsGroupKey(key) {
 		return "", fmt.Errorf("invalid group key %q", key)
 	}
@@ -74,12 +81,34 @@ func (s *Store) Link(deviceIDs []string, key string, now time.Time) (string, err
 	}
 	s.groupSeen[key] = now
 	for _, id := range deviceIDs {
+		old := s.linkedGroup(id)
 		if err := replaceSymlink(s.slotsDir, id, dir); err != nil {
 			return "", err
 		}
 		s.linked[id] = now
+		if err := group.WriteOwner(s.ownersDir, key, slotOwnerID(id), owner); err != nil {
+			s.log.Error(err, "Owner record not written", "device", id, "group", key)
+		}
+		if old != "" && old != key {
+			if err := group.RemoveOwner(s.ownersDir, old, slotOwnerID(id)); err != nil {
+				s.log.Error(err, "Owner record of the slot's former group not removed", "device", id, "group", old)
+			}
+		}
 	}
 	return dir, nil
+}
+
+// slotOwnerID is the owner ID of a device's record.
+func slotOwnerID(deviceID string) string { return group.OwnerSlotPrefix + deviceID }
+
+// linkedGroup returns the key of the group folder the slot link of
+// deviceID points at, or "".
+func (s *Store) linkedGroup(deviceID string) string {
+	target, err := os.Readlink(s.SlotPath(deviceID))
+	if err != nil || filepath.Dir(target) != s.groupsDir || !contract.IsGroupKey(filepath.Base(target)) {
+		return ""
+	}
+	return filepath.Base(target)
 }
 
 // replaceSymlink points dir/name at target by renaming a fresh link over it,
@@ -108,8 +137,12 @@ func replaceSymlink(dir, name, target string) error {
 // Collect removes the slot links of devices not in assigned, and group
 // directories that no slot link has referenced for longer than grace. A link
 // made by Link less than grace ago is kept even when assigned lacks it, since
-// the kubelet's view may lag behind.
-func (s *Store) Collect(assigned map[string]bool, now time.Time, grace time.Duration) (slots, groups int, err error) {
+// the kubelet's view may lag behind. It then makes the owner records agree
+// with the slot links: a record whose slot link is gone or points elsewhere
+// is removed, and a linked, assigned device without one (a link made by a
+// version before the records, a record Link failed to write) gets one naming
+// the pod assigned says holds it.
+func (s *Store) Collect(assigned map[string]group.Owner, now time.Time, grace time.Duration) (slots, groups int, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
@@ -119,6 +152,7 @@ func (s *Store) Collect(assigned map[string]bool, now time.Time, grace time.Dura
 	}
 	var errs []error
 	referenced := make(map[string]bool)
+	linkedTo := make(map[string]string) // device ID → group key
 	for _, e := range entries {
 		name := e.Name()
 		path := filepath.Join(s.slotsDir, name)
@@ -128,7 +162,7 @@ func (s *Store) Collect(assigned map[string]bool, now time.Time, grace time.Dura
 			}
 			continue
 		}
-		if !assigned[name] && now.Sub(s.linked[name]) > grace {
+		if _, ok := assigned[name]; !ok && now.Sub(s.linked[name]) > grace {
 			if err := os.Remove(path); err != nil {
 				errs = append(errs, fmt.Errorf("remove slot %s: %w", path, err))
 			} else {
@@ -140,8 +174,14 @@ func (s *Store) Collect(assigned map[string]bool, now time.Time, grace time.Dura
 		}
 		if target, err := os.Readlink(path); err == nil && filepath.Dir(target) == s.groupsDir {
 			referenced[filepath.Base(target)] = true
+			linkedTo[name] = filepath.Base(target)
 		}
 	}
+	defer func() {
+		if oerr := s.reconcileOwners(linkedTo, assigned); oerr != nil {
+			err = errors.Join(err, oerr)
+		}
+	}()
 
 	entries, err = os.ReadDir(s.groupsDir)
 	if err != nil {
@@ -181,4 +221,42 @@ func (s *Store) Collect(assigned map[string]bool, now time.Time, grace time.Dura
 		}
 	}
 	return slots, groups, errors.Join(errs...)
+}
+
+// reconcileOwners removes the slot owner records that no slot link backs
+// and writes those that linked, assigned devices lack. Records of other
+// owners (a DRA driver's claims in a shared folder) are left alone.
+func (s *Store) reconcileOwners(linkedTo map[string]string, assigned map[string]group.Owner) error {
+	names, err := group.ListOwners(s.ownersDir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	recorded := make(map[string]bool)
+	for key, files := range names {
+		for _, f := range files {
+			_, id, _ := group.ParseOwnerRecordName(f)
+			dev, ok := strings.CutPrefix(id, group.OwnerSlotPrefix)
+			if !ok {
+				continue
+			}
+			if linkedTo[dev] == key {
+				recorded[dev] = true
+				continue
+			}
+			if err := group.RemoveOwner(s.ownersDir, key, id); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	for dev, key := range linkedTo {
+		if o, ok := assigned[dev]; ok && !recorded[dev] {
+			if err := group.WriteOwner(s.ownersDir, key, slotOwnerID(dev), o); err != nil {
+				errs = append(errs, err)
+			} else {
+				s.log.V(2).Info("Wrote the owner record of a linked device", "device", dev, "group", key, "pod", klog.KRef(o.Namespace, strings.Join(o.Pods, ",")))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -5,12 +5,15 @@ package deviceplugin
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 
 	"github.com/pxn-project/pxn/pkg/group"
 	"k8s.io/klog/v2"
 )
+
+var testOwner = group.Owner{Namespace: "ns", Pods: []string{"p-0"}}
 
 func newTestStore(t *testing.T) *Store {
 	t.Helper()
@@ -36,7 +39,7 @@ func assertLink(t *testing.T, s *Store, id, key string) {
 func TestLinkCreatesWorldWritableStickyGroupDir(t *testing.T) {
 	s := newTestStore(t)
 	key := group.Key("ns", group.SourceUID, "u1")
-	dir, err := s.Link([]string{"pxn-relay-00", "pxn-relay-01"}, key, time.Now())
+	dir, err := s.Link([]string{"pxn-relay-00", "pxn-relay-01"}, key, testOwner, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,10 +57,10 @@ func TestLinkCreatesWorldWritableStickyGroupDir(t *testing.T) {
 func TestLinkReplacesOldLinkAndEmptyDir(t *testing.T) {
 	s := newTestStore(t)
 	k1, k2 := group.Key("ns", group.SourceUID, "u1"), group.Key("ns", group.SourceUID, "u2")
-	if _, err := s.Link([]string{"pxn-relay-00"}, k1, time.Now()); err != nil {
+	if _, err := s.Link([]string{"pxn-relay-00"}, k1, testOwner, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Link([]string{"pxn-relay-00"}, k2, time.Now()); err != nil {
+	if _, err := s.Link([]string{"pxn-relay-00"}, k2, testOwner, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	assertLink(t, s, "pxn-relay-00", k2)
@@ -66,7 +69,7 @@ func TestLinkReplacesOldLinkAndEmptyDir(t *testing.T) {
 	if err := os.Mkdir(s.SlotPath("pxn-relay-01"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Link([]string{"pxn-relay-01"}, k1, time.Now()); err != nil {
+	if _, err := s.Link([]string{"pxn-relay-01"}, k1, testOwner, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	assertLink(t, s, "pxn-relay-01", k1)
@@ -83,7 +86,7 @@ func TestLinkRestoresGroupDirMode(t *testing.T) {
 	if err := os.Mkdir(s.GroupPath(key), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Link([]string{"pxn-relay-00"}, key, time.Now()); err != nil {
+	if _, err := s.Link([]string{"pxn-relay-00"}, key, testOwner, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	fi, _ := os.Lstat(s.GroupPath(key))
@@ -99,7 +102,7 @@ func TestLinkRefusesSymlinkedGroupDir(t *testing.T) {
 	if err := os.Symlink(outside, s.GroupPath(key)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Link([]string{"pxn-relay-00"}, key, time.Now()); err == nil {
+	if _, err := s.Link([]string{"pxn-relay-00"}, key, testOwner, time.Now()); err == nil {
 		t.Fatal("Link followed a symlinked group directory")
 	}
 	fi, _ := os.Stat(outside)
@@ -127,10 +130,10 @@ func TestCollect(t *testing.T) {
 	s := newTestStore(t)
 	t0 := time.Now()
 	live, dead := group.Key("ns", group.SourceUID, "live"), group.Key("ns", group.SourceUID, "dead")
-	if _, err := s.Link([]string{"pxn-relay-00"}, live, t0); err != nil {
+	if _, err := s.Link([]string{"pxn-relay-00"}, live, testOwner, t0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Link([]string{"pxn-relay-01", "pxn-relay-02"}, dead, t0); err != nil {
+	if _, err := s.Link([]string{"pxn-relay-01", "pxn-relay-02"}, dead, testOwner, t0); err != nil {
 		t.Fatal(err)
 	}
 
@@ -151,7 +154,7 @@ func TestCollect(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	assigned := map[string]bool{"pxn-relay-00": true}
+	assigned := map[string]group.Owner{"pxn-relay-00": testOwner}
 	steps := []struct {
 		at                       time.Duration
 		wantSlots, wantGroups    int
@@ -201,5 +204,76 @@ func TestCollectKeepsUnknownEntries(t *testing.T) {
 	}
 	if _, err := os.Stat(other); err != nil {
 		t.Fatalf("collection removed a directory it does not own: %v", err)
+	}
+}
+
+// owners reads every owner record of s: file name → owner.
+func owners(t *testing.T, s *Store) map[string]group.Owner {
+	t.Helper()
+	names, err := group.ListOwners(s.ownersDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]group.Owner{}
+	for _, files := range names {
+		for _, f := range files {
+			o, err := group.ReadOwner(filepath.Join(s.ownersDir, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[f] = o
+		}
+	}
+	return out
+}
+
+// TestOwnerRecordsFollowSlotLinks: Link records the pod of each device in
+// the device's group; moving a slot moves its record; collection removes
+// the records of removed links, writes one for a link that lacks it (made
+// before the records existed) and leaves records it does not own.
+func TestOwnerRecordsFollowSlotLinks(t *testing.T) {
+	const grace = time.Minute
+	s := newTestStore(t)
+	t0 := time.Now()
+	k1, k2 := group.Key("ns", group.SourceUID, "u1"), group.Key("ns", group.SourceUID, "u2")
+	a, b := group.Owner{Namespace: "ns", Pods: []string{"a"}}, group.Owner{Namespace: "ns", Pods: []string{"b"}}
+	if _, err := s.Link([]string{"pxn-relay-00", "pxn-relay-01"}, k1, a, t0); err != nil {
+		t.Fatal(err)
+	}
+	rec := func(key, dev string) string { return group.OwnerRecordName(key, group.OwnerSlotPrefix+dev) }
+	want := map[string]group.Owner{rec(k1, "pxn-relay-00"): a, rec(k1, "pxn-relay-01"): a}
+	if got := owners(t, s); !reflect.DeepEqual(got, want) {
+		t.Fatalf("after Link: records %v, want %v", got, want)
+	}
+	if _, err := s.Link([]string{"pxn-relay-01"}, k2, b, t0); err != nil {
+		t.Fatal(err)
+	}
+	want = map[string]group.Owner{rec(k1, "pxn-relay-00"): a, rec(k2, "pxn-relay-01"): b}
+	if got := owners(t, s); !reflect.DeepEqual(got, want) {
+		t.Fatalf("after moving pxn-relay-01: records %v, want %v", got, want)
+	}
+
+	// A link from before the records, and a DRA claim's record in the
+	// same owners folder.
+	if err := os.Symlink(s.GroupPath(k2), s.SlotPath("pxn-relay-02")); err != nil {
+		t.Fatal(err)
+	}
+	claim := group.Owner{Namespace: "ns", Pods: []string{"c"}, Claim: "job"}
+	if err := group.WriteOwner(s.ownersDir, k2, group.OwnerClaimPrefix+"uid-c", claim); err != nil {
+		t.Fatal(err)
+	}
+	// pxn-relay-00 is no longer assigned; the kubelet says pod c2 holds
+	// pxn-relay-02.
+	c2 := group.Owner{Namespace: "ns", Pods: []string{"c2"}}
+	assigned := map[string]group.Owner{"pxn-relay-01": b, "pxn-relay-02": c2}
+	if _, _, err := s.Collect(assigned, t0.Add(grace+time.Second), grace); err != nil {
+		t.Fatal(err)
+	}
+	want = map[string]group.Owner{
+		rec(k2, "pxn-relay-01"): b, rec(k2, "pxn-relay-02"): c2,
+		group.OwnerRecordName(k2, group.OwnerClaimPrefix+"uid-c"): claim,
+	}
+	if got := owners(t, s); !reflect.DeepEqual(got, want) {
+		t.Fatalf("after collection: records %v, want %v", got, want)
 	}
 }

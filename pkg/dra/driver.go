@@ -84,6 +84,7 @@ type Driver struct {
 	cfg       Config
 	state     StateSource
 	groupsDir string
+	ownersDir string
 
 	mu       sync.Mutex
 	prepared map[types.UID]preparedClaim
@@ -99,8 +100,8 @@ func New(cfg Config, state StateSource) (*Driver, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	d := &Driver{cfg: cfg, state: state, groupsDir: contract.GroupsDir(cfg.ShmDir)}
-	if err := group.MakePrivateDirs(cfg.StateDir, cfg.ShmDir, d.groupsDir); err != nil {
+	d := &Driver{cfg: cfg, state: state, groupsDir: contract.GroupsDir(cfg.ShmDir), ownersDir: contract.OwnersDir(cfg.ShmDir)}
+	if err := group.MakePrivateDirs(cfg.StateDir, cfg.ShmDir, d.groupsDir, d.ownersDir); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(cfg.CDIDir, 0o755); err != nil {
@@ -148,7 +149,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 // checkpoint already held the claim.
 func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (pc preparedClaim, fresh bool, err error) {
 	if pc, ok := d.prepared[claim.UID]; ok {
-		return pc, false, d.materialize(claim.UID, pc)
+		return pc, false, d.materialize(claim, pc)
 	}
 	if claim.Status.Allocation == nil {
 		return preparedClaim{}, false, errors.New("not allocated")
@@ -189,7 +190,7 @@ func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		}
 		pc.Edits = edits{Env: d.cfg.Member.Env(st.RailMap), Mount: d.cfg.Member.Mount(filepath.Join(d.groupsDir, pc.Group))}
 	}
-	if err := d.materialize(claim.UID, pc); err != nil {
+	if err := d.materialize(claim, pc); err != nil {
 		return preparedClaim{}, false, err
 	}
 	return pc, true, nil
@@ -243,14 +244,35 @@ func ready(node string, st nodestate.NodeState) error {
 	return nil
 }
 
-// materialize makes a prepared claim's group folder and CDI spec.
-func (d *Driver) materialize(uid types.UID, pc preparedClaim) error {
+// materialize makes a prepared claim's group folder and CDI spec, and
+// records the claim and the pods it is reserved for now as owners of the
+// folder. A record that cannot be written fails nothing: it names pods for
+// the agent's metrics only, and the next prepare of the claim writes it
+// again.
+func (d *Driver) materialize(claim *resourceapi.ResourceClaim, pc preparedClaim) error {
 	if pc.Group != "" {
 		if err := group.EnsureDir(filepath.Join(d.groupsDir, pc.Group)); err != nil {
 			return err
 		}
+		if err := group.WriteOwner(d.ownersDir, pc.Group, claimOwnerID(claim.UID), claimOwner(claim)); err != nil {
+			d.cfg.Logger.Error(err, "Owner record not written", "claim", klog.KObj(claim), "group", pc.Group)
+		}
 	}
-	return writeCDISpec(d.cfg.CDIDir, uid, pc.Edits)
+	return writeCDISpec(d.cfg.CDIDir, claim.UID, pc.Edits)
+}
+
+// claimOwnerID is the owner ID of a claim's record.
+func claimOwnerID(uid types.UID) string { return group.OwnerClaimPrefix + string(uid) }
+
+// claimOwner is the claim and the pods it is reserved for.
+func claimOwner(claim *resourceapi.ResourceClaim) group.Owner {
+	o := group.Owner{Namespace: claim.Namespace, Claim: claim.Name, Pods: []string{}}
+	for _, r := range claim.Status.ReservedFor {
+		if r.APIGroup == "" && r.Resource == "pods" && len(o.Pods) < group.MaxOwnerPods {
+			o.Pods = append(o.Pods, r.Name)
+		}
+	}
+	return o
 }
 
 // UnprepareResourceClaims removes each claim's CDI spec and group folder.
@@ -290,6 +312,9 @@ func (d *Driver) unprepare(uid types.UID, pc preparedClaim) error {
 	}
 	if pc.Group == "" {
 		return nil
+	}
+	if err := group.RemoveOwner(d.ownersDir, pc.Group, claimOwnerID(uid)); err != nil {
+		return err
 	}
 	for other, o := range d.prepared {
 		if other != uid && o.Group == pc.Group {

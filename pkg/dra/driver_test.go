@@ -427,6 +427,15 @@ func TestExtendedResourceClaimsGroupByLabel(t *testing.T) {
 		}
 	}
 	checkMember(t, dirs, e3) // no label: a group of its own
+	jobKey := group.Key("team-a", group.SourceLabel, "job")
+	want := map[string]group.Owner{
+		group.OwnerRecordName(jobKey, "claim-uid-1"): {Namespace: "team-a", Pods: []string{"rank-0"}, Claim: "rank-0-relay"},
+		group.OwnerRecordName(jobKey, "claim-uid-2"): {Namespace: "team-a", Pods: []string{"rank-1"}, Claim: "rank-1-relay"},
+	}
+	ownKey := group.Key("team-a", group.SourceClaim, "uid-3")
+	checkOwners(t, dirs, map[string]map[string]group.Owner{jobKey: want, ownKey: {
+		group.OwnerRecordName(ownKey, "claim-uid-3"): {Namespace: "team-a", Pods: []string{"other"}, Claim: "other-relay"},
+	}})
 	if r := p.prepare(t, stale)[string(stale.UID)]; !strings.Contains(r.Error, "has UID pod-1; the claim is reserved for UID pod-old") {
 		t.Fatalf("a claim reserved for a pod that is gone: %q", r.Error)
 	}
@@ -435,9 +444,42 @@ func TestExtendedResourceClaimsGroupByLabel(t *testing.T) {
 	if _, err := os.Stat(job); err != nil {
 		t.Fatalf("the job's folder went with one of its two claims: %v", err)
 	}
+	delete(want, group.OwnerRecordName(jobKey, "claim-uid-1"))
+	checkOwners(t, dirs, map[string]map[string]group.Owner{jobKey: want})
 	p.unprepare(t, e2)
 	if _, err := os.Lstat(job); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the job's folder outlived its claims (%v)", err)
+	}
+	checkOwners(t, dirs, map[string]map[string]group.Owner{jobKey: nil})
+}
+
+// checkOwners checks that the owner records of each group key of want are
+// exactly want's for it (file name → owner; nil: none).
+func checkOwners(t *testing.T, dirs nodeDirs, want map[string]map[string]group.Owner) {
+	t.Helper()
+	ownersDir := contract.OwnersDir(dirs.shm)
+	names, err := group.ListOwners(ownersDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, records := range want {
+		got := map[string]group.Owner{}
+		for _, f := range names[key] {
+			o, err := group.ReadOwner(filepath.Join(ownersDir, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[f] = o
+		}
+		if len(got) != len(records) {
+			t.Errorf("group %s: owner records %v, want %v", key, got, records)
+			continue
+		}
+		for f, o := range records {
+			if g, ok := got[f]; !ok || g.Namespace != o.Namespace || g.Claim != o.Claim || !slices.Equal(g.Pods, o.Pods) {
+				t.Errorf("group %s: owner record %s is %+v (%v), want %+v", key, f, g, ok, o)
+			}
+		}
 	}
 }
 

@@ -315,8 +315,8 @@ func TestTemplateDefaults(t *testing.T) {
 	}
 	wantArgs := []string{"run", "--host-root=/host", "--rail-strategy=pci-order", "--resync=60s",
 		"--poll-interval=2s", "--metrics-bind-address=:9640", "--health-probe-bind-address=:9642",
-		"--shm-dir=/dev/shm/pxn", "--state-dir=/run/pxn", "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
-		"--resource-name=pxn.io/relay", "--rank-metric-labels=node,rail,hca,device,group,namespace,pod", "--rank-stale-after=10s"}
+		"--shm-dir=/dev/shm/pxn", "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
+		"--rank-metric-labels=node,rail,hca,device,group,namespace,pod", "--rank-stale-after=10s"}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("agent args:\n got %q\nwant %q", c.Args, wantArgs)
 	}
@@ -335,9 +335,9 @@ func TestTemplateDefaults(t *testing.T) {
 	}
 	checkPorts(t, c, map[string]int32{"metrics": 9640, "health": 9642})
 	checkHostMount(t, agent, "/sys", "/host/sys", true)
-	// The rank metrics read the device plugin's folders, and nothing more.
+	// The rank metrics read the node plugins' shm folders, and nothing more.
 	checkHostMount(t, agent, "/dev/shm/pxn", "/dev/shm/pxn", true)
-	checkHostMount(t, agent, "/run/pxn", "/run/pxn", true)
+	checkNoHostPath(t, agent, "/run/pxn")
 	checkHostMount(t, agent, "/var/lib/kubelet/pod-resources", "/var/lib/kubelet/pod-resources", true)
 	if sc := c.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.Capabilities == nil ||
 		!slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || !slices.Equal(sc.Capabilities.Add, []corev1.Capability{"DAC_READ_SEARCH"}) ||
@@ -446,8 +446,8 @@ func TestTemplateCustom(t *testing.T) {
 	}
 	wantArgs := []string{"run", "--host-root=/host", "--rail-strategy=static", "--static-file=/etc/pxn/rails/rails.json",
 		"--resync=2m30s", "--poll-interval=500ms", "--metrics-bind-address=:19640", "--health-probe-bind-address=:19642",
-		"--shm-dir=/dev/shm/pxn-test", "--state-dir=/run/pxn-test", "--pod-resources-socket=/var/lib/k0s/kubelet/pod-resources/kubelet.sock",
-		"--resource-name=example.com/relay", "--rank-metric-labels=node,rail,namespace", "--rank-stale-after=30s", "-v=4"}
+		"--shm-dir=/dev/shm/pxn-test", "--pod-resources-socket=/var/lib/k0s/kubelet/pod-resources/kubelet.sock",
+		"--rank-metric-labels=node,rail,namespace", "--rank-stale-after=30s", "-v=4"}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("agent args:\n got %q\nwant %q", c.Args, wantArgs)
 	}
@@ -463,7 +463,7 @@ func TestTemplateCustom(t *testing.T) {
 	}
 	checkHostMount(t, agent, "/mnt/host-sys", "/host/sys", true)
 	checkHostMount(t, agent, "/dev/shm/pxn-test", "/dev/shm/pxn-test", true)
-	checkHostMount(t, agent, "/run/pxn-test", "/run/pxn-test", true)
+	checkNoHostPath(t, agent, "/run/pxn-test")
 	checkHostMount(t, agent, "/var/lib/k0s/kubelet/pod-resources", "/var/lib/k0s/kubelet/pod-resources", true)
 
 	plugin := typed[appsv1.DaemonSet](t, objs, "DaemonSet", "pxn-device-plugin")
@@ -575,6 +575,12 @@ func TestTemplateVariants(t *testing.T) {
 			agentArgs: []string{"--static-file=/etc/rails/table.json", "--metrics-bind-address=0", "--kubeconfig=/etc/kube/config"},
 		},
 		{
+			name:       "with the DRA driver, the rank metrics read its shm folder too",
+			args:       []string{"--set", "dra.enabled=true", "--set", "dra.shmDir=/dev/shm/pxn-claims"},
+			agentArgs:  []string{"--shm-dir=/dev/shm/pxn,/dev/shm/pxn-claims"},
+			pluginArgs: []string{"--shm-dir=/dev/shm/pxn"},
+		},
+		{
 			name:       "rank metrics off",
 			args:       []string{"--set", "agent.rankMetrics.enabled=false"},
 			agentArgs:  []string{"--shm-dir="},
@@ -612,6 +618,13 @@ func TestTemplateVariants(t *testing.T) {
 				for _, a := range tc.agentArgs {
 					if !slices.Contains(c.Args, a) {
 						t.Errorf("agent args %q lack %q", c.Args, a)
+					}
+				}
+				for _, a := range c.Args {
+					if dirs, ok := strings.CutPrefix(a, "--shm-dir="); ok && dirs != "" {
+						for _, d := range strings.Split(dirs, ",") {
+							checkHostMount(t, ds, d, d, true)
+						}
 					}
 				}
 				if tc.pluginArgs == nil && (find(objs, "ClusterRole", "pxn-device-plugin") != nil || find(objs, "ServiceAccount", "pxn-device-plugin") != nil) {
@@ -717,6 +730,16 @@ func checkPorts(t *testing.T, c corev1.Container, want map[string]int32) {
 	for n, p := range want {
 		if got[n] != p {
 			t.Errorf("%s: port %s = %d, want %d", c.Name, n, got[n], p)
+		}
+	}
+}
+
+// checkNoHostPath asserts that ds mounts no host path hostPath.
+func checkNoHostPath(t *testing.T, ds *appsv1.DaemonSet, hostPath string) {
+	t.Helper()
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.HostPath != nil && v.HostPath.Path == hostPath {
+			t.Errorf("%s: volume %s mounts host %s", ds.Name, v.Name, hostPath)
 		}
 	}
 }

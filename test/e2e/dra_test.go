@@ -5,11 +5,14 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"io/fs"
+	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -247,6 +250,112 @@ func (c *cluster) checkDRARankPair() {
 	c.mustKC("delete", "resourceclaim", "-n", nsD, "job5", "--wait=true", "--timeout=1m")
 }
 
+// draBenchPod is a pod of pxn-bench's ranks holding the relay through a
+// claim of its own, made from the template own; --hold-after keeps the
+// ranks registered after the transfer until the step deletes the pod.
+func draBenchPod(ns, name, image string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: %s
+  namespace: %s
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 5
+  resourceClaims:
+    - name: relay
+      resourceClaimTemplateName: own
+  containers:
+    - name: bench
+      image: %s
+      imagePullPolicy: Never
+      command: ["/usr/local/bin/pxn-bench", "run", "--device=host", "--ranks=%d", "--bytes=%d", "--pattern=cross-rail", "--hold-after=600s"]
+      resources:
+        claims:
+          - name: relay
+`, name, ns, image, benchRanks, benchBytes)
+}
+
+// rankSeries sums the pxn_ranks samples of the agent's /metrics text whose
+// labels include every one of want.
+func rankSeries(text string, want map[string]string) (sum float64, lines []string) {
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(line, "pxn_ranks{") {
+			continue
+		}
+		lines = append(lines, line)
+		match := true
+		for k, v := range want {
+			match = match && strings.Contains(line, fmt.Sprintf("%s=%q", k, v))
+		}
+		if !match {
+			continue
+		}
+		if v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64); err == nil {
+			sum += v
+		}
+	}
+	return sum, lines
+}
+
+// httpGetText reads the body at url, which must answer 200 OK.
+func httpGetText(url string) (string, error) {
+	client := http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return string(body), err
+}
+
+// checkDRARankMetrics runs pxn-bench's ranks in a pod whose claim is its
+// own: the agent's pxn_ranks count them under the claim's group folder,
+// in the driver's shm folder, with the pod's namespace and name (from the
+// claim's owner record).
+func (c *cluster) checkDRARankMetrics() {
+	t := c.t
+	const name = "dbench"
+	c.root.Cleanup(func() {
+		if c.root.Failed() && c.reuse {
+			_, _ = c.detached().kc("delete", "pod", "-n", nsD, name, "--ignore-not-found", "--wait=false")
+		}
+	})
+	c.apply(draBenchPod(nsD, name, c.image))
+	target := c.agentTarget()
+	var key string
+	c.poll(fmt.Sprintf("pxn_ranks of the agent: %d ranks of pod %s/%s in its claim's group folder", benchRanks, nsD, name), podStartTimeout+5*time.Minute, func() (bool, string) {
+		if key == "" {
+			claim, err := c.kc("get", "pod", "-n", nsD, name, "-o", "jsonpath={.status.resourceClaimStatuses[0].resourceClaimName}")
+			if err != nil || claim == "" {
+				return false, fmt.Sprintf("the pod's claim not made yet (%v)", err)
+			}
+			uid, err := c.kc("get", "resourceclaim", "-n", nsD, claim, "-o", "jsonpath={.metadata.uid}")
+			if err != nil || uid == "" {
+				return false, fmt.Sprintf("claim %s: no UID (%v)", claim, err)
+			}
+			key = groupKey(nsD, "claim", uid)
+		}
+		var p pod
+		if err := c.getJSON(&p, "pod", "-n", nsD, name); err == nil && (p.Status.Phase == "Succeeded" || p.Status.Phase == "Failed") {
+			logs, _ := c.kc("logs", "-n", nsD, name)
+			t.Fatalf("%s ended (%s) before the agent showed its ranks:\n%s", name, p.summary(), lastLines(logs, 20))
+		}
+		body, err := httpGetText("http://" + target + "/metrics")
+		if err != nil {
+			return false, err.Error()
+		}
+		n, lines := rankSeries(body, map[string]string{"group": key, "namespace": nsD, "pod": name, "node": c.node})
+		return n == benchRanks, fmt.Sprintf("%v ranks of group %s; pxn_ranks:\n%s", n, key, strings.Join(lines, "\n"))
+	})
+	t.Logf("the agent names pod %s/%s for the %d ranks of its claim's group folder %s", nsD, name, benchRanks, key)
+	c.mustKC("delete", "pod", "-n", nsD, name, "--wait=true", "--timeout=1m")
+}
+
 // checkDRARestarts restarts the driver's pod, then the kubelet: the running
 // pods keep their folder, a new pod of job4 joins it, and the driver
 // publishes the node's device again.
@@ -406,7 +515,7 @@ func (c *cluster) fixturePortStates() []string {
 }
 
 // checkDRACleanup deletes the claims' pods and namespace: every claim
-// group folder and CDI spec the driver made goes with them.
+// group folder, owner record and CDI spec the driver made goes with them.
 func (c *cluster) checkDRACleanup() {
 	c.mustKC("delete", "namespace", nsD, "--wait=true", "--timeout=2m")
 	c.poll("claim group folders and CDI specs removed", time.Minute, func() (bool, string) {
@@ -418,6 +527,10 @@ func (c *cluster) checkDRACleanup() {
 		if err != nil {
 			return false, err.Error()
 		}
-		return len(groups) == 0 && len(specs) == 0, fmt.Sprintf("group folders %v, CDI specs %v", groups, specs)
+		owners, err := dirNames(filepath.Join(c.draShmDir, "owners"))
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(groups) == 0 && len(specs) == 0 && len(owners) == 0, fmt.Sprintf("group folders %v, CDI specs %v, owner records %v", groups, specs, owners)
 	})
 }

@@ -100,6 +100,7 @@ func TestLocalCluster(t *testing.T) {
 		{"DRASlice", (*cluster).checkDRASlice},
 		{"DRAClaims", (*cluster).checkDRAClaims},
 		{"DRARankPair", (*cluster).checkDRARankPair},
+		{"DRARankMetrics", (*cluster).checkDRARankMetrics},
 		{"DRARestarts", (*cluster).checkDRARestarts},
 		{"DRAAdminAccess", (*cluster).checkDRAAdminAccess},
 		{"DRABadClaims", (*cluster).checkDRABadClaims},

@@ -36,7 +36,7 @@ func isSim(pkg string) bool {
 }
 
 var (
-	controlPlane = []string{"api/...", "pkg/agent/...", "pkg/group/...", "pkg/nodestate/...", "pkg/deviceplugin/...", "pkg/dra/...", "pkg/rail/...", "cmd/pxn-agent", "cmd/pxn-device-plugin", "cmd/pxn-dra-plugin"}
+	controlPlane = []string{"api/...", "pkg/agent/...", "pkg/group/...", "pkg/nodestate/...", "pkg/podresources/...", "pkg/deviceplugin/...", "pkg/dra/...", "pkg/rail/...", "cmd/pxn-agent", "cmd/pxn-device-plugin", "cmd/pxn-dra-plugin"}
 	engine       = []string{"pkg/relay/...", "pkg/hostengine/...", "pkg/staging/...", "pkg/engineconfig/...", "pkg/cuda/...", "pkg/gpu/...", "pkg/hosthop/...", "pkg/hostmem/..."}
 	shipped      = []string{"cmd/libpxn", "cmd/pxn-agent", "cmd/pxn-device-plugin", "cmd/pxn-dra-plugin"}
 	testHelpers  = []string{"internal/testtools/...", "internal/testmem/...", "internal/sanitize/...", "internal/fakecuda/...", "internal/testkernel/..."}
@@ -52,7 +52,7 @@ var levels = []struct {
 	pkgs []string
 }{
 	{"contract", []string{"pkg/contract/..."}},
-	{"primitives", []string{"api/...", "pkg/rail/...", "pkg/staging", "pkg/engineconfig/...", "pkg/cuda/...", "pkg/hostmem/...", "pkg/gpu/kernel/..."}},
+	{"primitives", []string{"api/...", "pkg/rail/...", "pkg/podresources/...", "pkg/staging", "pkg/engineconfig/...", "pkg/cuda/...", "pkg/hostmem/...", "pkg/gpu/kernel/..."}},
 	{"registry", []string{"pkg/staging/registry/..."}},
 	{"engine core", []string{"pkg/relay/...", "pkg/internal/testhooks"}},
 	{"components", []string{"pkg/gpu", "pkg/hosthop/...", "pkg/hostengine/...", "pkg/group/...", "pkg/nodestate/...", "pkg/deviceplugin/...", "pkg/dra/...", "pkg/agent/..."}},
@@ -126,9 +126,14 @@ var rules = []rule{
 		},
 	},
 	{
-		name:   "the agent never links the device plugin: the group-folder layout they share is the contract's",
-		from:   []string{"pkg/agent/..."},
+		name:   "the agent never links the device plugin: the group-folder layout they share is the contract's, the kubelet client pkg/podresources",
+		from:   []string{"pkg/agent/...", "cmd/pxn-agent"},
 		forbid: func(_, dep string) bool { return matches("pkg/deviceplugin/...", dep) },
+	},
+	{
+		name:   "the kubelet's PodResources client links nothing of the module",
+		from:   []string{"pkg/podresources/..."},
+		forbid: func(_, _ string) bool { return true },
 	},
 	{
 		name:   "the DRA driver never links the device plugin: what they share is in pkg/group and pkg/nodestate",

@@ -1,13 +1,17 @@
 {{/*
 pxn.daemon.agent: the agent's own parts of its DaemonSet, one per .part (pod,
 args, env, mounts, volumes), for daemonsets.yaml. The rank metrics read the
-device plugin's folders, named by pxn.devicePluginFolders.
+node plugins' group folders and the owner records in them (the device
+plugin's, named by pxn.devicePluginFolders, and the DRA driver's when it is
+enabled).
 */}}
 {{- define "pxn.daemon.agent" -}}
 {{- $v := .values -}}
 {{- $root := .root -}}
 {{- $ranks := $v.rankMetrics.enabled -}}
 {{- $p := include "pxn.devicePluginFolders" $root | fromYaml -}}
+{{- $shmDirs := list $p.shmDir -}}
+{{- if $root.Values.dra.enabled }}{{ $shmDirs = append $shmDirs $root.Values.dra.shmDir | uniq }}{{ end -}}
 {{- $podResourcesDir := dir $p.podResourcesSocket -}}
 {{- if eq .part "pod" }}
 {{- if and (eq $v.nvml.mode "runtime") $v.nvml.runtimeClassName (not $root.Values.runtimeClassName) }}
@@ -20,10 +24,8 @@ runtimeClassName: {{ $v.nvml.runtimeClassName }}
 - --poll-interval={{ $v.pollInterval }}
 {{- include "pxn.endpointArgs" . }}
 {{- if $ranks }}
-- --shm-dir={{ $p.shmDir }}
-- --state-dir={{ $p.stateDir }}
+- --shm-dir={{ join "," $shmDirs }}
 - --pod-resources-socket={{ $p.podResourcesSocket }}
-- --resource-name={{ $p.resourceName }}
 - --rank-metric-labels={{ join "," $v.rankMetrics.labels }}
 - --rank-stale-after={{ $v.rankMetrics.staleAfter }}
 {{- else }}
@@ -46,13 +48,12 @@ runtimeClassName: {{ $v.nvml.runtimeClassName }}
   readOnly: true
 {{- end }}
 {{- if $ranks }}
-{{- /* At their host paths, as in the device plugin. */}}
-- name: shm
-  mountPath: {{ $p.shmDir }}
+{{- /* At their host paths, as in the node plugins. */}}
+{{- range $i, $dir := $shmDirs }}
+- name: shm-{{ $i }}
+  mountPath: {{ $dir }}
   readOnly: true
-- name: state
-  mountPath: {{ $p.stateDir }}
-  readOnly: true
+{{- end }}
 - name: pod-resources
   mountPath: {{ $podResourcesDir }}
   readOnly: true
@@ -65,14 +66,12 @@ runtimeClassName: {{ $v.nvml.runtimeClassName }}
     type: Directory
 {{- end }}
 {{- if $ranks }}
-- name: shm
+{{- range $i, $dir := $shmDirs }}
+- name: shm-{{ $i }}
   hostPath:
-    path: {{ $p.shmDir }}
+    path: {{ $dir }}
     type: DirectoryOrCreate
-- name: state
-  hostPath:
-    path: {{ $p.stateDir }}
-    type: DirectoryOrCreate
+{{- end }}
 - name: pod-resources
   hostPath:
     path: {{ $podResourcesDir }}

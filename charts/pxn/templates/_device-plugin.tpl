@@ -58,11 +58,11 @@ hands the kubelet host paths (slot links) that must also be valid inside it.
 
 {{/*
 pxn.devicePluginFolders: what the device plugin publishes on a node for
-readers beside it, as YAML: its group folders (shmDir), its slot links
-(stateDir), the kubelet's PodResources socket it asks (podResourcesSocket)
-and its resource name. The agent's rank metrics read these.
+readers beside it, as YAML: its group folders with their owner records
+(shmDir) and the kubelet's PodResources socket it asks (podResourcesSocket).
+The agent's rank metrics read these.
 */}}
 {{- define "pxn.devicePluginFolders" -}}
 {{- $p := .Values.devicePlugin -}}
-{{- toYaml (dict "shmDir" $p.shmDir "stateDir" $p.stateDir "podResourcesSocket" $p.podResourcesSocket "resourceName" $p.resourceName) -}}
+{{- toYaml (dict "shmDir" $p.shmDir "podResourcesSocket" $p.podResourcesSocket) -}}
 {{- end -}}
