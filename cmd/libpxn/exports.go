@@ -124,23 +124,17 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 			return fail(codeInvalid, "pxn_open: opts and out must not be NULL")
 		}
 		*out = 0
-		o, err := readOptions(opts)
+		o, abi, err := readOptions(opts)
 		if err != nil {
 			return err
 		}
-		legacy := o.version == 1
 		if o.transport == nil {
 			return fail(codeInvalid, "pxn_open: options.transport is NULL")
 		}
-		size := uint32(o.transport.struct_size)
-		if size < transportV3Size {
-			return fail(codeInvalid, "pxn_open: transport struct_size %d; want at least %d", size, transportV3Size)
+		t, err := readTransport(o.transport)
+		if err != nil {
+			return err
 		}
-		// A table of API version 3 ends at poll: only struct_size bytes
-		// are the host's, and the rest of t stays zero.
-		var t C.pxn_transport
-		n := min(uintptr(size), unsafe.Sizeof(t))
-		copy(unsafe.Slice((*byte)(unsafe.Pointer(&t)), n), unsafe.Slice((*byte)(unsafe.Pointer(o.transport)), n))
 		if t.submit == nil || t.poll == nil {
 			return fail(codeInvalid, "pxn_open: the transport needs both submit and poll")
 		}
@@ -165,28 +159,18 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 		log := klog.Background()
 		cfg := staging.Load(cLookupEnv, nil)
 		pxnOn := cfg.Enable && hca != ""
-		kind := uint32(o.copier)
-		if legacy && kind == copierDefault {
-			// API version 2 documented DEFAULT as the host copier, and its
-			// hosts may register CPU memory as device memory under it.
-			kind = copierHost
-		}
-		first, err := newFirstHop(kind, pxnOn, dev, cfg.CopyMode, log)
+		first, err := newFirstHop(abi.copier(uint32(o.copier)), pxnOn, dev, cfg.CopyMode, log)
 		if err != nil {
 			return err
 		}
 		bufs := &cBuffers{}
 		routes := &routeBook{}
 		arena := &cArena{regFn: o.register_arena, deregFn: o.deregister_arena, user: C.uintptr_t(cAddress(&o.arena_user)), kind: first.arenaKind}
-		stride := opSize
-		if legacy {
-			stride = legacyOpSize
-		}
 		hop := &cHop{submitFn: t.submit, pollFn: t.poll, user: C.uintptr_t(cAddress(&t.user)), bufs: bufs,
-			opSize: stride, arena: arena, routes: routes}
+			abi: abi, arena: arena, routes: routes}
 		var engineHop relay.Hop = hop
-		if t.submit_piece != nil && !legacy {
-			engineHop = cPieceHop{cHop: hop, pieceFn: t.submit_piece}
+		if piece := abi.pieceFn(&t); piece != nil {
+			engineHop = cPieceHop{cHop: hop, pieceFn: piece}
 		}
 		arena.busy = hop.held.Load
 		var dir relay.Directory
@@ -223,38 +207,9 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 			}
 		}
 		*out = C.pxn_engine_t(handles.add(newEngine(eng, engineSetup{first: first, table: table, release: release,
-			legacy: legacy, maxBatches: maxBatches})))
+			abi: abi, maxBatches: maxBatches})))
 		return nil
 	})
-}
-
-// optionsV1Size is pxn_options of options version 1: it ends before
-// register_arena.
-const optionsV1Size = int(unsafe.Offsetof(C.pxn_options{}.register_arena))
-
-// readOptions copies the host's options, reading no more bytes than the
-// version the host states has: a host built against an older header passes
-// a shorter struct.
-func readOptions(opts *C.pxn_options) (C.pxn_options, error) {
-	var o C.pxn_options
-	size := int(opts.struct_size)
-	if size < optionsV1Size {
-		return o, fail(codeInvalid, "pxn_open: options struct_size %d; want at least %d", size, optionsV1Size)
-	}
-	var want int
-	switch v := uint32(opts.version); v {
-	case 1:
-		want = optionsV1Size
-	case C.PXN_OPTIONS_VERSION:
-		want = C.sizeof_pxn_options
-	default:
-		return o, fail(codeNotSup, "pxn_open: options version %d; this library knows versions 1 to %d", v, C.PXN_OPTIONS_VERSION)
-	}
-	if size < want {
-		return o, fail(codeInvalid, "pxn_open: options struct_size %d; version %d needs at least %d", size, uint32(opts.version), want)
-	}
-	copy(unsafe.Slice((*byte)(unsafe.Pointer(&o)), want), unsafe.Slice((*byte)(unsafe.Pointer(opts)), want))
-	return o, nil
 }
 
 //export pxn_close
@@ -412,7 +367,7 @@ func pxn_get_status(h C.pxn_engine_t, batch C.pxn_batch_t, index C.size_t, out *
 			if err != nil {
 				return err
 			}
-			out.state = C.int32_t(taskState(st, e.legacy))
+			out.state = C.int32_t(taskState(st, e.abi))
 			out.reserved = 0
 			out.transferred = C.uint64_t(st.Transferred)
 			if st.State == relay.Failed && st.Err != nil {
