@@ -81,7 +81,7 @@ func (e *engine) putRequests(v []relay.Request) {
 	}
 }
 
-// engineSetup is what pxn_open hands to newEngine.
+// engineSetup is what openEngine hands to newEngine.
 type engineSetup struct {
 	first      *firstHop
 	table      *tableDirectory

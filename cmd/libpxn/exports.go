@@ -10,14 +10,10 @@ package main
 import "C"
 
 import (
-	"context"
 	"math"
 	"time"
 	"unsafe"
 
-	"k8s.io/klog/v2"
-
-	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -50,9 +46,6 @@ var (
 	_ = [1]struct{}{}[C.PXN_MAX_SESSION-staging.MaxSession]
 	_ = [1]struct{}{}[C.PXN_HCA_NAME_MAX-1-maxHCAName]
 )
-
-// openTimeout bounds pxn_open's wait for the registry lock.
-const openTimeout = 10 * time.Second
 
 // maxRailName bounds a rail name read from C.
 const maxRailName = 256
@@ -140,7 +133,6 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 		}
 		var hca string
 		if o.local_hca != nil {
-			var err error
 			if hca, err = cString(o.local_hca, maxHCAName, "options.local_hca"); err != nil {
 				return err
 			}
@@ -155,59 +147,23 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 		if o.flags&^C.PXN_OPEN_CUDA_DEVICE != 0 {
 			return fail(codeInvalid, "pxn_open: unknown flags %#x", uint32(o.flags&^C.PXN_OPEN_CUDA_DEVICE))
 		}
-		dev := deviceChoice{ordinal: int(o.cuda_device), set: o.flags&C.PXN_OPEN_CUDA_DEVICE != 0}
-		log := klog.Background()
-		cfg := staging.Load(cLookupEnv, nil)
-		pxnOn := cfg.Enable && hca != ""
-		first, err := newFirstHop(abi.copier(uint32(o.copier)), pxnOn, dev, cfg.CopyMode, log)
+		e, err := openEngine(openArgs{
+			abi:      abi,
+			localHCA: hca,
+			transport: cTransport{submit: t.submit, poll: t.poll, piece: abi.pieceFn(&t),
+				user: C.uintptr_t(cAddress(&t.user))},
+			resolve:     o.resolve,
+			resolveUser: C.uintptr_t(cAddress(&o.resolve_user)),
+			arena: cArenaCallbacks{register: o.register_arena, deregister: o.deregister_arena,
+				user: C.uintptr_t(cAddress(&o.arena_user))},
+			copier:     abi.copier(uint32(o.copier)),
+			device:     deviceChoice{ordinal: int(o.cuda_device), set: o.flags&C.PXN_OPEN_CUDA_DEVICE != 0},
+			maxBatches: maxBatches,
+		}, cLookupEnv)
 		if err != nil {
 			return err
 		}
-		bufs := &cBuffers{}
-		routes := &routeBook{}
-		arena := &cArena{regFn: o.register_arena, deregFn: o.deregister_arena, user: C.uintptr_t(cAddress(&o.arena_user)), kind: first.arenaKind}
-		hop := &cHop{submitFn: t.submit, pollFn: t.poll, user: C.uintptr_t(cAddress(&t.user)), bufs: bufs,
-			abi: abi, arena: arena, routes: routes}
-		var engineHop relay.Hop = hop
-		if piece := abi.pieceFn(&t); piece != nil {
-			engineHop = cPieceHop{cHop: hop, pieceFn: piece}
-		}
-		arena.busy = hop.held.Load
-		var dir relay.Directory
-		var table *tableDirectory
-		if o.resolve != nil {
-			dir = &callbackDirectory{fn: o.resolve, user: C.uintptr_t(cAddress(&o.resolve_user)), bufs: bufs, routes: routes}
-		} else {
-			table = newTableDirectory(routes)
-			dir = table
-		}
-		release := func() {
-			hop.releaseAll()
-			bufs.releaseAll()
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
-		defer cancel()
-		eng, err := hostengine.OpenFromEnv(ctx, cLookupEnv, hostengine.HostDeps{
-			Hop: engineHop, Directory: dir, Copier: first.copier, LocalHCA: hca,
-			Arenas: first.arenas, Memory: arena, Logger: log,
-		})
-		if err != nil {
-			_ = first.copier.Close()
-			_ = first.close()
-			release()
-			return fail(codeIO, "pxn_open: %w", err)
-		}
-		if !eng.PXNActive() && first.kind != copierDefault {
-			// PXN did not come up (its configuration or registry refused):
-			// no copier runs, and its streams go now. The GPU stays
-			// retained until pxn_close: a quarantined arena lives in it.
-			first.kind = copierDefault
-			if err := first.copier.Close(); err != nil {
-				log.Info("pxn first hop: closing the unused copier failed", "err", err.Error())
-			}
-		}
-		*out = C.pxn_engine_t(handles.add(newEngine(eng, engineSetup{first: first, table: table, release: release,
-			abi: abi, maxBatches: maxBatches})))
+		*out = C.pxn_engine_t(handles.add(e))
 		return nil
 	})
 }
