@@ -104,9 +104,8 @@ type cHop struct {
 	// interpret, and the Go collector must never take it for a pointer.
 	user C.uintptr_t
 	bufs *cBuffers
-	// opSize is the stride of the op array: legacyOpSize for a host of
-	// options version 1, which knows only the fields up to flags.
-	opSize int
+	// abi decides the layout of the op array the host reads.
+	abi    hostABI
 	arena  *cArena
 	routes *routeBook
 
@@ -126,15 +125,8 @@ var (
 	_ relay.Router = (*cHop)(nil)
 )
 
-const (
-	opSize = int(unsafe.Sizeof(C.pxn_transport_op{}))
-	// legacyOpSize is pxn_transport_op of API version 2: it ends before
-	// route.
-	legacyOpSize = int(unsafe.Offsetof(C.pxn_transport_op{}.route))
-	// transportV3Size is pxn_transport of API version 3: it ends before
-	// submit_piece.
-	transportV3Size = uint32(unsafe.Offsetof(C.pxn_transport{}.submit_piece))
-)
+// opSize is pxn_transport_op of this library's API version.
+const opSize = int(unsafe.Sizeof(C.pxn_transport_op{}))
 
 // Route implements relay.Router with the handle the host's directory gave
 // for session (nil: none, and the ops go without one).
@@ -183,7 +175,7 @@ func submitResult(rc int32, call string, n int) error {
 // cOps lays ops out as the host's op array, followed by their target
 // strings, in a lent C buffer the caller puts back.
 func (h *cHop) cOps(ops []relay.WriteOp) (cBuffer, error) {
-	stride := h.opSize
+	stride := h.abi.opStride()
 	size := len(ops) * stride
 	for i := range ops {
 		if i == 0 || ops[i].Target != ops[i-1].Target {
@@ -205,8 +197,6 @@ func (h *cHop) cOps(ops []relay.WriteOp) (cBuffer, error) {
 			target = (*C.char)(unsafe.Pointer(&strs[off]))
 			off += n + 1
 		}
-		// A legacy op is the prefix of the struct up to flags; nothing past
-		// it is written.
 		c := (*C.pxn_transport_op)(unsafe.Add(buf.p, i*stride))
 		*(*uintptr)(unsafe.Pointer(&c.src)) = op.Src
 		c.len = C.uint64_t(op.Len)
@@ -218,7 +208,7 @@ func (h *cHop) cOps(ops []relay.WriteOp) (cBuffer, error) {
 			c.read = 1
 		}
 		c.flags = 0
-		if stride == legacyOpSize {
+		if !h.abi.opsRouted() {
 			continue
 		}
 		c.route, c.remote_key, c.local_key = 0, 0, 0

@@ -22,9 +22,8 @@ type engine struct {
 
 	eng   *relay.Engine
 	first *firstHop
-	// legacy is set for a host of options version 1 (API version 2): it
-	// sees unfinished tasks as PENDING.
-	legacy bool
+	// abi is the ABI the host was built against.
+	abi hostABI
 	// maxBatches bounds batches; reserved counts submits between their
 	// check and their insertion into batches.
 	maxBatches int
@@ -82,17 +81,17 @@ func (e *engine) putRequests(v []relay.Request) {
 	}
 }
 
-// engineSetup is what pxn_open hands to newEngine.
+// engineSetup is what openEngine hands to newEngine.
 type engineSetup struct {
 	first      *firstHop
 	table      *tableDirectory
 	release    func()
-	legacy     bool
+	abi        hostABI
 	maxBatches int
 }
 
 func newEngine(eng *relay.Engine, s engineSetup) *engine {
-	return &engine{eng: eng, first: s.first, table: s.table, release: s.release, legacy: s.legacy,
+	return &engine{eng: eng, first: s.first, table: s.table, release: s.release, abi: s.abi,
 		maxBatches: s.maxBatches, batches: make(map[uint64]*relay.Batch)}
 }
 

@@ -96,18 +96,14 @@ func (e *transportError) Error() string {
 }
 
 // taskState maps an engine task status onto PXN_TASK_*. An unfinished task
-// is WAITING, as Mooncake's RdmaTransport reports it, or PENDING for a host
-// of options version 1 (legacy). A timeout anywhere on the task's path (the
+// is what abi.unfinished says. A timeout anywhere on the task's path (the
 // host's transport, a relay's second hop, a relay that made no progress) is
 // TIMEOUT; a transport completion of PXN_EINVAL is INVALID; every other
 // failure FAILED.
-func taskState(st relay.TaskStatus, legacy bool) int32 {
+func taskState(st relay.TaskStatus, abi hostABI) int32 {
 	switch st.State {
 	case relay.Pending:
-		if legacy {
-			return taskPending
-		}
-		return taskWaiting
+		return abi.unfinished()
 	case relay.Completed:
 		return taskCompleted
 	}

@@ -10,15 +10,10 @@ package main
 import "C"
 
 import (
-	"context"
 	"math"
 	"time"
 	"unsafe"
 
-	"k8s.io/klog/v2"
-
-	"github.com/pxn-project/pxn/pkg/engineconfig"
-	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -51,9 +46,6 @@ var (
 	_ = [1]struct{}{}[C.PXN_MAX_SESSION-staging.MaxSession]
 	_ = [1]struct{}{}[C.PXN_HCA_NAME_MAX-1-maxHCAName]
 )
-
-// openTimeout bounds pxn_open's wait for the registry lock.
-const openTimeout = 10 * time.Second
 
 // maxRailName bounds a rail name read from C.
 const maxRailName = 256
@@ -125,29 +117,22 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 			return fail(codeInvalid, "pxn_open: opts and out must not be NULL")
 		}
 		*out = 0
-		o, err := readOptions(opts)
+		o, abi, err := readOptions(opts)
 		if err != nil {
 			return err
 		}
-		legacy := o.version == 1
 		if o.transport == nil {
 			return fail(codeInvalid, "pxn_open: options.transport is NULL")
 		}
-		size := uint32(o.transport.struct_size)
-		if size < transportV3Size {
-			return fail(codeInvalid, "pxn_open: transport struct_size %d; want at least %d", size, transportV3Size)
+		t, err := readTransport(o.transport)
+		if err != nil {
+			return err
 		}
-		// A table of API version 3 ends at poll: only struct_size bytes
-		// are the host's, and the rest of t stays zero.
-		var t C.pxn_transport
-		n := min(uintptr(size), unsafe.Sizeof(t))
-		copy(unsafe.Slice((*byte)(unsafe.Pointer(&t)), n), unsafe.Slice((*byte)(unsafe.Pointer(o.transport)), n))
 		if t.submit == nil || t.poll == nil {
 			return fail(codeInvalid, "pxn_open: the transport needs both submit and poll")
 		}
 		var hca string
 		if o.local_hca != nil {
-			var err error
 			if hca, err = cString(o.local_hca, maxHCAName, "options.local_hca"); err != nil {
 				return err
 			}
@@ -162,100 +147,25 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 		if o.flags&^C.PXN_OPEN_CUDA_DEVICE != 0 {
 			return fail(codeInvalid, "pxn_open: unknown flags %#x", uint32(o.flags&^C.PXN_OPEN_CUDA_DEVICE))
 		}
-		dev := deviceChoice{ordinal: int(o.cuda_device), set: o.flags&C.PXN_OPEN_CUDA_DEVICE != 0}
-		log := klog.Background()
-		cfg := engineconfig.Load(cLookupEnv, nil)
-		pxnOn := cfg.Enable && hca != ""
-		kind := uint32(o.copier)
-		if legacy && kind == copierDefault {
-			// API version 2 documented DEFAULT as the host copier, and its
-			// hosts may register CPU memory as device memory under it.
-			kind = copierHost
-		}
-		first, err := newFirstHop(kind, pxnOn, dev, cfg.CopyMode, log)
+		e, err := openEngine(openArgs{
+			abi:      abi,
+			localHCA: hca,
+			transport: cTransport{submit: t.submit, poll: t.poll, piece: abi.pieceFn(&t),
+				user: C.uintptr_t(cAddress(&t.user))},
+			resolve:     o.resolve,
+			resolveUser: C.uintptr_t(cAddress(&o.resolve_user)),
+			arena: cArenaCallbacks{register: o.register_arena, deregister: o.deregister_arena,
+				user: C.uintptr_t(cAddress(&o.arena_user))},
+			copier:     abi.copier(uint32(o.copier)),
+			device:     deviceChoice{ordinal: int(o.cuda_device), set: o.flags&C.PXN_OPEN_CUDA_DEVICE != 0},
+			maxBatches: maxBatches,
+		}, cLookupEnv)
 		if err != nil {
 			return err
 		}
-		bufs := &cBuffers{}
-		routes := &routeBook{}
-		arena := &cArena{regFn: o.register_arena, deregFn: o.deregister_arena, user: C.uintptr_t(cAddress(&o.arena_user)), kind: first.arenaKind}
-		stride := opSize
-		if legacy {
-			stride = legacyOpSize
-		}
-		hop := &cHop{submitFn: t.submit, pollFn: t.poll, user: C.uintptr_t(cAddress(&t.user)), bufs: bufs,
-			opSize: stride, arena: arena, routes: routes}
-		var engineHop relay.Hop = hop
-		if t.submit_piece != nil && !legacy {
-			engineHop = cPieceHop{cHop: hop, pieceFn: t.submit_piece}
-		}
-		arena.busy = hop.held.Load
-		var dir relay.Directory
-		var table *tableDirectory
-		if o.resolve != nil {
-			dir = &callbackDirectory{fn: o.resolve, user: C.uintptr_t(cAddress(&o.resolve_user)), bufs: bufs, routes: routes}
-		} else {
-			table = newTableDirectory(routes)
-			dir = table
-		}
-		release := func() {
-			hop.releaseAll()
-			bufs.releaseAll()
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
-		defer cancel()
-		eng, err := hostengine.OpenFromEnv(ctx, cLookupEnv, hostengine.HostDeps{
-			Hop: engineHop, Directory: dir, Copier: first.copier, LocalHCA: hca,
-			Arenas: first.arenas, Memory: arena, Logger: log,
-		})
-		if err != nil {
-			_ = first.copier.Close()
-			_ = first.close()
-			release()
-			return fail(codeIO, "pxn_open: %w", err)
-		}
-		if !eng.PXNActive() && first.kind != copierDefault {
-			// PXN did not come up (its configuration or registry refused):
-			// no copier runs, and its streams go now. The GPU stays
-			// retained until pxn_close: a quarantined arena lives in it.
-			first.kind = copierDefault
-			if err := first.copier.Close(); err != nil {
-				log.Info("pxn first hop: closing the unused copier failed", "err", err.Error())
-			}
-		}
-		*out = C.pxn_engine_t(handles.add(newEngine(eng, engineSetup{first: first, table: table, release: release,
-			legacy: legacy, maxBatches: maxBatches})))
+		*out = C.pxn_engine_t(handles.add(e))
 		return nil
 	})
-}
-
-// optionsV1Size is pxn_options of options version 1: it ends before
-// register_arena.
-const optionsV1Size = int(unsafe.Offsetof(C.pxn_options{}.register_arena))
-
-// readOptions copies the host's options, reading no more bytes than the
-// version the host states has: a host built against an older header passes
-// a shorter struct.
-func readOptions(opts *C.pxn_options) (C.pxn_options, error) {
-	var o C.pxn_options
-	size := int(opts.struct_size)
-	if size < optionsV1Size {
-		return o, fail(codeInvalid, "pxn_open: options struct_size %d; want at least %d", size, optionsV1Size)
-	}
-	var want int
-	switch v := uint32(opts.version); v {
-	case 1:
-		want = optionsV1Size
-	case C.PXN_OPTIONS_VERSION:
-		want = C.sizeof_pxn_options
-	default:
-		return o, fail(codeNotSup, "pxn_open: options version %d; this library knows versions 1 to %d", v, C.PXN_OPTIONS_VERSION)
-	}
-	if size < want {
-		return o, fail(codeInvalid, "pxn_open: options struct_size %d; version %d needs at least %d", size, uint32(opts.version), want)
-	}
-	copy(unsafe.Slice((*byte)(unsafe.Pointer(&o)), want), unsafe.Slice((*byte)(unsafe.Pointer(opts)), want))
-	return o, nil
 }
 
 //export pxn_close
@@ -413,7 +323,7 @@ func pxn_get_status(h C.pxn_engine_t, batch C.pxn_batch_t, index C.size_t, out *
 			if err != nil {
 				return err
 			}
-			out.state = C.int32_t(taskState(st, e.legacy))
+			out.state = C.int32_t(taskState(st, e.abi))
 			out.reserved = 0
 			out.transferred = C.uint64_t(st.Transferred)
 			if st.State == relay.Failed && st.Err != nil {

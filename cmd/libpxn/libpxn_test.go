@@ -750,10 +750,10 @@ func TestTaskStateMapsOntoMooncake(t *testing.T) {
 		{"failed without error", relay.TaskStatus{State: relay.Failed}, taskFailed, taskFailed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := taskState(tc.st, false); got != tc.want {
+			if got := taskState(tc.st, hostABI{}); got != tc.want {
 				t.Fatalf("taskState(%+v) = %d, want %d", tc.st, got, tc.want)
 			}
-			if got := taskState(tc.st, true); got != tc.wantLegacy {
+			if got := taskState(tc.st, hostABI{legacy: true}); got != tc.wantLegacy {
 				t.Fatalf("taskState(%+v, legacy) = %d, want %d", tc.st, got, tc.wantLegacy)
 			}
 		})

@@ -20,8 +20,8 @@ import (
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
 
-// HostDeps are what a host process supplies to OpenFromEnv: its transport,
-// its directory, its first-hop copier and the one HCA it uses.
+// HostDeps are what a host process supplies to Open: its transport, its
+// directory, its first-hop copier and the one HCA it uses.
 type HostDeps struct {
 	Hop       relay.Hop
 	Directory relay.Directory
@@ -35,8 +35,43 @@ type HostDeps struct {
 	Logger klog.Logger
 }
 
-// OpenFromEnv reads the MC_PXN_* variables through lookup (nil: the
-// process environment) and opens an engine. Whatever goes wrong on the PXN
+// Env is a host process's MC_PXN_* configuration, read once by ReadEnv:
+// what the engine runs with, and the variables it refused. A host reads
+// Config to choose its dependencies (PXN on or off, the copy mode) and
+// hands the same Env to Open.
+type Env struct {
+	// Config is the configuration read; with any variable refused, Enable
+	// is false.
+	Config engineconfig.Config
+
+	// refusals are the refused variables in the order they were read.
+	refusals []error
+	// refusalRoot is the registry root MC_PXN_REGISTRY_ROOT names, where
+	// Open records refusals; empty when it names none or is itself refused.
+	refusalRoot string
+}
+
+// ReadEnv reads the MC_PXN_* variables through lookup (nil: the process
+// environment). It logs and writes nothing: Open reports what it refused.
+func ReadEnv(lookup func(string) (string, bool)) Env {
+	if lookup == nil {
+		lookup = os.LookupEnv
+	}
+	var env Env
+	env.Config, env.refusals = engineconfig.FromEnv(lookup)
+	if root, err := engineconfig.RegistryRootFromEnv(lookup); err == nil {
+		env.refusalRoot = root
+	}
+	return env
+}
+
+// OpenFromEnv is Open with the environment read through lookup (nil: the
+// process environment).
+func OpenFromEnv(ctx context.Context, lookup func(string) (string, bool), deps HostDeps) (*relay.Engine, error) {
+	return Open(ctx, ReadEnv(lookup), deps)
+}
+
+// Open opens an engine configured by env. Whatever goes wrong on the PXN
 // side (bad values, an unsafe registry, no HCA) is logged once and leaves an
 // engine that sends everything direct: a host process never fails to start
 // because of PXN. Only a missing hop is an error.
@@ -45,21 +80,19 @@ type HostDeps struct {
 // its value, and, when MC_PXN_REGISTRY_ROOT names a usable root, recorded
 // there for the node agent (registry.WriteRefusal): a rank that refused its
 // configuration registers no control file the agent could read.
-func OpenFromEnv(ctx context.Context, lookup func(string) (string, bool), deps HostDeps) (*relay.Engine, error) {
+func Open(ctx context.Context, env Env, deps HostDeps) (*relay.Engine, error) {
 	log := deps.Logger
 	if log.GetSink() == nil {
 		log = klog.Background()
 	}
-	if lookup == nil {
-		lookup = os.LookupEnv
-	}
+	cfg := env.Config
 	var refused []registry.RefusedVariable
-	cfg := engineconfig.Load(lookup, func(err error) {
+	for _, err := range env.refusals {
 		v := refusedVariable(err)
 		refused = append(refused, v)
 		log.Error(err, "PXN configuration refused; sending direct", "variable", v.Name, "value", v.Value)
-	})
-	recordRefusal(lookup, refused, cfg.Enable, log)
+	}
+	recordRefusal(env.refusalRoot, refused, cfg.Enable, log)
 	base := relay.Deps{Hop: deps.Hop, Directory: deps.Directory, Copier: deps.Copier, LocalHCA: deps.LocalHCA, Logger: log,
 		ConfigRefused: len(refused)}
 	if !cfg.Enable {
@@ -96,9 +129,8 @@ func refusedVariable(err error) registry.RefusedVariable {
 // earlier process of the same pid left there. Without a root the variable
 // names, and one that is itself refused, nothing is written: the default
 // root is shared by every process of the host and read by no agent.
-func recordRefusal(lookup func(string) (string, bool), refused []registry.RefusedVariable, enabled bool, log klog.Logger) {
-	root, err := engineconfig.RegistryRootFromEnv(lookup)
-	if err != nil || root == "" {
+func recordRefusal(root string, refused []registry.RefusedVariable, enabled bool, log klog.Logger) {
+	if root == "" {
 		return
 	}
 	pid := os.Getpid()

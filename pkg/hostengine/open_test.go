@@ -121,3 +121,46 @@ func TestOpenFromEnvRefusalWithoutRoot(t *testing.T) {
 		})
 	}
 }
+
+// ReadEnv is the one read of the environment: it writes no refusal record,
+// and Open, handed what it read, reads no variable again and records the
+// refusal.
+func TestReadEnvThenOpen(t *testing.T) {
+	root, err := os.MkdirTemp("/dev/shm", "pxn-refusal-")
+	if err != nil {
+		t.Skipf("no /dev/shm: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	kv := map[string]string{
+		contract.EnvEnable: "1", contract.EnvGroupID: "job", contract.EnvRegistryRoot: root,
+		contract.EnvRailMap: `{"mlx5_0":`,
+	}
+	reads := 0
+	lookup := func(k string) (string, bool) { reads++; v, ok := kv[k]; return v, ok }
+	env := hostengine.ReadEnv(lookup)
+	if env.Config.Enable {
+		t.Error("a refused rail map left Enable on")
+	}
+	if rs, _, err := registry.ReadRefusals(root); err != nil || len(rs) != 0 {
+		t.Fatalf("after ReadEnv: %+v, %v; want no record", rs, err)
+	}
+	read := reads
+	e, err := hostengine.Open(context.Background(), env, hostengine.HostDeps{
+		Hop: idleHop{}, Directory: noTargets{}, Copier: hosthop.NewHostCopier(),
+		LocalHCA: "mlx5_0", Logger: funcr.New(func(string, string) {}, funcr.Options{}),
+	})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { e.Close(context.Background()) })
+	if reads != read {
+		t.Errorf("Open looked up %d variables; want none", reads-read)
+	}
+	if n := e.Counters().ConfigRefused; n != 1 {
+		t.Errorf("the engine counts %d refused values; want 1", n)
+	}
+	rs, _, err := registry.ReadRefusals(root)
+	if err != nil || len(rs) != 1 || rs[0].Pid != os.Getpid() || len(rs[0].Variables) != 1 || rs[0].Variables[0].Name != contract.EnvRailMap {
+		t.Fatalf("after Open: %+v, %v; want this process's record naming %s", rs, err, contract.EnvRailMap)
+	}
+}
