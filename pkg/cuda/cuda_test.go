@@ -330,16 +330,16 @@ func TestAllocCopyEvents(t *testing.T) {
 
 // entryCase builds scattered entries over a source and a destination of n
 // bytes: varied lengths, some empty, none overlapping in the destination.
-func entryCase(seed uint64, n, count int) []CopyEntry {
+func entryCase(seed uint64, n, count int) []BatchEntry {
 	r := rand.New(rand.NewPCG(seed, 7))
-	var out []CopyEntry
+	var out []BatchEntry
 	slot := n / count
 	for i := 0; i < count; i++ {
 		l := r.IntN(slot)
 		if i%9 == 4 {
 			l = 0
 		}
-		out = append(out, CopyEntry{
+		out = append(out, BatchEntry{
 			Src: uint64(r.IntN(n - l + 1)),
 			Dst: uint64(i*slot + r.IntN(slot-l+1)),
 			Len: uint64(l),
@@ -375,10 +375,10 @@ func TestCopyModes(t *testing.T) {
 					t.Fatal(err)
 				}
 				rel := entryCase(uint64(count)*31+uint64(mode), n, count)
-				ents := make([]CopyEntry, len(rel))
+				ents := make([]BatchEntry, len(rel))
 				want := make([]byte, n)
 				for i, e := range rel {
-					ents[i] = CopyEntry{Src: uint64(src) + e.Src, Dst: uint64(dst) + e.Dst, Len: e.Len}
+					ents[i] = BatchEntry{Src: uint64(src) + e.Src, Dst: uint64(dst) + e.Dst, Len: e.Len}
 					copy(want[e.Dst:e.Dst+e.Len], srcBytes[e.Src:e.Src+e.Len])
 				}
 				if err := op.Enqueue(&Piece{Ctx: g.ctx, Stream: s, Mode: mode, Entries: ents, Done: done}); err != nil {

@@ -202,14 +202,14 @@ func TestShimOnFakeDriver(t *testing.T) {
 	})
 
 	// Scattered entries, some empty, none overlapping in dst.
-	var entries []CopyEntry
+	var entries []BatchEntry
 	var off uint64
 	for i := uint64(0); i < 48; i++ {
 		n := (i * 977) % 4099
 		if i%7 == 3 {
 			n = 0
 		}
-		entries = append(entries, CopyEntry{Src: uint64(src) + (i*7919)%(size/2), Dst: uint64(dst) + off, Len: n})
+		entries = append(entries, BatchEntry{Src: uint64(src) + (i*7919)%(size/2), Dst: uint64(dst) + off, Len: n})
 		off += n + 13
 	}
 	live := 0
@@ -292,7 +292,7 @@ func TestShimOnFakeDriver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var nonEmpty []CopyEntry
+	var nonEmpty []BatchEntry
 	var cuts []uint64
 	var total uint64
 	for _, e := range entries {
@@ -384,7 +384,7 @@ func TestShimOnFakeDriver(t *testing.T) {
 		if !errors.As(err, &pe) || !strings.Contains(err.Error(), "the op holds 4") {
 			t.Errorf("batch of %d entries on an op of 4: %v", len(entries), err)
 		}
-		var four []CopyEntry
+		var four []BatchEntry
 		for _, e := range entries {
 			if e.Len > 0 && len(four) < 4 {
 				four = append(four, e)
@@ -397,7 +397,7 @@ func TestShimOnFakeDriver(t *testing.T) {
 		if !errors.As(err, &pe) || pe.Index != 3 || !errors.Is(err, ErrorInvalidValue) || !strings.Contains(pe.Step, "gather kernel of 4 entries") {
 			t.Errorf("gather of 4 live entries into a plan of 3: %v (%+v)", err, pe)
 		}
-		bad := []CopyEntry{{Src: uint64(src), Dst: uint64(dst), Len: 8}, {Src: 0, Dst: uint64(dst), Len: 8}}
+		bad := []BatchEntry{{Src: uint64(src), Dst: uint64(dst), Len: 8}, {Src: 0, Dst: uint64(dst), Len: 8}}
 		pe = nil
 		err = op.Enqueue(&Piece{Stream: stream, Mode: CopyPerEntry, Entries: bad})
 		if !errors.As(err, &pe) || pe.Index != 1 {

@@ -13,18 +13,18 @@ import (
 	"unsafe"
 )
 
-// CopyEntry is one contiguous copy: Len bytes from Src to Dst, both
-// addresses in the unified address space. Its layout is that of
-// relay.CopyEntry, so a slice of one can be viewed as the other.
-type CopyEntry struct {
+// BatchEntry is one contiguous copy of a Piece's batch: Len bytes from Src
+// to Dst, both addresses in the unified address space. Its layout is that
+// of relay.CopyEntry, so a slice of one can be viewed as the other.
+type BatchEntry struct {
 	Src uint64
 	Dst uint64
 	Len uint64
 }
 
 var (
-	_ [unsafe.Sizeof(CopyEntry{}) - unsafe.Sizeof(C.pxn_copy_entry{})]struct{}
-	_ [unsafe.Sizeof(C.pxn_copy_entry{}) - unsafe.Sizeof(CopyEntry{})]struct{}
+	_ [unsafe.Sizeof(BatchEntry{}) - unsafe.Sizeof(C.pxn_copy_entry{})]struct{}
+	_ [unsafe.Sizeof(C.pxn_copy_entry{}) - unsafe.Sizeof(BatchEntry{})]struct{}
 )
 
 // CopyMode selects how a Piece's entries are submitted.
@@ -132,7 +132,7 @@ type Piece struct {
 	// Wait, when not 0, is waited for on Stream before the copies.
 	Wait    Event
 	Mode    CopyMode
-	Entries []CopyEntry
+	Entries []BatchEntry
 	// Doorbell, when not 0, receives Seq by cuStreamWriteValue64 after the
 	// copies (with the default memory barrier).
 	Doorbell DevicePtr

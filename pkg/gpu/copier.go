@@ -184,15 +184,15 @@ var (
 	_ relay.PollTuner     = (*Copier)(nil)
 )
 
-// relay.CopyEntry and cuda.CopyEntry share a layout, so Copy passes the
+// relay.CopyEntry and cuda.BatchEntry share a layout, so Copy passes the
 // engine's entries to the driver without copying them.
 var (
-	_ [unsafe.Sizeof(relay.CopyEntry{}) - unsafe.Sizeof(cuda.CopyEntry{})]struct{}
-	_ [unsafe.Sizeof(cuda.CopyEntry{}) - unsafe.Sizeof(relay.CopyEntry{})]struct{}
-	_ [unsafe.Offsetof(relay.CopyEntry{}.Dst) - unsafe.Offsetof(cuda.CopyEntry{}.Dst)]struct{}
-	_ [unsafe.Offsetof(cuda.CopyEntry{}.Dst) - unsafe.Offsetof(relay.CopyEntry{}.Dst)]struct{}
-	_ [unsafe.Offsetof(relay.CopyEntry{}.Len) - unsafe.Offsetof(cuda.CopyEntry{}.Len)]struct{}
-	_ [unsafe.Offsetof(cuda.CopyEntry{}.Len) - unsafe.Offsetof(relay.CopyEntry{}.Len)]struct{}
+	_ [unsafe.Sizeof(relay.CopyEntry{}) - unsafe.Sizeof(cuda.BatchEntry{})]struct{}
+	_ [unsafe.Sizeof(cuda.BatchEntry{}) - unsafe.Sizeof(relay.CopyEntry{})]struct{}
+	_ [unsafe.Offsetof(relay.CopyEntry{}.Dst) - unsafe.Offsetof(cuda.BatchEntry{}.Dst)]struct{}
+	_ [unsafe.Offsetof(cuda.BatchEntry{}.Dst) - unsafe.Offsetof(relay.CopyEntry{}.Dst)]struct{}
+	_ [unsafe.Offsetof(relay.CopyEntry{}.Len) - unsafe.Offsetof(cuda.BatchEntry{}.Len)]struct{}
+	_ [unsafe.Offsetof(cuda.BatchEntry{}.Len) - unsafe.Offsetof(relay.CopyEntry{}.Len)]struct{}
 )
 
 // NewCopier creates the lanes' streams and pools on g, chooses the copy

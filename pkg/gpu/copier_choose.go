@@ -57,7 +57,7 @@ func (c *Copier) probeCopy() error {
 	if err := d.MemsetD32Async(buf+n/2, 0, n/8, st.s); err != nil {
 		return err
 	}
-	ents := []cuda.CopyEntry{
+	ents := []cuda.BatchEntry{
 		{Src: uint64(buf), Dst: uint64(buf) + n/2, Len: n / 4},
 		{Src: uint64(buf) + n/4, Dst: uint64(buf) + n/2 + n/4, Len: n / 4},
 	}

@@ -132,7 +132,7 @@ func (c *Copier) copyIn(laneIdx int, ready relay.Event, entries []relay.CopyEntr
 			p.Gather.Cuts, p.Gather.PartWords = cuts, wordsDev
 		}
 	}
-	p.Entries = unsafe.Slice((*cuda.CopyEntry)(unsafe.Pointer(unsafe.SliceData(entries))), len(entries))
+	p.Entries = unsafe.Slice((*cuda.BatchEntry)(unsafe.Pointer(unsafe.SliceData(entries))), len(entries))
 	p.Doorbell = bellDev
 	p.Seq = seq
 	p.Done = 0

@@ -50,7 +50,7 @@ func newGPUEngine(g *gpu.GPU, opts Options) (*gpuEngine, error) {
 	return e, nil
 }
 
-func (e *gpuEngine) start(b int, entries []cuda.CopyEntry) error {
+func (e *gpuEngine) start(b int, entries []cuda.BatchEntry) error {
 	p := &e.piece
 	*p = cuda.Piece{Ctx: e.g.Context(), Stream: e.streams[e.next], Mode: e.ceMode, Entries: entries, Done: e.events[b]}
 	e.next = (e.next + 1) % nicStreams

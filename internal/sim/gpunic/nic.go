@@ -84,7 +84,7 @@ const (
 // done may be asked meanwhile. Batch b's slot (its plan, its event) is
 // reused only after done(b) reported it complete or start(b) failed.
 type engine interface {
-	start(b int, entries []cuda.CopyEntry) error
+	start(b int, entries []cuda.BatchEntry) error
 	done(b int) (bool, error)
 	close() error
 }
@@ -186,7 +186,7 @@ type nicBatch struct {
 	err     error
 	ops     int
 	bytes   uint64
-	entries []cuda.CopyEntry
+	entries []cuda.BatchEntry
 	// start is when (ns) the wire starts the batch's first op.
 	start int64
 }
@@ -244,7 +244,7 @@ func newNIC(eng engine, targets *Targets, opts Options, clock func() int64) *NIC
 		n.psPerByte = 1000 / n.rate
 	}
 	for i := range n.batches {
-		n.batches[i].entries = make([]cuda.CopyEntry, 0, batchOps)
+		n.batches[i].entries = make([]cuda.BatchEntry, 0, batchOps)
 	}
 	return n
 }

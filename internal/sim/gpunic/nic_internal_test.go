@@ -66,7 +66,7 @@ type fakeStart struct {
 	bytes uint64
 }
 
-func (e *fakeEngine) start(b int, entries []cuda.CopyEntry) error {
+func (e *fakeEngine) start(b int, entries []cuda.BatchEntry) error {
 	e.pending[b] = !e.autoDone
 	if e.quiet {
 		return e.startErr

@@ -123,7 +123,7 @@ func (s *scatter) load(g *gpu.GPU, opts Options, plans []planSlot) error {
 
 // use reports whether a batch goes to the kernel: the first hop's rule,
 // two or more ops shorter on average than gpu.GatherThreshold.
-func (s *scatter) use(entries []cuda.CopyEntry) bool {
+func (s *scatter) use(entries []cuda.BatchEntry) bool {
 	if s.fn == 0 {
 		return false
 	}

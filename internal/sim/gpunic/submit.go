@@ -62,7 +62,7 @@ func (n *NIC) submit(ops []relay.WriteOp) (wake bool, err error) {
 					n.open(start)
 				}
 				b := &n.batches[n.cur]
-				b.entries = append(b.entries, cuda.CopyEntry{Src: uint64(op.Src), Dst: uint64(dst), Len: op.Len})
+				b.entries = append(b.entries, cuda.BatchEntry{Src: uint64(op.Src), Dst: uint64(dst), Len: op.Len})
 				b.bytes += op.Len
 				b.ops++
 				o.batch = int32(n.cur)
@@ -131,7 +131,7 @@ func (n *NIC) submitPiece(ops []relay.WriteOp, token uint64) (wake bool, err err
 			o.batch = int32(n.cur)
 		}
 		b := &n.batches[n.cur]
-		b.entries = append(b.entries, cuda.CopyEntry{Src: uint64(op.Src), Dst: uint64(dst), Len: op.Len})
+		b.entries = append(b.entries, cuda.BatchEntry{Src: uint64(op.Src), Dst: uint64(dst), Len: op.Len})
 		b.bytes += op.Len
 	}
 	n.ops[n.opTail] = o
