@@ -17,9 +17,9 @@ func TestRunRankFlags(t *testing.T) {
 		want []string // nil: rank metrics off
 	}{
 		{nil, []string{"/dev/shm/pxn", "/dev/shm/pxn-dra"}},
-		{[]string{"--shm-dir=/dev/shm/a,/dev/shm/b"}, []string{"/dev/shm/a", "/dev/shm/b"}},
-		{[]string{"--shm-dir=/dev/shm/a", "--state-dir=/run/pxn", "--resource-name=pxn.io/relay"}, []string{"/dev/shm/a"}},
-		{[]string{"--shm-dir="}, nil},
+		{[]string{"--shm-dirs=/dev/shm/a,/dev/shm/b"}, []string{"/dev/shm/a", "/dev/shm/b"}},
+		{[]string{"--shm-dirs=/dev/shm/a", "--state-dir=/run/pxn", "--resource-name=pxn.io/relay"}, []string{"/dev/shm/a"}},
+		{[]string{"--shm-dirs="}, nil},
 	} {
 		c, err := parseRun(tc.args...)
 		if err != nil {

@@ -51,7 +51,7 @@ func (c *runConfig) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster or $KUBECONFIG")
 	c.endpoints.Bind(fs, ":9640", ":9642")
 	fs.StringVar(&c.opts.AgentVersion, "agent-version", version.String(), "version written to status.agentVersion")
-	fs.StringSliceVar(&c.ranks.ShmDirs, "shm-dir", []string{"/dev/shm/pxn", "/dev/shm/pxn-dra"}, `the node plugins' --shm-dir folders, comma-separated (the device plugin's, the DRA driver's): the ranks of each job register in their group folders, which the agent reads (never writes) for the pxn_* rank metrics, with the owner records that name each folder's pods; "" turns those metrics off`)
+	fs.StringSliceVar(&c.ranks.ShmDirs, "shm-dirs", []string{"/dev/shm/pxn", "/dev/shm/pxn-dra"}, `the node plugins' --shm-dir folders, comma-separated (the device plugin's, the DRA driver's): the ranks of each job register in their group folders, which the agent reads (never writes) for the pxn_* rank metrics, with the owner records that name each folder's pods; "" turns those metrics off`)
 	fs.StringVar(&c.podResourcesSocket, "pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", `the kubelet's PodResources socket, which says which pods still run, so that a pod an owner record names after it ended is left out; "" takes the records as they are`)
 	fs.StringVar(&c.stateDir, "state-dir", "", "")
 	fs.StringVar(&c.resourceName, "resource-name", "", "")

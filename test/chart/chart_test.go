@@ -315,7 +315,7 @@ func TestTemplateDefaults(t *testing.T) {
 	}
 	wantArgs := []string{"run", "--host-root=/host", "--rail-strategy=pci-order", "--resync=60s",
 		"--poll-interval=2s", "--metrics-bind-address=:9640", "--health-probe-bind-address=:9642",
-		"--shm-dir=/dev/shm/pxn", "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
+		"--shm-dirs=/dev/shm/pxn", "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
 		"--rank-metric-labels=node,rail,hca,device,group,namespace,pod", "--rank-stale-after=10s"}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("agent args:\n got %q\nwant %q", c.Args, wantArgs)
@@ -446,7 +446,7 @@ func TestTemplateCustom(t *testing.T) {
 	}
 	wantArgs := []string{"run", "--host-root=/host", "--rail-strategy=static", "--static-file=/etc/pxn/rails/rails.json",
 		"--resync=2m30s", "--poll-interval=500ms", "--metrics-bind-address=:19640", "--health-probe-bind-address=:19642",
-		"--shm-dir=/dev/shm/pxn-test", "--pod-resources-socket=/var/lib/k0s/kubelet/pod-resources/kubelet.sock",
+		"--shm-dirs=/dev/shm/pxn-test", "--pod-resources-socket=/var/lib/k0s/kubelet/pod-resources/kubelet.sock",
 		"--rank-metric-labels=node,rail,namespace", "--rank-stale-after=30s", "-v=4"}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("agent args:\n got %q\nwant %q", c.Args, wantArgs)
@@ -577,13 +577,13 @@ func TestTemplateVariants(t *testing.T) {
 		{
 			name:       "with the DRA driver, the rank metrics read its shm folder too",
 			args:       []string{"--set", "dra.enabled=true", "--set", "dra.shmDir=/dev/shm/pxn-claims"},
-			agentArgs:  []string{"--shm-dir=/dev/shm/pxn,/dev/shm/pxn-claims"},
+			agentArgs:  []string{"--shm-dirs=/dev/shm/pxn,/dev/shm/pxn-claims"},
 			pluginArgs: []string{"--shm-dir=/dev/shm/pxn"},
 		},
 		{
 			name:       "rank metrics off",
 			args:       []string{"--set", "agent.rankMetrics.enabled=false"},
-			agentArgs:  []string{"--shm-dir="},
+			agentArgs:  []string{"--shm-dirs="},
 			pluginArgs: []string{"--shm-dir=/dev/shm/pxn"},
 		},
 		{
@@ -621,7 +621,7 @@ func TestTemplateVariants(t *testing.T) {
 					}
 				}
 				for _, a := range c.Args {
-					if dirs, ok := strings.CutPrefix(a, "--shm-dir="); ok && dirs != "" {
+					if dirs, ok := strings.CutPrefix(a, "--shm-dirs="); ok && dirs != "" {
 						for _, d := range strings.Split(dirs, ",") {
 							checkHostMount(t, ds, d, d, true)
 						}
@@ -633,7 +633,7 @@ func TestTemplateVariants(t *testing.T) {
 				if slices.Contains(tc.agentArgs, "--metrics-bind-address=0") && (len(c.Ports) != 0 || c.LivenessProbe != nil) {
 					t.Errorf("agent with endpoints off has ports %+v / probe %+v", c.Ports, c.LivenessProbe)
 				}
-				if slices.Contains(tc.agentArgs, "--shm-dir=") {
+				if slices.Contains(tc.agentArgs, "--shm-dirs=") {
 					for _, v := range ds.Spec.Template.Spec.Volumes {
 						if v.HostPath != nil && v.Name != "host-sys" {
 							t.Errorf("agent without rank metrics mounts host %s", v.HostPath.Path)

@@ -24,12 +24,12 @@ runtimeClassName: {{ $v.nvml.runtimeClassName }}
 - --poll-interval={{ $v.pollInterval }}
 {{- include "pxn.endpointArgs" . }}
 {{- if $ranks }}
-- --shm-dir={{ join "," $shmDirs }}
+- --shm-dirs={{ join "," $shmDirs }}
 - --pod-resources-socket={{ $p.podResourcesSocket }}
 - --rank-metric-labels={{ join "," $v.rankMetrics.labels }}
 - --rank-stale-after={{ $v.rankMetrics.staleAfter }}
 {{- else }}
-- --shm-dir=
+- --shm-dirs=
 {{- end }}
 {{- else if eq .part "env" }}
 {{- if eq $v.nvml.mode "runtime" }}
