@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pxn-project/pxn/pkg/hostmem"
+	"github.com/pxn-project/pxn/pkg/memrange"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 
@@ -100,7 +100,7 @@ func (c *tcpConn) send(nc net.Conn, op relay.WriteOp) {
 	c.mu.Unlock()
 
 	frameHeader{kind: kindWrite, id: id, arg: op.Dst, length: op.Len}.encode(&c.hdr)
-	c.iov = [2][]byte{c.hdr[:], hostmem.Bytes(op.Src, op.Len)}
+	c.iov = [2][]byte{c.hdr[:], memrange.Bytes(op.Src, op.Len)}
 	c.bufs = c.iov[:]
 	if err := nc.SetWriteDeadline(time.Now().Add(c.hop.writeTimeout)); err != nil {
 		c.fail(fmt.Errorf("set write deadline: %w", err))

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pxn-project/pxn/pkg/hostmem"
+	"github.com/pxn-project/pxn/pkg/memrange"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 
@@ -343,7 +343,7 @@ func sendable(op relay.WriteOp) error {
 	if op.Len > maxPayload {
 		return fmt.Errorf("length %d exceeds the frame limit of %d", op.Len, maxPayload)
 	}
-	if op.Len > 0 && (op.Src == 0 || !hostmem.ValidRange(uint64(op.Src), op.Len)) {
+	if op.Len > 0 && (op.Src == 0 || !memrange.ValidRange(uint64(op.Src), op.Len)) {
 		return fmt.Errorf("source %#x len %d is not addressable", op.Src, op.Len)
 	}
 	return nil
