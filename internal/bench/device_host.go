@@ -8,8 +8,8 @@ import (
 	"unsafe"
 
 	"github.com/pxn-project/pxn/internal/sim/fabric"
+	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/hostengine"
-	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 
@@ -44,7 +44,7 @@ func (h *hostRank) newHop() (relay.Hop, error) {
 }
 
 func (h *hostRank) firstHop(deps *hostengine.HostDeps, src uintptr, n uint64) (string, error) {
-	c := hosthop.NewHostCopier()
+	c := cpucopy.NewHostCopier()
 	if err := c.RegisterDevice(src, n); err != nil {
 		return "", err
 	}

@@ -28,9 +28,9 @@ import (
 
 	"github.com/pxn-project/pxn/internal/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/group"
 	"github.com/pxn-project/pxn/pkg/hostengine"
-	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 
@@ -86,7 +86,7 @@ func runRankRole() int {
 		fmt.Println("error", err)
 		return 1
 	}
-	copier := hosthop.NewHostCopier()
+	copier := cpucopy.NewHostCopier()
 	base := uintptr(unsafe.Pointer(&src[0]))
 	if err := copier.RegisterDevice(base, uint64(len(src))); err != nil {
 		fmt.Println("error", err)

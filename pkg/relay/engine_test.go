@@ -15,8 +15,8 @@ import (
 
 	"github.com/pxn-project/pxn/internal/sim/fabric"
 	"github.com/pxn-project/pxn/internal/sim/hostfault"
+	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/engineconfig"
-	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/internal/testhooks"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -41,7 +41,7 @@ type pair struct {
 	a, b     *relay.Engine
 	hopA     *fabric.Loopback
 	hopB     *fabric.Loopback
-	copA     *hosthop.HostCopier
+	copA     *cpucopy.HostCopier
 	holdA    *hostfault.Holder
 	tgt      map[string][]byte
 	rankA    *memRank
@@ -68,7 +68,7 @@ type pairOpts struct {
 	separate bool
 	// copierA, when set, gives engine a the copier it returns instead of
 	// its host copier.
-	copierA func(*hosthop.HostCopier) relay.Copier
+	copierA func(*cpucopy.HostCopier) relay.Copier
 	// goStarted, when set, is called for each goroutine either engine
 	// starts.
 	goStarted func()
@@ -109,9 +109,9 @@ func newPairTB(t testing.TB, o pairOpts) *pair {
 	fillPattern(p.srcBytes, 1)
 	if o.holdReady {
 		p.holdA = hostfault.NewHolder()
-		p.copA = testhooks.NewHostCopier(testhooks.HostCopier{Ready: p.holdA}).(*hosthop.HostCopier)
+		p.copA = testhooks.NewHostCopier(testhooks.HostCopier{Ready: p.holdA}).(*cpucopy.HostCopier)
 	} else {
-		p.copA = hosthop.NewHostCopier()
+		p.copA = cpucopy.NewHostCopier()
 	}
 	if err := p.copA.RegisterDevice(p.src(0), uint64(len(p.srcBytes))); err != nil {
 		t.Fatal(err)
@@ -136,7 +136,7 @@ func newPairTB(t testing.TB, o pairOpts) *pair {
 		if o.wrapB != nil {
 			hopB, dirB = o.wrapB(p.hopB)
 		}
-		p.b, err = relay.OpenWithFaultHooks(cfg, relay.Deps{Hop: hopB, Directory: dirB, Copier: hosthop.NewHostCopier(), Registry: p.rankB, LocalHCA: "mlx5_1"}, hooks)
+		p.b, err = relay.OpenWithFaultHooks(cfg, relay.Deps{Hop: hopB, Directory: dirB, Copier: cpucopy.NewHostCopier(), Registry: p.rankB, LocalHCA: "mlx5_1"}, hooks)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -21,9 +21,9 @@ import (
 
 	"github.com/pxn-project/pxn/internal/sim/fabric"
 	"github.com/pxn-project/pxn/internal/sim/hostfault"
+	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/hostengine"
-	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/internal/testhooks"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -167,14 +167,14 @@ func (h *gateHop) setHold(on bool) {
 // holdCopier holds the source-ready events recorded while hold is on, so a
 // test can prove that nothing reads a source before its event.
 type holdCopier struct {
-	*hosthop.HostCopier
+	*cpucopy.HostCopier
 	holder *hostfault.Holder
 	hold   atomic.Bool
 }
 
 func newHoldCopier() *holdCopier {
 	h := hostfault.NewHolder()
-	c := testhooks.NewHostCopier(testhooks.HostCopier{Ready: h}).(*hosthop.HostCopier)
+	c := testhooks.NewHostCopier(testhooks.HostCopier{Ready: h}).(*cpucopy.HostCopier)
 	return &holdCopier{HostCopier: c, holder: h}
 }
 

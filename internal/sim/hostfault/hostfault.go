@@ -55,7 +55,7 @@ func (h *Holder) Hold(ev relay.Event) bool {
 func (h *Holder) SetHolding(on bool) { h.off.Store(!on) }
 
 // ReleaseReady completes ev. An event that is not held is the copier's
-// error (wrapping hosthop.ErrUnknownEvent).
+// error (wrapping cpucopy.ErrUnknownEvent).
 func (h *Holder) ReleaseReady(ev relay.Event) error {
 	h.mu.Lock()
 	release := h.release

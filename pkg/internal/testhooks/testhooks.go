@@ -8,7 +8,7 @@ package testhooks
 
 import "github.com/pxn-project/pxn/pkg/relay"
 
-// HostCopier is what a test may give a hosthop.HostCopier.
+// HostCopier is what a test may give a cpucopy.HostCopier.
 type HostCopier struct {
 	// Ready, when set, holds the source-ready events it chooses until it
 	// releases them.
@@ -23,7 +23,7 @@ type HostCopier struct {
 type ReadyHolder interface {
 	// Attach is called once, when the copier is made, with the function
 	// that completes a held event; for any other event it returns an
-	// error wrapping hosthop.ErrUnknownEvent.
+	// error wrapping cpucopy.ErrUnknownEvent.
 	Attach(release func(relay.Event) error)
 	// Hold reports whether ev, just recorded, waits for release. It must
 	// not call release.
@@ -38,6 +38,6 @@ type CopyFaults interface {
 	CopyFault(lane int) error
 }
 
-// NewHostCopier returns a *hosthop.HostCopier with h in place. pkg/hosthop
+// NewHostCopier returns a *cpucopy.HostCopier with h in place. pkg/cpucopy
 // sets it in its init; nothing else writes it.
 var NewHostCopier func(h HostCopier) relay.Copier
