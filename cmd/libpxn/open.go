@@ -14,7 +14,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/pxn-project/pxn/pkg/hostengine"
+	"github.com/pxn-project/pxn/pkg/engineopen"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 
@@ -61,7 +61,7 @@ type openArgs struct {
 // MC_PXN_* variables read through lookup.
 func openEngine(a openArgs, lookup func(string) (string, bool)) (*engine, error) {
 	log := klog.Background()
-	env := hostengine.ReadEnv(lookup)
+	env := engineopen.ReadEnv(lookup)
 	pxnOn := env.Config.Enable && a.localHCA != ""
 	first, err := newFirstHop(a.copier, pxnOn, a.device, env.Config.CopyMode, log)
 	if err != nil {
@@ -91,7 +91,7 @@ func openEngine(a openArgs, lookup func(string) (string, bool)) (*engine, error)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
-	eng, err := hostengine.Open(ctx, env, hostengine.HostDeps{
+	eng, err := engineopen.Open(ctx, env, engineopen.HostDeps{
 		Hop: engineHop, Directory: dir, Copier: first.copier, LocalHCA: a.localHCA,
 		Arenas: first.arenas, Memory: arena, Logger: log,
 	})

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package hostengine_test
+package engineopen_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/cpucopy"
-	"github.com/pxn-project/pxn/pkg/hostengine"
+	"github.com/pxn-project/pxn/pkg/engineopen"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
@@ -35,7 +35,7 @@ func open(t *testing.T, kv map[string]string) (*relay.Engine, []string) {
 	t.Helper()
 	var logged []string
 	log := funcr.New(func(prefix, args string) { logged = append(logged, args) }, funcr.Options{})
-	e, err := hostengine.OpenFromEnv(context.Background(), env(kv), hostengine.HostDeps{
+	e, err := engineopen.OpenFromEnv(context.Background(), env(kv), engineopen.HostDeps{
 		Hop: idleHop{}, Directory: noTargets{}, Copier: cpucopy.NewHostCopier(),
 		LocalHCA: "mlx5_0", Logger: log,
 	})
@@ -137,7 +137,7 @@ func TestReadEnvThenOpen(t *testing.T) {
 	}
 	reads := 0
 	lookup := func(k string) (string, bool) { reads++; v, ok := kv[k]; return v, ok }
-	env := hostengine.ReadEnv(lookup)
+	env := engineopen.ReadEnv(lookup)
 	if env.Config.Enable {
 		t.Error("a refused rail map left Enable on")
 	}
@@ -145,7 +145,7 @@ func TestReadEnvThenOpen(t *testing.T) {
 		t.Fatalf("after ReadEnv: %+v, %v; want no record", rs, err)
 	}
 	read := reads
-	e, err := hostengine.Open(context.Background(), env, hostengine.HostDeps{
+	e, err := engineopen.Open(context.Background(), env, engineopen.HostDeps{
 		Hop: idleHop{}, Directory: noTargets{}, Copier: cpucopy.NewHostCopier(),
 		LocalHCA: "mlx5_0", Logger: funcr.New(func(string, string) {}, funcr.Options{}),
 	})
