@@ -22,7 +22,7 @@ type Flags struct {
 
 // Bind adds the flags to fs.
 func (r *Flags) Bind(fs *pflag.FlagSet) {
-	fs.StringVar(&r.o.HostRoot, "host-root", "/", "folder where the host's / is visible (its sys/ is read)")
+	fs.StringVar(&r.o.NodeRoot, "host-root", "/", "folder where the host's / is visible (its sys/ is read)")
 	fs.StringVar(&r.o.Strategy, "rail-strategy", rail.StrategyPCIOrder, "how rails are named: pci-order, subnet or static")
 	fs.IntVar(&r.o.SubnetPrefixLen, "subnet-prefix-len", rail.DefaultSubnetPrefixLen, "IPv4 prefix length of the subnet strategy")
 	fs.StringVar(&r.o.StaticFile, "static-file", "", "static strategy: JSON object of HCA name to rail name")

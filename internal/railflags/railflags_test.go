@@ -41,7 +41,7 @@ func TestValidate(t *testing.T) {
 	}
 	var f Flags
 	f.Bind(pflag.NewFlagSet("test", pflag.ContinueOnError))
-	want := rail.Options{HostRoot: "/", Strategy: rail.StrategyPCIOrder, SubnetPrefixLen: rail.DefaultSubnetPrefixLen}
+	want := rail.Options{NodeRoot: "/", Strategy: rail.StrategyPCIOrder, SubnetPrefixLen: rail.DefaultSubnetPrefixLen}
 	if got := f.Discoverer().Options; got != want {
 		t.Errorf("default options %+v, want %+v", got, want)
 	}

@@ -39,7 +39,7 @@ func TestNewDiscoveryFixture(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			d := nodestate.RailDiscoverer{Options: rail.Options{
-				HostRoot: railTestdata("sysfs", tc.fixture), Strategy: tc.strategy, StaticFile: tc.static,
+				NodeRoot: railTestdata("sysfs", tc.fixture), Strategy: tc.strategy, StaticFile: tc.static,
 			}}
 			found, err := d.Discover(context.Background())
 			if err != nil {
@@ -82,7 +82,7 @@ func TestFingerprintFollowsHost(t *testing.T) {
 	if err := os.WriteFile(static, []byte(`{"mlx5_0":"a"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d := nodestate.RailDiscoverer{Options: rail.Options{HostRoot: root, StaticFile: static}}
+	d := nodestate.RailDiscoverer{Options: rail.Options{NodeRoot: root, StaticFile: static}}
 	fp := func() string {
 		t.Helper()
 		s, err := d.Fingerprint()

@@ -23,7 +23,7 @@ import (
 // left to the periodic rediscovery: reading every GID table each poll is not
 // cheap.
 func Fingerprint(o rail.Options) (string, error) {
-	root := o.HostRoot
+	root := o.NodeRoot
 	if root == "" {
 		root = "/"
 	}
