@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
-	"github.com/pxn-project/pxn/pkg/hostmem"
+	"github.com/pxn-project/pxn/pkg/memrange"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -89,7 +89,7 @@ type HostCopier struct {
 	faults CopyFaults
 
 	devMu sync.RWMutex
-	dev   hostmem.Spans
+	dev   memrange.Spans
 
 	evMu   sync.Mutex
 	lastEv relay.Event
@@ -168,7 +168,7 @@ func NewHostCopier(opts HostCopierOptions) *HostCopier {
 
 // RegisterDevice marks [addr, addr+n) as simulated device memory.
 func (c *HostCopier) RegisterDevice(addr uintptr, n uint64) error {
-	if !hostmem.ValidRange(uint64(addr), n) {
+	if !memrange.ValidRange(uint64(addr), n) {
 		return fmt.Errorf("hosthop: invalid device range %#x+%d", addr, n)
 	}
 	c.devMu.Lock()
@@ -176,7 +176,7 @@ func (c *HostCopier) RegisterDevice(addr uintptr, n uint64) error {
 	if c.dev.Overlaps(uint64(addr), n) {
 		return fmt.Errorf("hosthop: device range %#x+%d overlaps a registered range", addr, n)
 	}
-	c.dev = c.dev.Insert(hostmem.Span{Start: uint64(addr), Size: n})
+	c.dev = c.dev.Insert(memrange.Span{Start: uint64(addr), Size: n})
 	return nil
 }
 
@@ -351,7 +351,7 @@ func (c *HostCopier) copyIn(lane int, ready relay.Event, entries []relay.CopyEnt
 		if e.Len == 0 {
 			continue
 		}
-		if e.Src == 0 || e.Dst == 0 || !hostmem.ValidRange(uint64(e.Src), e.Len) || !hostmem.ValidRange(uint64(e.Dst), e.Len) {
+		if e.Src == 0 || e.Dst == 0 || !memrange.ValidRange(uint64(e.Src), e.Len) || !memrange.ValidRange(uint64(e.Dst), e.Len) {
 			return fmt.Errorf("hosthop: lane %d seq %d: entry %d (src %#x dst %#x len %d) is not addressable", lane, seq, i, e.Src, e.Dst, e.Len)
 		}
 	}
@@ -444,7 +444,7 @@ func (c *HostCopier) runLane(l *hostLane) {
 				c.parts.Add(1)
 				p++
 			}
-			copy(hostmem.Bytes(e.Dst, e.Len), hostmem.Bytes(e.Src, e.Len))
+			copy(memrange.Bytes(e.Dst, e.Len), memrange.Bytes(e.Src, e.Len))
 			n += e.Len
 		}
 		// The lane has room again before the doorbell rings, so whoever

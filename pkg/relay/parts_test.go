@@ -10,7 +10,7 @@ import (
 
 	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/hosthop"
-	"github.com/pxn-project/pxn/pkg/hostmem"
+	"github.com/pxn-project/pxn/pkg/memrange"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -76,7 +76,7 @@ func (j partJob) copyPart(p int) {
 		to = int(j.ends[p])
 	}
 	for _, e := range j.entries[from:to] {
-		copy(hostmem.Bytes(e.Dst, e.Len), hostmem.Bytes(e.Src, e.Len))
+		copy(memrange.Bytes(e.Dst, e.Len), memrange.Bytes(e.Src, e.Len))
 	}
 }
 

@@ -9,7 +9,7 @@ import (
 	"io"
 	"slices"
 
-	"github.com/pxn-project/pxn/pkg/hostmem"
+	"github.com/pxn-project/pxn/pkg/memrange"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -44,7 +44,7 @@ type StaticDirectory struct {
 
 type staticSession struct {
 	target relay.Target
-	spans  hostmem.Spans
+	spans  memrange.Spans
 }
 
 type staticDirectoryJSON struct {
@@ -82,13 +82,13 @@ func NewStaticDirectory(targets []StaticTarget) (*StaticDirectory, error) {
 		}
 		s := staticSession{target: relay.Target{HCAs: slices.Clone(t.HCAs), Ranges: make([]relay.Range, 0, len(t.Ranges))}}
 		for _, r := range t.Ranges {
-			if !hostmem.ValidRange(r.Addr, r.Len) {
+			if !memrange.ValidRange(r.Addr, r.Len) {
 				return nil, fmt.Errorf("fabric: directory target %q: invalid range %#x+%d", t.Session, r.Addr, r.Len)
 			}
 			if s.spans.Overlaps(r.Addr, r.Len) {
 				return nil, fmt.Errorf("fabric: directory target %q: range %#x+%d overlaps another", t.Session, r.Addr, r.Len)
 			}
-			s.spans = s.spans.Insert(hostmem.Span{Start: r.Addr, Size: r.Len})
+			s.spans = s.spans.Insert(memrange.Span{Start: r.Addr, Size: r.Len})
 			s.target.Ranges = append(s.target.Ranges, relay.Range{Addr: r.Addr, Len: r.Len})
 		}
 		d.sessions[t.Session] = s

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/pxn-project/pxn/pkg/hostmem"
+	"github.com/pxn-project/pxn/pkg/memrange"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 
@@ -84,7 +84,7 @@ type loopSession struct {
 	// its Key is i+1.
 	hcas   []string
 	ranges []relay.Range
-	spans  hostmem.Spans
+	spans  memrange.Spans
 	bufs   [][]byte
 }
 
@@ -119,7 +119,7 @@ func (l *Loopback) AddTarget(session, hca string, buf []byte, base uint64) error
 		return fmt.Errorf("fabric: target needs a session and an HCA (session %q, hca %q)", session, hca)
 	}
 	size := uint64(len(buf))
-	if !hostmem.ValidRange(base, size) {
+	if !memrange.ValidRange(base, size) {
 		return fmt.Errorf("fabric: target %q: invalid range %#x+%d", session, base, size)
 	}
 	l.mu.Lock()
@@ -133,7 +133,7 @@ func (l *Loopback) AddTarget(session, hca string, buf []byte, base uint64) error
 		return fmt.Errorf("fabric: target %q: range %#x+%d overlaps a registered range", session, base, size)
 	}
 	s.bufs = append(slices.Clip(s.bufs), buf)
-	s.spans = s.spans.Insert(hostmem.Span{Start: base, Size: size, Ref: len(s.bufs) - 1})
+	s.spans = s.spans.Insert(memrange.Span{Start: base, Size: size, Ref: len(s.bufs) - 1})
 	s.ranges = append(slices.Clip(s.ranges), relay.Range{Addr: base, Len: size, Key: uint64(len(s.bufs))})
 	if !slices.Contains(s.hcas, hca) {
 		s.hcas = append(slices.Clip(s.hcas), hca)
@@ -349,11 +349,11 @@ func (l *Loopback) perform(op relay.WriteOp) error {
 	if op.Len == 0 {
 		return nil
 	}
-	if op.Src == 0 || !hostmem.ValidRange(uint64(op.Src), op.Len) {
+	if op.Src == 0 || !memrange.ValidRange(uint64(op.Src), op.Len) {
 		return fmt.Errorf("fabric: loopback write token %d to %q: source %#x len %d is not addressable", op.Token, op.Target, op.Src, op.Len)
 	}
 	off := op.Dst - base
-	copy(buf[off:off+op.Len], hostmem.Bytes(op.Src, op.Len))
+	copy(buf[off:off+op.Len], memrange.Bytes(op.Src, op.Len))
 	return nil
 }
 
@@ -389,7 +389,7 @@ func (s *loopSession) dest(op relay.WriteOp) ([]byte, uint64, error) {
 		return nil, 0, fmt.Errorf("fabric: loopback write token %d to %q: %w: key %d names no range (the session has %d): dst %#x len %d", op.Token, op.Target, ErrOutOfRange, op.Key, len(s.ranges), op.Dst, op.Len)
 	}
 	r := s.ranges[op.Key-1]
-	if !hostmem.Within(r.Addr, r.Len, op.Dst, op.Len) {
+	if !memrange.Within(r.Addr, r.Len, op.Dst, op.Len) {
 		return nil, 0, fmt.Errorf("fabric: loopback write token %d to %q: %w: key %d names range %#x+%d, which does not hold dst %#x len %d", op.Token, op.Target, ErrOutOfRange, op.Key, r.Addr, r.Len, op.Dst, op.Len)
 	}
 	return s.bufs[op.Key-1], r.Addr, nil

@@ -14,7 +14,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/pxn-project/pxn/pkg/hostmem"
+	"github.com/pxn-project/pxn/pkg/memrange"
 )
 
 // DefaultWriteTimeout bounds one frame write of the TCP hop and of a target
@@ -52,7 +52,7 @@ type TargetServer struct {
 	writeTimeout time.Duration
 
 	memMu sync.RWMutex
-	spans hostmem.Spans
+	spans memrange.Spans
 	bufs  [][]byte
 
 	connMu sync.Mutex
@@ -93,7 +93,7 @@ func NewTargetServer(opts TargetServerOptions) *TargetServer {
 // writes into buf, from its connection goroutines, for as long as it runs.
 func (s *TargetServer) Register(base uint64, buf []byte) error {
 	size := uint64(len(buf))
-	if !hostmem.ValidRange(base, size) {
+	if !memrange.ValidRange(base, size) {
 		return fmt.Errorf("fabric: invalid target range %#x+%d", base, size)
 	}
 	s.memMu.Lock()
@@ -102,7 +102,7 @@ func (s *TargetServer) Register(base uint64, buf []byte) error {
 		return fmt.Errorf("fabric: target range %#x+%d overlaps a registered range", base, size)
 	}
 	s.bufs = append(s.bufs, buf)
-	s.spans = s.spans.Insert(hostmem.Span{Start: base, Size: size, Ref: len(s.bufs) - 1})
+	s.spans = s.spans.Insert(memrange.Span{Start: base, Size: size, Ref: len(s.bufs) - 1})
 	return nil
 }
 

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pxn-project/pxn/pkg/hostmem"
+	"github.com/pxn-project/pxn/pkg/memrange"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 
@@ -346,7 +346,7 @@ func sendable(op relay.WriteOp) error {
 	if op.Len > maxPayload {
 		return fmt.Errorf("length %d exceeds the frame limit of %d", op.Len, maxPayload)
 	}
-	if op.Len > 0 && (op.Src == 0 || !hostmem.ValidRange(uint64(op.Src), op.Len)) {
+	if op.Len > 0 && (op.Src == 0 || !memrange.ValidRange(uint64(op.Src), op.Len)) {
 		return fmt.Errorf("source %#x len %d is not addressable", op.Src, op.Len)
 	}
 	return nil
@@ -493,7 +493,7 @@ func (c *tcpConn) send(nc net.Conn, op relay.WriteOp) {
 	c.mu.Unlock()
 
 	frameHeader{kind: kindWrite, id: id, arg: op.Dst, length: op.Len}.encode(&c.hdr)
-	c.iov = [2][]byte{c.hdr[:], hostmem.Bytes(op.Src, op.Len)}
+	c.iov = [2][]byte{c.hdr[:], memrange.Bytes(op.Src, op.Len)}
 	c.bufs = c.iov[:]
 	if err := nc.SetWriteDeadline(time.Now().Add(c.hop.writeTimeout)); err != nil {
 		c.fail(fmt.Errorf("set write deadline: %w", err))

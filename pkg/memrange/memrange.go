@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Package hostmem holds the address arithmetic that the host copier and the
+// Package memrange holds the address arithmetic that the host copier and the
 // host stand-ins share: foreign addresses as byte slices, range checks that
 // cannot overflow, and a sorted set of non-overlapping ranges.
-package hostmem
+package memrange
 
 import (
 	"math"
