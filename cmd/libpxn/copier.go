@@ -8,9 +8,9 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/cuda"
 	"github.com/pxn-project/pxn/pkg/gpu"
-	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -65,7 +65,7 @@ func (f *firstHop) close() error {
 }
 
 func hostFirstHop(kind uint32) *firstHop {
-	c := hosthop.NewHostCopier(hosthop.HostCopierOptions{})
+	c := cpucopy.NewHostCopier(cpucopy.HostCopierOptions{})
 	return &firstHop{kind: kind, copier: c, mem: c, arenaKind: memHost}
 }
 

@@ -7,8 +7,8 @@ import (
 	"errors"
 	"unsafe"
 
+	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/hostengine"
-	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 )
@@ -44,7 +44,7 @@ func (h *hostRank) newHop() (relay.Hop, error) {
 }
 
 func (h *hostRank) firstHop(deps *hostengine.HostDeps, src uintptr, n uint64) (string, error) {
-	c := hosthop.NewHostCopier(hosthop.HostCopierOptions{})
+	c := cpucopy.NewHostCopier(cpucopy.HostCopierOptions{})
 	if err := c.RegisterDevice(src, n); err != nil {
 		return "", err
 	}

@@ -27,9 +27,9 @@ import (
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/group"
 	"github.com/pxn-project/pxn/pkg/hostengine"
-	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 )
@@ -86,7 +86,7 @@ func runRankRole() int {
 		fmt.Println("error", err)
 		return 1
 	}
-	copier := hosthop.NewHostCopier(hosthop.HostCopierOptions{})
+	copier := cpucopy.NewHostCopier(cpucopy.HostCopierOptions{})
 	base := uintptr(unsafe.Pointer(&src[0]))
 	if err := copier.RegisterDevice(base, uint64(len(src))); err != nil {
 		fmt.Println("error", err)

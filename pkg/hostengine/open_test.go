@@ -11,8 +11,8 @@ import (
 	"github.com/go-logr/logr/funcr"
 
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/hostengine"
-	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
@@ -36,7 +36,7 @@ func open(t *testing.T, kv map[string]string) (*relay.Engine, []string) {
 	var logged []string
 	log := funcr.New(func(prefix, args string) { logged = append(logged, args) }, funcr.Options{})
 	e, err := hostengine.OpenFromEnv(context.Background(), env(kv), hostengine.HostDeps{
-		Hop: idleHop{}, Directory: noTargets{}, Copier: hosthop.NewHostCopier(hosthop.HostCopierOptions{}),
+		Hop: idleHop{}, Directory: noTargets{}, Copier: cpucopy.NewHostCopier(cpucopy.HostCopierOptions{}),
 		LocalHCA: "mlx5_0", Logger: log,
 	})
 	if err != nil {

@@ -7,8 +7,8 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/engineconfig"
-	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -117,7 +117,7 @@ func BenchmarkSenderPath(b *testing.B) {
 			reqs := l.requests(p)
 			run := func() { submitAndDrive(b, p.a, reqs, fr.step) }
 			// Past the host copier's first use of its buffers.
-			for range 2 * hosthop.LaneQueueDepth {
+			for range 2 * cpucopy.LaneQueueDepth {
 				run()
 			}
 			measureSteadyState(b, p, uint64(l.bytes()), run)
@@ -253,7 +253,7 @@ func warmPair(tb testing.TB, p *pair, reqs []relay.Request) {
 		p.a.RunRound()
 		p.b.RunRound()
 	}
-	for range 2 * hosthop.LaneQueueDepth {
+	for range 2 * cpucopy.LaneQueueDepth {
 		submitAndDrive(tb, p.a, reqs, func() { p.b.RunRound() })
 	}
 }

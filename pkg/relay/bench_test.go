@@ -7,7 +7,7 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/pxn-project/pxn/pkg/hosthop"
+	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 
@@ -59,7 +59,7 @@ func BenchmarkTransfer(b *testing.B) {
 			// steady-state sizes before anything is counted. The host
 			// copier fills a buffer per queued copy on first use, so
 			// that takes twice its lane depth in Pieces.
-			for n := 0; n < 3 || p.a.Counters().RelayedPieces < 2*hosthop.LaneQueueDepth; n++ {
+			for n := 0; n < 3 || p.a.Counters().RelayedPieces < 2*cpucopy.LaneQueueDepth; n++ {
 				run()
 			}
 			measureSteadyState(b, p, uint64(sz.n), run)
@@ -133,7 +133,7 @@ func BenchmarkCrossRailBlocks16KiB(b *testing.B) {
 			}
 		}
 	}
-	for i := 0; i < 3 || p.a.Counters().RelayedPieces < 2*hosthop.LaneQueueDepth; i++ {
+	for i := 0; i < 3 || p.a.Counters().RelayedPieces < 2*cpucopy.LaneQueueDepth; i++ {
 		run()
 	}
 	measureSteadyState(b, p, n, run)

@@ -8,14 +8,14 @@ import (
 	"testing"
 	"unsafe"
 
-	"github.com/pxn-project/pxn/pkg/hosthop"
+	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 
 // rangeCopier is a host copier that reports, for device memory, the
 // allocation [lo, lo+size) and counts what the engine asks.
 type rangeCopier struct {
-	*hosthop.HostCopier
+	*cpucopy.HostCopier
 	lo     uintptr
 	size   uint64
 	ranged atomic.Int64
@@ -42,7 +42,7 @@ func (c *rangeCopier) ClassifyRange(addr uintptr, n uint64) (relay.Kind, uintptr
 func TestSubmitClassifiesEachAllocationOnce(t *testing.T) {
 	const block, blocks = 16 << 10, 256
 	var rc *rangeCopier
-	p := newPair(t, pairOpts{tgtSize: 16 * mib, srcSize: 8 * mib, copierA: func(h *hosthop.HostCopier) relay.Copier {
+	p := newPair(t, pairOpts{tgtSize: 16 * mib, srcSize: 8 * mib, copierA: func(h *cpucopy.HostCopier) relay.Copier {
 		rc = &rangeCopier{HostCopier: h}
 		return rc
 	}})

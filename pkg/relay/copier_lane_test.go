@@ -10,7 +10,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/pxn-project/pxn/pkg/hosthop"
+	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -20,7 +20,7 @@ import (
 // the copier lane it was given and the relay lane's doorbell region it
 // rings.
 type laneRecorder struct {
-	*hosthop.HostCopier
+	*cpucopy.HostCopier
 	mu sync.Mutex
 	// byBell maps each relay lane (the first doorbell address seen in it)
 	// to the copier lanes its copies were given.
@@ -88,13 +88,13 @@ func TestOutboundLanesUseCopierLanesOfTheirOwn(t *testing.T) {
 	}
 	// The two relays claim a lane on each other first, so the sender
 	// that comes last is the second claimant on both: lane 1 at each.
-	b := open("rail1", "mlx5_1", hosthop.NewHostCopier(hosthop.HostCopierOptions{}))
-	c := open("rail2", "mlx5_2", hosthop.NewHostCopier(hosthop.HostCopierOptions{}))
+	b := open("rail1", "mlx5_1", cpucopy.NewHostCopier(cpucopy.HostCopierOptions{}))
+	c := open("rail2", "mlx5_2", cpucopy.NewHostCopier(cpucopy.HostCopierOptions{}))
 	waitFor(t, "the relays' lanes on each other", func() bool { return b.HasRelay("rail2") && c.HasRelay("rail1") })
 
 	src := mapAnon(t, size)
 	fillPattern(src, 7)
-	rec := &laneRecorder{HostCopier: hosthop.NewHostCopier(hosthop.HostCopierOptions{}), byBell: map[uintptr][]int{}}
+	rec := &laneRecorder{HostCopier: cpucopy.NewHostCopier(cpucopy.HostCopierOptions{}), byBell: map[uintptr][]int{}}
 	if err := rec.RegisterDevice(uintptr(unsafe.Pointer(&src[0])), size); err != nil {
 		t.Fatal(err)
 	}

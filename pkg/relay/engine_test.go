@@ -13,8 +13,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/engineconfig"
-	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/sim/hostfault"
@@ -40,7 +40,7 @@ type pair struct {
 	a, b     *relay.Engine
 	hopA     *fabric.Loopback
 	hopB     *fabric.Loopback
-	copA     *hosthop.HostCopier
+	copA     *cpucopy.HostCopier
 	holdA    *hostfault.Holder
 	tgt      map[string][]byte
 	rankA    *memRank
@@ -67,7 +67,7 @@ type pairOpts struct {
 	separate bool
 	// copierA, when set, gives engine a the copier it returns instead of
 	// its host copier.
-	copierA func(*hosthop.HostCopier) relay.Copier
+	copierA func(*cpucopy.HostCopier) relay.Copier
 }
 
 // enabledConfig is PXN on without the planner's ramp: the tests count and
@@ -103,12 +103,12 @@ func newPairTB(t testing.TB, o pairOpts) *pair {
 	}
 	p.srcBytes = mapAnon(t, o.srcSize)
 	fillPattern(p.srcBytes, 1)
-	var copOpts hosthop.HostCopierOptions
+	var copOpts cpucopy.HostCopierOptions
 	if o.holdReady {
 		p.holdA = hostfault.NewHolder()
 		copOpts.Ready = p.holdA
 	}
-	p.copA = hosthop.NewHostCopier(copOpts)
+	p.copA = cpucopy.NewHostCopier(copOpts)
 	if err := p.copA.RegisterDevice(p.src(0), uint64(len(p.srcBytes))); err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func newPairTB(t testing.TB, o pairOpts) *pair {
 		if o.wrapB != nil {
 			hopB, dirB = o.wrapB(p.hopB)
 		}
-		p.b, err = relay.OpenWithFaultHooks(cfg, relay.Deps{Hop: hopB, Directory: dirB, Copier: hosthop.NewHostCopier(hosthop.HostCopierOptions{}), Registry: p.rankB, LocalHCA: "mlx5_1"}, hooks)
+		p.b, err = relay.OpenWithFaultHooks(cfg, relay.Deps{Hop: hopB, Directory: dirB, Copier: cpucopy.NewHostCopier(cpucopy.HostCopierOptions{}), Registry: p.rankB, LocalHCA: "mlx5_1"}, hooks)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,20 +6,20 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/pxn-project/pxn/pkg/hosthop"
+	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // readyFailCopier cannot record source-ready events.
-type readyFailCopier struct{ *hosthop.HostCopier }
+type readyFailCopier struct{ *cpucopy.HostCopier }
 
 func (readyFailCopier) RecordReady(uintptr) (relay.Event, error) {
 	return 0, errors.New("no event for this stream")
 }
 
 // copyFailCopier fails every first-hop copy before its doorbell.
-type copyFailCopier struct{ *hosthop.HostCopier }
+type copyFailCopier struct{ *cpucopy.HostCopier }
 
 func (copyFailCopier) Copy(int, relay.Event, []relay.CopyEntry, *uint64, uint64) error {
 	return errors.New("copy engine fault")
@@ -51,11 +51,11 @@ func TestFallbackReasonOfAFailedStep(t *testing.T) {
 	const n = pieces * staging.SlotSize
 	for _, tc := range []struct {
 		name   string
-		copier func(*hosthop.HostCopier) relay.Copier
+		copier func(*cpucopy.HostCopier) relay.Copier
 		reason int
 	}{
-		{"source-ready event not recorded", func(h *hosthop.HostCopier) relay.Copier { return readyFailCopier{h} }, staging.FallbackSourceEvent},
-		{"first-hop copy failed", func(h *hosthop.HostCopier) relay.Copier { return copyFailCopier{h} }, staging.FallbackLaneBroken},
+		{"source-ready event not recorded", func(h *cpucopy.HostCopier) relay.Copier { return readyFailCopier{h} }, staging.FallbackSourceEvent},
+		{"first-hop copy failed", func(h *cpucopy.HostCopier) relay.Copier { return copyFailCopier{h} }, staging.FallbackLaneBroken},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPair(t, pairOpts{tgtSize: n, srcSize: n, copierA: tc.copier})

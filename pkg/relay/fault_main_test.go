@@ -19,9 +19,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/hostengine"
-	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/sim/hostfault"
@@ -166,14 +166,14 @@ func (h *gateHop) setHold(on bool) {
 // holdCopier holds the source-ready events recorded while hold is on, so a
 // test can prove that nothing reads a source before its event.
 type holdCopier struct {
-	*hosthop.HostCopier
+	*cpucopy.HostCopier
 	holder *hostfault.Holder
 	hold   atomic.Bool
 }
 
 func newHoldCopier() *holdCopier {
 	h := hostfault.NewHolder()
-	return &holdCopier{HostCopier: hosthop.NewHostCopier(hosthop.HostCopierOptions{Ready: h}), holder: h}
+	return &holdCopier{HostCopier: cpucopy.NewHostCopier(cpucopy.HostCopierOptions{Ready: h}), holder: h}
 }
 
 func (c *holdCopier) RecordReady(stream uintptr) (relay.Event, error) {

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pxn-project/pxn/pkg/hosthop"
+	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -56,7 +56,7 @@ func TestInboundLanesServedInTurnAcrossTheCap(t *testing.T) {
 			}
 			cfg := enabledConfig()
 			cfg.InflightDepth = depth
-			e, err := relay.OpenWithFaultHooks(cfg, relay.Deps{Hop: hop, Directory: hop, Copier: hosthop.NewHostCopier(hosthop.HostCopierOptions{}),
+			e, err := relay.OpenWithFaultHooks(cfg, relay.Deps{Hop: hop, Directory: hop, Copier: cpucopy.NewHostCopier(cpucopy.HostCopierOptions{}),
 				Registry: rank, LocalHCA: "mlx5_1"}, relay.FaultHooks{ManualPump: true})
 			if err != nil {
 				t.Fatal(err)

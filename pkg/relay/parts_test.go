@@ -8,8 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/engineconfig"
-	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/memrange"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -20,7 +20,7 @@ import (
 // copies one part into the slot and signals it. Copy (a Piece in one part)
 // goes to the host copier and is counted.
 type partStepper struct {
-	*hosthop.HostCopier
+	*cpucopy.HostCopier
 	mu     sync.Mutex
 	jobs   []partJob
 	copies atomic.Int32
@@ -100,7 +100,7 @@ func submitInParts(t *testing.T, p *pair, st *partStepper, reqs []relay.Request)
 func stepperPair(t *testing.T, size int, cfg func(*engineconfig.Config)) (*pair, *partStepper) {
 	t.Helper()
 	var st *partStepper
-	p := joinPair(t, pairOpts{tgtSize: size, srcSize: size, cfg: cfg, copierA: func(h *hosthop.HostCopier) relay.Copier {
+	p := joinPair(t, pairOpts{tgtSize: size, srcSize: size, cfg: cfg, copierA: func(h *cpucopy.HostCopier) relay.Copier {
 		st = &partStepper{HostCopier: h}
 		return st
 	}})

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/pxn-project/pxn/pkg/hosthop"
+	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -15,7 +15,7 @@ import (
 // readyCounter counts the source-ready events Submit records: one for each
 // group of each chunk it queues.
 type readyCounter struct {
-	*hosthop.HostCopier
+	*cpucopy.HostCopier
 	n atomic.Int32
 }
 
@@ -32,7 +32,7 @@ func (c *readyCounter) RecordReady(stream uintptr) (relay.Event, error) {
 func TestLongSubmitIsQueuedInChunks(t *testing.T) {
 	const total = 20 * staging.SlotSize
 	var rc *readyCounter
-	p := newPair(t, pairOpts{tgtSize: total, srcSize: total, copierA: func(h *hosthop.HostCopier) relay.Copier {
+	p := newPair(t, pairOpts{tgtSize: total, srcSize: total, copierA: func(h *cpucopy.HostCopier) relay.Copier {
 		rc = &readyCounter{HostCopier: h}
 		return rc
 	}})

@@ -12,8 +12,8 @@ import (
 	"syscall"
 
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/hostengine"
-	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 
@@ -32,7 +32,7 @@ func runOpen(args []string) error {
 	}
 	ctx := context.Background()
 	eng, err := hostengine.OpenFromEnv(ctx, nil, hostengine.HostDeps{Hop: idleHop{}, Directory: noTargets{},
-		Copier: hosthop.NewHostCopier(hosthop.HostCopierOptions{}), LocalHCA: "mlx5_0"})
+		Copier: cpucopy.NewHostCopier(cpucopy.HostCopierOptions{}), LocalHCA: "mlx5_0"})
 	if err != nil {
 		return err
 	}

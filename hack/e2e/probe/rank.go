@@ -17,9 +17,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pxn-project/pxn/pkg/contract"
+	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/engineconfig"
 	"github.com/pxn-project/pxn/pkg/hostengine"
-	"github.com/pxn-project/pxn/pkg/hosthop"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -147,7 +147,7 @@ func rank(rep *rankReport, index int, hca, peerHCA string) error {
 	}
 	pattern(src, index, 0)
 	srcBase := uintptr(unsafe.Pointer(&src[0]))
-	cop := hosthop.NewHostCopier(hosthop.HostCopierOptions{})
+	cop := cpucopy.NewHostCopier(cpucopy.HostCopierOptions{})
 	if err := cop.RegisterDevice(srcBase, uint64(len(src))); err != nil {
 		return err
 	}

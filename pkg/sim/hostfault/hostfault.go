@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package hostfault is a stand-in for tests and benchmarks: the
-// hosthop.ReadyHolder and hosthop.CopyFaults that hold a host copier's
+// cpucopy.ReadyHolder and cpucopy.CopyFaults that hold a host copier's
 // source-ready events until a test releases them and fail the copies a
 // test chooses. Nothing shipped links it.
 package hostfault
@@ -55,7 +55,7 @@ func (h *Holder) Hold(ev relay.Event) bool {
 func (h *Holder) SetHolding(on bool) { h.off.Store(!on) }
 
 // ReleaseReady completes ev. An event that is not held is the copier's
-// error (wrapping hosthop.ErrUnknownEvent).
+// error (wrapping cpucopy.ErrUnknownEvent).
 func (h *Holder) ReleaseReady(ev relay.Event) error {
 	h.mu.Lock()
 	release := h.release

@@ -2,7 +2,7 @@
 
 //go:build race
 
-package hosthop
+package cpucopy
 
 // raceEnabled reports that the race detector is on: it allocates on its own
 // account, so allocation counts mean nothing.

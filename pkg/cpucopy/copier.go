@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package hosthop
+package cpucopy
 
 import (
 	"errors"
@@ -17,10 +17,10 @@ import (
 var (
 	// ErrLaneFull is returned by HostCopier.Copy when a lane already holds
 	// LaneQueueDepth copies that have not rung their doorbell.
-	ErrLaneFull = errors.New("hosthop: lane copy queue full")
+	ErrLaneFull = errors.New("cpucopy: lane copy queue full")
 	// ErrUnknownEvent is returned for an event that the copier did not
 	// record or that has been released.
-	ErrUnknownEvent = errors.New("hosthop: unknown event")
+	ErrUnknownEvent = errors.New("cpucopy: unknown event")
 )
 
 // LaneQueueDepth is the most copies one lane holds: twice the ring depth, so
@@ -169,12 +169,12 @@ func NewHostCopier(opts HostCopierOptions) *HostCopier {
 // RegisterDevice marks [addr, addr+n) as simulated device memory.
 func (c *HostCopier) RegisterDevice(addr uintptr, n uint64) error {
 	if !memrange.ValidRange(uint64(addr), n) {
-		return fmt.Errorf("hosthop: invalid device range %#x+%d", addr, n)
+		return fmt.Errorf("cpucopy: invalid device range %#x+%d", addr, n)
 	}
 	c.devMu.Lock()
 	defer c.devMu.Unlock()
 	if c.dev.Overlaps(uint64(addr), n) {
-		return fmt.Errorf("hosthop: device range %#x+%d overlaps a registered range", addr, n)
+		return fmt.Errorf("cpucopy: device range %#x+%d overlaps a registered range", addr, n)
 	}
 	c.dev = c.dev.Insert(memrange.Span{Start: uint64(addr), Size: n})
 	return nil
@@ -329,30 +329,30 @@ func (c *HostCopier) Copy(lane int, ready relay.Event, entries []relay.CopyEntry
 // words[p], while the lane goes on with the next part.
 func (c *HostCopier) CopyParts(lane int, ready relay.Event, entries []relay.CopyEntry, partEnds []uint32, doorbell *uint64, words *[staging.MaxParts - 1]uint64, seq uint64) error {
 	if words == nil {
-		return fmt.Errorf("hosthop: lane %d seq %d: nil part words", lane, seq)
+		return fmt.Errorf("cpucopy: lane %d seq %d: nil part words", lane, seq)
 	}
 	if err := staging.CheckPartEnds(partEnds, len(entries)); err != nil {
-		return fmt.Errorf("hosthop: lane %d seq %d: %d entries: %w", lane, seq, len(entries), err)
+		return fmt.Errorf("cpucopy: lane %d seq %d: %d entries: %w", lane, seq, len(entries), err)
 	}
 	return c.copyIn(lane, ready, entries, partEnds, doorbell, words, seq)
 }
 
 func (c *HostCopier) copyIn(lane int, ready relay.Event, entries []relay.CopyEntry, partEnds []uint32, doorbell *uint64, words *[staging.MaxParts - 1]uint64, seq uint64) error {
 	if lane < 0 || lane >= staging.LaneCount {
-		return fmt.Errorf("hosthop: lane %d out of range [0, %d)", lane, staging.LaneCount)
+		return fmt.Errorf("cpucopy: lane %d out of range [0, %d)", lane, staging.LaneCount)
 	}
 	if doorbell == nil {
-		return fmt.Errorf("hosthop: lane %d seq %d: nil doorbell", lane, seq)
+		return fmt.Errorf("cpucopy: lane %d seq %d: nil doorbell", lane, seq)
 	}
 	if a := uintptr(unsafe.Pointer(doorbell)); a%8 != 0 {
-		return fmt.Errorf("hosthop: lane %d seq %d: doorbell %#x is not 8-byte aligned", lane, seq, a)
+		return fmt.Errorf("cpucopy: lane %d seq %d: doorbell %#x is not 8-byte aligned", lane, seq, a)
 	}
 	for i, e := range entries {
 		if e.Len == 0 {
 			continue
 		}
 		if e.Src == 0 || e.Dst == 0 || !memrange.ValidRange(uint64(e.Src), e.Len) || !memrange.ValidRange(uint64(e.Dst), e.Len) {
-			return fmt.Errorf("hosthop: lane %d seq %d: entry %d (src %#x dst %#x len %d) is not addressable", lane, seq, i, e.Src, e.Dst, e.Len)
+			return fmt.Errorf("cpucopy: lane %d seq %d: entry %d (src %#x dst %#x len %d) is not addressable", lane, seq, i, e.Src, e.Dst, e.Len)
 		}
 	}
 	var wait *readyGate
@@ -366,7 +366,7 @@ func (c *HostCopier) copyIn(lane int, ready relay.Event, entries []relay.CopyEnt
 		}
 		c.evMu.Unlock()
 		if !ok {
-			return fmt.Errorf("hosthop: lane %d seq %d: %w: %d", lane, seq, ErrUnknownEvent, ready)
+			return fmt.Errorf("cpucopy: lane %d seq %d: %w: %d", lane, seq, ErrUnknownEvent, ready)
 		}
 	}
 	job := copyJob{ready: wait, doorbell: doorbell, seq: seq, nparts: len(partEnds) + 1, words: words}
@@ -515,7 +515,7 @@ func (c *HostCopier) Close() error {
 	c.laneMu.Unlock()
 	c.workers.Wait()
 	if n := c.abandoned.Load(); n > 0 {
-		return fmt.Errorf("hosthop: close dropped %d copies whose ready event was never released", n)
+		return fmt.Errorf("cpucopy: close dropped %d copies whose ready event was never released", n)
 	}
 	return nil
 }
