@@ -18,7 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/pxn-project/pxn/pkg/engineconfig"
-	"github.com/pxn-project/pxn/pkg/hostengine"
+	"github.com/pxn-project/pxn/pkg/engineopen"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 )
@@ -204,7 +204,7 @@ func pxn_open(opts *C.pxn_options, out *C.pxn_engine_t) C.int {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 		defer cancel()
-		eng, err := hostengine.OpenFromEnv(ctx, cLookupEnv, hostengine.HostDeps{
+		eng, err := engineopen.OpenFromEnv(ctx, cLookupEnv, engineopen.HostDeps{
 			Hop: engineHop, Directory: dir, Copier: first.copier, LocalHCA: hca,
 			Arenas: first.arenas, Memory: arena, Logger: log,
 		})

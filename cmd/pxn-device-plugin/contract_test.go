@@ -16,8 +16,8 @@ import (
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/engineconfig"
+	"github.com/pxn-project/pxn/pkg/engineopen"
 	"github.com/pxn-project/pxn/pkg/group"
-	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 
@@ -67,7 +67,7 @@ func TestRoCESubnetNodeGetsPXN(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	e, err := hostengine.OpenFromEnv(ctx, lookup(env), hostengine.HostDeps{Hop: idleHop{}, Directory: noTargets{}, Copier: cpucopy.NewHostCopier(cpucopy.HostCopierOptions{}), LocalHCA: "mlx5_2", Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
+	e, err := engineopen.OpenFromEnv(ctx, lookup(env), engineopen.HostDeps{Hop: idleHop{}, Directory: noTargets{}, Copier: cpucopy.NewHostCopier(cpucopy.HostCopierOptions{}), LocalHCA: "mlx5_2", Logger: ktesting.NewLogger(t, ktesting.NewConfig())})
 	if err != nil {
 		t.Fatal(err)
 	}

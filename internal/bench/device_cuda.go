@@ -15,8 +15,8 @@ import (
 
 	"github.com/pxn-project/pxn/pkg/cuda"
 	"github.com/pxn-project/pxn/pkg/engineconfig"
+	"github.com/pxn-project/pxn/pkg/engineopen"
 	"github.com/pxn-project/pxn/pkg/gpu"
-	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/gpunic"
 )
@@ -96,7 +96,7 @@ func (r *cudaRank) hop() relay.Hop { return r.nic }
 
 func (r *cudaRank) newHop() (relay.Hop, error) { return gpunic.New(r.g, r.maps, gpunic.Options{}) }
 
-func (r *cudaRank) firstHop(deps *hostengine.HostDeps, _ uintptr, _ uint64) (string, error) {
+func (r *cudaRank) firstHop(deps *engineopen.HostDeps, _ uintptr, _ uint64) (string, error) {
 	log := klog.Background()
 	gather, err := gpu.ParseGatherMode(engineconfig.Load(nil, nil).CopyMode)
 	if err != nil {

@@ -8,7 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/pxn-project/pxn/pkg/cpucopy"
-	"github.com/pxn-project/pxn/pkg/hostengine"
+	"github.com/pxn-project/pxn/pkg/engineopen"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 )
@@ -43,7 +43,7 @@ func (h *hostRank) newHop() (relay.Hop, error) {
 	return fabric.NewTCPHop(fabric.TCPHopOptions{Targets: h.dir.Addresses()}), nil
 }
 
-func (h *hostRank) firstHop(deps *hostengine.HostDeps, src uintptr, n uint64) (string, error) {
+func (h *hostRank) firstHop(deps *engineopen.HostDeps, src uintptr, n uint64) (string, error) {
 	c := cpucopy.NewHostCopier(cpucopy.HostCopierOptions{})
 	if err := c.RegisterDevice(src, n); err != nil {
 		return "", err

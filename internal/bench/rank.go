@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/pxn-project/pxn/pkg/engineconfig"
-	"github.com/pxn-project/pxn/pkg/hostengine"
+	"github.com/pxn-project/pxn/pkg/engineopen"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 )
@@ -228,7 +228,7 @@ type rankDevice interface {
 	newHop() (relay.Hop, error)
 	// firstHop fills deps with the copier (and arenas) PXN needs; it is
 	// called only when MC_PXN_ENABLE turns PXN on. It describes the copier.
-	firstHop(deps *hostengine.HostDeps, src uintptr, n uint64) (string, error)
+	firstHop(deps *engineopen.HostDeps, src uintptr, n uint64) (string, error)
 	// freeMemory is the device's free memory, or false where there is no
 	// device memory to count.
 	freeMemory() (uint64, bool)
@@ -395,9 +395,9 @@ func openEngine(dev rankDevice, dir relay.Directory, o RankOptions, hca string, 
 	time.Sleep(200 * time.Millisecond)
 	free0, _ := dev.freeMemory()
 	th0, gr0, sh0 := threadCount(), runtime.NumGoroutine(), countEntries(o.Registry)
-	deps := hostengine.HostDeps{Hop: dev.hop(), Directory: dir, LocalHCA: hca}
+	deps := engineopen.HostDeps{Hop: dev.hop(), Directory: dir, LocalHCA: hca}
 	var desc string
-	// hostengine.OpenFromEnv reports a refused configuration; this only asks
+	// engineopen.OpenFromEnv reports a refused configuration; this only asks
 	// whether PXN is on.
 	if engineconfig.Load(nil, nil).Enable {
 		var err error
@@ -405,7 +405,7 @@ func openEngine(dev rankDevice, dir relay.Directory, o RankOptions, hca string, 
 			return nil, nil, err
 		}
 	}
-	eng, err := hostengine.OpenFromEnv(context.Background(), nil, deps)
+	eng, err := engineopen.OpenFromEnv(context.Background(), nil, deps)
 	if err != nil {
 		return nil, nil, err
 	}

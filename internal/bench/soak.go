@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/pxn-project/pxn/pkg/contract"
-	"github.com/pxn-project/pxn/pkg/hostengine"
+	"github.com/pxn-project/pxn/pkg/engineopen"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
@@ -629,11 +629,11 @@ func runSoakRank(out *json.Encoder, r, ranks int, dirPath string, block uint64, 
 	if err != nil {
 		return err
 	}
-	deps := hostengine.HostDeps{Hop: dev.hop(), Directory: dir, LocalHCA: rankHCA(r)}
+	deps := engineopen.HostDeps{Hop: dev.hop(), Directory: dir, LocalHCA: rankHCA(r)}
 	if _, err := dev.firstHop(&deps, base, n); err != nil {
 		return err
 	}
-	eng, err := hostengine.OpenFromEnv(context.Background(), nil, deps)
+	eng, err := engineopen.OpenFromEnv(context.Background(), nil, deps)
 	if err != nil {
 		return err
 	}

@@ -28,8 +28,8 @@ import (
 
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/cpucopy"
+	"github.com/pxn-project/pxn/pkg/engineopen"
 	"github.com/pxn-project/pxn/pkg/group"
-	"github.com/pxn-project/pxn/pkg/hostengine"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 )
@@ -93,7 +93,7 @@ func runRankRole() int {
 		return 1
 	}
 	ctx := context.Background()
-	eng, err := hostengine.OpenFromEnv(ctx, nil, hostengine.HostDeps{Hop: hop, Directory: hop, Copier: copier, LocalHCA: rankHCA(k)})
+	eng, err := engineopen.OpenFromEnv(ctx, nil, engineopen.HostDeps{Hop: hop, Directory: hop, Copier: copier, LocalHCA: rankHCA(k)})
 	if err != nil || !eng.PXNActive() {
 		fmt.Println("error engine without PXN:", err)
 		return 1

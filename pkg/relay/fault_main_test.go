@@ -21,7 +21,7 @@ import (
 
 	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/engineconfig"
-	"github.com/pxn-project/pxn/pkg/hostengine"
+	"github.com/pxn-project/pxn/pkg/engineopen"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/sim/hostfault"
@@ -187,7 +187,7 @@ func (c *holdCopier) RecordReady(stream uintptr) (relay.Event, error) {
 // stallRegistry is the real registry with a heartbeat that a test can stop
 // while the rank keeps running.
 type stallRegistry struct {
-	*hostengine.StagingRegistry
+	*engineopen.StagingRegistry
 	paused atomic.Bool
 }
 
@@ -261,7 +261,7 @@ func faultRank() error {
 			return err
 		}
 		rankName = rank.Name()
-		stall = &stallRegistry{StagingRegistry: hostengine.NewStagingRegistry(rank)}
+		stall = &stallRegistry{StagingRegistry: engineopen.NewStagingRegistry(rank)}
 		reg = stall
 	}
 	eng, err := relay.OpenWithFaultHooks(cfg, relay.Deps{Hop: hop, Directory: dir, Copier: cop, Registry: reg, LocalHCA: hca}, hooks)

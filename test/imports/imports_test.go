@@ -36,7 +36,7 @@ func isSim(pkg string) bool {
 
 var (
 	controlPlane = []string{"api/...", "pkg/agent/...", "pkg/group/...", "pkg/nodestate/...", "pkg/deviceplugin/...", "pkg/dra/...", "pkg/rail/...", "cmd/pxn-agent", "cmd/pxn-device-plugin", "cmd/pxn-dra-plugin"}
-	engine       = []string{"pkg/relay/...", "pkg/hostengine/...", "pkg/staging/...", "pkg/engineconfig/...", "pkg/cuda/...", "pkg/gpu/...", "pkg/cpucopy/...", "pkg/memrange/..."}
+	engine       = []string{"pkg/relay/...", "pkg/engineopen/...", "pkg/staging/...", "pkg/engineconfig/...", "pkg/cuda/...", "pkg/gpu/...", "pkg/cpucopy/...", "pkg/memrange/..."}
 	shipped      = []string{"cmd/libpxn", "cmd/pxn-agent", "cmd/pxn-device-plugin", "cmd/pxn-dra-plugin"}
 	testHelpers  = []string{"internal/testtools/...", "internal/testmem/...", "internal/sanitize/...", "internal/fakecuda/...", "internal/testkernel/..."}
 )
@@ -52,7 +52,7 @@ var levels = []struct {
 	{"primitives", []string{"api/...", "pkg/rail/...", "pkg/staging", "pkg/engineconfig/...", "pkg/cuda/...", "pkg/memrange/...", "pkg/gpu/kernel/..."}},
 	{"registry", []string{"pkg/staging/registry/..."}},
 	{"engine core", []string{"pkg/relay/..."}},
-	{"components", []string{"pkg/gpu", "pkg/cpucopy/...", "pkg/hostengine/...", "pkg/group/...", "pkg/nodestate/...", "pkg/deviceplugin/...", "pkg/dra/...", "pkg/agent/..."}},
+	{"components", []string{"pkg/gpu", "pkg/cpucopy/...", "pkg/engineopen/...", "pkg/group/...", "pkg/nodestate/...", "pkg/deviceplugin/...", "pkg/dra/...", "pkg/agent/..."}},
 	{"stand-ins", []string{"pkg/sim/..."}},
 	{"program parts", []string{"internal/..."}},
 	{"programs", []string{"cmd/...", "hack/...", "test/...", "integrations/..."}},

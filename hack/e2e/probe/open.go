@@ -13,7 +13,7 @@ import (
 
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/cpucopy"
-	"github.com/pxn-project/pxn/pkg/hostengine"
+	"github.com/pxn-project/pxn/pkg/engineopen"
 	"github.com/pxn-project/pxn/pkg/relay"
 )
 
@@ -31,7 +31,7 @@ func runOpen(args []string) error {
 		}
 	}
 	ctx := context.Background()
-	eng, err := hostengine.OpenFromEnv(ctx, nil, hostengine.HostDeps{Hop: idleHop{}, Directory: noTargets{},
+	eng, err := engineopen.OpenFromEnv(ctx, nil, engineopen.HostDeps{Hop: idleHop{}, Directory: noTargets{},
 		Copier: cpucopy.NewHostCopier(cpucopy.HostCopierOptions{}), LocalHCA: "mlx5_0"})
 	if err != nil {
 		return err

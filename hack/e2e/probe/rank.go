@@ -19,7 +19,7 @@ import (
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/engineconfig"
-	"github.com/pxn-project/pxn/pkg/hostengine"
+	"github.com/pxn-project/pxn/pkg/engineopen"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/sim/fabric"
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -153,7 +153,7 @@ func rank(rep *rankReport, index int, hca, peerHCA string) error {
 	}
 	hop := fabric.NewTCPHop(fabric.TCPHopOptions{Targets: dir.Addresses(), QueueDepth: 256})
 	defer hop.Close()
-	eng, err := hostengine.OpenFromEnv(ctx, nil, hostengine.HostDeps{Hop: hop, Directory: dir, Copier: cop, LocalHCA: hca})
+	eng, err := engineopen.OpenFromEnv(ctx, nil, engineopen.HostDeps{Hop: hop, Directory: dir, Copier: cop, LocalHCA: hca})
 	if err != nil {
 		return err
 	}

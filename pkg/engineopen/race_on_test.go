@@ -2,7 +2,7 @@
 
 //go:build race
 
-package hostengine_test
+package engineopen_test
 
 // raceEnabled: the race detector allocates on its own, so allocation
 // counts mean nothing under it.

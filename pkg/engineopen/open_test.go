@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package hostengine_test
+package engineopen_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/cpucopy"
-	"github.com/pxn-project/pxn/pkg/hostengine"
+	"github.com/pxn-project/pxn/pkg/engineopen"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
 )
@@ -35,7 +35,7 @@ func open(t *testing.T, kv map[string]string) (*relay.Engine, []string) {
 	t.Helper()
 	var logged []string
 	log := funcr.New(func(prefix, args string) { logged = append(logged, args) }, funcr.Options{})
-	e, err := hostengine.OpenFromEnv(context.Background(), env(kv), hostengine.HostDeps{
+	e, err := engineopen.OpenFromEnv(context.Background(), env(kv), engineopen.HostDeps{
 		Hop: idleHop{}, Directory: noTargets{}, Copier: cpucopy.NewHostCopier(cpucopy.HostCopierOptions{}),
 		LocalHCA: "mlx5_0", Logger: log,
 	})

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package hostengine_test
+package engineopen_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pxn-project/pxn/pkg/hostengine"
+	"github.com/pxn-project/pxn/pkg/engineopen"
 	"github.com/pxn-project/pxn/pkg/relay"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry"
@@ -65,7 +65,7 @@ func TestStagingRegistryPeersSteadyAllocatesNothing(t *testing.T) {
 		t.Skip("the race detector allocates on its own")
 	}
 	ranks := stagingGroup(t, 4)
-	s := hostengine.NewStagingRegistry(ranks[0])
+	s := engineopen.NewStagingRegistry(ranks[0])
 	var ps []relay.Peer
 	var err error
 	call := func() {
@@ -83,7 +83,7 @@ func TestStagingRegistryPeersSteadyAllocatesNothing(t *testing.T) {
 
 func TestStagingRegistryAttachLeavesPeersAlone(t *testing.T) {
 	ranks := stagingGroup(t, 3)
-	s := hostengine.NewStagingRegistry(ranks[0])
+	s := engineopen.NewStagingRegistry(ranks[0])
 	ps, err := s.Peers()
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +113,7 @@ func TestStagingRegistryAttachLeavesPeersAlone(t *testing.T) {
 
 func TestStagingRegistryTooManyPeers(t *testing.T) {
 	ranks := stagingGroup(t, staging.LaneCount+2)
-	s := hostengine.NewStagingRegistry(ranks[0])
+	s := engineopen.NewStagingRegistry(ranks[0])
 	_, err := s.Peers()
 	if !errors.Is(err, relay.ErrTooManyPeers) || !errors.Is(err, registry.ErrTooManyPeers) {
 		t.Fatalf("Peers = %v, want %v wrapping %v", err, relay.ErrTooManyPeers, registry.ErrTooManyPeers)
@@ -133,7 +133,7 @@ func TestStagingRegistryTooManyPeers(t *testing.T) {
 // peers) that does not change.
 func BenchmarkPeersSteady(b *testing.B) {
 	ranks := stagingGroup(b, staging.LaneCount+1)
-	s := hostengine.NewStagingRegistry(ranks[0])
+	s := engineopen.NewStagingRegistry(ranks[0])
 	if ps, err := s.Peers(); err != nil || len(ps) != staging.LaneCount {
 		b.Fatalf("Peers = %d peers, %v; want %d", len(ps), err, staging.LaneCount)
 	}

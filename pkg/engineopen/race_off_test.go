@@ -2,6 +2,6 @@
 
 //go:build !race
 
-package hostengine_test
+package engineopen_test
 
 const raceEnabled = false

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Package hostengine builds an engine for a host process: it reads the
+// Package engineopen builds an engine for a host process: it reads the
 // process's MC_PXN_* environment, registers the rank in the shared-memory
 // registry and hands the engine an adapter of that registry.
-package hostengine
+package engineopen
 
 import (
 	"context"
