@@ -72,19 +72,19 @@ func (c *discoverConfig) run(ctx context.Context, stdout, stderr io.Writer) erro
 	} else {
 		discoverTable(stdout, layout)
 	}
-	return notReady(layout, c.rail.HostRoot)
+	return notReady(layout, c.rail.NodeRoot)
 }
 
 // notReady is the exit of a node that is not ready, saying why; nil when it
 // is. Where nothing at all was found, the host root is the likely mistake.
-func notReady(l *rail.Layout, hostRoot string) error {
+func notReady(l *rail.Layout, nodeRoot string) error {
 	ready, why := l.Ready()
 	if ready {
 		return nil
 	}
 	err := fmt.Errorf("node not ready: %s", why)
 	if len(l.GPUs) == 0 && len(l.HCAs) == 0 {
-		err = fmt.Errorf("node not ready: no GPU and no HCA under %s: is --host-root the folder where the host's / is visible?", filepath.Join(hostRoot, "sys"))
+		err = fmt.Errorf("node not ready: no GPU and no HCA under %s: is --host-root the folder where the host's / is visible?", filepath.Join(nodeRoot, "sys"))
 	}
 	return cli.ExitError{Code: exitNotReady, Err: err}
 }

@@ -70,15 +70,15 @@ func TestDiscoverJSONIsTheLayout(t *testing.T) {
 	}{
 		{
 			[]string{"--host-root", railFixture("hgx-8gpu"), "-o", "json"},
-			rail.Options{HostRoot: railFixture("hgx-8gpu")},
+			rail.Options{NodeRoot: railFixture("hgx-8gpu")},
 		},
 		{
 			[]string{"--host-root", railFixture("pcie-8gpu-4nic"), "--rail-strategy", "subnet", "--subnet-prefix-len", "16", "-o", "json"},
-			rail.Options{HostRoot: railFixture("pcie-8gpu-4nic"), Strategy: "subnet", SubnetPrefixLen: 16},
+			rail.Options{NodeRoot: railFixture("pcie-8gpu-4nic"), Strategy: "subnet", SubnetPrefixLen: 16},
 		},
 		{
 			[]string{"--host-root", railFixture("hgx-8gpu-portdown"), "--rail-strategy=static", "--static-file", staticTable, "-o=json"},
-			rail.Options{HostRoot: railFixture("hgx-8gpu-portdown"), Strategy: "static", StaticFile: staticTable},
+			rail.Options{NodeRoot: railFixture("hgx-8gpu-portdown"), Strategy: "static", StaticFile: staticTable},
 		},
 	}
 	for _, tc := range tests {

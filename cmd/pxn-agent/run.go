@@ -56,7 +56,7 @@ func (c *runConfig) bind(fs *pflag.FlagSet) {
 
 // bindRailFlags binds the rail discovery flags that run and discover share.
 func bindRailFlags(fs *pflag.FlagSet, o *rail.Options) {
-	fs.StringVar(&o.HostRoot, "host-root", "/", "folder where the host's / is visible (its sys/ is read)")
+	fs.StringVar(&o.NodeRoot, "host-root", "/", "folder where the host's / is visible (its sys/ is read)")
 	fs.StringVar(&o.Strategy, "rail-strategy", rail.StrategyPCIOrder, "how rails are named: pci-order, subnet or static")
 	fs.IntVar(&o.SubnetPrefixLen, "subnet-prefix-len", rail.DefaultSubnetPrefixLen, "IPv4 prefix length of the subnet strategy")
 	fs.StringVar(&o.StaticFile, "static-file", "", "static strategy: JSON object of HCA name to rail name")

@@ -54,8 +54,8 @@ func TestRunFlags(t *testing.T) {
 		o.MetricsBindAddress != ":9640" || o.HealthProbeBindAddress != ":9642" || o.AgentVersion != version.String() || c.kubeconfig != "" {
 		t.Errorf("defaults: %+v kubeconfig %q", o, c.kubeconfig)
 	}
-	want := rail.Options{HostRoot: "/", Strategy: rail.StrategyPCIOrder, SubnetPrefixLen: rail.DefaultSubnetPrefixLen}
-	if d, ok := o.Discoverer.(agent.RailDiscoverer); !ok || d.Options.HostRoot != want.HostRoot ||
+	want := rail.Options{NodeRoot: "/", Strategy: rail.StrategyPCIOrder, SubnetPrefixLen: rail.DefaultSubnetPrefixLen}
+	if d, ok := o.Discoverer.(agent.RailDiscoverer); !ok || d.Options.NodeRoot != want.NodeRoot ||
 		d.Options.Strategy != want.Strategy || d.Options.SubnetPrefixLen != want.SubnetPrefixLen {
 		t.Errorf("discoverer %#v, want rail options %+v", o.Discoverer, want)
 	}
@@ -67,7 +67,7 @@ func TestRunFlags(t *testing.T) {
 		t.Fatalf("flags: %v", err)
 	}
 	d := c.opts.Discoverer.(agent.RailDiscoverer)
-	if c.opts.NodeName != "n1" || d.Options.HostRoot != "/host" || d.Options.Strategy != "static" ||
+	if c.opts.NodeName != "n1" || d.Options.NodeRoot != "/host" || d.Options.Strategy != "static" ||
 		d.Options.StaticFile != "/etc/rails.json" || d.Options.SubnetPrefixLen != 16 || c.opts.Resync != 5*time.Second ||
 		c.kubeconfig != "/kc" || c.opts.MetricsBindAddress != "0" || c.opts.HealthProbeBindAddress != "127.0.0.1:1" ||
 		c.opts.AgentVersion != "v9" {
@@ -108,7 +108,7 @@ func TestRunEnvironment(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := c.opts.Discoverer.(agent.RailDiscoverer)
-	if c.opts.NodeName != "env-node" || d.Options.HostRoot != "/env-host" || d.Options.Strategy != "subnet" ||
+	if c.opts.NodeName != "env-node" || d.Options.NodeRoot != "/env-host" || d.Options.Strategy != "subnet" ||
 		d.Options.SubnetPrefixLen != 20 || c.opts.Resync != 9*time.Second || c.opts.MetricsBindAddress != ":1234" {
 		t.Errorf("parsed %+v %+v", c.opts, d.Options)
 	}

@@ -33,7 +33,7 @@ func TestRoCESubnetNodeGetsPXN(t *testing.T) {
 		t.Fatalf("copy fixture %s: %v", src, err)
 	}
 	k := startKubelet(t)
-	p := startPlugin(t, k, pluginOpts{hostRoot: root, extra: []string{"--rail-strategy=subnet"}})
+	p := startPlugin(t, k, pluginOpts{nodeRoot: root, extra: []string{"--rail-strategy=subnet"}})
 	c := k.dial(k.waitRegistration(30 * time.Second).Endpoint)
 	stream, err := c.ListAndWatch(contextFor(t, 30*time.Second), &pluginapi.Empty{})
 	if err != nil {

@@ -292,10 +292,10 @@ func TestReservesWhenOwnSocketIsDeleted(t *testing.T) {
 	}
 }
 
-func TestHealthFollowsHostRoot(t *testing.T) {
+func TestHealthFollowsNodeRoot(t *testing.T) {
 	k := startKubelet(t)
 	p := startPlugin(t, k, pluginOpts{})
-	ports := portStates(t, p.hostRoot)
+	ports := portStates(t, p.nodeRoot)
 	c := k.dial(k.waitRegistration(30 * time.Second).Endpoint)
 	stream, err := c.ListAndWatch(contextFor(t, time.Minute), &pluginapi.Empty{})
 	if err != nil {
@@ -312,7 +312,7 @@ func TestHealthFollowsHostRoot(t *testing.T) {
 	setPortState(t, ports[0], "4: ACTIVE")
 	recvHealth(t, stream, pluginapi.Healthy)
 
-	sys := filepath.Join(p.hostRoot, "sys")
+	sys := filepath.Join(p.nodeRoot, "sys")
 	if err := os.Rename(sys, sys+".gone"); err != nil {
 		t.Fatal(err)
 	}

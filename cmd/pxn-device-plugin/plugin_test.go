@@ -81,11 +81,11 @@ type plugin struct {
 	err      error
 	stateDir string
 	shmDir   string
-	hostRoot string
+	nodeRoot string
 }
 
 type pluginOpts struct {
-	hostRoot   string
+	nodeRoot   string
 	kubeconfig string
 	metrics    string // empty: "0", no metrics endpoint
 	health     string // empty: "0", the probes are off
@@ -98,14 +98,14 @@ func startPlugin(t testing.TB, k *kubelet, o pluginOpts) *plugin {
 	t.Helper()
 	base := t.TempDir()
 	p := &plugin{t: t, out: &syncBuffer{}, exited: make(chan struct{}),
-		stateDir: filepath.Join(base, "state"), shmDir: filepath.Join(base, "shm"), hostRoot: o.hostRoot}
-	if p.hostRoot == "" {
-		p.hostRoot = fixtureHostRoot(t)
+		stateDir: filepath.Join(base, "state"), shmDir: filepath.Join(base, "shm"), nodeRoot: o.nodeRoot}
+	if p.nodeRoot == "" {
+		p.nodeRoot = fixtureNodeRoot(t)
 	}
 	args := []string{
 		"--device-plugin-dir=" + k.dir,
 		"--pod-resources-socket=" + k.podSock,
-		"--host-root=" + p.hostRoot,
+		"--host-root=" + p.nodeRoot,
 		"--state-dir=" + p.stateDir,
 		"--shm-dir=" + p.shmDir,
 		"--metrics-bind-address=" + cmp.Or(o.metrics, "0"),
@@ -180,10 +180,10 @@ func contextFor(t testing.TB, d time.Duration) context.Context {
 	return ctx
 }
 
-// fixtureHostRoot copies one of pkg/rail's sysfs fixtures (a node whose
+// fixtureNodeRoot copies one of pkg/rail's sysfs fixtures (a node whose
 // railed HCAs are all ACTIVE) into a temporary folder, so a test may change
 // port states.
-func fixtureHostRoot(t testing.TB) string {
+func fixtureNodeRoot(t testing.TB) string {
 	t.Helper()
 	src := filepath.Join("..", "..", "pkg", "rail", "testdata", "sysfs", healthyFixture)
 	dst := t.TempDir()
@@ -194,11 +194,11 @@ func fixtureHostRoot(t testing.TB) string {
 }
 
 // portStates returns the state files of every HCA port in a host root.
-func portStates(t testing.TB, hostRoot string) []string {
+func portStates(t testing.TB, nodeRoot string) []string {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(hostRoot, "sys", "class", "infiniband", "*", "ports", "*", "state"))
+	files, err := filepath.Glob(filepath.Join(nodeRoot, "sys", "class", "infiniband", "*", "ports", "*", "state"))
 	if err != nil || len(files) < 2 {
-		t.Fatalf("fixture %s has %d port state files (%v); want at least 2", hostRoot, len(files), err)
+		t.Fatalf("fixture %s has %d port state files (%v); want at least 2", nodeRoot, len(files), err)
 	}
 	return files
 }

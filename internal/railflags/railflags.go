@@ -16,7 +16,7 @@ import (
 
 // Flags are the rail strategy's parameters.
 type Flags struct {
-	HostRoot        string
+	NodeRoot        string
 	Strategy        string
 	subnetPrefixLen int
 	staticFile      string
@@ -24,7 +24,7 @@ type Flags struct {
 
 // Bind adds the flags to fs.
 func (r *Flags) Bind(fs *pflag.FlagSet) {
-	fs.StringVar(&r.HostRoot, "host-root", "/", "root of the host filesystem for rail discovery (sysfs under it)")
+	fs.StringVar(&r.NodeRoot, "host-root", "/", "root of the host filesystem for rail discovery (sysfs under it)")
 	fs.StringVar(&r.Strategy, "rail-strategy", "pci-order", "canonical rail strategy: pci-order, subnet or static")
 	fs.IntVar(&r.subnetPrefixLen, "subnet-prefix-len", rail.DefaultSubnetPrefixLen, "IPv4 prefix length of the subnet rail strategy")
 	fs.StringVar(&r.staticFile, "static-file", "", "static rail strategy: JSON object of HCA name to rail name")
@@ -38,7 +38,7 @@ func (r *Flags) Discoverer(log klog.Logger) (nodestate.Discoverer, error) {
 		return nil, fmt.Errorf("--rail-strategy=%q: want %s, %s or %s", r.Strategy, rail.StrategyPCIOrder, rail.StrategySubnet, rail.StrategyStatic)
 	}
 	return &nodestate.RailDiscoverer{Logger: log, Options: rail.Options{
-		HostRoot:        r.HostRoot,
+		NodeRoot:        r.NodeRoot,
 		Strategy:        r.Strategy,
 		SubnetPrefixLen: r.subnetPrefixLen,
 		StaticFile:      r.staticFile,

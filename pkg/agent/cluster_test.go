@@ -30,7 +30,7 @@ func TestInconsistentRailNames(t *testing.T) {
 	pci := startAgent(t, cfg, railAgent(a.Name, railTestdata("sysfs", "hgx-8gpu"), time.Second, time.Hour))
 	static := railAgent(b.Name, railTestdata("sysfs", "hgx-8gpu"), time.Second, time.Hour)
 	static.Discoverer = agent.RailDiscoverer{Options: rail.Options{
-		HostRoot: railTestdata("sysfs", "hgx-8gpu"), Strategy: rail.StrategyStatic, StaticFile: railTestdata("static", "hgx-8gpu.json"),
+		NodeRoot: railTestdata("sysfs", "hgx-8gpu"), Strategy: rail.StrategyStatic, StaticFile: railTestdata("static", "hgx-8gpu.json"),
 	}}
 	startAgent(t, cfg, static)
 
@@ -105,7 +105,7 @@ func TestUnchangedNodeMakesNoRequests(t *testing.T) {
 	c := newClient(t, cfg)
 	ctx := context.Background()
 
-	d, err := agent.RailDiscoverer{Options: rail.Options{HostRoot: railTestdata("sysfs", "hgx-8gpu")}}.Discover(ctx)
+	d, err := agent.RailDiscoverer{Options: rail.Options{NodeRoot: railTestdata("sysfs", "hgx-8gpu")}}.Discover(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -271,10 +271,10 @@ func mapCondition(t *testing.T, c client.Client, name, condType string, status m
 }
 
 // railAgent returns agent options that discover from a fixture host root.
-func railAgent(node, hostRoot string, resync, poll time.Duration) agent.Options {
+func railAgent(node, nodeRoot string, resync, poll time.Duration) agent.Options {
 	return agent.Options{
 		NodeName:     node,
-		Discoverer:   agent.RailDiscoverer{Options: rail.Options{HostRoot: hostRoot}},
+		Discoverer:   agent.RailDiscoverer{Options: rail.Options{NodeRoot: nodeRoot}},
 		Resync:       resync,
 		PollInterval: poll,
 		MinBackoff:   100 * time.Millisecond,

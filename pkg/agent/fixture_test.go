@@ -57,9 +57,9 @@ func copyFixture(t *testing.T, name string) string {
 
 // setPortState replaces an HCA port's state file, as the kernel shows it,
 // atomically: a poll never sees it half written.
-func setPortState(t *testing.T, hostRoot, hca, state string) {
+func setPortState(t *testing.T, nodeRoot, hca, state string) {
 	t.Helper()
-	dir, err := filepath.EvalSymlinks(filepath.Join(hostRoot, "sys", "class", "infiniband", hca, "ports", "1"))
+	dir, err := filepath.EvalSymlinks(filepath.Join(nodeRoot, "sys", "class", "infiniband", hca, "ports", "1"))
 	if err != nil {
 		t.Fatalf("set port state: %v", err)
 	}

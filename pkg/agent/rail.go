@@ -74,7 +74,7 @@ func LayoutFromRail(l *rail.Layout) pxnv1alpha1.RailLayout {
 // events, so the agent polls this. GIDs (the subnet strategy's input) are
 // left to the periodic resync: reading every GID table each poll is not cheap.
 func (r RailDiscoverer) Fingerprint() (string, error) {
-	root := r.Options.HostRoot
+	root := r.Options.NodeRoot
 	if root == "" {
 		root = "/"
 	}

@@ -38,7 +38,7 @@ func TestRailDiscovererFixture(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			d := agent.RailDiscoverer{Options: rail.Options{
-				HostRoot: railTestdata("sysfs", tc.fixture), Strategy: tc.strategy, StaticFile: tc.static,
+				NodeRoot: railTestdata("sysfs", tc.fixture), Strategy: tc.strategy, StaticFile: tc.static,
 			}}
 			got, err := d.Discover(context.Background())
 			if err != nil {
@@ -80,7 +80,7 @@ func TestFingerprintFollowsHost(t *testing.T) {
 	if err := os.WriteFile(static, []byte(`{"mlx5_0":"a"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d := agent.RailDiscoverer{Options: rail.Options{HostRoot: root, StaticFile: static}}
+	d := agent.RailDiscoverer{Options: rail.Options{NodeRoot: root, StaticFile: static}}
 	fp := func() string {
 		t.Helper()
 		s, err := d.Fingerprint()

@@ -23,7 +23,7 @@ func TestSharedInfiniBandPrefixOnPxnRailMap(t *testing.T) {
 	node := createNode(t, c, "gpu-node-default-prefix")
 	root := copyFixture(t, "hgx-8gpu-defaultprefix")
 	opts := railAgent(node.Name, root, time.Hour, time.Hour)
-	opts.Discoverer = agent.RailDiscoverer{Options: rail.Options{HostRoot: root, Strategy: rail.StrategySubnet}}
+	opts.Discoverer = agent.RailDiscoverer{Options: rail.Options{NodeRoot: root, Strategy: rail.StrategySubnet}}
 	startAgent(t, cfg, opts)
 
 	cond := mapCondition(t, c, node.Name, pxnv1alpha1.ConditionReady, metav1.ConditionFalse, 30*time.Second)

@@ -12,7 +12,7 @@ import (
 // BenchmarkDiscover8GPU is perf target K1: discovery on the 8-GPU / 10-HCA
 // fixture within 50 ms.
 func BenchmarkDiscover8GPU(b *testing.B) {
-	opts := Options{HostRoot: fixture(sysfixture.HGX8GPU)}
+	opts := Options{NodeRoot: fixture(sysfixture.HGX8GPU)}
 	b.ReportAllocs()
 	for b.Loop() {
 		l, err := Discover(context.Background(), opts)

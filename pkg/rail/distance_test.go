@@ -97,7 +97,7 @@ func TestNearestTieBreaks(t *testing.T) {
 	if err := m.Render().Write(root); err != nil {
 		t.Fatal(err)
 	}
-	l, err := Discover(context.Background(), Options{HostRoot: root})
+	l, err := Discover(context.Background(), Options{NodeRoot: root})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestGPUScanFilters(t *testing.T) {
 	if err := m.Render().Write(root); err != nil {
 		t.Fatal(err)
 	}
-	l, err := Discover(context.Background(), Options{HostRoot: root})
+	l, err := Discover(context.Background(), Options{NodeRoot: root})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,9 +46,10 @@ const (
 
 // Options says where and how to discover.
 type Options struct {
-	// HostRoot is the folder the host's / is visible at; "/" when empty.
-	HostRoot string
-	// FS, when set, is read instead of HostRoot (which then only names paths
+	// NodeRoot is the folder the node's root filesystem is visible at (the
+	// daemons' --host-root); "/" when empty.
+	NodeRoot string
+	// FS, when set, is read instead of NodeRoot (which then only names paths
 	// in warnings). It must implement fs.ReadLinkFS for sysfs links.
 	FS fs.FS
 	// Strategy is StrategyPCIOrder (when empty), StrategySubnet or
@@ -185,7 +186,7 @@ func Discover(ctx context.Context, opts Options) (*Layout, error) {
 		return nil, fmt.Errorf("rail strategy %q: want %s, %s or %s", opts.Strategy, StrategyPCIOrder, StrategySubnet, StrategyStatic)
 	}
 
-	root := opts.HostRoot
+	root := opts.NodeRoot
 	if root == "" {
 		root = "/"
 	}

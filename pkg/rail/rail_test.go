@@ -88,7 +88,7 @@ func TestDiscoverFixtures(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.fixture+"/"+tc.strategy, func(t *testing.T) {
-			opts := Options{HostRoot: fixture(tc.fixture), Strategy: tc.strategy}
+			opts := Options{NodeRoot: fixture(tc.fixture), Strategy: tc.strategy}
 			if tc.static != "" {
 				opts.StaticFile = staticFile(tc.static)
 			}
@@ -171,7 +171,7 @@ func TestFixturePairs(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.fixture, func(t *testing.T) {
-			l, err := Discover(context.Background(), Options{HostRoot: fixture(tc.fixture)})
+			l, err := Discover(context.Background(), Options{NodeRoot: fixture(tc.fixture)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -189,7 +189,7 @@ func TestFixturePairs(t *testing.T) {
 }
 
 func TestSRIOVVirtualFunctionsAreNotHCAs(t *testing.T) {
-	l, err := Discover(context.Background(), Options{HostRoot: fixture(sysfixture.HGX8GPUSRIOV)})
+	l, err := Discover(context.Background(), Options{NodeRoot: fixture(sysfixture.HGX8GPUSRIOV)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +210,7 @@ func TestSRIOVVirtualFunctionsAreNotHCAs(t *testing.T) {
 
 func TestSubnetStrategy(t *testing.T) {
 	t.Run("prefix 16 puts every NIC on one rail and warns", func(t *testing.T) {
-		l, err := Discover(context.Background(), Options{HostRoot: fixture(sysfixture.PCIe8GPU4NIC), Strategy: StrategySubnet, SubnetPrefixLen: 16})
+		l, err := Discover(context.Background(), Options{NodeRoot: fixture(sysfixture.PCIe8GPU4NIC), Strategy: StrategySubnet, SubnetPrefixLen: 16})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -223,7 +223,7 @@ func TestSubnetStrategy(t *testing.T) {
 		}
 	})
 	t.Run("prefix 32", func(t *testing.T) {
-		l, err := Discover(context.Background(), Options{HostRoot: fixture(sysfixture.PCIe8GPU4NIC), Strategy: StrategySubnet, SubnetPrefixLen: 32})
+		l, err := Discover(context.Background(), Options{NodeRoot: fixture(sysfixture.PCIe8GPU4NIC), Strategy: StrategySubnet, SubnetPrefixLen: 32})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -232,7 +232,7 @@ func TestSubnetStrategy(t *testing.T) {
 		}
 	})
 	t.Run("storage NICs near no GPU get no rail", func(t *testing.T) {
-		l, err := Discover(context.Background(), Options{HostRoot: fixture(sysfixture.HGX8GPU), Strategy: StrategySubnet})
+		l, err := Discover(context.Background(), Options{NodeRoot: fixture(sysfixture.HGX8GPU), Strategy: StrategySubnet})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -248,7 +248,7 @@ func TestSubnetStrategy(t *testing.T) {
 // managers keep the default prefix, the subnet strategy must not put every
 // HCA on one rail; it rails none of them and the layout says why.
 func TestSubnetStrategySharedInfiniBandPrefix(t *testing.T) {
-	l, err := Discover(context.Background(), Options{HostRoot: fixture(sysfixture.HGX8GPUDefaultPrefix), Strategy: StrategySubnet})
+	l, err := Discover(context.Background(), Options{NodeRoot: fixture(sysfixture.HGX8GPUDefaultPrefix), Strategy: StrategySubnet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +273,7 @@ func TestSubnetStrategySharedInfiniBandPrefix(t *testing.T) {
 
 	for _, strategy := range []string{StrategyPCIOrder, StrategySubnet} {
 		root := fixture(sysfixture.HGX8GPU)
-		l, err := Discover(context.Background(), Options{HostRoot: root, Strategy: strategy})
+		l, err := Discover(context.Background(), Options{NodeRoot: root, Strategy: strategy})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -294,7 +294,7 @@ func TestHCANamesOutsideTheContractGetNoRail(t *testing.T) {
 	if err := m.Render().Write(root); err != nil {
 		t.Fatal(err)
 	}
-	l, err := Discover(context.Background(), Options{HostRoot: root})
+	l, err := Discover(context.Background(), Options{NodeRoot: root})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +319,7 @@ func TestStaticStrategy(t *testing.T) {
 	if err := os.WriteFile(table, []byte(`{"mlx5_0": "r0", "mlx5_1": "storage", "mlx5_42": "r9"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	l, err := Discover(context.Background(), Options{HostRoot: fixture(sysfixture.HGX8GPU), Strategy: StrategyStatic, StaticFile: table})
+	l, err := Discover(context.Background(), Options{NodeRoot: fixture(sysfixture.HGX8GPU), Strategy: StrategyStatic, StaticFile: table})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -351,14 +351,14 @@ func TestDiscoverOptionErrors(t *testing.T) {
 		opts Options
 		want string
 	}{
-		{"unknown strategy", Options{HostRoot: root, Strategy: "round-robin"}, `rail strategy "round-robin"`},
-		{"prefix too long", Options{HostRoot: root, Strategy: StrategySubnet, SubnetPrefixLen: 33}, "prefix length 33"},
-		{"prefix negative", Options{HostRoot: root, Strategy: StrategySubnet, SubnetPrefixLen: -1}, "prefix length -1"},
-		{"static without file", Options{HostRoot: root, Strategy: StrategyStatic}, "needs a static file"},
-		{"static file missing", Options{HostRoot: root, Strategy: StrategyStatic, StaticFile: filepath.Join(dir, "nope.json")}, "nope.json"},
-		{"static file not an object", Options{HostRoot: root, Strategy: StrategyStatic, StaticFile: bad}, "not a JSON object"},
-		{"host root missing", Options{HostRoot: filepath.Join(dir, "nowhere")}, "host root"},
-		{"host root is a file", Options{HostRoot: notDir}, "not a directory"},
+		{"unknown strategy", Options{NodeRoot: root, Strategy: "round-robin"}, `rail strategy "round-robin"`},
+		{"prefix too long", Options{NodeRoot: root, Strategy: StrategySubnet, SubnetPrefixLen: 33}, "prefix length 33"},
+		{"prefix negative", Options{NodeRoot: root, Strategy: StrategySubnet, SubnetPrefixLen: -1}, "prefix length -1"},
+		{"static without file", Options{NodeRoot: root, Strategy: StrategyStatic}, "needs a static file"},
+		{"static file missing", Options{NodeRoot: root, Strategy: StrategyStatic, StaticFile: filepath.Join(dir, "nope.json")}, "nope.json"},
+		{"static file not an object", Options{NodeRoot: root, Strategy: StrategyStatic, StaticFile: bad}, "not a JSON object"},
+		{"host root missing", Options{NodeRoot: filepath.Join(dir, "nowhere")}, "host root"},
+		{"host root is a file", Options{NodeRoot: notDir}, "not a directory"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -373,7 +373,7 @@ func TestDiscoverOptionErrors(t *testing.T) {
 func TestDiscoverCanceled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := Discover(ctx, Options{HostRoot: fixture(sysfixture.HGX8GPU)}); !errors.Is(err, context.Canceled) {
+	if _, err := Discover(ctx, Options{NodeRoot: fixture(sysfixture.HGX8GPU)}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Discover on a canceled context: %v, want context.Canceled", err)
 	}
 }
@@ -437,7 +437,7 @@ func TestLayoutReadyHealthyRailMapJSON(t *testing.T) {
 }
 
 func TestLayoutJSONFieldNames(t *testing.T) {
-	l, err := Discover(context.Background(), Options{HostRoot: fixture(sysfixture.HGX8GPU)})
+	l, err := Discover(context.Background(), Options{NodeRoot: fixture(sysfixture.HGX8GPU)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -500,7 +500,7 @@ func TestDriverGPUs(t *testing.T) {
 		for i, id := range []string{"00000000:D8:00.0", "00000000:C9:00.0", "00000000:BA:00.0", "00000000:9A:00.0", "00000000:5C:00.0", "00000000:4B:00.0", "00000000:3A:00.0", "00000000:18:00.0"} {
 			list = append(list, DriverGPU{Index: i, UUID: fmt.Sprintf("GPU-%d", i), Name: "NVIDIA H200", PCIBusID: id})
 		}
-		l, err := Discover(context.Background(), Options{HostRoot: root, GPUs: fakeGPUs{gpus: list}})
+		l, err := Discover(context.Background(), Options{NodeRoot: root, GPUs: fakeGPUs{gpus: list}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -517,7 +517,7 @@ func TestDriverGPUs(t *testing.T) {
 		}
 	})
 	t.Run("a GPU sysfs does not show is kept without distances", func(t *testing.T) {
-		l, err := Discover(context.Background(), Options{HostRoot: root, GPUs: fakeGPUs{gpus: []DriverGPU{
+		l, err := Discover(context.Background(), Options{NodeRoot: root, GPUs: fakeGPUs{gpus: []DriverGPU{
 			{Index: 0, UUID: "GPU-a", PCIBusID: "00000000:18:00.0"},
 			{Index: 1, UUID: "GPU-b", PCIBusID: "00000000:01:00.0"},
 			{Index: 2, UUID: "GPU-c", PCIBusID: "not-a-bus-id"},
@@ -553,7 +553,7 @@ func TestDriverGPUs(t *testing.T) {
 		}
 		for _, tc := range tests {
 			t.Run(tc.name, func(t *testing.T) {
-				l, err := Discover(context.Background(), Options{HostRoot: root, GPUs: fakeGPUs{gpus: tc.list}})
+				l, err := Discover(context.Background(), Options{NodeRoot: root, GPUs: fakeGPUs{gpus: tc.list}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -565,7 +565,7 @@ func TestDriverGPUs(t *testing.T) {
 		}
 	})
 	t.Run("no driver falls back to the PCI scan quietly", func(t *testing.T) {
-		l, err := Discover(context.Background(), Options{HostRoot: root, GPUs: fakeGPUs{err: fmt.Errorf("nvml: %w", ErrNoDriver)}})
+		l, err := Discover(context.Background(), Options{NodeRoot: root, GPUs: fakeGPUs{err: fmt.Errorf("nvml: %w", ErrNoDriver)}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -574,7 +574,7 @@ func TestDriverGPUs(t *testing.T) {
 		}
 	})
 	t.Run("a failing driver falls back with a warning", func(t *testing.T) {
-		l, err := Discover(context.Background(), Options{HostRoot: root, GPUs: fakeGPUs{err: errors.New("nvml init: Insufficient Permissions")}})
+		l, err := Discover(context.Background(), Options{NodeRoot: root, GPUs: fakeGPUs{err: errors.New("nvml init: Insufficient Permissions")}})
 		if err != nil {
 			t.Fatal(err)
 		}

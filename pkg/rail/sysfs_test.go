@@ -432,7 +432,7 @@ func TestOddSysfs(t *testing.T) {
 			tc.breakIt(t, root)
 			var logged []string
 			logger := funcr.New(func(prefix, args string) { logged = append(logged, args) }, funcr.Options{})
-			l, err := Discover(context.Background(), Options{HostRoot: root, Strategy: tc.strategy, Logger: logger})
+			l, err := Discover(context.Background(), Options{NodeRoot: root, Strategy: tc.strategy, Logger: logger})
 			if err != nil {
 				t.Fatalf("Discover: %v", err)
 			}
@@ -486,7 +486,7 @@ func (f faultFS) Lstat(name string) (fs.FileInfo, error) { return fs.Lstat(f.FS,
 
 func TestReadErrors(t *testing.T) {
 	root := fixture(sysfixture.HGX8GPU)
-	base := Options{FS: faultFS{FS: os.DirFS(root)}, HostRoot: "/"}
+	base := Options{FS: faultFS{FS: os.DirFS(root)}, NodeRoot: "/"}
 	clean, err := Discover(context.Background(), base)
 	if err != nil {
 		t.Fatal(err)
@@ -522,11 +522,11 @@ func TestReadErrors(t *testing.T) {
 // TestRelocatedFixture discovers a copy of the committed 8-GPU tree: its
 // links are relative, so the copy must read the same.
 func TestRelocatedFixture(t *testing.T) {
-	orig, err := Discover(context.Background(), Options{HostRoot: fixture(sysfixture.HGX8GPU)})
+	orig, err := Discover(context.Background(), Options{NodeRoot: fixture(sysfixture.HGX8GPU)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	moved, err := Discover(context.Background(), Options{HostRoot: copyFixture(t, sysfixture.HGX8GPU)})
+	moved, err := Discover(context.Background(), Options{NodeRoot: copyFixture(t, sysfixture.HGX8GPU)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -61,7 +61,7 @@ func TestEveryStrategyOnEveryFixture(t *testing.T) {
 		for _, r := range runs {
 			t.Run(fixture+"/"+r.strategy, func(t *testing.T) {
 				opts := r.opts(fixture)
-				opts.HostRoot = filepath.Join(testdata, "sysfs", fixture)
+				opts.NodeRoot = filepath.Join(testdata, "sysfs", fixture)
 				opts.Strategy, _, _ = strings.Cut(r.strategy, "/")
 				l, err := rail.Discover(context.Background(), opts)
 				if err != nil {
