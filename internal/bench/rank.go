@@ -262,12 +262,7 @@ func runRank(o RankOptions) (err error) {
 	if err != nil {
 		return err
 	}
-	f, err := os.Open(o.Directory)
-	if err != nil {
-		return err
-	}
-	dir, err := fabric.LoadStaticDirectory(f)
-	f.Close()
+	dir, err := fabric.ReadStaticDirectory(o.Directory)
 	if err != nil {
 		return err
 	}

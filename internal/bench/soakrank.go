@@ -45,12 +45,7 @@ func SoakRankMain(o SoakRankOptions) int {
 const soakHopDepth = 256
 
 func runSoakRank(out *json.Encoder, r, ranks int, dirPath string, block uint64, perTarget, slots int) error {
-	f, err := os.Open(dirPath)
-	if err != nil {
-		return err
-	}
-	dir, err := fabric.LoadStaticDirectory(f)
-	f.Close()
+	dir, err := fabric.ReadStaticDirectory(dirPath)
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 
 	"github.com/pxn-project/pxn/pkg/memrange"
@@ -100,6 +101,16 @@ func NewStaticDirectory(targets []StaticTarget) (*StaticDirectory, error) {
 		})
 	}
 	return d, nil
+}
+
+// ReadStaticDirectory reads a directory's JSON form from the file at path.
+func ReadStaticDirectory(path string) (*StaticDirectory, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return LoadStaticDirectory(f)
 }
 
 // LoadStaticDirectory reads a directory's JSON form. Unknown fields and
