@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync"
@@ -117,42 +118,70 @@ func New(cfg Config, state StateSource) (*Driver, error) {
 
 // PrepareResourceClaims prepares each claim as one group. A claim prepared
 // before, by this process or one before it, gets the same answer; its folder
-// and spec are made again when missing.
+// and spec are made again when missing. A new claim is written to the
+// checkpoint before its folder and spec are made: when the checkpoint
+// cannot be written, nothing is made and the claim's Prepare fails.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
-	changed := false
-	for _, claim := range claims {
-		pc, fresh, err := d.prepare(ctx, claim)
+	answer := func(claim *resourceapi.ResourceClaim, pc preparedClaim, err error) {
 		if err != nil {
 			d.cfg.Logger.Info("Claim not prepared", "claim", klog.KObj(claim), "uid", claim.UID, "err", err.Error())
 			results[claim.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)}
-			continue
-		}
-		if fresh {
-			d.prepared[claim.UID] = pc
-			changed = true
-			d.cfg.Logger.Info("Prepared claim", "claim", klog.KObj(claim), "uid", claim.UID, "group", pc.Group, "adminAccess", pc.Group == "")
+			return
 		}
 		results[claim.UID] = kubeletplugin.PrepareResult{Devices: pc.result(claim.UID)}
 	}
-	if changed {
-		if err := saveCheckpoint(d.cfg.StateDir, d.prepared); err != nil {
-			return nil, err
+	type fresh struct {
+		claim *resourceapi.ResourceClaim
+		pc    preparedClaim
+	}
+	var news []fresh
+	for _, claim := range claims {
+		if pc, ok := d.prepared[claim.UID]; ok {
+			answer(claim, pc, d.materialize(claim, pc))
+			continue
 		}
+		pc, err := d.plan(ctx, claim)
+		if err != nil {
+			answer(claim, pc, err)
+			continue
+		}
+		news = append(news, fresh{claim, pc})
+	}
+	if len(news) == 0 {
+		return results, nil
+	}
+	// The checkpoint holds a claim before anything of it exists on the
+	// node, so that whatever Prepare makes, an Unprepare after a restart
+	// finds and removes; memory follows the checkpoint, never leads it.
+	next := maps.Clone(d.prepared)
+	for _, f := range news {
+		next[f.claim.UID] = f.pc
+	}
+	if err := saveCheckpoint(d.cfg.StateDir, next); err != nil {
+		for _, f := range news {
+			answer(f.claim, f.pc, err)
+		}
+		return results, nil
+	}
+	d.prepared = next
+	for _, f := range news {
+		err := d.materialize(f.claim, f.pc)
+		if err == nil {
+			d.cfg.Logger.Info("Prepared claim", "claim", klog.KObj(f.claim), "uid", f.claim.UID, "group", f.pc.Group, "adminAccess", f.pc.Group == "")
+		}
+		answer(f.claim, f.pc, err)
 	}
 	return results, nil
 }
 
-// prepare makes a claim's folder and CDI spec. fresh is false when the
-// checkpoint already held the claim.
-func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (pc preparedClaim, fresh bool, err error) {
-	if pc, ok := d.prepared[claim.UID]; ok {
-		return pc, false, d.materialize(claim, pc)
-	}
+// plan decides what a claim not yet prepared gets: its devices, its group
+// and its container edits. It makes nothing on the node.
+func (d *Driver) plan(ctx context.Context, claim *resourceapi.ResourceClaim) (preparedClaim, error) {
 	if claim.Status.Allocation == nil {
-		return preparedClaim{}, false, errors.New("not allocated")
+		return preparedClaim{}, errors.New("not allocated")
 	}
 	alloc := claim.Status.Allocation.Devices
 	var devs []preparedDevice
@@ -162,7 +191,7 @@ func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 			continue
 		}
 		if r.Pool != d.cfg.NodeName || r.Device != DeviceName {
-			return preparedClaim{}, false, fmt.Errorf("request %s was allocated device %s/%s, not this node's %s/%s", r.Request, r.Pool, r.Device, d.cfg.NodeName, DeviceName)
+			return preparedClaim{}, fmt.Errorf("request %s was allocated device %s/%s, not this node's %s/%s", r.Request, r.Pool, r.Device, d.cfg.NodeName, DeviceName)
 		}
 		if r.AdminAccess != nil && *r.AdminAccess {
 			admin++
@@ -172,28 +201,26 @@ func (d *Driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		devs = append(devs, preparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, ShareID: r.ShareID})
 	}
 	if admin > 0 && user > 0 {
-		return preparedClaim{}, false, fmt.Errorf("%d requests with admin access and %d without: a claim is a group or a diagnosis, not both", admin, user)
+		return preparedClaim{}, fmt.Errorf("%d requests with admin access and %d without: a claim is a group or a diagnosis, not both", admin, user)
 	}
 	if err := checkConfigs(alloc.Config); err != nil {
-		return preparedClaim{}, false, err
+		return preparedClaim{}, err
 	}
-	pc = preparedClaim{Namespace: claim.Namespace, Name: claim.Name, Devices: devs}
+	pc := preparedClaim{Namespace: claim.Namespace, Name: claim.Name, Devices: devs}
 	if admin > 0 {
 		pc.Edits = edits{Mount: group.Mount{HostPath: d.groupsDir, ContainerPath: d.cfg.Member.RegistryRoot, ReadOnly: true}}
-	} else {
-		st, _ := d.state.State()
-		if err := ready(d.cfg.NodeName, st); err != nil {
-			return preparedClaim{}, false, err
-		}
-		if pc.Group, err = d.groupKey(ctx, claim); err != nil {
-			return preparedClaim{}, false, err
-		}
-		pc.Edits = edits{Env: d.cfg.Member.Env(st.RailMap), Mount: d.cfg.Member.Mount(filepath.Join(d.groupsDir, pc.Group))}
+		return pc, nil
 	}
-	if err := d.materialize(claim, pc); err != nil {
-		return preparedClaim{}, false, err
+	st, _ := d.state.State()
+	if err := ready(d.cfg.NodeName, st); err != nil {
+		return preparedClaim{}, err
 	}
-	return pc, true, nil
+	var err error
+	if pc.Group, err = d.groupKey(ctx, claim); err != nil {
+		return preparedClaim{}, err
+	}
+	pc.Edits = edits{Env: d.cfg.Member.Env(st.RailMap), Mount: d.cfg.Member.Mount(filepath.Join(d.groupsDir, pc.Group))}
+	return pc, nil
 }
 
 // groupKey is the claim's group: its own, keyed by its UID; or, for a claim
@@ -277,36 +304,52 @@ func claimOwner(claim *resourceapi.ResourceClaim) group.Owner {
 
 // UnprepareResourceClaims removes each claim's CDI spec and group folder.
 // A claim the checkpoint does not hold was never prepared here or is
-// already gone: nothing to do.
+// already gone: nothing to do. A claim leaves memory only once the
+// checkpoint no longer holds it: when the checkpoint cannot be written, its
+// Unprepare fails and the kubelet's next try removes it again.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	results := make(map[types.UID]error, len(claims))
-	changed := false
+	leaving := map[types.UID]bool{}
+	var gone []kubeletplugin.NamespacedObject
 	for _, c := range claims {
 		pc, ok := d.prepared[c.UID]
 		if !ok {
 			results[c.UID] = nil
 			continue
 		}
-		if err := d.unprepare(c.UID, pc); err != nil {
+		if err := d.unprepare(c.UID, pc, leaving); err != nil {
 			results[c.UID] = fmt.Errorf("claim %s: %w", c, err)
 			continue
 		}
-		delete(d.prepared, c.UID)
-		changed = true
-		results[c.UID] = nil
-		d.cfg.Logger.Info("Unprepared claim", "claim", c, "group", pc.Group)
+		leaving[c.UID] = true
+		gone = append(gone, c)
 	}
-	if changed {
-		if err := saveCheckpoint(d.cfg.StateDir, d.prepared); err != nil {
-			return nil, err
+	if len(gone) == 0 {
+		return results, nil
+	}
+	next := maps.Clone(d.prepared)
+	for uid := range leaving {
+		delete(next, uid)
+	}
+	if err := saveCheckpoint(d.cfg.StateDir, next); err != nil {
+		for _, c := range gone {
+			results[c.UID] = fmt.Errorf("claim %s: %w", c, err)
 		}
+		return results, nil
 	}
+	for _, c := range gone {
+		d.cfg.Logger.Info("Unprepared claim", "claim", c, "group", d.prepared[c.UID].Group)
+		results[c.UID] = nil
+	}
+	d.prepared = next
 	return results, nil
 }
 
-func (d *Driver) unprepare(uid types.UID, pc preparedClaim) error {
+// unprepare removes a claim's CDI spec, its owner record and, unless a
+// claim that is not leaving shares it, its group folder.
+func (d *Driver) unprepare(uid types.UID, pc preparedClaim, leaving map[types.UID]bool) error {
 	if err := removeCDISpec(d.cfg.CDIDir, uid); err != nil {
 		return err
 	}
@@ -317,7 +360,7 @@ func (d *Driver) unprepare(uid types.UID, pc preparedClaim) error {
 		return err
 	}
 	for other, o := range d.prepared {
-		if other != uid && o.Group == pc.Group {
+		if other != uid && !leaving[other] && o.Group == pc.Group {
 			return nil // another claim's pods (one job, by label) still use it
 		}
 	}

@@ -716,3 +716,117 @@ func TestHealthFollowsRails(t *testing.T) {
 		}
 	}
 }
+
+// breakCheckpoint puts a folder with a file in it where the checkpoint goes,
+// so that no write of the checkpoint can replace it; the returned func
+// removes the folder again.
+func breakCheckpoint(t *testing.T, dirs nodeDirs) func() {
+	t.Helper()
+	path := filepath.Join(dirs.state, dra.CheckpointFile)
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(path, "blocked"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		if err := os.RemoveAll(path); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestPrepareWritesTheCheckpointFirst: a claim whose checkpoint write fails
+// is not prepared, in memory or on the node, so the kubelet's retry is a
+// real Prepare, and what a later Prepare makes a restarted driver finds.
+func TestPrepareWritesTheCheckpointFirst(t *testing.T) {
+	dirs := newNodeDirs(t)
+	a := newClaim("team-a", "job-a", "uid-a")
+	client := newClient(t, a)
+	p := startPlugin(t, dirs, client, newRailState(readyState()))
+
+	repair := breakCheckpoint(t, dirs)
+	if r := p.prepare(t, a)[string(a.UID)]; !strings.Contains(r.Error, dra.CheckpointFile) || len(r.Devices) != 0 {
+		t.Fatalf("prepare with the checkpoint unwritable: %+v, want an error naming %s", r, dra.CheckpointFile)
+	}
+	if got := p.driver.Prepared(); len(got) != 0 {
+		t.Fatalf("driver holds %v after a failed checkpoint write", got)
+	}
+	checkGone(t, dirs, a)
+	// The retry, as the kubelet makes it.
+	if r := p.prepare(t, a)[string(a.UID)]; r.Error == "" {
+		t.Fatalf("retry answered %+v from memory while the checkpoint is still unwritable", r)
+	}
+	repair()
+	p.mustPrepare(t, a)
+	checkMember(t, dirs, a)
+	p.stop()
+
+	p = startPlugin(t, dirs, client, newRailState(readyState()))
+	if got := p.driver.Prepared(); !slices.Equal(got, []types.UID{a.UID}) {
+		t.Fatalf("restarted driver holds %v, want %s", got, a.UID)
+	}
+	p.unprepare(t, a)
+	checkGone(t, dirs, a)
+}
+
+// TestUnprepareWritesTheCheckpointFirst: a claim whose removal from the
+// checkpoint fails stays prepared in memory and fails its Unprepare, so
+// that the kubelet tries again, and a driver restarted after the retry
+// holds nothing.
+func TestUnprepareWritesTheCheckpointFirst(t *testing.T) {
+	dirs := newNodeDirs(t)
+	a, b := newClaim("team-a", "job-a", "uid-a"), newClaim("team-b", "job-b", "uid-b")
+	client := newClient(t, a, b)
+	p := startPlugin(t, dirs, client, newRailState(readyState()))
+	p.mustPrepare(t, a)
+	p.mustPrepare(t, b)
+
+	repair := breakCheckpoint(t, dirs)
+	resp, err := p.dra.NodeUnprepareResources(t.Context(), &drapb.NodeUnprepareResourcesRequest{Claims: []*drapb.Claim{ref(a)}})
+	if err != nil {
+		t.Fatalf("NodeUnprepareResources: %v", err)
+	}
+	if r := resp.Claims[string(a.UID)]; r == nil || !strings.Contains(r.Error, dra.CheckpointFile) {
+		t.Fatalf("unprepare with the checkpoint unwritable: %+v, want an error naming %s", r, dra.CheckpointFile)
+	}
+	if got := p.driver.Prepared(); len(got) != 2 {
+		t.Fatalf("driver holds %v after a failed checkpoint write, want both claims", got)
+	}
+	repair()
+	p.unprepare(t, a)
+	checkGone(t, dirs, a)
+	checkMember(t, dirs, b)
+	p.stop()
+
+	p = startPlugin(t, dirs, client, newRailState(readyState()))
+	if got := p.driver.Prepared(); !slices.Equal(got, []types.UID{b.UID}) {
+		t.Fatalf("restarted driver holds %v, want only %s", got, b.UID)
+	}
+}
+
+// TestUnprepareTwoClaimsOfOneGroupAtOnce: two claims of one job (one group
+// by label) unprepared in one call leave no group folder behind.
+func TestUnprepareTwoClaimsOfOneGroupAtOnce(t *testing.T) {
+	dirs := newNodeDirs(t)
+	pa, pb := newPod("team-a", "rank-0", "pod-a", "job"), newPod("team-a", "rank-1", "pod-b", "job")
+	a, b := newClaim("team-a", "claim-a", "uid-a", forPod(pa)), newClaim("team-a", "claim-b", "uid-b", forPod(pb))
+	client := newClient(t, a, b)
+	if _, err := client.CoreV1().Pods("team-a").Create(t.Context(), pa, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().Pods("team-a").Create(t.Context(), pb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := startPlugin(t, dirs, client, newRailState(readyState()))
+	p.mustPrepare(t, a)
+	p.mustPrepare(t, b)
+	folder := filepath.Join(contract.GroupsDir(dirs.shm), group.Key("team-a", group.SourceLabel, "job"))
+	if _, err := os.Stat(folder); err != nil {
+		t.Fatalf("the job's group folder: %v", err)
+	}
+	p.unprepare(t, a, b)
+	if _, err := os.Lstat(folder); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("group folder of the job still there after both claims left (%v)", err)
+	}
+}
