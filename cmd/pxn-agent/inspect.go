@@ -188,6 +188,9 @@ func writeInspectNotes(w io.Writer, groups []inspect.GroupReport) error {
 		for _, p := range g.Problems {
 			notes = append(notes, [3]string{g.Group, "directory", p})
 		}
+		if g.Truncated {
+			notes = append(notes, [3]string{g.Group, "directory", fmt.Sprintf("more than %d entries: only %d were read", inspect.MaxGroupEntries, inspect.MaxGroupEntries)})
+		}
 		for _, e := range g.Entries {
 			notes = append(notes, [3]string{g.Group, e.Kind + " " + e.Name, e.Note})
 		}

@@ -33,7 +33,16 @@ type GroupReport struct {
 	Problems []string      `json:"problems,omitempty"`
 	Ranks    []RankReport  `json:"ranks"`
 	Entries  []EntryReport `json:"entries,omitempty"`
+	// Truncated says the directory holds more than MaxGroupEntries
+	// entries: only that many were read, in the directory's order.
+	Truncated bool `json:"truncated,omitempty"`
 }
+
+// MaxGroupEntries bounds the entries read of one registry directory. A
+// group's ranks need a few each (a control file, an arena, its socket)
+// and at most LaneCount+1 ranks use a group; anything past the bound is a
+// member's litter, which must not slow every report of the node.
+const MaxGroupEntries = 256
 
 // RankReport is one control file, published or still initializing.
 type RankReport struct {
@@ -165,10 +174,13 @@ func inspectGroup(rootfd int, root, name string, self staging.PidNS, staleAfter 
 		return g
 	}
 	defer unix.Close(fd)
-	names, err := folder.ReadDirNames(fd, path)
+	names, err := folder.ReadDirNamesUpTo(fd, path, MaxGroupEntries+1)
 	if err != nil {
 		g.Problems = append(g.Problems, err.Error())
 		return g
+	}
+	if len(names) > MaxGroupEntries {
+		names, g.Truncated = names[:MaxGroupEntries], true
 	}
 	sort.Strings(names)
 	now := staging.MonoNanos()

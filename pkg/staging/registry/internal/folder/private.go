@@ -5,6 +5,7 @@ package folder
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -194,6 +195,23 @@ func ReadDirNames(dirfd int, path string) ([]string, error) {
 	f := os.NewFile(uintptr(fd), path)
 	defer f.Close()
 	return f.Readdirnames(-1)
+}
+
+// ReadDirNamesUpTo is ReadDirNames reading at most n names, in the
+// directory's order: a reader that must not let a folder's size decide its
+// cost reads n+1 and knows the folder holds more when it got them.
+func ReadDirNamesUpTo(dirfd int, path string, n int) ([]string, error) {
+	fd, err := unix.Openat(dirfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	names, err := f.Readdirnames(n)
+	if err == io.EOF {
+		err = nil
+	}
+	return names, err
 }
 
 // HeartbeatStale reports whether a stamp taken with MonoNanos is older than
