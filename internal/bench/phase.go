@@ -280,25 +280,28 @@ func (dev *device) phase(s scenario, l *layout, targets []*child, args func(int,
 	engine := mode == "engine"
 	// what, when not empty, is the step's progress line.
 	steps := []struct {
-		on        bool
-		cmd       string
-		what      string
-		timeout   time.Duration
+		on      bool
+		cmd     string
+		what    string
+		timeout time.Duration
+		// inTurn sends the step to one rank at a time, each after the
+		// one before answered.
+		inTurn    bool
 		collected func(event)
 	}{
-		{engine && s.kv != nil && s.kv.Inflight == 1, "times", "", time.Minute, func(ev event) { res.kvTimes = append(res.kvTimes, ev.Times) }},
-		{engine && s.again, "again", "the same transfer again, counting heap allocations (--alloc-pass)", 30 * time.Minute, func(ev event) { res.again = append(res.again, *ev.Result) }},
-		{engine && s.raw, "raw", "a raw copy-engine copy of the same traffic (--raw)", 10 * time.Minute, func(ev event) { res.raws = append(res.raws, *ev.Raw) }},
-		{engine && s.latency > 0, "latency", fmt.Sprintf("%d 10KiB writes through PXN and direct (--latency)", s.latency), 10 * time.Minute, func(ev event) { res.lats = append(res.lats, *ev.Latency) }},
-		{engine && s.latency > 0, "times", "", time.Minute, func(ev event) { res.latTimes = append(res.latTimes, ev.Times) }},
-		{engine && s.idle, "idle", fmt.Sprintf("the ranks stay idle for %v (the pumps' CPU while idle)", idleWindow), time.Minute, func(ev event) { res.idle = append(res.idle, *ev.Idle) }},
+		{engine && s.kv != nil && s.kv.Inflight == 1, "times", "", time.Minute, false, func(ev event) { res.kvTimes = append(res.kvTimes, ev.Times) }},
+		{engine && s.again, "again", "the same transfer again, counting heap allocations (--alloc-pass)", 30 * time.Minute, false, func(ev event) { res.again = append(res.again, *ev.Result) }},
+		{engine && s.raw, "raw", "a raw copy-engine copy of the same traffic (--raw)", 10 * time.Minute, false, func(ev event) { res.raws = append(res.raws, *ev.Raw) }},
+		{engine && s.latency > 0, "latency", fmt.Sprintf("%d 10KiB writes through PXN and direct (--latency)", s.latency), 10 * time.Minute, false, func(ev event) { res.lats = append(res.lats, *ev.Latency) }},
+		{engine && s.latency > 0, "times", "", time.Minute, false, func(ev event) { res.latTimes = append(res.latTimes, ev.Times) }},
+		{engine && s.idle, "idle", fmt.Sprintf("the ranks stay idle for %v (the pumps' CPU while idle)", idleWindow), time.Minute, false, func(ev event) { res.idle = append(res.idle, *ev.Idle) }},
 		// The writes after idle go one rank at a time, so that no rank's
 		// time is another's on the machine's cores: the first through
 		// PXN, then the same write on a direct hop that waited as long
 		// (the device's and the NIC emulation's share of it).
-		{engine && s.idle, "first", "each rank in turn times its first write after it, through PXN", time.Minute, func(ev event) { res.firsts = append(res.firsts, *ev.Idle) }},
-		{engine && s.idle, "times", "", time.Minute, func(ev event) { res.idleTimes = append(res.idleTimes, ev.Times) }},
-		{engine && s.idle, "first-direct", "and then the same write direct", time.Minute, func(ev event) { res.idleDirect = append(res.idleDirect, *ev.Idle) }},
+		{engine && s.idle, "first", "each rank in turn times its first write after it, through PXN", time.Minute, true, func(ev event) { res.firsts = append(res.firsts, *ev.Idle) }},
+		{engine && s.idle, "times", "", time.Minute, false, func(ev event) { res.idleTimes = append(res.idleTimes, ev.Times) }},
+		{engine && s.idle, "first-direct", "and then the same write direct", time.Minute, true, func(ev event) { res.idleDirect = append(res.idleDirect, *ev.Idle) }},
 	}
 	for _, st := range steps {
 		if !st.on {
@@ -312,7 +315,7 @@ func (dev *device) phase(s scenario, l *layout, targets []*child, args func(int,
 			want = "done"
 		}
 		var evs []event
-		if st.cmd == "first" || st.cmd == "first-direct" {
+		if st.inTurn {
 			evs, err = inTurn(ranks, st.cmd, st.timeout)
 		} else {
 			evs, err = all(ranks, st.cmd, want, st.timeout)
