@@ -131,13 +131,7 @@ func (dev *device) summarize(s scenario, l *layout, pxn, bare *phaseResult) []Ro
 // fallbackReasons names, for every reason any rank counted, the bytes and
 // Pieces that went direct for it, summed over the ranks.
 func fallbackReasons(ranks []rankResult) string {
-	var bytes, pieces staging.FallbackCounts
-	for _, rr := range ranks {
-		for i := range bytes {
-			bytes[i] += rr.Counters.FallbackBytesByReason[i]
-			pieces[i] += rr.Counters.FallbackPiecesByReason[i]
-		}
-	}
+	bytes, pieces := fallbackByReason(ranks)
 	var parts []string
 	for i := range bytes {
 		if pieces[i] > 0 {
@@ -145,6 +139,17 @@ func fallbackReasons(ranks []rankResult) string {
 		}
 	}
 	return strings.Join(parts, ", ")
+}
+
+// fallbackByReason sums the ranks' fallback bytes and Pieces by reason.
+func fallbackByReason(ranks []rankResult) (bytes, pieces staging.FallbackCounts) {
+	for _, rr := range ranks {
+		for i := range bytes {
+			bytes[i] += rr.Counters.FallbackBytesByReason[i]
+			pieces[i] += rr.Counters.FallbackPiecesByReason[i]
+		}
+	}
+	return bytes, pieces
 }
 
 func latencyRows(prefix, hop string, lats []latencyResult) []Row {

@@ -77,12 +77,9 @@ func phaseProblems(l *layout, pxn *phaseResult) []string {
 // fallbackInWords names, for every reason any rank counted, the bytes and
 // why, in words.
 func fallbackInWords(ranks []rankResult) string {
+	bytes, _ := fallbackByReason(ranks)
 	var parts []string
-	for i := range staging.FallbackReasons {
-		var b uint64
-		for _, rr := range ranks {
-			b += rr.Counters.FallbackBytesByReason[i]
-		}
+	for i, b := range bytes {
 		if b > 0 {
 			parts = append(parts, fmt.Sprintf("%s because %s (%s)", sizeString(b), fallbackWords[i], staging.FallbackReasonName(i)))
 		}
