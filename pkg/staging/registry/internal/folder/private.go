@@ -187,19 +187,16 @@ func PreadFull(fd int, b []byte, off int64) error {
 	return nil
 }
 
+// ReadDirNames lists every name in the directory open at dirfd; path names
+// it in errors.
 func ReadDirNames(dirfd int, path string) ([]string, error) {
-	fd, err := unix.Openat(dirfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: path, Err: err}
-	}
-	f := os.NewFile(uintptr(fd), path)
-	defer f.Close()
-	return f.Readdirnames(-1)
+	return ReadDirNamesUpTo(dirfd, path, -1)
 }
 
-// ReadDirNamesUpTo is ReadDirNames reading at most n names, in the
-// directory's order: a reader that must not let a folder's size decide its
-// cost reads n+1 and knows the folder holds more when it got them.
+// ReadDirNamesUpTo is ReadDirNames reading at most n names (all of them
+// when n <= 0), in the directory's order: a reader that must not let a
+// folder's size decide its cost reads n+1 and knows the folder holds more
+// when it got them.
 func ReadDirNamesUpTo(dirfd int, path string, n int) ([]string, error) {
 	fd, err := unix.Openat(dirfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
