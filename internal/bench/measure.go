@@ -73,7 +73,7 @@ func firstWrite(eng *relay.Engine, mine []transfer, base uintptr) *idleResult {
 // bytes through it once.
 func warmProbe(dev rankDevice, t transfer, base uintptr) *idleProbe {
 	_, op := probeWrite(t, base)
-	p := &idleProbe{op: op, closeHop: func() {}}
+	p := &idleProbe{op: op}
 	if p.hop, p.closeHop, p.err = openDirect(dev); p.err != nil {
 		p.closeHop = func() {}
 		return p
