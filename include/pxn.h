@@ -169,6 +169,11 @@ typedef struct pxn_transport_op {
  * read only when status is not PXN_OK, up to its first NUL or
  * PXN_MESSAGE_MAX bytes. status PXN_ETIMEDOUT makes a direct task TIMEOUT,
  * PXN_EINVAL makes it INVALID; any other failure makes it FAILED.
+ * PXN_ETIMEDOUT is not final: the transport reports it while its NIC may
+ * still hold the op, and reports the same token once more, with the op's
+ * final status, when the NIC's completion or its queue pair's flush comes.
+ * Until then a relayed op keeps its staging slot and counts toward the
+ * arena's use (pxn_close); every other status is final.
  */
 typedef struct pxn_transport_completion {
 	uint64_t token;

@@ -12,7 +12,7 @@
 #define PXN_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
 #endif
 
-#define PXN_ABI_VERSION 4
+#define PXN_ABI_VERSION 5
 
 #define PXN_LANE_COUNT 7
 #define PXN_SLOTS_PER_LANE 18
@@ -114,12 +114,15 @@ typedef struct pxn_sender_progress {
 } pxn_sender_progress;
 
 /*
- * Written only by the relay, with a release store; completed_seq advances
- * contiguously.
+ * Written only by the relay, with release stores; completed_seq advances
+ * contiguously. open_epoch is the lane epoch whose ring the relay opened:
+ * no second-hop write of an earlier epoch still reads the lane's slots, and
+ * a sender writes none of them before it reads its epoch here.
  */
 typedef struct pxn_relay_progress {
 	uint64_t completed_seq;
-	uint8_t pad0[56];
+	uint64_t open_epoch;
+	uint8_t pad0[48];
 } pxn_relay_progress;
 
 typedef struct pxn_lane {
@@ -262,7 +265,8 @@ PXN_STATIC_ASSERT(offsetof(pxn_sender_progress, pad0) == 24, "pxn_sender_progres
 PXN_STATIC_ASSERT(sizeof(pxn_sender_progress) == 64, "sizeof pxn_sender_progress");
 
 PXN_STATIC_ASSERT(offsetof(pxn_relay_progress, completed_seq) == 0, "pxn_relay_progress.completed_seq");
-PXN_STATIC_ASSERT(offsetof(pxn_relay_progress, pad0) == 8, "pxn_relay_progress.pad0");
+PXN_STATIC_ASSERT(offsetof(pxn_relay_progress, open_epoch) == 8, "pxn_relay_progress.open_epoch");
+PXN_STATIC_ASSERT(offsetof(pxn_relay_progress, pad0) == 16, "pxn_relay_progress.pad0");
 PXN_STATIC_ASSERT(sizeof(pxn_relay_progress) == 64, "sizeof pxn_relay_progress");
 
 PXN_STATIC_ASSERT(offsetof(pxn_lane, owner) == 0, "pxn_lane.owner");

@@ -290,15 +290,21 @@ func (h *cHop) Poll(out []relay.HopCompletion) (n int) {
 	// A host that reports more than it was given room for has already
 	// overrun the array; what lies past it is not read.
 	got = min(got, len(out))
-	if h.held.Add(-int64(got)) < 0 {
-		h.held.Store(0)
-	}
 	cs := unsafe.Slice(h.pollBuf, got)
+	final := got
 	for i := range cs {
 		out[i] = relay.HopCompletion{Token: uint64(cs[i].token)}
 		if code := int32(cs[i].status); code != codeOK {
 			out[i].Err = &transportError{code: code, msg: cChars(cs[i].message[:])}
+			if code == codeTimedOut {
+				// Not final: the NIC may still hold the op, and the
+				// host reports its token again once it is.
+				final--
+			}
 		}
+	}
+	if h.held.Add(-int64(final)) < 0 {
+		h.held.Store(0)
 	}
 	return got
 }

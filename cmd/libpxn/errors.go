@@ -83,9 +83,11 @@ type transportError struct {
 }
 
 // Is makes a transport timeout a relay.ErrTimedOut, so that the relay
-// reports a timed-out second hop as such to the sender.
+// reports a timed-out second hop as such to the sender, and a
+// relay.ErrWriteHeld: the transport reports it while its NIC may still hold
+// the op, and reports the op again once it is final.
 func (e *transportError) Is(target error) bool {
-	return target == relay.ErrTimedOut && e.code == codeTimedOut
+	return (target == relay.ErrTimedOut || target == relay.ErrWriteHeld) && e.code == codeTimedOut
 }
 
 func (e *transportError) Error() string {

@@ -127,6 +127,16 @@ type PieceHop interface {
 // relay that made no progress.
 var ErrTimedOut = errors.New("timed out")
 
+// ErrWriteHeld marks a hop completion that is not final: the write timed
+// out (its Err matches ErrTimedOut too) but the NIC may still hold it and
+// read its source, and the hop reports the same token once more when the
+// write is final (the NIC's completion or its queue pair's flush). A direct
+// or fallback task ends at the first report; a relayed write keeps its
+// slot, and its Piece its completion, until the final one, since a slot
+// written again while a NIC still reads it would carry another Piece's
+// bytes to this one's destination.
+var ErrWriteHeld = errors.New("the write may still be in the NIC")
+
 // ErrHopBusy is returned by Hop.Submit when the hop cannot take more work now;
 // the caller retries later.
 var ErrHopBusy = errors.New("second hop busy")

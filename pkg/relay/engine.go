@@ -145,9 +145,7 @@ func (e *Engine) Progress() {
 	for {
 		n := e.hop.Poll(buf[:])
 		for _, c := range buf[:n] {
-			if ent, ok := e.tokens.take(c.Token); ok {
-				e.finishToken(ent, c.Err, nil)
-			}
+			e.applyCompletion(c, nil)
 		}
 		if n < len(buf) {
 			return

@@ -15,6 +15,9 @@ type FaultHooks struct {
 	LastSeq uint64
 	// TicketTimeout replaces the published-ticket timeout.
 	TicketTimeout time.Duration
+	// PartsWait replaces how long a Piece taken on its first part waits
+	// for the rest.
+	PartsWait time.Duration
 	// ManualPump leaves the pump unstarted: the test drives it with
 	// RunRound from one goroutine.
 	ManualPump bool
@@ -30,6 +33,7 @@ func OpenWithFaultHooks(cfg engineconfig.Config, deps Deps, h FaultHooks) (*Engi
 	return open(cfg, deps, &hooks{
 		laneEnd:     h.LastSeq,
 		ticketLimit: h.TicketTimeout,
+		partsLimit:  h.PartsWait,
 		manual:      h.ManualPump,
 		separate:    h.SeparateSlots,
 		goStarted:   h.GoStarted,

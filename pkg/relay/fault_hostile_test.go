@@ -88,6 +88,8 @@ func attachHostile(t *testing.T, g *faultGroup, rank *registry.Rank, relay *faul
 	// A hostile sender writes the lane's words by hand, through its own
 	// mapping of the relay's control file, not through the endpoint.
 	lane := &g.control(relay, true).Lanes[link.LaneIndex()]
+	// Like an honest one, it waits for the relay to open its epoch.
+	eventually(t, 20*time.Second, "the lane opened", func() bool { return link.Sender().Opened() })
 	return &hostileLane{t: t, link: link, lane: lane, epoch: link.LaneEpoch(), next: 1}
 }
 
@@ -242,7 +244,8 @@ func TestFaultMalformedDesc(t *testing.T) {
 // serving an honest sender.
 func TestFaultPartsOfASenderThatLeft(t *testing.T) {
 	const n = 4096
-	g := newFaultGroup(t, faultGroupOpts{rails: 3})
+	// The parts bound is out of the way: the lane's end fails the Piece.
+	g := newFaultGroup(t, faultGroupOpts{rails: 3, env: map[string]string{faultPartsEnv: "600000"}})
 	r := g.start("relay", 1, faultMiB)
 	h := attachHostile(t, g, g.hostileRank(2), r)
 	dst := faultBase(1)

@@ -44,6 +44,9 @@ const (
 	// faultJoinEnv=1 lets the sender join queued Pieces into one slot.
 	faultJoinEnv   = "PXN_FAULT_JOIN"
 	faultTicketEnv = "PXN_FAULT_TICKET_TIMEOUT_MS"
+	// faultPartsEnv replaces how long the relay waits for a Piece's later
+	// parts, in milliseconds.
+	faultPartsEnv = "PXN_FAULT_PARTS_WAIT_MS"
 	// faultLockEnv names the file the "lock" role holds an flock on.
 	faultLockEnv = "PXN_FAULT_LOCK"
 )
@@ -124,15 +127,44 @@ type faultResp struct {
 	LockWaited uint64 `json:"lock_waited,omitempty"`
 	// Asleep: the pump thread is in its sleep on the wake word.
 	Asleep bool `json:"asleep,omitempty"`
+	// Held and Reports: the writes the gate holds and its timeout
+	// reports not yet polled.
+	Held    int `json:"held,omitempty"`
+	Reports int `json:"reports,omitempty"`
 }
 
 // gateHop is the rank's hop with a gate: while held, writes are accepted but
 // not sent, so a relay's second hop stays in flight as long as a test wants.
+// It can also report a timeout for the writes it holds, as a transport
+// whose NIC still holds them does (relay.ErrWriteHeld): their final
+// completion comes when they are sent.
 type gateHop struct {
-	inner relay.Hop
-	mu    sync.Mutex
-	hold  bool
-	held  []relay.WriteOp
+	inner   relay.Hop
+	mu      sync.Mutex
+	hold    bool
+	held    []relay.WriteOp
+	reports []relay.HopCompletion
+}
+
+// errHeldTimeout is the timeout the gate reports for a write it holds.
+var errHeldTimeout = fmt.Errorf("write held past its timeout: %w: %w", relay.ErrTimedOut, relay.ErrWriteHeld)
+
+// reportTimeouts queues a timeout report for every write held now, and
+// returns how many.
+func (h *gateHop) reportTimeouts() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, op := range h.held {
+		h.reports = append(h.reports, relay.HopCompletion{Token: op.Token, Err: errHeldTimeout})
+	}
+	return len(h.held)
+}
+
+// pending counts the writes held and the reports not yet polled.
+func (h *gateHop) pending() (held, reports int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.held), len(h.reports)
 }
 
 func (h *gateHop) Submit(ops []relay.WriteOp) error {
@@ -147,6 +179,12 @@ func (h *gateHop) Submit(ops []relay.WriteOp) error {
 
 func (h *gateHop) Poll(out []relay.HopCompletion) int {
 	h.mu.Lock()
+	if len(h.reports) > 0 {
+		n := copy(out, h.reports)
+		h.reports = h.reports[n:]
+		h.mu.Unlock()
+		return n
+	}
 	for !h.hold && len(h.held) > 0 {
 		n := min(len(h.held), 16)
 		if h.inner.Submit(h.held[:n]) != nil {
@@ -239,6 +277,13 @@ func faultRank() error {
 			return err
 		}
 		hooks.TicketTimeout = time.Duration(ms) * time.Millisecond
+	}
+	if v := os.Getenv(faultPartsEnv); v != "" {
+		ms, err := strconv.Atoi(v)
+		if err != nil {
+			return err
+		}
+		hooks.PartsWait = time.Duration(ms) * time.Millisecond
 	}
 
 	tcp := fabric.NewTCPHop(fabric.TCPHopOptions{Targets: dir.Addresses(), QueueDepth: 256})
@@ -365,6 +410,10 @@ func faultRank() error {
 			}
 		case "hold":
 			hop.setHold(req.On)
+		case "held":
+			resp.Held, resp.Reports = hop.pending()
+		case "timeouts":
+			resp.Held = hop.reportTimeouts()
 		case "holdready":
 			cop.hold.Store(req.On)
 		case "releaseready":

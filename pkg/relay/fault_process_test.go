@@ -440,13 +440,25 @@ func TestFaultShutdownUnderLoad(t *testing.T) {
 	s1.route(faultRail(1), true, 20*time.Second)
 	r.call(faultReq{Op: "hold", On: true})
 	s1.submit(true, faultWrites(1, 40, faultPiece, 0, 0)...)
+	lane := -1
 	eventually(t, 20*time.Second, "a full ring", func() bool {
 		l := g.laneOf(r.pid, s1.pid)
+		if l != nil {
+			lane = l.Lane
+		}
 		return l != nil && l.Published == staging.SlotsPerLane
 	})
 	cl := s1.close(bound)
 	checkClosed(t, "sender", cl, bound)
 	s1.exit()
+	// The lane opens to the next sender only once the relay has ended the
+	// second hop of what the closed sender published.
+	r.call(faultReq{Op: "hold", On: false})
+	eventually(t, 20*time.Second, "the closed sender's ring ended", func() bool {
+		rep := g.inspect(r.pid)
+		return rep != nil && rep.Lanes[lane].Completed == staging.SlotsPerLane
+	})
+	r.call(faultReq{Op: "hold", On: true})
 
 	s2 := g.start("sender again", 0, 4*faultMiB)
 	s2.route(faultRail(1), true, 20*time.Second)

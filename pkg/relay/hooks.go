@@ -15,6 +15,8 @@ type hooks struct {
 	laneEnd uint64
 	// ticketLimit, when non-zero, replaces ticketTimeout.
 	ticketLimit time.Duration
+	// partsLimit, when non-zero, replaces partsWaitLimit.
+	partsLimit time.Duration
 	// manual leaves the pump's goroutine unstarted: the test runs its
 	// rounds on its own goroutine, and Close fails what is left at once.
 	manual bool
@@ -36,6 +38,14 @@ func (s *shared) exhausted(sl *senderLane) bool {
 		return true
 	}
 	return sl.tx.Exhausted()
+}
+
+// partsWait is how long a Piece taken on its first part waits for the rest.
+func (s *shared) partsWait() time.Duration {
+	if h := s.hooks; h != nil && h.partsLimit != 0 {
+		return h.partsLimit
+	}
+	return partsWaitLimit
 }
 
 func (s *shared) manualPump() bool { return s.hooks != nil && s.hooks.manual }

@@ -44,9 +44,10 @@ type inflightRec struct {
 	landed   int
 	// waiting is set while parts of the Piece are still being copied into
 	// the slot: the rec is on the relayer's waiting list and is not
-	// completed, whatever its writes do, until the rest lands or the
-	// sender's ring ends.
-	waiting bool
+	// completed, whatever its writes do, until the rest lands, the
+	// sender's ring ends or partsWaitLimit passes (waitSince).
+	waiting   bool
+	waitSince time.Time
 }
 
 // setParts records the Piece's parts from its validated part ends.
@@ -72,16 +73,33 @@ func (rec *inflightRec) released() int {
 // later parts were still being copied.
 var errLaneEnded = errors.New("the sender's lane ended before the piece landed whole")
 
+// errPartsLate fails a relayed Piece whose later parts did not land
+// within partsWaitLimit: the writes of the parts that landed have ended,
+// those of the rest never began.
+var errPartsLate = errors.New("the piece's later parts did not land in time")
+
 // inLane is the relayer's state of one of this rank's inbound lanes.
 type inLane struct {
 	rx *staging.RelayLane
 	// commitWait is when the current ticket's doorbell was first seen with
 	// its Desc not yet committed.
 	commitWait time.Time
+	// unsettled counts the Pieces taken from the lane whose second-hop
+	// writes have not all ended: while it is not 0 no new epoch of the
+	// lane is opened, since their writes still read its slots.
+	unsettled int
+	// waiting is the lane's Piece whose later parts are still landing, if
+	// any: the lane gives no further ticket meanwhile.
+	waiting *inflightRec
 }
 
 // commitWaitLimit bounds how long a rung doorbell may wait for its Desc.
 const commitWaitLimit = 100 * time.Millisecond
+
+// partsWaitLimit bounds how long a Piece taken on its first part may wait
+// for the rest: a gather that hangs, or a sender that never signals the
+// rest, fails that Piece and frees its lane's turn.
+const partsWaitLimit = time.Second
 
 // fill builds the rec's second-hop writes, one per plan entry, from the
 // Piece's bytes at src. It returns the index of the first entry whose

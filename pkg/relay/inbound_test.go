@@ -70,6 +70,11 @@ func TestInboundLanesServedInTurnAcrossTheCap(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				txs = append(txs, tx)
+			}
+			// The relay opens the claimed lanes in its next round.
+			e.RunRound()
+			for i, tx := range txs {
 				for k := range perLane {
 					seq, ok := tx.Ticket()
 					if !ok {
@@ -84,7 +89,6 @@ func TestInboundLanesServedInTurnAcrossTheCap(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				txs = append(txs, tx)
 			}
 			deadline := time.Now().Add(10 * time.Second)
 			for len(hop.dsts) < staging.LaneCount*perLane {

@@ -357,9 +357,7 @@ func (p *pump) pollHop() bool {
 	for {
 		n := s.hop.Poll(p.polled[:])
 		for _, c := range p.polled[:n] {
-			if ent, ok := s.tokens.take(c.Token); ok {
-				s.finishToken(ent, c.Err, p.rly)
-			}
+			s.applyCompletion(c, p.rly)
 		}
 		if n > 0 {
 			progressed = true

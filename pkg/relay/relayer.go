@@ -27,7 +27,9 @@ type relayer struct {
 	// last served or last found without a ready ticket (InboundOutOfTurn).
 	lead [staging.LaneCount][staging.LaneCount]uint32
 	// inflight counts relayed Pieces whose second hop has not finished,
-	// and inflightBytes their bytes.
+	// and inflightBytes their bytes. Those of them still waiting for
+	// later parts (waiting) do not count toward the inflight cap, so that
+	// Pieces whose parts never land cannot stop the other lanes.
 	inflight      int
 	inflightBytes uint64
 	vd            staging.ValidDesc
@@ -96,7 +98,7 @@ func (rl *relayer) consumeAll() bool {
 		if !claimed[i] {
 			continue
 		}
-		if rl.inflight >= rl.s.cfg.InflightDepth {
+		if rl.inflight-len(rl.waiting) >= rl.s.cfg.InflightDepth {
 			break
 		}
 		if rl.consume(i) {
@@ -222,6 +224,7 @@ func (rl *relayer) landParts() bool {
 		return false
 	}
 	progressed := false
+	now := time.Now()
 	keep := rl.waiting[:0]
 	for _, rec := range rl.waiting {
 		rx := rl.in[rec.lane].rx
@@ -232,6 +235,12 @@ func (rl *relayer) landParts() bool {
 		}
 		n := rx.PartsLanded(rec.seq, rec.nparts)
 		if n <= rec.landed {
+			if limit := rl.s.partsWait(); now.Sub(rec.waitSince) > limit {
+				progressed = true
+				rl.s.log.V(1).Info("later parts did not land", "lane", rec.lane, "seq", rec.seq, "landed", rec.landed, "parts", rec.nparts, "limit", limit)
+				rl.stopWaiting(rec, errPartsLate)
+				continue
+			}
 			keep = append(keep, rec)
 			continue
 		}
@@ -239,7 +248,7 @@ func (rl *relayer) landParts() bool {
 		if n < rec.nparts {
 			keep = append(keep, rec)
 		} else {
-			rec.waiting = false
+			rl.endWait(rec)
 		}
 		rl.release(rec, n)
 	}
@@ -251,9 +260,18 @@ func (rl *relayer) landParts() bool {
 // stopWaiting ends the wait of a Piece whose later parts will not land:
 // it completes with err once the writes already released end.
 func (rl *relayer) stopWaiting(rec *inflightRec, err error) {
-	rec.waiting = false
+	rl.endWait(rec)
 	rl.noteFailure(rec, err)
 	rl.settle(rec)
+}
+
+// endWait takes rec off its lane's wait; the caller takes it off the
+// waiting list.
+func (rl *relayer) endWait(rec *inflightRec) {
+	rec.waiting = false
+	if il := &rl.in[rec.lane]; il.waiting == rec {
+		il.waiting = nil
+	}
 }
 
 // stopAllWaiting ends every wait with err (the relay is closing).
@@ -273,8 +291,10 @@ func (rl *relayer) freeRec(rec *inflightRec) {
 	}
 }
 
-// sync follows inbound lane i to its current epoch; it returns false while
-// no sender has ever claimed the lane.
+// sync follows inbound lane i to its current epoch and opens the epoch's
+// ring once no Piece taken under an earlier one still has writes in the
+// second hop (staging.RelayLane.Open); it returns false while no sender
+// has ever claimed the lane.
 func (rl *relayer) sync(i int) bool {
 	il := &rl.in[i]
 	epoch, prev := il.rx.Sync()
@@ -285,6 +305,9 @@ func (rl *relayer) sync(i int) bool {
 		il.commitWait = time.Time{}
 		rl.notReady(i)
 	}
+	if !il.rx.Opened() && il.unsettled == 0 {
+		il.rx.Open()
+	}
 	return true
 }
 
@@ -292,6 +315,9 @@ func (rl *relayer) sync(i int) bool {
 // the inflight cap. It returns true when it made progress.
 func (rl *relayer) consume(i int) bool {
 	il := &rl.in[i]
+	if il.waiting != nil {
+		return false
+	}
 	epoch := il.rx.Epoch()
 	switch _, st := il.rx.Poll(); st {
 	case staging.TicketNone:
@@ -353,13 +379,15 @@ func (rl *relayer) consume(i int) bool {
 	rec.remaining, rec.token, rec.unsent = 0, 0, rec.ops[:0]
 	rl.inflight++
 	rl.inflightBytes += rec.bytes
+	il.unsettled++
 	at := rl.s.relayedTimes.add(PieceTimes{Lane: i, Seq: seq, Bytes: rec.bytes, Seen: seen})
 	rec.times = at
 	// The ticket was taken on its doorbell or on its first part word:
 	// what has landed goes now, the rest as it lands (landParts).
 	landed := il.rx.PartsLanded(seq, rec.nparts)
 	if landed < rec.nparts {
-		rec.waiting = true
+		rec.waiting, rec.waitSince = true, time.Now()
+		il.waiting = rec
 		rl.waiting = append(rl.waiting, rec)
 	}
 	if landed > 0 {
@@ -386,7 +414,7 @@ func (rl *relayer) noteFailure(rec *inflightRec, err error) {
 	rec.failed = true
 	rec.timedOut = errors.Is(err, ErrTimedOut)
 	rec.closing = err == errRelayClosing
-	if !rec.closing && err != errLaneEnded {
+	if !rec.closing && err != errLaneEnded && err != errPartsLate {
 		rl.dropRoute(rec.route)
 		rl.s.log.V(2).Info("second hop failed", "lane", rec.lane, "seq", rec.seq, "err", err)
 	}
@@ -400,6 +428,7 @@ func (rl *relayer) settle(rec *inflightRec) {
 	}
 	rl.inflight--
 	rl.inflightBytes -= rec.bytes
+	rl.in[rec.lane].unsettled--
 	status := int32(staging.CompletionOK)
 	switch {
 	case rec.closing:

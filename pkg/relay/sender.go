@@ -174,7 +174,9 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 		// and the lane is quarantined.
 		s.log.Error(err, "first-hop copy failed; lane quarantined", "relayPid", sl.peer.Pid, "lane", sl.link.LaneIndex(), "copierLane", sl.copierLane)
 		s.counters.laneQuarantine.Add(1)
-		sl.broken = true
+		// Part of the copy may have been queued: the claim stays until
+		// the copier's drain at stop.
+		sl.broken, sl.keepClaim = true, true
 		sn.fallbackSlot(sp, staging.FallbackLaneBroken)
 		sl.drainTo(&s.fallbacks, staging.FallbackLaneBroken)
 		return true

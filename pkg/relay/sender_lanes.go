@@ -151,6 +151,9 @@ func (sn *sender) attach(pr Peer) *senderLane {
 			s.counters.arenaByHandle.Add(1)
 		}
 	}
+	// The relay opens the lane's epoch before it takes a ticket: wake it
+	// now rather than at its next idle beat.
+	sl.relayWake.Wake()
 	return sl
 }
 
@@ -166,7 +169,7 @@ func (sn *sender) retire(sl *senderLane, err error, why fallbackReason) {
 		sn.failPublished(sl, err)
 	}
 	sl.drainTo(&sn.s.fallbacks, why)
-	if inFlight {
+	if inFlight || sl.keepClaim {
 		sn.zombies = append(sn.zombies, sl)
 		return
 	}
@@ -192,16 +195,20 @@ func (sn *sender) releaseLanded() {
 }
 
 // copierFailed handles a copier that can no longer ring doorbells: every
-// lane stops taking tickets and fails what it published.
+// lane stops taking tickets and fails what it published. The copies it was
+// given may still write the relays' slots, and the relays may still send
+// from them, so each claim is kept until the copier's drain at stop: a
+// lane goes to another sender only once nothing of ours can write it.
 func (sn *sender) copierFailed(err error) {
 	s := sn.s
 	s.log.Error(err, "copier failed; outbound lanes quarantined")
 	for _, sl := range sn.lanes {
 		s.counters.laneQuarantine.Add(1)
-		sl.broken = true
-		sn.failPublished(sl, fmt.Errorf("first hop failed: %w", err))
-		sl.drainTo(&s.fallbacks, staging.FallbackLaneBroken)
+		sl.broken, sl.keepClaim = true, true
+		sn.retire(sl, fmt.Errorf("first hop failed: %w", err), staging.FallbackLaneBroken)
 	}
+	sn.lanes = sn.lanes[:0]
+	sn.publishRoutes()
 }
 
 // freeCopierLane is the lowest copier lane no live outbound lane holds,

@@ -127,6 +127,24 @@ func (s *shared) failOps(ops []WriteOp, err error, rly *relayer) {
 	}
 }
 
+// applyCompletion applies one hop completion. One that is not final
+// (ErrWriteHeld) ends a direct or fallback task now, and only marks a
+// relayed write's Piece as failed: its token stays out for the final
+// report, which ends the write.
+func (s *shared) applyCompletion(c HopCompletion, rly *relayer) {
+	if errors.Is(c.Err, ErrWriteHeld) {
+		if ent, ok := s.tokens.peek(c.Token); ok && ent.kind == tokRelay {
+			if rly != nil {
+				rly.noteFailure(ent.rec, c.Err)
+			}
+			return
+		}
+	}
+	if ent, ok := s.tokens.take(c.Token); ok {
+		s.finishToken(ent, c.Err, rly)
+	}
+}
+
 // failToken finishes what tok stands for with err, if it is still out.
 func (s *shared) failToken(tok uint64, err error, rly *relayer) {
 	if ent, ok := s.tokens.take(tok); ok {

@@ -73,6 +73,21 @@ func (t *tokenTable) take(tok uint64) (tokenEntry, bool) {
 	return e, true
 }
 
+// peek returns what tok stands for, if it is still out, and leaves it out.
+func (t *tokenTable) peek(tok uint64) (tokenEntry, bool) {
+	i, gen := uint32(tok), uint32(tok>>32)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if int(i) >= len(t.slots) {
+		return tokenEntry{}, false
+	}
+	s := &t.slots[i]
+	if s.gen != gen || s.ent.kind == 0 {
+		return tokenEntry{}, false
+	}
+	return s.ent, true
+}
+
 // release frees slot i. t.mu is held.
 func (t *tokenTable) release(i uint32) {
 	s := &t.slots[i]

@@ -21,8 +21,10 @@ const (
 	// Version 2 added the header's wake word; version 3 the PID namespace
 	// of a rank and of a lane's owner, and the rank's counters block;
 	// version 4 a Piece's parts: Desc.Parts and Desc.PartEnds, and the part
-	// words of a slot's ready line (ReadyWord.Parts).
-	ABIVersion = 4
+	// words of a slot's ready line (ReadyWord.Parts); version 5 the lane's
+	// open word (RelayProgress.OpenEpoch), without which a sender takes no
+	// ticket, and a rank's liveness lock on its control file.
+	ABIVersion = 5
 
 	// LaneCount is the number of inbound lanes of a relay: one per other
 	// local rank, none for itself.
@@ -195,7 +197,12 @@ type SenderProgress struct {
 // RelayProgress is written only by the relay.
 type RelayProgress struct {
 	CompletedSeq uint64
-	_            [56]byte
+	// OpenEpoch is the lane epoch whose ring the relay has opened: every
+	// second-hop write of the lane's earlier epochs is final and the ring's
+	// words are reset. A sender writes no slot of an epoch until it reads
+	// that epoch here (RelayLane.Open, SenderLane.Ticket).
+	OpenEpoch uint64
+	_         [48]byte
 }
 
 // Lane is one inbound lane of a relay's control file.

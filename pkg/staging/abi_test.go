@@ -209,7 +209,7 @@ func TestPolledWordsOwnTheirCacheLine(t *testing.T) {
 	}{
 		{reflect.TypeFor[ReadyWord](), "Seq", []string{"Parts"}},
 		{reflect.TypeFor[Completion](), "Seq", []string{"Status"}},
-		{reflect.TypeFor[RelayProgress](), "CompletedSeq", nil},
+		{reflect.TypeFor[RelayProgress](), "CompletedSeq", []string{"OpenEpoch"}},
 		{reflect.TypeFor[Header](), "Heartbeat", nil},
 		{reflect.TypeFor[Header](), "Wake", nil},
 		{reflect.TypeFor[WakeWord](), "Seq", []string{"Sleeping"}},

@@ -37,6 +37,14 @@ import (
 //   - Owner: Pid is the owner's publication word, cleared first and stored
 //     last at a claim, so a reader that loads a non-zero Pid and then the
 //     rest sees a whole owner and a lane already reset.
+//   - Open: a slot is written by a sender only when no second-hop write of
+//     an earlier epoch can still read it. After a claim or a rollover the
+//     relay follows the new epoch at once (an earlier epoch's completions
+//     are dropped), but it opens the ring only once every second-hop write
+//     it took under the lane's earlier epochs is final: it then resets the
+//     ring's words and release-stores the epoch into OpenEpoch (Open). A
+//     sender takes no ticket, so copies nothing into a slot, until it
+//     acquire-loads its own epoch there (Ticket).
 //
 // Progress words (SenderProgress) are for inspect, and PublishedSeq is the
 // relay's hint that doorbells are on their way (Announced): it decides how
@@ -51,6 +59,8 @@ type LaneState struct {
 	Published uint64
 	Reaped    uint64
 	Completed uint64
+	// Open is the epoch whose ring the relay has opened (OpenEpoch).
+	Open uint64
 	// Ready are the slots' ready words.
 	Ready [SlotsPerLane]uint64
 }
@@ -86,6 +96,7 @@ func (l *Lane) State() LaneState {
 		Published: atomic.LoadUint64(&l.Sender.PublishedSeq),
 		Reaped:    atomic.LoadUint64(&l.Sender.ReapedSeq),
 		Completed: atomic.LoadUint64(&l.Relay.CompletedSeq),
+		Open:      atomic.LoadUint64(&l.Relay.OpenEpoch),
 	}
 	for s := range l.Ready {
 		st.Ready[s] = atomic.LoadUint64(&l.Ready[s].Seq)
@@ -105,7 +116,9 @@ func (l *Lane) Owned(owner Identity, laneEpoch uint64) bool {
 // Claim hands the lane to owner under laneEpoch (not 0, not the current
 // epoch): ready words, completion seqs and Desc commit seqs are zeroed
 // before the owner is published, since values left by an earlier owner
-// would match seqs 1..K of the new one. The caller holds the registry lock.
+// would match seqs 1..K of the new one. The relay zeroes them once more
+// when it opens the ring (RelayLane.Open), after the last write of an
+// earlier epoch could land. The caller holds the registry lock.
 func (l *Lane) Claim(owner Identity, ns PidNS, laneEpoch uint64, now int64) {
 	atomic.StoreUint64(&l.Owner.Pid, 0)
 	atomic.StoreUint64(&l.Sender.NextSeq, 1)
@@ -187,8 +200,20 @@ func (s *SenderLane) InFlight() bool { return s.seq.Published() > s.seq.Reaped()
 func (s *SenderLane) Exhausted() bool { return s.seq.NeedsRollover() }
 
 // Ticket returns the seq the next Piece gets, or false when the lane has no
-// credit or is exhausted. Nothing changes until Publish.
-func (s *SenderLane) Ticket() (uint64, bool) { return s.seq.peek() }
+// credit, is exhausted, or the relay has not opened its epoch yet (Open).
+// Nothing changes until Publish.
+func (s *SenderLane) Ticket() (uint64, bool) {
+	if !s.Opened() {
+		return 0, false
+	}
+	return s.seq.peek()
+}
+
+// Opened reports whether the relay has opened this lane's epoch: no
+// second-hop write of an earlier epoch still reads its slots.
+func (s *SenderLane) Opened() bool {
+	return atomic.LoadUint64(&s.lane.Relay.OpenEpoch) == s.seq.Epoch()
+}
 
 // Commit writes the Desc of ticket seq, in parts that end at partEnds
 // (Desc.Fill), and release-stores its commit seq. On error nothing of the
@@ -314,20 +339,55 @@ type RelayLane struct {
 	next   uint64
 	window CompletionWindow
 	status [SlotsPerLane]int32
+	// open: the ring of epoch is open (Open); until then Poll finds no
+	// ticket.
+	open bool
 }
 
 // NewRelayLane is the relay's endpoint of lane.
 func NewRelayLane(lane *Lane) *RelayLane { return &RelayLane{lane: lane} }
 
 // Sync re-reads the lane epoch. A new one restarts the ring at seq 1 with
-// nothing completed; prev is the epoch before (0: none seen yet). An epoch
-// of 0 is a lane never claimed, which has no tickets.
+// nothing completed, closed until Open; prev is the epoch before (0: none
+// seen yet). An epoch of 0 is a lane never claimed, which has no tickets.
 func (r *RelayLane) Sync() (epoch, prev uint64) {
 	epoch, prev = r.lane.Epoch(), r.epoch
 	if epoch != prev && epoch != 0 {
-		r.epoch, r.next, r.window = epoch, 1, CompletionWindow{}
+		r.epoch, r.next, r.window, r.open = epoch, 1, CompletionWindow{}, false
 	}
 	return epoch, prev
+}
+
+// Opened reports whether the ring of the epoch last synced is open.
+func (r *RelayLane) Opened() bool { return r.open }
+
+// Open opens the ring of the epoch last synced, which the caller calls
+// only once no second-hop write of the lane's earlier epochs can still
+// read a slot: it zeroes the ring's words, which an earlier epoch's
+// late doorbell or completion may have written since the claim reset them,
+// then release-stores the epoch into OpenEpoch, after which the sender
+// may take tickets.
+func (r *RelayLane) Open() {
+	if r.open || r.epoch == 0 {
+		return
+	}
+	l := r.lane
+	for s := range l.Ready {
+		atomic.StoreUint64(&l.Ready[s].Seq, 0)
+		for p := range l.Ready[s].Parts {
+			atomic.StoreUint64(&l.Ready[s].Parts[p], 0)
+		}
+	}
+	for s := range l.Completions {
+		atomic.StoreUint64(&l.Completions[s].Seq, 0)
+		atomic.StoreInt32(&l.Completions[s].Status, 0)
+	}
+	for s := range l.Descs {
+		atomic.StoreUint64(&l.Descs[s].CommitSeq, 0)
+	}
+	atomic.StoreUint64(&l.Relay.CompletedSeq, 0)
+	atomic.StoreUint64(&l.Relay.OpenEpoch, r.epoch)
+	r.open = true
 }
 
 // Epoch is the epoch of the ring the relay follows.
@@ -343,7 +403,7 @@ func (r *RelayLane) Completed() uint64 { return r.window.Completed() }
 // Piece has begun to land) and Desc commit, within credit.
 func (r *RelayLane) Poll() (uint64, TicketState) {
 	seq := r.next
-	if r.epoch == 0 || seq-r.window.Completed() > SlotsPerLane {
+	if !r.open || seq-r.window.Completed() > SlotsPerLane {
 		return seq, TicketNone
 	}
 	slot := SlotOf(seq)
@@ -361,7 +421,7 @@ func (r *RelayLane) Poll() (uint64, TicketState) {
 // has published (its progress word, untrusted), at most K: doorbells that
 // may still be on their way.
 func (r *RelayLane) Announced() int {
-	if r.epoch == 0 {
+	if !r.open {
 		return 0
 	}
 	pub := atomic.LoadUint64(&r.lane.Sender.PublishedSeq)

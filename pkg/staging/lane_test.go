@@ -19,6 +19,7 @@ func newTestLane(t *testing.T, epoch uint64) (*Lane, *SenderLane, *RelayLane) {
 	if got, prev := rx.Sync(); got != epoch || prev != 0 {
 		t.Fatalf("Sync = %#x, %#x; want %#x, 0", got, prev, epoch)
 	}
+	rx.Open()
 	return lane, tx, rx
 }
 
@@ -200,6 +201,10 @@ func TestLaneEndpointRules(t *testing.T) {
 			if epoch, _ := rx.Sync(); epoch != 9 {
 				t.Fatalf("relay epoch %#x after the rollover", epoch)
 			}
+			if _, ok := tx.Ticket(); ok {
+				t.Fatal("a ticket of the new epoch before the relay opened it")
+			}
+			rx.Open()
 			if seq := send(t, tx); seq != 1 {
 				t.Fatalf("first seq of the new epoch %d", seq)
 			}
@@ -384,6 +389,7 @@ func TestLaneWrapsAtMaxLaneSeq(t *testing.T) {
 	if epoch, prev := rx.Sync(); epoch != 6 || prev != 5 || rx.Next() != 1 || rx.Completed() != 0 {
 		t.Fatalf("Sync = %#x, %#x, next %d, completed %d; want 6, 5, 1, 0", epoch, prev, rx.Next(), rx.Completed())
 	}
+	rx.Open()
 	if err := rx.Complete(5, MaxLaneSeq, CompletionOK); err != nil || rx.Completed() != 0 {
 		t.Fatalf("a late completion of the old epoch: %v, completed %d", err, rx.Completed())
 	}
@@ -467,5 +473,56 @@ func TestLanePartWords(t *testing.T) {
 	rx.Sync()
 	if !rx.Current() {
 		t.Fatal("Current = false for the new ring after Sync")
+	}
+}
+
+// A new claim's sender takes no ticket until the relay opens the epoch,
+// and the relay's Open clears what a late doorbell and a late completion
+// of the old epoch wrote after the claim reset the lane.
+func TestLaneOpensOnlyWhenTheRelayOpensIt(t *testing.T) {
+	lane, tx, rx := newTestLane(t, 5)
+	send(t, tx)
+	var vd ValidDesc
+	take(t, rx, &vd)
+
+	lane.Claim(Identity{Pid: 43, StartTime: 8, Epoch: 10}, PidNS{}, 6, 2)
+	tx2, err := NewSenderLane(lane, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The old sender's doorbell of seq 2 lands late; the old epoch's
+	// seq 1 completes (the relay had not synced yet).
+	RingDoorbell(&lane.Ready[SlotOf(2)].Seq, 2)
+	if err := rx.Complete(5, 1, CompletionOK); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := tx2.Ticket(); ok || tx2.Opened() {
+		t.Fatal("a ticket before the relay synced to the new epoch")
+	}
+	if epoch, prev := rx.Sync(); epoch != 6 || prev != 5 {
+		t.Fatalf("Sync = %d, %d", epoch, prev)
+	}
+	if _, st := rx.Poll(); st != TicketNone || rx.Opened() {
+		t.Fatalf("Poll of an epoch not opened = %v", st)
+	}
+	if _, ok := tx2.Ticket(); ok {
+		t.Fatal("a ticket before the relay opened the new epoch")
+	}
+	if st := lane.State(); st.Open != 5 {
+		t.Fatalf("open epoch %d before Open, want the old 5", st.Open)
+	}
+	rx.Open()
+	st := lane.State()
+	if st.Open != 6 || st.Ready[SlotOf(2)] != 0 || lane.Completions[0].Seq != 0 || st.Completed != 0 {
+		t.Fatalf("after Open: %+v, completion word %d", st, lane.Completions[0].Seq)
+	}
+	if seq := send(t, tx2); seq != 1 {
+		t.Fatalf("first seq %d, want 1", seq)
+	}
+	if _, st := rx.Poll(); st != TicketReady {
+		t.Fatalf("Poll after Open = %v, want ready", st)
+	}
+	if _, _, ok := tx2.Reap(); ok {
+		t.Fatal("reaped a completion the new sender never got")
 	}
 }

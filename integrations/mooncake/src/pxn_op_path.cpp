@@ -94,13 +94,11 @@ size_t OpPath::reap(OpBatch &ob, pxn_transport_completion *out, size_t cap) {
         rdma_.RdmaTransport::getTransferStatus(ob.id, i, st);
         bool done = st.s == TransferStatusEnum::COMPLETED ||
                     st.s == TransferStatusEnum::FAILED;
-        if (ob.state[i] == 2) {
-            if (done) ob.state[i] = 1;
-            continue;
-        }
         if (out != nullptr && n == cap) continue;
         auto &task = Transport::toBatchDesc(ob.id).task_list[i];
         if (done) {
+            // Also the final report of an op reported timed out before:
+            // until this one, libpxn keeps the op's slot.
             if (out != nullptr)
                 out[n] = st.s == TransferStatusEnum::COMPLETED
                              ? completion(ob.tokens[i], PXN_OK, "")
@@ -109,13 +107,12 @@ size_t OpPath::reap(OpBatch &ob, pxn_transport_completion *out, size_t cap) {
             n++;
             ob.state[i] = 1;
             ob.open--;
-        } else if (slicesTimedOut(task.slice_list)) {
+        } else if (ob.state[i] == 0 && slicesTimedOut(task.slice_list)) {
             if (out != nullptr)
                 out[n] = completion(ob.tokens[i], PXN_ETIMEDOUT,
                                     "RDMA slice timed out");
             n++;
             ob.state[i] = 2;
-            ob.open--;
         }
     }
     return n;

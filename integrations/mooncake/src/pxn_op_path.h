@@ -44,8 +44,9 @@ class OpPath {
         BatchID id = 0;
         std::vector<TransferRequest> requests;
         std::vector<uint64_t> tokens;
-        // 0 open, 1 reported and finished, 2 reported as timed out while
-        // RdmaTransport still holds its slices.
+        // 0 open, 1 reported final, 2 reported as timed out while
+        // RdmaTransport still holds its slices (its final report is still
+        // owed). open counts the ops whose final report is owed.
         std::vector<uint8_t> state;
         size_t open = 0;
     };

@@ -274,17 +274,19 @@ size_t PiecePath::reap(pxn_transport_completion *out, size_t capacity) {
         uint64_t ok = __atomic_load_n(&t.success_slice_count, __ATOMIC_ACQUIRE);
         uint64_t bad = __atomic_load_n(&t.failed_slice_count, __ATOMIC_ACQUIRE);
         bool done = ok + bad == t.slice_count;
-        if (!p->reported && out != nullptr) {
+        if (out != nullptr) {
             if (n == capacity) {
                 i++;
                 continue;
             }
             if (done) {
+                // Also the final report of a Piece reported timed out:
+                // until this one, libpxn keeps the Piece's slot.
                 out[n++] = bad == 0 ? completion(p->token, PXN_OK, "")
                                     : completion(p->token, PXN_EIO,
                                                  "RDMA write failed");
-                if (bad != 0) dropRoutes(*p);
-            } else if (slicesTimedOut(p->post)) {
+                if (bad != 0 && !p->reported) dropRoutes(*p);
+            } else if (!p->reported && slicesTimedOut(p->post)) {
                 out[n++] = completion(p->token, PXN_ETIMEDOUT,
                                       "RDMA slice timed out");
                 p->reported = true;

@@ -725,10 +725,11 @@ struct Sender {
     }
 
     // A relayed Piece whose slices the relay's NIC holds past the relay's
-    // slice_timeout is reported timed out and its task ends TIMEOUT; the
-    // relay keeps the Piece's slot (op_batches) while its NIC still holds
-    // the slices, returns it once they finish, and looks the route up
-    // again for the next write.
+    // slice_timeout is reported timed out, which is not final: the relay
+    // keeps the Piece's slot (op_batches), and the task stays unfinished,
+    // while its NIC still holds the slices; once they finish the transport
+    // reports the Piece again, the task ends TIMEOUT, the slot returns, and
+    // the next write looks the route up again.
     void pieceTimeout() {
         waitRelay();
         seed++;
@@ -737,20 +738,26 @@ struct Sender {
         relayOK("timeout 1");
         std::vector<TransferRequest> reqs = {prep(r.device, 0, kDecode1, 10 << 20, 1 << 20)};
         auto sub = submit(*r.mt, reqs);
-        std::vector<TransferStatus> st;
+        std::string held;
+        TransferStatus mid;
         try {
-            st = await(*r.mt, sub.batch, 1, 30);
+            until([&] { return (relayStats() - before).route_drops >= 1; },
+                  "the relay's transport to report the held Piece timed out", 30);
+            held = relay("opbatches");
+            r.mt->getTransferStatus(sub.batch, 0, mid);
         } catch (...) {
             relay("timeout -1");
             relay("release 0");
             throw;
         }
-        std::string held = relay("opbatches");
         relayOK("timeout -1");
         relayOK("release 0");
-        EXPECT(st[0].s == TransferStatusEnum::TIMEOUT, "state " << st[0].s);
         EXPECT(held != "OK 0" && held.rfind("OK", 0) == 0,
                "the relay kept no slot for the Piece its NIC holds: " << held);
+        EXPECT(mid.s != TransferStatusEnum::COMPLETED && mid.s != TransferStatusEnum::FAILED,
+               "the task ended (" << mid.s << ") while the relay's NIC still held its Piece");
+        auto st = await(*r.mt, sub.batch, 1, 30);
+        EXPECT(st[0].s == TransferStatusEnum::TIMEOUT, "state " << st[0].s);
         freeBatch(*r.mt, sub.batch);
         auto d = relayStats() - before;
         EXPECT(d.pieces >= 1 && d.route_drops >= 1,

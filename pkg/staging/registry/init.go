@@ -169,7 +169,7 @@ func (r *Rank) openRegistry(ctx context.Context) error {
 	r.d = d
 	r.pushUndo(d.close)
 	return d.withLock(ctx, func() error {
-		removed, why, err := d.cleanStale(r.id, judge{self: r.ns, timeout: r.opts.HeartbeatTimeout})
+		removed, why, err := d.cleanStale(r.id, judge{self: r.ns, timeout: r.opts.HeartbeatTimeout, d: d})
 		if len(removed) > 0 {
 			r.opts.Logger.Info("pxn removed stale registry entries", "registry", d.path, "entries", removed, "reasons", why)
 		}
@@ -231,10 +231,27 @@ func (r *Rank) createControl() error {
 	}
 	mem, err := sizeAndMap(fd, int(staging.ControlSize))
 	unix.Close(fd)
+	// The lock is taken on an open file of its own: the mapping holds the
+	// one above until it is unmapped.
+	live := -1
+	if err == nil {
+		live, err = unix.Openat(r.d.fd(), name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err == nil {
+			err = folder.HoldLiveness(live)
+		}
+		if err != nil {
+			unix.Munmap(mem)
+			if live >= 0 {
+				unix.Close(live)
+			}
+			err = fmt.Errorf("liveness lock: %w", err)
+		}
+	}
 	if err != nil {
 		unix.Unlinkat(r.d.fd(), name, 0)
 		return fmt.Errorf("control file %s: %w", name, err)
 	}
+	r.liveFd = live
 	r.ctlMem = mem
 	r.ctl = (*staging.ControlBlock)(unsafe.Pointer(&mem[0]))
 	for i := range r.inbound {
@@ -256,6 +273,10 @@ func (r *Rank) createControl() error {
 		if uerr := unix.Unlinkat(r.d.fd(), name, 0); uerr != nil && !errors.Is(uerr, unix.ENOENT) {
 			err = errors.Join(err, uerr)
 		}
+		// The lock goes last: until here, nobody may take this rank for
+		// gone.
+		unix.Close(r.liveFd)
+		r.liveFd = -1
 		return err
 	})
 	return nil

@@ -47,7 +47,10 @@ type PeerLink struct {
 // ownerStale says why a lane owner no longer holds its lease, or "" while
 // it does (or that cannot be proven): its process exited or its pid was
 // reused (only for an owner in this rank's PID namespace, ns), its
-// registration is gone, or its heartbeat is older than the timeout.
+// registration is gone, or its heartbeat is older than the timeout and no
+// process holds its liveness lock. A live owner whose heartbeat is late
+// (stopped, frozen, starved) keeps its lane: its copies may still land in
+// the lane's slots once it runs again.
 func (r *Rank) ownerStale(owner staging.Identity, ns staging.PidNS, now int64) string {
 	if ns == r.ns {
 		if why := folder.GoneReason(owner.Pid, owner.StartTime); why != "" {
@@ -60,10 +63,13 @@ func (r *Rank) ownerStale(owner staging.Identity, ns staging.PidNS, now int64) s
 		return fmt.Sprintf("sender %v is no longer registered", owner)
 	case err != nil:
 		return ""
-	case folder.HeartbeatStale(h.Heartbeat, now, r.opts.HeartbeatTimeout):
-		return fmt.Sprintf("sender %v: heartbeat %v old", owner, time.Duration(now-int64(h.Heartbeat)).Round(time.Millisecond))
+	case !folder.HeartbeatStale(h.Heartbeat, now, r.opts.HeartbeatTimeout):
+		return ""
 	}
-	return ""
+	if held, found := folder.Liveness(r.d.fd(), owner); held && found {
+		return ""
+	}
+	return fmt.Sprintf("sender %v: heartbeat %v old and its liveness lock free", owner, time.Duration(now-int64(h.Heartbeat)).Round(time.Millisecond))
 }
 
 // Leases lists the inbound lanes of this rank whose owner holds a live
@@ -308,7 +314,7 @@ func (l *PeerLink) heartbeatGone(now int64) string {
 		l.hbSeen.Store(hb)
 		l.hbSince.Store(now)
 	}
-	j := judge{timeout: l.rank.opts.HeartbeatTimeout, obs: linkObserver{l}}
+	j := judge{timeout: l.rank.opts.HeartbeatTimeout, obs: linkObserver{l}, d: l.rank.d}
 	return j.heartbeatGone(l.peer.Identity, hb, l.peer.PidNS, now)
 }
 

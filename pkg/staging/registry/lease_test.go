@@ -65,6 +65,11 @@ func TestLeaseAttachClaimsLaneAndMapsArena(t *testing.T) {
 		t.Errorf("sender endpoint at seq %d epoch %#x, want seq 1 epoch %#x", s.Next(), s.Epoch(), l.LaneEpoch())
 	}
 	// The sender's view of the lane and the relay's are the same memory.
+	if _, ok := s.Ticket(); ok {
+		t.Fatal("a ticket before the relay opened the lane")
+	}
+	relay.inbound[0].Sync()
+	relay.inbound[0].Open()
 	seq, ok := s.Ticket()
 	if !ok {
 		t.Fatal("a fresh lane has no ticket")
@@ -328,17 +333,32 @@ func TestLeaseNoFreeLaneAndReusedPidOwner(t *testing.T) {
 	}
 }
 
-func TestLeaseOwnerWithOldHeartbeatHoldsNoLease(t *testing.T) {
+// A late heartbeat alone ends no lease: the owner may be stopped, frozen or
+// starved, and its copies would land in the next owner's slots. Only a
+// free liveness lock (the process gone, or done with its files) does.
+func TestLeaseOwnerWithOldHeartbeatHoldsItsLeaseWhileAlive(t *testing.T) {
+	ctx := context.Background()
 	root := regTestRoot(t)
 	relay := mustRegister(t, regOptions(root, "g", "rail0"))
 	sender := mustRegister(t, regOptions(root, "g", "rail1"))
+	other := mustRegister(t, regOptions(root, "g", "rail2"))
 	attachByName(t, sender, relay.Name())
 	if held := relay.Leases(); !slices.Equal(held, []int{0}) {
 		t.Fatalf("leases %v, want [0]", held)
 	}
 	atomic.StoreUint64(&sender.Header().Heartbeat, uint64(staging.MonoNanos()-int64(2*testHeartbeatTimeout)))
-	if held := relay.Leases(); len(held) != 0 {
-		t.Errorf("leases %v, want none: the owner's heartbeat is older than the timeout", held)
+	if held := relay.Leases(); !slices.Equal(held, []int{0}) {
+		t.Errorf("leases %v, want [0]: the owner's heartbeat is late but it holds its liveness lock", held)
+	}
+	l, err := other.Attach(ctx, peerByName(t, other, relay.Name()))
+	if err != nil || l.LaneIndex() == 0 {
+		t.Fatalf("Attach = lane %v, %v; want a lane other than the live owner's lane 0", l, err)
+	}
+	// The owner's lock dropped, as at its exit.
+	unix.Close(sender.liveFd)
+	sender.liveFd = -1
+	if held := relay.Leases(); !slices.Equal(held, []int{1}) {
+		t.Errorf("leases %v, want [1]: lane 0's owner has a late heartbeat and no liveness lock", held)
 	}
 }
 

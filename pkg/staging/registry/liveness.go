@@ -25,14 +25,18 @@ type heartbeatObserver interface {
 // removed and its lanes freed. A registration in the judge's own PID
 // namespace is judged by its pid and start time. One in another namespace
 // is never judged by its pid: it is gone only once its heartbeat has been
-// seen unchanged, by the judge, for longer than the heartbeat timeout, and
-// is older than the timeout as well. A judge that has not watched (obs
-// nil, as at registration) therefore never finds such a registration gone;
-// a rank's pump, which lists its peers every 100 ms, watches all of them.
+// seen unchanged, by the judge, for longer than the heartbeat timeout, is
+// older than the timeout as well, and its liveness lock is free
+// (folder.Liveness): a late heartbeat alone is a slow rank, never a dead
+// one. A judge that has not watched (obs nil, as at registration), or has
+// no folder to look in (d nil), therefore never finds such a registration
+// gone; a rank's pump, which lists its peers every 100 ms, watches all of
+// them.
 type judge struct {
 	self    staging.PidNS
 	timeout time.Duration
 	obs     heartbeatObserver
+	d       *registryDir
 }
 
 // gone says why the registration id, whose control file is c, is gone, or
@@ -73,10 +77,17 @@ func (j judge) heartbeatGone(id staging.Identity, hb uint64, ns staging.PidNS, n
 		return ""
 	}
 	since, ok := j.obs.unchangedSince(id, hb)
-	if !ok || now-since <= int64(j.timeout) {
+	if !ok || now-since <= int64(j.timeout) || j.d == nil {
 		return ""
 	}
-	return fmt.Sprintf("heartbeat unchanged for %v (PID namespace %v, judged by heartbeat)", time.Duration(now-since).Round(time.Millisecond), ns)
+	held, found := folder.Liveness(j.d.fd(), id)
+	switch {
+	case !found:
+		return fmt.Sprintf("it has no control file and its heartbeat was unchanged for %v (PID namespace %v)", time.Duration(now-since).Round(time.Millisecond), ns)
+	case held:
+		return ""
+	}
+	return fmt.Sprintf("its liveness lock is free and its heartbeat was unchanged for %v (PID namespace %v)", time.Duration(now-since).Round(time.Millisecond), ns)
 }
 
 // ownerGone judges the owner of a lane, whose namespace the lane records.

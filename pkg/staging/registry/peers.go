@@ -110,7 +110,7 @@ func (r *Rank) appendPeers(ctx context.Context, dst []PeerInfo, wait bool) ([]Pe
 		}
 	}
 	if sawStale || deadOwner {
-		j := judge{self: r.ns, timeout: r.opts.HeartbeatTimeout, obs: s}
+		j := judge{self: r.ns, timeout: r.opts.HeartbeatTimeout, obs: s, d: r.d}
 		err := r.d.lockFor(ctx, wait, func() error {
 			r.freeDeadLanes(j)
 			removed, why, err := r.d.cleanStale(r.id, j)

@@ -147,7 +147,7 @@ func (s *peerScan) judgeUnknown(d *registryDir, w *procWatch, now int64, timeout
 			newest = max(newest, st.Ctim.Nano())
 		}
 	}
-	w.gone = judge{self: s.self, timeout: timeout}.gone(w.id, c, newest, now)
+	w.gone = judge{self: s.self, timeout: timeout, d: d}.gone(w.id, c, newest, now)
 }
 
 // checkHeartbeat reads the heartbeat of a registration of another
@@ -175,7 +175,7 @@ func (w *procWatch) checkHeartbeat(d *registryDir, now int64, timeout time.Durat
 	if hb != w.hb {
 		w.hb, w.hbSince = hb, now
 	}
-	w.gone = judge{self: w.ns, timeout: timeout, obs: w}.heartbeatGone(w.id, w.hb, w.ns, now)
+	w.gone = judge{self: w.ns, timeout: timeout, obs: w, d: d}.heartbeatGone(w.id, w.hb, w.ns, now)
 }
 
 // unchangedSince makes one watch its own observer.

@@ -137,6 +137,9 @@ type Rank struct {
 	// Heartbeat and every lane word are read by other processes.
 	ctlMem []byte
 	ctl    *staging.ControlBlock
+	// liveFd is the control file, open from its creation until it is
+	// removed, holding the rank's liveness lock (folder.HoldLiveness).
+	liveFd int
 	// inbound are the relay endpoints of ctl's lanes; their user (the
 	// pump) owns them.
 	inbound [staging.LaneCount]*staging.RelayLane

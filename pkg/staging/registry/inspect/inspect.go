@@ -86,6 +86,10 @@ type LaneReport struct {
 	Published  uint64 `json:"published_seq"`
 	Completed  uint64 `json:"completed_seq"`
 	Reaped     uint64 `json:"reaped_seq"`
+	// Open: the relay has opened the lane's epoch (its OpenEpoch word),
+	// so the owner may write its slots; a lane claimed but not open waits
+	// for an earlier epoch's second-hop writes to end.
+	Open bool `json:"open"`
 	// OwnerHealth is "live" or why the owner is gone; empty for a free lane.
 	OwnerHealth string `json:"owner_health,omitempty"`
 	// OwnerPidNS and OwnerLiveness are the owner's PID namespace and how
@@ -314,6 +318,7 @@ func inspectRank(dirfd int, dirPath, name string, kind folder.EntryKind, id stag
 		}
 		if lh.Owner.LaneEpoch != 0 {
 			lr.LaneEpoch = fmt.Sprintf("%016x", lh.Owner.LaneEpoch)
+			lr.Open = lh.Relay.OpenEpoch == lh.Owner.LaneEpoch
 		}
 		if owner, held := lh.Owner.Load(); held {
 			ns := lh.Owner.LoadNS()
