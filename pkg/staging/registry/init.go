@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -229,11 +230,11 @@ func (r *Rank) createControl() error {
 	if err != nil {
 		return err
 	}
-	mem, err := sizeAndMap(fd, int(staging.ControlSize))
+	mem, err := allocateAndMap(fd, r.d.path, name, int(staging.ControlSize))
 	unix.Close(fd)
 	if err != nil {
 		unix.Unlinkat(r.d.fd(), name, 0)
-		return fmt.Errorf("control file %s: %w", name, err)
+		return err
 	}
 	r.ctlMem = mem
 	r.ctl = (*staging.ControlBlock)(unsafe.Pointer(&mem[0]))
@@ -261,13 +262,15 @@ func (r *Rank) createControl() error {
 	return nil
 }
 
-func sizeAndMap(fd, size int) ([]byte, error) {
-	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		return nil, fmt.Errorf("ftruncate: %w", err)
+// allocateAndMap gives the new file name its size bytes of blocks and
+// maps it.
+func allocateAndMap(fd int, dirPath, name string, size int) ([]byte, error) {
+	if err := folder.Allocate(fd, dirPath, name, int64(size)); err != nil {
+		return nil, err
 	}
 	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return nil, fmt.Errorf("mmap: %w", err)
+		return nil, &os.PathError{Op: "mmap", Path: filepath.Join(dirPath, name), Err: err}
 	}
 	return mem, nil
 }
