@@ -283,6 +283,9 @@ func (r *Rank) exportHandle() error {
 		return nil
 	}
 	if err != nil {
+		if r.opts.NoArenaSocket {
+			return fmt.Errorf("%w, and NoArenaSocket leaves no other way to share it", err)
+		}
 		return err
 	}
 	r.ctl.Header.IPCHandle = h
