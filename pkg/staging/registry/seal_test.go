@@ -287,7 +287,7 @@ func TestSpaceFullTmpfsFailsByNameArena(t *testing.T) {
 	o.Arenas = HostArenas{ByName: true}
 	r, err := Register(context.Background(), o)
 	var ie *InitError
-	var ns *folder.NoSpaceError
+	var ns *NoSpaceError
 	if r != nil || !errors.As(err, &ie) || ie.Step != StepAllocateArena || !errors.As(err, &ns) || !errors.Is(err, unix.ENOSPC) {
 		t.Fatalf("Register = %v, %v; want no room for the arena at %q", r, err, StepAllocateArena)
 	}
