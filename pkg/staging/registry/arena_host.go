@@ -78,7 +78,12 @@ func (p HostArenas) Allocate(dir *os.File, name string) (staging.Arena, error) {
 }
 
 func newMemfdArena(name string) (*memfdArena, error) {
-	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	// A node with vm.memfd_noexec=2 refuses a memfd that could be made
+	// executable; a kernel before 6.3 knows no MFD_NOEXEC_SEAL.
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_NOEXEC_SEAL)
+	if errors.Is(err, unix.EINVAL) {
+		fd, err = unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("memfd_create %s: %w", name, err)
 	}
@@ -185,7 +190,7 @@ func sealNames(seals int) string {
 		name string
 	}{
 		{unix.F_SEAL_SEAL, "seal"}, {unix.F_SEAL_SHRINK, "shrink"}, {unix.F_SEAL_GROW, "grow"},
-		{unix.F_SEAL_WRITE, "write"}, {unix.F_SEAL_FUTURE_WRITE, "future-write"},
+		{unix.F_SEAL_WRITE, "write"}, {unix.F_SEAL_FUTURE_WRITE, "future-write"}, {unix.F_SEAL_EXEC, "exec"},
 	} {
 		if seals&s.bit != 0 {
 			names = append(names, s.name)
