@@ -137,14 +137,13 @@ func TestInspectShowsRanksLanesAndGarbage(t *testing.T) {
 	relayID := fmt.Sprintf("%s/%016x", pid, relay.Identity().Epoch)
 	senderID := fmt.Sprintf("%s/%016x", pid, sender.Identity().Epoch)
 	for _, want := range [][]string{
-		{group, relay.Name(), "READY", pid, fmt.Sprintf("%016x", relay.Identity().Epoch), "rail0", "mlx5_0", "host", "handle,descriptor", ns.String(), " pid ", "live"},
+		{group, relay.Name(), "READY", pid, fmt.Sprintf("%016x", relay.Identity().Epoch), "rail0", "mlx5_0", "host", "descriptor", ns.String(), " pid ", "live"},
 		{group, sender.Name(), "READY", pid, "rail1", "mlx5_1", "live"},
 		{group, relayID, " 0 ", senderID, fmt.Sprintf("%016x", link.LaneEpoch()), " 42 ", " 41 ", " 40 ", " 39 ", " pid ", "live"},
 		{group, relayID, " 6 ", " - ", " - ", " 0 ", " 0 ", " 0 ", " 0 ", "free"},
 		{group, senderID, " 0 ", " - ", " - ", " 0 ", " 0 ", " 0 ", " 0 ", "free"},
 		{group, "garbage", "junk", "not a registry name"},
 		{group, "garbage", truncated, "10 bytes, want"},
-		{group, "arena", "in use"},
 		{group, "arena socket", "in use"},
 		{group, relayID, "host", "0B (0)", "3.0MiB (3)", "512B", "192.0KiB (3) [relay_stale 1, no_lane 2]", " 2 ", " 5 ", "1/1", "1.5ms", "ago"},
 		{group, senderID, "host", "0B (0)", "0B (0)", "0B", "0B (0)", " 0 ", " 0 ", "0/0", "0s", "never"},
@@ -165,8 +164,8 @@ func TestInspectShowsRanksLanesAndGarbage(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &groups); err != nil {
 		t.Fatalf("inspect -o json: %v\n%s", err, out)
 	}
-	if len(groups) != 1 || len(groups[0].Ranks) != 2 || len(groups[0].Entries) != 6 {
-		t.Fatalf("json: %+v, want one group with two ranks and six other entries (garbage, arenas, sockets)", groups)
+	if len(groups) != 1 || len(groups[0].Ranks) != 2 || len(groups[0].Entries) != 4 {
+		t.Fatalf("json: %+v, want one group with two ranks and four other entries (garbage, arena sockets; host arenas are memfds)", groups)
 	}
 	for _, r := range groups[0].Ranks {
 		if r.File != relay.Name() {

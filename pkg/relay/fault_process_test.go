@@ -279,8 +279,9 @@ func TestFaultHeartbeatStall(t *testing.T) {
 	r.call(faultReq{Op: "pausebeat", On: true})
 	s.route(faultRail(1), false, 20*time.Second)
 
-	// Stale, not gone: its control file and arena stay.
-	if rep := g.inspect(r.pid); rep == nil || len(filesOf(g, r.pid)) != 3 {
+	// Stale, not gone: its control file and arena socket stay (its arena
+	// is a memfd, no file).
+	if rep := g.inspect(r.pid); rep == nil || len(filesOf(g, r.pid)) != 2 {
 		t.Fatalf("a stalled but running relay was removed from the registry (files %v)", filesOf(g, r.pid))
 	}
 	// New work goes direct, and so do the Pieces that were only queued.

@@ -31,10 +31,10 @@ func needPidNS(t *testing.T) {
 }
 
 // rankFiles are the files of the rank whose control file is rank: the
-// control file, its arena and its arena socket.
+// control file and its arena socket (a host arena is a memfd, no file).
 func rankFiles(rank string) []string {
 	id := strings.TrimPrefix(rank, "rank-")
-	return []string{rank, "arena-" + id, "sock-" + id}
+	return []string{rank, "sock-" + id}
 }
 
 func (g *faultGroup) missing(names []string) []string {
@@ -181,7 +181,7 @@ func TestNamespaceHostileArenaSocketClient(t *testing.T) {
 	r.route(faultRail(0), true, 20*time.Second)
 	relayPid := nsRankPid(t, r)
 	base := countFDs(t, relayPid)
-	sock := filepath.Join(g.registryDir(), rankFiles(r.rank)[2])
+	sock := filepath.Join(g.registryDir(), rankFiles(r.rank)[1])
 
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -17,46 +18,109 @@ import (
 	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
 
-// HostArenas provides arenas in host memory, for machines without CUDA: an
-// arena is a 0600 file in the registry directory, sized with ftruncate (on
-// tmpfs it stays sparse until written) and mapped MAP_SHARED by its owner
-// and by its peers at the same offsets. Its handle is its file name; a
-// descriptor of the file serves as well (staging.FDArena), and is how a
-// peer maps it through the owner's arena socket.
-type HostArenas struct{}
+// HostArenas provides arenas in host memory, for machines without CUDA.
+//
+// An arena is a memfd, sized and then sealed against shrinking and growing
+// (arenaSeals), shared with peers only by descriptor through the owner's
+// arena socket: it has no handle and no file in the registry directory.
+// A peer maps a descriptor only when it carries those seals, so no
+// process, the owner included, can take the memory from under a mapping.
+//
+// With ByName, an arena is instead a 0600 file of the registry directory,
+// allocated at its full size when created, whose handle is its name. A
+// named tmpfs file cannot be sealed: a process of the group's uid can
+// truncate it, and a peer that maps it takes SIGBUS at its next touch. A
+// rank maps a peer's arena by name only when its own HostArenas has
+// ByName set.
+type HostArenas struct {
+	ByName bool
+}
+
+// arenaSeals are the seals a host arena carries and a peer demands of a
+// descriptor it maps: its size never changes, and no seal can be added or
+// removed any more.
+const arenaSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
 
 var (
 	_ staging.ArenaProvider   = HostArenas{}
 	_ staging.FDArenaProvider = HostArenas{}
-	_ staging.FDArena         = (*hostArena)(nil)
+	_ staging.FDArena         = (*memfdArena)(nil)
 )
 
 // Kind returns ArenaHost.
 func (HostArenas) Kind() uint32 { return staging.ArenaHost }
 
-// Allocate creates and maps the arena file name in dir.
-func (HostArenas) Allocate(dir *os.File, name string) (staging.Arena, error) {
+// Allocate creates and maps an arena: a sealed memfd called name, or with
+// ByName the file name in dir.
+func (p HostArenas) Allocate(dir *os.File, name string) (staging.Arena, error) {
 	if k, _ := folder.ParseEntryName(name); k != folder.EntryArena {
 		return nil, fmt.Errorf("host arena: %q is not an arena name", name)
+	}
+	if !p.ByName {
+		a, err := newMemfdArena(name)
+		if err != nil {
+			return nil, fmt.Errorf("host arena: %w", err)
+		}
+		return a, nil
 	}
 	dirfd := int(dir.Fd())
 	fd, err := folder.CreatePrivate(dirfd, dir.Name(), name)
 	if err != nil {
 		return nil, fmt.Errorf("host arena: %w", err)
 	}
-	a, err := newHostArena(dirfd, dir.Name(), name, fd)
+	a, err := newFileArena(dirfd, dir.Name(), name, fd)
+	unix.Close(fd)
 	if err != nil {
-		unix.Close(fd)
 		unix.Unlinkat(dirfd, name, 0)
 		return nil, fmt.Errorf("host arena: %w", err)
 	}
 	return a, nil
 }
 
-func newHostArena(dirfd int, dirPath, name string, fd int) (*hostArena, error) {
-	path := filepath.Join(dirPath, name)
+func newMemfdArena(name string) (*memfdArena, error) {
+	// A node with vm.memfd_noexec=2 refuses a memfd that could be made
+	// executable; a kernel before 6.3 knows no MFD_NOEXEC_SEAL.
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_NOEXEC_SEAL)
+	if errors.Is(err, unix.EINVAL) {
+		fd, err = unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("memfd_create %s: %w", name, err)
+	}
+	mem, err := sealAndMap(fd, name)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return &memfdArena{fd: fd, name: name, mem: mem}, nil
+}
+
+// sealAndMap sizes the memfd fd and seals it before any other process can
+// hold it. Its pages come at first touch from the kernel's own shmem
+// mount, which has no size limit, so no full tmpfs can fail them (a
+// shortage of memory is the pod's OOM, not a SIGBUS); a NIC registration
+// of the arena takes them all at once.
+func sealAndMap(fd int, name string) ([]byte, error) {
+	if err := unix.Fchmod(fd, folder.FilePerm); err != nil {
+		return nil, fmt.Errorf("chmod memfd %s: %w", name, err)
+	}
 	if err := unix.Ftruncate(fd, staging.ArenaSize); err != nil {
-		return nil, &os.PathError{Op: "ftruncate", Path: path, Err: err}
+		return nil, fmt.Errorf("size memfd %s to %d bytes: %w", name, uint64(staging.ArenaSize), err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, arenaSeals); err != nil {
+		return nil, fmt.Errorf("seal memfd %s %s: %w", name, sealNames(arenaSeals), err)
+	}
+	mem, err := unix.Mmap(fd, 0, staging.ArenaSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("mmap memfd %s: %w", name, err)
+	}
+	return mem, nil
+}
+
+func newFileArena(dirfd int, dirPath, name string, fd int) (*fileArena, error) {
+	path := filepath.Join(dirPath, name)
+	if err := folder.Allocate(fd, dirPath, name, staging.ArenaSize); err != nil {
+		return nil, err
 	}
 	mem, err := unix.Mmap(fd, 0, staging.ArenaSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
@@ -69,14 +133,18 @@ func newHostArena(dirfd int, dirPath, name string, fd int) (*hostArena, error) {
 		unix.Munmap(mem)
 		return nil, &os.PathError{Op: "dup", Path: dirPath, Err: err}
 	}
-	return &hostArena{dirfd: own, fd: fd, path: path, name: name, mem: mem}, nil
+	return &fileArena{dirfd: own, path: path, name: name, mem: mem}, nil
 }
 
-// Open maps the peer arena whose file name is in handle.
-func (HostArenas) Open(dir *os.File, handle [staging.ArenaHandleSize]byte) (staging.PeerArena, error) {
+// Open maps the peer arena whose file name is in handle, with ByName; a
+// HostArenas without it refuses every named arena.
+func (p HostArenas) Open(dir *os.File, handle [staging.ArenaHandleSize]byte) (staging.PeerArena, error) {
 	name, err := hostHandleName(handle)
 	if err != nil {
 		return nil, err
+	}
+	if !p.ByName {
+		return nil, fmt.Errorf("host arena %s: refused: a named arena cannot be sealed and may shrink under its mapping; this rank maps host arenas by sealed descriptor only", name)
 	}
 	mem, err := folder.MapPrivate(int(dir.Fd()), dir.Name(), name, os.Geteuid(), staging.ArenaSize, true)
 	if err != nil {
@@ -85,9 +153,10 @@ func (HostArenas) Open(dir *os.File, handle [staging.ArenaHandleSize]byte) (stag
 	return &hostPeerArena{mem: mem}, nil
 }
 
-// OpenFD maps the peer arena whose file fd refers to. The descriptor came
-// from another process: it must be a regular file of this uid that nobody
-// else may access, of size bytes, the size of an arena.
+// OpenFD maps the peer arena whose memory fd refers to. The descriptor
+// came from another process: it must be a regular file of this uid that
+// nobody else may access, sealed with arenaSeals, of size bytes, the size
+// of an arena.
 func (HostArenas) OpenFD(fd int, size uint64) (staging.PeerArena, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -95,6 +164,13 @@ func (HostArenas) OpenFD(fd int, size uint64) (staging.PeerArena, error) {
 	}
 	if p := folder.PrivateProblem(&st, os.Geteuid(), unix.S_IFREG); p != "" {
 		return nil, fmt.Errorf("host arena: descriptor %d %s", fd, p)
+	}
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return nil, fmt.Errorf("host arena: descriptor %d refused: no seals (not a memfd): %w", fd, err)
+	}
+	if seals&arenaSeals != arenaSeals {
+		return nil, fmt.Errorf("host arena: descriptor %d refused: sealed %s, want %s: an unsealed arena may shrink under its mapping", fd, sealNames(seals), sealNames(arenaSeals))
 	}
 	if size != staging.ArenaSize || st.Size < int64(size) {
 		return nil, fmt.Errorf("host arena: descriptor %d: arena of %d bytes in a file of %d, want %d", fd, size, st.Size, uint64(staging.ArenaSize))
@@ -104,6 +180,26 @@ func (HostArenas) OpenFD(fd int, size uint64) (staging.PeerArena, error) {
 		return nil, fmt.Errorf("host arena: mmap descriptor %d: %w", fd, err)
 	}
 	return &hostPeerArena{mem: mem}, nil
+}
+
+// sealNames spells a set of file seals, "none" for none.
+func sealNames(seals int) string {
+	var names []string
+	for _, s := range [...]struct {
+		bit  int
+		name string
+	}{
+		{unix.F_SEAL_SEAL, "seal"}, {unix.F_SEAL_SHRINK, "shrink"}, {unix.F_SEAL_GROW, "grow"},
+		{unix.F_SEAL_WRITE, "write"}, {unix.F_SEAL_FUTURE_WRITE, "future-write"}, {unix.F_SEAL_EXEC, "exec"},
+	} {
+		if seals&s.bit != 0 {
+			names = append(names, s.name)
+		}
+	}
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, "|")
 }
 
 // hostHandleName accepts only a NUL-padded canonical arena name: a handle
@@ -123,11 +219,9 @@ func hostHandleName(h [staging.ArenaHandleSize]byte) (string, error) {
 	return name, nil
 }
 
-type hostArena struct {
-	dirfd int
-	// fd is the arena file, kept open for ExportFD.
+// memfdArena is a sealed memfd; fd stays open for ExportFD.
+type memfdArena struct {
 	fd   int
-	path string
 	name string
 	mem  []byte
 
@@ -135,11 +229,62 @@ type hostArena struct {
 	closed bool
 }
 
-func (a *hostArena) Kind() uint32  { return staging.ArenaHost }
-func (a *hostArena) Base() uintptr { return uintptr(unsafe.Pointer(&a.mem[0])) }
-func (a *hostArena) Size() uint64  { return uint64(len(a.mem)) }
+func (a *memfdArena) Kind() uint32  { return staging.ArenaHost }
+func (a *memfdArena) Base() uintptr { return uintptr(unsafe.Pointer(&a.mem[0])) }
+func (a *memfdArena) Size() uint64  { return uint64(len(a.mem)) }
 
-func (a *hostArena) Export() ([staging.ArenaHandleSize]byte, error) {
+// Export fails with staging.ErrNoHandle: the arena goes by descriptor only.
+func (a *memfdArena) Export() ([staging.ArenaHandleSize]byte, error) {
+	return [staging.ArenaHandleSize]byte{}, fmt.Errorf("host arena %s: a memfd is shared by descriptor: %w", a.name, staging.ErrNoHandle)
+}
+
+// ExportFD returns a new descriptor of the memfd.
+func (a *memfdArena) ExportFD() (int, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return -1, fmt.Errorf("host arena %s: closed", a.name)
+	}
+	fd, err := unix.FcntlInt(uintptr(a.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("host arena %s: dup: %w", a.name, err)
+	}
+	return fd, nil
+}
+
+// Close unmaps the arena and closes the memfd. Peers that still map it
+// keep their pages: the memory lives until its last mapping goes.
+func (a *memfdArena) Close() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil
+	}
+	a.closed = true
+	err := unix.Munmap(a.mem)
+	unix.Close(a.fd)
+	if err != nil {
+		return fmt.Errorf("host arena %s: munmap: %w", a.name, err)
+	}
+	return nil
+}
+
+// fileArena is an arena file of the registry directory (HostArenas.ByName).
+type fileArena struct {
+	dirfd int
+	path  string
+	name  string
+	mem   []byte
+
+	mu     sync.Mutex
+	closed bool
+}
+
+func (a *fileArena) Kind() uint32  { return staging.ArenaHost }
+func (a *fileArena) Base() uintptr { return uintptr(unsafe.Pointer(&a.mem[0])) }
+func (a *fileArena) Size() uint64  { return uint64(len(a.mem)) }
+
+func (a *fileArena) Export() ([staging.ArenaHandleSize]byte, error) {
 	var h [staging.ArenaHandleSize]byte
 	if len(a.name) > len(h) {
 		return h, fmt.Errorf("host arena: name %q is longer than a handle", a.name)
@@ -148,23 +293,9 @@ func (a *hostArena) Export() ([staging.ArenaHandleSize]byte, error) {
 	return h, nil
 }
 
-// ExportFD returns a new descriptor of the arena file.
-func (a *hostArena) ExportFD() (int, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return -1, fmt.Errorf("host arena %s: closed", a.path)
-	}
-	fd, err := unix.FcntlInt(uintptr(a.fd), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return -1, &os.PathError{Op: "dup", Path: a.path, Err: err}
-	}
-	return fd, nil
-}
-
 // Close unmaps the arena and unlinks its file. Peers that still map it keep
 // their pages: a tmpfs file lives until its last mapping goes.
-func (a *hostArena) Close() error {
+func (a *fileArena) Close() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
@@ -179,7 +310,6 @@ func (a *hostArena) Close() error {
 		errs = append(errs, &os.PathError{Op: "unlink", Path: a.path, Err: err})
 	}
 	unix.Close(a.dirfd)
-	unix.Close(a.fd)
 	return errors.Join(errs...)
 }
 

@@ -29,36 +29,46 @@ func openTestDir(t *testing.T) *os.File {
 	return f
 }
 
-func TestArenaHostAllocateIsSparseAndShared(t *testing.T) {
+// A host arena is a sealed memfd of an arena's size, 0600, with no file
+// in the folder and no handle; a peer maps it from a descriptor and sees
+// the owner's bytes through its own mapping.
+func TestArenaHostAllocateIsSealedAndShared(t *testing.T) {
 	dir := openTestDir(t)
 	name := folder.ArenaFileName(staging.Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 2})
 	a, err := HostArenas{}.Allocate(dir, name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(dir.Name(), name)
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
+	if names := listDir(t, dir.Name()); len(names) != 0 {
+		t.Errorf("the folder holds %v, want nothing: the arena is a memfd", names)
+	}
+	if _, err := a.Export(); !errors.Is(err, staging.ErrNoHandle) {
+		t.Errorf("Export = %v, want ErrNoHandle", err)
+	}
+	fd, err := a.(staging.FDArena).ExportFD()
+	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Size != staging.ArenaSize || st.Mode&0o7777 != 0o600 {
-		t.Errorf("arena file: %d bytes mode %04o, want %d bytes mode 0600", st.Size, st.Mode&0o7777, staging.ArenaSize)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		t.Fatal(err)
 	}
-	if used := st.Blocks * 512; used > 1<<20 {
-		t.Errorf("a fresh arena occupies %d bytes; allocation must not touch its pages", used)
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size != staging.ArenaSize || st.Mode&0o7777 != 0o600 || seals&arenaSeals != arenaSeals {
+		t.Errorf("arena memfd: %d bytes mode %04o seals %s, want %d bytes mode 0600 seals %s", st.Size, st.Mode&0o7777, sealNames(seals), staging.ArenaSize, sealNames(arenaSeals))
 	}
 	if a.Kind() != staging.ArenaHost || a.Size() != staging.ArenaSize || a.Base() == 0 {
 		t.Errorf("arena kind %d size %d base %#x", a.Kind(), a.Size(), a.Base())
 	}
-	h, err := a.Export()
+	p, err := HostArenas{}.OpenFD(fd, staging.ArenaSize)
+	unix.Close(fd)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := HostArenas{}.Open(dir, h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	own, peer := a.(*hostArena).mem, p.(*hostPeerArena).mem
+	own, peer := a.(*memfdArena).mem, p.(*hostPeerArena).mem
 	off := staging.SlotOffset(staging.LaneCount-1, staging.SlotsPerLane-1) + staging.SlotSize - 1
 	own[off] = 0xa5
 	if peer[off] != 0xa5 || p.Base() == a.Base() {
@@ -70,11 +80,56 @@ func TestArenaHostAllocateIsSparseAndShared(t *testing.T) {
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if fileExists(path) || mapsMention(t, name) {
-		t.Errorf("arena file or mapping left after Close")
+	if mapsMention(t, name) {
+		t.Errorf("arena mapping left after Close")
+	}
+	if _, err := a.(staging.FDArena).ExportFD(); err == nil {
+		t.Errorf("ExportFD after Close succeeded")
 	}
 	if err := a.Close(); err != nil {
 		t.Errorf("second Close = %v", err)
+	}
+}
+
+// A by-name arena is a file of the folder with every block allocated when
+// it is created, mapped by name by a rank that opts in.
+func TestArenaHostByNameIsAllocatedInFull(t *testing.T) {
+	dir := openTestDir(t)
+	name := folder.ArenaFileName(staging.Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 2})
+	byName := HostArenas{ByName: true}
+	a, err := byName.Allocate(dir, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir.Name(), name)
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Size != staging.ArenaSize || st.Mode&0o7777 != 0o600 || st.Blocks*512 < staging.ArenaSize {
+		t.Errorf("arena file: %d bytes in %d blocks, mode %04o; want %d bytes all allocated, mode 0600", st.Size, st.Blocks, st.Mode&0o7777, staging.ArenaSize)
+	}
+	h, err := a.Export()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := byName.Open(dir, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, peer := a.(*fileArena).mem, p.(*hostPeerArena).mem
+	own[len(own)-1] = 0xa5
+	if peer[len(peer)-1] != 0xa5 {
+		t.Errorf("peer mapping reads %#x at the arena's last byte, want 0xa5", peer[len(peer)-1])
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if fileExists(path) || mapsMention(t, name) {
+		t.Errorf("arena file or mapping left after Close")
 	}
 }
 
@@ -107,7 +162,7 @@ func TestArenaHostOpenRefusesBadHandles(t *testing.T) {
 		{"symlink", handle(link), "is a symlink"},
 	}
 	for _, tt := range tests {
-		p, err := HostArenas{}.Open(dir, tt.handle)
+		p, err := HostArenas{ByName: true}.Open(dir, tt.handle)
 		if p != nil || err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: Open = %v, %v; want an error saying %q", tt.name, p, err, tt.want)
 		}
@@ -115,7 +170,7 @@ func TestArenaHostOpenRefusesBadHandles(t *testing.T) {
 	if _, err := (HostArenas{}).Allocate(dir, "../escape"); err == nil {
 		t.Errorf("Allocate accepted a path")
 	}
-	if _, err := (HostArenas{}).Allocate(dir, short); !errors.Is(err, unix.EEXIST) {
+	if _, err := (HostArenas{ByName: true}).Allocate(dir, short); !errors.Is(err, unix.EEXIST) {
 		t.Errorf("Allocate over an existing file = %v, want EEXIST", err)
 	}
 }

@@ -288,3 +288,8 @@ type UnsafeError = folder.UnsafeError
 // MismatchError reports a peer built with other engine numbers (or no
 // registry file at all): PXN refuses that peer and traffic to it goes direct.
 type MismatchError = folder.MismatchError
+
+// NoSpaceError reports a registry file that could not get its blocks when
+// it was created: the folder's file system is full, and the rank does not
+// register.
+type NoSpaceError = folder.NoSpaceError

@@ -57,6 +57,8 @@ func runRegistryHelper(role string) int {
 	switch role {
 	case "rank":
 		return helperRank()
+	case "reshape":
+		return helperReshape()
 	case "exit":
 		return 0
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -229,7 +230,7 @@ func (r *Rank) createControl() error {
 	if err != nil {
 		return err
 	}
-	mem, err := sizeAndMap(fd, int(staging.ControlSize))
+	mem, err := allocateAndMap(fd, r.d.path, name, int(staging.ControlSize))
 	unix.Close(fd)
 	// The lock is taken on an open file of its own: the mapping holds the
 	// one above until it is unmapped.
@@ -249,7 +250,7 @@ func (r *Rank) createControl() error {
 	}
 	if err != nil {
 		unix.Unlinkat(r.d.fd(), name, 0)
-		return fmt.Errorf("control file %s: %w", name, err)
+		return err
 	}
 	r.liveFd = live
 	r.ctlMem = mem
@@ -282,13 +283,15 @@ func (r *Rank) createControl() error {
 	return nil
 }
 
-func sizeAndMap(fd, size int) ([]byte, error) {
-	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		return nil, fmt.Errorf("ftruncate: %w", err)
+// allocateAndMap gives the new file name its size bytes of blocks and
+// maps it.
+func allocateAndMap(fd int, dirPath, name string, size int) ([]byte, error) {
+	if err := folder.Allocate(fd, dirPath, name, int64(size)); err != nil {
+		return nil, err
 	}
 	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return nil, fmt.Errorf("mmap: %w", err)
+		return nil, &os.PathError{Op: "mmap", Path: filepath.Join(dirPath, name), Err: err}
 	}
 	return mem, nil
 }
@@ -301,6 +304,9 @@ func (r *Rank) exportHandle() error {
 		return nil
 	}
 	if err != nil {
+		if r.opts.NoArenaSocket {
+			return fmt.Errorf("%w, and NoArenaSocket leaves no other way to share it", err)
+		}
 		return err
 	}
 	r.ctl.Header.IPCHandle = h

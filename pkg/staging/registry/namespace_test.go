@@ -33,10 +33,11 @@ func needPidNS(t *testing.T) {
 	}
 }
 
-// nsFiles are the files a published rank named name has in the directory.
+// nsFiles are the files a published rank named name has in the directory:
+// its arena is a memfd, not a file.
 func nsFiles(name string) []string {
 	_, id := folder.ParseEntryName(name)
-	return []string{name, folder.ArenaFileName(id), folder.SockFileName(id)}
+	return []string{name, folder.SockFileName(id)}
 }
 
 func missingFiles(dir string, names []string) []string {
@@ -261,8 +262,8 @@ func TestNamespaceArenaSocketRefusesAllButTheHolder(t *testing.T) {
 	if l.ArenaShare() != staging.ShareFD {
 		t.Fatalf("attached by %s, want by descriptor", folder.ShareName(l.ArenaShare()))
 	}
-	if relay.Header().ArenaShares != staging.ShareIPCHandle|staging.ShareFD {
-		t.Errorf("relay offers shares %#x, want handle and descriptor", relay.Header().ArenaShares)
+	if relay.Header().ArenaShares != staging.ShareFD {
+		t.Errorf("relay offers shares %#x, want the descriptor alone", relay.Header().ArenaShares)
 	}
 	// The sender's mapping is the relay's memory.
 	copy(foreignBytes(l.StagingBase(), 4), "pxn!")
@@ -319,16 +320,24 @@ func TestNamespaceArenaSocketRefusesAllButTheHolder(t *testing.T) {
 	}
 }
 
-// Without the socket the arena is mapped by its handle, as before.
+// Without the socket a by-name arena is mapped by its handle, by a sender
+// that maps by name too; a host arena of the default kind, a memfd, has
+// no other way to be shared and the rank does not register.
 func TestNamespaceArenaByHandleWithoutSocket(t *testing.T) {
 	root := regTestRoot(t)
 	o := regOptions(root, "g", "rail0")
 	o.NoArenaSocket = true
+	if r, err := Register(context.Background(), o); r != nil || !errors.Is(err, staging.ErrNoHandle) || !strings.Contains(err.Error(), "NoArenaSocket") {
+		t.Fatalf("Register of a memfd arena without its socket = %v, %v; want ErrNoHandle naming NoArenaSocket", r, err)
+	}
+	o.Arenas = HostArenas{ByName: true}
 	relay := mustRegister(t, o)
 	if relay.Header().ArenaShares != staging.ShareIPCHandle || fileExists(filepath.Join(relay.Dir(), folder.SockFileName(relay.Identity()))) {
 		t.Fatalf("relay without socket offers %#x, socket file there: %v", relay.Header().ArenaShares, listDir(t, relay.Dir()))
 	}
-	sender := mustRegister(t, regOptions(root, "g", "rail1"))
+	so := regOptions(root, "g", "rail1")
+	so.Arenas = HostArenas{ByName: true}
+	sender := mustRegister(t, so)
 	l := attachByName(t, sender, relay.Name())
 	if l.ArenaShare() != staging.ShareIPCHandle {
 		t.Errorf("attached by %s, want by handle", folder.ShareName(l.ArenaShare()))

@@ -87,7 +87,7 @@ func TestRegistryKilledRankIsCleanedByNextRegistrant(t *testing.T) {
 	name := c.expect("ready")
 	_, id := folder.ParseEntryName(name)
 	c.kill()
-	for _, f := range []string{name, folder.ArenaFileName(id)} {
+	for _, f := range []string{name, folder.SockFileName(id)} {
 		if !fileExists(filepath.Join(dir, f)) {
 			t.Fatalf("%s vanished before anyone cleaned", f)
 		}
@@ -107,21 +107,21 @@ func TestRegistryRankKilledDuringInitIsCleaned(t *testing.T) {
 	dir := groupDir(root, "g")
 	c := startRegChild(t, childOpts{root: root, group: "g", env: []string{helperHangEnv + "=" + strconv.Itoa(int(StepPublish))}})
 	c.expect("hanging")
-	var tmp, arena string
+	var tmp, sock string
 	for _, n := range listDir(t, dir) {
 		switch k, id := folder.ParseEntryName(n); {
 		case k == folder.EntryTmp && id.Pid == c.pid():
 			tmp = n
-		case k == folder.EntryArena && id.Pid == c.pid():
-			arena = n
+		case k == folder.EntrySock && id.Pid == c.pid():
+			sock = n
 		}
 	}
-	if tmp == "" || arena == "" {
-		t.Fatalf("a rank about to publish should have a .tmp control file and an arena; have %v", listDir(t, dir))
+	if tmp == "" || sock == "" {
+		t.Fatalf("a rank about to publish should have a .tmp control file and an arena socket; have %v", listDir(t, dir))
 	}
 	// A live rank's unfinished init is not stale: others leave it alone.
 	r := mustRegister(t, regOptions(root, "g", "rail0"))
-	if !fileExists(filepath.Join(dir, tmp)) || !fileExists(filepath.Join(dir, arena)) {
+	if !fileExists(filepath.Join(dir, tmp)) || !fileExists(filepath.Join(dir, sock)) {
 		t.Fatalf("a registrant removed files of a live rank still initializing: %v", listDir(t, dir))
 	}
 	if ps, err := r.Peers(context.Background()); err != nil || len(ps) != 0 {
@@ -135,11 +135,12 @@ func TestRegistryRankKilledDuringInitIsCleaned(t *testing.T) {
 	}
 }
 
-// rankFiles lists the files of the given ranks and the lock, sorted.
+// rankFiles lists the files of the given ranks and the lock, sorted. A
+// host arena is a memfd, not a file.
 func rankFiles(rs ...*Rank) []string {
 	names := []string{folder.LockFileName}
 	for _, r := range rs {
-		names = append(names, r.Name(), folder.ArenaFileName(r.Identity()), folder.SockFileName(r.Identity()))
+		names = append(names, r.Name(), folder.SockFileName(r.Identity()))
 	}
 	slices.Sort(names)
 	return names
@@ -467,22 +468,24 @@ func TestRegistryFailedMemoryRegistrationQuarantinesArena(t *testing.T) {
 	if r != nil || !errors.As(err, &ie) || ie.Step != StepRegisterMemory || !strings.Contains(err.Error(), "quarantined") {
 		t.Fatalf("Register = %v, %v; want a quarantining failure of %q", r, err, StepRegisterMemory)
 	}
-	// The control file stays with the arena: it names the namespace by
-	// which others judge the arena.
+	// The control file stays with the arena (a memfd, no file): it names
+	// the namespace by which others judge the registration.
 	names := listDir(t, dir)
-	if len(names) != 3 || names[0] != folder.LockFileName {
-		t.Fatalf("directory holds %v, want the lock, the control file and the quarantined arena", names)
+	if len(names) != 2 || names[0] != folder.LockFileName {
+		t.Fatalf("directory holds %v, want the lock and the control file of the quarantined arena", names)
 	}
-	ctl, arena := names[1], names[2]
-	if k, id := folder.ParseEntryName(arena); k != folder.EntryArena || id.Pid != os.Getpid() || ctl != folder.TmpFileName(id) {
-		t.Fatalf("directory holds %v, want the lock, and this process's arena and its .tmp control file", names)
+	ctl := names[1]
+	k, id := folder.ParseEntryName(ctl)
+	if k != folder.EntryTmp || id.Pid != os.Getpid() {
+		t.Fatalf("directory holds %v, want the lock and this process's .tmp control file", names)
 	}
+	arena := folder.ArenaFileName(id)
 	if !mapsMention(t, arena) {
 		t.Errorf("the quarantined arena %s is no longer mapped", arena)
 	}
 	// While the process lives its quarantined arena is not stale.
 	mustRegister(t, regOptions(root, "g", "rail1"))
-	if !fileExists(filepath.Join(dir, arena)) || !fileExists(filepath.Join(dir, ctl)) {
+	if !fileExists(filepath.Join(dir, ctl)) {
 		t.Errorf("a registrant removed the quarantined arena of a live process: %v", listDir(t, dir))
 	}
 }
@@ -496,8 +499,8 @@ func TestRegistryQuarantinedArenaOfExitedProcessIsCleaned(t *testing.T) {
 	}
 	<-c.done
 	names := listDir(t, dir)
-	if len(names) != 3 || !strings.HasPrefix(names[1], folder.TmpPrefix) || !strings.HasPrefix(names[2], folder.ArenaPrefix) {
-		t.Fatalf("after the failed child the directory holds %v, want the lock, a control file and an arena", names)
+	if len(names) != 2 || !strings.HasPrefix(names[1], folder.TmpPrefix) {
+		t.Fatalf("after the failed child the directory holds %v, want the lock and a control file", names)
 	}
 	r := mustRegister(t, regOptions(root, "g", "rail0"))
 	if got, want := listDir(t, dir), rankFiles(r); !slices.Equal(got, want) {
@@ -521,7 +524,7 @@ func TestRegistryTeardownOrderAndNothingLeft(t *testing.T) {
 		// temporary name) and the socket gone before the NIC lets go; the
 		// arena outlives its registration, the control file the arena.
 		if fileExists(filepath.Join(dir, relay.Name())) || fileExists(filepath.Join(dir, folder.SockFileName(relay.Identity()))) ||
-			!fileExists(filepath.Join(dir, arena)) || !fileExists(filepath.Join(dir, folder.TmpFileName(relay.Identity()))) {
+			!mapsMention(t, arena) || !fileExists(filepath.Join(dir, folder.TmpFileName(relay.Identity()))) {
 			t.Errorf("deregistering with %v in the directory; want the revoked control file and the arena there, and no socket", listDir(t, dir))
 		}
 	}
@@ -562,8 +565,8 @@ func TestRegistryFailedDeregisterQuarantinesArena(t *testing.T) {
 	if err := r.Close(context.Background()); err == nil || !strings.Contains(err.Error(), "quarantined") {
 		t.Fatalf("Close = %v, want the arena quarantined", err)
 	}
-	if got, want := listDir(t, groupDir(root, "g")), []string{folder.LockFileName, folder.TmpFileName(r.Identity()), arena}; !slices.Equal(got, want) {
-		t.Errorf("directory holds %v, want %v: the lock, the revoked control file and the quarantined arena", got, want)
+	if got, want := listDir(t, groupDir(root, "g")), []string{folder.LockFileName, folder.TmpFileName(r.Identity())}; !slices.Equal(got, want) {
+		t.Errorf("directory holds %v, want %v: the lock and the revoked control file of the quarantined arena", got, want)
 	}
 	if !mapsMention(t, arena) {
 		t.Errorf("quarantined arena unmapped")

@@ -354,7 +354,7 @@ func TestPeersSeeKilledRanks(t *testing.T) {
 			if _, ok := findPeer(ps, name); ok || len(ps) != 1 {
 				t.Errorf("the call after SIGKILL lists %+v, want only %s", ps, zname)
 			}
-			for _, f := range []string{name, folder.ArenaFileName(id)} {
+			for _, f := range []string{name, folder.SockFileName(id)} {
 				if fileExists(filepath.Join(r.Dir(), f)) {
 					t.Errorf("the call after SIGKILL left %s of the killed rank", f)
 				}
@@ -467,8 +467,8 @@ func TestPeersRecheckEveryEntryWithinListEvery(t *testing.T) {
 	// stat until the periodic listing, which finds it. The deadline only
 	// ends a test whose listing never comes: listEvery, and childWait for a
 	// loaded machine.
-	arena := filepath.Join(r.Dir(), folder.ArenaFileName(peer.Identity()))
-	if err := os.Chmod(arena, 0o640); err != nil {
+	sock := filepath.Join(r.Dir(), folder.SockFileName(peer.Identity()))
+	if err := os.Chmod(sock, 0o640); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(listEvery + childWait)
@@ -488,8 +488,8 @@ func TestPeersRecheckEveryEntryWithinListEvery(t *testing.T) {
 		}
 	}
 	var ue *folder.UnsafeError
-	if !errors.As(err, &ue) || ue.Path != arena || !strings.Contains(ue.Problem, "has mode 0640") {
-		t.Errorf("Peers = %v, want an folder.UnsafeError about the mode of %s", err, arena)
+	if !errors.As(err, &ue) || ue.Path != sock || !strings.Contains(ue.Problem, "has mode 0640") {
+		t.Errorf("Peers = %v, want an folder.UnsafeError about the mode of %s", err, sock)
 	}
 }
 

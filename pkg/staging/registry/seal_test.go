@@ -1,0 +1,300 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package registry
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
+)
+
+// helperProcFDEnv names, for the "reshape" role, the path through /proc of
+// the arena descriptor the parent holds.
+const helperProcFDEnv = "PXN_REGISTRY_TEST_PROC_FD"
+
+// reshapeOps are what the "reshape" role tries on the arena it is handed
+// as descriptor 3, in order.
+var reshapeOps = []string{"shrink", "grow", "fallocate-grow", "reopen-shrink", "reopen-trunc", "add-write-seal"}
+
+// helperReshape tries every way to change an arena's size, through the
+// descriptor it inherited and through the owner's descriptor reopened by
+// path, and says "<op> <errno name or ok>" for each.
+func helperReshape() int {
+	const fd = 3
+	size := int64(staging.ArenaSize)
+	proc := os.Getenv(helperProcFDEnv)
+	try := func(op string) error {
+		switch op {
+		case "shrink":
+			return unix.Ftruncate(fd, 0)
+		case "grow":
+			return unix.Ftruncate(fd, size+4096)
+		case "fallocate-grow":
+			return unix.Fallocate(fd, 0, 0, 2*size)
+		case "reopen-shrink":
+			g, err := unix.Open(proc, unix.O_RDWR|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(g)
+			return unix.Ftruncate(g, 4096)
+		case "reopen-trunc":
+			g, err := unix.Open(proc, unix.O_RDWR|unix.O_TRUNC|unix.O_CLOEXEC, 0)
+			if err == nil {
+				unix.Close(g)
+			}
+			return err
+		case "add-write-seal":
+			_, err := unix.FcntlInt(fd, unix.F_ADD_SEALS, unix.F_SEAL_WRITE)
+			return err
+		}
+		return fmt.Errorf("unknown op %q", op)
+	}
+	for _, op := range reshapeOps {
+		res := "ok"
+		if err := try(op); err != nil {
+			var errno unix.Errno
+			if !errors.As(err, &errno) {
+				res = strings.ReplaceAll(err.Error(), " ", "_")
+			} else {
+				res = unix.ErrnoName(errno)
+			}
+		}
+		fmt.Println(op, res)
+	}
+	return 0
+}
+
+func allocateHostArena(t *testing.T, p HostArenas) staging.Arena {
+	t.Helper()
+	name := folder.ArenaFileName(staging.Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 7})
+	a, err := p.Allocate(openTestDir(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return a
+}
+
+// Another process of the group's uid holding the arena's descriptor, or
+// reaching the owner's through /proc, can neither shrink nor grow it: the
+// owner's mapping, and every peer's, keeps every page.
+func TestSealArenaResistsResizeByAnotherProcess(t *testing.T) {
+	a := allocateHostArena(t, HostArenas{}).(*memfdArena)
+	fd, err := a.ExportFD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "arena")
+	defer f.Close()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), registryHelperEnv+"=reshape",
+		helperProcFDEnv+"=/proc/"+strconv.Itoa(os.Getpid())+"/fd/"+strconv.Itoa(a.fd))
+	cmd.ExtraFiles = []*os.File{f}
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("reshape child: %v; said %q", err, out)
+	}
+	got := map[string]string{}
+	s := bufio.NewScanner(strings.NewReader(string(out)))
+	for s.Scan() {
+		op, res, _ := strings.Cut(s.Text(), " ")
+		got[op] = res
+	}
+	for _, op := range reshapeOps {
+		if got[op] != "EPERM" {
+			t.Errorf("child's %s: %q, want EPERM", op, got[op])
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(a.fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Size != staging.ArenaSize {
+		t.Fatalf("arena is %d bytes after the child, want %d", st.Size, uint64(staging.ArenaSize))
+	}
+	a.mem[len(a.mem)-1] = 0x5a
+}
+
+// A peer maps a descriptor only when nothing can change its size: a
+// tmpfs file, an unsealed or partly sealed memfd is refused with the seals
+// it has, and the arena is never mapped.
+func TestSealOpenFDRefusesUnsealedDescriptors(t *testing.T) {
+	memfd := func(t *testing.T, size int64, mode uint32, seals int) int {
+		fd, err := unix.MemfdCreate("arena-test", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+		if err := unix.Fchmod(fd, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Ftruncate(fd, size); err != nil {
+			t.Fatal(err)
+		}
+		if seals != 0 {
+			if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, seals); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return fd
+	}
+	tmpfsFile := func(t *testing.T) int {
+		path := filepath.Join(regTestRoot(t), folder.ArenaFileName(staging.Identity{Pid: 1, StartTime: 1, Epoch: 1}))
+		fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+		if err := unix.Ftruncate(fd, staging.ArenaSize); err != nil {
+			t.Fatal(err)
+		}
+		return fd
+	}
+	size := int64(staging.ArenaSize)
+	tests := []struct {
+		name string
+		fd   func(t *testing.T) int
+		want string // "" accepts
+	}{
+		{"a file of the registry folder", tmpfsFile, "refused"},
+		{"memfd without seals", func(t *testing.T) int { return memfd(t, size, 0o600, 0) }, "sealed none"},
+		{"memfd sealed against shrinking only", func(t *testing.T) int { return memfd(t, size, 0o600, unix.F_SEAL_SHRINK) }, "sealed shrink, want seal|shrink|grow"},
+		{"memfd whose seals can still change", func(t *testing.T) int { return memfd(t, size, 0o600, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW) }, "sealed shrink|grow, want"},
+		{"sealed memfd others may read", func(t *testing.T) int { return memfd(t, size, 0o644, arenaSeals) }, "has mode 0644"},
+		{"sealed memfd smaller than an arena", func(t *testing.T) int { return memfd(t, 1<<20, 0o600, arenaSeals) }, "in a file of 1048576"},
+		{"sealed memfd of an arena's size", func(t *testing.T) int { return memfd(t, size, 0o600, arenaSeals) }, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fd := tt.fd(t)
+			p, err := HostArenas{}.OpenFD(fd, staging.ArenaSize)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("OpenFD = %v, want the arena mapped", err)
+				}
+				p.Close()
+				return
+			}
+			if p != nil || err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "descriptor "+strconv.Itoa(fd)) {
+				t.Errorf("OpenFD = %v, %v; want a refusal naming descriptor %d and saying %q", p, err, fd, tt.want)
+			}
+		})
+	}
+}
+
+// unsealedArenas hands out descriptors of a by-name arena's file: a relay
+// offering an arena that could shrink under its peers.
+type unsealedArenas struct{ HostArenas }
+
+type unsealedArena struct {
+	staging.Arena
+	fd int
+}
+
+func (p unsealedArenas) Allocate(dir *os.File, name string) (staging.Arena, error) {
+	a, err := p.HostArenas.Allocate(dir, name)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := unix.Openat(int(dir.Fd()), name, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, errors.Join(err, a.Close())
+	}
+	return &unsealedArena{Arena: a, fd: fd}, nil
+}
+
+func (a *unsealedArena) ExportFD() (int, error) { return unix.Dup(a.fd) }
+
+func (a *unsealedArena) Close() error {
+	unix.Close(a.fd)
+	return a.Arena.Close()
+}
+
+// A relay whose arena socket hands out an unsealed descriptor is not
+// used: the sender's attach fails saying why, holds no lane and maps
+// nothing, and the relay is not tried again.
+func TestSealAttachRefusesUnsealedArena(t *testing.T) {
+	root := regTestRoot(t)
+	o := regOptions(root, "g", "rail0")
+	o.Arenas = unsealedArenas{HostArenas{ByName: true}}
+	relay := mustRegister(t, o)
+	if relay.Header().ArenaShares&staging.ShareFD == 0 {
+		t.Fatalf("the relay offers shares %#x, want a descriptor", relay.Header().ArenaShares)
+	}
+	sender := mustRegister(t, regOptions(root, "g", "rail1"))
+	p := peerByName(t, sender, relay.Name())
+	for range 2 {
+		l, err := sender.Attach(context.Background(), p)
+		if l != nil || err == nil || !strings.Contains(err.Error(), "refused") || !strings.Contains(err.Error(), "sealed") {
+			t.Fatalf("Attach = %v, %v; want a refusal of the unsealed arena", l, err)
+		}
+	}
+	for i := range staging.LaneCount {
+		if _, held := relay.ctl.Lanes[i].Owner.Load(); held {
+			t.Errorf("lane %d of the relay is held after the refused attach", i)
+		}
+	}
+	b, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), folder.ArenaFileName(relay.Identity())); n != 1 {
+		t.Errorf("the arena is mapped %d times in this process, want once: by the relay alone", n)
+	}
+}
+
+// Mapping a peer's arena by name is something a rank opts into: by
+// default a named arena, which nothing can seal, is refused.
+func TestSealOpenByNameNeedsByName(t *testing.T) {
+	a := allocateHostArena(t, HostArenas{ByName: true})
+	if _, ok := a.(staging.FDArena); ok {
+		t.Errorf("a by-name arena hands out descriptors; they could not be sealed")
+	}
+	h, err := a.Export()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := openTestDir(t)
+	if p, err := (HostArenas{}).Open(dir, h); p != nil || err == nil || !strings.Contains(err.Error(), "sealed descriptor only") {
+		t.Errorf("Open by name = %v, %v; want it refused", p, err)
+	}
+}
+
+// An arena by name is a file of the folder too: on a full tmpfs its
+// allocation fails at registration, naming the folder and the arena's
+// size, and the rank leaves nothing behind.
+func TestSpaceFullTmpfsFailsByNameArena(t *testing.T) {
+	root := mountSmallTmpfs(t)
+	o := regOptions(root, "g", "rail0")
+	o.Arenas = HostArenas{ByName: true}
+	r, err := Register(context.Background(), o)
+	var ie *InitError
+	var ns *NoSpaceError
+	if r != nil || !errors.As(err, &ie) || ie.Step != StepAllocateArena || !errors.As(err, &ns) || !errors.Is(err, unix.ENOSPC) {
+		t.Fatalf("Register = %v, %v; want no room for the arena at %q", r, err, StepAllocateArena)
+	}
+	if ns.Dir != groupDir(root, "g") || ns.Size != staging.ArenaSize || !strings.Contains(err.Error(), strconv.FormatUint(uint64(staging.ArenaSize), 10)) {
+		t.Errorf("NoSpaceError %+v (%v), want the folder %s and %d bytes", ns, err, groupDir(root, "g"), uint64(staging.ArenaSize))
+	}
+	if names := listDir(t, groupDir(root, "g")); !slices.Equal(names, []string{folder.LockFileName}) {
+		t.Errorf("the failed rank left %v", names)
+	}
+}
