@@ -279,3 +279,96 @@ func TestSlowLookupHoldsOnlyItsLane(t *testing.T) {
 		t.Errorf("%q looked up %d times, want once", slow, n)
 	}
 }
+
+// A lookup that never answers fails its Piece once the Piece has waited
+// LookupWait on the relay's clock; the lane then serves Pieces on cached
+// routes, fails those that need another lookup without one, and takes the
+// late answer into the cache. A Piece still waiting when the relay closes
+// completes as closing.
+func TestLookupThatDoesNotAnswerFailsItsPiece(t *testing.T) {
+	const slow = "target-slow"
+	var bd *blockingDir
+	r := newLookupRig(t, 2, true, func(d relay.Directory) relay.Directory {
+		bd = &blockingDir{Directory: d, session: slow, entered: make(chan struct{}, 1), release: make(chan struct{})}
+		return bd
+	})
+	var once sync.Once
+	release := func() { once.Do(func() { close(bd.release) }) }
+	t.Cleanup(release)
+	slowBuf := mapAnon(t, mib)
+	if err := r.hop.AddTarget(slow, "rmlx5_1", slowBuf, tgtBase); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.hop.AddTarget("target-other", "rmlx5_1", mapAnon(t, mib), tgtBase); err != nil {
+		t.Fatal(err)
+	}
+	payload := make([]byte, 4096)
+	fillPattern(payload, 3)
+	t0 := time.Now()
+	seq, _ := r.publish(t, 1, sessRail1, tgtBase, payload)
+	if st := r.reapAt(t, 1, seq, t0); st != staging.CompletionOK {
+		t.Fatalf("warm-up Piece on lane 1: status %d", st)
+	}
+
+	held, _ := r.publish(t, 0, slow, tgtBase, payload)
+	r.roundsUntilEntered(t, bd, t0)
+	for range 100 {
+		r.e.RunRoundAt(t0.Add(relay.LookupWait - time.Millisecond))
+	}
+	if got, st, ok := r.txs[0].Reap(); ok {
+		t.Fatalf("seq %d completed with status %d before the wait ended", got, st)
+	}
+	if st := r.reapAt(t, 0, held, t0.Add(relay.LookupWait)); st != staging.CompletionUnresolved {
+		t.Fatalf("held Piece: status %d, want %d (unresolved)", st, staging.CompletionUnresolved)
+	}
+	t1 := t0.Add(relay.LookupWait)
+	seq, _ = r.publish(t, 0, sessRail1, tgtBase+4096, payload)
+	if st := r.reapAt(t, 0, seq, t1); st != staging.CompletionOK {
+		t.Fatalf("Piece on a cached route while the lookup is held: status %d, want OK", st)
+	}
+	seq, _ = r.publish(t, 0, "target-other", tgtBase, payload)
+	if st := r.reapAt(t, 0, seq, t1); st != staging.CompletionUnresolved || r.dir.count("target-other") != 0 {
+		t.Fatalf("Piece needing a second lookup: status %d after %d lookups, want unresolved after none", st, r.dir.count("target-other"))
+	}
+
+	release()
+	seq, _ = r.publish(t, 0, slow, tgtBase, payload)
+	if st := r.reapAt(t, 0, seq, t1); st != staging.CompletionOK {
+		t.Fatalf("Piece to the slow target after its answer: status %d, want OK", st)
+	}
+	if n := r.dir.count(slow); n != 1 || !bytes.Equal(slowBuf[:len(payload)], payload) {
+		t.Fatalf("slow target looked up %d times, bytes landed %v; want once, true", n, bytes.Equal(slowBuf[:len(payload)], payload))
+	}
+
+	// Held again on a session the lane has not asked for: the relay closes.
+	bd.session = "target-other"
+	bd.release = make(chan struct{})
+	seq, _ = r.publish(t, 0, "target-other", tgtBase, payload)
+	r.roundsUntilEntered(t, bd, t1)
+	close(bd.release)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// A manual pump does not drain: Close fails what is left, and says so.
+	_ = r.e.Close(ctx)
+	if got, st, ok := r.txs[0].Reap(); !ok || got != seq || st != staging.CompletionRelayClosing {
+		t.Fatalf("Piece waiting at close: seq %d status %d (ok %v), want seq %d closing", got, st, ok, seq)
+	}
+}
+
+// roundsUntilEntered runs the manual pump's rounds at now until the
+// directory holds a lookup.
+func (r *lookupRig) roundsUntilEntered(t *testing.T, bd *blockingDir, now time.Time) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case <-bd.entered:
+			return
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the relay never looked %q up", bd.session)
+		}
+		r.e.RunRoundAt(now)
+	}
+}
