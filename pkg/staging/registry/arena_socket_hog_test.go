@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -160,4 +161,57 @@ func TestArenaSocketServesTheHolderPastAHog(t *testing.T) {
 	if st := relay.ServeStats(); st.Served != attaches || st.Busy == 0 {
 		t.Errorf("serve stats %+v: want %d served and the hog's connections dropped to make room", st, attaches)
 	}
+}
+
+// Which waiting connection a newcomer displaces: the oldest of its own
+// peer's when the peer is at its bound, else, when every place is taken,
+// the oldest of the peer with the most waiting (the lowest pid among
+// equals); none while there is room.
+func TestArenaSocketWaitingPlaces(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		waiting []int32
+		pid     int32
+		dropped int
+	}{
+		{"room", []int32{1, 2}, 3, -1},
+		{"room for a second of a peer", []int32{1, 2}, 1, -1},
+		{"peer at its bound", []int32{5, 7, 5}, 5, 0},
+		{"all taken", []int32{1, 3, 2, 3, 4, 2, 4, 6}, 9, 2},
+		{"all taken, the newcomer's peer at its bound", []int32{1, 3, 2, 3, 4, 2, 4, 6}, 4, 4},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := &arenaServer{}
+			for _, pid := range tt.waiting {
+				s.waiting = append(s.waiting, &waitingConn{c: pipeConn(t), pid: pid})
+			}
+			s.admit(&waitingConn{c: pipeConn(t), pid: tt.pid})
+			for i, w := range s.waiting[:len(tt.waiting)] {
+				if w.dropped != (i == tt.dropped) {
+					t.Errorf("waiting %d (pid %d) dropped %v, want the one at %d dropped", i, w.pid, w.dropped, tt.dropped)
+				}
+			}
+			if want := uint64(min(tt.dropped+1, 1)); s.busy.Load() != want || len(s.waiting) != len(tt.waiting)+1 {
+				t.Errorf("busy %d, %d waiting; want %d and %d", s.busy.Load(), len(s.waiting), want, len(tt.waiting)+1)
+			}
+		})
+	}
+}
+
+// pipeConn is one end of a connected pair of unix sockets.
+func pipeConn(t *testing.T) *net.UnixConn {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fds[1])
+	f := os.NewFile(uintptr(fds[0]), "pair")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c.(*net.UnixConn)
 }
