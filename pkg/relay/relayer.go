@@ -121,7 +121,9 @@ func (rl *relayer) served(i int) {
 		if j == i {
 			continue
 		}
-		if _, st := rl.in[j].rx.Poll(); st != staging.TicketReady {
+		// A lane whose Piece waits for a lookup is not waiting for its
+		// turn.
+		if _, st := rl.in[j].rx.Poll(); st != staging.TicketReady || rl.lk[j].held {
 			rl.lead[j] = [staging.LaneCount]uint32{}
 			continue
 		}
