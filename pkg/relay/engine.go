@@ -171,6 +171,7 @@ func (e *Engine) Close(ctx context.Context) error {
 		e.reg.BeginClose()
 		stopped = e.pump.stop(ctx)
 		err = stopped.err
+		e.pump.rly.stopResolvers()
 	}
 	// The copier drains before any relay memory is unmapped: a retired
 	// lane may still have copies or doorbells queued into it.

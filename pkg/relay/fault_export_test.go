@@ -52,3 +52,9 @@ func (e *Engine) RunRoundAt(now time.Time) bool { return e.pump.round(now) }
 // PumpShallow reports whether the pump would poll through its spin window
 // rather than nap now (pump.shallow).
 func (e *Engine) PumpShallow() bool { return e.pump.shallow() }
+
+// UnresolvedFor is how long a lane remembers a session whose lookup failed.
+const UnresolvedFor = unresolvedFor
+
+// LookupWait is how long a Piece waits for its lane's lookup.
+const LookupWait = lookupWait

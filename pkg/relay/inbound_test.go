@@ -74,6 +74,11 @@ func TestInboundLanesServedInTurnAcrossTheCap(t *testing.T) {
 			}
 			// The relay opens the claimed lanes in its next round.
 			e.RunRound()
+			// The relay learns the session's route from one Piece on the
+			// last lane first: the order is the turn's, not that of the
+			// lookups' answers, and the next turn is lane 0's.
+			warmRoute(t, e, txs[staging.LaneCount-1], tgtBase, size)
+			hop.dsts = hop.dsts[:0]
 			for i, tx := range txs {
 				for k := range perLane {
 					seq, ok := tx.Ticket()
@@ -117,6 +122,36 @@ func TestInboundLanesServedInTurnAcrossTheCap(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// warmRoute sends one Piece of n bytes to dst of sessRail1 on tx and runs
+// e's rounds until the relay completes it.
+func warmRoute(t *testing.T, e *relay.Engine, tx *staging.SenderLane, dst uint64, n int) {
+	t.Helper()
+	seq, ok := tx.Ticket()
+	if !ok {
+		t.Fatal("no credit on a fresh lane")
+	}
+	if err := tx.Commit(seq, sessRail1, []staging.PlanEntry{{Dst: dst, Len: uint64(n)}}, uint64(n), nil); err != nil {
+		t.Fatal(err)
+	}
+	staging.RingDoorbell(tx.ReadyWord(seq), seq)
+	if err := tx.Publish(seq); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if got, st, ok := tx.Reap(); ok {
+			if got != seq || st != staging.CompletionOK {
+				t.Fatalf("warm-up Piece: seq %d status %d, want seq %d OK", got, st, seq)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("warm-up Piece not completed")
+		}
+		e.RunRound()
 	}
 }
 

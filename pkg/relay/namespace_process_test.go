@@ -237,9 +237,9 @@ func TestNamespaceHostileArenaSocketClient(t *testing.T) {
 	if c := s.counters().Counters; c.RelayedPieces != n || c.FallbackPieces != 0 {
 		t.Errorf("under the flood: relayed %d, fallback %d pieces; want %d and 0", c.RelayedPieces, c.FallbackPieces, n)
 	}
-	// The relay serves at most 8 connections at once and closes the
-	// others as it accepts them: besides those, a few descriptors come
-	// and go with its other work.
+	// At most 8 connections wait for their request at the relay, and
+	// the others are answered or closed as they are accepted: besides
+	// those, a few descriptors come and go with its other work.
 	if maxFDs > base+8+8 {
 		t.Errorf("the relay held up to %d descriptors under the flood, %d before: not bounded by its connection limit", maxFDs, base)
 	}

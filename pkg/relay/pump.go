@@ -256,7 +256,7 @@ func (p *pump) panicked(r any) stopResult {
 
 // busy reports whether anything is in flight or queued on either side.
 func (p *pump) busy() bool {
-	return p.rly.inflight > 0 || p.s.fallbacks.len() > 0 || p.s.tokens.len() > 0 || p.snd.busy()
+	return p.rly.inflight > 0 || p.rly.parked > 0 || p.s.fallbacks.len() > 0 || p.s.tokens.len() > 0 || p.snd.busy()
 }
 
 // releaseGrace is the most of Close's time kept after the drain for the
@@ -280,6 +280,7 @@ func (p *pump) leased(now time.Time) bool {
 // fallbacks, peer listing.
 func (p *pump) round(now time.Time) bool {
 	progressed := false
+	p.rly.now = now
 	if now.Sub(p.lastBeat) >= heartbeatInterval {
 		p.lastBeat = now
 		p.reg.Heartbeat(now)
@@ -428,6 +429,7 @@ func (p *pump) finishStop() stopResult {
 		}
 	}
 	p.rly.stopAllWaiting(errRelayClosing)
+	p.rly.failParked(staging.CompletionRelayClosing)
 	p.rly.failWaiting()
 	p.publishStats()
 	return res

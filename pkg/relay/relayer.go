@@ -3,10 +3,9 @@
 package relay
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
-	"slices"
+	"sync"
 	"time"
 
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -43,6 +42,14 @@ type relayer struct {
 	// routes is the route cache, by target session.
 	routes   map[string]*route
 	invalBuf []string
+	// lk is each inbound lane's route state; parked counts the lanes
+	// whose Piece waits for a lookup, invalGen the invalidations applied.
+	lk        [staging.LaneCount]laneRoutes
+	parked    int
+	invalGen  uint64
+	resolvers sync.WaitGroup
+	// now is the clock reading of the pump's round.
+	now time.Time
 }
 
 func newRelayer(s *shared, reg Registry) *relayer {
@@ -116,7 +123,9 @@ func (rl *relayer) served(i int) {
 		if j == i {
 			continue
 		}
-		if _, st := rl.in[j].rx.Poll(); st != staging.TicketReady {
+		// A lane whose Piece waits for a lookup is not waiting for its
+		// turn.
+		if _, st := rl.in[j].rx.Poll(); st != staging.TicketReady || rl.lk[j].held {
 			rl.lead[j] = [staging.LaneCount]uint32{}
 			continue
 		}
@@ -314,6 +323,9 @@ func (rl *relayer) sync(i int) bool {
 // consume takes at most one ticket from inbound lane i, synced and under
 // the inflight cap. It returns true when it made progress.
 func (rl *relayer) consume(i int) bool {
+	if rl.lk[i].held {
+		return rl.resume(i)
+	}
 	il := &rl.in[i]
 	if il.waiting != nil {
 		return false
@@ -341,7 +353,7 @@ func (rl *relayer) consume(i int) bool {
 	il.commitWait = time.Time{}
 	seen := rl.s.relayedTimes.now()
 	rl.served(i)
-	vd := &rl.vd
+	vd := &rl.lk[i].vd
 	seq, err := il.rx.Take(vd)
 	if err != nil {
 		rl.s.counters.invalidDescs.Add(1)
@@ -349,28 +361,27 @@ func (rl *relayer) consume(i int) bool {
 		rl.complete(i, epoch, seq, staging.CompletionInvalidDesc)
 		return true
 	}
+	return rl.forward(i, taken{epoch: epoch, seq: seq, seen: seen})
+}
+
+// forward hands the second hop of Piece p, the last taken from inbound
+// lane i, to the hop; a Piece whose route needs a lookup waits for it on
+// its lane (park).
+func (rl *relayer) forward(i int, p taken) bool {
+	il := &rl.in[i]
+	vd := &rl.lk[i].vd
+	epoch, seq, seen := p.epoch, p.seq, p.seen
 	slot := staging.SlotOf(seq)
-	plans := vd.Plans()
 	rec := rl.recs.get()
 	src := rl.reg.ArenaBase() + uintptr(staging.SlotOffset(i, slot))
-	rt := rl.routeOf(vd.Session(), plans[0].Dst)
-	// A destination outside the cached ranges: the target may have
-	// registered memory since, or the directory answered with one range
-	// at a time. Each miss resolves the missing address once; one that
-	// does not resolve fails the Piece, and so does a directory whose
-	// answers keep replacing each other.
-	for tries := 0; rt != nil; tries++ {
-		miss := rec.fill(rt, plans, src)
-		if miss < 0 {
-			break
-		}
-		if tries == len(plans) || !rl.extendRoute(rt, plans[miss].Dst) || rt.find(plans[miss].Dst, plans[miss].Len) < 0 {
-			rt = nil
-		}
-	}
-	if rt == nil {
+	rt, st := rl.routeFor(i, &p, rec, src)
+	if st != routeReady {
 		rl.recs.put(rec)
-		rl.complete(i, epoch, seq, staging.CompletionUnresolved)
+		if st == routeWait {
+			rl.park(i, p)
+		} else {
+			rl.complete(i, epoch, seq, staging.CompletionUnresolved)
+		}
 		return true
 	}
 	rec.lane, rec.epoch, rec.seq, rec.route = i, epoch, seq, rt
@@ -479,61 +490,6 @@ func (rl *relayer) complete(i int, epoch, seq uint64, status int32) {
 	}
 }
 
-// routeOf returns the cached route of session, resolving it on a miss; nil
-// when the session cannot be served from this rail.
-func (rl *relayer) routeOf(session []byte, dst uint64) *route {
-	if rt := rl.routes[string(session)]; rt != nil {
-		return rt
-	}
-	rt := &route{session: string(session)}
-	if !rl.extendRoute(rt, dst) {
-		return nil
-	}
-	if r, ok := rl.s.hop.(Router); ok {
-		h, err := r.Route(rt.session)
-		if err != nil {
-			rl.s.log.V(2).Info("hop has no route to the target", "session", rt.session, "err", err)
-			return nil
-		}
-		rt.handle = h
-	}
-	if len(rl.routes) >= maxRoutes {
-		clear(rl.routes)
-	}
-	rl.routes[rt.session] = rt
-	return rt
-}
-
-// extendRoute asks the directory for the session's ranges around dst and
-// merges them into rt: a directory may answer with only the range that
-// holds dst, and a Piece's entries may reach into ranges not seen yet. A
-// cached range that overlaps a new one is replaced by it. It reports false
-// when the directory does not place dst on this rail; failures are not
-// cached, as a Piece for a target this relay cannot serve is a sender's
-// mistake or a race with a registration, and either is rare.
-func (rl *relayer) extendRoute(rt *route, dst uint64) bool {
-	s := rl.s
-	s.counters.routeResolves.Add(1)
-	t, err := s.dir.Resolve(rt.session, dst)
-	if err != nil || len(t.HCAs) != 1 || staging.CanonicalRail(s.cfg.RailMap, t.HCAs[0]) != s.localRail {
-		s.log.V(2).Info("target not served from this rail", "session", rt.session, "dst", dst, "err", err)
-		return false
-	}
-	rs := rt.ranges
-	if len(rs)+len(t.Ranges) > maxRouteRanges {
-		rs = nil
-	}
-	for _, nr := range t.Ranges {
-		rs = slices.DeleteFunc(rs, func(r Range) bool {
-			return r.Len > 0 && nr.Len > 0 && r.Addr <= nr.Addr+(nr.Len-1) && nr.Addr <= r.Addr+(r.Len-1)
-		})
-		rs = append(rs, nr)
-	}
-	slices.SortFunc(rs, func(a, b Range) int { return cmp.Compare(a.Addr, b.Addr) })
-	rt.ranges, rt.last = rs, 0
-	return true
-}
-
 // dropRoute removes rt from the cache if it is still there.
 func (rl *relayer) dropRoute(rt *route) {
 	if rt != nil && rl.routes[rt.session] == rt {
@@ -549,6 +505,7 @@ func (rl *relayer) applyInvalidations() {
 		return
 	}
 	for _, s := range names {
+		rl.forgetUnresolved(s)
 		if s == "" {
 			rl.s.counters.routeDrops.Add(uint64(len(rl.routes)))
 			clear(rl.routes)

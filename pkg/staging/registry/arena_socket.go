@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -28,11 +29,18 @@ import (
 // A unix socket file, not an abstract one: pods of a group share the
 // directory but not a network namespace. See docs/registry.md.
 const (
-	// sockMaxConns bounds the connections served at once; more are closed
-	// as soon as they are accepted.
-	sockMaxConns = 8
-	// sockServeTimeout bounds one connection, request and answer.
-	sockServeTimeout = time.Second
+	// sockMaxWaiting bounds the connections waiting for their request,
+	// every peer's together, and sockMaxPerPeer those of one peer (by the
+	// pid SO_PEERCRED gives). A connection whose request is there when it
+	// is accepted is answered at once and never waits.
+	sockMaxWaiting = 8
+	sockMaxPerPeer = 2
+	// sockRequestTimeout is how long after its accept a connection may
+	// take to send its request: a sender writes it right after connect.
+	sockRequestTimeout = 100 * time.Millisecond
+	// sockAnswerTimeout bounds the write of an answer, which fits the
+	// socket's empty send buffer.
+	sockAnswerTimeout = 100 * time.Millisecond
 	// sockClientTimeout bounds a sender's wait for its answer.
 	sockClientTimeout = 2 * time.Second
 	// sockBacklog is the listen backlog.
@@ -146,15 +154,20 @@ type ServeStats struct {
 	// not the lane's holder, not READY, export failed) or dropped for a
 	// missing or late request.
 	Refused uint64
-	// Busy: connections closed at once because sockMaxConns were being
-	// served.
+	// Busy: connections dropped while waiting for their request, to make
+	// room for a newer one of the same peer, or of any peer when
+	// sockMaxWaiting were waiting.
 	Busy uint64
 }
 
 // arenaServer serves one rank's arena socket from goroutines of its own:
-// nothing it does waits on the pump or holds the registry lock, and no
-// client can hold it longer than sockServeTimeout or more than
-// sockMaxConns of its descriptors.
+// nothing it does waits on the pump or holds the registry lock. A request
+// already whole when its connection is accepted is answered by the accept
+// loop at once; other connections wait for theirs, at most
+// sockRequestTimeout, sockMaxPerPeer of a peer and sockMaxWaiting in all,
+// and a newcomer takes the place of the oldest of its own peer's, or of
+// the peer with the most. So no client holds more than sockMaxWaiting
+// descriptors of the server, and none keeps another's answer from coming.
 type arenaServer struct {
 	ln    *net.UnixListener
 	dirfd int
@@ -166,13 +179,26 @@ type arenaServer struct {
 	size  uint64
 	log   klog.Logger
 
-	slots   chan struct{}
+	// waiting are the connections waiting for their request, oldest
+	// first; each is its goroutine's, which removes it.
+	mu      sync.Mutex
+	waiting []*waitingConn
 	done    chan struct{}
 	wg      sync.WaitGroup
 	served  atomic.Uint64
 	refused atomic.Uint64
 	busy    atomic.Uint64
 	once    sync.Once
+}
+
+// waitingConn is a connection whose request has not come whole yet: the
+// n bytes of it read so far, and the pid of its peer.
+type waitingConn struct {
+	c       *net.UnixConn
+	pid     int32
+	buf     [fdRequestSize]byte
+	n       int
+	dropped bool
 }
 
 // startArenaServer binds sock-<id> in d, 0600 whatever the umask (the
@@ -199,7 +225,7 @@ func startArenaServer(d *registryDir, name string, ctl *staging.ControlBlock, se
 		return nil, &os.PathError{Op: "dup", Path: d.path, Err: err}
 	}
 	s := &arenaServer{dirfd: own, name: name, uid: d.uid, self: self, ctl: ctl, arena: arena, size: size, log: log,
-		slots: make(chan struct{}, sockMaxConns), done: make(chan struct{})}
+		done: make(chan struct{})}
 	fail := func(err error) (*arenaServer, error) {
 		unix.Close(fd)
 		s.unlink()
@@ -251,63 +277,174 @@ func (s *arenaServer) run() {
 			}
 			continue
 		}
-		select {
-		case s.slots <- struct{}{}:
-			s.wg.Add(1)
-			go s.serve(c)
-		default:
-			s.busy.Add(1)
-			c.Close()
-		}
+		s.take(c)
 	}
 }
 
-// serve answers one connection once and closes it.
-func (s *arenaServer) serve(c *net.UnixConn) {
-	defer func() {
+// take deals with a connection just accepted: a peer of another uid is
+// refused, a request already whole is answered, and any other connection
+// waits for its request in a goroutine of its own.
+func (s *arenaServer) take(c *net.UnixConn) {
+	cred, err := peerCred(c)
+	if err != nil {
+		s.refused.Add(1)
 		c.Close()
-		<-s.slots
-		s.wg.Done()
-	}()
-	if err := c.SetDeadline(time.Now().Add(sockServeTimeout)); err != nil {
-		s.refused.Add(1)
 		return
 	}
-	status, fd := s.answer(c)
-	if status == fdOK && fd < 0 {
-		s.refused.Add(1)
+	if int(cred.Uid) != s.uid {
+		s.log.V(2).Info("pxn arena socket refused a peer of another uid", "socket", s.name, "uid", cred.Uid)
+		s.reply(c, fdWrongUID, -1)
+		c.Close()
 		return
 	}
+	w := &waitingConn{c: c, pid: cred.Pid}
+	n, err := readNow(c, w.buf[:])
+	if err != nil {
+		s.refused.Add(1)
+		c.Close()
+		return
+	}
+	w.n = n
+	if n == len(w.buf) {
+		s.respond(c, cred, w.buf[:])
+		c.Close()
+		return
+	}
+	if err := c.SetReadDeadline(time.Now().Add(sockRequestTimeout)); err != nil {
+		s.refused.Add(1)
+		c.Close()
+		return
+	}
+	s.admit(w)
+	s.wg.Add(1)
+	go s.wait(w, cred)
+}
+
+// admit adds w to the waiting connections, dropping the oldest of its
+// peer's when the peer has sockMaxPerPeer waiting, else the oldest of the
+// peer with the most when sockMaxWaiting are.
+func (s *arenaServer) admit(w *waitingConn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	per := map[int32]int{}
+	live := 0
+	for _, o := range s.waiting {
+		if !o.dropped {
+			per[o.pid]++
+			live++
+		}
+	}
+	victim := int32(-1)
+	switch {
+	case per[w.pid] >= sockMaxPerPeer:
+		victim = w.pid
+	case live >= sockMaxWaiting:
+		most := 0
+		for pid, k := range per {
+			if k > most || k == most && pid < victim {
+				victim, most = pid, k
+			}
+		}
+	}
+	if victim >= 0 {
+		for _, o := range s.waiting {
+			if !o.dropped && o.pid == victim {
+				o.dropped = true
+				s.busy.Add(1)
+				o.c.SetReadDeadline(time.Now())
+				break
+			}
+		}
+	}
+	s.waiting = append(s.waiting, w)
+}
+
+// wait reads the rest of w's request, until its deadline or until it is
+// dropped, and answers it.
+func (s *arenaServer) wait(w *waitingConn, cred *unix.Ucred) {
+	defer s.wg.Done()
+	_, err := io.ReadFull(w.c, w.buf[w.n:])
+	s.mu.Lock()
+	s.waiting = slices.DeleteFunc(s.waiting, func(o *waitingConn) bool { return o == w })
+	dropped := w.dropped
+	s.mu.Unlock()
+	switch {
+	case err == nil:
+		s.respond(w.c, cred, w.buf[:])
+	case !dropped:
+		s.refused.Add(1)
+	}
+	w.c.Close()
+}
+
+// respond answers a whole request.
+func (s *arenaServer) respond(c *net.UnixConn, cred *unix.Ucred, req []byte) {
+	status, fd := s.answer(cred, req)
+	if fd >= 0 {
+		defer unix.Close(fd)
+	}
+	if s.reply(c, status, fd) {
+		s.served.Add(1)
+	}
+}
+
+// reply sends the answer, with fd when it is not -1, and reports whether
+// a descriptor went out.
+func (s *arenaServer) reply(c *net.UnixConn, status uint32, fd int) bool {
 	ans := encodeFDAnswer(status, s.size)
 	var oob []byte
 	if fd >= 0 {
 		oob = unix.UnixRights(fd)
-		defer unix.Close(fd)
 	}
-	if _, _, err := c.WriteMsgUnix(ans[:], oob, nil); err != nil || status != fdOK {
+	err := c.SetWriteDeadline(time.Now().Add(sockAnswerTimeout))
+	if err == nil {
+		_, _, err = c.WriteMsgUnix(ans[:], oob, nil)
+	}
+	if err != nil || status != fdOK {
 		s.refused.Add(1)
-		return
+		return false
 	}
-	s.served.Add(1)
+	return true
+}
+
+// readNow reads what has come of the request without waiting: the bytes
+// read, or an error when the peer closed or the read failed.
+func readNow(c *net.UnixConn, b []byte) (int, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var rerr error
+	err = raw.Read(func(fd uintptr) bool {
+		for n < len(b) {
+			k, err := unix.Read(int(fd), b[n:])
+			switch {
+			case errors.Is(err, unix.EINTR):
+				continue
+			case errors.Is(err, unix.EAGAIN):
+				return true
+			case err != nil:
+				rerr = err
+				return true
+			case k == 0:
+				rerr = io.EOF
+				return true
+			}
+			n += k
+		}
+		return true
+	})
+	if err == nil {
+		err = rerr
+	}
+	return n, err
 }
 
 // answer checks the asker and its request; a descriptor comes back only
-// with fdOK. A status of fdOK with fd -1 means: no answer, drop the
-// connection (the request never came whole).
-func (s *arenaServer) answer(c *net.UnixConn) (uint32, int) {
-	cred, err := peerCred(c)
-	if err != nil {
-		return fdOK, -1
-	}
-	if int(cred.Uid) != s.uid {
-		s.log.V(2).Info("pxn arena socket refused a peer of another uid", "socket", s.name, "uid", cred.Uid)
-		return fdWrongUID, -1
-	}
-	var b [fdRequestSize]byte
-	if _, err := io.ReadFull(c, b[:]); err != nil {
-		return fdOK, -1
-	}
-	q, err := decodeFDRequest(b[:])
+// with fdOK.
+func (s *arenaServer) answer(cred *unix.Ucred, req []byte) (uint32, int) {
+	q, err := decodeFDRequest(req)
 	if err != nil {
 		s.log.V(2).Info("pxn arena socket refused a request", "socket", s.name, "err", err.Error())
 		return fdMalformed, -1
@@ -358,13 +495,18 @@ func (s *arenaServer) unlink() {
 	}
 }
 
-// close stops accepting, waits for the connections in progress (each ends
-// within sockServeTimeout) and removes the socket file.
+// close stops accepting, ends the connections waiting for their request,
+// waits for their goroutines and removes the socket file.
 func (s *arenaServer) close() error {
 	var err error
 	s.once.Do(func() {
 		close(s.done)
 		err = s.ln.Close()
+		s.mu.Lock()
+		for _, w := range s.waiting {
+			w.c.SetReadDeadline(time.Now())
+		}
+		s.mu.Unlock()
 		s.wg.Wait()
 		s.unlink()
 		unix.Close(s.dirfd)

@@ -61,6 +61,8 @@ func runRegistryHelper(role string) int {
 		return helperReshape()
 	case "exit":
 		return 0
+	case "hog":
+		return helperHog()
 	}
 	fmt.Fprintf(os.Stderr, "unknown helper role %q\n", role)
 	return 2
