@@ -12,7 +12,7 @@ REVISION := $(shell git rev-parse HEAD 2>/dev/null)
 VERSION_PKG := github.com/pxn-project/pxn/internal/version
 LDFLAGS := -X $(VERSION_PKG).version=$(VERSION)$(if $(REVISION), -X $(VERSION_PKG).revision=$(REVISION))
 
-.PHONY: all build unit e2e test host-packages tools generate lint bench bench-baseline fuzz gpu-kit demo demo-host cluster-demo image release clean
+.PHONY: all build libpxn unit e2e test host-packages tools generate lint bench bench-baseline fuzz gpu-kit demo demo-host cluster-demo image release clean
 
 all: build
 
@@ -20,12 +20,14 @@ all: build
 # include/pxn.h; the one go build generates beside the library is dropped).
 # Compiler output of dependencies is filtered as in the demo (hack/gobuild.sh).
 COMMANDS := $(filter-out ./cmd/libpxn,$(patsubst %/,./%,$(wildcard cmd/*/)))
-build:
-	@mkdir -p $(BIN)
+build: libpxn
 	@CGO_ENABLED=1 hack/gobuild.sh -ldflags "$(LDFLAGS)" -o $(BIN)/ $(COMMANDS)
+	@echo "build: $(notdir $(COMMANDS)) libpxn.so in $(BIN)/"
+
+libpxn:
+	@mkdir -p $(BIN)
 	@CGO_ENABLED=1 hack/gobuild.sh -buildmode=c-shared -ldflags "$(LDFLAGS)" -o $(BIN)/libpxn.so ./cmd/libpxn
 	@rm -f $(BIN)/libpxn.h
-	@echo "build: $(notdir $(COMMANDS)) libpxn.so in $(BIN)/"
 
 tools:
 	@$(TOOLS)
@@ -66,7 +68,7 @@ e2e: host-packages
 
 TEST_PKGS ?= ./...
 ALLOC_PKGS ?= $(sort $(addprefix ./,$(dir $(shell grep -rlE --include='*_test.go' '^func Test[A-Za-z0-9_]*Alloc' api cmd hack integrations internal pkg test))))
-test: lint host-packages mooncake
+test: lint host-packages mooncake mooncake-wheel
 	@mkdir -p _output
 	@$(GO) build -o _output/testreport ./hack/testreport
 	set -o pipefail; export PXN_REQUIRE_TOOLS=1 PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools} MOONCAKE_TREE=$(abspath $(MOONCAKE_TREE)); \
@@ -101,7 +103,19 @@ mooncake:
 mooncake-seam:
 	@$(MAKE) -C integrations/mooncake all patch-check MOONCAKE_SRC=$(abspath $(MOONCAKE_SRC)) OUT=$(CURDIR)/_output/mooncake
 
-mooncake-test: mooncake
+# Mooncake's Python module mooncake.engine with PXN's transport, in every
+# configuration, each packed as a wheel with libpxn.so beside the module
+# (hack/mooncake-wheel.sh): the module's build is cached in PXN_TOOLS_DIR like
+# the engine's, the wheels go to _output/mooncake-wheel/CONFIG/. Without a
+# Mooncake tree it says so and the wheel tests skip.
+.PHONY: mooncake-wheel
+mooncake-wheel: libpxn
+	@if [ -f $(MOONCAKE_TREE)/mooncake-integration/CMakeLists.txt ]; then \
+		LIBPXN=$(CURDIR)/$(BIN)/libpxn.so MOONCAKE_TREE=$(abspath $(MOONCAKE_TREE)) \
+		PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools} hack/mooncake-wheel.sh build; \
+	else echo "mooncake-wheel: no Mooncake tree with mooncake-integration at $(MOONCAKE_TREE) (MOONCAKE_TREE): no wheel is built"; fi
+
+mooncake-test: mooncake mooncake-wheel
 	MOONCAKE_SRC=$(abspath $(MOONCAKE_SRC)) MOONCAKE_TREE=$(abspath $(MOONCAKE_TREE)) \
 	PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools} $(GO) test -count=1 -v ./integrations/mooncake/
 

@@ -14,12 +14,20 @@
 #                                        run without an RDMA device or a
 #                                        metadata server, one a line
 #   hack/mooncake.sh configs             print the configurations
+#   hack/mooncake.sh module [CONFIG...]  build Mooncake's Python module
+#                                        mooncake.engine (target engine of the
+#                                        top-level project, transfer engine
+#                                        only) with the transport
+#   hack/mooncake.sh module-dir CONFIG   print CONFIG's module build folder (it
+#                                        holds .built once a build succeeded)
+#   hack/mooncake.sh commit              print the Mooncake commit of the tree
 #
 # Configurations: default (Mooncake's defaults: WITH_METRICS on) and event
 # (USE_EVENT_DRIVEN_COMPLETION=ON, which changes TransferTask and BatchDesc).
 #
 # MOONCAKE_TREE: a Mooncake tree holding mooncake-transfer-engine,
-# mooncake-common and extern/{pybind11,yalantinglibs} (default: the reference
+# mooncake-common and extern/{pybind11,yalantinglibs} (and, for the module,
+# the top-level CMake files and mooncake-integration) (default: the reference
 # copy CI keeps beside the clone). MOONCAKE_COMMIT: its commit, when it is not
 # a git checkout. PXN_TOOLS_DIR: the cache (default .tools in the repository).
 # JOBS: parallel compile jobs (default: the number of CPUs). ccache is used
@@ -32,6 +40,8 @@ patch_file=$root/integrations/mooncake/patches/mooncake.patch
 src=${MOONCAKE_TREE:-$root/../shared/reference/mooncake-src/mooncake}
 # The commit the patch is made and tested against (docs/integration-mooncake.md).
 TESTED_COMMIT=3b5a594133958449a1feaf1c9e0fc1b553e34a28
+# The interpreter the module is built for (its ABI tag is in the module's name).
+python=${PYTHON:-/usr/bin/python3}
 CONFIGS=(default event)
 
 # Mooncake's own test programs that pass without an RDMA device and without a
@@ -106,14 +116,36 @@ prepare() {
   fi
 }
 
+# ccache_launcher DIR: sets launcher to CMake's compiler-launcher options when
+# ccache is installed, its cache in the tools folder.
+ccache_launcher() {
+  launcher=()
+  if command -v ccache >/dev/null 2>&1; then
+    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+    export CCACHE_DIR=$cache/ccache CCACHE_BASEDIR=$1 CCACHE_NOHASHDIR=1
+  fi
+}
+
+# configure B LOG SRC ARGS...: configures B from SRC unless it was configured
+# with the same options (cmake --build reconfigures by itself when a CMake
+# file changed).
+configure() {
+  local b=$1 log=$2 s=$3
+  shift 3
+  if [ -f "$b/CMakeCache.txt" ] && [ "$(cat "$b/.options" 2>/dev/null)" = "$*" ]; then
+    : >"$log"
+    return
+  fi
+  rm -f "$b/.options"
+  cmake -S "$s" -B "$b" "$@" >"$log" 2>&1 || { tail -30 "$log" >&2; die "configuring $b failed ($log)"; }
+  echo "$*" >"$b/.options"
+}
+
 build_config() {
   local dir=$1 cfg=$2 b=$1/$2 start=$SECONDS launcher=()
   local -a flags
   read -r -a flags <<<"$(config_flags "$cfg")"
-  if command -v ccache >/dev/null 2>&1; then
-    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
-    export CCACHE_DIR=$cache/ccache CCACHE_BASEDIR=$dir CCACHE_NOHASHDIR=1
-  fi
+  ccache_launcher "$dir"
   # ASIO_INCLUDE_DIR: mooncake-common looks for asio.hpp, which a pruned
   # yalantinglibs may lack; the asio it compiles is yalantinglibs' own.
   local -a args=(
@@ -128,20 +160,41 @@ build_config() {
     -DFETCHCONTENT_SOURCE_DIR_GOOGLETEST=/usr/src/googletest
     "${launcher[@]}"
   )
-  # Configured already with the same options: cmake --build reconfigures by
-  # itself when a CMake file changed.
-  if [ -f "$b/CMakeCache.txt" ] && [ "$(cat "$b/.options" 2>/dev/null)" = "${args[*]}" ]; then
-    : >"$b.log"
-  else
-    rm -f "$b/.options"
-    cmake -S "$dir/src/mooncake-transfer-engine" -B "$b" "${args[@]}" >"$b.log" 2>&1 ||
-      { tail -30 "$b.log" >&2; die "configuring $cfg failed ($b.log)"; }
-    echo "${args[*]}" >"$b/.options"
-  fi
+  configure "$b" "$b.log" "$dir/src/mooncake-transfer-engine" "${args[@]}"
   cmake --build "$b" -j"${JOBS:-$(nproc)}" --target transfer_engine pxn_layout_test "${MOONCAKE_TESTS[@]}" \
     >>"$b.log" 2>&1 || { grep -B2 -A12 -m3 'error' "$b.log" >&2 || tail -40 "$b.log" >&2; die "building $cfg failed ($b.log)"; }
   touch "$b/.built"
   log "$cfg built in $((SECONDS - start)) s: $b"
+}
+
+# build_module DIR CONFIG: mooncake.engine and the libasio.so it links, from
+# Mooncake's top-level project with the transfer engine alone (no Store, no
+# EP), in DIR/py-CONFIG; the same options as the engine's build otherwise.
+build_module() {
+  local dir=$1 cfg=$2 b=$1/py-$2 start=$SECONDS launcher=()
+  local -a flags
+  read -r -a flags <<<"$(config_flags "$cfg")"
+  ccache_launcher "$dir"
+  [ -f "$dir/src/CMakeLists.txt" ] && [ -d "$dir/src/mooncake-integration/transfer_engine" ] ||
+    die "MOONCAKE_TREE=$src has no top-level CMakeLists.txt or mooncake-integration/transfer_engine: the module cannot be built from it"
+  # WITH_STORE_RUST defaults to ON and is an error without WITH_STORE.
+  local -a args=(
+    -DCMAKE_BUILD_TYPE=Release -DENABLE_DEBUG_SYMBOLS=OFF
+    -DCMAKE_PREFIX_PATH="$dir/ylt-prefix" -DASIO_INCLUDE_DIR="$dir/ylt-prefix/include"
+    -DPython3_EXECUTABLE="$python" -DPYTHON_EXECUTABLE="$python"
+    -DUSE_CUDA=OFF -DUSE_TENT=OFF -DUSE_ETCD=OFF -DUSE_REDIS=OFF -DUSE_HTTP=OFF
+    -DUSE_TCP=ON "${flags[@]}"
+    -DWITH_TE=ON -DWITH_STORE=OFF -DWITH_STORE_RUST=OFF -DWITH_EP=OFF
+    -DUSE_PXN=ON -DPXN_SOURCE_DIR="$root"
+    -DBUILD_EXAMPLES=OFF -DBUILD_BENCHMARK=OFF -DBUILD_UNIT_TESTS=OFF
+    -DFETCHCONTENT_FULLY_DISCONNECTED=ON
+    "${launcher[@]}"
+  )
+  configure "$b" "$b.log" "$dir/src" "${args[@]}"
+  cmake --build "$b" -j"${JOBS:-$(nproc)}" --target engine >>"$b.log" 2>&1 ||
+    { grep -B2 -A12 -m3 'error' "$b.log" >&2 || tail -40 "$b.log" >&2; die "building the module ($cfg) failed ($b.log)"; }
+  touch "$b/.built"
+  log "module $cfg built in $((SECONDS - start)) s: $b"
 }
 
 cmd=${1:-build}
@@ -166,7 +219,27 @@ case $cmd in
     config_flags "$1" >/dev/null
     echo "$(key_dir)/$1"
     ;;
+  module)
+    check_src
+    for tool in cmake patch g++ "$python"; do
+      command -v "$tool" >/dev/null 2>&1 || die "$tool not found (hack/host-packages.sh install mooncake)"
+    done
+    dir=$(key_dir)
+    mkdir -p "$dir"
+    (flock 9 && prepare "$dir") 9>"$dir/.lock"
+    [ $# -gt 0 ] || set -- "${CONFIGS[@]}"
+    for cfg in "$@"; do
+      config_flags "$cfg" >/dev/null
+      (flock 9 && build_module "$dir" "$cfg") 9>"$dir/py-$cfg.lock"
+    done
+    ;;
+  module-dir)
+    [ $# -eq 1 ] || die "usage: $0 module-dir CONFIG"
+    config_flags "$1" >/dev/null
+    echo "$(key_dir)/py-$1"
+    ;;
+  commit) commit ;;
   tests) printf '%s\n' "${MOONCAKE_TESTS[@]}" ;;
   configs) printf '%s\n' "${CONFIGS[@]}" ;;
-  *) die "usage: $0 build [CONFIG...] | dir CONFIG | tests | configs" ;;
+  *) die "usage: $0 build [CONFIG...] | dir CONFIG | module [CONFIG...] | module-dir CONFIG | commit | tests | configs" ;;
 esac

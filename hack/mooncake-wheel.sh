@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Packs Mooncake's Python module mooncake.engine, built with PXN's transport
+# inside it (hack/mooncake.sh module), into a wheel laid out as Mooncake's
+# own: mooncake/engine*.so, libasio.so beside it, and libpxn.so beside both,
+# where the transport's dlopen finds it through engine.so's RUNPATH $ORIGIN.
+# The packing is setuptools through python3 -m build
+# (integrations/mooncake/wheel/).
+#
+#   hack/mooncake-wheel.sh build [CONFIG...]   build the module (cached, see
+#                                              hack/mooncake.sh) and pack one
+#                                              wheel per configuration
+#                                              (default: every configuration)
+#   hack/mooncake-wheel.sh path CONFIG         print CONFIG's wheel; exit 1
+#                                              when there is none
+#   hack/mooncake-wheel.sh version CONFIG      print the version a wheel of
+#                                              CONFIG gets
+#   hack/mooncake-wheel.sh install WHEEL DIR   a virtual environment at DIR
+#                                              that sees the system's packages
+#                                              (pytest), WHEEL installed into
+#                                              it by python3 -m installer
+#
+# The version is Mooncake's (MOONCAKE_VERSION, else the tree's
+# mooncake-wheel/pyproject.toml, else 0) with a local label naming PXN's
+# release, the Mooncake commit and a configuration other than the default:
+# 0+pxn.0.1.0.mc3b5a59413395, 0+pxn.0.1.0.mc3b5a59413395.event.
+#
+# LIBPXN: the libpxn.so to ship (make mooncake-wheel builds it). WHEEL_DIR:
+# where wheels go (default _output/mooncake-wheel). MOONCAKE_TREE,
+# PXN_TOOLS_DIR, JOBS: as hack/mooncake.sh.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${WHEEL_DIR:-$root/_output/mooncake-wheel}
+src=${MOONCAKE_TREE:-$root/../shared/reference/mooncake-src/mooncake}
+python=${PYTHON:-/usr/bin/python3}
+export PYTHON=$python
+
+log() { echo "mooncake-wheel: $*" >&2; }
+die() { echo "mooncake-wheel: $*" >&2; exit 1; }
+
+mooncake_version() {
+  if [ -n "${MOONCAKE_VERSION:-}" ]; then
+    echo "$MOONCAKE_VERSION"
+  elif [ -f "$src/mooncake-wheel/pyproject.toml" ]; then
+    sed -n 's/^version *= *"\([^"]*\)".*/\1/p' "$src/mooncake-wheel/pyproject.toml" | head -1
+  else
+    echo 0
+  fi
+}
+
+# version CONFIG: a PEP 440 version; a local label takes only letters, digits
+# and dots.
+version() {
+  local cfg=$1 commit pxn label
+  commit=$("$root/hack/mooncake.sh" commit)
+  pxn=$(tr -c 'A-Za-z0-9.\n' '.' <"$root/VERSION")
+  label="pxn.$pxn.mc${commit:0:12}"
+  [ "$cfg" = default ] || label+=".$cfg"
+  echo "$(mooncake_version)+$label"
+}
+
+# pack CONFIG: stages the package from the module's build folder and the
+# tree's Python files, and builds the wheel into $out/CONFIG.
+pack() {
+  local cfg=$1 b stage ver dest
+  b=$("$root/hack/mooncake.sh" module-dir "$cfg")
+  [ -f "$b/.built" ] || die "the module's $cfg build is not in $b"
+  ver=$(version "$cfg")
+  stage=$out/stage-$cfg
+  dest=$out/$cfg
+  rm -rf "$stage" "$dest"
+  mkdir -p "$stage/mooncake" "$dest"
+  cp "$root/integrations/mooncake/wheel/pyproject.toml" "$root/integrations/mooncake/wheel/setup.py" "$stage/"
+  cp "$src/LICENSE-APACHE" "$stage/LICENSE-APACHE"
+  cp "$root/LICENSE" "$stage/LICENSE"
+  cp "$src/mooncake-wheel/mooncake/__init__.py" "$src/mooncake-wheel/mooncake/buffer_pool.py" \
+    "$src/mooncake-integration/shared_segment.py" "$stage/mooncake/"
+  local engine
+  engine=$(find "$b/mooncake-integration" -maxdepth 1 -name 'engine*.so' | head -1)
+  [ -n "$engine" ] || die "no engine*.so in $b/mooncake-integration"
+  cp "$engine" "$b/mooncake-common/libasio.so" "$LIBPXN" "$stage/mooncake/"
+  PXN_WHEEL_VERSION=$ver "$python" -m build --wheel --no-isolation --outdir "$dest" "$stage" >"$out/$cfg.log" 2>&1 ||
+    { tail -30 "$out/$cfg.log" >&2; die "packing the $cfg wheel failed ($out/$cfg.log)"; }
+  rm -rf "$stage"
+  log "$cfg: $(ls "$dest"/*.whl)"
+}
+
+wheel_path() {
+  local w
+  w=$(ls "$out/$1"/*.whl 2>/dev/null | head -1)
+  [ -n "$w" ] || return 1
+  echo "$w"
+}
+
+cmd=${1:-build}
+[ $# -gt 0 ] && shift
+case $cmd in
+  build)
+    [ -n "${LIBPXN:-}" ] || die "LIBPXN is not set: the libpxn.so to ship (make mooncake-wheel builds it)"
+    [ -f "$LIBPXN" ] || die "LIBPXN=$LIBPXN: no such file"
+    "$python" -c 'import build, setuptools, wheel' 2>/dev/null ||
+      die "$python lacks build, setuptools or wheel (hack/host-packages.sh install mooncake)"
+    [ $# -gt 0 ] || mapfile -t cfgs < <("$root/hack/mooncake.sh" configs)
+    [ $# -eq 0 ] || cfgs=("$@")
+    mkdir -p "$out"
+    for cfg in "${cfgs[@]}"; do
+      start=$SECONDS
+      "$root/hack/mooncake.sh" module "$cfg"
+      pack "$cfg"
+      log "$cfg built and packed in $((SECONDS - start)) s"
+    done
+    ;;
+  path)
+    [ $# -eq 1 ] || die "usage: $0 path CONFIG"
+    wheel_path "$1" || die "no $1 wheel in $out/$1: run make mooncake-wheel"
+    ;;
+  version)
+    [ $# -eq 1 ] || die "usage: $0 version CONFIG"
+    version "$1"
+    ;;
+  install)
+    [ $# -eq 2 ] || die "usage: $0 install WHEEL DIR"
+    [ -f "$1" ] || die "no wheel at $1"
+    "$python" -m venv --system-site-packages --without-pip "$2"
+    "$2/bin/python" -m installer "$1" ||
+      die "installing $1 into $2 failed"
+    ;;
+  *) die "usage: $0 build [CONFIG...] | path CONFIG | version CONFIG | install WHEEL DIR" ;;
+esac
