@@ -32,7 +32,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${WHEEL_DIR:-$root/_output/mooncake-wheel}
-src=${MOONCAKE_TREE:-$root/../shared/reference/mooncake-src/mooncake}
+src=
 python=${PYTHON:-/usr/bin/python3}
 export PYTHON=$python
 
@@ -49,10 +49,16 @@ mooncake_version() {
   fi
 }
 
+# use_src: the Mooncake tree hack/mooncake.sh builds from.
+use_src() {
+  src=$("$root/hack/mooncake.sh" tree) || exit 1
+}
+
 # version CONFIG: a PEP 440 version; a local label takes only letters, digits
 # and dots.
 version() {
   local cfg=$1 commit pxn label
+  use_src
   commit=$("$root/hack/mooncake.sh" commit)
   pxn=$(tr -c 'A-Za-z0-9.\n' '.' <"$root/VERSION")
   label="pxn.$pxn.mc${commit:0:12}"
@@ -67,6 +73,7 @@ pack() {
   b=$("$root/hack/mooncake.sh" module-dir "$cfg")
   [ -f "$b/.built" ] || die "the module's $cfg build is not in $b"
   ver=$(version "$cfg")
+  use_src
   stage=$out/stage-$cfg
   dest=$out/$cfg
   rm -rf "$stage" "$dest"

@@ -25,11 +25,20 @@
 # Configurations: default (Mooncake's defaults: WITH_METRICS on) and event
 # (USE_EVENT_DRIVEN_COMPLETION=ON, which changes TransferTask and BatchDesc).
 #
-# MOONCAKE_TREE: a Mooncake tree holding mooncake-transfer-engine,
-# mooncake-common and extern/{pybind11,yalantinglibs} (and, for the module,
-# the top-level CMake files and mooncake-integration) (default: the reference
-# copy CI keeps beside the clone). MOONCAKE_COMMIT: its commit, when it is not
-# a git checkout. PXN_TOOLS_DIR: the cache (default .tools in the repository).
+#   hack/mooncake.sh source              print how the sources are had, one
+#                                        line: "tree DIR", or "fetch URL COMMIT
+#                                        DIR" when build or module would fetch
+#   hack/mooncake.sh tree                print the tree; exit 1 when there is
+#                                        none yet (fetched by build or module)
+#
+# The Mooncake sources, the first of: MOONCAKE_TREE, a Mooncake tree holding
+# mooncake-transfer-engine, mooncake-common and extern/{pybind11,yalantinglibs}
+# (and, for the module, the top-level CMake files and mooncake-integration);
+# the reference copy CI keeps beside the clone (MOONCAKE_REFERENCE); a clone
+# of the tested commit in the cache, fetched once with git from MOONCAKE_GIT
+# (default Mooncake's GitHub repository; MOONCAKE_FETCH=0 forbids it).
+# MOONCAKE_COMMIT: the tree's commit, when it is not a git checkout.
+# PXN_TOOLS_DIR: the cache (default .tools in the repository).
 # JOBS: parallel compile jobs (default: the number of CPUs). ccache is used
 # when it is installed (its cache in the same folder).
 set -euo pipefail
@@ -37,9 +46,12 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${PXN_TOOLS_DIR:-$root/.tools}
 patch_file=$root/integrations/mooncake/patches/mooncake.patch
-src=${MOONCAKE_TREE:-$root/../shared/reference/mooncake-src/mooncake}
 # The commit the patch is made and tested against (docs/integration-mooncake.md).
 TESTED_COMMIT=3b5a594133958449a1feaf1c9e0fc1b553e34a28
+reference=${MOONCAKE_REFERENCE:-$root/../shared/reference/mooncake-src/mooncake}
+git_url=${MOONCAKE_GIT:-https://github.com/kvcache-ai/Mooncake.git}
+fetched=$cache/mooncake-git-${TESTED_COMMIT:0:12}
+src=
 # The interpreter the module is built for (its ABI tag is in the module's name).
 python=${PYTHON:-/usr/bin/python3}
 CONFIGS=(default event)
@@ -70,11 +82,62 @@ config_flags() {
   esac
 }
 
+# decide: how the sources are had (see source above); dies when there is no
+# tree and fetching is forbidden.
+decide() {
+  if [ -n "${MOONCAKE_TREE:-}" ]; then
+    echo "tree $MOONCAKE_TREE"
+  elif [ -f "$reference/mooncake-transfer-engine/CMakeLists.txt" ]; then
+    echo "tree $reference"
+  elif [ -f "$fetched/.fetched" ]; then
+    echo "tree $fetched"
+  elif [ "${MOONCAKE_FETCH:-1}" = 0 ]; then
+    die "no Mooncake tree: MOONCAKE_TREE is unset, there is none at $reference nor in $fetched, and MOONCAKE_FETCH=0 forbids fetching $TESTED_COMMIT"
+  else
+    echo "fetch $git_url $TESTED_COMMIT $fetched"
+  fi
+}
+
+# fetch_tree URL COMMIT DIR: COMMIT and the two submodules the build reads,
+# into DIR, which is marked complete only once all of it is there.
+fetch_tree() {
+  local url=$1 want=$2 dir=$3 tmp=$3.partial
+  command -v git >/dev/null 2>&1 || die "git not found: fetching Mooncake $want needs it"
+  log "fetching Mooncake $want from $url into $dir"
+  rm -rf "$tmp"
+  git init -q "$tmp"
+  git -C "$tmp" fetch -q --depth 1 "$url" "$want" || die "fetching $want from $url failed (set MOONCAKE_TREE to a Mooncake tree instead)"
+  git -C "$tmp" checkout -q FETCH_HEAD
+  git -C "$tmp" submodule update -q --init extern/pybind11 extern/yalantinglibs ||
+    die "fetching Mooncake's submodules extern/pybind11 and extern/yalantinglibs failed"
+  rm -rf "$dir"
+  mv "$tmp" "$dir"
+  touch "$dir/.fetched"
+}
+
+# use_src FETCH: sets src to the tree decide names; with FETCH 1 a clone
+# decide asks for is fetched first, else src is where it would go.
+use_src() {
+  local how url want dir
+  how=$(decide) || exit 1
+  case $how in
+    tree\ *) src=${how#tree } ;;
+    fetch\ *)
+      read -r _ url want dir <<<"$how"
+      src=$dir
+      if [ "$1" = 1 ]; then
+        mkdir -p "$cache"
+        (flock 9 && { [ -f "$dir/.fetched" ] || fetch_tree "$url" "$want" "$dir"; }) 9>"$dir.lock"
+      fi
+      ;;
+  esac
+}
+
 check_src() {
   [ -f "$src/mooncake-transfer-engine/CMakeLists.txt" ] ||
-    die "MOONCAKE_TREE=$src holds no mooncake-transfer-engine/CMakeLists.txt: not a Mooncake tree"
+    die "the Mooncake tree $src holds no mooncake-transfer-engine/CMakeLists.txt: not a Mooncake tree"
   [ -f "$src/extern/yalantinglibs/CMakeLists.txt" ] ||
-    die "MOONCAKE_TREE=$src has no extern/yalantinglibs (git submodule update --init)"
+    die "the Mooncake tree $src has no extern/yalantinglibs (git submodule update --init)"
   [ -f "$patch_file" ] || die "no patch at $patch_file"
 }
 
@@ -176,7 +239,7 @@ build_module() {
   read -r -a flags <<<"$(config_flags "$cfg")"
   ccache_launcher "$dir"
   [ -f "$dir/src/CMakeLists.txt" ] && [ -d "$dir/src/mooncake-integration/transfer_engine" ] ||
-    die "MOONCAKE_TREE=$src has no top-level CMakeLists.txt or mooncake-integration/transfer_engine: the module cannot be built from it"
+    die "the Mooncake tree $src has no top-level CMakeLists.txt or mooncake-integration/transfer_engine: the module cannot be built from it"
   # WITH_STORE_RUST defaults to ON and is an error without WITH_STORE.
   local -a args=(
     -DCMAKE_BUILD_TYPE=Release -DENABLE_DEBUG_SYMBOLS=OFF
@@ -201,6 +264,7 @@ cmd=${1:-build}
 [ $# -gt 0 ] && shift
 case $cmd in
   build)
+    use_src 1
     check_src
     for tool in cmake patch g++; do
       command -v "$tool" >/dev/null 2>&1 || die "$tool not found (hack/host-packages.sh install mooncake)"
@@ -216,10 +280,12 @@ case $cmd in
     ;;
   dir)
     [ $# -eq 1 ] || die "usage: $0 dir CONFIG"
+    use_src 0
     config_flags "$1" >/dev/null
     echo "$(key_dir)/$1"
     ;;
   module)
+    use_src 1
     check_src
     for tool in cmake patch g++ "$python"; do
       command -v "$tool" >/dev/null 2>&1 || die "$tool not found (hack/host-packages.sh install mooncake)"
@@ -235,11 +301,27 @@ case $cmd in
     ;;
   module-dir)
     [ $# -eq 1 ] || die "usage: $0 module-dir CONFIG"
+    use_src 0
     config_flags "$1" >/dev/null
     echo "$(key_dir)/py-$1"
     ;;
-  commit) commit ;;
+  commit)
+    use_src 0
+    commit
+    ;;
+  source)
+    how=$(decide) || exit 1
+    case $how in tree\ *) src=${how#tree } && check_src ;; esac
+    echo "$how"
+    ;;
+  tree)
+    how=$(decide) || exit 1
+    case $how in
+      tree\ *) src=${how#tree } && check_src && echo "$src" ;;
+      *) die "no Mooncake tree yet: hack/mooncake.sh build fetches $TESTED_COMMIT into $fetched" ;;
+    esac
+    ;;
   tests) printf '%s\n' "${MOONCAKE_TESTS[@]}" ;;
   configs) printf '%s\n' "${CONFIGS[@]}" ;;
-  *) die "usage: $0 build [CONFIG...] | dir CONFIG | module [CONFIG...] | module-dir CONFIG | commit | tests | configs" ;;
+  *) die "usage: $0 build [CONFIG...] | dir CONFIG | module [CONFIG...] | module-dir CONFIG | commit | source | tree | tests | configs" ;;
 esac
