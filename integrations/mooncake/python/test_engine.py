@@ -10,6 +10,7 @@ import os
 import sys
 import uuid
 
+import pytest
 from peer import pattern
 
 HOST = "127.0.0.1"
@@ -29,16 +30,18 @@ def test_module_is_the_installed_wheel(peers):
     assert not ans["libpxn_mapped"], "importing mooncake.engine loaded libpxn.so"
 
 
-def test_sglang_sequence_over_tcp_pxn_off(peers, record_property):
+@pytest.mark.parametrize("protocol", ["tcp", "rdma"])
+def test_sglang_sequence_over_tcp_pxn_off(peers, record_property, protocol):
     """MC_PXN_ENABLE=0: the decode side registers its KV buffers in one batch,
     the prefill side registers its source and writes one whole buffer, then
     scattered 4 KiB blocks in one batch; every byte of the target is checked,
-    those no write covers included (still zero)."""
+    those no write covers included (still zero). With protocol "rdma", what
+    SGLang passes, Mooncake finds no RDMA device and installs TCP."""
     target = peers("decode", MC_PXN_ENABLE="0")
     source = peers("prefill", MC_PXN_ENABLE="0")
     ports = {}
     for name, p in (("decode", target), ("prefill", source)):
-        ans = p.call("init", host=HOST, metadata="P2PHANDSHAKE", protocol="tcp", device="")
+        ans = p.call("init", host=HOST, metadata="P2PHANDSHAKE", protocol=protocol, device="")
         assert ans["rc"] == 0, f"{name}: initialize returned {ans['rc']}\n{p.stderr()[-4000:]}"
         assert ans["port"] > 0
         ports[name] = ans["port"]
