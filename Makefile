@@ -117,6 +117,14 @@ mooncake-wheel: libpxn
 		LIBPXN=$(CURDIR)/$(BIN)/libpxn.so $(MOONCAKE_SH) hack/mooncake-wheel.sh build; \
 	else echo "mooncake-wheel: no wheel is built"; fi
 
+# make mooncake-image BASE=<one-image OCI archive of a serving image>: the
+# default wheel unpacked into the base's site-packages (PYTHON_SITE) and
+# libpxn.so in /usr/local/lib, one layer over BASE, in _output/mooncake-image.tar.
+.PHONY: mooncake-image
+mooncake-image: mooncake-wheel
+	@[ -n "$(BASE)" ] || { echo "mooncake-image: set BASE to a one-image OCI archive of the serving image"; exit 2; }
+	@$(MOONCAKE_SH) hack/mooncake-wheel.sh image $(abspath $(BASE)) $(CURDIR)/_output/mooncake-image.tar
+
 mooncake-test: mooncake mooncake-wheel
 	MOONCAKE_SRC=$(abspath $(MOONCAKE_SRC)) $(MOONCAKE_SH) $(GO) test -count=1 -v ./integrations/mooncake/
 

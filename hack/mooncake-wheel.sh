@@ -19,7 +19,18 @@
 #                                              that sees the system's packages
 #                                              (pytest), WHEEL installed into
 #                                              it by python3 -m installer
+#   hack/mooncake-wheel.sh image BASE OUT [CONFIG]
+#                                              an OCI image archive OUT: the
+#                                              CONFIG wheel (default: default)
+#                                              unpacked into PYTHON_SITE and
+#                                              libpxn.so in /usr/local/lib, as
+#                                              one layer over BASE, a one-image
+#                                              OCI archive (hack/image -base)
 #
+# PYTHON_SITE: the base image's site-packages folder (default
+# /usr/local/lib/python3.X/dist-packages, X from the wheel's tag: where
+# Debian's and Ubuntu's Python install). IMAGE_NAME: the image's name
+# (default pxn-mooncake:VERSION, + written as -).
 # The version is Mooncake's (MOONCAKE_VERSION, else the tree's
 # mooncake-wheel/pyproject.toml, else 0) with a local label naming PXN's
 # release, the Mooncake commit and a configuration other than the default:
@@ -31,7 +42,7 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-out=${WHEEL_DIR:-$root/_output/mooncake-wheel}
+out_dir=${WHEEL_DIR:-$root/_output/mooncake-wheel}
 src=
 python=${PYTHON:-/usr/bin/python3}
 export PYTHON=$python
@@ -67,15 +78,15 @@ version() {
 }
 
 # pack CONFIG: stages the package from the module's build folder and the
-# tree's Python files, and builds the wheel into $out/CONFIG.
+# tree's Python files, and builds the wheel into $out_dir/CONFIG.
 pack() {
   local cfg=$1 b stage ver dest
   b=$("$root/hack/mooncake.sh" module-dir "$cfg")
   [ -f "$b/.built" ] || die "the module's $cfg build is not in $b"
   ver=$(version "$cfg")
   use_src
-  stage=$out/stage-$cfg
-  dest=$out/$cfg
+  stage=$out_dir/stage-$cfg
+  dest=$out_dir/$cfg
   rm -rf "$stage" "$dest"
   mkdir -p "$stage/mooncake" "$dest"
   cp "$root/integrations/mooncake/wheel/pyproject.toml" "$root/integrations/mooncake/wheel/setup.py" "$stage/"
@@ -87,17 +98,46 @@ pack() {
   engine=$(find "$b/mooncake-integration" -maxdepth 1 -name 'engine*.so' | head -1)
   [ -n "$engine" ] || die "no engine*.so in $b/mooncake-integration"
   cp "$engine" "$b/mooncake-common/libasio.so" "$LIBPXN" "$stage/mooncake/"
-  PXN_WHEEL_VERSION=$ver "$python" -m build --wheel --no-isolation --outdir "$dest" "$stage" >"$out/$cfg.log" 2>&1 ||
-    { tail -30 "$out/$cfg.log" >&2; die "packing the $cfg wheel failed ($out/$cfg.log)"; }
+  PXN_WHEEL_VERSION=$ver "$python" -m build --wheel --no-isolation --outdir "$dest" "$stage" >"$out_dir/$cfg.log" 2>&1 ||
+    { tail -30 "$out_dir/$cfg.log" >&2; die "packing the $cfg wheel failed ($out_dir/$cfg.log)"; }
   rm -rf "$stage"
   log "$cfg: $(ls "$dest"/*.whl)"
 }
 
 wheel_path() {
   local w
-  w=$(ls "$out/$1"/*.whl 2>/dev/null | head -1)
+  w=$(ls "$out_dir/$1"/*.whl 2>/dev/null | head -1)
   [ -n "$w" ] || return 1
   echo "$w"
+}
+
+# image BASE OUT CONFIG: see image above. The wheel holds only the package
+# and its .dist-info, both of which belong in site-packages.
+image() {
+  local base out cfg=$3 whl stage tag site name f rel mode
+  base=$(realpath "$1")
+  out=$(realpath -m "$2")
+  whl=$(wheel_path "$cfg") || die "no $cfg wheel in $out_dir/$cfg: run make mooncake-wheel"
+  tag=$(basename "$whl" | sed -n 's/.*-cp\([0-9]\)\([0-9]*\)-cp[0-9]*-linux_[a-z0-9_]*\.whl$/\1.\2/p')
+  [ -n "$tag" ] || die "$whl: no CPython tag in its name"
+  site=${PYTHON_SITE:-/usr/local/lib/python$tag/dist-packages}
+  name=${IMAGE_NAME:-pxn-mooncake:$(version "$cfg" | tr '+' '-')}
+  stage=$(mktemp -d)
+  # shellcheck disable=SC2064 # the folder is removed as it is named now
+  trap "rm -rf '$stage'" EXIT
+  "$python" -m zipfile -e "$whl" "$stage"
+  local -a adds=()
+  while IFS= read -r f; do
+    rel=${f#"$stage"/}
+    mode=0644
+    case $rel in *.so) mode=0755 ;; esac
+    adds+=(-add "$f:$site/$rel:$mode")
+  done < <(find "$stage" -type f | LC_ALL=C sort)
+  adds+=(-add "$stage/mooncake/libpxn.so:/usr/local/lib/libpxn.so:0755")
+  mkdir -p "$(dirname "$out")"
+  (cd "$root" && go run ./hack/image -o "$out" -name "$name" -format oci -base "$base" "${adds[@]}") >&2 ||
+    die "packing the image over $base failed"
+  log "$out: $name over $base, the wheel in $site"
 }
 
 cmd=${1:-build}
@@ -110,7 +150,7 @@ case $cmd in
       die "$python lacks build, setuptools or wheel (hack/host-packages.sh install mooncake)"
     [ $# -gt 0 ] || mapfile -t cfgs < <("$root/hack/mooncake.sh" configs)
     [ $# -eq 0 ] || cfgs=("$@")
-    mkdir -p "$out"
+    mkdir -p "$out_dir"
     for cfg in "${cfgs[@]}"; do
       start=$SECONDS
       "$root/hack/mooncake.sh" module "$cfg"
@@ -120,7 +160,7 @@ case $cmd in
     ;;
   path)
     [ $# -eq 1 ] || die "usage: $0 path CONFIG"
-    wheel_path "$1" || die "no $1 wheel in $out/$1: run make mooncake-wheel"
+    wheel_path "$1" || die "no $1 wheel in $out_dir/$1: run make mooncake-wheel"
     ;;
   version)
     [ $# -eq 1 ] || die "usage: $0 version CONFIG"
@@ -133,5 +173,10 @@ case $cmd in
     "$2/bin/python" -m installer "$1" ||
       die "installing $1 into $2 failed"
     ;;
-  *) die "usage: $0 build [CONFIG...] | path CONFIG | version CONFIG | install WHEEL DIR" ;;
+  image)
+    [ $# -ge 2 ] && [ $# -le 3 ] || die "usage: $0 image BASE OUT [CONFIG]"
+    [ -f "$1" ] || die "no base image archive at $1"
+    image "$1" "$2" "${3:-default}"
+    ;;
+  *) die "usage: $0 build [CONFIG...] | path CONFIG | version CONFIG | install WHEEL DIR | image BASE OUT [CONFIG]" ;;
 esac

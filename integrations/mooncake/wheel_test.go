@@ -3,11 +3,14 @@
 package mooncake
 
 import (
+	"archive/tar"
 	"archive/zip"
 	"bytes"
 	"context"
 	"debug/elf"
+	"encoding/json"
 	"encoding/xml"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -271,4 +274,139 @@ func runPytest(t *testing.T, python, dir string) {
 	if runErr != nil && !t.Failed() {
 		t.Errorf("pytest failed though every test passed: %v\n%s", runErr, lastLines(string(out), 60))
 	}
+}
+
+// TestMooncakeImage lays the default wheel and libpxn.so over a small local
+// base image (hack/image's pause image) as hack/mooncake-wheel.sh image does
+// for a serving image, and reads the archive back: the base's layer kept
+// first, and one layer holding the wheel's files in the site-packages folder
+// of the wheel's Python, byte for byte, and libpxn.so in /usr/local/lib.
+func TestMooncakeImage(t *testing.T) {
+	root := repoRoot(t)
+	tree := mooncakeTree(t, root)
+	ctx := context.Background()
+	whl, err := wheelScript(ctx, root, tree, "path", "default")
+	if err != nil {
+		testtools.Missing(t, "no default wheel (make mooncake-wheel builds it): %v", err)
+	}
+	dir := t.TempDir()
+	base := filepath.Join(dir, "base.tar")
+	cmd := exec.Command("go", "run", "./hack/image", "-pause", "-format", "oci", "-o", base, "-name", "base:1")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("base image: %v\n%s", err, out)
+	}
+	img := filepath.Join(dir, "image.tar")
+	site := "/opt/python/site"
+	cmd = exec.Command(filepath.Join(root, "hack", "mooncake-wheel.sh"), "image", base, img)
+	cmd.Env = append(os.Environ(), "MOONCAKE_TREE="+tree, "PYTHON_SITE="+site, "IMAGE_NAME=pxn-mooncake:test")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("image: %v\n%s", err, out)
+	}
+
+	baseLayers, _ := ociLayers(t, base)
+	layers, name := ociLayers(t, img)
+	if name != "docker.io/library/pxn-mooncake:test" {
+		t.Errorf("image name %q", name)
+	}
+	if len(layers) != len(baseLayers)+1 || !bytes.Equal(layers[0], baseLayers[0]) {
+		t.Fatalf("%d layers, want the base's %d unchanged and one more", len(layers), len(baseLayers))
+	}
+	got := tarFiles(t, layers[len(layers)-1])
+
+	zr, err := zip.OpenReader(whl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer zr.Close()
+	want := map[string][]byte{}
+	for _, f := range zr.File {
+		want[strings.TrimPrefix(site, "/")+"/"+f.Name] = readAll(t, f)
+	}
+	lib := want[strings.TrimPrefix(site, "/")+"/mooncake/libpxn.so"]
+	if lib == nil {
+		t.Fatal("the wheel has no mooncake/libpxn.so")
+	}
+	want["usr/local/lib/libpxn.so"] = lib
+	for name, data := range want {
+		if g, ok := got[name]; !ok {
+			t.Errorf("the layer has no %s", name)
+		} else if !bytes.Equal(g, data) {
+			t.Errorf("%s differs from the wheel's", name)
+		}
+	}
+	for name := range got {
+		if _, ok := want[name]; !ok {
+			t.Errorf("the layer holds %s, which is neither the wheel's nor libpxn.so", name)
+		}
+	}
+}
+
+// ociLayers returns the layers of a one-image OCI archive, bottom first, and
+// the name containerd would store it under.
+func ociLayers(t *testing.T, p string) ([][]byte, string) {
+	t.Helper()
+	files := tarFiles(t, mustRead(t, p))
+	blob := func(digest string) []byte {
+		b, ok := files["blobs/sha256/"+strings.TrimPrefix(digest, "sha256:")]
+		if !ok {
+			t.Fatalf("%s: no blob %s", p, digest)
+		}
+		return b
+	}
+	var idx struct {
+		Manifests []struct {
+			Digest      string            `json:"digest"`
+			Annotations map[string]string `json:"annotations"`
+		} `json:"manifests"`
+	}
+	if err := json.Unmarshal(files["index.json"], &idx); err != nil || len(idx.Manifests) != 1 {
+		t.Fatalf("%s: index.json %s: %v", p, files["index.json"], err)
+	}
+	var m struct {
+		Layers []struct {
+			Digest string `json:"digest"`
+		} `json:"layers"`
+	}
+	if err := json.Unmarshal(blob(idx.Manifests[0].Digest), &m); err != nil {
+		t.Fatalf("%s: manifest: %v", p, err)
+	}
+	var layers [][]byte
+	for _, l := range m.Layers {
+		layers = append(layers, blob(l.Digest))
+	}
+	return layers, idx.Manifests[0].Annotations["io.containerd.image.name"]
+}
+
+// tarFiles returns the regular files of a tar stream by name.
+func tarFiles(t *testing.T, data []byte) map[string][]byte {
+	t.Helper()
+	files := map[string][]byte{}
+	tr := tar.NewReader(bytes.NewReader(data))
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return files
+		}
+		if err != nil {
+			t.Fatalf("read tar: %v", err)
+		}
+		if h.Typeflag != tar.TypeReg {
+			continue
+		}
+		b, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[h.Name] = b
+	}
+}
+
+func mustRead(t *testing.T, p string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
