@@ -33,8 +33,10 @@
 # (default pxn-mooncake:VERSION, + written as -).
 # The version is Mooncake's (MOONCAKE_VERSION, else the tree's
 # mooncake-wheel/pyproject.toml, else 0) with a local label naming PXN's
-# release, the Mooncake commit and a configuration other than the default:
-# 0+pxn.0.1.0.mc3b5a59413395, 0+pxn.0.1.0.mc3b5a59413395.event.
+# release, the Mooncake commit, a configuration other than the default and
+# the hash of MOONCAKE_CMAKE_ARGS when given (hack/mooncake.sh):
+# 0+pxn.0.1.0.mc3b5a59413395, 0+pxn.0.1.0.mc3b5a59413395.event,
+# 0+pxn.0.1.0.mc3b5a59413395.x1a2b3c4d.
 #
 # LIBPXN: the libpxn.so to ship (make mooncake-wheel builds it). WHEEL_DIR:
 # where wheels go (default _output/mooncake-wheel). MOONCAKE_TREE,
@@ -68,12 +70,15 @@ use_src() {
 # version CONFIG: a PEP 440 version; a local label takes only letters, digits
 # and dots.
 version() {
-  local cfg=$1 commit pxn label
+  local cfg=$1 commit pxn label extra
   use_src
   commit=$("$root/hack/mooncake.sh" commit)
   pxn=$(tr -c 'A-Za-z0-9.\n' '.' <"$root/VERSION")
   label="pxn.$pxn.mc${commit:0:12}"
   [ "$cfg" = default ] || label+=".$cfg"
+  extra=$(basename "$("$root/hack/mooncake.sh" module-dir "$cfg")")
+  extra=${extra#"py-$cfg"}
+  label+=${extra//-/.}
   echo "$(mooncake_version)+$label"
 }
 

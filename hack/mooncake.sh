@@ -19,7 +19,8 @@
 #                                        top-level project, transfer engine
 #                                        only) with the transport
 #   hack/mooncake.sh module-dir CONFIG   print CONFIG's module build folder (it
-#                                        holds .built once a build succeeded)
+#                                        holds .built once a build succeeded;
+#                                        MOONCAKE_CMAKE_ARGS: below)
 #   hack/mooncake.sh commit              print the Mooncake commit of the tree
 #
 # Configurations: default (Mooncake's defaults: WITH_METRICS on) and event
@@ -38,6 +39,9 @@
 # of the tested commit in the cache, fetched once with git from MOONCAKE_GIT
 # (default Mooncake's GitHub repository; MOONCAKE_FETCH=0 forbids it).
 # MOONCAKE_COMMIT: the tree's commit, when it is not a git checkout.
+# MOONCAKE_CMAKE_ARGS: extra CMake options for the module's build alone (e.g.
+# -DUSE_CUDA=ON on a machine with the CUDA toolkit), built in a folder of
+# their own.
 # PXN_TOOLS_DIR: the cache (default .tools in the repository).
 # JOBS: parallel compile jobs (default: the number of CPUs). ccache is used
 # when it is installed (its cache in the same folder).
@@ -230,13 +234,27 @@ build_config() {
   log "$cfg built in $((SECONDS - start)) s: $b"
 }
 
+# module_name CONFIG: the module's build folder in the key folder, py-CONFIG;
+# MOONCAKE_CMAKE_ARGS, extra CMake options for the module (e.g. -DUSE_CUDA=ON),
+# add -x and 8 hex digits of their hash, which the wheel's version repeats.
+module_name() {
+  if [ -n "${MOONCAKE_CMAKE_ARGS:-}" ]; then
+    echo "py-$1-x$(printf '%s' "$MOONCAKE_CMAKE_ARGS" | sha256sum | cut -c1-8)"
+  else
+    echo "py-$1"
+  fi
+}
+
 # build_module DIR CONFIG: mooncake.engine and the libasio.so it links, from
 # Mooncake's top-level project with the transfer engine alone (no Store, no
-# EP), in DIR/py-CONFIG; the same options as the engine's build otherwise.
+# EP), in DIR/$(module_name CONFIG); the same options as the engine's build
+# otherwise, then MOONCAKE_CMAKE_ARGS.
 build_module() {
-  local dir=$1 cfg=$2 b=$1/py-$2 start=$SECONDS launcher=()
-  local -a flags
+  local dir=$1 cfg=$2 b start=$SECONDS launcher=()
+  b=$dir/$(module_name "$cfg")
+  local -a flags extra
   read -r -a flags <<<"$(config_flags "$cfg")"
+  read -r -a extra <<<"${MOONCAKE_CMAKE_ARGS:-}"
   ccache_launcher "$dir"
   [ -f "$dir/src/CMakeLists.txt" ] && [ -d "$dir/src/mooncake-integration/transfer_engine" ] ||
     die "the Mooncake tree $src has no top-level CMakeLists.txt or mooncake-integration/transfer_engine: the module cannot be built from it"
@@ -251,7 +269,7 @@ build_module() {
     -DUSE_PXN=ON -DPXN_SOURCE_DIR="$root"
     -DBUILD_EXAMPLES=OFF -DBUILD_BENCHMARK=OFF -DBUILD_UNIT_TESTS=OFF
     -DFETCHCONTENT_FULLY_DISCONNECTED=ON
-    "${launcher[@]}"
+    "${launcher[@]}" "${extra[@]}"
   )
   configure "$b" "$b.log" "$dir/src" "${args[@]}"
   cmake --build "$b" -j"${JOBS:-$(nproc)}" --target engine >>"$b.log" 2>&1 ||
@@ -296,14 +314,14 @@ case $cmd in
     [ $# -gt 0 ] || set -- "${CONFIGS[@]}"
     for cfg in "$@"; do
       config_flags "$cfg" >/dev/null
-      (flock 9 && build_module "$dir" "$cfg") 9>"$dir/py-$cfg.lock"
+      (flock 9 && build_module "$dir" "$cfg") 9>"$dir/$(module_name "$cfg").lock"
     done
     ;;
   module-dir)
     [ $# -eq 1 ] || die "usage: $0 module-dir CONFIG"
     use_src 0
     config_flags "$1" >/dev/null
-    echo "$(key_dir)/py-$1"
+    echo "$(key_dir)/$(module_name "$1")"
     ;;
   commit)
     use_src 0

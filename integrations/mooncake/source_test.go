@@ -138,3 +138,42 @@ func TestMooncakeSource(t *testing.T) {
 		})
 	}
 }
+
+// TestWheelVersion: the wheel's version names Mooncake's version, PXN's
+// release, the Mooncake commit, a configuration other than the default and
+// extra CMake options, each of which changes it.
+func TestWheelVersion(t *testing.T) {
+	root := repoRoot(t)
+	release, err := os.ReadFile(filepath.Join(root, "VERSION"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pxn := regexp.MustCompile(`[^A-Za-z0-9.]`).ReplaceAllString(strings.TrimSpace(string(release)), ".")
+	tree := fakeTree(t, filepath.Join(t.TempDir(), "tree"))
+	const commit = "0123456789abcdef0123456789abcdef01234567"
+	cases := []struct {
+		cfg  string
+		env  []string
+		want string
+	}{
+		{"default", nil, "0+pxn." + pxn + ".mc0123456789ab"},
+		{"event", nil, "0+pxn." + pxn + ".mc0123456789ab.event"},
+		{"default", []string{"MOONCAKE_VERSION=0.3.9"}, "0.3.9+pxn." + pxn + ".mc0123456789ab"},
+		{"default", []string{"MOONCAKE_CMAKE_ARGS=-DUSE_CUDA=ON"}, "0+pxn." + pxn + ".mc0123456789ab.x"},
+	}
+	seen := map[string]bool{}
+	for _, c := range cases {
+		cmd := exec.Command(filepath.Join(root, "hack", "mooncake-wheel.sh"), "version", c.cfg)
+		cmd.Env = append(os.Environ(), "MOONCAKE_TREE="+tree, "MOONCAKE_COMMIT="+commit, "PXN_TOOLS_DIR="+t.TempDir())
+		cmd.Env = append(cmd.Env, c.env...)
+		out, err := cmd.Output()
+		got := strings.TrimSpace(string(out))
+		if err != nil || !strings.HasPrefix(got, c.want) || (!strings.HasSuffix(c.want, ".x") && got != c.want) {
+			t.Errorf("%s %v: version %q (%v), want %q", c.cfg, c.env, got, err, c.want)
+		}
+		if seen[got] {
+			t.Errorf("%s %v: version %q is another build's too", c.cfg, c.env, got)
+		}
+		seen[got] = true
+	}
+}
