@@ -31,6 +31,7 @@
 # /usr/local/lib/python3.X/dist-packages, X from the wheel's tag: where
 # Debian's and Ubuntu's Python install). IMAGE_NAME: the image's name
 # (default pxn-mooncake:VERSION, + written as -).
+#
 # The version is Mooncake's (MOONCAKE_VERSION, else the tree's
 # mooncake-wheel/pyproject.toml, else 0) with a local label naming PXN's
 # release, the Mooncake commit, a configuration other than the default and
