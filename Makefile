@@ -12,7 +12,7 @@ REVISION := $(shell git rev-parse HEAD 2>/dev/null)
 VERSION_PKG := github.com/pxn-project/pxn/internal/version
 LDFLAGS := -X $(VERSION_PKG).version=$(VERSION)$(if $(REVISION), -X $(VERSION_PKG).revision=$(REVISION))
 
-.PHONY: all build unit e2e test host-packages tools generate lint bench bench-baseline fuzz gpu-kit demo demo-host cluster-demo image release clean
+.PHONY: all build libpxn unit e2e test host-packages tools generate lint bench bench-baseline fuzz gpu-kit demo demo-host cluster-demo image release clean
 
 all: build
 
@@ -20,12 +20,14 @@ all: build
 # include/pxn.h; the one go build generates beside the library is dropped).
 # Compiler output of dependencies is filtered as in the demo (hack/gobuild.sh).
 COMMANDS := $(filter-out ./cmd/libpxn,$(patsubst %/,./%,$(wildcard cmd/*/)))
-build:
-	@mkdir -p $(BIN)
+build: libpxn
 	@CGO_ENABLED=1 hack/gobuild.sh -ldflags "$(LDFLAGS)" -o $(BIN)/ $(COMMANDS)
+	@echo "build: $(notdir $(COMMANDS)) libpxn.so in $(BIN)/"
+
+libpxn:
+	@mkdir -p $(BIN)
 	@CGO_ENABLED=1 hack/gobuild.sh -buildmode=c-shared -ldflags "$(LDFLAGS)" -o $(BIN)/libpxn.so ./cmd/libpxn
 	@rm -f $(BIN)/libpxn.h
-	@echo "build: $(notdir $(COMMANDS)) libpxn.so in $(BIN)/"
 
 tools:
 	@$(TOOLS)
@@ -66,10 +68,10 @@ e2e: host-packages
 
 TEST_PKGS ?= ./...
 ALLOC_PKGS ?= $(sort $(addprefix ./,$(dir $(shell grep -rlE --include='*_test.go' '^func Test[A-Za-z0-9_]*Alloc' api cmd hack integrations internal pkg test))))
-test: lint host-packages mooncake
+test: lint host-packages mooncake mooncake-wheel
 	@mkdir -p _output
 	@$(GO) build -o _output/testreport ./hack/testreport
-	set -o pipefail; export PXN_REQUIRE_TOOLS=1 PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools} MOONCAKE_TREE=$(abspath $(MOONCAKE_TREE)); \
+	set -o pipefail; export PXN_REQUIRE_TOOLS=1 PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools} $(MOONCAKE_TREE_ENV); \
 	export KUBEBUILDER_ASSETS=$$($(TOOLS) assets); \
 	( rc=0; $(GO) test -json $(GOTEST_FLAGS) $(TEST_PKGS) || rc=1; \
 	  $(GO) test -json -count=1 -timeout 30m -run Alloc $(ALLOC_PKGS) || rc=1; exit $$rc ) \
@@ -84,16 +86,19 @@ host-packages:
 # Mooncake's transfer engine with PXN's transport compiled inside it
 # (integrations/mooncake/patches/mooncake.patch), in every configuration, with
 # Mooncake's unit tests and PXN's layout check: hack/mooncake.sh, cached in
-# PXN_TOOLS_DIR by Mooncake commit and patch hash. Without a Mooncake tree it
-# says so and the engine tests skip. make test runs the tests through
-# go test ./...; mooncake-test runs them alone.
+# PXN_TOOLS_DIR by Mooncake commit and patch hash. The tree is MOONCAKE_TREE,
+# else the reference copy beside the clone, else the tested commit fetched
+# with git into PXN_TOOLS_DIR (hack/mooncake.sh source says which; with
+# MOONCAKE_FETCH=0 and no tree it says so and the engine tests skip). make
+# test runs the tests through go test ./...; mooncake-test runs them alone.
 .PHONY: mooncake mooncake-seam mooncake-test
-MOONCAKE_TREE ?= ../shared/reference/mooncake-src/mooncake
+MOONCAKE_TREE ?=
+MOONCAKE_TREE_ENV = $(if $(MOONCAKE_TREE),MOONCAKE_TREE=$(abspath $(MOONCAKE_TREE)))
 MOONCAKE_SRC ?= ../shared/reference/mooncake
+MOONCAKE_SH = $(MOONCAKE_TREE_ENV) PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools}
 mooncake:
-	@if [ -f $(MOONCAKE_TREE)/mooncake-transfer-engine/CMakeLists.txt ]; then \
-		MOONCAKE_TREE=$(abspath $(MOONCAKE_TREE)) PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools} hack/mooncake.sh build; \
-	else echo "mooncake: no Mooncake tree at $(MOONCAKE_TREE) (MOONCAKE_TREE): the engine is not built"; fi
+	@if $(MOONCAKE_SH) hack/mooncake.sh source >/dev/null; then $(MOONCAKE_SH) hack/mooncake.sh build; \
+	else echo "mooncake: the engine is not built"; fi
 
 # The transport beside a Mooncake checkout, against the link seam its NIC
 # tests use: _output/mooncake/libpxn_mooncake.a and libpxn.so, and the
@@ -101,9 +106,27 @@ mooncake:
 mooncake-seam:
 	@$(MAKE) -C integrations/mooncake all patch-check MOONCAKE_SRC=$(abspath $(MOONCAKE_SRC)) OUT=$(CURDIR)/_output/mooncake
 
-mooncake-test: mooncake
-	MOONCAKE_SRC=$(abspath $(MOONCAKE_SRC)) MOONCAKE_TREE=$(abspath $(MOONCAKE_TREE)) \
-	PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools} $(GO) test -count=1 -v ./integrations/mooncake/
+# Mooncake's Python module mooncake.engine with PXN's transport, in every
+# configuration, each packed as a wheel with libpxn.so beside the module
+# (hack/mooncake-wheel.sh): the module's build is cached in PXN_TOOLS_DIR like
+# the engine's, the wheels go to _output/mooncake-wheel/CONFIG/. Its Mooncake
+# tree is the engine's.
+.PHONY: mooncake-wheel
+mooncake-wheel: libpxn
+	@if $(MOONCAKE_SH) hack/mooncake.sh source >/dev/null; then \
+		LIBPXN=$(CURDIR)/$(BIN)/libpxn.so $(MOONCAKE_SH) hack/mooncake-wheel.sh build; \
+	else echo "mooncake-wheel: no wheel is built"; fi
+
+# make mooncake-image BASE=<one-image OCI archive of a serving image>: the
+# default wheel unpacked into the base's site-packages (PYTHON_SITE) and
+# libpxn.so in /usr/local/lib, one layer over BASE, in _output/mooncake-image.tar.
+.PHONY: mooncake-image
+mooncake-image: mooncake-wheel
+	@[ -n "$(BASE)" ] || { echo "mooncake-image: set BASE to a one-image OCI archive of the serving image"; exit 2; }
+	@$(MOONCAKE_SH) hack/mooncake-wheel.sh image $(abspath $(BASE)) $(CURDIR)/_output/mooncake-image.tar
+
+mooncake-test: mooncake mooncake-wheel
+	MOONCAKE_SRC=$(abspath $(MOONCAKE_SRC)) $(MOONCAKE_SH) $(GO) test -count=1 -v ./integrations/mooncake/
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...

@@ -22,7 +22,9 @@
 #            (glog, gflags, jsoncpp, libibverbs, libnuma): integrations/mooncake;
 #            cmake, yaml-cpp, googletest's sources, Python's headers (pybind11
 #            looks for them) and ccache: the engine built with PXN's transport
-#            (hack/mooncake.sh)
+#            (hack/mooncake.sh); Python's packaging tools (build, wheel,
+#            setuptools, installer) and pytest: Mooncake's Python module
+#            packed as a wheel and its tests (hack/mooncake-wheel.sh)
 #
 # Exit codes: 0 nothing missing (or ensure could not install and said why), 1 an
 # install failed, 2 usage, 3 (check) something is missing and this machine
@@ -68,6 +70,11 @@ group_needs() {
       echo "libgtest-dev /usr/src/googletest/CMakeLists.txt"
       echo "python3-dev python3-config"
       echo "ccache ccache"
+      echo "python3-build /usr/lib/python3/dist-packages/build/__init__.py"
+      echo "python3-wheel /usr/lib/python3/dist-packages/wheel/__init__.py"
+      echo "python3-setuptools /usr/lib/python3/dist-packages/setuptools/__init__.py"
+      echo "python3-installer /usr/lib/python3/dist-packages/installer/__init__.py"
+      echo "python3-pytest /usr/lib/python3/dist-packages/pytest/__init__.py"
       ;;
     *) echo "host-packages: unknown group $1 (want build, cluster, cross or mooncake)" >&2; exit 2 ;;
   esac

@@ -14,14 +14,35 @@
 #                                        run without an RDMA device or a
 #                                        metadata server, one a line
 #   hack/mooncake.sh configs             print the configurations
+#   hack/mooncake.sh module [CONFIG...]  build Mooncake's Python module
+#                                        mooncake.engine (target engine of the
+#                                        top-level project, transfer engine
+#                                        only) with the transport
+#   hack/mooncake.sh module-dir CONFIG   print CONFIG's module build folder (it
+#                                        holds .built once a build succeeded;
+#                                        MOONCAKE_CMAKE_ARGS: below)
+#   hack/mooncake.sh commit              print the Mooncake commit of the tree
 #
 # Configurations: default (Mooncake's defaults: WITH_METRICS on) and event
 # (USE_EVENT_DRIVEN_COMPLETION=ON, which changes TransferTask and BatchDesc).
 #
-# MOONCAKE_TREE: a Mooncake tree holding mooncake-transfer-engine,
-# mooncake-common and extern/{pybind11,yalantinglibs} (default: the reference
-# copy CI keeps beside the clone). MOONCAKE_COMMIT: its commit, when it is not
-# a git checkout. PXN_TOOLS_DIR: the cache (default .tools in the repository).
+#   hack/mooncake.sh source              print how the sources are had, one
+#                                        line: "tree DIR", or "fetch URL COMMIT
+#                                        DIR" when build or module would fetch
+#   hack/mooncake.sh tree                print the tree; exit 1 when there is
+#                                        none yet (fetched by build or module)
+#
+# The Mooncake sources, the first of: MOONCAKE_TREE, a Mooncake tree holding
+# mooncake-transfer-engine, mooncake-common and extern/{pybind11,yalantinglibs}
+# (and, for the module, the top-level CMake files and mooncake-integration);
+# the reference copy CI keeps beside the clone (MOONCAKE_REFERENCE); a clone
+# of the tested commit in the cache, fetched once with git from MOONCAKE_GIT
+# (default Mooncake's GitHub repository; MOONCAKE_FETCH=0 forbids it).
+# MOONCAKE_COMMIT: the tree's commit, when it is not a git checkout.
+# MOONCAKE_CMAKE_ARGS: extra CMake options for the module's build alone (e.g.
+# -DUSE_CUDA=ON on a machine with the CUDA toolkit), built in a folder of
+# their own.
+# PXN_TOOLS_DIR: the cache (default .tools in the repository).
 # JOBS: parallel compile jobs (default: the number of CPUs). ccache is used
 # when it is installed (its cache in the same folder).
 set -euo pipefail
@@ -29,9 +50,14 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${PXN_TOOLS_DIR:-$root/.tools}
 patch_file=$root/integrations/mooncake/patches/mooncake.patch
-src=${MOONCAKE_TREE:-$root/../shared/reference/mooncake-src/mooncake}
 # The commit the patch is made and tested against (docs/integration-mooncake.md).
 TESTED_COMMIT=3b5a594133958449a1feaf1c9e0fc1b553e34a28
+reference=${MOONCAKE_REFERENCE:-$root/../shared/reference/mooncake-src/mooncake}
+git_url=${MOONCAKE_GIT:-https://github.com/kvcache-ai/Mooncake.git}
+fetched=$cache/mooncake-git-${TESTED_COMMIT:0:12}
+src=
+# The interpreter the module is built for (its ABI tag is in the module's name).
+python=${PYTHON:-/usr/bin/python3}
 CONFIGS=(default event)
 
 # Mooncake's own test programs that pass without an RDMA device and without a
@@ -60,11 +86,62 @@ config_flags() {
   esac
 }
 
+# decide: how the sources are had (see source above); dies when there is no
+# tree and fetching is forbidden.
+decide() {
+  if [ -n "${MOONCAKE_TREE:-}" ]; then
+    echo "tree $MOONCAKE_TREE"
+  elif [ -f "$reference/mooncake-transfer-engine/CMakeLists.txt" ]; then
+    echo "tree $reference"
+  elif [ -f "$fetched/.fetched" ]; then
+    echo "tree $fetched"
+  elif [ "${MOONCAKE_FETCH:-1}" = 0 ]; then
+    die "no Mooncake tree: MOONCAKE_TREE is unset, there is none at $reference nor in $fetched, and MOONCAKE_FETCH=0 forbids fetching $TESTED_COMMIT"
+  else
+    echo "fetch $git_url $TESTED_COMMIT $fetched"
+  fi
+}
+
+# fetch_tree URL COMMIT DIR: COMMIT and the two submodules the build reads,
+# into DIR, which is marked complete only once all of it is there.
+fetch_tree() {
+  local url=$1 want=$2 dir=$3 tmp=$3.partial
+  command -v git >/dev/null 2>&1 || die "git not found: fetching Mooncake $want needs it"
+  log "fetching Mooncake $want from $url into $dir"
+  rm -rf "$tmp"
+  git init -q "$tmp"
+  git -C "$tmp" fetch -q --depth 1 "$url" "$want" || die "fetching $want from $url failed (set MOONCAKE_TREE to a Mooncake tree instead)"
+  git -C "$tmp" checkout -q FETCH_HEAD
+  git -C "$tmp" submodule update -q --init extern/pybind11 extern/yalantinglibs ||
+    die "fetching Mooncake's submodules extern/pybind11 and extern/yalantinglibs failed"
+  rm -rf "$dir"
+  mv "$tmp" "$dir"
+  touch "$dir/.fetched"
+}
+
+# use_src FETCH: sets src to the tree decide names; with FETCH 1 a clone
+# decide asks for is fetched first, else src is where it would go.
+use_src() {
+  local how url want dir
+  how=$(decide) || exit 1
+  case $how in
+    tree\ *) src=${how#tree } ;;
+    fetch\ *)
+      read -r _ url want dir <<<"$how"
+      src=$dir
+      if [ "$1" = 1 ]; then
+        mkdir -p "$cache"
+        (flock 9 && { [ -f "$dir/.fetched" ] || fetch_tree "$url" "$want" "$dir"; }) 9>"$dir.lock"
+      fi
+      ;;
+  esac
+}
+
 check_src() {
   [ -f "$src/mooncake-transfer-engine/CMakeLists.txt" ] ||
-    die "MOONCAKE_TREE=$src holds no mooncake-transfer-engine/CMakeLists.txt: not a Mooncake tree"
+    die "the Mooncake tree $src holds no mooncake-transfer-engine/CMakeLists.txt: not a Mooncake tree"
   [ -f "$src/extern/yalantinglibs/CMakeLists.txt" ] ||
-    die "MOONCAKE_TREE=$src has no extern/yalantinglibs (git submodule update --init)"
+    die "the Mooncake tree $src has no extern/yalantinglibs (git submodule update --init)"
   [ -f "$patch_file" ] || die "no patch at $patch_file"
 }
 
@@ -106,14 +183,36 @@ prepare() {
   fi
 }
 
+# ccache_launcher DIR: sets launcher to CMake's compiler-launcher options when
+# ccache is installed, its cache in the tools folder.
+ccache_launcher() {
+  launcher=()
+  if command -v ccache >/dev/null 2>&1; then
+    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+    export CCACHE_DIR=$cache/ccache CCACHE_BASEDIR=$1 CCACHE_NOHASHDIR=1
+  fi
+}
+
+# configure B LOG SRC ARGS...: configures B from SRC unless it was configured
+# with the same options (cmake --build reconfigures by itself when a CMake
+# file changed).
+configure() {
+  local b=$1 log=$2 s=$3
+  shift 3
+  if [ -f "$b/CMakeCache.txt" ] && [ "$(cat "$b/.options" 2>/dev/null)" = "$*" ]; then
+    : >"$log"
+    return
+  fi
+  rm -f "$b/.options"
+  cmake -S "$s" -B "$b" "$@" >"$log" 2>&1 || { tail -30 "$log" >&2; die "configuring $b failed ($log)"; }
+  echo "$*" >"$b/.options"
+}
+
 build_config() {
   local dir=$1 cfg=$2 b=$1/$2 start=$SECONDS launcher=()
   local -a flags
   read -r -a flags <<<"$(config_flags "$cfg")"
-  if command -v ccache >/dev/null 2>&1; then
-    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
-    export CCACHE_DIR=$cache/ccache CCACHE_BASEDIR=$dir CCACHE_NOHASHDIR=1
-  fi
+  ccache_launcher "$dir"
   # ASIO_INCLUDE_DIR: mooncake-common looks for asio.hpp, which a pruned
   # yalantinglibs may lack; the asio it compiles is yalantinglibs' own.
   local -a args=(
@@ -128,26 +227,62 @@ build_config() {
     -DFETCHCONTENT_SOURCE_DIR_GOOGLETEST=/usr/src/googletest
     "${launcher[@]}"
   )
-  # Configured already with the same options: cmake --build reconfigures by
-  # itself when a CMake file changed.
-  if [ -f "$b/CMakeCache.txt" ] && [ "$(cat "$b/.options" 2>/dev/null)" = "${args[*]}" ]; then
-    : >"$b.log"
-  else
-    rm -f "$b/.options"
-    cmake -S "$dir/src/mooncake-transfer-engine" -B "$b" "${args[@]}" >"$b.log" 2>&1 ||
-      { tail -30 "$b.log" >&2; die "configuring $cfg failed ($b.log)"; }
-    echo "${args[*]}" >"$b/.options"
-  fi
+  configure "$b" "$b.log" "$dir/src/mooncake-transfer-engine" "${args[@]}"
   cmake --build "$b" -j"${JOBS:-$(nproc)}" --target transfer_engine pxn_layout_test "${MOONCAKE_TESTS[@]}" \
     >>"$b.log" 2>&1 || { grep -B2 -A12 -m3 'error' "$b.log" >&2 || tail -40 "$b.log" >&2; die "building $cfg failed ($b.log)"; }
   touch "$b/.built"
   log "$cfg built in $((SECONDS - start)) s: $b"
 }
 
+# module_name CONFIG: the module's build folder in the key folder, py-CONFIG;
+# MOONCAKE_CMAKE_ARGS, extra CMake options for the module (e.g. -DUSE_CUDA=ON),
+# add -x and 8 hex digits of their hash, which the wheel's version repeats.
+module_name() {
+  if [ -n "${MOONCAKE_CMAKE_ARGS:-}" ]; then
+    echo "py-$1-x$(printf '%s' "$MOONCAKE_CMAKE_ARGS" | sha256sum | cut -c1-8)"
+  else
+    echo "py-$1"
+  fi
+}
+
+# build_module DIR CONFIG: mooncake.engine and the libasio.so it links, from
+# Mooncake's top-level project with the transfer engine alone (no Store, no
+# EP), in DIR/$(module_name CONFIG); the same options as the engine's build
+# otherwise, then MOONCAKE_CMAKE_ARGS.
+build_module() {
+  local dir=$1 cfg=$2 b start=$SECONDS launcher=()
+  b=$dir/$(module_name "$cfg")
+  local -a flags extra
+  read -r -a flags <<<"$(config_flags "$cfg")"
+  read -r -a extra <<<"${MOONCAKE_CMAKE_ARGS:-}"
+  ccache_launcher "$dir"
+  [ -f "$dir/src/CMakeLists.txt" ] && [ -d "$dir/src/mooncake-integration/transfer_engine" ] ||
+    die "the Mooncake tree $src has no top-level CMakeLists.txt or mooncake-integration/transfer_engine: the module cannot be built from it"
+  # WITH_STORE_RUST defaults to ON and is an error without WITH_STORE.
+  local -a args=(
+    -DCMAKE_BUILD_TYPE=Release -DENABLE_DEBUG_SYMBOLS=OFF
+    -DCMAKE_PREFIX_PATH="$dir/ylt-prefix" -DASIO_INCLUDE_DIR="$dir/ylt-prefix/include"
+    -DPython3_EXECUTABLE="$python" -DPYTHON_EXECUTABLE="$python"
+    -DUSE_CUDA=OFF -DUSE_TENT=OFF -DUSE_ETCD=OFF -DUSE_REDIS=OFF -DUSE_HTTP=OFF
+    -DUSE_TCP=ON "${flags[@]}"
+    -DWITH_TE=ON -DWITH_STORE=OFF -DWITH_STORE_RUST=OFF -DWITH_EP=OFF
+    -DUSE_PXN=ON -DPXN_SOURCE_DIR="$root"
+    -DBUILD_EXAMPLES=OFF -DBUILD_BENCHMARK=OFF -DBUILD_UNIT_TESTS=OFF
+    -DFETCHCONTENT_FULLY_DISCONNECTED=ON
+    "${launcher[@]}" "${extra[@]}"
+  )
+  configure "$b" "$b.log" "$dir/src" "${args[@]}"
+  cmake --build "$b" -j"${JOBS:-$(nproc)}" --target engine >>"$b.log" 2>&1 ||
+    { grep -B2 -A12 -m3 'error' "$b.log" >&2 || tail -40 "$b.log" >&2; die "building the module ($cfg) failed ($b.log)"; }
+  touch "$b/.built"
+  log "module $cfg built in $((SECONDS - start)) s: $b"
+}
+
 cmd=${1:-build}
 [ $# -gt 0 ] && shift
 case $cmd in
   build)
+    use_src 1
     check_src
     for tool in cmake patch g++; do
       command -v "$tool" >/dev/null 2>&1 || die "$tool not found (hack/host-packages.sh install mooncake)"
@@ -163,10 +298,48 @@ case $cmd in
     ;;
   dir)
     [ $# -eq 1 ] || die "usage: $0 dir CONFIG"
+    use_src 0
     config_flags "$1" >/dev/null
     echo "$(key_dir)/$1"
     ;;
+  module)
+    use_src 1
+    check_src
+    for tool in cmake patch g++ "$python"; do
+      command -v "$tool" >/dev/null 2>&1 || die "$tool not found (hack/host-packages.sh install mooncake)"
+    done
+    dir=$(key_dir)
+    mkdir -p "$dir"
+    (flock 9 && prepare "$dir") 9>"$dir/.lock"
+    [ $# -gt 0 ] || set -- "${CONFIGS[@]}"
+    for cfg in "$@"; do
+      config_flags "$cfg" >/dev/null
+      (flock 9 && build_module "$dir" "$cfg") 9>"$dir/$(module_name "$cfg").lock"
+    done
+    ;;
+  module-dir)
+    [ $# -eq 1 ] || die "usage: $0 module-dir CONFIG"
+    use_src 0
+    config_flags "$1" >/dev/null
+    echo "$(key_dir)/$(module_name "$1")"
+    ;;
+  commit)
+    use_src 0
+    commit
+    ;;
+  source)
+    how=$(decide) || exit 1
+    case $how in tree\ *) src=${how#tree } && check_src ;; esac
+    echo "$how"
+    ;;
+  tree)
+    how=$(decide) || exit 1
+    case $how in
+      tree\ *) src=${how#tree } && check_src && echo "$src" ;;
+      *) die "no Mooncake tree yet: hack/mooncake.sh build fetches $TESTED_COMMIT into $fetched" ;;
+    esac
+    ;;
   tests) printf '%s\n' "${MOONCAKE_TESTS[@]}" ;;
   configs) printf '%s\n' "${CONFIGS[@]}" ;;
-  *) die "usage: $0 build [CONFIG...] | dir CONFIG | tests | configs" ;;
+  *) die "usage: $0 build [CONFIG...] | dir CONFIG | module [CONFIG...] | module-dir CONFIG | commit | source | tree | tests | configs" ;;
 esac

@@ -40,6 +40,7 @@ type Spec struct {
 	WorkingDir string
 	Labels     map[string]string
 	Time       time.Time // every mtime and the config's creation time
+	Base       *Base     // the image the layer goes over; nil: none
 }
 
 type descriptor struct {
@@ -187,12 +188,36 @@ func Write(out string, spec Spec, layer *Layer) (string, error) {
 		RootFS:  rootFS{Type: "layers", DiffIDs: []string{layerBlob.digest}},
 		History: []history{{Created: created, CreatedBy: "pxn hack/image"}},
 	}
+	layerDescs := []descriptor{{MediaType: mediaTypeLayer, Digest: layerBlob.digest, Size: layerBlob.size}}
+	var baseBlobs []blob
+	if b := spec.Base; b != nil {
+		if b.Config.Architecture != spec.Arch || b.Config.OS != "linux" {
+			return "", fmt.Errorf("the base image is %s/%s, the layer is for linux/%s", b.Config.OS, b.Config.Architecture, spec.Arch)
+		}
+		for _, l := range b.Layers {
+			data := b.blobs[l.Digest]
+			lb, err := writeBlob(tmp, func(w io.Writer) error { _, err := w.Write(data); return err })
+			if err != nil {
+				return "", fmt.Errorf("base layer %s: %w", l.Digest, err)
+			}
+			baseBlobs = append(baseBlobs, lb)
+		}
+		cfg.Variant = b.Config.Variant
+		cfg.Config = b.runConfig(spec)
+		cfg.RootFS.DiffIDs = append(append([]string{}, b.Config.RootFS.DiffIDs...), layerBlob.digest)
+		cfg.History = append(append([]history{}, b.Config.History...), cfg.History...)
+		layerDescs = append(append([]descriptor{}, b.Layers...), layerDescs...)
+	}
 	configBlob, err := jsonBlob(tmp, cfg)
 	if err != nil {
 		return "", err
 	}
 
-	blobs := []blob{configBlob, layerBlob}
+	blobs := append(append([]blob{configBlob}, baseBlobs...), layerBlob)
+	layerPaths := make([]string, 0, len(baseBlobs)+1)
+	for _, b := range append(baseBlobs, layerBlob) {
+		layerPaths = append(layerPaths, blobPath(b))
+	}
 	var meta []namedData
 	var id string
 	switch spec.Format {
@@ -200,7 +225,7 @@ func Write(out string, spec Spec, layer *Layer) (string, error) {
 		m, err := json.Marshal([]dockerManifest{{
 			Config:   blobPath(configBlob),
 			RepoTags: []string{familiar},
-			Layers:   []string{blobPath(layerBlob)},
+			Layers:   layerPaths,
 		}})
 		if err != nil {
 			return "", err
@@ -212,7 +237,7 @@ func Write(out string, spec Spec, layer *Layer) (string, error) {
 			SchemaVersion: 2,
 			MediaType:     mediaTypeManifest,
 			Config:        descriptor{MediaType: mediaTypeConfig, Digest: configBlob.digest, Size: configBlob.size},
-			Layers:        []descriptor{{MediaType: mediaTypeLayer, Digest: layerBlob.digest, Size: layerBlob.size}},
+			Layers:        layerDescs,
 		})
 		if err != nil {
 			return "", err

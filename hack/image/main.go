@@ -50,7 +50,7 @@ func run(args []string) error {
 	var (
 		out, name, format, user, workdir, arch string
 		adds, entrypoint, cmd, env, labels     listFlag
-		sysroot                                string
+		sysroot, base                          string
 		ldd, pause, etc, mkIndex, verify       bool
 		epoch                                  int64
 	)
@@ -61,6 +61,7 @@ func run(args []string) error {
 	fs.BoolVar(&ldd, "ldd", false, "also add the shared libraries and the loader that each added dynamic ELF file needs, as ldd resolves them on this machine")
 	fs.BoolVar(&etc, "etc", true, "add a minimal /etc/passwd, /etc/group and /etc/nsswitch.conf (root and nonroot 65532) and /tmp")
 	fs.StringVar(&sysroot, "sysroot", "", "with -ldd, for a foreign architecture: take the libraries from DIR/lib (e.g. /usr/aarch64-linux-gnu) by the files' DT_NEEDED entries instead of ldd")
+	fs.StringVar(&base, "base", "", "a one-image OCI archive the layer goes over: the image keeps its layers and configuration, -env, -entrypoint, -cmd, -user, -workdir and -label given on top; -etc defaults to false")
 	fs.BoolVar(&mkIndex, "index", false, "combine the one-platform OCI archives given as arguments into one multi-platform image -name at -o")
 	fs.BoolVar(&verify, "verify", false, "check the multi-platform archive given as the argument: platforms agree with the configs, every ELF file matches its platform")
 	fs.BoolVar(&pause, "pause", false, "build "+pausePackage+" with CGO_ENABLED=0 and make a pause image of it (/pause); run inside the module")
@@ -104,6 +105,17 @@ func run(args []string) error {
 	}
 	if out == "" || name == "" {
 		return errors.New("-o and -name are required")
+	}
+
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if base != "" {
+		if !given["etc"] {
+			etc = false
+		}
+		if !given["workdir"] {
+			workdir = ""
+		}
 	}
 
 	spec := Spec{
@@ -180,6 +192,14 @@ func run(args []string) error {
 		if err := requireStatic(files[0].Src); err != nil {
 			return err
 		}
+	}
+
+	if base != "" {
+		b, err := ReadBase(base)
+		if err != nil {
+			return err
+		}
+		spec.Base = b
 	}
 
 	layer, err := NewLayer(spec.Time)

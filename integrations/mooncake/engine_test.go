@@ -16,23 +16,20 @@ import (
 	"github.com/pxn-project/pxn/internal/testtools"
 )
 
-// mooncakeTree is MOONCAKE_TREE, else the full reference tree CI keeps
-// beside the clone: the sources hack/mooncake.sh builds the engine from.
-// Without one the engine tests skip.
+// mooncakeTree is the Mooncake tree hack/mooncake.sh builds from:
+// MOONCAKE_TREE, else the reference tree CI keeps beside the clone, else the
+// clone make mooncake fetched. Without one the engine tests skip.
 func mooncakeTree(t *testing.T, root string) string {
 	t.Helper()
-	tree := os.Getenv("MOONCAKE_TREE")
-	if tree == "" {
-		tree = filepath.Join(root, "..", "shared", "reference", "mooncake-src", "mooncake")
-	}
-	tree, err := filepath.Abs(tree)
+	cmd := exec.Command(filepath.Join(root, "hack", "mooncake.sh"), "tree")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		t.Fatal(err)
+		testtools.Missing(t, "no Mooncake tree (%v): %s; set MOONCAKE_TREE to one to build the engine with PXN's transport",
+			err, strings.TrimSpace(stderr.String()))
 	}
-	if _, err := os.Stat(filepath.Join(tree, "mooncake-transfer-engine", "CMakeLists.txt")); err != nil {
-		testtools.Missing(t, "no Mooncake tree at %s (%v): set MOONCAKE_TREE to one to build the engine with PXN's transport", tree, err)
-	}
-	return tree
+	return strings.TrimSpace(string(out))
 }
 
 // mooncakeScript runs hack/mooncake.sh with args and returns its stdout.

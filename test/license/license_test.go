@@ -19,10 +19,10 @@ const spdx = "SPDX-License-Identifier: Apache-2.0"
 
 // sourceKind reports whether path is a source file that must carry the
 // SPDX line: Go, C, C++ and CUDA sources and headers, shell scripts,
-// Makefiles, Dockerfiles and the CI entry point.
+// Python sources, Makefiles, Dockerfiles and the CI entry point.
 func sourceKind(path string) bool {
 	switch filepath.Ext(path) {
-	case ".go", ".c", ".h", ".cc", ".cpp", ".hpp", ".cu", ".sh":
+	case ".go", ".c", ".h", ".cc", ".cpp", ".hpp", ".cu", ".sh", ".py":
 		return true
 	}
 	switch filepath.Base(path) {
