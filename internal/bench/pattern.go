@@ -60,6 +60,25 @@ func checkPattern(b []byte, seed, off uint64) error {
 	return nil
 }
 
+// checkOwnOrNone checks the destination of a write that did not complete:
+// each byte is the pattern of seed at source offset off, or zero (the
+// destination was cleared before the round); any other byte is some other
+// write's.
+func checkOwnOrNone(b []byte, seed, off uint64) error {
+	const chunk = 1 << 20
+	want := make([]byte, chunk)
+	for start := 0; start < len(b); start += chunk {
+		n := min(chunk, len(b)-start)
+		fillPattern(want[:n], seed, off+uint64(start))
+		for i := 0; i < n; i++ {
+			if got := b[start+i]; got != 0 && got != want[i] {
+				return fmt.Errorf("byte %d (source offset %d, seed %d): got %#x, neither its own %#x nor untouched", start+i, off+uint64(start+i), seed, got, want[i])
+			}
+		}
+	}
+	return nil
+}
+
 // parallel runs fn over [0, n) in pieces of step bytes on every CPU and
 // returns the first error.
 func parallel(n, step uint64, fn func(a, e uint64) error) error {

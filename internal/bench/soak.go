@@ -26,9 +26,10 @@ import (
 // twice (the engine's piece counters add up, no task moved more than its
 // bytes), and every completed task's bytes right at the target; and every
 // graceful close (a restart, the end) returns no error, so no sender kept
-// a closing relay's lane past its drain. Each rank
-// writes each round into its own slot of every target, so a failed task's
-// bytes never land where a later round is checked.
+// a closing relay's lane past its drain; and every failed task's
+// destination holds its own bytes or none. Each rank writes each round into
+// its own slot of every target, cleared before the round, so a failed
+// task's late bytes never land where a later round is checked.
 //
 //	pxn-bench soak --ranks 8 --duration 10m --json soak.json
 
@@ -55,22 +56,25 @@ type SoakOptions struct {
 
 // SoakSummary is the soak's result.
 type SoakSummary struct {
-	Ranks         int            `json:"ranks"`
-	Seconds       float64        `json:"seconds"`
-	Rounds        int            `json:"rounds"`
-	Abandoned     int            `json:"abandoned_rounds"`
-	Tasks         int            `json:"tasks"`
-	Completed     int            `json:"completed"`
-	Failed        int            `json:"failed"`
-	ViaPXN        int            `json:"via_pxn"`
-	VerifiedBytes uint64         `json:"verified_bytes"`
-	Relayed       uint64         `json:"relayed_pieces"`
-	Fallback      uint64         `json:"fallback_pieces"`
-	FailedPieces  uint64         `json:"failed_pieces"`
-	Faults        map[string]int `json:"faults"`
-	FailReasons   map[string]int `json:"fail_reasons,omitempty"`
-	Violations    []string       `json:"violations"`
-	LeftFiles     []string       `json:"left_files,omitempty"`
+	Ranks         int     `json:"ranks"`
+	Seconds       float64 `json:"seconds"`
+	Rounds        int     `json:"rounds"`
+	Abandoned     int     `json:"abandoned_rounds"`
+	Tasks         int     `json:"tasks"`
+	Completed     int     `json:"completed"`
+	Failed        int     `json:"failed"`
+	ViaPXN        int     `json:"via_pxn"`
+	VerifiedBytes uint64  `json:"verified_bytes"`
+	// FailedBytesChecked are the destination bytes of failed tasks found
+	// holding their own bytes or none.
+	FailedBytesChecked uint64         `json:"failed_bytes_checked"`
+	Relayed            uint64         `json:"relayed_pieces"`
+	Fallback           uint64         `json:"fallback_pieces"`
+	FailedPieces       uint64         `json:"failed_pieces"`
+	Faults             map[string]int `json:"faults"`
+	FailReasons        map[string]int `json:"fail_reasons,omitempty"`
+	Violations         []string       `json:"violations"`
+	LeftFiles          []string       `json:"left_files,omitempty"`
 }
 
 // ParseFaults reads soak's --faults: a comma list of kill, restart and
@@ -300,6 +304,7 @@ func (s *soaker) runRank(r int) {
 		s.nextSd++
 		seed := s.nextSd
 		s.mu.Unlock()
+		s.clearSlot(r, round)
 		res, err := c.round(round, seed, 3*time.Minute)
 		if err != nil {
 			if !s.wasKilled(c.pid) {
@@ -312,6 +317,9 @@ func (s *soaker) runRank(r int) {
 			s.mu.Unlock()
 			c.kill()
 			c = nil
+			// The killed rank's Pieces may still land in this round's
+			// slot: the next round takes the next one.
+			round++
 			continue
 		}
 		s.check(r, round, seed, res)
@@ -342,13 +350,26 @@ func (s *soaker) wasKilled(pid int) bool {
 	return s.killed[pid]
 }
 
+// clearSlot zeroes what rank r writes in round, in every other rank's
+// target, so that a failed task's destination can be told untouched.
+func (s *soaker) clearSlot(r, round int) {
+	slot := uint64(round % s.o.Slots)
+	n := uint64(s.o.PerTarget) * s.o.Block
+	off := (uint64(r)*uint64(s.o.Slots) + slot) * n
+	for k := range s.tgt {
+		if k != r {
+			clear(s.tgt[k][off : off+n])
+		}
+	}
+}
+
 // check verifies one finished round of rank r.
 func (s *soaker) check(r, round int, seed uint64, res *soakMsg) {
 	if res.Pending > 0 {
 		s.violation("rank %d round %d: %d tasks still pending after the round's bound (lost or hung)", r, round, res.Pending)
 	}
 	viaPXN := 0
-	var verified uint64
+	var verified, failedChecked uint64
 	for _, t := range res.Tasks {
 		if t.Route == "pxn" {
 			viaPXN++
@@ -367,6 +388,11 @@ func (s *soaker) check(r, round int, seed uint64, res *soakMsg) {
 			if t.Transferred > t.Len {
 				s.violation("rank %d round %d task %+v: failed after moving %d of %d bytes (a slice finished twice)", r, round, t, t.Transferred, t.Len)
 			}
+			off := t.Dst - soakBase(t.Target)
+			if err := checkOwnOrNone(s.tgt[t.Target][off:off+t.Len], seed, t.Src); err != nil {
+				s.violation("rank %d round %d task to rail %d at %#x (%s): failed and its destination holds another write's bytes: %v", r, round, t.Target, t.Dst, t.Route, err)
+			}
+			failedChecked += t.Len
 		default:
 			s.violation("rank %d round %d task %+v: state %s after the round", r, round, t, t.State)
 		}
@@ -382,6 +408,7 @@ func (s *soaker) check(r, round int, seed uint64, res *soakMsg) {
 	s.sum.Tasks += len(res.Tasks)
 	s.sum.ViaPXN += viaPXN
 	s.sum.VerifiedBytes += verified
+	s.sum.FailedBytesChecked += failedChecked
 	s.sum.Relayed += k.RelayedPieces
 	s.sum.Fallback += k.FallbackPieces
 	s.sum.FailedPieces += k.FailedPieces
