@@ -82,6 +82,7 @@ func TestFuzzTargetsFound(t *testing.T) {
 		"pkg/staging/registry":         {"FuzzArenaSocketAnswer", "FuzzDecodeFDRequest", "FuzzDecodeHeader", "FuzzHostHandleName", "FuzzHostOpenFD", "FuzzReadRefusals"},
 		"pkg/staging/registry/inspect": {"FuzzStatsReport"},
 		"pkg/dra":                      {"FuzzCheckpoint", "FuzzDecodeRelayConfig", "FuzzPrepareAllocation"},
+		"pkg/gpu":                      {"FuzzOpenIPCHandle"},
 	} {
 		for _, name := range want {
 			if !slices.Contains(targets[pkg], name) {
