@@ -83,6 +83,7 @@ func TestFuzzTargetsFound(t *testing.T) {
 		"pkg/staging/registry/inspect": {"FuzzStatsReport"},
 		"pkg/dra":                      {"FuzzCheckpoint", "FuzzDecodeRelayConfig", "FuzzPrepareAllocation"},
 		"pkg/gpu":                      {"FuzzOpenIPCHandle"},
+		"cmd/libpxn":                   {"FuzzOpen"},
 	} {
 		for _, name := range want {
 			if !slices.Contains(targets[pkg], name) {
