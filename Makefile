@@ -137,6 +137,8 @@ bench:
 bench-baseline:
 	@hack/bench-baseline.sh
 
+# Every fuzz target, one after another: FUZZTIME=60s make fuzz for a
+# minute each (default 200000x), FUZZ_PKGS to pick packages.
 fuzz:
 	@hack/fuzz.sh
 

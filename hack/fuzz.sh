@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Runs every fuzz target of the module, one after another.
-#   FUZZTIME   how long each target runs (default 200000x: a count, since
-#              timed runs can stall under heavy load on Go 1.26)
+#   FUZZTIME   how long each target runs: a count of executions (200000x,
+#              the default, since timed runs can stall under heavy load on
+#              Go 1.26) or a duration (FUZZTIME=60s)
 #   FUZZ_PKGS  packages to search (default ./...)
+# go test ./... runs each target for 2000 executions (test/fuzz).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fuzztime=${FUZZTIME:-200000x}

@@ -23,6 +23,25 @@ const CDIKind = DriverName + "/relay"
 // cdiDeviceID is the qualified CDI name of a claim's device.
 func cdiDeviceID(uid types.UID) string { return CDIKind + "=" + string(uid) }
 
+// maxClaimUID bounds a claim UID: the API server's are 36-byte UUIDs.
+const maxClaimUID = 128
+
+// checkClaimUID refuses a UID that cannot name a CDI device and a file in
+// the CDI and owners folders: anything but 1 to maxClaimUID letters,
+// digits, '-', '_' and '.', starting with a letter or digit.
+func checkClaimUID(uid types.UID) error {
+	ok := len(uid) > 0 && len(uid) <= maxClaimUID
+	for i := 0; ok && i < len(uid); i++ {
+		c := uid[i]
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		ok = alnum || i > 0 && (c == '-' || c == '_' || c == '.')
+	}
+	if !ok {
+		return fmt.Errorf("claim UID %q: want 1 to %d letters, digits, '-', '_' or '.', starting with a letter or digit", uid, maxClaimUID)
+	}
+	return nil
+}
+
 // cdiSpecPath is the file of a claim's CDI spec in cdiDir.
 func cdiSpecPath(cdiDir string, uid types.UID) string {
 	return filepath.Join(cdiDir, DriverName+"-relay_"+string(uid)+".json")

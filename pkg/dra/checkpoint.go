@@ -11,6 +11,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	"github.com/pxn-project/pxn/pkg/contract"
 )
 
 // CheckpointFile is the name of the checkpoint in the state folder.
@@ -78,6 +80,16 @@ func loadCheckpoint(stateDir string) (map[types.UID]preparedClaim, error) {
 	}
 	if cp.Claims == nil {
 		cp.Claims = map[types.UID]preparedClaim{}
+	}
+	// What Unprepare removes is named by these: a checkpoint that names
+	// anything outside the driver's folders is refused, not acted on.
+	for uid, pc := range cp.Claims {
+		if err := checkClaimUID(uid); err != nil {
+			return nil, fmt.Errorf("checkpoint %s: %w", path, err)
+		}
+		if pc.Group != "" && !contract.IsGroupKey(pc.Group) {
+			return nil, fmt.Errorf("checkpoint %s: claim %s names group %q, not a group key", path, uid, pc.Group)
+		}
 	}
 	return cp.Claims, nil
 }

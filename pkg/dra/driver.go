@@ -206,6 +206,9 @@ func (d *Driver) plan(ctx context.Context, claim *resourceapi.ResourceClaim) (pr
 	if err := checkConfigs(alloc.Config); err != nil {
 		return preparedClaim{}, err
 	}
+	if err := checkClaimUID(claim.UID); err != nil {
+		return preparedClaim{}, err
+	}
 	pc := preparedClaim{Namespace: claim.Namespace, Name: claim.Name, Devices: devs}
 	if admin > 0 {
 		pc.Edits = edits{Mount: group.Mount{HostPath: d.groupsDir, ContainerPath: d.cfg.Member.RegistryRoot, ReadOnly: true}}
