@@ -193,7 +193,7 @@ func FuzzHostHandleName(f *testing.F) {
 		if strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
 			t.Fatalf("handle %q accepted as %q, which leaves the directory", h, name)
 		}
-		back, err := (&hostArena{name: name}).Export()
+		back, err := (&fileArena{name: name}).Export()
 		if err != nil {
 			t.Fatalf("handle %q accepted as %q, which does not export: %v", h, name, err)
 		}
@@ -207,6 +207,10 @@ func FuzzHostHandleName(f *testing.F) {
 const (
 	fdPrivateFile = iota
 	fdSharedFile  // mode 0644
+	// fdSealedMemfd is a memfd sealed as an arena is; fdHalfSealedMemfd
+	// lacks the grow seal.
+	fdSealedMemfd
+	fdHalfSealedMemfd
 	fdPipe
 	fdSocket
 	fdDirectory
@@ -215,9 +219,13 @@ const (
 
 // FuzzHostOpenFD hands the host arena's OpenFD what a descriptor passed
 // over the arena socket could be, with the size the answer claimed. It maps
-// only a private regular file at least as large as an arena when the size
-// is exactly an arena's; anything else is an error naming the descriptor.
+// only a private memfd sealed against shrinking and growing, at least as
+// large as an arena, when the size is exactly an arena's; anything else
+// (an unsealed file among them) is an error naming the descriptor.
 func FuzzHostOpenFD(f *testing.F) {
+	f.Add(uint8(fdSealedMemfd), uint64(staging.ArenaSize), uint64(staging.ArenaSize))
+	f.Add(uint8(fdHalfSealedMemfd), uint64(staging.ArenaSize), uint64(staging.ArenaSize))
+	f.Add(uint8(fdSealedMemfd), uint64(staging.ArenaSize), uint64(staging.ArenaSize-1))
 	f.Add(uint8(fdPrivateFile), uint64(staging.ArenaSize), uint64(staging.ArenaSize))
 	f.Add(uint8(fdPrivateFile), uint64(staging.ArenaSize), uint64(staging.ArenaSize-1))
 	f.Add(uint8(fdPrivateFile), uint64(staging.ArenaSize+1), uint64(staging.ArenaSize+1))
@@ -236,7 +244,7 @@ func FuzzHostOpenFD(f *testing.F) {
 		fd := openFuzzDescriptor(t, dir, kind, fileSize)
 		defer unix.Close(fd)
 		pa, err := HostArenas{}.OpenFD(fd, size)
-		accept := kind == fdPrivateFile && size == staging.ArenaSize && fileSize >= size
+		accept := kind == fdSealedMemfd && size == staging.ArenaSize && fileSize >= size
 		if err != nil {
 			if accept {
 				t.Fatalf("a private file of %d bytes, size %d: %v", fileSize, size, err)
@@ -274,6 +282,28 @@ func openFuzzDescriptor(t *testing.T, dir string, kind uint8, fileSize uint64) i
 		if err := unix.Ftruncate(fd, int64(fileSize)); err != nil {
 			unix.Close(fd)
 			t.Fatalf("ftruncate to %d: %v", fileSize, err)
+		}
+		return fd
+	case fdSealedMemfd, fdHalfSealedMemfd:
+		fd, err := unix.MemfdCreate("pxn-fuzz-arena", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Fchmod(fd, 0o600); err != nil {
+			unix.Close(fd)
+			t.Fatal(err)
+		}
+		if err := unix.Ftruncate(fd, int64(fileSize)); err != nil {
+			unix.Close(fd)
+			t.Fatalf("ftruncate to %d: %v", fileSize, err)
+		}
+		seals := unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
+		if kind == fdHalfSealedMemfd {
+			seals = unix.F_SEAL_SHRINK
+		}
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, seals); err != nil {
+			unix.Close(fd)
+			t.Fatal(err)
 		}
 		return fd
 	case fdPipe:
