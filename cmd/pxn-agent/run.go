@@ -78,6 +78,7 @@ func (c *runConfig) complete() error {
 	}
 	c.opts.Discoverer = c.rail.Discoverer()
 	c.opts.MetricsBindAddress, c.opts.HealthProbeBindAddress = c.endpoints.Metrics, c.endpoints.Health
+	c.opts.MetricsSecure = c.endpoints.MetricsSecure
 	if slices.ContainsFunc(c.ranks.ShmDirs, func(d string) bool { return d != "" }) {
 		if c.ranks.StaleAfter <= 0 {
 			return cli.FlagError("rank-stale-after", c.ranks.StaleAfter, errors.New("must be positive"))

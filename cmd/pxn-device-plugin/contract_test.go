@@ -53,7 +53,7 @@ func TestRoCESubnetNodeGetsPXN(t *testing.T) {
 
 	k.setPods(podRes("serving", "prefill-0", resource, map[string][]string{"main": {"pxn-relay-05"}}))
 	preStart(t, c, "pxn-relay-05")
-	group := p.group(group.Key("serving", group.SourcePodName, "prefill-0"))
+	group := p.group(p.key(t, "serving", group.SourcePodName, "prefill-0"))
 	if target := readLink(t, got.Mounts[0].HostPath); target != group {
 		t.Fatalf("mount source %s → %s, want the group folder %s", got.Mounts[0].HostPath, target, group)
 	}

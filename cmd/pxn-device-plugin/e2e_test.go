@@ -133,7 +133,7 @@ func TestRegisterListAllocatePreStart(t *testing.T) {
 
 	k.setPods(podRes("team-a", "rank-0", resource, map[string][]string{"main": {"pxn-relay-03", "pxn-relay-07"}}))
 	preStart(t, c, "pxn-relay-03", "pxn-relay-07")
-	dir := p.group(group.Key("team-a", group.SourcePodName, "rank-0"))
+	dir := p.group(p.key(t, "team-a", group.SourcePodName, "rank-0"))
 	groupDirMode(t, dir)
 	for _, id := range []string{"pxn-relay-03", "pxn-relay-07"} {
 		if target := readLink(t, p.slot(id)); target != dir {
@@ -238,14 +238,14 @@ func TestGroupLabelSharesDirectory(t *testing.T) {
 	for i := range links {
 		links[i] = readLink(t, p.slot(fmt.Sprintf("pxn-relay-%02d", i)))
 	}
-	if want := p.group(group.Key("team-a", group.SourceLabel, "job-1")); links[0] != want || links[1] != want {
+	if want := p.group(p.key(t, "team-a", group.SourceLabel, "job-1")); links[0] != want || links[1] != want {
 		t.Fatalf("pods labelled %s=job-1 in team-a: %s and %s, want both %s", deviceplugin.GroupLabel, links[0], links[1], want)
 	}
 	groupDirMode(t, links[0])
 	if links[2] == links[0] {
 		t.Fatal("another job shares job-1's directory")
 	}
-	if want := p.group(group.Key("team-a", group.SourceUID, uids["team-a/solo"])); links[3] != want {
+	if want := p.group(p.key(t, "team-a", group.SourceUID, uids["team-a/solo"])); links[3] != want {
 		t.Fatalf("unlabelled pod: %s, want its UID's group %s", links[3], want)
 	}
 	if links[4] == links[0] {

@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
 	"github.com/pxn-project/pxn/internal/cli"
@@ -143,7 +144,7 @@ func (o *options) run(ctx context.Context) error {
 		return err
 	}
 	defer pods.Close()
-	api, err := apiPods(o.kubeconfig)
+	api, apiConfig, err := apiPods(o.kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -169,7 +170,7 @@ func (o *options) run(ctx context.Context) error {
 		cancel()
 		wg.Wait()
 	}()
-	if err := o.endpoints.Serve(ctx, &wg, reg, server.Registered); err != nil {
+	if err := o.endpoints.Serve(ctx, &wg, reg, server.Registered, apiConfig); err != nil {
 		return err
 	}
 	wg.Go(func() { monitor.Run(ctx) })
@@ -181,18 +182,18 @@ func (o *options) run(ctx context.Context) error {
 
 // apiPods returns a pod reader for the API server, or nil without API access:
 // no --kubeconfig and not running in a pod.
-func apiPods(kubeconfig string) (deviceplugin.PodGetter, error) {
+func apiPods(kubeconfig string) (deviceplugin.PodGetter, *rest.Config, error) {
 	cfg, err := daemon.RESTConfig(kubeconfig, "pxn-device-plugin")
 	if errors.Is(err, daemon.ErrNoAPIServer) {
 		klog.InfoS("No API server access; groups are keyed by pod name", "reason", err.Error())
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("API client: %w", err)
+		return nil, nil, fmt.Errorf("API client: %w", err)
 	}
-	return deviceplugin.NewClientPodGetter(client), nil
+	return deviceplugin.NewClientPodGetter(client), cfg, nil
 }

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pxn-project/pxn/pkg/group"
 )
 
 var pluginBin string
@@ -161,6 +163,17 @@ func (p *plugin) stop() error {
 func (p *plugin) slot(id string) string { return filepath.Join(p.stateDir, "slots", id) }
 
 func (p *plugin) group(key string) string { return filepath.Join(p.shmDir, "groups", key) }
+
+// key is the group key the plugin gives, with the secret in its state
+// folder.
+func (p *plugin) key(t testing.TB, ns, source, identity string) string {
+	t.Helper()
+	k, err := group.LoadKeyer(p.stateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k.Key(ns, source, identity)
+}
 
 // eventually polls cond until it holds or the deadline passes.
 func eventually(t testing.TB, within time.Duration, what string, cond func() bool) {

@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
 	"github.com/pxn-project/pxn/internal/cli"
@@ -109,7 +110,7 @@ It runs until it is stopped (SIGTERM).`,
 
 func (o *options) run(ctx context.Context) error {
 	log := klog.Background()
-	client, err := apiClient(o.kubeconfig)
+	client, apiConfig, err := apiClient(o.kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -136,7 +137,7 @@ func (o *options) run(ctx context.Context) error {
 		cancel()
 		wg.Wait()
 	}()
-	if err := o.endpoints.Serve(ctx, &wg, daemon.ProcessRegistry(), driver.Registered); err != nil {
+	if err := o.endpoints.Serve(ctx, &wg, daemon.ProcessRegistry(), driver.Registered, apiConfig); err != nil {
 		return err
 	}
 	wg.Go(func() { monitor.Run(ctx) })
@@ -144,14 +145,14 @@ func (o *options) run(ctx context.Context) error {
 }
 
 // apiClient is the API client; the driver cannot work without one.
-func apiClient(kubeconfig string) (kubernetes.Interface, error) {
+func apiClient(kubeconfig string) (kubernetes.Interface, *rest.Config, error) {
 	cfg, err := daemon.RESTConfig(kubeconfig, "pxn-dra-plugin")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("API client: %w", err)
+		return nil, nil, fmt.Errorf("API client: %w", err)
 	}
-	return client, nil
+	return client, cfg, nil
 }

@@ -9,6 +9,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -39,11 +40,20 @@ func ProcessRegistry() *prometheus.Registry {
 	return reg
 }
 
-// ServeMetrics serves reg at /metrics on addr until ctx ends (ServeHTTP).
-func ServeMetrics(ctx context.Context, wg *sync.WaitGroup, addr string, reg *prometheus.Registry) error {
+// ServeMetrics serves reg at /metrics on addr until ctx ends (ServeHTTP):
+// over plain HTTP to anyone when api is nil, else over HTTPS to callers the
+// API server at api authenticates and authorizes (SecureMetrics).
+func ServeMetrics(ctx context.Context, wg *sync.WaitGroup, addr string, reg *prometheus.Registry, api *rest.Config) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	return ServeHTTP(ctx, wg, "metrics", addr, mux)
+	if api == nil {
+		return ServeHTTP(ctx, wg, "metrics", addr, mux)
+	}
+	h, tlsConfig, err := SecureMetrics(api, mux, klog.Background().WithName("metrics"))
+	if err != nil {
+		return err
+	}
+	return serve(ctx, wg, "metrics (authenticated, HTTPS)", addr, h, tlsConfig)
 }
 
 // ErrNoAPIServer is why RESTConfig has no configuration: no kubeconfig was
@@ -86,9 +96,17 @@ func Probes(registered func() bool) http.Handler {
 // ServeHTTP serves h on addr until ctx ends; wg covers the server's
 // goroutines. what names the endpoint in errors and log lines.
 func ServeHTTP(ctx context.Context, wg *sync.WaitGroup, what, addr string, h http.Handler) error {
+	return serve(ctx, wg, what, addr, h, nil)
+}
+
+// serve is ServeHTTP, over TLS when tlsConfig is not nil.
+func serve(ctx context.Context, wg *sync.WaitGroup, what, addr string, h http.Handler, tlsConfig *tls.Config) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("%s listener: %w", what, err)
+	}
+	if tlsConfig != nil {
+		ln = tls.NewListener(ln, tlsConfig)
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	wg.Go(func() {

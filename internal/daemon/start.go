@@ -4,6 +4,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"io"
 	"os"
 	"os/signal"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
 	"github.com/pxn-project/pxn/internal/cli"
@@ -50,6 +52,9 @@ func RunE(ctx context.Context, name string, validate func() error, run func(cont
 // Endpoints are the addresses of a daemon's metrics and health probes.
 type Endpoints struct {
 	Metrics, Health string
+	// MetricsSecure serves /metrics over HTTPS to authenticated and
+	// authorized callers only (SecureMetrics).
+	MetricsSecure bool
 }
 
 // Bind adds --metrics-bind-address and --health-probe-bind-address, with
@@ -58,13 +63,23 @@ type Endpoints struct {
 func (e *Endpoints) Bind(fs *pflag.FlagSet, metrics, health string) {
 	fs.StringVar(&e.Metrics, "metrics-bind-address", metrics, `address of the Prometheus /metrics endpoint; "0" disables it`)
 	fs.StringVar(&e.Health, "health-probe-bind-address", health, `address of /healthz (the process serves) and /readyz (the daemon is ready); "0" disables them`)
+	fs.BoolVar(&e.MetricsSecure, "metrics-secure", false, "serve /metrics over HTTPS (a self-signed certificate) only to callers whose bearer token the API server authenticates (TokenReview) and authorizes to get /metrics (SubjectAccessReview); needs API server access")
 }
 
 // Serve serves reg at /metrics and the probes, /readyz answering ready,
 // on the addresses that are not off, until ctx ends; wg covers the servers.
-func (e Endpoints) Serve(ctx context.Context, wg *sync.WaitGroup, reg *prometheus.Registry, ready func() bool) error {
+// api is the API server that reviews metrics callers with MetricsSecure;
+// without it MetricsSecure is an error.
+func (e Endpoints) Serve(ctx context.Context, wg *sync.WaitGroup, reg *prometheus.Registry, ready func() bool, api *rest.Config) error {
 	if Serves(e.Metrics) {
-		if err := ServeMetrics(ctx, wg, e.Metrics, reg); err != nil {
+		var reviewer *rest.Config
+		if e.MetricsSecure {
+			if api == nil {
+				return errors.New("--metrics-secure needs API server access (--kubeconfig, or running in a pod) to review callers")
+			}
+			reviewer = api
+		}
+		if err := ServeMetrics(ctx, wg, e.Metrics, reg, reviewer); err != nil {
 			return err
 		}
 	}

@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -69,6 +70,10 @@ type Options struct {
 	AgentVersion string
 	// MetricsBindAddress serves /metrics; "0" disables it.
 	MetricsBindAddress string
+	// MetricsSecure serves /metrics over HTTPS to callers the API server
+	// authenticates and authorizes only (controller-runtime's metrics
+	// filters).
+	MetricsSecure bool
 	// HealthProbeBindAddress serves /healthz and /readyz; "0" disables it.
 	HealthProbeBindAddress string
 	// Registerer receives the agent's metrics; nil means controller-runtime's
@@ -167,7 +172,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	mgr, err := manager.New(cfg, manager.Options{
 		Scheme:                 scheme,
 		Logger:                 logger,
-		Metrics:                metricsserver.Options{BindAddress: opts.MetricsBindAddress},
+		Metrics:                metricsOptions(opts),
 		HealthProbeBindAddress: opts.HealthProbeBindAddress,
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&corev1.Node{}: {Field: fields.OneTermEqualSelector("metadata.name", opts.NodeName)},
@@ -221,4 +226,16 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	}
 	logger.Info("Watching the node and its PxnRailMap", "resync", opts.Resync)
 	return mgr.Start(ctx)
+}
+
+// metricsOptions serves /metrics plainly, or, with MetricsSecure, over HTTPS
+// (a self-signed certificate) behind a TokenReview and a
+// SubjectAccessReview of every caller.
+func metricsOptions(opts Options) metricsserver.Options {
+	o := metricsserver.Options{BindAddress: opts.MetricsBindAddress}
+	if opts.MetricsSecure {
+		o.SecureServing = true
+		o.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	return o
 }

@@ -200,8 +200,8 @@ func TestRankMetricsBoundAHostileGroup(t *testing.T) {
 		t.Skipf("no /dev/shm: %v", err)
 	}
 	t.Cleanup(func() { os.RemoveAll(shm) })
-	hostile := group.Key("evil", group.SourceUID, "x")
-	other := group.Key("good", group.SourceUID, "y")
+	hostile := group.UnkeyedKey("evil", group.SourceUID, "x")
+	other := group.UnkeyedKey("good", group.SourceUID, "y")
 	groups := contract.GroupsDir(shm)
 	for _, k := range []string{hostile, other} {
 		if err := os.MkdirAll(filepath.Join(groups, k), 0o777); err != nil {
@@ -280,7 +280,7 @@ func TestRankMetricsRefusedAndStale(t *testing.T) {
 		t.Skipf("no /dev/shm: %v", err)
 	}
 	t.Cleanup(func() { os.RemoveAll(shm) })
-	job := group.Key("team-a", group.SourceLabel, "job-a")
+	job := group.UnkeyedKey("team-a", group.SourceLabel, "job-a")
 	dir := filepath.Join(contract.GroupsDir(shm), job)
 	bench := filepath.Join(dir, "bench-registry")
 	if err := os.MkdirAll(bench, 0o777); err != nil {

@@ -62,11 +62,11 @@ func (failingPods) List(context.Context) (*podresourcesv1.ListPodResourcesRespon
 // not named; a corrupt record names nobody and counts as a read error.
 func TestRankMetricsOfDRAClaims(t *testing.T) {
 	dp, dra := shmDir(t, "pxn-agent-dp-"), shmDir(t, "pxn-agent-dra-")
-	slot := group.Key("team-a", group.SourceUID, "a-uid")
-	own := group.Key("team-d", group.SourceClaim, "uid-own")
-	shared := group.Key("team-d", group.SourceClaim, "uid-shared")
-	gone := group.Key("team-d", group.SourceClaim, "uid-gone")
-	corrupt := group.Key("team-d", group.SourceClaim, "uid-corrupt")
+	slot := group.UnkeyedKey("team-a", group.SourceUID, "a-uid")
+	own := group.UnkeyedKey("team-d", group.SourceClaim, "uid-own")
+	shared := group.UnkeyedKey("team-d", group.SourceClaim, "uid-shared")
+	gone := group.UnkeyedKey("team-d", group.SourceClaim, "uid-gone")
+	corrupt := group.UnkeyedKey("team-d", group.SourceClaim, "uid-corrupt")
 
 	registerRank(t, groupDir(t, dp, slot), "rail0", "mlx5_0")
 	writeOwner(t, dp, slot, group.OwnerSlotPrefix+"dev-0", group.Owner{Namespace: "team-a", Pods: []string{"a-0"}})
@@ -135,7 +135,7 @@ func TestRankMetricsOfDRAClaims(t *testing.T) {
 // the bound are left unread and counted.
 func TestRankMetricsBoundOwnerRecords(t *testing.T) {
 	shm := shmDir(t, "pxn-agent-owners-")
-	key := group.Key("team-e", group.SourceLabel, "big")
+	key := group.UnkeyedKey("team-e", group.SourceLabel, "big")
 	registerRank(t, groupDir(t, shm, key), "rail0", "mlx5_0")
 	const records, bound = 258, 256
 	for i := range records {

@@ -263,8 +263,8 @@ func newRankNode(t *testing.T) *rankNode {
 	}
 	t.Cleanup(func() { os.RemoveAll(shm) })
 	n := &rankNode{shm: shm,
-		jobA: group.Key("team-a", group.SourceLabel, "job-a"),
-		jobB: group.Key("team-b", group.SourceUID, "0b9e0bd2-pod")}
+		jobA: group.UnkeyedKey("team-a", group.SourceLabel, "job-a"),
+		jobB: group.UnkeyedKey("team-b", group.SourceUID, "0b9e0bd2-pod")}
 	for dev, key := range map[string]string{"dev-0": n.jobA, "dev-1": n.jobA, "dev-2": n.jobB} {
 		dir := filepath.Join(contract.GroupsDir(shm), key)
 		if err := os.MkdirAll(dir, 0o777); err != nil {

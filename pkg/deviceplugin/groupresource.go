@@ -257,8 +257,20 @@ func (r *GroupResource) locate(ctx context.Context, deviceIDs []string) (contain
 // from the API server; without API access, by the pod's name. A configured but
 // failing API server fails the call rather than splitting a job.
 func (r *GroupResource) groupKey(ctx context.Context, ref containerRef) (key, source string, err error) {
+	source, identity, err := r.groupIdentity(ctx, ref)
+	if err != nil {
+		return "", "", err
+	}
+	key, err = r.store.GroupKey(ref.Namespace, source, identity, time.Now())
+	if err != nil {
+		return "", "", status.Errorf(codes.Internal, "group of pod %s/%s: %v", ref.Namespace, ref.Pod, err)
+	}
+	return key, source, nil
+}
+
+func (r *GroupResource) groupIdentity(ctx context.Context, ref containerRef) (source, identity string, err error) {
 	if r.api == nil {
-		return group.Key(ref.Namespace, group.SourcePodName, ref.Pod), group.SourcePodName, nil
+		return group.SourcePodName, ref.Pod, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.APITimeout)
 	defer cancel()
@@ -267,12 +279,12 @@ func (r *GroupResource) groupKey(ctx context.Context, ref containerRef) (key, so
 		return "", "", status.Errorf(codes.Unavailable, "read pod %s/%s: %v", ref.Namespace, ref.Pod, err)
 	}
 	if g := pod.Labels[GroupLabel]; g != "" {
-		return group.Key(ref.Namespace, group.SourceLabel, g), group.SourceLabel, nil
+		return group.SourceLabel, g, nil
 	}
 	if pod.UID == "" {
 		return "", "", status.Errorf(codes.Internal, "pod %s/%s has no UID", ref.Namespace, ref.Pod)
 	}
-	return group.Key(ref.Namespace, group.SourceUID, string(pod.UID)), group.SourceUID, nil
+	return group.SourceUID, string(pod.UID), nil
 }
 
 // CollectGarbage removes slot links of unassigned devices and group

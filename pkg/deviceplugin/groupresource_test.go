@@ -213,12 +213,12 @@ func TestPreStartContainer(t *testing.T) {
 		if pods.calls <= pods.lag {
 			t.Fatal("the lagging PodResources view was not retried")
 		}
-		assertLink(t, store, "pxn-relay-00", group.Key("a", group.SourceLabel, "job"))
-		assertLink(t, store, "pxn-relay-01", group.Key("a", group.SourceLabel, "job"))
-		assertLink(t, store, "pxn-relay-02", group.Key("b", group.SourceLabel, "job"))
-		assertLink(t, store, "pxn-relay-03", group.Key("a", group.SourceUID, "uid-3"))
-		assertLink(t, store, "pxn-relay-04", group.Key("a", group.SourceUID, "uid-3"))
-		key := group.Key("a", group.SourceLabel, "job")
+		assertLink(t, store, "pxn-relay-00", store.keys.Key("a", group.SourceLabel, "job"))
+		assertLink(t, store, "pxn-relay-01", store.keys.Key("a", group.SourceLabel, "job"))
+		assertLink(t, store, "pxn-relay-02", store.keys.Key("b", group.SourceLabel, "job"))
+		assertLink(t, store, "pxn-relay-03", store.keys.Key("a", group.SourceUID, "uid-3"))
+		assertLink(t, store, "pxn-relay-04", store.keys.Key("a", group.SourceUID, "uid-3"))
+		key := store.keys.Key("a", group.SourceLabel, "job")
 		for dev, pod := range map[string]string{"pxn-relay-00": "p0", "pxn-relay-01": "p1"} {
 			o, err := group.ReadOwner(filepath.Join(store.ownersDir, group.OwnerRecordName(key, group.OwnerSlotPrefix+dev)))
 			if err != nil || o.Namespace != "a" || !reflect.DeepEqual(o.Pods, []string{pod}) {
@@ -234,8 +234,8 @@ func TestPreStartContainer(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		assertLink(t, store, "pxn-relay-00", group.Key("a", group.SourcePodName, "p0"))
-		assertLink(t, store, "pxn-relay-02", group.Key("b", group.SourcePodName, "p0"))
+		assertLink(t, store, "pxn-relay-00", store.keys.Key("a", group.SourcePodName, "p0"))
+		assertLink(t, store, "pxn-relay-02", store.keys.Key("b", group.SourcePodName, "p0"))
 	})
 
 	t.Run("unknown pod", func(t *testing.T) {
@@ -269,7 +269,7 @@ func TestCollectGarbageKeepsEverythingWhenKubeletIsDown(t *testing.T) {
 	if err := r.CollectGarbage(context.Background(), 0, time.Minute); err == nil {
 		t.Fatal("collection succeeded without PodResources")
 	}
-	assertLink(t, store, "pxn-relay-00", group.Key("a", group.SourcePodName, "p0"))
+	assertLink(t, store, "pxn-relay-00", store.keys.Key("a", group.SourcePodName, "p0"))
 }
 
 // TestCollectGarbageWaitsForARestartedKubelet: a kubelet that has just
@@ -282,7 +282,7 @@ func TestCollectGarbageWaitsForARestartedKubelet(t *testing.T) {
 	if err := r.PreStartContainer(context.Background(), []string{"pxn-relay-00"}); err != nil {
 		t.Fatal(err)
 	}
-	key := group.Key("a", group.SourcePodName, "p0")
+	key := store.keys.Key("a", group.SourcePodName, "p0")
 	pods.set() // the restarted kubelet has not admitted p0 again
 	for _, tc := range []struct {
 		name    string

@@ -19,10 +19,11 @@ import (
 )
 
 // Store owns the slot links (<state-dir>/slots/<device-id>), the group
-// directories (<shm-dir>/groups/<key>) they point to, and one owner record
-// per slot link (group.OwnerSlotPrefix) naming the pod that holds the
-// device. Link and Collect are serialized so a link made while a collection
-// runs is never removed by it.
+// directories (<shm-dir>/groups/<key>) they point to, one owner record per
+// slot link (group.OwnerSlotPrefix) naming the pod that holds the device,
+// and the secret group keys are made with (<state-dir>/group.SecretFile).
+// GroupKey, Link and Collect are serialized so a folder found or linked
+// while a collection runs is never removed by it.
 type Store struct {
 	stateDir  string
 	shmDir    string
@@ -31,6 +32,7 @@ type Store struct {
 	ownersDir string
 
 	log       klog.Logger
+	keys      *group.Keyer // set by Prepare
 	mu        sync.Mutex
 	linked    map[string]time.Time // device ID → when Link last pointed it
 	groupSeen map[string]time.Time // group key → when last referenced by a slot link
@@ -58,10 +60,42 @@ func (s *Store) SlotPath(deviceID string) string { return filepath.Join(s.slotsD
 func (s *Store) GroupPath(key string) string { return filepath.Join(s.groupsDir, key) }
 
 // Prepare creates the state and shm folders and checks that nobody but this
-// process's user can write to them: group directories are created and removed
-// below them by path.
+// process's user can write to them: group directories are created and
+// removed below them by path. The folders of slot links, group directories
+// and owner records are closed to everyone else, and the key secret is
+// read, or made on a first start.
 func (s *Store) Prepare() error {
-	return group.MakePrivateDirs(s.stateDir, s.slotsDir, s.shmDir, s.groupsDir, s.ownersDir)
+	if err := group.MakePrivateDirs(s.stateDir, s.shmDir); err != nil {
+		return err
+	}
+	if err := group.MakeClosedDirs(s.slotsDir, s.groupsDir, s.ownersDir); err != nil {
+		return err
+	}
+	keys, err := group.LoadKeyer(s.stateDir)
+	if err != nil {
+		return err
+	}
+	s.keys = keys
+	return nil
+}
+
+// GroupKey is the key of the group directory of (namespace, source,
+// identity): group.Keyer.FolderKey. A directory it finds is kept from
+// collection for the grace period, so the Link that follows finds it still.
+func (s *Store) GroupKey(namespace, source, identity string, now time.Time) (string, error) {
+	if s.keys == nil {
+		return "", errors.New("group store used before Prepare")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	key, err := s.keys.FolderKey(s.groupsDir, namespace, source, identity)
+	if err != nil {
+		return "", err
+	}
+	if _, ok := s.groupSeen[key]; ok {
+		s.groupSeen[key] = now
+	}
+	return key, nil
 }
 
 // Link creates the group directory of key, atomically points the slot link

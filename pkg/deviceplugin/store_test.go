@@ -38,7 +38,7 @@ func assertLink(t *testing.T, s *Store, id, key string) {
 
 func TestLinkCreatesWorldWritableStickyGroupDir(t *testing.T) {
 	s := newTestStore(t)
-	key := group.Key("ns", group.SourceUID, "u1")
+	key := s.keys.Key("ns", group.SourceUID, "u1")
 	dir, err := s.Link([]string{"pxn-relay-00", "pxn-relay-01"}, key, testOwner, time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +56,7 @@ func TestLinkCreatesWorldWritableStickyGroupDir(t *testing.T) {
 
 func TestLinkReplacesOldLinkAndEmptyDir(t *testing.T) {
 	s := newTestStore(t)
-	k1, k2 := group.Key("ns", group.SourceUID, "u1"), group.Key("ns", group.SourceUID, "u2")
+	k1, k2 := s.keys.Key("ns", group.SourceUID, "u1"), s.keys.Key("ns", group.SourceUID, "u2")
 	if _, err := s.Link([]string{"pxn-relay-00"}, k1, testOwner, time.Now()); err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestLinkReplacesOldLinkAndEmptyDir(t *testing.T) {
 
 func TestLinkRestoresGroupDirMode(t *testing.T) {
 	s := newTestStore(t)
-	key := group.Key("ns", group.SourceUID, "u1")
+	key := s.keys.Key("ns", group.SourceUID, "u1")
 	if err := os.Mkdir(s.GroupPath(key), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestLinkRestoresGroupDirMode(t *testing.T) {
 
 func TestLinkRefusesSymlinkedGroupDir(t *testing.T) {
 	s := newTestStore(t)
-	key := group.Key("ns", group.SourceUID, "u1")
+	key := s.keys.Key("ns", group.SourceUID, "u1")
 	outside := t.TempDir()
 	if err := os.Symlink(outside, s.GroupPath(key)); err != nil {
 		t.Fatal(err)
@@ -129,7 +129,7 @@ func TestCollect(t *testing.T) {
 	const grace = time.Minute
 	s := newTestStore(t)
 	t0 := time.Now()
-	live, dead := group.Key("ns", group.SourceUID, "live"), group.Key("ns", group.SourceUID, "dead")
+	live, dead := s.keys.Key("ns", group.SourceUID, "live"), s.keys.Key("ns", group.SourceUID, "dead")
 	if _, err := s.Link([]string{"pxn-relay-00"}, live, testOwner, t0); err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +235,7 @@ func TestOwnerRecordsFollowSlotLinks(t *testing.T) {
 	const grace = time.Minute
 	s := newTestStore(t)
 	t0 := time.Now()
-	k1, k2 := group.Key("ns", group.SourceUID, "u1"), group.Key("ns", group.SourceUID, "u2")
+	k1, k2 := s.keys.Key("ns", group.SourceUID, "u1"), s.keys.Key("ns", group.SourceUID, "u2")
 	a, b := group.Owner{Namespace: "ns", Pods: []string{"a"}}, group.Owner{Namespace: "ns", Pods: []string{"b"}}
 	if _, err := s.Link([]string{"pxn-relay-00", "pxn-relay-01"}, k1, a, t0); err != nil {
 		t.Fatal(err)

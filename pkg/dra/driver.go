@@ -86,6 +86,7 @@ type Driver struct {
 	state     StateSource
 	groupsDir string
 	ownersDir string
+	keys      *group.Keyer
 
 	mu       sync.Mutex
 	prepared map[types.UID]preparedClaim
@@ -96,15 +97,25 @@ type Driver struct {
 
 // New returns a driver with the claims its checkpoint records as prepared.
 // It creates the folders it owns and checks that nobody else can write to
-// those group folders are created and removed in.
+// those group folders are created and removed in; the folders of group
+// folders and owner records are closed to everyone else. It reads the
+// secret group keys are made with, or makes it on a first start.
 func New(cfg Config, state StateSource) (*Driver, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	d := &Driver{cfg: cfg, state: state, groupsDir: contract.GroupsDir(cfg.ShmDir), ownersDir: contract.OwnersDir(cfg.ShmDir)}
-	if err := group.MakePrivateDirs(cfg.StateDir, cfg.ShmDir, d.groupsDir, d.ownersDir); err != nil {
+	if err := group.MakePrivateDirs(cfg.StateDir, cfg.ShmDir); err != nil {
 		return nil, err
 	}
+	if err := group.MakeClosedDirs(d.groupsDir, d.ownersDir); err != nil {
+		return nil, err
+	}
+	keys, err := group.LoadKeyer(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	d.keys = keys
 	if err := os.MkdirAll(cfg.CDIDir, 0o755); err != nil {
 		return nil, fmt.Errorf("create CDI folder %s: %w", cfg.CDIDir, err)
 	}
@@ -234,9 +245,11 @@ func (d *Driver) plan(ctx context.Context, claim *resourceapi.ResourceClaim) (pr
 // cannot be read fails the prepare rather than put a rank in another folder
 // than its job's.
 func (d *Driver) groupKey(ctx context.Context, claim *resourceapi.ResourceClaim) (string, error) {
-	own := group.Key(claim.Namespace, group.SourceClaim, string(claim.UID))
+	own := func() (string, error) {
+		return d.keys.FolderKey(d.groupsDir, claim.Namespace, group.SourceClaim, string(claim.UID))
+	}
 	if claim.Annotations[resourceapi.ExtendedResourceClaimAnnotation] != "true" || d.cfg.Pods == nil {
-		return own, nil
+		return own()
 	}
 	var pods []resourceapi.ResourceClaimConsumerReference
 	for _, r := range claim.Status.ReservedFor {
@@ -256,9 +269,9 @@ func (d *Driver) groupKey(ctx context.Context, claim *resourceapi.ResourceClaim)
 		return "", fmt.Errorf("pod %s/%s has UID %s; the claim is reserved for UID %s", claim.Namespace, ref.Name, pod.UID, ref.UID)
 	}
 	if g := pod.Labels[group.Label]; g != "" {
-		return group.Key(claim.Namespace, group.SourceLabel, g), nil
+		return d.keys.FolderKey(d.groupsDir, claim.Namespace, group.SourceLabel, g)
 	}
-	return own, nil
+	return own()
 }
 
 // ready reports why a node's rails cannot serve a new group, or nil.

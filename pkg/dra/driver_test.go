@@ -88,8 +88,19 @@ func newNodeDirs(t *testing.T) nodeDirs {
 		cdi: filepath.Join(base, "cdi"), state: filepath.Join(base, "state"), shm: filepath.Join(base, "shm")}
 }
 
-func (n nodeDirs) groupDir(ns string, uid types.UID) string {
-	return filepath.Join(contract.GroupsDir(n.shm), group.Key(ns, group.SourceClaim, string(uid)))
+func (n nodeDirs) groupDir(t *testing.T, ns string, uid types.UID) string {
+	return filepath.Join(contract.GroupsDir(n.shm), n.key(t, ns, group.SourceClaim, string(uid)))
+}
+
+// key is the group key a driver on these folders gives, with the secret in
+// its state folder.
+func (n nodeDirs) key(t *testing.T, ns, source, identity string) string {
+	t.Helper()
+	k, err := group.LoadKeyer(n.state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k.Key(ns, source, identity)
 }
 
 // plugin is a running driver and the kubelet's connections to it.
@@ -322,7 +333,7 @@ func checkMember(t *testing.T, dirs nodeDirs, c *resourceapi.ResourceClaim) {
 	if got := envMap(spec.Process.Env); len(got) != len(want) || !mapsEqual(got, want) {
 		t.Fatalf("%s: env %v, want %v", c.Name, got, want)
 	}
-	dir := dirs.groupDir(c.Namespace, c.UID)
+	dir := dirs.groupDir(t, c.Namespace, c.UID)
 	if len(spec.Mounts) != 1 || spec.Mounts[0].Source != dir || spec.Mounts[0].Destination != registryRoot ||
 		!slices.Contains(spec.Mounts[0].Options, "rw") || slices.Contains(spec.Mounts[0].Options, "ro") {
 		t.Fatalf("%s: mounts %+v, want %s read-write at %s", c.Name, spec.Mounts, dir, registryRoot)
@@ -347,7 +358,7 @@ func mapsEqual(a, b map[string]string) bool {
 
 func checkGone(t *testing.T, dirs nodeDirs, c *resourceapi.ResourceClaim) {
 	t.Helper()
-	if _, err := os.Lstat(dirs.groupDir(c.Namespace, c.UID)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Lstat(dirs.groupDir(t, c.Namespace, c.UID)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("%s: group folder still there (%v)", c.Name, err)
 	}
 	if _, err := inject(t, dirs.cdi, c.UID); err == nil {
@@ -364,11 +375,11 @@ func TestPrepareUnprepareTwoClaims(t *testing.T) {
 	p.mustPrepare(t, b)
 	checkMember(t, dirs, a)
 	checkMember(t, dirs, b)
-	if dirs.groupDir(a.Namespace, a.UID) == dirs.groupDir(b.Namespace, b.UID) {
+	if dirs.groupDir(t, a.Namespace, a.UID) == dirs.groupDir(t, b.Namespace, b.UID) {
 		t.Fatal("two claims share a group folder")
 	}
 	// A rank's registry inside the group folder goes with it.
-	if err := os.Mkdir(filepath.Join(dirs.groupDir(a.Namespace, a.UID), "rank-0"), 0o700); err != nil {
+	if err := os.Mkdir(filepath.Join(dirs.groupDir(t, a.Namespace, a.UID), "rank-0"), 0o700); err != nil {
 		t.Fatal(err)
 	}
 
@@ -416,7 +427,7 @@ func TestExtendedResourceClaimsGroupByLabel(t *testing.T) {
 	for _, c := range []*resourceapi.ResourceClaim{e1, e2, e3} {
 		p.mustPrepare(t, c)
 	}
-	job := filepath.Join(contract.GroupsDir(dirs.shm), group.Key("team-a", group.SourceLabel, "job"))
+	job := filepath.Join(contract.GroupsDir(dirs.shm), dirs.key(t, "team-a", group.SourceLabel, "job"))
 	for _, c := range []*resourceapi.ResourceClaim{e1, e2} {
 		spec, err := inject(t, dirs.cdi, c.UID)
 		if err != nil {
@@ -427,12 +438,12 @@ func TestExtendedResourceClaimsGroupByLabel(t *testing.T) {
 		}
 	}
 	checkMember(t, dirs, e3) // no label: a group of its own
-	jobKey := group.Key("team-a", group.SourceLabel, "job")
+	jobKey := dirs.key(t, "team-a", group.SourceLabel, "job")
 	want := map[string]group.Owner{
 		group.OwnerRecordName(jobKey, "claim-uid-1"): {Namespace: "team-a", Pods: []string{"rank-0"}, Claim: "rank-0-relay"},
 		group.OwnerRecordName(jobKey, "claim-uid-2"): {Namespace: "team-a", Pods: []string{"rank-1"}, Claim: "rank-1-relay"},
 	}
-	ownKey := group.Key("team-a", group.SourceClaim, "uid-3")
+	ownKey := dirs.key(t, "team-a", group.SourceClaim, "uid-3")
 	checkOwners(t, dirs, map[string]map[string]group.Owner{jobKey: want, ownKey: {
 		group.OwnerRecordName(ownKey, "claim-uid-3"): {Namespace: "team-a", Pods: []string{"other"}, Claim: "other-relay"},
 	}})
@@ -490,7 +501,7 @@ func TestPrepareIsIdempotent(t *testing.T) {
 	p := startPlugin(t, dirs, newClient(t, a), state)
 
 	p.mustPrepare(t, a)
-	registry := filepath.Join(dirs.groupDir(a.Namespace, a.UID), "rank-0")
+	registry := filepath.Join(dirs.groupDir(t, a.Namespace, a.UID), "rank-0")
 	if err := os.Mkdir(registry, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -603,7 +614,7 @@ func TestAdminAccessReadsEveryGroup(t *testing.T) {
 	if env := envMap(spec.Process.Env); env[contract.EnvEnable] != "" {
 		t.Fatalf("admin container gets the engine enabled: %v", env)
 	}
-	if _, err := os.Lstat(dirs.groupDir(admin.Namespace, admin.UID)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Lstat(dirs.groupDir(t, admin.Namespace, admin.UID)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("admin claim got a group folder (%v)", err)
 	}
 	p.unprepare(t, admin)
@@ -821,7 +832,7 @@ func TestUnprepareTwoClaimsOfOneGroupAtOnce(t *testing.T) {
 	p := startPlugin(t, dirs, client, newRailState(readyState()))
 	p.mustPrepare(t, a)
 	p.mustPrepare(t, b)
-	folder := filepath.Join(contract.GroupsDir(dirs.shm), group.Key("team-a", group.SourceLabel, "job"))
+	folder := filepath.Join(contract.GroupsDir(dirs.shm), dirs.key(t, "team-a", group.SourceLabel, "job"))
 	if _, err := os.Stat(folder); err != nil {
 		t.Fatalf("the job's group folder: %v", err)
 	}

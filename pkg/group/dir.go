@@ -10,8 +10,14 @@ import (
 )
 
 // DirMode lets members of any uid create their own 0700 registry inside a
-// group folder, but not remove each other's.
+// group folder, but not remove each other's. Only processes the folder is
+// mounted into reach it: the folder that holds it is ClosedDirMode.
 const DirMode = os.ModeSticky | 0o777
+
+// ClosedDirMode is the mode of the folders that hold group folders, slot
+// links and owner records: nobody but their owner lists or enters them,
+// and nobody but root reaches a group folder by its path.
+const ClosedDirMode = 0o700
 
 // EnsureDir creates the group folder dir when missing and gives it DirMode.
 // A symbolic link at dir is refused, never followed.
@@ -41,11 +47,32 @@ func EnsureDir(dir string) error {
 // checks it with CheckPrivateDir.
 func MakePrivateDirs(dirs ...string) error {
 	for _, dir := range dirs {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		if err := os.MkdirAll(dir, ClosedDirMode); err != nil {
 			return fmt.Errorf("create %s: %w", dir, err)
 		}
 		if err := CheckPrivateDir(dir); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// MakeClosedDirs creates each folder of dirs, in order, when missing,
+// checks it with CheckPrivateDir and gives it ClosedDirMode, which also
+// closes a folder an earlier version left open to listing.
+func MakeClosedDirs(dirs ...string) error {
+	for _, dir := range dirs {
+		if err := MakePrivateDirs(dir); err != nil {
+			return err
+		}
+		f, err := os.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+		if err != nil {
+			return fmt.Errorf("open %s: %w", dir, err)
+		}
+		err = f.Chmod(ClosedDirMode)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("chmod %s to %#o: %w", dir, ClosedDirMode, err)
 		}
 	}
 	return nil

@@ -12,7 +12,7 @@ import (
 
 func TestOwnerRecordRoundTrip(t *testing.T) {
 	dir := t.TempDir()
-	key := Key("team-a", SourceClaim, "5d1e-uid")
+	key := UnkeyedKey("team-a", SourceClaim, "5d1e-uid")
 	for _, tc := range []struct {
 		id string
 		o  Owner
@@ -43,7 +43,7 @@ func TestOwnerRecordRoundTrip(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, ".stray.tmp"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	other := Key("team-b", SourceUID, "u")
+	other := UnkeyedKey("team-b", SourceUID, "u")
 	if err := WriteOwner(dir, other, OwnerSlotPrefix+"pxn-relay-04", Owner{Namespace: "team-b", Pods: []string{"b-0"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestOwnerRecordRoundTrip(t *testing.T) {
 
 func TestWriteOwnerRefuses(t *testing.T) {
 	dir := t.TempDir()
-	key := Key("ns", SourceUID, "u")
+	key := UnkeyedKey("ns", SourceUID, "u")
 	good := Owner{Namespace: "ns", Pods: []string{"p"}}
 	for _, tc := range []struct {
 		name, key, id string
@@ -128,7 +128,7 @@ func TestDecodeOwnerRefuses(t *testing.T) {
 
 func TestReadOwnerRefusesLinkAndFolder(t *testing.T) {
 	dir := t.TempDir()
-	key := Key("ns", SourceUID, "u")
+	key := UnkeyedKey("ns", SourceUID, "u")
 	if err := WriteOwner(dir, key, "slot-1", Owner{Namespace: "ns", Pods: []string{"p"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +149,7 @@ func TestReadOwnerRefusesLinkAndFolder(t *testing.T) {
 }
 
 func TestParseOwnerRecordName(t *testing.T) {
-	key := Key("ns", SourceUID, "u")
+	key := UnkeyedKey("ns", SourceUID, "u")
 	for name, ok := range map[string]bool{
 		OwnerRecordName(key, "slot-pxn-relay-01"):   true,
 		OwnerRecordName(key, "claim-0f3c-11"):       true,

@@ -426,7 +426,11 @@ func runDRADriver(t *testing.T, ctx context.Context, e *accessEnv) {
 	if r := resp.Claims[string(claim.UID)]; r == nil || r.Error != "" || len(r.Devices) != 1 {
 		t.Fatalf("prepare: %+v", r)
 	}
-	want := group.Key(namespace, group.SourceLabel, pod.Labels[group.Label])
+	keys, err := group.LoadKeyer(filepath.Join(base, "state"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := keys.Key(namespace, group.SourceLabel, pod.Labels[group.Label])
 	if _, err := os.Stat(filepath.Join(base, "shm", "groups", want)); err != nil {
 		t.Errorf("the extended resource claim's group is not its pod's label's: %v", err)
 	}

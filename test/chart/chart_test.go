@@ -169,7 +169,8 @@ func TestLint(t *testing.T) {
 
 // TestTemplateWithoutKubeVersion renders the chart the way Argo CD and
 // `helm template | kubectl apply` do: no cluster, helm's built-in default
-// capabilities. It must render what an install against v1.37 renders.
+// capabilities. It must render what an install against v1.37 renders,
+// node-restriction policy included.
 func TestTemplateWithoutKubeVersion(t *testing.T) {
 	h := newHelm(t)
 	for _, args := range [][]string{nil, {"-f", customFile}} {
@@ -181,39 +182,13 @@ func TestTemplateWithoutKubeVersion(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// helm's default capabilities (an old Kubernetes) leave out only the
-		// version-gated node-restriction policy; everything else is the same.
-		if got, want := withoutKinds(plain, gatedKinds...), withoutKinds(withVersion, gatedKinds...); got != want {
+		if plain != withVersion {
 			t.Errorf("helm template %v renders differently without --kube-version", args)
 		}
-		if strings.Contains(plain, "kind: ValidatingAdmissionPolicy") {
-			t.Errorf("helm template %v without --kube-version renders a ValidatingAdmissionPolicy, which helm's default capabilities do not serve", args)
-		}
-		if !strings.Contains(withVersion, "kind: ValidatingAdmissionPolicy") {
-			t.Errorf("helm template %v with --kube-version renders no ValidatingAdmissionPolicy", args)
+		if !strings.Contains(plain, "kind: ValidatingAdmissionPolicy") {
+			t.Errorf("helm template %v renders no ValidatingAdmissionPolicy", args)
 		}
 	}
-}
-
-// gatedKinds are rendered only where the API server serves them.
-var gatedKinds = []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
-
-// withoutKinds drops from a helm template stream the documents of the kinds.
-func withoutKinds(stream string, kinds ...string) string {
-	docs := strings.Split(stream, "\n---\n")
-	kept := docs[:0]
-	for _, d := range docs {
-		drop := false
-		for _, k := range kinds {
-			if strings.Contains("\n"+d+"\n", "\nkind: "+k+"\n") {
-				drop = true
-			}
-		}
-		if !drop {
-			kept = append(kept, strings.TrimSpace(d))
-		}
-	}
-	return strings.Join(kept, "\n---\n")
 }
 
 // TestVersionsAgree: the chart's version and appVersion are the VERSION file's
@@ -853,24 +828,36 @@ func ptrValue(p *string) string {
 	return *p
 }
 
-// TestTemplateNodeRestriction checks when the chart renders its
-// ValidatingAdmissionPolicy: where the API server serves it, by default.
+// TestTemplateNodeRestriction checks that the chart renders its
+// ValidatingAdmissionPolicy whenever the agent gets its RBAC, or fails
+// saying why, unless told to go without it.
 func TestTemplateNodeRestriction(t *testing.T) {
 	h := newHelm(t)
+	const ack = "rbac.acknowledgeNoNodeRestriction=true"
 	for _, tc := range []struct {
-		name string
-		args []string
-		want bool
+		name    string
+		args    []string
+		want    bool
+		wantErr string
 	}{
-		{"default", nil, true},
-		{"turned off", []string{"--set", "rbac.nodeRestriction=false"}, false},
-		{"no RBAC", []string{"--set", "rbac.create=false"}, false},
-		{"no agent", []string{"--set", "agent.enabled=false"}, false},
-		{"an API server without the v1 policy API", []string{"--kube-version", "v1.29.0"}, false},
-		{"a server that lists the API", []string{"--kube-version", "v1.29.0", "--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"}, true},
+		{"default", nil, true, ""},
+		{"turned off", []string{"--set", "rbac.nodeRestriction=false"}, false, "set rbac.acknowledgeNoNodeRestriction=true"},
+		{"turned off, acknowledged", []string{"--set", "rbac.nodeRestriction=false", "--set", ack}, false, ""},
+		{"no RBAC", []string{"--set", "rbac.create=false"}, false, ""},
+		{"no agent", []string{"--set", "agent.enabled=false"}, false, ""},
+		{"an API server without the v1 policy API", []string{"--kube-version", "v1.29.0"}, false, "Kubernetes v1.29.0 does not serve"},
+		{"an API server without the v1 policy API, acknowledged", []string{"--kube-version", "v1.29.0", "--set", ack}, false, ""},
+		{"a server that lists the API", []string{"--kube-version", "v1.29.0", "--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"}, true, ""},
+		{"acknowledged where served", []string{"--set", ack}, true, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := h.run(append([]string{"template", "pxn", chartDir, "--namespace", namespace, "--kube-version", kubeVersion}, tc.args...)...)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("helm template %v = %v, want a failure saying %q", tc.args, err, tc.wantErr)
+				}
+				return
+			}
 			if err != nil {
 				t.Fatal(err)
 			}

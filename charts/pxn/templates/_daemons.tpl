@@ -56,8 +56,9 @@ takes: the host root where /host/sys is mounted, and .Values.rails.
 {{- end -}}
 
 {{/*
-pxn.endpointArgs: (dict "root" $ "daemon" $d "values" $v) --kubeconfig and
-the two endpoints' addresses, which every node daemon takes.
+pxn.endpointArgs: (dict "root" $ "daemon" $d "values" $v) --kubeconfig,
+the two endpoints' addresses and, with metricsAuth, --metrics-secure, which
+every node daemon takes.
 */}}
 {{- define "pxn.endpointArgs" -}}
 {{- with .values.kubeconfig }}
@@ -65,4 +66,7 @@ the two endpoints' addresses, which every node daemon takes.
 {{- end }}
 - --metrics-bind-address={{ .daemon.metricsAddr }}
 - --health-probe-bind-address={{ .daemon.healthAddr }}
+{{- if and .daemon.metrics .root.Values.metricsAuth.enabled }}
+- --metrics-secure
+{{- end }}
 {{- end -}}

@@ -144,3 +144,31 @@ template).
 {{- end -}}
 {{- toYaml $nodes -}}
 {{- end -}}
+
+{{- /*
+Whether to render a node-restriction policy, for a component (dict: root,
+enabled, who) whose RBAC lets it write objects of every node: "true" when
+the chart grants that RBAC and rbac.nodeRestriction is on, where the API
+server serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy or
+the Kubernetes version is below the chart's oldest (helm template's default
+without --kube-version, v1.20: an unknown cluster, which gets the policy).
+Without the policy the install fails, saying why, unless
+rbac.acknowledgeNoNodeRestriction is set.
+*/ -}}
+{{- define "pxn.nodeRestriction" -}}
+{{- $root := .root -}}
+{{- $rbac := $root.Values.rbac -}}
+{{- if and $rbac.create .enabled -}}
+{{- $version := $root.Capabilities.KubeVersion.Version -}}
+{{- $served := or ($root.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") (semverCompare ">=1.30.0-0" $version) (semverCompare "<1.28.0-0" $version) -}}
+{{- if not $rbac.nodeRestriction -}}
+{{- if not $rbac.acknowledgeNoNodeRestriction -}}
+{{- fail (printf "rbac.nodeRestriction=false leaves %s with nothing confining it to its own node: set rbac.acknowledgeNoNodeRestriction=true as well to install without the policy" .who) -}}
+{{- end -}}
+{{- else if $served -}}
+true
+{{- else if not $rbac.acknowledgeNoNodeRestriction -}}
+{{- fail (printf "Kubernetes %s does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (1.30 and later do), the node-restriction policy that confines %s to its own node: upgrade the cluster, or pass --api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy where it is served, or set rbac.acknowledgeNoNodeRestriction=true to install without it" $version .who) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

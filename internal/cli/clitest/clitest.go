@@ -38,6 +38,7 @@ func Shared() *pflag.FlagSet {
 var PerBinary = map[string]struct{ Shorthand, Type string }{
 	"metrics-bind-address":      {"", "string"},
 	"health-probe-bind-address": {"", "string"},
+	"metrics-secure":            {"", "bool"},
 	"state-dir":                 {"", "string"},
 	"shm-dir":                   {"", "string"},
 	"container-registry-root":   {"", "string"},
