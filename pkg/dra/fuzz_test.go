@@ -95,7 +95,7 @@ func checkpointBytes(uid types.UID, pc preparedClaim) []byte {
 // unprepared are gone from memory and from the checkpoint, the others
 // stay in both.
 func FuzzCheckpoint(f *testing.F) {
-	key := group.Key("ns", group.SourceClaim, "uid-1")
+	key := group.UnkeyedKey("ns", group.SourceClaim, "uid-1")
 	f.Add(checkpointBytes("uid-1", preparedClaim{Namespace: "ns", Name: "c", Group: key,
 		Devices: []preparedDevice{{Requests: []string{"r"}, Pool: fuzzNode, Device: DeviceName}}}))
 	f.Add(checkpointBytes("uid-2", preparedClaim{Namespace: "ns", Name: "admin"}))
