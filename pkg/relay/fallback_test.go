@@ -3,8 +3,11 @@
 package relay_test
 
 import (
+	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/pxn-project/pxn/pkg/cpucopy"
 	"github.com/pxn-project/pxn/pkg/relay"
@@ -108,5 +111,68 @@ func TestPumpPublishesCounters(t *testing.T) {
 	}
 	if a.PumpCPUNanos == 0 || a.Gen == 0 || a.Gen%2 != 0 {
 		t.Errorf("pump CPU %d ns, generation %d: want CPU time and a finished publish", a.PumpCPUNanos, a.Gen)
+	}
+}
+
+// pollFailCopier is a host copier whose engine fails (CopyPoller) once
+// fail is set.
+type pollFailCopier struct {
+	*cpucopy.HostCopier
+	fail *atomic.Bool
+}
+
+func (c pollFailCopier) Poll() (int, error) {
+	if c.fail.Load() {
+		return 0, errors.New("copy engine lost")
+	}
+	return 0, nil
+}
+
+// A copier that fails while Pieces it copied are published fails those
+// Pieces, but keeps the sender's lane until its drain at close: its copies
+// may still be landing in the relay's slots, and the relay may still send
+// from them, so the lane must not go to another sender meanwhile.
+func TestCopierFailureKeepsTheLaneUntilItDrains(t *testing.T) {
+	const n = 4 * staging.SlotSize
+	var fail atomic.Bool
+	p := newPair(t, pairOpts{tgtSize: n, srcSize: n, separate: true,
+		copierA: func(h *cpucopy.HostCopier) relay.Copier { return pollFailCopier{h, &fail} }})
+	p.hopB.SetHold(true)
+	b, err := p.a.Submit([]relay.Request{{Op: relay.Write, Src: p.src(0), Len: n, Target: sessRail1, Dst: tgtBase}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := func() int {
+		for i := range p.rankB.claims {
+			if p.rankB.claims[i].Load() == int32(p.rankA.pid) {
+				return i
+			}
+		}
+		return -1
+	}
+	waitFor(t, "four Pieces published", func() bool { return held() >= 0 && p.rankB.lane(held()).State().Published == 4 })
+	lane := held()
+	fail.Store(true)
+	waitBatch(t, b)
+	if st := statusOf(t, b, 0); st.State != relay.Failed {
+		t.Fatalf("status %+v, want failed: its Pieces were published when the copier failed", st)
+	}
+	if c := p.a.Counters(); c.LaneQuarantines != 1 || c.FailedPieces != 4 {
+		t.Errorf("quarantines %d, failed pieces %d; want 1 and 4", c.LaneQuarantines, c.FailedPieces)
+	}
+	// The sender's pump goes on beating and checking its lanes; the claim
+	// stays through every round until close.
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); {
+		if held() != lane {
+			t.Fatalf("lane %d released while the failed copier had not drained", lane)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	p.hopB.SetHold(false)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = p.a.Close(ctx)
+	if held() >= 0 {
+		t.Errorf("lane %d still held after the sender closed", lane)
 	}
 }

@@ -201,7 +201,12 @@ func (sn *sender) releaseLanded() {
 // lane goes to another sender only once nothing of ours can write it.
 func (sn *sender) copierFailed(err error) {
 	s := sn.s
-	s.log.Error(err, "copier failed; outbound lanes quarantined")
+	if sn.noSend {
+		return
+	}
+	// No lane is claimed with this copier again: Pieces go direct.
+	sn.noSend = true
+	s.log.Error(err, "copier failed; outbound lanes quarantined, sending direct")
 	for _, sl := range sn.lanes {
 		s.counters.laneQuarantine.Add(1)
 		sl.broken, sl.keepClaim = true, true
