@@ -85,6 +85,7 @@ func TestInspectShowsRanksLanesAndGarbage(t *testing.T) {
 	// Seqs 1..41 published, 1..40 completed, 1..39 reaped.
 	tx, rx := link.Sender(), relay.Inbound(0)
 	epoch, _ := rx.Sync()
+	rx.Open()
 	for seq := uint64(1); seq <= 41; seq++ {
 		if got, ok := tx.Ticket(); !ok || got != seq {
 			t.Fatalf("ticket %d (%v), want %d", got, ok, seq)
