@@ -58,3 +58,11 @@ const UnresolvedFor = unresolvedFor
 
 // LookupWait is how long a Piece waits for its lane's lookup.
 const LookupWait = lookupWait
+
+// LookupSettled reports whether inbound lane i has no lookup running: none
+// was handed to its resolver, or its answer is in. Only for a ManualPump
+// engine, between rounds.
+func (e *Engine) LookupSettled(i int) bool {
+	lr := &e.pump.rly.lk[i]
+	return !lr.busy || lr.look.done.Load()
+}

@@ -60,6 +60,18 @@ func newLookupRig(t *testing.T, lanes int, manual bool, wrap func(relay.Director
 		}
 		r.txs = append(r.txs, tx)
 	}
+	// Senders take tickets once the relay has opened their lanes.
+	waitFor(t, "the relay opening the lanes", func() bool {
+		if manual {
+			r.e.RunRound()
+		}
+		for _, tx := range r.txs {
+			if !tx.Opened() {
+				return false
+			}
+		}
+		return true
+	})
 	return r
 }
 
@@ -332,6 +344,7 @@ func TestLookupThatDoesNotAnswerFailsItsPiece(t *testing.T) {
 	}
 
 	release()
+	waitFor(t, "the held lookup's answer", func() bool { return r.e.LookupSettled(0) })
 	seq, _ = r.publish(t, 0, slow, tgtBase, payload)
 	if st := r.reapAt(t, 0, seq, t1); st != staging.CompletionOK {
 		t.Fatalf("Piece to the slow target after its answer: status %d, want OK", st)
