@@ -78,7 +78,7 @@ version() {
   label="pxn.$pxn.mc${commit:0:12}"
   [ "$cfg" = default ] || label+=".$cfg"
   extra=$(basename "$("$root/hack/mooncake.sh" module-dir "$cfg")")
-  extra=${extra#"py-$cfg"}
+  extra=${extra#"$cfg"}
   label+=${extra//-/.}
   echo "$(mooncake_version)+$label"
 }
@@ -88,7 +88,7 @@ version() {
 pack() {
   local cfg=$1 b stage ver dest
   b=$("$root/hack/mooncake.sh" module-dir "$cfg")
-  [ -f "$b/.built" ] || die "the module's $cfg build is not in $b"
+  [ -f "$b/.module-built" ] || die "the module's $cfg build is not in $b"
   ver=$(version "$cfg")
   use_src
   stage=$out_dir/stage-$cfg

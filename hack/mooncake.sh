@@ -5,22 +5,25 @@
 # the copy, and builds the engine, its unit tests and PXN's layout check with
 # CMake, in a cache folder keyed by Mooncake commit and patch hash (the copy and
 # the CMake build folders are kept; a later run rebuilds what changed, the
-# transport's sources included).
+# transport's sources included). Each configuration has one CMake build folder,
+# CONFIG, from integrations/mooncake/cmake (the transfer engine, its tests and
+# the Python module): the module reuses the engine's objects.
 #
 #   hack/mooncake.sh build [CONFIG...]   build (default: every configuration)
-#   hack/mooncake.sh dir CONFIG          print CONFIG's CMake build folder (it
-#                                        holds .built once a build succeeded)
+#   hack/mooncake.sh dir CONFIG          print the transfer engine's folder in
+#                                        CONFIG's build folder (it holds .built
+#                                        once a build succeeded)
 #   hack/mooncake.sh tests               print the Mooncake test programs that
 #                                        run without an RDMA device or a
 #                                        metadata server, one a line
 #   hack/mooncake.sh configs             print the configurations
 #   hack/mooncake.sh module [CONFIG...]  build Mooncake's Python module
-#                                        mooncake.engine (target engine of the
-#                                        top-level project, transfer engine
-#                                        only) with the transport
+#                                        mooncake.engine (target engine) with
+#                                        the transport, in the engine's build
+#                                        folder
 #   hack/mooncake.sh module-dir CONFIG   print CONFIG's module build folder (it
-#                                        holds .built once a build succeeded;
-#                                        MOONCAKE_CMAKE_ARGS: below)
+#                                        holds .module-built once a build
+#                                        succeeded; MOONCAKE_CMAKE_ARGS: below)
 #   hack/mooncake.sh commit              print the Mooncake commit of the tree
 #
 # Configurations: default (Mooncake's defaults: WITH_METRICS on) and event
@@ -34,14 +37,14 @@
 #
 # The Mooncake sources, the first of: MOONCAKE_TREE, a Mooncake tree holding
 # mooncake-transfer-engine, mooncake-common and extern/{pybind11,yalantinglibs}
-# (and, for the module, the top-level CMake files and mooncake-integration);
+# (and, for the module, mooncake-integration);
 # the reference copy CI keeps beside the clone (MOONCAKE_REFERENCE); a clone
 # of the tested commit in the cache, fetched once with git from MOONCAKE_GIT
 # (default Mooncake's GitHub repository; MOONCAKE_FETCH=0 forbids it).
 # MOONCAKE_COMMIT: the tree's commit, when it is not a git checkout.
 # MOONCAKE_CMAKE_ARGS: extra CMake options for the module's build alone (e.g.
 # -DUSE_CUDA=ON on a machine with the CUDA toolkit), built in a folder of
-# their own.
+# their own (the engine's objects compiled again with them).
 # PXN_TOOLS_DIR: the cache (default .tools in the repository).
 # JOBS: parallel compile jobs (default: the number of CPUs). ccache is used
 # when it is installed (its cache in the same folder).
@@ -195,86 +198,92 @@ ccache_launcher() {
 
 # configure B LOG SRC ARGS...: configures B from SRC unless it was configured
 # with the same options (cmake --build reconfigures by itself when a CMake
-# file changed).
+# file changed). A folder configured from another source folder (an earlier
+# layout of the cache) is emptied first: CMake refuses to switch sources.
 configure() {
-  local b=$1 log=$2 s=$3
+  local b=$1 log=$2 s=$3 home
   shift 3
   if [ -f "$b/CMakeCache.txt" ] && [ "$(cat "$b/.options" 2>/dev/null)" = "$*" ]; then
     : >"$log"
     return
   fi
   rm -f "$b/.options"
+  if [ -f "$b/CMakeCache.txt" ]; then
+    home=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$b/CMakeCache.txt")
+    [ "$home" = "$s" ] || rm -rf "$b"
+  fi
   cmake -S "$s" -B "$b" "$@" >"$log" 2>&1 || { tail -30 "$log" >&2; die "configuring $b failed ($log)"; }
   echo "$*" >"$b/.options"
 }
 
-build_config() {
-  local dir=$1 cfg=$2 b=$1/$2 start=$SECONDS launcher=()
+# engine_args DIR CONFIG: sets args to the CMake options of CONFIG's build
+# folder (integrations/mooncake/cmake: the engine, its tests and the module),
+# so the module links the objects the engine's build compiled: one
+# configuration, one compile of every transfer-engine source.
+# BUILD_UNIT_TESTS=ON, which the engine's tests need, also compiles
+# tcp_transport with Mooncake's test hooks (unset function pointers), the
+# module's copy included.
+engine_args() {
+  local dir=$1 cfg=$2
   local -a flags
   read -r -a flags <<<"$(config_flags "$cfg")"
   ccache_launcher "$dir"
   # ASIO_INCLUDE_DIR: mooncake-common looks for asio.hpp, which a pruned
   # yalantinglibs may lack; the asio it compiles is yalantinglibs' own.
-  local -a args=(
-    -DCMAKE_BUILD_TYPE=Release -DENABLE_DEBUG_SYMBOLS=OFF
-    -DCMAKE_PREFIX_PATH="$dir/ylt-prefix" -DASIO_INCLUDE_DIR="$dir/ylt-prefix/include"
-    -DPython3_EXECUTABLE=/usr/bin/python3 -DPYTHON_EXECUTABLE=/usr/bin/python3
-    -DUSE_CUDA=OFF -DUSE_TENT=OFF -DUSE_ETCD=OFF -DUSE_REDIS=OFF -DUSE_HTTP=OFF
-    -DUSE_TCP=ON "${flags[@]}"
-    -DUSE_PXN=ON -DPXN_SOURCE_DIR="$root"
-    -DBUILD_EXAMPLES=OFF -DBUILD_BENCHMARK=OFF -DBUILD_UNIT_TESTS=ON
-    -DFETCHCONTENT_FULLY_DISCONNECTED=ON
-    -DFETCHCONTENT_SOURCE_DIR_GOOGLETEST=/usr/src/googletest
-    "${launcher[@]}"
-  )
-  configure "$b" "$b.log" "$dir/src/mooncake-transfer-engine" "${args[@]}"
-  cmake --build "$b" -j"${JOBS:-$(nproc)}" --target transfer_engine pxn_layout_test "${MOONCAKE_TESTS[@]}" \
-    >>"$b.log" 2>&1 || { grep -B2 -A12 -m3 'error' "$b.log" >&2 || tail -40 "$b.log" >&2; die "building $cfg failed ($b.log)"; }
-  touch "$b/.built"
-  log "$cfg built in $((SECONDS - start)) s: $b"
-}
-
-# module_name CONFIG: the module's build folder in the key folder, py-CONFIG;
-# MOONCAKE_CMAKE_ARGS, extra CMake options for the module (e.g. -DUSE_CUDA=ON),
-# add -x and 8 hex digits of their hash, which the wheel's version repeats.
-module_name() {
-  if [ -n "${MOONCAKE_CMAKE_ARGS:-}" ]; then
-    echo "py-$1-x$(printf '%s' "$MOONCAKE_CMAKE_ARGS" | sha256sum | cut -c1-8)"
-  else
-    echo "py-$1"
-  fi
-}
-
-# build_module DIR CONFIG: mooncake.engine and the libasio.so it links, from
-# Mooncake's top-level project with the transfer engine alone (no Store, no
-# EP), in DIR/$(module_name CONFIG); the same options as the engine's build
-# otherwise, then MOONCAKE_CMAKE_ARGS.
-build_module() {
-  local dir=$1 cfg=$2 b start=$SECONDS launcher=()
-  b=$dir/$(module_name "$cfg")
-  local -a flags extra
-  read -r -a flags <<<"$(config_flags "$cfg")"
-  read -r -a extra <<<"${MOONCAKE_CMAKE_ARGS:-}"
-  ccache_launcher "$dir"
-  [ -f "$dir/src/CMakeLists.txt" ] && [ -d "$dir/src/mooncake-integration/transfer_engine" ] ||
-    die "the Mooncake tree $src has no top-level CMakeLists.txt or mooncake-integration/transfer_engine: the module cannot be built from it"
-  # WITH_STORE_RUST defaults to ON and is an error without WITH_STORE.
-  local -a args=(
+  args=(
     -DCMAKE_BUILD_TYPE=Release -DENABLE_DEBUG_SYMBOLS=OFF
     -DCMAKE_PREFIX_PATH="$dir/ylt-prefix" -DASIO_INCLUDE_DIR="$dir/ylt-prefix/include"
     -DPython3_EXECUTABLE="$python" -DPYTHON_EXECUTABLE="$python"
     -DUSE_CUDA=OFF -DUSE_TENT=OFF -DUSE_ETCD=OFF -DUSE_REDIS=OFF -DUSE_HTTP=OFF
     -DUSE_TCP=ON "${flags[@]}"
-    -DWITH_TE=ON -DWITH_STORE=OFF -DWITH_STORE_RUST=OFF -DWITH_EP=OFF
     -DUSE_PXN=ON -DPXN_SOURCE_DIR="$root"
-    -DBUILD_EXAMPLES=OFF -DBUILD_BENCHMARK=OFF -DBUILD_UNIT_TESTS=OFF
+    -DMOONCAKE_SOURCE_DIR="$dir/src"
+    -DBUILD_EXAMPLES=OFF -DBUILD_BENCHMARK=OFF -DBUILD_UNIT_TESTS=ON
     -DFETCHCONTENT_FULLY_DISCONNECTED=ON
-    "${launcher[@]}" "${extra[@]}"
+    -DFETCHCONTENT_SOURCE_DIR_GOOGLETEST=/usr/src/googletest
+    "${launcher[@]}"
   )
-  configure "$b" "$b.log" "$dir/src" "${args[@]}"
+}
+
+build_config() {
+  local dir=$1 cfg=$2 b=$1/$2 start=$SECONDS launcher=() args=()
+  engine_args "$dir" "$cfg"
+  configure "$b" "$b.log" "$root/integrations/mooncake/cmake" "${args[@]}"
+  cmake --build "$b" -j"${JOBS:-$(nproc)}" --target transfer_engine pxn_layout_test "${MOONCAKE_TESTS[@]}" \
+    >>"$b.log" 2>&1 || { grep -B2 -A12 -m3 'error' "$b.log" >&2 || tail -40 "$b.log" >&2; die "building $cfg failed ($b.log)"; }
+  touch "$b/mooncake-transfer-engine/.built"
+  log "$cfg built in $((SECONDS - start)) s: $b"
+}
+
+# module_name CONFIG: the module's build folder in the key folder: CONFIG's
+# own, the engine's; with MOONCAKE_CMAKE_ARGS, extra CMake options for the
+# module (e.g. -DUSE_CUDA=ON), which change the engine's objects too, a folder
+# of their own, CONFIG-x and 8 hex digits of their hash, which the wheel's
+# version repeats.
+module_name() {
+  if [ -n "${MOONCAKE_CMAKE_ARGS:-}" ]; then
+    echo "$1-x$(printf '%s' "$MOONCAKE_CMAKE_ARGS" | sha256sum | cut -c1-8)"
+  else
+    echo "$1"
+  fi
+}
+
+# build_module DIR CONFIG: mooncake.engine and the libasio.so it links, target
+# engine in DIR/$(module_name CONFIG), configured as the engine's build, then
+# MOONCAKE_CMAKE_ARGS; where the engine's build ran, only the module's own
+# sources are compiled. Marks the folder with .module-built.
+build_module() {
+  local dir=$1 cfg=$2 b start=$SECONDS launcher=() args=()
+  b=$dir/$(module_name "$cfg")
+  local -a extra
+  read -r -a extra <<<"${MOONCAKE_CMAKE_ARGS:-}"
+  [ -d "$dir/src/mooncake-integration/transfer_engine" ] ||
+    die "the Mooncake tree $src has no mooncake-integration/transfer_engine: the module cannot be built from it"
+  engine_args "$dir" "$cfg"
+  configure "$b" "$b.log" "$root/integrations/mooncake/cmake" "${args[@]}" "${extra[@]}"
   cmake --build "$b" -j"${JOBS:-$(nproc)}" --target engine >>"$b.log" 2>&1 ||
     { grep -B2 -A12 -m3 'error' "$b.log" >&2 || tail -40 "$b.log" >&2; die "building the module ($cfg) failed ($b.log)"; }
-  touch "$b/.built"
+  touch "$b/.module-built"
   log "module $cfg built in $((SECONDS - start)) s: $b"
 }
 
@@ -300,7 +309,7 @@ case $cmd in
     [ $# -eq 1 ] || die "usage: $0 dir CONFIG"
     use_src 0
     config_flags "$1" >/dev/null
-    echo "$(key_dir)/$1"
+    echo "$(key_dir)/$1/mooncake-transfer-engine"
     ;;
   module)
     use_src 1
