@@ -45,35 +45,29 @@ func fillPatternFast(b []byte, seed uint64) {
 
 // checkPattern compares b with the pattern of seed at source offset off and
 // returns the first mismatch.
-func checkPattern(b []byte, seed, off uint64) error {
-	const chunk = 1 << 20
-	want := make([]byte, chunk)
-	for start := 0; start < len(b); start += chunk {
-		n := min(chunk, len(b)-start)
-		fillPattern(want[:n], seed, off+uint64(start))
-		for i := 0; i < n; i++ {
-			if b[start+i] != want[i] {
-				return fmt.Errorf("byte %d (source offset %d, seed %d): got %#x, want %#x", start+i, off+uint64(start+i), seed, b[start+i], want[i])
-			}
-		}
-	}
-	return nil
-}
+func checkPattern(b []byte, seed, off uint64) error { return comparePattern(b, seed, off, false) }
 
 // checkOwnOrNone checks the destination of a write that did not complete:
 // each byte is the pattern of seed at source offset off, or zero (the
 // destination was cleared before the round); any other byte is some other
 // write's.
-func checkOwnOrNone(b []byte, seed, off uint64) error {
+func checkOwnOrNone(b []byte, seed, off uint64) error { return comparePattern(b, seed, off, true) }
+
+func comparePattern(b []byte, seed, off uint64, zeroOK bool) error {
 	const chunk = 1 << 20
 	want := make([]byte, chunk)
 	for start := 0; start < len(b); start += chunk {
 		n := min(chunk, len(b)-start)
 		fillPattern(want[:n], seed, off+uint64(start))
 		for i := 0; i < n; i++ {
-			if got := b[start+i]; got != 0 && got != want[i] {
+			got := b[start+i]
+			if got == want[i] || zeroOK && got == 0 {
+				continue
+			}
+			if zeroOK {
 				return fmt.Errorf("byte %d (source offset %d, seed %d): got %#x, neither its own %#x nor untouched", start+i, off+uint64(start+i), seed, got, want[i])
 			}
+			return fmt.Errorf("byte %d (source offset %d, seed %d): got %#x, want %#x", start+i, off+uint64(start+i), seed, got, want[i])
 		}
 	}
 	return nil

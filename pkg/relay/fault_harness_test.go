@@ -407,16 +407,7 @@ func (g *faultGroup) verify(index int, ts []faultTask) map[string]int {
 		if task.Transferred != w.Len {
 			g.t.Errorf("rank %d task %+v: transferred %d of %d bytes", index, w, task.Transferred, w.Len)
 		}
-		k := -1
-		for r := range g.tgt {
-			if faultSession(r) == w.Session {
-				k = r
-			}
-		}
-		if k < 0 {
-			g.t.Fatalf("unknown session %q", w.Session)
-		}
-		got := g.tgt[k][w.Dst-faultBase(k) : w.Dst-faultBase(k)+w.Len]
+		got := g.dest(w)
 		want := make([]byte, w.Len)
 		faultPattern(want, faultSeed(index), w.Src)
 		if i := firstDiff(got, want); i >= 0 {
@@ -424,6 +415,18 @@ func (g *faultGroup) verify(index int, ts []faultTask) map[string]int {
 		}
 	}
 	return n
+}
+
+// dest is the destination of w in its rail's target buffer.
+func (g *faultGroup) dest(w faultWrite) []byte {
+	g.t.Helper()
+	for k := range g.tgt {
+		if faultSession(k) == w.Session {
+			return g.tgt[k][w.Dst-faultBase(k) : w.Dst-faultBase(k)+w.Len]
+		}
+	}
+	g.t.Fatalf("unknown session %q", w.Session)
+	return nil
 }
 
 func firstDiff(a, b []byte) int {

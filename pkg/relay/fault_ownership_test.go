@@ -27,16 +27,7 @@ import (
 func (g *faultGroup) ownOrNone(index int, ws []faultWrite) {
 	g.t.Helper()
 	for _, w := range ws {
-		k := -1
-		for r := range g.tgt {
-			if faultSession(r) == w.Session {
-				k = r
-			}
-		}
-		if k < 0 {
-			g.t.Fatalf("unknown session %q", w.Session)
-		}
-		got := g.tgt[k][w.Dst-faultBase(k) : w.Dst-faultBase(k)+w.Len]
+		got := g.dest(w)
 		want := make([]byte, w.Len)
 		faultPattern(want, faultSeed(index), w.Src)
 		for i := range got {

@@ -58,34 +58,36 @@ func (t *tokenTable) add(e tokenEntry) uint64 {
 }
 
 func (t *tokenTable) take(tok uint64) (tokenEntry, bool) {
-	i, gen := uint32(tok), uint32(tok>>32)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if int(i) >= len(t.slots) {
+	i, ok := t.find(tok)
+	if !ok {
 		return tokenEntry{}, false
 	}
-	s := &t.slots[i]
-	if s.gen != gen || s.ent.kind == 0 {
-		return tokenEntry{}, false
-	}
-	e := s.ent
+	e := t.slots[i].ent
 	t.release(i)
 	return e, true
 }
 
-// peek returns what tok stands for, if it is still out, and leaves it out.
-func (t *tokenTable) peek(tok uint64) (tokenEntry, bool) {
+// find is the slot of tok while it is out. t.mu is held.
+func (t *tokenTable) find(tok uint64) (uint32, bool) {
 	i, gen := uint32(tok), uint32(tok>>32)
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	if int(i) >= len(t.slots) {
-		return tokenEntry{}, false
+		return 0, false
 	}
 	s := &t.slots[i]
-	if s.gen != gen || s.ent.kind == 0 {
+	return i, s.gen == gen && s.ent.kind != 0
+}
+
+// peek returns what tok stands for, if it is still out, and leaves it out.
+func (t *tokenTable) peek(tok uint64) (tokenEntry, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	i, ok := t.find(tok)
+	if !ok {
 		return tokenEntry{}, false
 	}
-	return s.ent, true
+	return t.slots[i].ent, true
 }
 
 // release frees slot i. t.mu is held.

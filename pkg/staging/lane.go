@@ -124,6 +124,19 @@ func (l *Lane) Claim(owner Identity, ns PidNS, laneEpoch uint64, now int64) {
 	atomic.StoreUint64(&l.Sender.NextSeq, 1)
 	atomic.StoreUint64(&l.Sender.PublishedSeq, 0)
 	atomic.StoreUint64(&l.Sender.ReapedSeq, 0)
+	l.resetRing()
+	atomic.StoreUint64(&l.Owner.StartTime, owner.StartTime)
+	atomic.StoreUint64(&l.Owner.PidNSDev, ns.Dev)
+	atomic.StoreUint64(&l.Owner.PidNSIno, ns.Ino)
+	atomic.StoreUint64(&l.Owner.SenderEpoch, owner.Epoch)
+	atomic.StoreUint64(&l.Owner.LaneEpoch, laneEpoch)
+	atomic.StoreUint64(&l.Owner.ClaimedAt, uint64(now))
+	atomic.StoreUint64(&l.Owner.Pid, uint64(owner.Pid))
+}
+
+// resetRing zeroes the words of the lane's ring that hold seqs: ready and
+// part words, completions, Desc commit seqs and the completed seq.
+func (l *Lane) resetRing() {
 	atomic.StoreUint64(&l.Relay.CompletedSeq, 0)
 	for s := range l.Ready {
 		atomic.StoreUint64(&l.Ready[s].Seq, 0)
@@ -138,13 +151,6 @@ func (l *Lane) Claim(owner Identity, ns PidNS, laneEpoch uint64, now int64) {
 	for s := range l.Descs {
 		atomic.StoreUint64(&l.Descs[s].CommitSeq, 0)
 	}
-	atomic.StoreUint64(&l.Owner.StartTime, owner.StartTime)
-	atomic.StoreUint64(&l.Owner.PidNSDev, ns.Dev)
-	atomic.StoreUint64(&l.Owner.PidNSIno, ns.Ino)
-	atomic.StoreUint64(&l.Owner.SenderEpoch, owner.Epoch)
-	atomic.StoreUint64(&l.Owner.LaneEpoch, laneEpoch)
-	atomic.StoreUint64(&l.Owner.ClaimedAt, uint64(now))
-	atomic.StoreUint64(&l.Owner.Pid, uint64(owner.Pid))
 }
 
 // Renew gives a held lane a new epoch (a rollover). The caller holds the
@@ -371,22 +377,8 @@ func (r *RelayLane) Open() {
 	if r.open || r.epoch == 0 {
 		return
 	}
-	l := r.lane
-	for s := range l.Ready {
-		atomic.StoreUint64(&l.Ready[s].Seq, 0)
-		for p := range l.Ready[s].Parts {
-			atomic.StoreUint64(&l.Ready[s].Parts[p], 0)
-		}
-	}
-	for s := range l.Completions {
-		atomic.StoreUint64(&l.Completions[s].Seq, 0)
-		atomic.StoreInt32(&l.Completions[s].Status, 0)
-	}
-	for s := range l.Descs {
-		atomic.StoreUint64(&l.Descs[s].CommitSeq, 0)
-	}
-	atomic.StoreUint64(&l.Relay.CompletedSeq, 0)
-	atomic.StoreUint64(&l.Relay.OpenEpoch, r.epoch)
+	r.lane.resetRing()
+	atomic.StoreUint64(&r.lane.Relay.OpenEpoch, r.epoch)
 	r.open = true
 }
 
