@@ -212,8 +212,8 @@ func (c *cluster) checkDRAClaims() {
 	// one CDI spec per prepared claim.
 	own := c.podClaim(nsD, d3.name)
 	want := map[string][]string{
-		groupKey(nsD, "claim", c.claimUID(nsD, "job4")): {"d1.txt", "d2.txt"},
-		groupKey(nsD, "claim", c.claimUID(nsD, own)):    {"d3.txt"},
+		c.draKey(nsD, "claim", c.claimUID(nsD, "job4")): {"d1.txt", "d2.txt"},
+		c.draKey(nsD, "claim", c.claimUID(nsD, own)):    {"d3.txt"},
 	}
 	var wantKeys []string
 	for k, files := range want {
@@ -240,7 +240,7 @@ func (c *cluster) checkDRAClaims() {
 // are gone the claim's folder is too.
 func (c *cluster) checkDRARankPair() {
 	c.apply(claimYAML(nsD, "job5", "", false))
-	key := groupKey(nsD, "claim", c.claimUID(nsD, "job5"))
+	key := c.draKey(nsD, "claim", c.claimUID(nsD, "job5"))
 	c.runRankPair(nsD, []string{"drank0", "drank1"}, relayHolder{claim: "job5"})
 	dir := filepath.Join(c.draGroupsDir(), key)
 	c.poll("job5's group folder removed once its pods are gone", time.Minute, func() (bool, string) {
@@ -338,7 +338,7 @@ func (c *cluster) checkDRARankMetrics() {
 			if err != nil || uid == "" {
 				return false, fmt.Sprintf("claim %s: no UID (%v)", claim, err)
 			}
-			key = groupKey(nsD, "claim", uid)
+			key = c.draKey(nsD, "claim", uid)
 		}
 		var p pod
 		if err := c.getJSON(&p, "pod", "-n", nsD, name); err == nil && (p.Status.Phase == "Succeeded" || p.Status.Phase == "Failed") {
@@ -401,7 +401,7 @@ func (c *cluster) checkDRAAdminAccess() {
 	c.apply(claimYAML(nsDAdmin, "diag", "", true))
 	admin := workload{nsDAdmin, "diag", relayHolder{claim: "diag"}}
 	c.startWorkloads(admin)
-	key := groupKey(nsD, "claim", c.claimUID(nsD, "job4"))
+	key := c.draKey(nsD, "claim", c.claimUID(nsD, "job4"))
 	got := c.listDir(admin.ns, admin.name)
 	found := false
 	for _, name := range got {

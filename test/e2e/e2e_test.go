@@ -22,6 +22,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -409,11 +410,18 @@ func (c *cluster) startWorkloads(ws ...workload) {
 	})
 }
 
-// groupKey is the device plugin's group folder name (docs/device-plugin.md):
-// the first 16 hex digits of SHA-256 over namespace, source and identity,
-// each preceded by its length as 8 big-endian bytes.
-func groupKey(namespace, source, identity string) string {
-	h := sha256.New()
+// groupKey is a node plugin's group folder name (docs/device-plugin.md):
+// the first 16 hex digits of the HMAC-SHA-256, under the plugin's node
+// secret (the file group-key-secret in its state folder, stateDir under
+// the cluster's folder), of namespace, source and identity, each preceded
+// by its length as 8 big-endian bytes.
+func (c *cluster) groupKey(stateDir, namespace, source, identity string) string {
+	c.t.Helper()
+	secret, err := os.ReadFile(filepath.Join(c.dir, stateDir, "group-key-secret"))
+	if err != nil {
+		c.t.Fatalf("the plugin's node secret: %v", err)
+	}
+	h := hmac.New(sha256.New, secret)
 	for _, f := range []string{namespace, source, identity} {
 		var n [8]byte
 		binary.BigEndian.PutUint64(n[:], uint64(len(f)))
@@ -421,6 +429,16 @@ func groupKey(namespace, source, identity string) string {
 		h.Write([]byte(f))
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// pluginKey is the device plugin's group folder name; draKey the DRA
+// driver's.
+func (c *cluster) pluginKey(namespace, source, identity string) string {
+	return c.groupKey("pxn-state", namespace, source, identity)
+}
+
+func (c *cluster) draKey(namespace, source, identity string) string {
+	return c.groupKey("pxn-dra-state", namespace, source, identity)
 }
 
 func (c *cluster) groupsDir() string { return filepath.Join(c.shmDir, "groups") }
@@ -482,9 +500,9 @@ func (c *cluster) checkWorkloads() {
 
 	// The host side: one folder per (namespace, group label).
 	wantDirs := map[string][]string{
-		groupKey(nsA, "label", "job1"): {"a1.txt", "a2.txt"},
-		groupKey(nsA, "label", "job2"): {"c1.txt"},
-		groupKey(nsB, "label", "job1"): {"b1.txt"},
+		c.pluginKey(nsA, "label", "job1"): {"a1.txt", "a2.txt"},
+		c.pluginKey(nsA, "label", "job2"): {"c1.txt"},
+		c.pluginKey(nsB, "label", "job1"): {"b1.txt"},
 	}
 	entries, err := os.ReadDir(c.groupsDir())
 	if err != nil {
