@@ -84,10 +84,13 @@ func TestRelayHandsPiecesWhole(t *testing.T) {
 }
 
 // A busy PieceHop takes none of a Piece; the relay offers the whole Piece
-// again, and once the hop has room it takes every write in one call.
+// again, and once the hop has room it takes every write in one call. The
+// Piece is copied whole (one part): a Piece in parts is handed over as its
+// parts land, in as many calls as the hop was free while they landed.
 func TestRelayRetriesABusyPieceWhole(t *testing.T) {
 	const block, n = 4 << 10, 300
-	p := newPair(t, pairOpts{tgtSize: n * block, srcSize: n * block, manual: true})
+	p := newPair(t, pairOpts{tgtSize: n * block, srcSize: n * block, manual: true,
+		cfg: func(c *engineconfig.Config) { c.SlotParts = 1 }})
 	for !p.a.HasRelay("rail1") {
 		p.a.RunRound()
 		p.b.RunRound()
