@@ -82,6 +82,9 @@ func TestIdlePumpSleepsUntilItsHeartbeat(t *testing.T) {
 		e    *relay.Engine
 		r    *memRank
 	}{{"sender", p.a, p.rankA}, {"relay", p.b, p.rankB}}
+	// Each rank relays for the other: a claim wakes the relay it claims a
+	// lane on, so both claims come first.
+	waitFor(t, "each rank holding a lane on the other", func() bool { return p.a.HasRelay("rail1") && p.b.HasRelay("rail0") })
 	for _, rk := range ranks {
 		waitFor(t, rk.name+" pump asleep", func() bool { return pumpAsleep(rk.e, rk.r.Wake()) })
 	}
