@@ -33,6 +33,7 @@
 
 #define PXN_SHARE_IPC_HANDLE 1
 #define PXN_SHARE_FD 2
+#define PXN_SHARE_LANE_FD 4
 
 #define PXN_ARENA_HOST 1
 #define PXN_ARENA_CUDA 2

@@ -105,8 +105,8 @@ func TestGPURanksThroughCABI(t *testing.T) {
 			if len(ns) != 2 || ns[own] {
 				t.Fatalf("the ranks' PID namespaces %v (this process: %s): want two of their own", ns, own)
 			}
-			if !strings.Contains(out, `share="descriptor"`) || strings.Contains(out, `share="handle"`) {
-				t.Fatal("the ranks did not map each other's arena by descriptor")
+			if !strings.Contains(out, `share="lane-descriptor"`) || strings.Contains(out, `share="handle"`) {
+				t.Fatal("the ranks did not map each other's lanes by descriptor")
 			}
 		})
 	}

@@ -138,7 +138,7 @@ func TestInspectShowsRanksLanesAndGarbage(t *testing.T) {
 	relayID := fmt.Sprintf("%s/%016x", pid, relay.Identity().Epoch)
 	senderID := fmt.Sprintf("%s/%016x", pid, sender.Identity().Epoch)
 	for _, want := range [][]string{
-		{group, relay.Name(), "READY", pid, fmt.Sprintf("%016x", relay.Identity().Epoch), "rail0", "mlx5_0", "host", "descriptor", ns.String(), " pid ", "live"},
+		{group, relay.Name(), "READY", pid, fmt.Sprintf("%016x", relay.Identity().Epoch), "rail0", "mlx5_0", "host", "lane-descriptor", ns.String(), " pid ", "live"},
 		{group, sender.Name(), "READY", pid, "rail1", "mlx5_1", "live"},
 		{group, relayID, " 0 ", senderID, fmt.Sprintf("%016x", link.LaneEpoch()), " 42 ", " 41 ", " 40 ", " 39 ", " pid ", "live"},
 		{group, relayID, " 6 ", " - ", " - ", " 0 ", " 0 ", " 0 ", " 0 ", "free"},

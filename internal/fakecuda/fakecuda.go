@@ -26,6 +26,10 @@ const (
 	VersionEnv = "PXN_FAKECUDA_VERSION"
 	// InitEnv makes cuInit return the result it names.
 	InitEnv = "PXN_FAKECUDA_INIT"
+	// VMMEnv, set to 1, makes the driver hand out the virtual memory
+	// calls (cuMemCreate and the rest, POSIX descriptors only), which a
+	// driver without them lacks.
+	VMMEnv = "PXN_FAKECUDA_VMM"
 )
 
 // Source is the path of fakecuda.c.

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -76,4 +77,27 @@ func EnvtestAssets(t testing.TB) string {
 		t.Fatalf("envtest assets: %v", err)
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// MappingSize is the size of this process's mapping that starts at addr,
+// from /proc/self/maps; 0 when none does.
+func MappingSize(t testing.TB, addr uintptr) uint64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		r, _, _ := strings.Cut(line, " ")
+		lo, hi, ok := strings.Cut(r, "-")
+		if !ok {
+			continue
+		}
+		start, err1 := strconv.ParseUint(lo, 16, 64)
+		end, err2 := strconv.ParseUint(hi, 16, 64)
+		if err1 == nil && err2 == nil && uintptr(start) == addr {
+			return end - start
+		}
+	}
+	return 0
 }

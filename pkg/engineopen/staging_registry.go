@@ -49,6 +49,11 @@ func (s *StagingRegistry) PublishStats(st *staging.RankStats) {
 	s.rank.PublishStats(st, staging.MonoNanos())
 }
 
+// LateSenders marks the inbound lanes whose sender is late (registry.Rank.LateSenders).
+func (s *StagingRegistry) LateSenders(late *[staging.LaneCount]bool) {
+	s.rank.LateSenders(staging.MonoNanos(), late)
+}
+
 // Peers returns a slice of its own, valid until the next call of Peers.
 func (s *StagingRegistry) Peers() ([]relay.Peer, error) {
 	var err error

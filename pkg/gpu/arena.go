@@ -28,8 +28,9 @@ const (
 	// ShareLegacyIPC: a cuMemAlloc arena whose CUDA IPC handle peers open
 	// (within one PID namespace, or from a namespace below the owner's).
 	ShareLegacyIPC
-	// ShareDescriptor: a cuMemCreate arena exported as a POSIX file
-	// descriptor, which a peer in any PID namespace can import.
+	// ShareDescriptor: a cuMemCreate allocation a lane, each exported as a
+	// POSIX file descriptor to that lane's holder alone, which a peer in
+	// any PID namespace can import.
 	ShareDescriptor
 )
 
@@ -68,15 +69,18 @@ type ArenaOptions struct {
 // Arenas provides staging arenas in device memory, of staging.ArenaSize
 // each, and maps peers' arenas (docs/cuda.md, "The GPU arena").
 //
-// With descriptor sharing the arena is physical memory made with cuMemCreate
-// (exportable as a POSIX file descriptor, and registrable with an RDMA NIC
-// where the device supports that), mapped read-write for the provider's
-// device; it has no legacy IPC handle, since cuIpcGetMemHandle applies only
-// to cuMemAlloc memory, so its header offers staging.ShareFD alone. With
-// legacy IPC the arena is one cuMemAlloc whose 64-byte CUDA IPC handle peers
-// open with cuIpcOpenMemHandle; it offers staging.ShareIPCHandle alone.
+// With descriptor sharing the arena is one cuMemCreate allocation a lane
+// (each exportable as a POSIX file descriptor, and registrable with an
+// RDMA NIC where the device supports that), mapped side by side into one
+// reserved range, read-write for the provider's device, so the owner sees
+// one arena of staging.ArenaSize; it has no legacy IPC handle, since
+// cuIpcGetMemHandle applies only to cuMemAlloc memory, so its header
+// offers staging.ShareLaneFD alone, and a lane's holder maps that lane and
+// nothing else. With legacy IPC the arena is one cuMemAlloc whose 64-byte
+// CUDA IPC handle peers open with cuIpcOpenMemHandle; it offers
+// staging.ShareIPCHandle alone, and every holder maps the whole arena.
 // Either way peers' arenas are mapped by the way they offer: Open for a
-// handle, OpenFD for a descriptor.
+// handle, OpenLaneFD for a lane's descriptor.
 type Arenas struct {
 	g    *GPU
 	want ArenaShare
@@ -90,9 +94,10 @@ type Arenas struct {
 }
 
 var (
-	_ staging.ArenaProvider   = (*Arenas)(nil)
-	_ staging.FDArenaProvider = (*Arenas)(nil)
-	_ staging.FDArena         = (*fdArena)(nil)
+	_ staging.ArenaProvider       = (*Arenas)(nil)
+	_ staging.LaneFDArenaProvider = (*Arenas)(nil)
+	_ staging.LaneFDArena         = (*fdArena)(nil)
+	_ staging.PeerLane            = (*fdPeerArena)(nil)
 )
 
 // NewArenas returns a provider that allocates on g, sharing by descriptor
@@ -198,8 +203,11 @@ func (a *Arenas) allocateIPC() (staging.Arena, error) {
 	return &ipcArena{g: a.g, base: base, handle: h}, nil
 }
 
-// allocateFD makes, maps and exports once (to learn that it can) an arena
-// of staging.ArenaSize rounded up to the allocation granularity.
+// allocateFD makes one allocation of staging.LaneBytes a lane, maps them
+// side by side into one reservation of staging.ArenaSize, and exports one
+// once (to learn that it can). cuMemMap maps an allocation from its start
+// only, so a lane must be whole allocations: LaneBytes must be a multiple
+// of the allocation granularity.
 func (a *Arenas) allocateFD() (staging.Arena, error) {
 	d, dev := a.g.d, a.g.dev
 	if err := d.FDShareSupport(dev); err != nil {
@@ -213,24 +221,20 @@ func (a *Arenas) allocateFD() (staging.Arena, error) {
 		if err != nil {
 			return err
 		}
-		if ar.mapped, err = cuda.AlignUp(staging.ArenaSize, gran); err != nil {
+		if gran == 0 || staging.LaneBytes%gran != 0 {
+			return fmt.Errorf("a lane of %d bytes is not a whole number of allocations of granularity %d", uint64(staging.LaneBytes), gran)
+		}
+		if ar.base, err = d.MemAddressReserve(staging.ArenaSize, gran); err != nil {
 			return err
 		}
-		if ar.handle, err = d.MemCreate(ar.mapped, prop); err != nil {
-			return err
-		}
-		if ar.base, err = d.MemAddressReserve(ar.mapped, gran); err != nil {
-			return errors.Join(err, d.MemRelease(ar.handle))
-		}
-		if err := d.MemMap(ar.base, ar.mapped, 0, ar.handle); err != nil {
-			return errors.Join(err, d.MemAddressFree(ar.base, ar.mapped), d.MemRelease(ar.handle))
-		}
-		err = d.MemSetAccess(ar.base, ar.mapped, dev)
-		if err == nil {
-			var fd int
-			if fd, err = d.MemExportFD(ar.handle); err == nil {
-				err = unix.Close(fd)
+		for i := range ar.handles {
+			if err := ar.mapLane(i, prop); err != nil {
+				return errors.Join(err, ar.free())
 			}
+		}
+		fd, err := d.MemExportFD(ar.handles[0])
+		if err == nil {
+			err = unix.Close(fd)
 		}
 		if err != nil {
 			return errors.Join(err, ar.free())
@@ -264,16 +268,13 @@ func (a *Arenas) Open(_ *os.File, handle [staging.ArenaHandleSize]byte) (staging
 	return &ipcPeerArena{g: a.g, base: base}, nil
 }
 
-// maxPeerArena bounds the size a peer may ask OpenFD to map.
-const maxPeerArena = 4 * staging.ArenaSize
-
-// OpenFD imports the arena a peer exported as a POSIX descriptor, reserves
-// address space for size bytes rounded up to the allocation's granularity,
-// maps it and makes it readable and writable from the provider's device.
-// fd stays the caller's. A failure is an *ImportError, which says why and
-// whether the relay can be used at all.
-func (a *Arenas) OpenFD(fd int, size uint64) (staging.PeerArena, error) {
-	p, err := a.openFD(fd, size)
+// OpenLaneFD imports lane of the arena a peer exported as a POSIX
+// descriptor, reserves address space for that lane alone, maps it and
+// makes it readable and writable from the provider's device. fd stays the
+// caller's. A failure is an *ImportError, which says why and whether the
+// relay can be used at all.
+func (a *Arenas) OpenLaneFD(fd int, lane int) (staging.PeerLane, error) {
+	p, err := a.openLaneFD(fd, lane)
 	if err != nil {
 		a.failedFD.Add(1)
 		return nil, err
@@ -282,17 +283,17 @@ func (a *Arenas) OpenFD(fd int, size uint64) (staging.PeerArena, error) {
 	return p, nil
 }
 
-func (a *Arenas) openFD(fd int, size uint64) (staging.PeerArena, error) {
-	if fd < 0 {
-		return nil, fmt.Errorf("gpu peer arena: descriptor %d", fd)
+func (a *Arenas) openLaneFD(fd int, lane int) (*fdPeerArena, error) {
+	if lane < 0 || lane >= staging.LaneCount {
+		return nil, fmt.Errorf("%w: gpu peer arena: lane %d out of range 0..%d", registry.ErrCorruptEntry, lane, staging.LaneCount-1)
 	}
-	if size < staging.ArenaSize || size > maxPeerArena {
-		return nil, fmt.Errorf("%w: peer arena of %d bytes, want %d..%d", registry.ErrCorruptEntry, size, uint64(staging.ArenaSize), uint64(maxPeerArena))
+	if fd < 0 {
+		return nil, fmt.Errorf("gpu peer arena lane %d: descriptor %d", lane, fd)
 	}
 	d := a.g.d
-	p := &fdPeerArena{g: a.g}
+	p := &fdPeerArena{g: a.g, lane: lane, mapped: staging.LaneBytes}
 	fail := func(step string, err error) error {
-		return &ImportError{Share: ShareDescriptor, Step: step, Device: a.g.ordinal, Err: err}
+		return &ImportError{Share: ShareDescriptor, Step: step, Device: a.g.ordinal, Lane: lane, Err: err}
 	}
 	err := a.g.Do(func() error {
 		var err error
@@ -307,12 +308,14 @@ func (a *Arenas) openFD(fd int, size uint64) (staging.PeerArena, error) {
 		if err != nil {
 			return errors.Join(fail("cuMemGetAllocationGranularity", err), d.MemRelease(p.handle))
 		}
-		if p.mapped, err = cuda.AlignUp(size, gran); err != nil {
-			return errors.Join(err, d.MemRelease(p.handle))
+		if gran == 0 || staging.LaneBytes%gran != 0 {
+			return errors.Join(fail("cuMemGetAllocationGranularity", fmt.Errorf("a lane of %d bytes is not a whole number of allocations of granularity %d", uint64(staging.LaneBytes), gran)), d.MemRelease(p.handle))
 		}
 		if p.base, err = d.MemAddressReserve(p.mapped, gran); err != nil {
 			return errors.Join(fail("cuMemAddressReserve", err), d.MemRelease(p.handle))
 		}
+		// cuMemMap refuses a size past the allocation's end: a
+		// descriptor of less than a lane is never mapped.
 		if err := d.MemMap(p.base, p.mapped, 0, p.handle); err != nil {
 			return errors.Join(fail("cuMemMap", err), d.MemAddressFree(p.base, p.mapped), d.MemRelease(p.handle))
 		}
@@ -339,11 +342,17 @@ type ImportError struct {
 	Step string
 	// Device is this process's GPU ordinal.
 	Device int
-	Err    error
+	// Lane is the lane asked for, shared by descriptor.
+	Lane int
+	Err  error
 }
 
 func (e *ImportError) Error() string {
-	s := fmt.Sprintf("gpu peer arena (shared by %s) on device %d: %s: %v", e.Share, e.Device, e.Step, e.Err)
+	what := "gpu peer arena"
+	if e.Share == ShareDescriptor {
+		what = fmt.Sprintf("gpu peer arena lane %d", e.Lane)
+	}
+	s := fmt.Sprintf("%s (shared by %s) on device %d: %s: %v", what, e.Share, e.Device, e.Step, e.Err)
 	if h := e.Hint(); h != "" {
 		s += "; " + h
 	}
@@ -415,14 +424,17 @@ func (a *ipcArena) Close() error {
 	return a.close(a.g, "gpu arena", a.base, func() error { return a.g.d.MemFree(a.base) })
 }
 
+// fdArena is one cuMemCreate allocation a lane, mapped side by side from
+// base.
 type fdArena struct {
-	g      *GPU
-	base   cuda.DevicePtr
-	handle cuda.MemHandle
-	// mapped is staging.ArenaSize rounded up to the granularity: the size
-	// of the allocation, the reservation and the mapping.
-	mapped uint64
-	// closeOnce's lock also keeps ExportFD from exporting a closed arena.
+	g    *GPU
+	base cuda.DevicePtr
+	// handles[i] is lane i's allocation; created of them exist, and the
+	// first mapped are mapped and readable and writable.
+	handles         [staging.LaneCount]cuda.MemHandle
+	created, mapped int
+	// closeOnce's lock also keeps ExportLaneFD from exporting a closed
+	// arena.
 	closeOnce
 }
 
@@ -430,15 +442,38 @@ func (a *fdArena) Kind() uint32  { return staging.ArenaCUDA }
 func (a *fdArena) Base() uintptr { return uintptr(a.base) }
 func (a *fdArena) Size() uint64  { return staging.ArenaSize }
 
-// Export fails with staging.ErrNoHandle: peers get a descriptor
-// (ExportFD).
+// mapLane creates lane i's allocation and maps it at its place; the
+// context must be current.
+func (a *fdArena) mapLane(i int, prop cuda.AllocationProp) error {
+	d := a.g.d
+	h, err := d.MemCreate(staging.LaneBytes, prop)
+	if err != nil {
+		return fmt.Errorf("lane %d: %w", i, err)
+	}
+	a.handles[i], a.created = h, i+1
+	at := a.base + cuda.DevicePtr(staging.LaneOffset(i))
+	if err := d.MemMap(at, staging.LaneBytes, 0, h); err != nil {
+		return fmt.Errorf("lane %d: %w", i, err)
+	}
+	a.mapped = i + 1
+	if err := d.MemSetAccess(at, staging.LaneBytes, a.g.dev); err != nil {
+		return fmt.Errorf("lane %d: %w", i, err)
+	}
+	return nil
+}
+
+// Export fails with staging.ErrNoHandle: peers get a lane's descriptor
+// (ExportLaneFD).
 func (a *fdArena) Export() ([staging.ArenaHandleSize]byte, error) {
 	return [staging.ArenaHandleSize]byte{}, fmt.Errorf("gpu arena %#x: cuMemCreate memory has no legacy CUDA IPC handle: %w", uint64(a.base), staging.ErrNoHandle)
 }
 
-// ExportFD returns a new close-on-exec descriptor of the arena's memory;
-// the caller closes it.
-func (a *fdArena) ExportFD() (int, error) {
+// ExportLaneFD returns a new close-on-exec descriptor of lane's
+// allocation; the caller closes it.
+func (a *fdArena) ExportLaneFD(lane int) (int, error) {
+	if lane < 0 || lane >= staging.LaneCount {
+		return -1, fmt.Errorf("gpu arena %#x: lane %d out of range 0..%d", uint64(a.base), lane, staging.LaneCount-1)
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
@@ -447,27 +482,37 @@ func (a *fdArena) ExportFD() (int, error) {
 	fd := -1
 	err := a.g.Do(func() error {
 		var err error
-		fd, err = a.g.d.MemExportFD(a.handle)
+		fd, err = a.g.d.MemExportFD(a.handles[lane])
 		return err
 	})
 	if err != nil {
-		return -1, fmt.Errorf("gpu arena %#x: %w", uint64(a.base), err)
+		return -1, fmt.Errorf("gpu arena %#x lane %d: %w", uint64(a.base), lane, err)
 	}
 	// The driver's descriptor need not be close-on-exec; a child the
-	// application starts must not inherit the arena.
+	// application starts must not inherit the lane.
 	unix.CloseOnExec(fd)
 	return fd, nil
 }
 
 // Close unmaps and releases the arena. The registry calls it only after
-// every peer lease is gone; a peer that still maps it keeps the memory
-// alive until it unmaps.
+// every peer lease is gone; a peer that still maps a lane keeps that
+// lane's memory alive until it unmaps.
 func (a *fdArena) Close() error { return a.close(a.g, "gpu arena", a.base, a.free) }
 
-// free needs the context current.
+// free unmaps and releases the lanes made so far and the reservation; it
+// needs the context current.
 func (a *fdArena) free() error {
 	d := a.g.d
-	return errors.Join(d.MemUnmap(a.base, a.mapped), d.MemAddressFree(a.base, a.mapped), d.MemRelease(a.handle))
+	var errs []error
+	for i := range a.mapped {
+		errs = append(errs, d.MemUnmap(a.base+cuda.DevicePtr(staging.LaneOffset(i)), staging.LaneBytes))
+	}
+	for i := range a.created {
+		errs = append(errs, d.MemRelease(a.handles[i]))
+	}
+	a.mapped, a.created = 0, 0
+	errs = append(errs, d.MemAddressFree(a.base, staging.ArenaSize))
+	return errors.Join(errs...)
 }
 
 type ipcPeerArena struct {
@@ -484,17 +529,20 @@ func (p *ipcPeerArena) Close() error {
 	return p.close(p.g, "gpu peer arena", p.base, func() error { return p.g.d.IPCCloseMemHandle(p.base) })
 }
 
+// fdPeerArena is one lane of a peer's arena, imported by descriptor.
 type fdPeerArena struct {
 	g      *GPU
 	base   cuda.DevicePtr
 	handle cuda.MemHandle
 	mapped uint64
+	lane   int
 	closeOnce
 }
 
 func (p *fdPeerArena) Base() uintptr { return uintptr(p.base) }
+func (p *fdPeerArena) Lane() int     { return p.lane }
 
-// Close unmaps the peer's arena, frees the address range and releases the
+// Close unmaps the peer's lane, frees the address range and releases the
 // imported handle. Work this process enqueued into it must have completed.
 func (p *fdPeerArena) Close() error { return p.close(p.g, "gpu peer arena", p.base, p.free) }
 

@@ -26,7 +26,7 @@ import (
 // chooses, rings and refuses; when a GPU does the work, and in which order,
 // the GPU tests beside them judge on a GPU.
 
-func fakeLib(t *testing.T) string {
+func fakeLib(t testing.TB) string {
 	t.Helper()
 	if lib := os.Getenv(fakecuda.LibEnv); lib != "" {
 		return lib
@@ -36,7 +36,7 @@ func fakeLib(t *testing.T) string {
 
 // openFake opens device 0 of the fake driver reporting version, with its
 // context current on the test's locked thread.
-func openFake(t *testing.T, lib string, version int) *gpu.GPU {
+func openFake(t testing.TB, lib string, version int) *gpu.GPU {
 	t.Helper()
 	t.Setenv(fakecuda.VersionEnv, strconv.Itoa(version))
 	d, err := cuda.LoadLibrary(lib)

@@ -306,3 +306,61 @@ func TestFaultPartsThatNeverLandStopNoOtherLane(t *testing.T) {
 		}
 	}
 }
+
+// A sender whose heartbeat is late but which still rings (a starved
+// process, or one whose GPU streams run on while it is stopped) keeps its
+// lane, and its relay takes no new ticket from it until it beats again;
+// then every write completes with its own bytes.
+func TestFaultLateSenderGetsNoNewTicket(t *testing.T) {
+	const hb = 500 * time.Millisecond
+	g := newFaultGroup(t, faultGroupOpts{rails: 3, env: map[string]string{
+		"MC_PXN_HEARTBEAT_TIMEOUT_MS": strconv.Itoa(int(hb / time.Millisecond)),
+		"MC_PXN_CREDIT_TIMEOUT_MS":    "60000",
+	}})
+	r := g.start("relay", 1, faultMiB)
+	s := g.start("sender", 0, 4*faultMiB)
+	s.route(faultRail(1), true, 20*time.Second)
+	s.submit(true, faultWrites(1, 2, faultPiece, 0, 0)...)
+	checkStates(t, s.wait(20*time.Second), map[string]int{"completed": 2})
+
+	s.call(faultReq{Op: "pausebeat", On: true})
+	eventually(t, 20*time.Second, "the sender's heartbeat three timeouts old", func() bool {
+		rep := g.inspect(s.pid)
+		return rep != nil && rep.HeartbeatAge > 3*hb
+	})
+	s.submit(true, faultWrites(1, 4, faultPiece, 0, 2*faultPiece)...)
+	var lane int
+	eventually(t, 20*time.Second, "four more published", func() bool {
+		l := g.laneOf(r.pid, s.pid)
+		if l != nil {
+			lane = l.Lane
+		}
+		return l != nil && l.Published == 6
+	})
+	// Each new heartbeat of the relay is a round of its pump that looked
+	// at the lane's tickets after it judged the sender.
+	ctl := g.control(r, false)
+	beats, last := 0, ctl.Header.LoadHeartbeat()
+	eventually(t, 20*time.Second, "three heartbeats of the relay", func() bool {
+		if hb := ctl.Header.LoadHeartbeat(); hb != last {
+			beats, last = beats+1, hb
+		}
+		return beats >= 3
+	})
+	if l := g.laneOf(r.pid, s.pid); l == nil || l.Lane != lane || l.Completed != 2 {
+		t.Fatalf("late sender's lane %+v, want lane %d with two completed", l, lane)
+	}
+	for i, task := range s.tasks()[2:] {
+		if task.State != "pending" {
+			t.Errorf("task %d of the late sender is %s (%s), want pending", 2+i, task.State, task.Err)
+		}
+	}
+
+	s.call(faultReq{Op: "pausebeat", On: false})
+	ts := s.wait(30 * time.Second)
+	checkStates(t, ts, map[string]int{"completed": 6})
+	g.verify(0, ts)
+	if k := s.counters().Counters; k.RelayedPieces != 6 {
+		t.Errorf("relayed %d pieces, want 6", k.RelayedPieces)
+	}
+}

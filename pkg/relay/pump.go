@@ -285,6 +285,7 @@ func (p *pump) round(now time.Time) bool {
 		p.lastBeat = now
 		p.reg.Heartbeat(now)
 		p.publishStats()
+		p.rly.checkSenders()
 	}
 	if now.Sub(p.lastCheck) >= heartbeatInterval || p.snd.recheck {
 		p.lastCheck = now

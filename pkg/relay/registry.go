@@ -58,8 +58,8 @@ type Link interface {
 }
 
 // ArenaSharer is a Link that says how the relay's arena was mapped:
-// staging.ShareFD (a descriptor from the relay's arena socket) or
-// staging.ShareIPCHandle.
+// staging.ShareLaneFD (a descriptor of the lane alone from the relay's
+// arena socket) or staging.ShareIPCHandle (the whole arena).
 type ArenaSharer interface {
 	ArenaShare() uint32
 }
@@ -105,6 +105,14 @@ type Registry interface {
 // not wait on anything.
 type StatsPublisher interface {
 	PublishStats(st *staging.RankStats)
+}
+
+// LateSenders is a Registry that knows whether the senders of its inbound
+// lanes still beat. The pump asks with its heartbeat and takes no new
+// ticket from a lane marked late until its sender beats again; Pieces
+// already taken go on. It must not wait on anything.
+type LateSenders interface {
+	LateSenders(late *[staging.LaneCount]bool)
 }
 
 // ErrRegistryBusy means a registry operation needed a lock that another

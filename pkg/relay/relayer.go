@@ -50,10 +50,15 @@ type relayer struct {
 	resolvers sync.WaitGroup
 	// now is the clock reading of the pump's round.
 	now time.Time
+	// late marks the inbound lanes whose sender is late (LateSenders, nil
+	// when the registry cannot tell): no new ticket is taken from them.
+	lateSenders LateSenders
+	late        [staging.LaneCount]bool
 }
 
 func newRelayer(s *shared, reg Registry) *relayer {
 	rl := &relayer{s: s, reg: reg, routes: make(map[string]*route)}
+	rl.lateSenders, _ = reg.(LateSenders)
 	for i := range rl.in {
 		rl.in[i].rx = reg.Inbound(i)
 	}
@@ -300,6 +305,24 @@ func (rl *relayer) freeRec(rec *inflightRec) {
 	}
 }
 
+// checkSenders asks the registry which inbound lanes' senders are late,
+// with the pump's heartbeat.
+func (rl *relayer) checkSenders() {
+	if rl.lateSenders == nil {
+		return
+	}
+	was := rl.late
+	rl.lateSenders.LateSenders(&rl.late)
+	for i := range rl.late {
+		switch {
+		case rl.late[i] && !was[i]:
+			rl.s.log.Info("pxn takes no new ticket from a late sender", "lane", i)
+		case was[i] && !rl.late[i]:
+			rl.s.log.Info("pxn takes tickets again from a sender that beats again", "lane", i)
+		}
+	}
+}
+
 // sync follows inbound lane i to its current epoch and opens the epoch's
 // ring once no Piece taken under an earlier one still has writes in the
 // second hop (staging.RelayLane.Open); it returns false while no sender
@@ -328,6 +351,10 @@ func (rl *relayer) consume(i int) bool {
 	}
 	il := &rl.in[i]
 	if il.waiting != nil {
+		return false
+	}
+	if rl.late[i] {
+		rl.notReady(i)
 		return false
 	}
 	epoch := il.rx.Epoch()

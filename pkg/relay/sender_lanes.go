@@ -145,7 +145,7 @@ func (sn *sender) attach(pr Peer) *senderLane {
 	}
 	if as, ok := link.(ArenaSharer); ok {
 		switch as.ArenaShare() {
-		case staging.ShareFD:
+		case staging.ShareLaneFD:
 			s.counters.arenaByFD.Add(1)
 		case staging.ShareIPCHandle:
 			s.counters.arenaByHandle.Add(1)

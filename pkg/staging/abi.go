@@ -73,10 +73,16 @@ const (
 	// maps (a shm file name, or a legacy CUDA IPC handle, which opens only
 	// inside one PID namespace).
 	ShareIPCHandle = 1
-	// ShareFD: the rank hands a descriptor of its arena (a cuMem POSIX file
-	// descriptor) to the holder of one of its lanes, over its unix socket
-	// in the group folder (SCM_RIGHTS); it works across PID namespaces.
+	// ShareFD: the rank hands a descriptor of its whole arena to the
+	// holder of one of its lanes, over its unix socket in the group folder
+	// (SCM_RIGHTS). Retired: every holder would map every lane, so no rank
+	// offers it and none maps an arena that offers nothing else; a header
+	// that carries it is still well-formed.
 	ShareFD = 2
+	// ShareLaneFD: the rank hands the holder of lane i a descriptor of
+	// lane i's staging memory alone, over the same socket; the holder maps
+	// LaneBytes and nothing of the other lanes.
+	ShareLaneFD = 4
 )
 
 // Arena kinds stored in Header.ArenaKind.
@@ -236,7 +242,7 @@ type Header struct {
 	Rail         [48]byte
 	HCALen       uint32
 	// ArenaShares says how a peer may map the arena (ShareIPCHandle,
-	// ShareFD, or both).
+	// ShareFD, ShareLaneFD, or several).
 	ArenaShares uint32
 	HCA         [56]byte
 	IPCHandle   [64]byte

@@ -127,6 +127,7 @@ var goMacros = []cMacro{
 	{"PXN_STATE_CLOSING", StateClosing},
 	{"PXN_SHARE_IPC_HANDLE", ShareIPCHandle},
 	{"PXN_SHARE_FD", ShareFD},
+	{"PXN_SHARE_LANE_FD", ShareLaneFD},
 	{"PXN_ARENA_HOST", ArenaHost},
 	{"PXN_ARENA_CUDA", ArenaCUDA},
 	{"PXN_COMPLETION_OK", CompletionOK},

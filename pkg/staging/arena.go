@@ -8,9 +8,9 @@ import (
 )
 
 // ErrNoHandle is wrapped by Arena.Export when the arena has no handle to
-// export (a cuMem allocation, which legacy CUDA IPC cannot share) but can
-// still be shared by descriptor (FDArena): the rank then offers ShareFD
-// alone.
+// export (a memfd, or cuMem allocations, which legacy CUDA IPC cannot
+// share) but can still be shared by descriptor (LaneFDArena): the rank
+// then offers ShareLaneFD alone.
 var ErrNoHandle = errors.New("arena has no exportable handle")
 
 // ArenaHandleSize is the size of an exported arena handle: the size of a
@@ -60,22 +60,34 @@ type MemoryRegistrar interface {
 	Deregister(base uintptr, size uint64) error
 }
 
-// FDArena is an Arena that can hand out a file descriptor of its memory (a
-// shm file, a cuMem allocation exported as a POSIX descriptor), so that a
-// peer in another PID namespace can map it: the registry passes the
-// descriptor over the rank's arena socket (SCM_RIGHTS) to the holder of one
-// of its lanes, and sets ShareFD in its header.
-type FDArena interface {
-	// ExportFD returns a new descriptor of the arena's memory, close-on-exec.
-	// The caller owns it and closes it once sent.
-	ExportFD() (int, error)
+// LaneFDArena is an Arena made of one memory object per lane, laid out
+// contiguously in its owner's address space (so Base, LaneOffset and
+// SlotOffset, and one NIC registration of the whole arena, hold as for
+// any arena), each of which it can hand out as a file descriptor on its
+// own. The registry passes the holder of lane i the descriptor of lane i
+// alone, over the rank's arena socket, and sets ShareLaneFD in its
+// header: no member maps another's staging memory.
+type LaneFDArena interface {
+	// ExportLaneFD returns a new close-on-exec descriptor of lane's
+	// memory, LaneBytes long. The caller owns it and closes it once sent.
+	ExportLaneFD(lane int) (int, error)
 }
 
-// FDArenaProvider is an ArenaProvider that can map a peer's arena from a
-// descriptor the peer sent (FDArena.ExportFD).
-type FDArenaProvider interface {
-	// OpenFD maps size bytes of the arena fd refers to. The descriptor and
-	// size come from another process: untrusted input. OpenFD does not take
-	// ownership of fd; the caller closes it after OpenFD returns.
-	OpenFD(fd int, size uint64) (PeerArena, error)
+// PeerLane is one lane of another rank's arena mapped into this process:
+// LaneBytes of staging memory from Base, slot s at Base + s*SlotSize.
+// Nothing of the arena's other lanes is mapped.
+type PeerLane interface {
+	PeerArena
+	// Lane is the index of the lane in the peer's arena.
+	Lane() int
+}
+
+// LaneFDArenaProvider is an ArenaProvider that can map one lane of a
+// peer's arena from the descriptor the peer sent
+// (LaneFDArena.ExportLaneFD).
+type LaneFDArenaProvider interface {
+	// OpenLaneFD maps the LaneBytes of lane fd refers to. The descriptor
+	// comes from another process: untrusted input. OpenLaneFD does not
+	// take ownership of fd; the caller closes it after OpenLaneFD returns.
+	OpenLaneFD(fd int, lane int) (PeerLane, error)
 }

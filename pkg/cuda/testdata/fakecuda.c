@@ -10,12 +10,24 @@
  * Entry points come from cuGetProcAddress_v2 by name and CUDA version, as
  * from a real driver. PXN_FAKECUDA_VERSION sets the driver version
  * (default 13000); PXN_FAKECUDA_INIT makes cuInit return that result.
+ * PXN_FAKECUDA_VMM=1 hands out the virtual memory calls (cuMemCreate and
+ * the rest, POSIX descriptors only), which a driver without them lacks:
+ * an allocation is a memfd, a reservation PROT_NONE address space, and a
+ * mapping the memfd mapped over it, with the real driver's refusals that
+ * PXN relies on (a mapping starts at offset 0 of its allocation and never
+ * runs past its end; sizes and addresses are whole granules; a mapping is
+ * inaccessible until cuMemSetAccess; only this driver's exports import).
  */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -47,6 +59,8 @@ typedef struct block {
 	uintptr_t base;
 	size_t size;
 	int device;
+	/* vmm: a cuMemMap mapping, which cuMemFree does not free. */
+	int vmm;
 	struct block *next;
 } block;
 
@@ -231,6 +245,7 @@ static CUresult cuMemAlloc(CUdeviceptr *p, size_t n)
 	b->base = (uintptr_t)mem;
 	b->size = n;
 	b->device = (int)(current - contexts);
+	b->vmm = 0;
 	pthread_mutex_lock(&mu);
 	b->next = blocks;
 	blocks = b;
@@ -244,7 +259,7 @@ static CUresult cuMemFree(CUdeviceptr p)
 	pthread_mutex_lock(&mu);
 	for (block **at = &blocks; *at != NULL; at = &(*at)->next) {
 		block *b = *at;
-		if (b->base == (uintptr_t)p) {
+		if (b->base == (uintptr_t)p && !b->vmm) {
 			*at = b->next;
 			pthread_mutex_unlock(&mu);
 			free((void *)b->base);
@@ -567,6 +582,314 @@ static CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, u
 	return gather(plan, prefix, n, cuts, parts, words, seq);
 }
 
+/* Virtual memory management (PXN_FAKECUDA_VMM=1). */
+
+#define MAGIC_ALLOCATION 0xa11cu
+#define GRANULARITY ((size_t)2 << 20)
+#define MEMFD_PREFIX "fakecuda-mem-dev"
+
+typedef struct {
+	int type;
+	int id;
+} mem_location;
+
+typedef struct {
+	int type;
+	int requestedHandleTypes;
+	mem_location location;
+	void *win32HandleMetaData;
+	struct {
+		unsigned char compressionType;
+		unsigned char gpuDirectRDMACapable;
+		unsigned short usage;
+		unsigned char reserved[4];
+	} allocFlags;
+} allocation_prop;
+
+typedef struct {
+	mem_location location;
+	int flags;
+} access_desc;
+
+/* An allocation is a memfd of its size; a handle is its address. */
+typedef struct {
+	unsigned magic;
+	int fd;
+	size_t size;
+	int device;
+} allocation;
+
+typedef struct reservation {
+	uintptr_t base;
+	size_t size;
+	struct reservation *next;
+} reservation;
+
+static reservation *reservations;
+
+static int vmm_enabled(void)
+{
+	const char *v = getenv("PXN_FAKECUDA_VMM");
+	return v != NULL && strcmp(v, "1") == 0;
+}
+
+static int prop_ok(const allocation_prop *p)
+{
+	return p != NULL && p->type == 1 && p->location.type == 1 && p->location.id >= 0 && p->location.id < NDEV &&
+	       (p->requestedHandleTypes & 1) != 0;
+}
+
+static allocation *allocation_of(unsigned long long h)
+{
+	allocation *a = (allocation *)(uintptr_t)h;
+	return a != NULL && a->magic == MAGIC_ALLOCATION ? a : NULL;
+}
+
+static CUresult cuMemGetAllocationGranularity(size_t *g, const allocation_prop *prop, int option)
+{
+	if (g == NULL || !prop_ok(prop) || (option != 0 && option != 1))
+		return INVALID_VALUE;
+	*g = GRANULARITY;
+	return OK;
+}
+
+static CUresult new_allocation(unsigned long long *h, int fd, size_t size, int device)
+{
+	allocation *a = malloc(sizeof(*a));
+	if (a == NULL)
+		return OUT_OF_MEMORY;
+	a->magic = MAGIC_ALLOCATION;
+	a->fd = fd;
+	a->size = size;
+	a->device = device;
+	*h = (unsigned long long)(uintptr_t)a;
+	return OK;
+}
+
+static CUresult cuMemCreate(unsigned long long *h, size_t size, const allocation_prop *prop, unsigned long long flags)
+{
+	char name[32];
+	if (h == NULL || !prop_ok(prop) || flags != 0 || size == 0 || size % GRANULARITY != 0)
+		return INVALID_VALUE;
+	snprintf(name, sizeof(name), MEMFD_PREFIX "%d", prop->location.id);
+	int fd = memfd_create(name, MFD_CLOEXEC);
+	if (fd < 0)
+		return OUT_OF_MEMORY;
+	if (ftruncate(fd, (off_t)size) != 0) {
+		close(fd);
+		return OUT_OF_MEMORY;
+	}
+	CUresult r = new_allocation(h, fd, size, prop->location.id);
+	if (r != OK)
+		close(fd);
+	return r;
+}
+
+/* The memory lives on while a mapping of it does, as with the real driver. */
+static CUresult cuMemRelease(unsigned long long h)
+{
+	allocation *a = allocation_of(h);
+	if (a == NULL)
+		return INVALID_VALUE;
+	a->magic = 0;
+	close(a->fd);
+	free(a);
+	return OK;
+}
+
+static CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags)
+{
+	if (p == NULL || size == 0 || size % GRANULARITY != 0 || addr != 0 || flags != 0 || (align & (align - 1)) != 0)
+		return INVALID_VALUE;
+	size_t a = align > GRANULARITY ? align : GRANULARITY;
+	reservation *r = malloc(sizeof(*r));
+	if (r == NULL)
+		return OUT_OF_MEMORY;
+	void *m = mmap(NULL, size + a, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (m == MAP_FAILED) {
+		free(r);
+		return OUT_OF_MEMORY;
+	}
+	uintptr_t start = ((uintptr_t)m + a - 1) & ~(uintptr_t)(a - 1);
+	if (start > (uintptr_t)m)
+		munmap(m, start - (uintptr_t)m);
+	if ((uintptr_t)m + size + a > start + size)
+		munmap((void *)(start + size), (uintptr_t)m + size + a - (start + size));
+	r->base = start;
+	r->size = size;
+	pthread_mutex_lock(&mu);
+	r->next = reservations;
+	reservations = r;
+	pthread_mutex_unlock(&mu);
+	*p = (CUdeviceptr)start;
+	return OK;
+}
+
+static CUresult cuMemAddressFree(CUdeviceptr p, size_t size)
+{
+	pthread_mutex_lock(&mu);
+	for (reservation **at = &reservations; *at != NULL; at = &(*at)->next) {
+		reservation *r = *at;
+		if (r->base == (uintptr_t)p && r->size == size) {
+			*at = r->next;
+			pthread_mutex_unlock(&mu);
+			munmap((void *)r->base, r->size);
+			free(r);
+			return OK;
+		}
+	}
+	pthread_mutex_unlock(&mu);
+	return INVALID_VALUE;
+}
+
+/* Whether [p, p+n) lies in one reservation; called with mu held. */
+static int reserved(uintptr_t p, size_t n)
+{
+	for (reservation *r = reservations; r != NULL; r = r->next)
+		if (p >= r->base && p - r->base < r->size && n <= r->size - (p - r->base))
+			return 1;
+	return 0;
+}
+
+/* Whether any mapping overlaps [p, p+n); called with mu held. */
+static int overlaps(uintptr_t p, size_t n)
+{
+	for (block *b = blocks; b != NULL; b = b->next)
+		if (p < b->base + b->size && b->base < p + n)
+			return 1;
+	return 0;
+}
+
+static CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, unsigned long long h, unsigned long long flags)
+{
+	allocation *a = allocation_of(h);
+	if (a == NULL)
+		return INVALID_HANDLE;
+	/* The real driver maps an allocation from its start only. */
+	if (offset != 0 || flags != 0 || size == 0 || size % GRANULARITY != 0 || p % GRANULARITY != 0 || size > a->size)
+		return INVALID_VALUE;
+	block *b = malloc(sizeof(*b));
+	if (b == NULL)
+		return OUT_OF_MEMORY;
+	pthread_mutex_lock(&mu);
+	if (!reserved((uintptr_t)p, size) || overlaps((uintptr_t)p, size)) {
+		pthread_mutex_unlock(&mu);
+		free(b);
+		return INVALID_VALUE;
+	}
+	if (mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, 0) == MAP_FAILED) {
+		pthread_mutex_unlock(&mu);
+		free(b);
+		return OUT_OF_MEMORY;
+	}
+	b->base = (uintptr_t)p;
+	b->size = size;
+	b->device = a->device;
+	b->vmm = 1;
+	b->next = blocks;
+	blocks = b;
+	pthread_mutex_unlock(&mu);
+	return OK;
+}
+
+static CUresult cuMemUnmap(CUdeviceptr p, size_t size)
+{
+	pthread_mutex_lock(&mu);
+	for (block **at = &blocks; *at != NULL; at = &(*at)->next) {
+		block *b = *at;
+		if (b->vmm && b->base == (uintptr_t)p && b->size == size) {
+			*at = b->next;
+			mmap((void *)b->base, b->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+			pthread_mutex_unlock(&mu);
+			free(b);
+			return OK;
+		}
+	}
+	pthread_mutex_unlock(&mu);
+	return INVALID_VALUE;
+}
+
+/* Every byte of the range must be mapped. */
+static CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const access_desc *desc, size_t count)
+{
+	if (size == 0 || desc == NULL || count == 0)
+		return INVALID_VALUE;
+	for (size_t i = 0; i < count; i++)
+		if (desc[i].location.type != 1 || desc[i].location.id < 0 || desc[i].location.id >= NDEV ||
+		    (desc[i].flags != 0 && desc[i].flags != 1 && desc[i].flags != 3))
+			return INVALID_VALUE;
+	pthread_mutex_lock(&mu);
+	for (uintptr_t q = (uintptr_t)p; q < (uintptr_t)p + size;) {
+		block *b = find(q, 1);
+		if (b == NULL || !b->vmm) {
+			pthread_mutex_unlock(&mu);
+			return INVALID_VALUE;
+		}
+		q = b->base + b->size;
+	}
+	int prot = desc[count - 1].flags == 3 ? PROT_READ | PROT_WRITE : desc[count - 1].flags == 1 ? PROT_READ : PROT_NONE;
+	int r = mprotect((void *)(uintptr_t)p, size, prot);
+	pthread_mutex_unlock(&mu);
+	return r == 0 ? OK : INVALID_VALUE;
+}
+
+/* A POSIX descriptor, not close-on-exec, as the real driver's may be. */
+static CUresult cuMemExportToShareableHandle(void *shareable, unsigned long long h, int type, unsigned long long flags)
+{
+	allocation *a = allocation_of(h);
+	if (a == NULL)
+		return INVALID_HANDLE;
+	if (shareable == NULL || type != 1 || flags != 0)
+		return INVALID_VALUE;
+	int fd = dup(a->fd);
+	if (fd < 0)
+		return OUT_OF_MEMORY;
+	*(int *)shareable = fd;
+	return OK;
+}
+
+/* Only a descriptor this driver exported imports: anything else, a file
+ * or another memfd among them, is refused. */
+static CUresult cuMemImportFromShareableHandle(unsigned long long *h, void *os_handle, int type)
+{
+	char path[64], target[128];
+	int fd = (int)(intptr_t)os_handle, device;
+	struct stat st;
+	if (h == NULL || type != 1 || fd < 0)
+		return INVALID_VALUE;
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	ssize_t n = readlink(path, target, sizeof(target) - 1);
+	if (n <= 0)
+		return INVALID_VALUE;
+	target[n] = 0;
+	if (sscanf(target, "/memfd:" MEMFD_PREFIX "%d", &device) != 1 || device < 0 || device >= NDEV)
+		return INVALID_VALUE;
+	if (fstat(fd, &st) != 0 || st.st_size <= 0 || (size_t)st.st_size % GRANULARITY != 0)
+		return INVALID_VALUE;
+	int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (own < 0)
+		return OUT_OF_MEMORY;
+	CUresult r = new_allocation(h, own, (size_t)st.st_size, device);
+	if (r != OK)
+		close(own);
+	return r;
+}
+
+static CUresult cuMemGetAllocationPropertiesFromHandle(allocation_prop *prop, unsigned long long h)
+{
+	allocation *a = allocation_of(h);
+	if (a == NULL)
+		return INVALID_HANDLE;
+	if (prop == NULL)
+		return INVALID_VALUE;
+	memset(prop, 0, sizeof(*prop));
+	prop->type = 1;
+	prop->requestedHandleTypes = 1;
+	prop->location.type = 1;
+	prop->location.id = a->device;
+	return OK;
+}
+
 static CUresult cuMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 {
 	*free_bytes = (size_t)1 << 36;
@@ -594,12 +917,14 @@ CUresult cuInit(unsigned flags)
 	return r != NULL ? atoi(r) : OK;
 }
 
-#define ENTRY(fn, min) {#fn, min, (void *)fn}
+#define ENTRY(fn, min) {#fn, min, (void *)fn, 0}
+#define VMM_ENTRY(fn, min) {#fn, min, (void *)fn, 1}
 
 static const struct {
 	const char *name;
 	int version;
 	void *fn;
+	int vmm;
 } entries[] = {
 	ENTRY(cuGetErrorName, 6000),
 	ENTRY(cuGetErrorString, 6000),
@@ -625,10 +950,10 @@ static const struct {
 	ENTRY(cuMemcpyHtoDAsync, 3020),
 	ENTRY(cuMemsetD32Async, 3020),
 	ENTRY(cuMemcpyAsync, 4000),
-	{"cuMemcpyDtoDAsync", 3020, (void *)cuMemcpyAsync},
+	{"cuMemcpyDtoDAsync", 3020, (void *)cuMemcpyAsync, 0},
 	ENTRY(cuMemcpyPeerAsync, 4000),
-	{"cuMemcpyBatchAsync", 13000, (void *)cuMemcpyBatchAsync_v13000},
-	{"cuMemcpyBatchAsync", 12080, (void *)cuMemcpyBatchAsync_v12080},
+	{"cuMemcpyBatchAsync", 13000, (void *)cuMemcpyBatchAsync_v13000, 0},
+	{"cuMemcpyBatchAsync", 12080, (void *)cuMemcpyBatchAsync_v12080, 0},
 	ENTRY(cuStreamCreate, 2000),
 	ENTRY(cuStreamDestroy, 4000),
 	ENTRY(cuStreamWaitEvent, 3020),
@@ -648,6 +973,17 @@ static const struct {
 	ENTRY(cuModuleUnload, 2000),
 	ENTRY(cuLaunchKernel, 4000),
 	ENTRY(cuMemGetInfo, 3020),
+	VMM_ENTRY(cuMemGetAllocationGranularity, 10020),
+	VMM_ENTRY(cuMemCreate, 10020),
+	VMM_ENTRY(cuMemRelease, 10020),
+	VMM_ENTRY(cuMemAddressReserve, 10020),
+	VMM_ENTRY(cuMemAddressFree, 10020),
+	VMM_ENTRY(cuMemMap, 10020),
+	VMM_ENTRY(cuMemUnmap, 10020),
+	VMM_ENTRY(cuMemSetAccess, 10020),
+	VMM_ENTRY(cuMemExportToShareableHandle, 10020),
+	VMM_ENTRY(cuMemImportFromShareableHandle, 10020),
+	VMM_ENTRY(cuMemGetAllocationPropertiesFromHandle, 10020),
 };
 
 /*
@@ -660,7 +996,7 @@ CUresult cuGetProcAddress_v2(const char *name, void **fn, int version, uint64_t 
 	if (name == NULL || fn == NULL || flags != 1)
 		return INVALID_VALUE;
 	for (size_t i = 0; i < sizeof(entries) / sizeof(entries[0]); i++)
-		if (strcmp(entries[i].name, name) == 0 && entries[i].version <= version &&
+		if (strcmp(entries[i].name, name) == 0 && (!entries[i].vmm || vmm_enabled()) && entries[i].version <= version &&
 		    entries[i].version <= driver_version() && (best < 0 || entries[i].version > entries[best].version))
 			best = (int)i;
 	*fn = best < 0 ? NULL : entries[best].fn;

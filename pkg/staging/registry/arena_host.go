@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"unsafe"
@@ -20,18 +21,21 @@ import (
 
 // HostArenas provides arenas in host memory, for machines without CUDA.
 //
-// An arena is a memfd, sized and then sealed against shrinking and growing
-// (arenaSeals), shared with peers only by descriptor through the owner's
-// arena socket: it has no handle and no file in the registry directory.
-// A peer maps a descriptor only when it carries those seals, so no
-// process, the owner included, can take the memory from under a mapping.
+// An arena is LaneCount memfds, one a lane, each sized to LaneBytes and
+// then sealed against shrinking and growing (arenaSeals), mapped side by
+// side into one reservation of ArenaSize so the owner sees one arena. It
+// is shared with peers only by descriptor, one lane at a time, through the
+// owner's arena socket: it has no handle and no file in the registry
+// directory. A peer maps a descriptor only when it carries those seals and
+// is one lane long, so no process, the owner included, can take the
+// memory from under a mapping, and no peer maps another's lane.
 //
 // With ByName, an arena is instead a 0600 file of the registry directory,
 // allocated at its full size when created, whose handle is its name. A
 // named tmpfs file cannot be sealed: a process of the group's uid can
-// truncate it, and a peer that maps it takes SIGBUS at its next touch. A
-// rank maps a peer's arena by name only when its own HostArenas has
-// ByName set.
+// truncate it, and a peer that maps it takes SIGBUS at its next touch;
+// and every peer maps every lane. A rank maps a peer's arena by name only
+// when its own HostArenas has ByName set.
 type HostArenas struct {
 	ByName bool
 }
@@ -42,16 +46,16 @@ type HostArenas struct {
 const arenaSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
 
 var (
-	_ staging.ArenaProvider   = HostArenas{}
-	_ staging.FDArenaProvider = HostArenas{}
-	_ staging.FDArena         = (*memfdArena)(nil)
+	_ staging.ArenaProvider       = HostArenas{}
+	_ staging.LaneFDArenaProvider = HostArenas{}
+	_ staging.LaneFDArena         = (*memfdArena)(nil)
 )
 
 // Kind returns ArenaHost.
 func (HostArenas) Kind() uint32 { return staging.ArenaHost }
 
-// Allocate creates and maps an arena: a sealed memfd called name, or with
-// ByName the file name in dir.
+// Allocate creates and maps an arena: sealed memfds called after name, or
+// with ByName the file name in dir.
 func (p HostArenas) Allocate(dir *os.File, name string) (staging.Arena, error) {
 	if k, _ := folder.ParseEntryName(name); k != folder.EntryArena {
 		return nil, fmt.Errorf("host arena: %q is not an arena name", name)
@@ -78,6 +82,29 @@ func (p HostArenas) Allocate(dir *os.File, name string) (staging.Arena, error) {
 }
 
 func newMemfdArena(name string) (*memfdArena, error) {
+	// The reservation holds the arena's addresses until every lane is
+	// mapped over it; nothing is ever read through it.
+	res, err := unix.Mmap(-1, 0, staging.ArenaSize, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		return nil, fmt.Errorf("reserve %d bytes for arena %s: %w", uint64(staging.ArenaSize), name, err)
+	}
+	a := &memfdArena{name: name, mem: res}
+	for i := range a.fds {
+		a.fds[i] = -1
+	}
+	for i := range a.fds {
+		if err := a.mapLane(i); err != nil {
+			a.free()
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+// mapLane creates lane i's memfd and maps it at its place in the
+// reservation.
+func (a *memfdArena) mapLane(i int) error {
+	name := laneMemfdName(a.name, i)
 	// A node with vm.memfd_noexec=2 refuses a memfd that could be made
 	// executable; a kernel before 6.3 knows no MFD_NOEXEC_SEAL.
 	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_NOEXEC_SEAL)
@@ -85,36 +112,41 @@ func newMemfdArena(name string) (*memfdArena, error) {
 		fd, err = unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("memfd_create %s: %w", name, err)
+		return fmt.Errorf("memfd_create %s: %w", name, err)
 	}
-	mem, err := sealAndMap(fd, name)
-	if err != nil {
-		unix.Close(fd)
-		return nil, err
+	a.fds[i] = fd
+	if err := sizeAndSeal(fd, name, staging.LaneBytes); err != nil {
+		return err
 	}
-	return &memfdArena{fd: fd, name: name, mem: mem}, nil
+	at := unsafe.Pointer(&a.mem[staging.LaneOffset(i)])
+	if _, err := unix.MmapPtr(fd, 0, at, staging.LaneBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED); err != nil {
+		return fmt.Errorf("mmap memfd %s into its arena: %w", name, err)
+	}
+	return nil
 }
 
-// sealAndMap sizes the memfd fd and seals it before any other process can
+// laneMemfdName is the memfd name of lane i of arena name, which
+// /proc/<pid>/maps shows.
+func laneMemfdName(name string, lane int) string {
+	return name + ".lane" + strconv.Itoa(lane)
+}
+
+// sizeAndSeal sizes the memfd fd and seals it before any other process can
 // hold it. Its pages come at first touch from the kernel's own shmem
 // mount, which has no size limit, so no full tmpfs can fail them (a
 // shortage of memory is the pod's OOM, not a SIGBUS); a NIC registration
 // of the arena takes them all at once.
-func sealAndMap(fd int, name string) ([]byte, error) {
+func sizeAndSeal(fd int, name string, size int64) error {
 	if err := unix.Fchmod(fd, folder.FilePerm); err != nil {
-		return nil, fmt.Errorf("chmod memfd %s: %w", name, err)
+		return fmt.Errorf("chmod memfd %s: %w", name, err)
 	}
-	if err := unix.Ftruncate(fd, staging.ArenaSize); err != nil {
-		return nil, fmt.Errorf("size memfd %s to %d bytes: %w", name, uint64(staging.ArenaSize), err)
+	if err := unix.Ftruncate(fd, size); err != nil {
+		return fmt.Errorf("size memfd %s to %d bytes: %w", name, size, err)
 	}
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, arenaSeals); err != nil {
-		return nil, fmt.Errorf("seal memfd %s %s: %w", name, sealNames(arenaSeals), err)
+		return fmt.Errorf("seal memfd %s %s: %w", name, sealNames(arenaSeals), err)
 	}
-	mem, err := unix.Mmap(fd, 0, staging.ArenaSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("mmap memfd %s: %w", name, err)
-	}
-	return mem, nil
+	return nil
 }
 
 func newFileArena(dirfd int, dirPath, name string, fd int) (*fileArena, error) {
@@ -150,36 +182,44 @@ func (p HostArenas) Open(dir *os.File, handle [staging.ArenaHandleSize]byte) (st
 	if err != nil {
 		return nil, fmt.Errorf("host arena: %w", err)
 	}
-	return &hostPeerArena{mem: mem}, nil
+	return &hostPeerArena{mem: mem, lane: -1}, nil
 }
 
-// OpenFD maps the peer arena whose memory fd refers to. The descriptor
-// came from another process: it must be a regular file of this uid that
-// nobody else may access, sealed with arenaSeals, of size bytes, the size
-// of an arena.
-func (HostArenas) OpenFD(fd int, size uint64) (staging.PeerArena, error) {
+// OpenLaneFD maps lane of a peer's arena from the descriptor fd. The
+// descriptor came from another process: it must be a regular file of this
+// uid that nobody else may access, sealed with arenaSeals, exactly
+// LaneBytes long.
+func (HostArenas) OpenLaneFD(fd int, lane int) (staging.PeerLane, error) {
+	if lane < 0 || lane >= staging.LaneCount {
+		return nil, fmt.Errorf("host arena: lane %d out of range 0..%d", lane, staging.LaneCount-1)
+	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("host arena: fstat descriptor %d: %w", fd, err)
+		return nil, fmt.Errorf("host arena lane %d: fstat descriptor %d: %w", lane, fd, err)
 	}
 	if p := folder.PrivateProblem(&st, os.Geteuid(), unix.S_IFREG); p != "" {
-		return nil, fmt.Errorf("host arena: descriptor %d %s", fd, p)
+		return nil, fmt.Errorf("host arena lane %d: descriptor %d %s", lane, fd, p)
 	}
 	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
 	if err != nil {
-		return nil, fmt.Errorf("host arena: descriptor %d refused: no seals (not a memfd): %w", fd, err)
+		return nil, fmt.Errorf("host arena lane %d: descriptor %d refused: no seals (not a memfd): %w", lane, fd, err)
 	}
 	if seals&arenaSeals != arenaSeals {
-		return nil, fmt.Errorf("host arena: descriptor %d refused: sealed %s, want %s: an unsealed arena may shrink under its mapping", fd, sealNames(seals), sealNames(arenaSeals))
+		return nil, fmt.Errorf("host arena lane %d: descriptor %d refused: sealed %s, want %s: an unsealed lane may shrink under its mapping", lane, fd, sealNames(seals), sealNames(arenaSeals))
 	}
-	if size != staging.ArenaSize || st.Size < int64(size) {
-		return nil, fmt.Errorf("host arena: descriptor %d: arena of %d bytes in a file of %d, want %d", fd, size, st.Size, uint64(staging.ArenaSize))
+	// The size is read again under the seals: the one read before them
+	// may have changed since.
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("host arena lane %d: fstat descriptor %d: %w", lane, fd, err)
 	}
-	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if st.Size != staging.LaneBytes {
+		return nil, fmt.Errorf("host arena lane %d: descriptor %d refused: a file of %d bytes, want one lane of %d", lane, fd, st.Size, uint64(staging.LaneBytes))
+	}
+	mem, err := unix.Mmap(fd, 0, staging.LaneBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return nil, fmt.Errorf("host arena: mmap descriptor %d: %w", fd, err)
+		return nil, fmt.Errorf("host arena lane %d: mmap descriptor %d: %w", lane, fd, err)
 	}
-	return &hostPeerArena{mem: mem}, nil
+	return &hostPeerArena{mem: mem, lane: lane}, nil
 }
 
 // sealNames spells a set of file seals, "none" for none.
@@ -219,9 +259,10 @@ func hostHandleName(h [staging.ArenaHandleSize]byte) (string, error) {
 	return name, nil
 }
 
-// memfdArena is a sealed memfd; fd stays open for ExportFD.
+// memfdArena is one sealed memfd a lane, mapped contiguously in mem; the
+// descriptors stay open for ExportLaneFD.
 type memfdArena struct {
-	fd   int
+	fds  [staging.LaneCount]int
 	name string
 	mem  []byte
 
@@ -238,22 +279,25 @@ func (a *memfdArena) Export() ([staging.ArenaHandleSize]byte, error) {
 	return [staging.ArenaHandleSize]byte{}, fmt.Errorf("host arena %s: a memfd is shared by descriptor: %w", a.name, staging.ErrNoHandle)
 }
 
-// ExportFD returns a new descriptor of the memfd.
-func (a *memfdArena) ExportFD() (int, error) {
+// ExportLaneFD returns a new descriptor of lane's memfd.
+func (a *memfdArena) ExportLaneFD(lane int) (int, error) {
+	if lane < 0 || lane >= staging.LaneCount {
+		return -1, fmt.Errorf("host arena %s: lane %d out of range 0..%d", a.name, lane, staging.LaneCount-1)
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
 		return -1, fmt.Errorf("host arena %s: closed", a.name)
 	}
-	fd, err := unix.FcntlInt(uintptr(a.fd), unix.F_DUPFD_CLOEXEC, 0)
+	fd, err := unix.FcntlInt(uintptr(a.fds[lane]), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
-		return -1, fmt.Errorf("host arena %s: dup: %w", a.name, err)
+		return -1, fmt.Errorf("host arena %s lane %d: dup: %w", a.name, lane, err)
 	}
 	return fd, nil
 }
 
-// Close unmaps the arena and closes the memfd. Peers that still map it
-// keep their pages: the memory lives until its last mapping goes.
+// Close unmaps the arena and closes the memfds. Peers that still map a
+// lane keep its pages: the memory lives until its last mapping goes.
 func (a *memfdArena) Close() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -261,10 +305,24 @@ func (a *memfdArena) Close() error {
 		return nil
 	}
 	a.closed = true
+	if err := a.free(); err != nil {
+		return fmt.Errorf("host arena %s: %w", a.name, err)
+	}
+	return nil
+}
+
+// free unmaps the reservation, lanes and all, and closes the memfds made
+// so far.
+func (a *memfdArena) free() error {
 	err := unix.Munmap(a.mem)
-	unix.Close(a.fd)
+	for i, fd := range a.fds {
+		if fd >= 0 {
+			unix.Close(fd)
+			a.fds[i] = -1
+		}
+	}
 	if err != nil {
-		return fmt.Errorf("host arena %s: munmap: %w", a.name, err)
+		return fmt.Errorf("munmap: %w", err)
 	}
 	return nil
 }
@@ -313,12 +371,15 @@ func (a *fileArena) Close() error {
 	return errors.Join(errs...)
 }
 
+// hostPeerArena is a peer's arena by name (lane -1), or one lane of it.
 type hostPeerArena struct {
-	mu  sync.Mutex
-	mem []byte
+	mu   sync.Mutex
+	mem  []byte
+	lane int
 }
 
 func (p *hostPeerArena) Base() uintptr { return uintptr(unsafe.Pointer(&p.mem[0])) }
+func (p *hostPeerArena) Lane() int     { return p.lane }
 
 func (p *hostPeerArena) Close() error {
 	p.mu.Lock()

@@ -4,6 +4,7 @@ package registry
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/pxn-project/pxn/internal/testtools"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
@@ -29,10 +31,11 @@ func openTestDir(t *testing.T) *os.File {
 	return f
 }
 
-// A host arena is a sealed memfd of an arena's size, 0600, with no file
-// in the folder and no handle; a peer maps it from a descriptor and sees
-// the owner's bytes through its own mapping.
-func TestArenaHostAllocateIsSealedAndShared(t *testing.T) {
+// A host arena is one sealed memfd a lane, 0600, one lane long, mapped
+// side by side in one arena of ArenaSize, with no file in the folder and
+// no handle; a peer maps one lane from its descriptor, exactly one lane
+// long, and sees the owner's bytes of that lane through its own mapping.
+func TestArenaHostAllocateIsSealedAndSharedByLane(t *testing.T) {
 	dir := openTestDir(t)
 	name := folder.ArenaFileName(staging.Identity{Pid: os.Getpid(), StartTime: 1, Epoch: 2})
 	a, err := HostArenas{}.Allocate(dir, name)
@@ -40,42 +43,55 @@ func TestArenaHostAllocateIsSealedAndShared(t *testing.T) {
 		t.Fatal(err)
 	}
 	if names := listDir(t, dir.Name()); len(names) != 0 {
-		t.Errorf("the folder holds %v, want nothing: the arena is a memfd", names)
+		t.Errorf("the folder holds %v, want nothing: the arena is memfds", names)
 	}
 	if _, err := a.Export(); !errors.Is(err, staging.ErrNoHandle) {
 		t.Errorf("Export = %v, want ErrNoHandle", err)
 	}
-	fd, err := a.(staging.FDArena).ExportFD()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		t.Fatal(err)
-	}
-	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.Size != staging.ArenaSize || st.Mode&0o7777 != 0o600 || seals&arenaSeals != arenaSeals {
-		t.Errorf("arena memfd: %d bytes mode %04o seals %s, want %d bytes mode 0600 seals %s", st.Size, st.Mode&0o7777, sealNames(seals), staging.ArenaSize, sealNames(arenaSeals))
-	}
 	if a.Kind() != staging.ArenaHost || a.Size() != staging.ArenaSize || a.Base() == 0 {
 		t.Errorf("arena kind %d size %d base %#x", a.Kind(), a.Size(), a.Base())
 	}
-	p, err := HostArenas{}.OpenFD(fd, staging.ArenaSize)
-	unix.Close(fd)
-	if err != nil {
-		t.Fatal(err)
+	la := a.(staging.LaneFDArena)
+	own := a.(*memfdArena).mem
+	for lane := range staging.LaneCount {
+		fd, err := la.ExportLaneFD(lane)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			t.Fatal(err)
+		}
+		seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Size != staging.LaneBytes || st.Mode&0o7777 != 0o600 || seals&arenaSeals != arenaSeals {
+			t.Errorf("lane %d memfd: %d bytes mode %04o seals %s, want %d bytes mode 0600 seals %s", lane, st.Size, st.Mode&0o7777, sealNames(seals), staging.LaneBytes, sealNames(arenaSeals))
+		}
+		p, err := HostArenas{}.OpenLaneFD(fd, lane)
+		unix.Close(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Lane() != lane || testtools.MappingSize(t, p.Base()) != staging.LaneBytes {
+			t.Errorf("lane %d mapped as lane %d, %d bytes; want %d", lane, p.Lane(), testtools.MappingSize(t, p.Base()), uint64(staging.LaneBytes))
+		}
+		peer := foreignBytes(p.Base(), staging.LaneBytes)
+		first, last := staging.LaneOffset(lane), staging.SlotOffset(lane, staging.SlotsPerLane-1)+staging.SlotSize-1
+		own[first], own[last] = byte(lane+1), 0xa5
+		if peer[0] != byte(lane+1) || peer[staging.LaneBytes-1] != 0xa5 {
+			t.Errorf("lane %d: the peer reads %#x, %#x at the lane's first and last byte, want %#x, 0xa5", lane, peer[0], peer[staging.LaneBytes-1], lane+1)
+		}
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
-	own, peer := a.(*memfdArena).mem, p.(*hostPeerArena).mem
-	off := staging.SlotOffset(staging.LaneCount-1, staging.SlotsPerLane-1) + staging.SlotSize - 1
-	own[off] = 0xa5
-	if peer[off] != 0xa5 || p.Base() == a.Base() {
-		t.Errorf("peer mapping at %#x reads %#x at the arena's last byte, want 0xa5 through its own mapping", p.Base(), peer[off])
-	}
-	if err := p.Close(); err != nil {
-		t.Fatal(err)
+	for _, lane := range []int{-1, staging.LaneCount} {
+		if fd, err := la.ExportLaneFD(lane); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("lane %d", lane)) {
+			unix.Close(fd)
+			t.Errorf("ExportLaneFD(%d) = %v, want an error naming the lane", lane, err)
+		}
 	}
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
@@ -83,8 +99,8 @@ func TestArenaHostAllocateIsSealedAndShared(t *testing.T) {
 	if mapsMention(t, name) {
 		t.Errorf("arena mapping left after Close")
 	}
-	if _, err := a.(staging.FDArena).ExportFD(); err == nil {
-		t.Errorf("ExportFD after Close succeeded")
+	if _, err := la.ExportLaneFD(0); err == nil {
+		t.Errorf("ExportLaneFD after Close succeeded")
 	}
 	if err := a.Close(); err != nil {
 		t.Errorf("second Close = %v", err)

@@ -23,9 +23,10 @@ import (
 	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
 
-// The arena socket: a rank whose arena can hand out descriptors
-// (staging.FDArena) listens on sock-<id> in its group directory, and gives
-// the holder of one of its lanes a descriptor of its arena (SCM_RIGHTS).
+// The arena socket: a rank whose arena can hand out its lanes'
+// descriptors (staging.LaneFDArena) listens on sock-<id> in its group
+// directory, and gives the holder of one of its lanes a descriptor of that
+// lane's memory (SCM_RIGHTS), and nothing else.
 // A unix socket file, not an abstract one: pods of a group share the
 // directory but not a network namespace. See docs/registry.md.
 const (
@@ -35,6 +36,13 @@ const (
 	// is accepted is answered at once and never waits.
 	sockMaxWaiting = 8
 	sockMaxPerPeer = 2
+	// sockMaxOpen bounds the connections the server holds at once,
+	// waiting or on their way to being closed (a dropped connection
+	// closes when its goroutine runs): the accept loop takes no more
+	// until one is closed, and the kernel's backlog holds or refuses the
+	// rest. A flood of connections costs the relay at most this many
+	// descriptors, however late its goroutines run.
+	sockMaxOpen = sockMaxWaiting + 4
 	// sockRequestTimeout is how long after its accept a connection may
 	// take to send its request: a sender writes it right after connect.
 	sockRequestTimeout = 100 * time.Millisecond
@@ -46,8 +54,10 @@ const (
 	// sockBacklog is the listen backlog.
 	sockBacklog = 32
 
-	fdMagic   = 0x44465850 // "PXFD"
-	fdVersion = 1
+	fdMagic = 0x44465850 // "PXFD"
+	// fdVersion asks for the asker's lane alone (staging.ShareLaneFD);
+	// version 1 asked for the whole arena, and is refused.
+	fdVersion = 2
 	// fdRequestSize and fdAnswerSize are fixed: a request is read whole
 	// or not at all.
 	fdRequestSize = 32
@@ -84,8 +94,8 @@ func fdStatusText(s uint32) string {
 	return "status " + strconv.FormatUint(uint64(s), 10)
 }
 
-// fdRequest asks for a descriptor of the arena for the holder of Lane:
-// SenderEpoch and LaneEpoch must be the lane's current owner words.
+// fdRequest asks for a descriptor of Lane's memory for the holder of
+// Lane: SenderEpoch and LaneEpoch must be the lane's current owner words.
 type fdRequest struct {
 	Lane        uint32
 	SenderEpoch uint64
@@ -175,14 +185,15 @@ type arenaServer struct {
 	uid   int
 	self  staging.PidNS
 	ctl   *staging.ControlBlock
-	arena staging.FDArena
-	size  uint64
+	lanes staging.LaneFDArena
 	log   klog.Logger
 
 	// waiting are the connections waiting for their request, oldest
 	// first; each is its goroutine's, which removes it.
 	mu      sync.Mutex
 	waiting []*waitingConn
+	// open holds a token for each accepted connection not yet closed.
+	open    chan struct{}
 	done    chan struct{}
 	wg      sync.WaitGroup
 	served  atomic.Uint64
@@ -204,7 +215,8 @@ type waitingConn struct {
 // startArenaServer binds sock-<id> in d, 0600 whatever the umask (the
 // socket's own mode is set before bind, and bind creates the file with
 // it), and serves it.
-func startArenaServer(d *registryDir, name string, ctl *staging.ControlBlock, self staging.PidNS, arena staging.FDArena, size uint64, log klog.Logger) (*arenaServer, error) {
+func startArenaServer(d *registryDir, name string, ctl *staging.ControlBlock, self staging.PidNS, lanes staging.LaneFDArena, log klog.Logger) (*arenaServer, error) {
+	s := &arenaServer{name: name, uid: d.uid, self: self, ctl: ctl, lanes: lanes, log: log, open: make(chan struct{}, sockMaxOpen), done: make(chan struct{})}
 	path := filepath.Join(d.path, name)
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 	if err != nil {
@@ -224,8 +236,7 @@ func startArenaServer(d *registryDir, name string, ctl *staging.ControlBlock, se
 		unix.Unlinkat(d.fd(), name, 0)
 		return nil, &os.PathError{Op: "dup", Path: d.path, Err: err}
 	}
-	s := &arenaServer{dirfd: own, name: name, uid: d.uid, self: self, ctl: ctl, arena: arena, size: size, log: log,
-		done: make(chan struct{})}
+	s.dirfd = own
 	fail := func(err error) (*arenaServer, error) {
 		unix.Close(fd)
 		s.unlink()
@@ -261,8 +272,14 @@ func (s *arenaServer) run() {
 	backoff := time.NewTimer(0)
 	<-backoff.C
 	for {
+		select {
+		case s.open <- struct{}{}:
+		case <-s.done:
+			return
+		}
 		c, err := s.ln.AcceptUnix()
 		if err != nil {
+			<-s.open
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
@@ -288,31 +305,31 @@ func (s *arenaServer) take(c *net.UnixConn) {
 	cred, err := peerCred(c)
 	if err != nil {
 		s.refused.Add(1)
-		c.Close()
+		s.closeConn(c)
 		return
 	}
 	if int(cred.Uid) != s.uid {
 		s.log.V(2).Info("pxn arena socket refused a peer of another uid", "socket", s.name, "uid", cred.Uid)
 		s.reply(c, fdWrongUID, -1)
-		c.Close()
+		s.closeConn(c)
 		return
 	}
 	w := &waitingConn{c: c, pid: cred.Pid}
 	n, err := readNow(c, w.buf[:])
 	if err != nil {
 		s.refused.Add(1)
-		c.Close()
+		s.closeConn(c)
 		return
 	}
 	w.n = n
 	if n == len(w.buf) {
 		s.respond(c, cred, w.buf[:])
-		c.Close()
+		s.closeConn(c)
 		return
 	}
 	if err := c.SetReadDeadline(time.Now().Add(sockRequestTimeout)); err != nil {
 		s.refused.Add(1)
-		c.Close()
+		s.closeConn(c)
 		return
 	}
 	s.admit(w)
@@ -374,7 +391,13 @@ func (s *arenaServer) wait(w *waitingConn, cred *unix.Ucred) {
 	case !dropped:
 		s.refused.Add(1)
 	}
-	w.c.Close()
+	s.closeConn(w.c)
+}
+
+// closeConn closes an accepted connection and gives back its token.
+func (s *arenaServer) closeConn(c *net.UnixConn) {
+	c.Close()
+	<-s.open
 }
 
 // respond answers a whole request.
@@ -391,7 +414,7 @@ func (s *arenaServer) respond(c *net.UnixConn, cred *unix.Ucred, req []byte) {
 // reply sends the answer, with fd when it is not -1, and reports whether
 // a descriptor went out.
 func (s *arenaServer) reply(c *net.UnixConn, status uint32, fd int) bool {
-	ans := encodeFDAnswer(status, s.size)
+	ans := encodeFDAnswer(status, staging.LaneBytes)
 	var oob []byte
 	if fd >= 0 {
 		oob = unix.UnixRights(fd)
@@ -461,13 +484,28 @@ func (s *arenaServer) answer(cred *unix.Ucred, req []byte) (uint32, int) {
 		// Only in one namespace does the kernel's pid of the asker mean
 		// the pid the owner recorded.
 		return fdNotHolder, -1
+	case lane.Owner.LoadNS() != s.self && s.inOwnNS(cred):
+		// An asker of the relay's own namespace is no owner of another:
+		// it copied the owner words.
+		return fdNotHolder, -1
 	}
-	fd, err := s.arena.ExportFD()
+	fd, err := s.lanes.ExportLaneFD(int(q.Lane))
 	if err != nil {
-		s.log.Error(err, "pxn arena socket could not export the arena", "socket", s.name)
+		s.log.Error(err, "pxn arena socket could not export the arena", "socket", s.name, "lane", q.Lane)
 		return fdExportFailed, -1
 	}
 	return fdOK, fd
+}
+
+// inOwnNS reports whether the asker is a process of the server's PID
+// namespace; a pid of 0 (the asker is not visible here) or a process gone
+// since says no.
+func (s *arenaServer) inOwnNS(cred *unix.Ucred) bool {
+	if cred.Pid <= 0 {
+		return false
+	}
+	ns, err := staging.ReadPidNS("/proc/" + strconv.Itoa(int(cred.Pid)) + "/ns/pid")
+	return err == nil && ns == s.self
 }
 
 func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
@@ -519,6 +557,7 @@ func (s *arenaServer) close() error {
 type fdClient struct {
 	fd       int
 	name     string
+	lane     uint32
 	deadline int64 // MonoNanos
 	buf      [fdAnswerSize]byte
 	n        int
@@ -526,12 +565,14 @@ type fdClient struct {
 }
 
 // dialArenaSocket connects to the relay's socket name in d and sends q.
-func dialArenaSocket(d *registryDir, name string, q fdRequest, now int64) (*fdClient, error) {
+// relayPid, when not 0, is the relay's pid in this rank's PID namespace:
+// a socket that another process serves in its place is refused.
+func dialArenaSocket(d *registryDir, name string, q fdRequest, relayPid int, now int64) (*fdClient, error) {
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("arena socket %s: %w", name, err)
 	}
-	c := &fdClient{fd: fd, name: name, deadline: now + int64(sockClientTimeout)}
+	c := &fdClient{fd: fd, name: name, lane: q.Lane, deadline: now + int64(sockClientTimeout)}
 	err = unix.Connect(fd, &unix.SockaddrUnix{Name: sockAddr(d.fd(), d.path, name)})
 	for errors.Is(err, unix.EINTR) {
 		err = unix.Connect(fd, &unix.SockaddrUnix{Name: sockAddr(d.fd(), d.path, name)})
@@ -542,6 +583,16 @@ func dialArenaSocket(d *registryDir, name string, q fdRequest, now int64) (*fdCl
 			return nil, fmt.Errorf("arena socket %s: backlog full: %w", name, err)
 		}
 		return nil, fmt.Errorf("arena socket %s: connect: %w", name, err)
+	}
+	if relayPid != 0 {
+		cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+		if err == nil && int(cred.Pid) != relayPid {
+			err = fmt.Errorf("served by pid %d, not the relay's %d", cred.Pid, relayPid)
+		}
+		if err != nil {
+			c.close()
+			return nil, fmt.Errorf("arena socket %s: %w", name, err)
+		}
 	}
 	b := q.encode()
 	n, err := unix.Write(fd, b[:])
@@ -599,7 +650,7 @@ func (c *fdClient) poll(wait time.Duration) (fd int, size uint64, done bool, err
 	case magic != fdMagic:
 		return -1, 0, true, fmt.Errorf("arena socket %s: answer magic %#x, want %#x", c.name, magic, fdMagic)
 	case status != fdOK:
-		return -1, 0, true, fmt.Errorf("arena socket %s: refused: %s", c.name, fdStatusText(status))
+		return -1, 0, true, fmt.Errorf("arena socket %s: lane %d refused: %s", c.name, c.lane, fdStatusText(status))
 	case len(c.rights) != 1:
 		return -1, 0, true, fmt.Errorf("arena socket %s: %d descriptors with the answer, want 1", c.name, len(c.rights))
 	}

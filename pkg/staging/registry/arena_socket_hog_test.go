@@ -152,8 +152,8 @@ func TestArenaSocketServesTheHolderPastAHog(t *testing.T) {
 		if err := l.Close(); err != nil {
 			t.Fatal(err)
 		}
-		if share != staging.ShareFD {
-			t.Fatalf("attach %d beside the hog mapped the arena by %s, want by descriptor (serve stats %+v)", i, folder.ShareName(share), relay.ServeStats())
+		if share != staging.ShareLaneFD {
+			t.Fatalf("attach %d beside the hog mapped the arena by %s, want by lane descriptor (serve stats %+v)", i, folder.ShareName(share), relay.ServeStats())
 		}
 	}
 	// The server counts after it answers: wait for it.

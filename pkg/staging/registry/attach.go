@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -65,6 +66,9 @@ func (r *Rank) attach(ctx context.Context, peer PeerInfo, wait bool) (*PeerLink,
 		}
 		ctl := (*staging.ControlBlock)(unsafe.Pointer(&mem[0]))
 		h, err = r.checkRelay(ctl, peer.Identity)
+		if err == nil && !r.canMap(h.ArenaShares) {
+			err = fmt.Errorf("%w: the relay offers its arena by %s", errNoWayToMap, sharesNames(h.ArenaShares))
+		}
 		var epoch uint64
 		if err == nil {
 			l.lane, epoch, err = r.claimLane(ctl, name)
@@ -81,20 +85,61 @@ func (r *Rank) attach(ctx context.Context, peer PeerInfo, wait bool) (*PeerLink,
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("pxn: attach to %s: %w", name, err)
+		err = fmt.Errorf("pxn: attach to %s: %w", name, err)
+		if errors.Is(err, errNoWayToMap) {
+			r.importFailure(name, err)
+		}
+		return nil, err
 	}
 	// The claim is the lease: the relay keeps its arena while it stands, so
 	// the arena can be mapped outside the lock. The relay's socket checks
 	// the claim before it hands out a descriptor.
 	p := &pendingAttach{link: l, handle: h.IPCHandle, shares: h.ArenaShares}
-	if _, ok := r.opts.Arenas.(staging.FDArenaProvider); ok && h.ArenaShares&staging.ShareFD != 0 {
+	if r.byLane(h.ArenaShares) {
 		q := fdRequest{Lane: uint32(l.lane), SenderEpoch: r.id.Epoch, LaneEpoch: l.laneEpoch.Load()}
-		p.client, p.fdErr = dialArenaSocket(r.d, folder.SockFileName(peer.Identity), q, staging.MonoNanos())
+		// Only in one PID namespace does the socket's pid name the relay.
+		relayPid := 0
+		if folder.HeaderNS(&h) == r.ns {
+			relayPid = peer.Identity.Pid
+		}
+		p.client, p.fdErr = dialArenaSocket(r.d, folder.SockFileName(peer.Identity), q, relayPid, staging.MonoNanos())
 		if p.fdErr == nil {
 			return r.finishPending(ctx, p, wait)
 		}
 	}
 	return r.mapByHandle(p, wait)
+}
+
+// errNoWayToMap: a relay offers its arena in no way this rank maps (a
+// whole arena by descriptor, say, which no rank maps any more). It will
+// not change for that registration: the relay is not attached to again.
+var errNoWayToMap = errors.New("no way to map the relay's arena")
+
+// byLane reports whether this rank maps a relay's lane by descriptor when
+// the relay offers shares.
+func (r *Rank) byLane(shares uint32) bool {
+	_, ok := r.opts.Arenas.(staging.LaneFDArenaProvider)
+	return ok && shares&staging.ShareLaneFD != 0
+}
+
+// canMap reports whether this rank can map a relay's arena that offers
+// shares, one way or another.
+func (r *Rank) canMap(shares uint32) bool {
+	return r.byLane(shares) || shares&staging.ShareIPCHandle != 0
+}
+
+// sharesNames spells the ways of staging.Header.ArenaShares.
+func sharesNames(shares uint32) string {
+	var names []string
+	for _, sh := range [...]uint32{staging.ShareLaneFD, staging.ShareFD, staging.ShareIPCHandle} {
+		if shares&sh != 0 {
+			names = append(names, folder.ShareName(sh))
+		}
+	}
+	if len(names) == 0 {
+		return "nothing"
+	}
+	return strings.Join(names, ", ")
 }
 
 // ErrAttachPending: TryAttach claimed a lane and asked the relay for a
@@ -108,8 +153,9 @@ type pendingAttach struct {
 	link   *PeerLink
 	handle [staging.ArenaHandleSize]byte
 	shares uint32
-	// client is the request to the relay's arena socket, nil when the
-	// arena is mapped by handle; fdErr is why the descriptor way failed.
+	// client is the request for the lane's descriptor to the relay's
+	// arena socket, nil when the arena is mapped by handle; fdErr is why
+	// the descriptor way failed.
 	client *fdClient
 	fdErr  error
 }
@@ -168,17 +214,20 @@ func (r *Rank) finishPending(ctx context.Context, p *pendingAttach, wait bool) (
 		return r.mapByHandle(p, wait)
 	}
 	defer unix.Close(fd)
-	if size < staging.ArenaSize {
-		p.fdErr = fmt.Errorf("arena socket %s: arena of %d bytes, want at least %d", p.client.name, size, uint64(staging.ArenaSize))
+	if size != staging.LaneBytes {
+		p.fdErr = fmt.Errorf("arena socket %s: lane %d of %d bytes, want %d", p.client.name, p.link.lane, size, uint64(staging.LaneBytes))
 		return r.mapByHandle(p, wait)
 	}
-	pa, err := r.opts.Arenas.(staging.FDArenaProvider).OpenFD(fd, size)
+	pl, err := r.opts.Arenas.(staging.LaneFDArenaProvider).OpenLaneFD(fd, p.link.lane)
+	if err == nil && pl.Lane() != p.link.lane {
+		err = errors.Join(fmt.Errorf("lane %d mapped as lane %d", p.link.lane, pl.Lane()), pl.Close())
+	}
 	if err != nil {
 		err = fmt.Errorf("pxn: attach to %s: map arena by descriptor: %w", name, err)
 		r.importFailure(name, err)
 		return nil, errors.Join(err, p.link.releaseLane(wait))
 	}
-	return r.finishLink(p, pa, staging.ShareFD, wait)
+	return r.finishLink(p, pl, staging.ShareLaneFD, wait)
 }
 
 // mapByHandle maps the arena from the handle in the relay's header, when
@@ -186,7 +235,7 @@ func (r *Rank) finishPending(ctx context.Context, p *pendingAttach, wait bool) (
 func (r *Rank) mapByHandle(p *pendingAttach, wait bool) (*PeerLink, error) {
 	name := p.link.peer.Name
 	if p.shares&staging.ShareIPCHandle == 0 {
-		err := fmt.Errorf("pxn: attach to %s: the relay offers no handle, and its descriptor: %w", name, p.fdErr)
+		err := fmt.Errorf("pxn: attach to %s: no handle, and by descriptor: %w", name, p.fdErr)
 		return nil, errors.Join(err, p.link.releaseLane(wait))
 	}
 	pa, err := r.opts.Arenas.Open(r.d.dir, p.handle)
@@ -218,7 +267,11 @@ func (r *Rank) importFailure(name string, err error) {
 // finishLink completes an attach whose arena is mapped.
 func (r *Rank) finishLink(p *pendingAttach, pa staging.PeerArena, share uint32, wait bool) (*PeerLink, error) {
 	l := p.link
-	l.arena, l.arenaBase, l.share = pa, pa.Base(), share
+	l.arena, l.share = pa, share
+	l.stagingBase = pa.Base()
+	if share != staging.ShareLaneFD {
+		l.stagingBase += uintptr(staging.LaneOffset(l.lane))
+	}
 	r.mu.Lock()
 	closed := r.closed
 	if !closed {

@@ -38,6 +38,9 @@ func (r *Rank) Close(ctx context.Context) error {
 	r.scanMu.Lock()
 	r.scan.release()
 	r.scanMu.Unlock()
+	for i := range r.beats {
+		r.beats[i].drop()
+	}
 
 	var errs []error
 	if err := r.expirePending(true, true); err != nil {

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/pxn-project/pxn/internal/testtools"
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/staging"
 	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
@@ -203,12 +204,12 @@ func FuzzHostHandleName(f *testing.F) {
 	})
 }
 
-// Kinds of descriptor FuzzHostOpenFD hands to OpenFD.
+// Kinds of descriptor FuzzHostOpenLaneFD hands to OpenLaneFD.
 const (
 	fdPrivateFile = iota
 	fdSharedFile  // mode 0644
-	// fdSealedMemfd is a memfd sealed as an arena is; fdHalfSealedMemfd
-	// lacks the grow seal.
+	// fdSealedMemfd is a memfd sealed as an arena's lane is;
+	// fdHalfSealedMemfd lacks the grow seal.
 	fdSealedMemfd
 	fdHalfSealedMemfd
 	fdPipe
@@ -217,49 +218,54 @@ const (
 	fdKinds
 )
 
-// FuzzHostOpenFD hands the host arena's OpenFD what a descriptor passed
-// over the arena socket could be, with the size the answer claimed. It maps
-// only a private memfd sealed against shrinking and growing, at least as
-// large as an arena, when the size is exactly an arena's; anything else
-// (an unsealed file among them) is an error naming the descriptor.
-func FuzzHostOpenFD(f *testing.F) {
-	f.Add(uint8(fdSealedMemfd), uint64(staging.ArenaSize), uint64(staging.ArenaSize))
-	f.Add(uint8(fdHalfSealedMemfd), uint64(staging.ArenaSize), uint64(staging.ArenaSize))
-	f.Add(uint8(fdSealedMemfd), uint64(staging.ArenaSize), uint64(staging.ArenaSize-1))
-	f.Add(uint8(fdPrivateFile), uint64(staging.ArenaSize), uint64(staging.ArenaSize))
-	f.Add(uint8(fdPrivateFile), uint64(staging.ArenaSize), uint64(staging.ArenaSize-1))
-	f.Add(uint8(fdPrivateFile), uint64(staging.ArenaSize+1), uint64(staging.ArenaSize+1))
-	f.Add(uint8(fdPrivateFile), uint64(0), uint64(0))
-	f.Add(uint8(fdPrivateFile), uint64(1<<63), uint64(staging.ArenaSize))
-	f.Add(uint8(fdSharedFile), uint64(staging.ArenaSize), uint64(staging.ArenaSize))
-	f.Add(uint8(fdPipe), uint64(staging.ArenaSize), uint64(0))
-	f.Add(uint8(fdSocket), uint64(staging.ArenaSize), uint64(0))
-	f.Add(uint8(fdDirectory), uint64(staging.ArenaSize), uint64(0))
+// FuzzHostOpenLaneFD hands the host arena's OpenLaneFD what a descriptor
+// passed over the arena socket could be, for any lane. It maps only a
+// private memfd sealed against shrinking and growing, exactly one lane
+// long, for a lane in range, and then exactly one lane; anything else (an
+// unsealed file, a whole arena among them) is an error naming the
+// descriptor or the lane.
+func FuzzHostOpenLaneFD(f *testing.F) {
+	f.Add(uint8(fdSealedMemfd), int64(1), uint64(staging.LaneBytes))
+	f.Add(uint8(fdSealedMemfd), int64(staging.LaneCount-1), uint64(staging.ArenaSize))
+	f.Add(uint8(fdHalfSealedMemfd), int64(0), uint64(staging.LaneBytes))
+	f.Add(uint8(fdSealedMemfd), int64(0), uint64(staging.LaneBytes-1))
+	f.Add(uint8(fdSealedMemfd), int64(staging.LaneCount), uint64(staging.LaneBytes))
+	f.Add(uint8(fdSealedMemfd), int64(-1), uint64(staging.LaneBytes))
+	f.Add(uint8(fdPrivateFile), int64(0), uint64(staging.LaneBytes))
+	f.Add(uint8(fdPrivateFile), int64(0), uint64(0))
+	f.Add(uint8(fdSharedFile), int64(0), uint64(staging.LaneBytes))
+	f.Add(uint8(fdPipe), int64(0), uint64(0))
+	f.Add(uint8(fdSocket), int64(0), uint64(0))
+	f.Add(uint8(fdDirectory), int64(0), uint64(0))
 	dir := f.TempDir()
-	f.Fuzz(func(t *testing.T, kind uint8, size, fileSize uint64) {
+	f.Fuzz(func(t *testing.T, kind uint8, lane int64, fileSize uint64) {
 		kind %= fdKinds
 		// Files stay within a few arenas: sparse, but not past what the
 		// file system takes.
 		fileSize %= 4 * staging.ArenaSize
 		fd := openFuzzDescriptor(t, dir, kind, fileSize)
 		defer unix.Close(fd)
-		pa, err := HostArenas{}.OpenFD(fd, size)
-		accept := kind == fdSealedMemfd && size == staging.ArenaSize && fileSize >= size
+		pl, err := HostArenas{}.OpenLaneFD(fd, int(lane))
+		inRange := lane >= 0 && lane < staging.LaneCount
+		accept := kind == fdSealedMemfd && inRange && fileSize == staging.LaneBytes
 		if err != nil {
 			if accept {
-				t.Fatalf("a private file of %d bytes, size %d: %v", fileSize, size, err)
+				t.Fatalf("a sealed memfd of %d bytes, lane %d: %v", fileSize, lane, err)
 			}
-			if !strings.Contains(err.Error(), fmt.Sprintf("descriptor %d", fd)) {
-				t.Fatalf("kind %d, file of %d bytes, size %d: error %q does not name descriptor %d", kind, fileSize, size, err, fd)
+			if !strings.Contains(err.Error(), fmt.Sprintf("lane %d", lane)) || inRange && !strings.Contains(err.Error(), fmt.Sprintf("descriptor %d", fd)) {
+				t.Fatalf("kind %d, file of %d bytes, lane %d: error %q names neither the lane nor descriptor %d", kind, fileSize, lane, err, fd)
 			}
 			return
 		}
-		defer pa.Close()
+		defer pl.Close()
 		if !accept {
-			t.Fatalf("kind %d, file of %d bytes, size %d: mapped", kind, fileSize, size)
+			t.Fatalf("kind %d, file of %d bytes, lane %d: mapped", kind, fileSize, lane)
 		}
-		if pa.Base() == 0 {
-			t.Fatal("mapped at address 0")
+		if pl.Base() == 0 || pl.Lane() != int(lane) {
+			t.Fatalf("lane %d mapped at %#x as lane %d", lane, pl.Base(), pl.Lane())
+		}
+		if n := testtools.MappingSize(t, pl.Base()); n != staging.LaneBytes {
+			t.Fatalf("lane %d: %d bytes mapped at %#x, want one lane of %d", lane, n, pl.Base(), uint64(staging.LaneBytes))
 		}
 	})
 }

@@ -22,6 +22,7 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -63,6 +64,8 @@ func runRegistryHelper(role string) int {
 		return 0
 	case "hog":
 		return helperHog()
+	case "openlane":
+		return helperOpenLane()
 	}
 	fmt.Fprintf(os.Stderr, "unknown helper role %q\n", role)
 	return 2
@@ -192,6 +195,11 @@ func helperRank() int {
 			h := fnv.New64a()
 			h.Write(mem)
 			fmt.Printf("sum %d %016x\n", lane, h.Sum64())
+		case "steal":
+			lane, _ := strconv.Atoi(f[2])
+			fmt.Println("steal", helperSteal(r, links[f[1]], lane, f[3]))
+		case "holds":
+			fmt.Println("holds", helperHolds(f[1]))
 		case "detach":
 			if err := links[f[1]].Close(); err != nil {
 				fmt.Println("detach-error", oneLine(err))
@@ -254,6 +262,70 @@ func helperAttach(ctx context.Context, r *Rank, name string) (*PeerLink, error) 
 		return nil, fmt.Errorf("%q is not a rank name", name)
 	}
 	return r.Attach(ctx, PeerInfo{Name: name, Identity: id})
+}
+
+// helperSteal asks the arena socket of l's relay for lane's memory, as the
+// holder of l's lane may try: with its own sender epoch ("own") or with the
+// lane owner's words copied from the relay's control file ("copy"). It
+// says "refused <error>" or "got <size>".
+func helperSteal(r *Rank, l *PeerLink, lane int, how string) string {
+	q := fdRequest{Lane: uint32(lane), SenderEpoch: r.id.Epoch, LaneEpoch: l.ctl.Lanes[lane].Epoch()}
+	if how == "copy" {
+		owner, _ := l.ctl.Lanes[lane].Owner.Load()
+		q.SenderEpoch = owner.Epoch
+	}
+	c, err := dialArenaSocket(r.d, folder.SockFileName(l.peer.Identity), q, 0, staging.MonoNanos())
+	if err != nil {
+		return "refused " + oneLine(err)
+	}
+	defer c.close()
+	for {
+		fd, size, done, err := c.poll(10 * time.Millisecond)
+		if !done && staging.MonoNanos() < c.deadline {
+			continue
+		}
+		if err != nil || !done {
+			return fmt.Sprintf("refused %v", err)
+		}
+		unix.Close(fd)
+		return fmt.Sprintf("got %d", size)
+	}
+}
+
+// helperHolds lists what of arena's memory this process holds: each
+// descriptor and each mapping of one of its memfds, as "fd:<memfd name>"
+// and "map:<memfd name>:<bytes>", sorted; "none" for nothing.
+func helperHolds(arena string) string {
+	var held []string
+	ents, _ := os.ReadDir("/proc/self/fd")
+	for _, e := range ents {
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.Contains(target, "memfd:"+arena) {
+			held = append(held, "fd:"+memfdName(target))
+		}
+	}
+	maps, _ := os.ReadFile("/proc/self/maps")
+	for _, line := range strings.Split(string(maps), "\n") {
+		if !strings.Contains(line, "memfd:"+arena) {
+			continue
+		}
+		r, _, _ := strings.Cut(line, " ")
+		lo, hi, _ := strings.Cut(r, "-")
+		start, _ := strconv.ParseUint(lo, 16, 64)
+		end, _ := strconv.ParseUint(hi, 16, 64)
+		held = append(held, fmt.Sprintf("map:%s:%d", memfdName(line), end-start))
+	}
+	if len(held) == 0 {
+		return "none"
+	}
+	sort.Strings(held)
+	return strings.Join(held, " ")
+}
+
+// memfdName is the memfd's name in a /proc link or maps line.
+func memfdName(s string) string {
+	_, name, _ := strings.Cut(s, "memfd:")
+	name, _, _ = strings.Cut(name, " ")
+	return name
 }
 
 // foreignBytes is n bytes at addr, memory mapped outside Go's heap.
@@ -406,7 +478,7 @@ func (c *regChild) kill() {
 
 // regTestRoot is a registry root of the test's own under /dev/shm (a
 // temporary directory where there is no /dev/shm), removed at the end.
-func regTestRoot(t *testing.T) string {
+func regTestRoot(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("/dev/shm", "pxn-registry-test-")
 	if err != nil {
@@ -428,7 +500,7 @@ func regOptions(root, group, rail string) Options {
 	return Options{Root: root, Group: group, UID: os.Geteuid(), Rail: rail, HCA: "hca-" + rail, HeartbeatTimeout: testHeartbeatTimeout, Logger: klog.Background()}
 }
 
-func mustRegister(t *testing.T, o Options) *Rank {
+func mustRegister(t testing.TB, o Options) *Rank {
 	t.Helper()
 	r, err := Register(context.Background(), o)
 	if err != nil {

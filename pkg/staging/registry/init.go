@@ -35,7 +35,7 @@ const (
 	// StepExportHandle puts the arena's export handle into the header.
 	StepExportHandle
 	// StepServeArena opens the arena socket, when the arena can hand out
-	// descriptors (staging.FDArena).
+	// its lanes' descriptors (staging.LaneFDArena).
 	StepServeArena
 	// StepPublish marks the rank READY and renames the control file to its
 	// published name.
@@ -298,7 +298,7 @@ func allocateAndMap(fd int, dirPath, name string, size int) ([]byte, error) {
 
 func (r *Rank) exportHandle() error {
 	h, err := r.arena.Export()
-	if _, fd := r.arena.(staging.FDArena); fd && !r.opts.NoArenaSocket && errors.Is(err, staging.ErrNoHandle) {
+	if _, byLane := r.arena.(staging.LaneFDArena); byLane && !r.opts.NoArenaSocket && errors.Is(err, staging.ErrNoHandle) {
 		// Shared by descriptor alone; serveArena must then succeed.
 		r.ctl.Header.ArenaShares &^= staging.ShareIPCHandle
 		return nil
@@ -313,15 +313,16 @@ func (r *Rank) exportHandle() error {
 	return nil
 }
 
-// serveArena opens the arena socket when the arena can hand out
-// descriptors, and says so in the header (staging.ShareFD). A socket that
-// cannot be opened leaves the handle as the only way, when there is one.
+// serveArena opens the arena socket when the arena can hand out its
+// lanes' descriptors, and says so in the header (staging.ShareLaneFD). A
+// socket that cannot be opened leaves the handle as the only way, when
+// there is one.
 func (r *Rank) serveArena() error {
-	fa, ok := r.arena.(staging.FDArena)
+	la, ok := r.arena.(staging.LaneFDArena)
 	if !ok || r.opts.NoArenaSocket {
 		return nil
 	}
-	srv, err := startArenaServer(r.d, folder.SockFileName(r.id), r.ctl, r.ns, fa, r.arena.Size(), r.opts.Logger)
+	srv, err := startArenaServer(r.d, folder.SockFileName(r.id), r.ctl, r.ns, la, r.opts.Logger)
 	if err != nil {
 		if r.ctl.Header.ArenaShares&staging.ShareIPCHandle == 0 {
 			return err
@@ -330,7 +331,7 @@ func (r *Rank) serveArena() error {
 		return nil
 	}
 	r.server = srv
-	r.ctl.Header.ArenaShares |= staging.ShareFD
+	r.ctl.Header.ArenaShares |= staging.ShareLaneFD
 	r.pushUndo(srv.close)
 	return nil
 }

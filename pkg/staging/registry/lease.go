@@ -4,12 +4,14 @@ package registry
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -19,8 +21,10 @@ import (
 
 // PeerLink is this rank's lease on a peer (the relay): one claimed inbound
 // lane of the peer, and this process's mappings of the peer's control file
-// and arena. The mappings live exactly as long as the claim, and while the
-// claim stands the relay keeps its arena allocated.
+// and of the lane's staging memory (by ShareLaneFD: that lane alone; by
+// ShareIPCHandle: the whole arena). The mappings live exactly
+// as long as the claim, and while the claim stands the relay keeps its
+// arena allocated.
 type PeerLink struct {
 	rank      *Rank
 	peer      PeerInfo
@@ -29,8 +33,11 @@ type PeerLink struct {
 	ctlMem    []byte
 	ctl       *staging.ControlBlock
 	arena     staging.PeerArena
-	arenaBase uintptr
-	// share is how the arena was mapped (staging.ShareFD or
+	// stagingBase is the claimed lane's staging memory in this process:
+	// every address the sender forms into the relay's memory is within
+	// LaneBytes of it.
+	stagingBase uintptr
+	// share is how the arena was mapped (staging.ShareLaneFD or
 	// staging.ShareIPCHandle).
 	share uint32
 	// hbSeen and hbSince: the relay's heartbeat as Health last saw it
@@ -86,6 +93,66 @@ func (r *Rank) Leases() []int {
 	return held
 }
 
+// LateSenders marks the inbound lanes whose sender's heartbeat is older
+// than the timeout, or whose sender's registration was gone when the relay
+// first looked. Such a sender keeps its lane while it lives (ownerStale),
+// but its relay takes no new ticket from it until it beats again: a
+// stopped or starved process may be in any state, and what it rings
+// meanwhile waits. Only the pump calls it: it keeps each lane's sender's
+// control file open between calls and reads the heartbeat word alone, so a
+// call allocates nothing once the lanes' senders are known.
+func (r *Rank) LateSenders(now int64, late *[staging.LaneCount]bool) {
+	for i := range r.ctl.Lanes {
+		late[i] = false
+		b := &r.beats[i]
+		owner, ok := r.ctl.Lanes[i].Owner.Load()
+		if !ok {
+			b.drop()
+			continue
+		}
+		if !b.open || b.owner != owner {
+			b.drop()
+			name := folder.RankFileName(owner)
+			fd, st, err := folder.OpenPrivate(r.d.fd(), r.d.path, name, unix.O_RDONLY, r.d.uid)
+			if errors.Is(err, fs.ErrNotExist) {
+				late[i] = true
+				continue
+			}
+			if err != nil {
+				continue
+			}
+			if folder.CheckControlSize(name, st.Size) != nil {
+				unix.Close(fd)
+				continue
+			}
+			b.owner, b.fd, b.open = owner, fd, true
+		}
+		if folder.PreadFull(b.fd, b.buf[:], heartbeatOffset) != nil {
+			continue
+		}
+		late[i] = folder.HeartbeatStale(binary.NativeEndian.Uint64(b.buf[:]), now, r.opts.HeartbeatTimeout)
+	}
+}
+
+// heartbeatOffset is where a control file holds its rank's heartbeat.
+const heartbeatOffset = int64(unsafe.Offsetof(staging.ControlBlock{}.Header) + unsafe.Offsetof(staging.Header{}.Heartbeat))
+
+// senderBeat is a relay's open control file of one inbound lane's sender
+// (LateSenders).
+type senderBeat struct {
+	owner staging.Identity
+	fd    int
+	open  bool
+	buf   [8]byte
+}
+
+func (b *senderBeat) drop() {
+	if b.open {
+		unix.Close(b.fd)
+		b.open = false
+	}
+}
+
 // ownsLane reports whether the lane still belongs to this link: same owner,
 // same lane epoch.
 func (l *PeerLink) ownsLane() bool {
@@ -131,7 +198,7 @@ func (l *PeerLink) releaseBounded() error {
 // Close unmaps the peer's arena, releases the lane and unmaps the peer's
 // control file, in that order. If the arena cannot be unmapped the lane
 // stays claimed, so the relay keeps its memory until this process is stale.
-// Lane, ArenaBase and StagingBase are invalid afterwards.
+// Lane and StagingBase are invalid afterwards.
 func (l *PeerLink) Close() error { return l.close(true) }
 
 // CloseNoWait is Close for a caller that must never wait on another
@@ -233,8 +300,9 @@ func (r *Rank) flushReleases(ctx context.Context, wait bool) error {
 // Peer is the peer as it was listed.
 func (l *PeerLink) Peer() PeerInfo { return l.peer }
 
-// ArenaShare says how the peer's arena was mapped: staging.ShareFD (a
-// descriptor from the peer's arena socket) or staging.ShareIPCHandle.
+// ArenaShare says how the peer's arena was mapped: staging.ShareLaneFD (a
+// descriptor of the lane alone from the peer's arena socket) or
+// staging.ShareIPCHandle (the whole arena).
 func (l *PeerLink) ArenaShare() uint32 { return l.share }
 
 // LaneIndex is the claimed lane of the peer.
@@ -281,12 +349,10 @@ func (l *PeerLink) Sender() *staging.SenderLane { return l.sender }
 // Close.
 func (l *PeerLink) Wake() *staging.WakeWord { return &l.ctl.Header.Wake }
 
-// ArenaBase is the peer's arena as mapped in this process.
-func (l *PeerLink) ArenaBase() uintptr { return l.arenaBase }
-
-// StagingBase is the claimed lane's staging memory in the peer's arena:
-// slot s starts at StagingBase() + s*SlotSize.
-func (l *PeerLink) StagingBase() uintptr { return l.arenaBase + uintptr(staging.LaneOffset(l.lane)) }
+// StagingBase is the claimed lane's staging memory as mapped in this
+// process: slot s starts at StagingBase() + s*SlotSize, and the lane ends
+// LaneBytes after it.
+func (l *PeerLink) StagingBase() uintptr { return l.stagingBase }
 
 // Live returns nil while the peer is READY with a fresh heartbeat at now
 // (a MonoNanos reading) and the lane is still this link's; otherwise an

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -30,7 +31,7 @@ func attachByName(t *testing.T, r *Rank, name string) *PeerLink {
 	return l
 }
 
-func peerByName(t *testing.T, r *Rank, name string) PeerInfo {
+func peerByName(t testing.TB, r *Rank, name string) PeerInfo {
 	t.Helper()
 	ps, err := r.Peers(context.Background())
 	if err != nil {
@@ -91,13 +92,17 @@ func TestLeaseAttachClaimsLaneAndMapsArena(t *testing.T) {
 	if got := lane.State().Published; got != seq {
 		t.Errorf("relay reads published seq %d, sender published %d", got, seq)
 	}
-	// So are the two views of the arena, at the lane's offsets.
-	if l.StagingBase() != l.ArenaBase()+uintptr(staging.LaneOffset(0)) {
-		t.Errorf("staging base %#x, want arena base %#x + lane offset", l.StagingBase(), l.ArenaBase())
+	// So are the sender's mapping of its lane and the relay's of the
+	// lane's place in its arena; the sender maps that lane alone.
+	if l.ArenaShare() != staging.ShareLaneFD {
+		t.Errorf("attached by %s, want by lane descriptor", folder.ShareName(l.ArenaShare()))
 	}
 	peerMem := l.arena.(*hostPeerArena).mem
+	if l.StagingBase() != uintptr(unsafe.Pointer(&peerMem[0])) || len(peerMem) != staging.LaneBytes {
+		t.Errorf("staging base %#x over %d bytes, want the lane's own mapping of %d", l.StagingBase(), len(peerMem), uint64(staging.LaneBytes))
+	}
 	ownMem := relay.Arena().(*memfdArena).mem
-	peerMem[staging.SlotOffset(0, 1)+7] = 0x5a
+	peerMem[staging.SlotSize+7] = 0x5a
 	if got := ownMem[staging.SlotOffset(0, 1)+7]; got != 0x5a {
 		t.Errorf("relay reads %#x from slot 1, sender wrote 0x5a", got)
 	}

@@ -86,8 +86,8 @@ func TestNamespaceRanksInSeparatePidNamespaces(t *testing.T) {
 		}
 		c.self.send("attach " + c.other)
 		f := strings.Fields(c.self.expect("attached"))
-		if len(f) != 4 || f[3] != "descriptor" {
-			t.Fatalf("%s attached to %s as %v; want the arena mapped by descriptor", c.me, c.other, f)
+		if len(f) != 4 || f[3] != "lane-descriptor" {
+			t.Fatalf("%s attached to %s as %v; want the lane mapped by descriptor", c.me, c.other, f)
 		}
 		c.self.send(fmt.Sprintf("fill %s %d", c.other, len(c.me)))
 		c.self.expect("filled")
@@ -252,18 +252,19 @@ func TestNamespaceForeignAndUnknownEntries(t *testing.T) {
 	}
 }
 
-// The arena socket hands a descriptor only to the holder of a lane, for
-// that lane, and refuses everything else with a reason.
+// The arena socket hands a descriptor only to the holder of a lane, of
+// that lane, and refuses everything else with a reason naming the lane
+// asked for; it never hands out the whole arena.
 func TestNamespaceArenaSocketRefusesAllButTheHolder(t *testing.T) {
 	root := regTestRoot(t)
 	relay := mustRegister(t, regOptions(root, "g", "rail0"))
 	sender := mustRegister(t, regOptions(root, "g", "rail1"))
 	l := attachByName(t, sender, relay.Name())
-	if l.ArenaShare() != staging.ShareFD {
-		t.Fatalf("attached by %s, want by descriptor", folder.ShareName(l.ArenaShare()))
+	if l.ArenaShare() != staging.ShareLaneFD {
+		t.Fatalf("attached by %s, want by lane descriptor", folder.ShareName(l.ArenaShare()))
 	}
-	if relay.Header().ArenaShares != staging.ShareFD {
-		t.Errorf("relay offers shares %#x, want the descriptor alone", relay.Header().ArenaShares)
+	if relay.Header().ArenaShares != staging.ShareLaneFD {
+		t.Errorf("relay offers shares %#x, want the lane descriptor alone", relay.Header().ArenaShares)
 	}
 	// The sender's mapping is the relay's memory.
 	copy(foreignBytes(l.StagingBase(), 4), "pxn!")
@@ -272,8 +273,13 @@ func TestNamespaceArenaSocketRefusesAllButTheHolder(t *testing.T) {
 	}
 	sock := folder.SockFileName(relay.Identity())
 	good := fdRequest{Lane: uint32(l.LaneIndex()), SenderEpoch: sender.Identity().Epoch, LaneEpoch: l.LaneEpoch()}
+	with := func(f func(q *fdRequest)) fdRequest {
+		q := good
+		f(&q)
+		return q
+	}
 	ask := func(q fdRequest) error {
-		c, err := dialArenaSocket(sender.d, sock, q, staging.MonoNanos())
+		c, err := dialArenaSocket(sender.d, sock, q, 0, staging.MonoNanos())
 		if err != nil {
 			return err
 		}
@@ -299,14 +305,15 @@ func TestNamespaceArenaSocketRefusesAllButTheHolder(t *testing.T) {
 		q    fdRequest
 		want string
 	}{
-		{"another sender epoch", fdRequest{good.Lane, good.SenderEpoch + 1, good.LaneEpoch}, "not held by the asker"},
-		{"another lane epoch", fdRequest{good.Lane, good.SenderEpoch, good.LaneEpoch + 1}, "not held by the asker"},
-		{"a free lane", fdRequest{(good.Lane + 1) % staging.LaneCount, good.SenderEpoch, good.LaneEpoch}, "not held by the asker"},
-		{"a lane out of range", fdRequest{staging.LaneCount, good.SenderEpoch, good.LaneEpoch}, "malformed"},
-		{"epoch 0", fdRequest{good.Lane, 0, good.LaneEpoch}, "malformed"},
+		{"another sender epoch", with(func(q *fdRequest) { q.SenderEpoch++ }), "not held by the asker"},
+		{"another lane epoch", with(func(q *fdRequest) { q.LaneEpoch++ }), "not held by the asker"},
+		{"a free lane", with(func(q *fdRequest) { q.Lane = (q.Lane + 1) % staging.LaneCount }), "not held by the asker"},
+		{"a lane out of range", with(func(q *fdRequest) { q.Lane = staging.LaneCount }), "malformed"},
+		{"epoch 0", with(func(q *fdRequest) { q.SenderEpoch = 0 }), "malformed"},
 	} {
-		if err := ask(tt.q); err == nil || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("%s: %v, want refused: %q", tt.name, err, tt.want)
+		err := ask(tt.q)
+		if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), fmt.Sprintf("lane %d refused", tt.q.Lane)) {
+			t.Errorf("%s: %v, want lane %d refused: %q", tt.name, err, tt.q.Lane, tt.want)
 		}
 	}
 	// The server counts after it answers: wait for it.
@@ -364,8 +371,8 @@ func TestNamespaceTryAttachDoesNotWaitForTheSocket(t *testing.T) {
 		}
 		return err == nil
 	})
-	if l.ArenaShare() != staging.ShareFD {
-		t.Errorf("attached by %s, want by descriptor", folder.ShareName(l.ArenaShare()))
+	if l.ArenaShare() != staging.ShareLaneFD {
+		t.Errorf("attached by %s, want by lane descriptor", folder.ShareName(l.ArenaShare()))
 	}
 	t.Logf("TryAttach returned pending %d times", pending)
 	if err := l.Close(); err != nil {
@@ -394,5 +401,36 @@ func TestNamespaceRevokedRankKeepsItsControlFile(t *testing.T) {
 	}
 	if got := listDir(t, relay.Dir()); len(got) != 1 {
 		t.Errorf("after Close the directory holds %v, want only the lock", got)
+	}
+}
+
+// A lane whose owner words name another PID namespace than the relay's
+// (a holder in another pod) is not handed to a process of the relay's own
+// namespace that presents them: such a process can be no owner of another
+// namespace, only a member that copied the words from the control file.
+func TestNamespaceArenaSocketRefusesCopiedForeignOwner(t *testing.T) {
+	root := regTestRoot(t)
+	relay := mustRegister(t, regOptions(root, "g", "rail0"))
+	const lane = 2
+	foreign := staging.Identity{Pid: 4242, StartTime: 1, Epoch: 0x77}
+	relay.ctl.Lanes[lane].Claim(foreign, staging.PidNS{Dev: 9, Ino: 99}, 0x99, staging.MonoNanos())
+	q := fdRequest{Lane: lane, SenderEpoch: foreign.Epoch, LaneEpoch: 0x99}
+	c, err := dialArenaSocket(relay.d, folder.SockFileName(relay.Identity()), q, 0, staging.MonoNanos())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	for {
+		fd, _, done, err := c.poll(100 * time.Millisecond)
+		if !done && staging.MonoNanos() < c.deadline {
+			continue
+		}
+		if err == nil {
+			closeFD(fd)
+		}
+		if err == nil || !strings.Contains(err.Error(), "lane 2 refused: the lane is not held by the asker") {
+			t.Errorf("a process of the relay's namespace with a foreign owner's words: %v, want lane 2 refused", err)
+		}
+		return
 	}
 }

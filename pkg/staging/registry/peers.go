@@ -27,7 +27,7 @@ type PeerInfo struct {
 	// PidNS is the PID namespace the peer's pid and start time belong to.
 	PidNS staging.PidNS
 	// ArenaShares says how the peer's arena may be mapped
-	// (staging.ShareIPCHandle, staging.ShareFD).
+	// (staging.ShareIPCHandle, staging.ShareFD, staging.ShareLaneFD).
 	ArenaShares uint32
 	// HeartbeatAge is how old the peer's heartbeat was when read.
 	HeartbeatAge time.Duration

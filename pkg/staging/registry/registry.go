@@ -171,6 +171,10 @@ type Rank struct {
 	scanMu sync.Mutex
 	scan   peerScan
 
+	// beats are the inbound lanes' senders' control files, open for
+	// LateSenders; only the pump uses them, and Close closes them.
+	beats [staging.LaneCount]senderBeat
+
 	// hooks is nil in production.
 	hooks *hooks
 }

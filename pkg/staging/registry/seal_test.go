@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,7 +35,7 @@ var reshapeOps = []string{"shrink", "grow", "fallocate-grow", "reopen-shrink", "
 // path, and says "<op> <errno name or ok>" for each.
 func helperReshape() int {
 	const fd = 3
-	size := int64(staging.ArenaSize)
+	size := int64(staging.LaneBytes)
 	proc := os.Getenv(helperProcFDEnv)
 	try := func(op string) error {
 		switch op {
@@ -93,8 +94,9 @@ func allocateHostArena(t *testing.T, p HostArenas) staging.Arena {
 // reaching the owner's through /proc, can neither shrink nor grow it: the
 // owner's mapping, and every peer's, keeps every page.
 func TestSealArenaResistsResizeByAnotherProcess(t *testing.T) {
+	const lane = 3
 	a := allocateHostArena(t, HostArenas{}).(*memfdArena)
-	fd, err := a.ExportFD()
+	fd, err := a.ExportLaneFD(lane)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +108,7 @@ func TestSealArenaResistsResizeByAnotherProcess(t *testing.T) {
 	}
 	cmd := exec.Command(exe)
 	cmd.Env = append(os.Environ(), registryHelperEnv+"=reshape",
-		helperProcFDEnv+"=/proc/"+strconv.Itoa(os.Getpid())+"/fd/"+strconv.Itoa(a.fd))
+		helperProcFDEnv+"=/proc/"+strconv.Itoa(os.Getpid())+"/fd/"+strconv.Itoa(a.fds[lane]))
 	cmd.ExtraFiles = []*os.File{f}
 	out, err := cmd.Output()
 	if err != nil {
@@ -124,19 +126,20 @@ func TestSealArenaResistsResizeByAnotherProcess(t *testing.T) {
 		}
 	}
 	var st unix.Stat_t
-	if err := unix.Fstat(a.fd, &st); err != nil {
+	if err := unix.Fstat(a.fds[lane], &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.Size != staging.ArenaSize {
-		t.Fatalf("arena is %d bytes after the child, want %d", st.Size, uint64(staging.ArenaSize))
+	if st.Size != staging.LaneBytes {
+		t.Fatalf("lane %d is %d bytes after the child, want %d", lane, st.Size, uint64(staging.LaneBytes))
 	}
-	a.mem[len(a.mem)-1] = 0x5a
+	a.mem[staging.LaneOffset(lane+1)-1] = 0x5a
 }
 
-// A peer maps a descriptor only when nothing can change its size: a
-// tmpfs file, an unsealed or partly sealed memfd is refused with the seals
-// it has, and the arena is never mapped.
-func TestSealOpenFDRefusesUnsealedDescriptors(t *testing.T) {
+// A peer maps a descriptor only when nothing can change its size and it
+// holds one lane: a tmpfs file, an unsealed or partly sealed memfd is
+// refused with the seals it has, a sealed one of another size with its
+// size, and nothing is mapped.
+func TestSealOpenLaneFDRefusesUnsealedDescriptors(t *testing.T) {
 	memfd := func(t *testing.T, size int64, mode uint32, seals int) int {
 		fd, err := unix.MemfdCreate("arena-test", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 		if err != nil {
@@ -168,7 +171,7 @@ func TestSealOpenFDRefusesUnsealedDescriptors(t *testing.T) {
 		}
 		return fd
 	}
-	size := int64(staging.ArenaSize)
+	size := int64(staging.LaneBytes)
 	tests := []struct {
 		name string
 		fd   func(t *testing.T) int
@@ -179,53 +182,57 @@ func TestSealOpenFDRefusesUnsealedDescriptors(t *testing.T) {
 		{"memfd sealed against shrinking only", func(t *testing.T) int { return memfd(t, size, 0o600, unix.F_SEAL_SHRINK) }, "sealed shrink, want seal|shrink|grow"},
 		{"memfd whose seals can still change", func(t *testing.T) int { return memfd(t, size, 0o600, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW) }, "sealed shrink|grow, want"},
 		{"sealed memfd others may read", func(t *testing.T) int { return memfd(t, size, 0o644, arenaSeals) }, "has mode 0644"},
-		{"sealed memfd smaller than an arena", func(t *testing.T) int { return memfd(t, 1<<20, 0o600, arenaSeals) }, "in a file of 1048576"},
-		{"sealed memfd of an arena's size", func(t *testing.T) int { return memfd(t, size, 0o600, arenaSeals) }, ""},
+		{"sealed memfd smaller than a lane", func(t *testing.T) int { return memfd(t, 1<<20, 0o600, arenaSeals) }, "a file of 1048576 bytes, want one lane"},
+		{"sealed memfd of a whole arena", func(t *testing.T) int { return memfd(t, staging.ArenaSize, 0o600, arenaSeals) }, "want one lane"},
+		{"sealed memfd of a lane's size", func(t *testing.T) int { return memfd(t, size, 0o600, arenaSeals) }, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			fd := tt.fd(t)
-			p, err := HostArenas{}.OpenFD(fd, staging.ArenaSize)
+			p, err := HostArenas{}.OpenLaneFD(fd, 2)
 			if tt.want == "" {
 				if err != nil {
-					t.Fatalf("OpenFD = %v, want the arena mapped", err)
+					t.Fatalf("OpenLaneFD = %v, want the lane mapped", err)
 				}
 				p.Close()
 				return
 			}
-			if p != nil || err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "descriptor "+strconv.Itoa(fd)) {
-				t.Errorf("OpenFD = %v, %v; want a refusal naming descriptor %d and saying %q", p, err, fd, tt.want)
+			if p != nil || err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "lane 2: descriptor "+strconv.Itoa(fd)) {
+				t.Errorf("OpenLaneFD = %v, %v; want a refusal naming lane 2, descriptor %d and saying %q", p, err, fd, tt.want)
 			}
 		})
 	}
 }
 
-// unsealedArenas hands out descriptors of a by-name arena's file: a relay
-// offering an arena that could shrink under its peers.
+// unsealedArenas hands out, for a lane, a descriptor of an unsealed memfd
+// of the lane's size: a relay offering memory that could shrink under its
+// peers.
 type unsealedArenas struct{ HostArenas }
 
-type unsealedArena struct {
-	staging.Arena
-	fd int
-}
+type unsealedArena struct{ staging.Arena }
 
 func (p unsealedArenas) Allocate(dir *os.File, name string) (staging.Arena, error) {
 	a, err := p.HostArenas.Allocate(dir, name)
 	if err != nil {
 		return nil, err
 	}
-	fd, err := unix.Openat(int(dir.Fd()), name, unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, errors.Join(err, a.Close())
-	}
-	return &unsealedArena{Arena: a, fd: fd}, nil
+	return unsealedArena{a}, nil
 }
 
-func (a *unsealedArena) ExportFD() (int, error) { return unix.Dup(a.fd) }
-
-func (a *unsealedArena) Close() error {
-	unix.Close(a.fd)
-	return a.Arena.Close()
+func (unsealedArena) ExportLaneFD(lane int) (int, error) {
+	fd, err := unix.MemfdCreate("unsealed-lane", unix.MFD_CLOEXEC)
+	if err != nil {
+		return -1, err
+	}
+	if err := unix.Fchmod(fd, 0o600); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	if err := unix.Ftruncate(fd, staging.LaneBytes); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
 }
 
 // A relay whose arena socket hands out an unsealed descriptor is not
@@ -236,7 +243,7 @@ func TestSealAttachRefusesUnsealedArena(t *testing.T) {
 	o := regOptions(root, "g", "rail0")
 	o.Arenas = unsealedArenas{HostArenas{ByName: true}}
 	relay := mustRegister(t, o)
-	if relay.Header().ArenaShares&staging.ShareFD == 0 {
+	if relay.Header().ArenaShares&staging.ShareLaneFD == 0 {
 		t.Fatalf("the relay offers shares %#x, want a descriptor", relay.Header().ArenaShares)
 	}
 	sender := mustRegister(t, regOptions(root, "g", "rail1"))
@@ -265,7 +272,7 @@ func TestSealAttachRefusesUnsealedArena(t *testing.T) {
 // default a named arena, which nothing can seal, is refused.
 func TestSealOpenByNameNeedsByName(t *testing.T) {
 	a := allocateHostArena(t, HostArenas{ByName: true})
-	if _, ok := a.(staging.FDArena); ok {
+	if _, ok := a.(staging.LaneFDArena); ok {
 		t.Errorf("a by-name arena hands out descriptors; they could not be sealed")
 	}
 	h, err := a.Export()
@@ -297,4 +304,38 @@ func TestSpaceFullTmpfsFailsByNameArena(t *testing.T) {
 	if names := listDir(t, groupDir(root, "g")); !slices.Equal(names, []string{folder.LockFileName}) {
 		t.Errorf("the failed rank left %v", names)
 	}
+}
+
+// helperOpenLane prints the id of the OS thread it stays on, waits for a
+// byte on stdin, maps the descriptor it inherited as fd 3 as lane 0 from
+// that thread, and says "mapped <the descriptor's size then>" or
+// "refused <why>".
+func helperOpenLane() int {
+	runtime.LockOSThread()
+	fmt.Println(unix.Gettid())
+	var b [1]byte
+	for {
+		_, err := unix.Read(0, b[:])
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EINTR) && !errors.Is(err, unix.EAGAIN) {
+			fmt.Println("stdin", err)
+			return 1
+		}
+		unix.Poll([]unix.PollFd{{Fd: 0, Events: unix.POLLIN}}, -1)
+	}
+	pl, err := HostArenas{}.OpenLaneFD(3, 0)
+	if err != nil {
+		fmt.Println("refused", err)
+		return 0
+	}
+	defer pl.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(3, &st); err != nil {
+		fmt.Println("fstat", err)
+		return 1
+	}
+	fmt.Println("mapped", st.Size)
+	return 0
 }

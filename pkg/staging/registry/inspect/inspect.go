@@ -353,7 +353,7 @@ func livenessOf(ns, self staging.PidNS) string {
 
 func sharesText(shares uint32) string {
 	var s []string
-	for _, sh := range [...]uint32{staging.ShareIPCHandle, staging.ShareFD} {
+	for _, sh := range [...]uint32{staging.ShareIPCHandle, staging.ShareFD, staging.ShareLaneFD} {
 		if shares&sh != 0 {
 			s = append(s, folder.ShareName(sh))
 		}

@@ -97,7 +97,7 @@ func CheckHeader(h *staging.Header) error {
 		return fmt.Errorf("%w: epoch 0", ErrCorruptEntry)
 	case h.PidNSIno == 0:
 		return fmt.Errorf("%w: no PID namespace", ErrCorruptEntry)
-	case h.ArenaShares == 0 || h.ArenaShares&^(staging.ShareIPCHandle|staging.ShareFD) != 0:
+	case h.ArenaShares == 0 || h.ArenaShares&^(staging.ShareIPCHandle|staging.ShareFD|staging.ShareLaneFD) != 0:
 		return fmt.Errorf("%w: arena shares %#x", ErrCorruptEntry, h.ArenaShares)
 	case h.ArenaKind != staging.ArenaHost && h.ArenaKind != staging.ArenaCUDA:
 		return fmt.Errorf("%w: arena kind %d", ErrCorruptEntry, h.ArenaKind)
@@ -131,10 +131,12 @@ func StateName(s uint32) string {
 	return fmt.Sprintf("state(%d)", s)
 }
 
-// ShareName names a way of mapping an arena (staging.ShareFD,
-// staging.ShareIPCHandle).
+// ShareName names a way of mapping an arena (staging.ShareLaneFD,
+// staging.ShareFD, staging.ShareIPCHandle).
 func ShareName(share uint32) string {
 	switch share {
+	case staging.ShareLaneFD:
+		return "lane-descriptor"
 	case staging.ShareFD:
 		return "descriptor"
 	case staging.ShareIPCHandle:

@@ -1,0 +1,201 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package gpu_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/sys/unix"
+
+	"github.com/pxn-project/pxn/internal/fakecuda"
+	"github.com/pxn-project/pxn/internal/testtools"
+	"github.com/pxn-project/pxn/pkg/cuda"
+	"github.com/pxn-project/pxn/pkg/gpu"
+	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry"
+)
+
+// openFakeVMM is device 0 of the stand-in driver with cuMemCreate and the
+// rest of the virtual memory calls.
+func openFakeVMM(t testing.TB) *gpu.GPU {
+	t.Helper()
+	t.Setenv(fakecuda.VMMEnv, "1")
+	g := openFake(t, fakeLib(t), 13000)
+	if err := g.Driver().FDShareSupport(g.Device()); err != nil {
+		t.Fatalf("the stand-in driver with %s=1 cannot share by descriptor: %v", fakecuda.VMMEnv, err)
+	}
+	return g
+}
+
+// On the stand-in driver a descriptor arena is one allocation a lane,
+// side by side: each lane is inside one allocation and the arena is not;
+// each lane exports on its own, and a peer maps exactly that lane, one
+// lane long, and reads the owner's bytes of it. What is not one of the
+// driver's exports, a lane out of range and an allocation shorter than a
+// lane are refused, naming the lane, and counted.
+func TestLaneArenasOnStandIn(t *testing.T) {
+	g := openFakeVMM(t)
+	d := g.Driver()
+	p := gpu.NewArenasWith(g, gpu.ArenaOptions{Share: gpu.ShareDescriptor})
+	a, err := p.Allocate(nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if share, why := p.Share(); share != gpu.ShareDescriptor {
+		t.Fatalf("shares by %v (%s), want by descriptor", share, why)
+	}
+	la, ok := a.(staging.LaneFDArena)
+	if !ok {
+		t.Fatal("a descriptor arena hands out no lane")
+	}
+	if d.Classify(0, cuda.DevicePtr(a.Base()), a.Size()) == cuda.MemoryDevice {
+		t.Error("the arena is one allocation, want one a lane")
+	}
+	for lane := range staging.LaneCount {
+		base := cuda.DevicePtr(a.Base()) + cuda.DevicePtr(staging.LaneOffset(lane))
+		if d.Classify(0, base, staging.LaneBytes) != cuda.MemoryDevice {
+			t.Fatalf("lane %d is not inside one allocation", lane)
+		}
+		fill(t, g, base, uint32(0x1000+lane), 4096)
+		fill(t, g, base+staging.LaneBytes-4096, uint32(0x2000+lane), 4096)
+	}
+	for lane := range staging.LaneCount {
+		fd, err := la.ExportLaneFD(lane)
+		if err != nil {
+			t.Fatal(err)
+		}
+		flags, _ := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+		pl, err := p.OpenLaneFD(fd, lane)
+		unix.Close(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if flags&unix.FD_CLOEXEC == 0 {
+			t.Errorf("lane %d's descriptor is not close-on-exec", lane)
+		}
+		if pl.Lane() != lane || testtools.MappingSize(t, pl.Base()) != staging.LaneBytes {
+			t.Errorf("lane %d mapped as lane %d over %d bytes, want %d", lane, pl.Lane(), testtools.MappingSize(t, pl.Base()), uint64(staging.LaneBytes))
+		}
+		expectWords(t, g, cuda.DevicePtr(pl.Base()), uint32(0x1000+lane), 4096)
+		expectWords(t, g, cuda.DevicePtr(pl.Base())+staging.LaneBytes-4096, uint32(0x2000+lane), 4096)
+		if err := pl.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	plain, err := unix.MemfdCreate("not-an-export", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(plain)
+	if err := unix.Ftruncate(plain, staging.LaneBytes); err != nil {
+		t.Fatal(err)
+	}
+	prop := cuda.AllocationProp{Device: g.Device()}
+	var short int
+	err = g.Do(func() error {
+		h, err := d.MemCreate(2<<20, prop)
+		if err != nil {
+			return err
+		}
+		short, err = d.MemExportFD(h)
+		return errors.Join(err, d.MemRelease(h))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(short)
+	before := p.Counts()
+	for _, tc := range []struct {
+		name     string
+		fd, lane int
+		step     string
+		is       error
+	}{
+		{"a memfd the driver did not export", plain, 1, "cuMemImportFromShareableHandle", gpu.ErrPeerArenaUnusable},
+		{"an allocation shorter than a lane", short, 2, "cuMemMap", gpu.ErrPeerArenaUnusable},
+		{"a lane out of range", plain, staging.LaneCount, "out of range", registry.ErrCorruptEntry},
+	} {
+		pl, err := p.OpenLaneFD(tc.fd, tc.lane)
+		if err == nil {
+			pl.Close()
+			t.Errorf("%s: mapped", tc.name)
+			continue
+		}
+		if !errors.Is(err, tc.is) || !strings.Contains(err.Error(), tc.step) || !strings.Contains(err.Error(), "lane "+strconv.Itoa(tc.lane)) {
+			t.Errorf("%s: %v, want %v at %s naming lane %d", tc.name, err, tc.is, tc.step, tc.lane)
+		}
+	}
+	if c := p.Counts(); c.FD != before.FD || c.FailedFD-before.FailedFD != 3 {
+		t.Errorf("counts %+v after three refusals, from %+v", c, before)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := la.ExportLaneFD(0); err == nil {
+		t.Error("ExportLaneFD of a closed arena succeeded")
+	}
+}
+
+// BenchmarkLeaseGPULaneStandIn is what one lease on a relay's descriptor
+// arena costs the sender on the stand-in driver: the claim, the arena
+// socket's round trip for the lane's descriptor, its import, reservation,
+// mapping and access, a first write into each slot, and the release with
+// its unmap. The stand-in's calls are system calls on a memfd: the figure
+// on a GPU, where import and map are driver work, is
+// BenchmarkLeaseGPULane's, which needs a GPU.
+func BenchmarkLeaseGPULaneStandIn(b *testing.B) { benchLease(b, openFakeVMM(b)) }
+
+// BenchmarkLeaseGPULane is BenchmarkLeaseGPULaneStandIn on the GPU.
+func BenchmarkLeaseGPULane(b *testing.B) {
+	g := openGPU(b)
+	if err := g.Driver().FDShareSupport(g.Device()); err != nil {
+		b.Skipf("skipping: %v", err)
+	}
+	benchLease(b, g)
+}
+
+func benchLease(b *testing.B, g *gpu.GPU) {
+	p := gpu.NewArenasWith(g, gpu.ArenaOptions{Share: gpu.ShareDescriptor, Logger: logr.Discard()})
+	root := b.TempDir()
+	register := func(rail string) *registry.Rank {
+		r, err := registry.Register(context.Background(), registry.Options{Root: root, Group: "gpu", UID: os.Geteuid(), Rail: rail, HCA: "hca-" + rail,
+			Arenas: p, HeartbeatTimeout: time.Minute, Logger: logr.Discard()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { r.Close(context.Background()) })
+		return r
+	}
+	relay, sender := register("rail0"), register("rail1")
+	peers, err := sender.Peers(context.Background())
+	if err != nil || len(peers) != 1 || peers[0].Identity != relay.Identity() {
+		b.Fatalf("peers %+v, %v; want the relay", peers, err)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		l, err := sender.Attach(ctx, peers[0])
+		if err != nil {
+			b.Fatal(err)
+		}
+		if l.ArenaShare() != staging.ShareLaneFD {
+			b.Fatalf("attached by share %d", l.ArenaShare())
+		}
+		for s := range staging.SlotsPerLane {
+			if err := g.Driver().MemsetD32Async(cuda.DevicePtr(l.StagingBase())+cuda.DevicePtr(s*staging.SlotSize), uint32(s), 1, 0); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := l.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,270 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package registry
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/sys/unix"
+
+	"github.com/pxn-project/pxn/pkg/staging"
+	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
+)
+
+// A member holding lane 1 of a relay in another process maps lane 1 and
+// nothing else of the relay's arena: the socket refuses it lane 0, whether
+// it asks as itself or with lane 0's owner words copied from the relay's
+// control file, and names the lane; it holds no descriptor of the arena
+// and one mapping, of lane 1, one lane long. The holder of lane 0 likewise
+// maps lane 0 alone, and what each writes reaches the relay in its own
+// lane only.
+func TestLanesMemberMapsItsLaneOnly(t *testing.T) {
+	root := regTestRoot(t)
+	relay := startRegChild(t, childOpts{root: root, group: "g", rail: "rail0"})
+	relayName := relay.expect("ready")
+	_, relayID := folder.ParseEntryName(relayName)
+	arena := folder.ArenaFileName(relayID)
+
+	victim := mustRegister(t, regOptions(root, "g", "rail1"))
+	lv := attachByName(t, victim, relayName)
+	if lv.LaneIndex() != 0 || lv.ArenaShare() != staging.ShareLaneFD {
+		t.Fatalf("the first sender holds lane %d by %s, want lane 0 by lane descriptor", lv.LaneIndex(), folder.ShareName(lv.ArenaShare()))
+	}
+	victimBytes := foreignBytes(lv.StagingBase(), fillBytes)
+	for i := range victimBytes {
+		victimBytes[i] = 0xa5
+	}
+
+	member := startRegChild(t, childOpts{root: root, group: "g", rail: "rail2"})
+	member.expect("ready")
+	member.send("attach " + relayName)
+	f := strings.Fields(member.expect("attached"))
+	if len(f) != 4 || f[1] != "1" || f[3] != "lane-descriptor" {
+		t.Fatalf("the member attached as %v, want lane 1 by lane descriptor", f)
+	}
+
+	for _, how := range []string{"own", "copy"} {
+		member.send("steal " + relayName + " 0 " + how)
+		if got := member.expect("steal"); !strings.HasPrefix(got, "refused ") || !strings.Contains(got, "lane 0 refused: the lane is not held by the asker") {
+			t.Errorf("the member asking for lane 0 (%s epochs): %q, want lane 0 refused", how, got)
+		}
+	}
+	member.send("steal " + relayName + " 1 own")
+	if got, want := member.expect("steal"), "got "+strconv.FormatUint(staging.LaneBytes, 10); got != want {
+		t.Errorf("the member asking for its own lane 1: %q, want %q", got, want)
+	}
+
+	member.send("holds " + arena)
+	if got, want := member.expect("holds"), fmt.Sprintf("map:%s.lane1:%d", arena, uint64(staging.LaneBytes)); got != want {
+		t.Errorf("the member holds %q of the relay's arena, want %q alone", got, want)
+	}
+	if got, want := helperHolds(arena), fmt.Sprintf("map:%s.lane0:%d", arena, uint64(staging.LaneBytes)); got != want {
+		t.Errorf("the holder of lane 0 holds %q of the relay's arena, want %q alone", got, want)
+	}
+
+	member.send("fill " + relayName + " 7")
+	member.expect("filled")
+	want := make([]byte, fillBytes)
+	for i := range want {
+		want[i] = 7 + byte(i)
+	}
+	relay.send("sum 1")
+	if got := strings.Fields(relay.expect("sum")); len(got) != 2 || got[1] != fnvHex(want) {
+		t.Errorf("lane 1 of the relay reads %v, want the member's bytes %s", got, fnvHex(want))
+	}
+	for i := range want {
+		want[i] = 0xa5
+	}
+	relay.send("sum 0")
+	if got := strings.Fields(relay.expect("sum")); len(got) != 2 || got[1] != fnvHex(want) {
+		t.Errorf("lane 0 of the relay reads %v, want the first sender's bytes %s", got, fnvHex(want))
+	}
+	member.finish()
+	if err := lv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	relay.finish()
+}
+
+// BenchmarkLeaseHostLane is what one lease on a relay's host arena costs
+// the sender: the claim under the registry lock, the arena socket's round
+// trip for the lane's descriptor, the checks and mapping of the lane, the
+// first write of each of its slots (a page fault each), and the release
+// with its unmap. The relay is in this process; its socket is served by
+// its own goroutine, as in a relay's process.
+func BenchmarkLeaseHostLane(b *testing.B) {
+	root := regTestRoot(b)
+	quiet := func(o Options) Options {
+		o.Logger = logr.Discard()
+		return o
+	}
+	relay := mustRegister(b, quiet(regOptions(root, "g", "rail0")))
+	sender := mustRegister(b, quiet(regOptions(root, "g", "rail1")))
+	p := peerByName(b, sender, relay.Name())
+	ctx := context.Background()
+	var attach, write, release time.Duration
+	b.ReportAllocs()
+	for b.Loop() {
+		t0 := time.Now()
+		l, err := sender.Attach(ctx, p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if l.ArenaShare() != staging.ShareLaneFD {
+			b.Fatalf("attached by %s", folder.ShareName(l.ArenaShare()))
+		}
+		mem := foreignBytes(l.StagingBase(), staging.LaneBytes)
+		for s := range staging.SlotsPerLane {
+			mem[s*staging.SlotSize] = byte(s)
+		}
+		t2 := time.Now()
+		if err := l.Close(); err != nil {
+			b.Fatal(err)
+		}
+		attach, write, release = attach+t1.Sub(t0), write+t2.Sub(t1), release+time.Since(t2)
+	}
+	n := float64(b.N)
+	b.ReportMetric(float64(attach.Nanoseconds())/n, "attach-ns/op")
+	b.ReportMetric(float64(write.Nanoseconds())/n, "first-writes-ns/op")
+	b.ReportMetric(float64(release.Nanoseconds())/n, "close-ns/op")
+}
+
+// A relay that offers only its whole arena by descriptor (ShareFD, which
+// no rank of this version offers) gets no sender: the attach fails saying
+// so, claims no lane, asks the socket nothing and maps nothing, and a
+// second attach fails the same way without looking again; the sender's
+// traffic to that rail goes direct.
+func TestLanesWholeArenaDescriptorRefused(t *testing.T) {
+	root := regTestRoot(t)
+	relay := mustRegister(t, regOptions(root, "g", "rail0"))
+	relay.ctl.Header.ArenaShares = staging.ShareFD
+	epochs := func() (e [staging.LaneCount]uint64) {
+		for i := range e {
+			e[i] = relay.ctl.Lanes[i].Epoch()
+		}
+		return e
+	}
+	before := epochs()
+	sender := mustRegister(t, regOptions(root, "g", "rail1"))
+	p := peerByName(t, sender, relay.Name())
+	for range 2 {
+		l, err := sender.Attach(context.Background(), p)
+		if l != nil || err == nil || !strings.Contains(err.Error(), "no way to map the relay's arena: the relay offers its arena by descriptor") {
+			t.Fatalf("Attach = %v, %v; want a refusal of the whole arena", l, err)
+		}
+	}
+	if after := epochs(); after != before {
+		t.Errorf("lane epochs %x became %x: the refused attach claimed a lane", before, after)
+	}
+	for i := range staging.LaneCount {
+		if _, held := relay.ctl.Lanes[i].Owner.Load(); held {
+			t.Errorf("lane %d of the relay is held after the refused attach", i)
+		}
+	}
+	if got := relay.ServeStats(); got.Served != 0 || got.Refused != 0 {
+		t.Errorf("the relay's socket counts %+v, want no request", got)
+	}
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(maps), folder.ArenaFileName(relay.Identity())+".lane0 "); n != 1 {
+		t.Errorf("lane 0 of the relay is mapped %d times in this process, want once: by the relay alone", n)
+	}
+}
+
+// A member of the relay's uid that puts a socket of its own in place of
+// the relay's arena socket gets nothing staged into its memory: a sender
+// in the relay's PID namespace takes a lane's descriptor only from the
+// relay's process, refuses the impostor's sealed memfd naming both pids,
+// maps nothing of it and holds no lane of the relay afterwards.
+func TestLanesSenderRefusesAnImpostorSocket(t *testing.T) {
+	root := regTestRoot(t)
+	relay := startRegChild(t, childOpts{root: root, group: "g", rail: "rail0"})
+	relayName := relay.expect("ready")
+	_, relayID := folder.ParseEntryName(relayName)
+	sender := mustRegister(t, regOptions(root, "g", "rail1"))
+	peer := peerByName(t, sender, relayName)
+
+	path := filepath.Join(sender.d.path, folder.SockFileName(relayID))
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if err := os.Chmod(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	lane, err := unix.MemfdCreate("impostor-lane", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(lane)
+	if err := sizeAndSeal(lane, "impostor-lane", staging.LaneBytes); err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			served <- err
+			return
+		}
+		defer c.Close()
+		var req [fdRequestSize]byte
+		if _, err := io.ReadFull(c, req[:]); err != nil {
+			served <- err
+			return
+		}
+		ans := encodeFDAnswer(fdOK, staging.LaneBytes)
+		_, _, err = c.WriteMsgUnix(ans[:], unix.UnixRights(lane), nil)
+		served <- err
+	}()
+
+	l, err := sender.Attach(context.Background(), peer)
+	if err == nil {
+		l.Close()
+	}
+	want := fmt.Sprintf("served by pid %d, not the relay's %d", os.Getpid(), relay.pid())
+	if l != nil || err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("Attach through an impostor's socket = %v, %v; want a refusal saying %q", l, err, want)
+	}
+	ln.Close()
+	if err := <-served; err != nil {
+		t.Logf("the impostor's answer: %v", err)
+	}
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(maps), "impostor-lane") {
+		t.Error("the impostor's memfd is mapped in the sender")
+	}
+	mem, err := folder.MapPrivate(sender.d.fd(), sender.d.path, relayName, os.Geteuid(), int(staging.ControlSize), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	ctl := (*staging.ControlBlock)(unsafe.Pointer(&mem[0]))
+	for i := range staging.LaneCount {
+		if owner, held := ctl.Lanes[i].Owner.Load(); held && owner == sender.Identity() {
+			t.Errorf("the sender still holds lane %d of the relay", i)
+		}
+	}
+	relay.finish()
+}
