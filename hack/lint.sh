@@ -10,5 +10,7 @@ if [ -n "$unformatted" ]; then
   exit 1
 fi
 go vet ./...
+go vet -tags pxnseams ./cmd/libpxn/
 "$(hack/tools.sh path staticcheck)" ./...
+"$(hack/tools.sh path staticcheck)" -tags pxnseams ./cmd/libpxn/
 echo "lint: gofmt, go vet and staticcheck clean"
