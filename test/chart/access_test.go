@@ -381,13 +381,19 @@ func runDRADriver(t *testing.T, ctx context.Context, e *accessEnv) {
 			var got []string
 			for _, s := range list.Items {
 				got = append(got, s.Name)
-				if s.Name != "leftover" && s.Spec.Driver == dra.DriverName && len(s.Spec.Devices) == 1 {
-					if r := s.Spec.Devices[0].Attributes[dra.AttrRailsReady].BoolValue; r != nil && *r == want && len(list.Items) == 1 {
+				if s.Name == "leftover" || s.Spec.Driver != dra.DriverName || len(list.Items) != 1 {
+					continue
+				}
+				for _, dev := range s.Spec.Devices {
+					if dev.Name != dra.DeviceName {
+						continue
+					}
+					if r := dev.Attributes[dra.AttrRailsReady].BoolValue; r != nil && *r == want {
 						return nil
 					}
 				}
 			}
-			return fmt.Errorf("slices %v, want the driver's only, railsReady %v", got, want)
+			return fmt.Errorf("slices %v, want the driver's only, its relay device with railsReady %v", got, want)
 		})
 	}
 	railsReady(true)

@@ -309,7 +309,7 @@ func TestTemplateDefaults(t *testing.T) {
 		t.Errorf("agent probes: liveness %+v readiness %+v", c.LivenessProbe, c.ReadinessProbe)
 	}
 	checkPorts(t, c, map[string]int32{"metrics": 9640, "health": 9642})
-	checkHostMount(t, agent, "/sys", "/host/sys", true)
+	checkSysfsMounts(t, agent, "/sys")
 	// The rank metrics read the node plugins' shm folders, and nothing more.
 	checkHostMount(t, agent, "/dev/shm/pxn", "/dev/shm/pxn", true)
 	checkNoHostPath(t, agent, "/run/pxn")
@@ -349,7 +349,7 @@ func TestTemplateDefaults(t *testing.T) {
 		c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
 		t.Errorf("device plugin probes: liveness %+v readiness %+v", c.LivenessProbe, c.ReadinessProbe)
 	}
-	checkHostMount(t, plugin, "/sys", "/host/sys", true)
+	checkSysfsMounts(t, plugin, "/sys")
 	checkHostMount(t, plugin, "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/device-plugins", false)
 	checkHostMount(t, plugin, "/var/lib/kubelet/pod-resources", "/var/lib/kubelet/pod-resources", true)
 	checkHostMount(t, plugin, "/run/pxn", "/run/pxn", false)
@@ -436,7 +436,7 @@ func TestTemplateCustom(t *testing.T) {
 	if c.LivenessProbe == nil || c.LivenessProbe.PeriodSeconds != 60 || c.LivenessProbe.TimeoutSeconds != 5 || c.ReadinessProbe != nil {
 		t.Errorf("agent probes: liveness %+v readiness %+v, want the custom liveness probe and no readiness probe", c.LivenessProbe, c.ReadinessProbe)
 	}
-	checkHostMount(t, agent, "/mnt/host-sys", "/host/sys", true)
+	checkSysfsMounts(t, agent, "/mnt/host-sys")
 	checkHostMount(t, agent, "/dev/shm/pxn-test", "/dev/shm/pxn-test", true)
 	checkNoHostPath(t, agent, "/run/pxn-test")
 	checkHostMount(t, agent, "/var/lib/k0s/kubelet/pod-resources", "/var/lib/k0s/kubelet/pod-resources", true)
@@ -459,7 +459,7 @@ func TestTemplateCustom(t *testing.T) {
 	if c.LivenessProbe != nil || c.ReadinessProbe == nil || c.ReadinessProbe.InitialDelaySeconds != 3 {
 		t.Errorf("device plugin probes: liveness %+v readiness %+v, want no liveness probe and the custom readiness probe", c.LivenessProbe, c.ReadinessProbe)
 	}
-	checkHostMount(t, plugin, "/mnt/host-sys", "/host/sys", true)
+	checkSysfsMounts(t, plugin, "/mnt/host-sys")
 	checkHostMount(t, plugin, "/var/lib/k0s/kubelet/device-plugins", "/var/lib/k0s/kubelet/device-plugins", false)
 	checkHostMount(t, plugin, "/var/lib/k0s/kubelet/pod-resources", "/var/lib/k0s/kubelet/pod-resources", true)
 	checkHostMount(t, plugin, "/run/pxn-test", "/run/pxn-test", false)
@@ -610,7 +610,7 @@ func TestTemplateVariants(t *testing.T) {
 				}
 				if slices.Contains(tc.agentArgs, "--shm-dirs=") {
 					for _, v := range ds.Spec.Template.Spec.Volumes {
-						if v.HostPath != nil && v.Name != "host-sys" {
+						if v.HostPath != nil && !strings.HasPrefix(v.Name, "host-sys-") {
 							t.Errorf("agent without rank metrics mounts host %s", v.HostPath.Path)
 						}
 					}
@@ -742,6 +742,16 @@ func checkHostMount(t *testing.T, ds *appsv1.DaemonSet, hostPath, mountPath stri
 		}
 	}
 	t.Errorf("%s: volume %s (host %s) is not mounted", ds.Name, volume, hostPath)
+}
+
+// checkSysfsMounts asserts that the parts of sysfs rail discovery reads, and
+// no other, are mounted read-only below /host/sys.
+func checkSysfsMounts(t *testing.T, ds *appsv1.DaemonSet, hostSys string) {
+	t.Helper()
+	for _, p := range []string{"class", "bus/pci", "devices"} {
+		checkHostMount(t, ds, hostSys+"/"+p, "/host/sys/"+p, true)
+	}
+	checkNoHostPath(t, ds, hostSys)
 }
 
 // checkRules compares rules keyed by "group/resource" with sorted verbs.

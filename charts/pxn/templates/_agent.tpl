@@ -1,9 +1,9 @@
 {{/*
 pxn.daemon.agent: the agent's own parts of its DaemonSet, one per .part (pod,
-args, env, mounts, volumes), for daemonsets.yaml. The rank metrics read the
-node plugins' group folders and the owner records in them (the device
-plugin's, named by pxn.devicePluginFolders, and the DRA driver's when it is
-enabled).
+args, env, mounts, securityContext, volumes), for daemonsets.yaml. The rank
+metrics read the node plugins' group folders and the owner records in them
+(the device plugin's, named by pxn.devicePluginFolders, and the DRA driver's
+when it is enabled).
 */}}
 {{- define "pxn.daemon.agent" -}}
 {{- $v := .values -}}
@@ -58,6 +58,23 @@ runtimeClassName: {{ $v.nvml.runtimeClassName }}
   mountPath: {{ $podResourcesDir }}
   readOnly: true
 {{- end }}
+{{- else if eq .part "securityContext" }}
+{{- if $ranks }}
+{{- /* Workloads of any uid write the registries (folders 0700, files 0600). */}}
+runAsUser: 0
+runAsGroup: 0
+capabilities:
+  drop: ["ALL"]
+  add: ["DAC_READ_SEARCH"]
+{{- else }}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+capabilities:
+  drop: ["ALL"]
+{{- end }}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
 {{- else if eq .part "volumes" }}
 {{- if eq $v.nvml.mode "hostPath" }}
 - name: nvml-lib

@@ -70,3 +70,33 @@ every node daemon takes.
 - --metrics-secure
 {{- end }}
 {{- end -}}
+
+{{/*
+pxn.sysfsFolders: the parts of the host's sysfs (below hostSysPath) that
+rail discovery reads, each mounted read-only at the same place below
+/host/sys. class holds the infiniband class (a folder of its own comes and
+goes with ib_core: a bind mount of it would go stale when a driver container
+reloads the module) and adds nothing devices does not show; bus/pci lists
+the PCI functions and the nvidia driver's; devices is where every class and
+bus link resolves. The rest of sysfs (fs, kernel, firmware, module, power)
+stays out of the pods.
+*/}}
+{{- define "pxn.sysfsFolders" -}}
+- {name: host-sys-class, path: class}
+- {name: host-sys-bus-pci, path: bus/pci}
+- {name: host-sys-devices, path: devices}
+{{- end -}}
+
+{{/*
+pxn.securityContext: (dict "values" $v "own" <its template> "in" <that
+template's context>) the container's securityContext: the daemon's
+securityContext value when set, used as it is, else the least the daemon
+needs, from part securityContext of its own template.
+*/}}
+{{- define "pxn.securityContext" -}}
+{{- with .values.securityContext }}
+{{- toYaml . }}
+{{- else }}
+{{- include .own (set .in "part" "securityContext") | trim }}
+{{- end }}
+{{- end -}}

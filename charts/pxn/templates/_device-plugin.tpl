@@ -34,6 +34,16 @@ hands the kubelet host paths (slot links) that must also be valid inside it.
   mountPath: {{ $v.stateDir }}
 - name: shm
   mountPath: {{ $v.shmDir }}
+{{- else if eq .part "securityContext" }}
+{{- /* Root for the kubelet's folders; DAC_OVERRIDE and FOWNER to collect
+group folders that workloads of any uid wrote in. */}}
+runAsUser: 0
+runAsGroup: 0
+capabilities:
+  drop: ["ALL"]
+  add: ["DAC_OVERRIDE", "FOWNER"]
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
 {{- else if eq .part "volumes" }}
 - name: device-plugins
   hostPath:

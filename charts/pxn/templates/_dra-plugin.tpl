@@ -6,6 +6,9 @@ runtime resolves on the host.
 */}}
 {{- define "pxn.daemon.dra-plugin" -}}
 {{- $v := .values -}}
+{{- /* Its own folder of the kubelet's plugins folder, not the other
+drivers' sockets beside it. */}}
+{{- $dataDir := printf "%s/pxn.io" (trimSuffix "/" $v.kubeletPluginsDir) -}}
 {{- if eq .part "args" }}
 - --kubelet-plugins-dir={{ $v.kubeletPluginsDir }}
 - --kubelet-registry-dir={{ $v.kubeletRegistryDir }}
@@ -19,7 +22,7 @@ runtime resolves on the host.
 - --rediscover-interval={{ $v.rediscoverInterval }}
 {{- else if eq .part "mounts" }}
 - name: kubelet-plugins
-  mountPath: {{ $v.kubeletPluginsDir }}
+  mountPath: {{ $dataDir }}
 - name: kubelet-registry
   mountPath: {{ $v.kubeletRegistryDir }}
 - name: cdi
@@ -28,10 +31,20 @@ runtime resolves on the host.
   mountPath: {{ $v.stateDir }}
 - name: shm
   mountPath: {{ $v.shmDir }}
+{{- else if eq .part "securityContext" }}
+{{- /* Root for the kubelet's folders; DAC_OVERRIDE and FOWNER to collect
+group folders that workloads of any uid wrote in. */}}
+runAsUser: 0
+runAsGroup: 0
+capabilities:
+  drop: ["ALL"]
+  add: ["DAC_OVERRIDE", "FOWNER"]
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
 {{- else if eq .part "volumes" }}
 - name: kubelet-plugins
   hostPath:
-    path: {{ $v.kubeletPluginsDir }}
+    path: {{ $dataDir }}
     type: DirectoryOrCreate
 - name: kubelet-registry
   hostPath:
