@@ -9,6 +9,8 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -17,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 
 	"github.com/pxn-project/pxn/pkg/contract"
@@ -93,6 +96,13 @@ type Driver struct {
 
 	fatal  context.CancelCauseFunc
 	helper atomic.Pointer[kubeletplugin.Helper]
+
+	// taintsDropped is set once the API server dropped a rail device's
+	// taint (its DRADeviceTaints feature is off): from then on an
+	// unhealthy rail device leaves the slice instead. republish wakes
+	// Serve to publish again.
+	taintsDropped atomic.Bool
+	republish     chan struct{}
 }
 
 // New returns a driver with the claims its checkpoint records as prepared.
@@ -104,7 +114,8 @@ func New(cfg Config, state StateSource) (*Driver, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	d := &Driver{cfg: cfg, state: state, groupsDir: contract.GroupsDir(cfg.ShmDir), ownersDir: contract.OwnersDir(cfg.ShmDir)}
+	d := &Driver{cfg: cfg, state: state, groupsDir: contract.GroupsDir(cfg.ShmDir), ownersDir: contract.OwnersDir(cfg.ShmDir),
+		republish: make(chan struct{}, 1)}
 	if err := group.MakePrivateDirs(cfg.StateDir, cfg.ShmDir); err != nil {
 		return nil, err
 	}
@@ -195,19 +206,24 @@ func (d *Driver) plan(ctx context.Context, claim *resourceapi.ResourceClaim) (pr
 		return preparedClaim{}, errors.New("not allocated")
 	}
 	alloc := claim.Status.Allocation.Devices
+	st, _ := d.state.State()
 	var devs []preparedDevice
+	var rails []allocatedHCA
 	admin, user := 0, 0
 	for _, r := range alloc.Results {
 		if r.Driver != DriverName {
 			continue
 		}
-		if r.Pool != d.cfg.NodeName || r.Device != DeviceName {
-			return preparedClaim{}, fmt.Errorf("request %s was allocated device %s/%s, not this node's %s/%s", r.Request, r.Pool, r.Device, d.cfg.NodeName, DeviceName)
+		if r.Pool != d.cfg.NodeName || r.Device != DeviceName && !strings.HasPrefix(r.Device, railDevicePrefix) {
+			return preparedClaim{}, fmt.Errorf("request %s was allocated device %s/%s, not this node's %s/%s or one of its rail devices", r.Request, r.Pool, r.Device, d.cfg.NodeName, DeviceName)
 		}
 		if r.AdminAccess != nil && *r.AdminAccess {
 			admin++
 		} else {
 			user++
+			if r.Device != DeviceName {
+				rails = append(rails, allocatedHCA{request: r.Request, device: r.Device})
+			}
 		}
 		devs = append(devs, preparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, ShareID: r.ShareID})
 	}
@@ -225,15 +241,23 @@ func (d *Driver) plan(ctx context.Context, claim *resourceapi.ResourceClaim) (pr
 		pc.Edits = edits{Mount: group.Mount{HostPath: d.groupsDir, ContainerPath: d.cfg.Member.RegistryRoot, ReadOnly: true}}
 		return pc, nil
 	}
-	st, _ := d.state.State()
 	if err := ready(d.cfg.NodeName, st); err != nil {
 		return preparedClaim{}, err
+	}
+	for i, a := range rails {
+		h, err := railHCA(d.cfg.NodeName, st, a.device)
+		if err != nil {
+			return preparedClaim{}, fmt.Errorf("request %s: %w", a.request, err)
+		}
+		rails[i].hca = h
 	}
 	var err error
 	if pc.Group, err = d.groupKey(ctx, claim); err != nil {
 		return preparedClaim{}, err
 	}
-	pc.Edits = edits{Env: d.cfg.Member.Env(st.RailMap), Mount: d.cfg.Member.Mount(filepath.Join(d.groupsDir, pc.Group))}
+	env := d.cfg.Member.Env(st.RailMap)
+	maps.Copy(env, railEnv(st.Layout, rails))
+	pc.Edits = edits{Env: env, Mount: d.cfg.Member.Mount(filepath.Join(d.groupsDir, pc.Group))}
 	return pc, nil
 }
 
@@ -408,9 +432,18 @@ func (d *Driver) Prepared() []types.UID {
 }
 
 // HandleError logs a background error of the kubelet plugin helper; a fatal
-// one stops Serve.
+// one stops Serve. When the API server dropped the rail devices' taints,
+// the driver publishes again with unhealthy rail devices left out.
 func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	d.cfg.Logger.Error(err, msg, "recoverable", errors.Is(err, kubeletplugin.ErrRecoverable))
+	var dropped *resourceslice.DroppedFieldsError
+	if errors.As(err, &dropped) && slices.Contains(dropped.DisabledFeatures(), "DRADeviceTaints") && !d.taintsDropped.Swap(true) {
+		d.cfg.Logger.Info("The API server drops device taints; rail devices whose port is down leave the slice instead", "node", d.cfg.NodeName)
+		select {
+		case d.republish <- struct{}{}:
+		default:
+		}
+	}
 	if !errors.Is(err, kubeletplugin.ErrRecoverable) && d.fatal != nil {
 		d.fatal(fmt.Errorf("%s: %w", msg, err))
 	}

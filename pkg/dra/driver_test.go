@@ -630,19 +630,7 @@ func TestPublishesRelayDevice(t *testing.T) {
 	state := newRailState(nodestate.NodeState{})
 	startPlugin(t, dirs, client, state)
 
-	slice := func() *resourceapi.ResourceSlice {
-		l, err := client.ResourceV1().ResourceSlices().List(t.Context(), metav1.ListOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(l.Items) > 1 {
-			t.Fatalf("%d slices, want one", len(l.Items))
-		}
-		if len(l.Items) == 0 {
-			return nil
-		}
-		return &l.Items[0]
-	}
+	slice := func() *resourceapi.ResourceSlice { return nodeSlice(t, client) }
 	if s := slice(); s != nil {
 		t.Fatalf("published before the rails were discovered: %+v", s.Spec)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/group"
 	"github.com/pxn-project/pxn/pkg/nodestate"
+	"github.com/pxn-project/pxn/pkg/rail"
 )
 
 const fuzzNode = "node-a"
@@ -27,7 +28,11 @@ const fuzzNode = "node-a"
 type readyRails struct{}
 
 func (readyRails) State() (nodestate.NodeState, <-chan struct{}) {
-	return nodestate.NodeState{Discovered: true, Healthy: true, RailMap: `{"mlx5_0":"rail0"}`}, nil
+	l := &rail.Layout{
+		GPUs: []rail.GPU{{PCIBusID: "0000:18:00.0", PCIeRoot: "pci0000:15", HCA: "mlx5_0", Rail: "rail0"}},
+		HCAs: []rail.HCA{{Name: "mlx5_0", PCIBusID: "0000:19:00.0", PCIeRoot: "pci0000:15", State: rail.StateActive, Port: 1, Rail: "rail0"}},
+	}
+	return nodestate.NodeState{Discovered: true, Healthy: true, RailMap: `{"mlx5_0":"rail0"}`, Layout: l}, nil
 }
 
 // fuzzNodeDirs is a node's folders inside base, and a file named like the
@@ -175,18 +180,22 @@ const (
 	resultOtherDriver
 	resultOtherPool
 	resultOtherDevice
+	resultRail        // the node's rail device
+	resultMissingRail // a rail device the node does not have
 	resultKinds
 )
 
 // FuzzPrepareAllocation prepares a claim whose allocation the fuzzer
 // chose: its UID, up to four results for this driver or another, on this
-// node's relay or elsewhere, with or without admin access, and an opaque
-// configuration's bytes. Prepare succeeds exactly when the claim is
-// allocated, every result for this driver names this node's relay, admin
-// and user requests are not mixed, the configuration is a RelayConfig and
-// the UID is a file name; then the claim has its CDI spec and, unless it
-// is an admin claim, its group folder inside the groups folder, and
-// Unprepare removes both. A refusal names the offending value and leaves
+// node's relay, its rail device, a rail device it lacks or elsewhere, with
+// or without admin access, and an opaque configuration's bytes. Prepare
+// succeeds exactly when the claim is allocated, every result for this
+// driver names this node's relay or a rail device, admin and user requests
+// are not mixed, the configuration is a RelayConfig, the UID is a file name
+// and a user claim's rail devices are the node's; then the claim has its
+// CDI spec, PXN_HCA exactly when a user request holds a rail device, and,
+// unless it is an admin claim, its group folder inside the groups folder,
+// and Unprepare removes both. A refusal names the offending value and leaves
 // nothing behind; nothing outside the driver's files goes either way.
 func FuzzPrepareAllocation(f *testing.F) {
 	f.Add("uid-1", true, []byte{resultOurs << 2}, "r", []byte(`{"apiVersion":"pxn.io/v1alpha1","kind":"RelayConfig"}`))
@@ -194,6 +203,9 @@ func FuzzPrepareAllocation(f *testing.F) {
 	f.Add("uid-1", true, []byte{resultOurs<<2 | 1, resultOurs << 2}, "r", []byte(nil))
 	f.Add("uid-1", true, []byte{resultOtherPool << 2}, "r", []byte(nil))
 	f.Add("uid-1", true, []byte{resultOtherDevice << 2, resultOtherDriver << 2}, "r", []byte(nil))
+	f.Add("uid-1", true, []byte{resultOurs << 2, resultRail << 2}, "r", []byte(nil))
+	f.Add("uid-1", true, []byte{resultRail << 2, resultMissingRail << 2}, "r", []byte(nil))
+	f.Add("uid-1", true, []byte{resultMissingRail<<2 | 1}, "r", []byte(nil))
 	f.Add("uid-1", true, []byte{resultOurs << 2}, "r", []byte(`{"apiVersion":"pxn.io/v1alpha1","kind":"RelayConfig","x":1}`))
 	f.Add("uid-1", false, []byte{}, "r", []byte(nil))
 	f.Add("../../sentinel", true, []byte{resultOurs << 2}, "r", []byte(nil))
@@ -210,6 +222,7 @@ func FuzzPrepareAllocation(f *testing.F) {
 		claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c", UID: types.UID(uid)}}
 		want := ""
 		admin, user, ours := 0, 0, 0
+		userRail, missing := false, ""
 		if allocated {
 			alloc := &resourceapi.AllocationResult{}
 			for i, r := range results {
@@ -221,6 +234,10 @@ func FuzzPrepareAllocation(f *testing.F) {
 					res.Pool = "node-b"
 				case resultOtherDevice:
 					res.Device = "gpu-0"
+				case resultRail:
+					res.Device = "hca-mlx5-0"
+				case resultMissingRail:
+					res.Device = "hca-mlx5-9"
 				}
 				switch r & 3 {
 				case 1:
@@ -234,13 +251,17 @@ func FuzzPrepareAllocation(f *testing.F) {
 					continue
 				}
 				ours++
-				if (res.Pool != fuzzNode || res.Device != DeviceName) && want == "" {
+				if (res.Pool != fuzzNode || res.Device != DeviceName && !strings.HasPrefix(res.Device, "hca-")) && want == "" {
 					want = fmt.Sprintf("request %s was allocated device %s/%s", res.Request, res.Pool, res.Device)
 				}
 				if res.AdminAccess != nil && *res.AdminAccess {
 					admin++
 				} else {
 					user++
+					userRail = userRail || res.Device == "hca-mlx5-0"
+					if res.Device == "hca-mlx5-9" && missing == "" {
+						missing = fmt.Sprintf("request %s: node %s has no rail device hca-mlx5-9", res.Request, fuzzNode)
+					}
 				}
 			}
 			if len(config) > 0 {
@@ -262,6 +283,8 @@ func FuzzPrepareAllocation(f *testing.F) {
 			want = "opaque config 0 for driver " + DriverName
 		case checkClaimUID(types.UID(uid)) != nil:
 			want = fmt.Sprintf("claim UID %q", uid)
+		case admin == 0 && missing != "":
+			want = missing
 		}
 		got, err := d.PrepareResourceClaims(context.Background(), []*resourceapi.ResourceClaim{claim})
 		if err != nil {
@@ -303,6 +326,9 @@ func FuzzPrepareAllocation(f *testing.F) {
 			t.Fatalf("prepared claim has no CDI spec: %v", err)
 		}
 		pc := d.prepared[claim.UID]
+		if hca, ok := pc.Edits.Env[EnvHCA]; ok != userRail || ok && hca != "mlx5_0" {
+			t.Fatalf("claim %+v: %s=%q (set: %v), want mlx5_0 exactly when a user request holds hca-mlx5-0", claim.Status.Allocation, EnvHCA, hca, ok)
+		}
 		if (pc.Group == "") != (admin > 0) {
 			t.Fatalf("claim with %d admin requests prepared with group %q", admin, pc.Group)
 		}

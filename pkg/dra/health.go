@@ -4,6 +4,7 @@ package dra
 
 import (
 	"context"
+	"strconv"
 	"time"
 
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -15,8 +16,9 @@ import (
 // are re-sent three times within it.
 const healthTimeout = 30 * time.Second
 
-// WatchHealthStatus reports the relay device's health, from the node's
-// rail state, at once, at every change and every healthTimeout/3.
+// WatchHealthStatus reports the relay device's and the rail devices'
+// health, from the node's rail state, at once, at every change and every
+// healthTimeout/3.
 func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
 	t := time.NewTicker(healthTimeout / 3)
 	defer t.Stop()
@@ -46,5 +48,17 @@ func (d *Driver) healthReport(st nodestate.NodeState, now time.Time) kubeletplug
 	default:
 		h.Health, h.Message = kubeletplugin.HealthStatusHealthy, st.Summary.Detail
 	}
-	return kubeletplugin.DeviceHealthReport{Devices: []kubeletplugin.DeviceHealth{h}}
+	report := kubeletplugin.DeviceHealthReport{Devices: []kubeletplugin.DeviceHealth{h}}
+	for _, r := range railDevices(st.Layout) {
+		rh := kubeletplugin.DeviceHealth{PoolName: d.cfg.NodeName, DeviceName: r.name, LastUpdated: now, HealthCheckTimeout: healthTimeout,
+			Health: kubeletplugin.HealthStatusHealthy, Message: r.hca.Name + " port " + strconv.Itoa(r.hca.Port) + " " + r.hca.State}
+		switch why := r.unhealthy(st); {
+		case why == taintDiscoveryFailed:
+			rh.Health, rh.Message = kubeletplugin.HealthStatusUnknown, ready(d.cfg.NodeName, st).Error()
+		case why != "":
+			rh.Health = kubeletplugin.HealthStatusUnhealthy
+		}
+		report.Devices = append(report.Devices, rh)
+	}
+	return report
 }

@@ -64,7 +64,7 @@ func (d *Driver) Serve(ctx context.Context, client kubernetes.Interface, opts Se
 	for {
 		st, changed := d.state.State()
 		if st.Discovered {
-			devs := d.devices(st)
+			devs := d.devices(st, !d.taintsDropped.Load())
 			if published == nil || !equality.Semantic.DeepEqual(devs, published) {
 				if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
 					d.cfg.NodeName: {Slices: []resourceslice.Slice{{Devices: devs}}},
@@ -76,13 +76,14 @@ func (d *Driver) Serve(ctx context.Context, client kubernetes.Interface, opts Se
 				}
 				published = devs
 				d.cfg.Logger.Info("Published the relay device", "node", d.cfg.NodeName, "railsReady", *devs[0].Attributes[AttrRailsReady].BoolValue,
-					"rails", st.Summary.Rails)
+					"rails", st.Summary.Rails, "railDevices", len(devs)-1, "taints", !d.taintsDropped.Load())
 			}
 		}
 		select {
 		case <-ctx.Done():
 			return stopped(ctx)
 		case <-changed:
+		case <-d.republish:
 		}
 	}
 }

@@ -105,6 +105,7 @@ func (s *sysfs) driverGPUs(list []DriverGPU) []gpuInfo {
 			s.warn(link, "GPU %d has no usable PCI device, so no distances: %v", d.Index, err)
 		} else {
 			g.NUMANode = s.numaNode(dir)
+			g.PCIeRoot = g.path[0]
 		}
 		out = append(out, g)
 	}
@@ -150,7 +151,7 @@ func (s *sysfs) scanGPUs(ctx context.Context) ([]gpuInfo, error) {
 			continue
 		}
 		out = append(out, gpuInfo{
-			GPU:  GPU{PCIBusID: name, NUMANode: s.numaNode(dir)},
+			GPU:  GPU{PCIBusID: name, PCIeRoot: comps[0], NUMANode: s.numaNode(dir)},
 			path: comps,
 		})
 	}

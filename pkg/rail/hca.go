@@ -75,7 +75,7 @@ func (s *sysfs) hca(name string) (hcaInfo, bool) {
 		return hcaInfo{}, false
 	}
 	h := hcaInfo{
-		HCA:  HCA{Name: name, PCIBusID: path.Base(pci), NUMANode: s.numaNode(pci), State: StateUnknown},
+		HCA:  HCA{Name: name, PCIBusID: path.Base(pci), PCIeRoot: comps[0], NUMANode: s.numaNode(pci), State: StateUnknown},
 		dir:  dir,
 		path: comps,
 	}

@@ -102,8 +102,9 @@ func (s SharedSubnet) String() string {
 type GPU struct {
 	Index    int    `json:"index"` // NVML index, or position in bus order when scanned from sysfs
 	UUID     string `json:"uuid,omitempty"`
-	Name     string `json:"name,omitempty"` // product name from NVML
-	PCIBusID string `json:"pciBusID"`       // sysfs form, 0000:18:00.0
+	Name     string `json:"name,omitempty"`     // product name from NVML
+	PCIBusID string `json:"pciBusID"`           // sysfs form, 0000:18:00.0
+	PCIeRoot string `json:"pcieRoot,omitempty"` // host bridge above it, pci0000:15; empty when its PCI function was not found
 	NUMANode int    `json:"numaNode"`
 	HCA      string `json:"hca,omitempty"`      // nearest HCA
 	Distance string `json:"distance,omitempty"` // to HCA: PIX|PXB|PHB|NODE|SYS
@@ -117,6 +118,7 @@ type GPU struct {
 type HCA struct {
 	Name      string `json:"name"`
 	PCIBusID  string `json:"pciBusID"`
+	PCIeRoot  string `json:"pcieRoot"` // host bridge above it, pci0000:15
 	NUMANode  int    `json:"numaNode"`
 	LinkLayer string `json:"linkLayer"`
 	State     string `json:"state"`     // word after the number: ACTIVE, DOWN, ... ; UNKNOWN when unreadable

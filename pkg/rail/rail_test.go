@@ -508,7 +508,7 @@ func TestDriverGPUs(t *testing.T) {
 			t.Fatalf("source %s, %d GPUs, warnings %q", l.GPUSource, len(l.GPUs), l.Warnings)
 		}
 		g := l.GPUs[0]
-		want := GPU{Index: 7, UUID: "GPU-7", Name: "NVIDIA H200", PCIBusID: "0000:18:00.0", NUMANode: 0, HCA: "mlx5_0", Distance: DistancePIX, Rail: "rail0"}
+		want := GPU{Index: 7, UUID: "GPU-7", Name: "NVIDIA H200", PCIBusID: "0000:18:00.0", PCIeRoot: "pci0000:15", NUMANode: 0, HCA: "mlx5_0", Distance: DistancePIX, Rail: "rail0"}
 		if g != want {
 			t.Errorf("first GPU in bus order %+v, want %+v", g, want)
 		}

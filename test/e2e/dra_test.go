@@ -64,10 +64,10 @@ func (c *cluster) nodeSlices() ([]resourceSlice, error) {
 	return mine, nil
 }
 
-// waitRailsReady waits until every device the driver publishes for the node
-// carries the railsReady attribute want, and the node's 8 rails.
+// waitRailsReady waits until the relay device the driver publishes for the
+// node carries the railsReady attribute want, and the node's 8 rails.
 func (c *cluster) waitRailsReady(want bool) {
-	c.poll(fmt.Sprintf("the node's pxn.io devices with railsReady=%v", want), time.Minute, func() (bool, string) {
+	c.poll(fmt.Sprintf("the node's pxn.io relay device with railsReady=%v", want), time.Minute, func() (bool, string) {
 		slices, err := c.nodeSlices()
 		if err != nil {
 			return false, err.Error()
@@ -76,6 +76,9 @@ func (c *cluster) waitRailsReady(want bool) {
 		var got []string
 		for _, s := range slices {
 			for _, d := range s.Spec.Devices {
+				if d.Name != "relay" {
+					continue
+				}
 				devices++
 				r, ready := d.Attributes["rails"], d.Attributes["railsReady"]
 				if r.Int == nil || *r.Int != 8 || ready.Bool == nil || *ready.Bool != want {

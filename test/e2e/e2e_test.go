@@ -105,6 +105,7 @@ func TestLocalCluster(t *testing.T) {
 		{"DRARestarts", (*cluster).checkDRARestarts},
 		{"DRAAdminAccess", (*cluster).checkDRAAdminAccess},
 		{"DRABadClaims", (*cluster).checkDRABadClaims},
+		{"DRARails", (*cluster).checkDRARails},
 		{"DRACleanup", (*cluster).checkDRACleanup},
 		{"GarbageCollection", (*cluster).checkGarbageCollection},
 	}

@@ -5,7 +5,7 @@
 // run again through kubectl exec to look around inside the container:
 //
 //	probe sleep               wait for SIGTERM or SIGINT (the container's command)
-//	probe env                 print the MC_PXN_* environment, sorted, KEY=VALUE
+//	probe env                 print the MC_PXN_* and PXN_* environment, sorted, KEY=VALUE
 //	probe write FILE TEXT     create FILE (and its parents) holding TEXT
 //	probe ls DIR              print every path below DIR, relative, sorted
 //	probe cat FILE            print FILE
@@ -61,7 +61,7 @@ func run(args []string) error {
 	case "env":
 		var env []string
 		for _, kv := range os.Environ() {
-			if strings.HasPrefix(kv, contract.EnvPrefix) {
+			if strings.HasPrefix(kv, contract.EnvPrefix) || strings.HasPrefix(kv, "PXN_") {
 				env = append(env, kv)
 			}
 		}
