@@ -24,7 +24,8 @@
 #            looks for them) and ccache: the engine built with PXN's transport
 #            (hack/mooncake.sh); Python's packaging tools (build, wheel,
 #            setuptools, installer) and pytest: Mooncake's Python module
-#            packed as a wheel and its tests (hack/mooncake-wheel.sh)
+#            packed as a wheel and its tests (hack/mooncake-wheel.sh); clang with
+#            libFuzzer: the transport's fuzz targets (hack/fuzz-mooncake.sh)
 #
 # Exit codes: 0 nothing missing (or ensure could not install and said why), 1 an
 # install failed, 2 usage, 3 (check) something is missing and this machine
@@ -75,6 +76,7 @@ group_needs() {
       echo "python3-setuptools /usr/lib/python3/dist-packages/setuptools/__init__.py"
       echo "python3-installer /usr/lib/python3/dist-packages/installer/__init__.py"
       echo "python3-pytest /usr/lib/python3/dist-packages/pytest/__init__.py"
+      echo "clang clang++"
       ;;
     *) echo "host-packages: unknown group $1 (want build, cluster, cross or mooncake)" >&2; exit 2 ;;
   esac

@@ -53,24 +53,33 @@ func needPython(t *testing.T) string {
 	return python
 }
 
+// moduleSetup finds what the module's tests need: the checkout, a Mooncake
+// tree that holds the module's sources, a Python with the Debian packages
+// the tests use, and the engine's build configurations.
+func moduleSetup(t *testing.T) (root, tree, python string, configs []string) {
+	t.Helper()
+	root = repoRoot(t)
+	tree = mooncakeTree(t, root)
+	if _, err := os.Stat(filepath.Join(tree, "mooncake-integration", "CMakeLists.txt")); err != nil {
+		testtools.Missing(t, "the Mooncake tree at %s has no mooncake-integration (%v): the module cannot be built from it", tree, err)
+	}
+	python = needPython(t)
+	out, err := mooncakeScript(context.Background(), root, tree, "configs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root, tree, python, strings.Fields(out)
+}
+
 // TestMooncakeWheel takes each configuration's wheel of Mooncake's Python
 // module with PXN's transport (make mooncake-wheel), checks that it is laid
 // out as Mooncake's own with libpxn.so where the module's RUNPATH finds it,
 // installs it into a virtual environment and runs python/'s tests there
 // with pytest, one subtest per Python test.
 func TestMooncakeWheel(t *testing.T) {
-	root := repoRoot(t)
-	tree := mooncakeTree(t, root)
-	if _, err := os.Stat(filepath.Join(tree, "mooncake-integration", "CMakeLists.txt")); err != nil {
-		testtools.Missing(t, "the Mooncake tree at %s has no mooncake-integration (%v): the module cannot be built from it", tree, err)
-	}
-	python := needPython(t)
+	root, tree, python, configs := moduleSetup(t)
 	ctx := context.Background()
-	out, err := mooncakeScript(ctx, root, tree, "configs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, cfg := range strings.Fields(out) {
+	for _, cfg := range configs {
 		t.Run(cfg, func(t *testing.T) {
 			whl, err := wheelScript(ctx, root, tree, "path", cfg)
 			if err != nil {
@@ -87,7 +96,7 @@ func TestMooncakeWheel(t *testing.T) {
 			if o, err := cmd.CombinedOutput(); err != nil {
 				t.Fatalf("installing %s: %v\n%s", whl, err, o)
 			}
-			runPytest(t, filepath.Join(venv, "bin", "python"), filepath.Join(root, "integrations", "mooncake", "python"))
+			runPytest(t, filepath.Join(venv, "bin", "python"), []string{filepath.Join(root, "integrations", "mooncake", "python", "test_engine.py")}, nil)
 		})
 	}
 }
@@ -219,17 +228,19 @@ type junit struct {
 	} `xml:"testsuite"`
 }
 
-// runPytest runs the Python tests in dir with python (the environment's,
-// where the wheel is installed), in a scratch folder and without the MC_
-// settings of this environment, and reports each as a subtest.
-func runPytest(t *testing.T, python, dir string) {
+// runPytest runs the Python tests in paths with python (the environment's,
+// where the wheel is installed), in a scratch folder, without the MC_
+// settings of this environment and with env added, and reports each as a
+// subtest.
+func runPytest(t *testing.T, python string, paths, env []string) {
 	t.Helper()
 	work := t.TempDir()
 	report := filepath.Join(work, "report.xml")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, python, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-		"--junitxml="+report, "-o", "junit_family=xunit1", dir)
+	args := append([]string{"-m", "pytest", "-p", "no:cacheprovider", "-q",
+		"--junitxml=" + report, "-o", "junit_family=xunit1"}, paths...)
+	cmd := exec.CommandContext(ctx, python, args...)
 	cmd.Dir = work
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "MC_") {
@@ -237,6 +248,7 @@ func runPytest(t *testing.T, python, dir string) {
 		}
 	}
 	cmd.Env = append(cmd.Env, "PYTHONDONTWRITEBYTECODE=1")
+	cmd.Env = append(cmd.Env, env...)
 	out, runErr := cmd.CombinedOutput()
 	if ctx.Err() != nil {
 		t.Fatalf("pytest ran past its deadline\n%s", lastLines(string(out), 60))

@@ -10,17 +10,13 @@ import hashlib
 import json
 import os
 import sys
+import threading
 
 
 def pattern(seed, size):
-    """The bytes a source buffer of seed holds: a SHA-256 stream, so that a
+    """The bytes a source buffer of seed holds: a SHAKE-256 stream, so that a
     block written to the wrong place or offset shows."""
-    out = bytearray()
-    counter = 0
-    while len(out) < size:
-        out += hashlib.sha256(f"{seed}:{counter}".encode()).digest()
-        counter += 1
-    return bytes(out[:size])
+    return hashlib.shake_256(str(seed).encode()).digest(size)
 
 
 def threads():
@@ -36,6 +32,7 @@ class Peer:
     def __init__(self):
         self.engine = None
         self.buffers = {}
+        self.pending = None
 
     def probe(self):
         import mooncake.engine
@@ -81,8 +78,62 @@ class Peer:
     def write(self, session, src, dst, size):
         return {"rc": self.engine.transfer_sync_write(session, src, dst, size)}
 
-    def batch_write(self, session, srcs, dsts, sizes):
-        return {"rc": self.engine.batch_transfer_sync_write(session, srcs, dsts, sizes)}
+    def batch_write(self, session, srcs, dsts, sizes, hint=None):
+        if hint is None:
+            return {"rc": self.engine.batch_transfer_sync_write(session, srcs, dsts, sizes)}
+        return {"rc": self.engine.batch_transfer_sync_write(session, srcs, dsts, sizes, hint)}
+
+    def time_batch_write(self, session, srcs, dsts, sizes, calls):
+        """calls batch_transfer_sync_write calls, each timed alone (ns)."""
+        import time
+
+        took = []
+        for _ in range(calls):
+            start = time.perf_counter_ns()
+            rc = self.engine.batch_transfer_sync_write(session, srcs, dsts, sizes)
+            took.append(time.perf_counter_ns() - start)
+            if rc != 0:
+                raise RuntimeError(f"batch_transfer_sync_write returned {rc}")
+        return {"ns": took}
+
+    def batch_write_start(self, session, srcs, dsts, sizes):
+        """batch_transfer_sync_write on a thread of its own, as a serving
+        engine's sender thread calls it; batch_write_join returns its result."""
+        result = {}
+
+        def run():
+            try:
+                result["rc"] = self.engine.batch_transfer_sync_write(session, srcs, dsts, sizes)
+            except Exception as e:  # reported by batch_write_join
+                result["error"] = f"{type(e).__name__}: {e}"
+
+        self.pending = (threading.Thread(target=run), result)
+        self.pending[0].start()
+        return {}
+
+    def batch_write_join(self, seconds):
+        thread, result = self.pending
+        thread.join(seconds)
+        if thread.is_alive():
+            raise TimeoutError(f"batch_transfer_sync_write still running after {seconds} s")
+        self.pending = None
+        if "error" in result:
+            raise RuntimeError(result["error"])
+        return result
+
+    def seam(self, action, n=0):
+        """The emulated NIC of a test build of the module linked against the
+        link seam (integrations/mooncake/test/rdma_seam.cpp): hold, release
+        or count what it holds."""
+        import mooncake.engine
+
+        lib = ctypes.CDLL(mooncake.engine.__file__)
+        if action == "hold":
+            lib.pxn_seam_hold()
+        elif action == "release":
+            lib.pxn_seam_release(ctypes.c_size_t(n))
+        lib.pxn_seam_held.restype = ctypes.c_size_t
+        return {"held": lib.pxn_seam_held()}
 
     def digests(self, name, blocks):
         """SHA-256 of each (offset, size) block of buffer name."""

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "memory_location.h"
+#include "pxn_parse.h"
 
 namespace mooncake {
 
@@ -16,12 +17,6 @@ namespace {
 
 bool isDeviceLocation(const std::string &location) {
     return location.rfind("cuda:", 0) == 0;
-}
-
-// MC_PXN_SUBMIT_PIECE=0: relayed Pieces go through submit, op by op.
-bool pieceSubmitWanted() {
-    const char *v = std::getenv("MC_PXN_SUBMIT_PIECE");
-    return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
 }  // namespace
@@ -54,7 +49,10 @@ std::unique_ptr<PxnRdmaTransport::Engine> PxnRdmaTransport::Engine::open(
     e->table.user = e.get();
     e->table.submit = &Engine::submitCb;
     e->table.poll = &Engine::pollCb;
-    if (pieceSubmitWanted()) e->table.submit_piece = &Engine::submitPieceCb;
+    pxn::Switch piece =
+        pxn::submitPieceSwitch(std::getenv("MC_PXN_SUBMIT_PIECE"));
+    if (!piece.note.empty()) LOG(WARNING) << piece.note;
+    if (piece.on) e->table.submit_piece = &Engine::submitPieceCb;
 
     pxn_options o{};
     o.struct_size = sizeof o;
@@ -138,8 +136,7 @@ bool PxnRdmaTransport::Engine::eligible(
         return false;
     if (!device_memory.holds(q.source, q.length)) return false;
     desc = segments.desc(q.target_id);
-    if (!desc || desc->name.empty() || desc->name.size() > PXN_MAX_SESSION)
-        return false;
+    if (!desc || !pxn::sessionNameFits(desc->name)) return false;
     pxn::Target tg;
     if (!segments.target(q.target_id, desc, q.target_offset, q.length, tg))
         return false;
@@ -193,14 +190,7 @@ int PxnRdmaTransport::Engine::resolveCb(void *user, const char *session,
     if (!e->segments.byName(session, id, desc)) return PXN_EINVAL;
     pxn::Target t;
     if (!e->segments.target(id, desc, dst, 1, t)) return PXN_EINVAL;
-    if (t.hca.size() >= PXN_HCA_NAME_MAX) return PXN_EINVAL;
-    out->hca_count = t.hca_count;
-    std::memcpy(out->hca, t.hca.c_str(), t.hca.size() + 1);
-    out->range_base = t.base;
-    out->range_len = t.length;
-    out->route = id;
-    out->remote_key = t.rkey;
-    return PXN_OK;
+    return pxn::targetInfo(t, id, *out);
 }
 
 int PxnRdmaTransport::Engine::registerArenaCb(void *user, void *addr,

@@ -5,10 +5,10 @@
 #include <glog/logging.h>
 
 #include <cstdlib>
-#include <cstring>
 
 #include "pxn_engine.h"
 #include "pxn_layout.h"
+#include "pxn_parse.h"
 
 // The transport's view of the structs it shares with the engine.
 PXN_MOONCAKE_DEFINE_LAYOUT(pxn_mooncake_transport_layout)
@@ -18,15 +18,18 @@ namespace mooncake {
 namespace {
 
 bool pxnRequested() {
-    const char *v = std::getenv("MC_PXN_ENABLE");
-    return v != nullptr && std::strcmp(v, "1") == 0;
+    return pxn::enableSwitch(std::getenv("MC_PXN_ENABLE")).on;
 }
 
 }  // namespace
 
 PxnRdmaTransport::PxnRdmaTransport() = default;
 
-bool PxnRdmaTransport::enabled() { return pxnRequested(); }
+bool PxnRdmaTransport::enabled() {
+    pxn::Switch s = pxn::enableSwitch(std::getenv("MC_PXN_ENABLE"));
+    if (!s.note.empty()) LOG(WARNING) << s.note;
+    return s.on;
+}
 
 std::string PxnRdmaTransport::layoutMismatch() {
     const pxn_layout_field *engine, *mine;

@@ -2,8 +2,6 @@
 
 #include "pxn_segment_cache.h"
 
-#include <algorithm>
-
 #include "memory_location.h"
 
 namespace mooncake {
@@ -29,12 +27,7 @@ SegmentCache::View &SegmentCache::viewOf(
     auto &v = views_[id];
     if (v.desc != desc) {
         v.desc = desc;
-        v.hcas.clear();
-        for (const auto &kv : desc->topology.getMatrix()) {
-            const auto &e = kv.second;
-            v.hcas[kv.first] =
-                e.preferred_hca.empty() ? e.avail_hca : e.preferred_hca;
-        }
+        v.hcas = locationHcas(desc->topology.getMatrix());
         names_[desc->name] = id;
     }
     return v;
@@ -45,29 +38,8 @@ bool SegmentCache::target(SegmentID id,
                           uint64_t dst, uint64_t len, Target &out) {
     std::lock_guard<std::mutex> g(mu_);
     auto &v = viewOf(id, desc);
-    for (const auto &b : desc->buffers) {
-#ifdef ENABLE_MULTI_PROTOCOL
-        if (!b.protocol.empty() && b.protocol != "rdma") continue;
-#endif
-        if (b.rkey.empty() || dst < b.addr || dst - b.addr >= b.length ||
-            len > b.length - (dst - b.addr))
-            continue;
-        auto it = v.hcas.find(b.name);
-        if (it == v.hcas.end()) it = v.hcas.find(kWildcardLocation);
-        if (it == v.hcas.end() || it->second.empty()) return false;
-        out.hca_count = static_cast<uint32_t>(it->second.size());
-        out.hca = it->second[0];
-        out.base = b.addr;
-        out.length = b.length;
-        const auto &list = desc->topology.getHcaList();
-        auto pos = std::find(list.begin(), list.end(), out.hca);
-        size_t idx = static_cast<size_t>(pos - list.begin());
-        if (pos == list.end() || idx >= b.rkey.size()) return false;
-        out.rkey = b.rkey[idx];
-        out.device = idx;
-        return true;
-    }
-    return false;
+    return findTarget(desc->buffers, v.hcas, desc->topology.getHcaList(),
+                      kWildcardLocation, dst, len, out);
 }
 
 bool SegmentCache::idOf(const char *name, SegmentID &id) {

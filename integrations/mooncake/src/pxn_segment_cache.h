@@ -12,22 +12,10 @@
 #include <vector>
 
 #include "pxn_common.h"
+#include "pxn_parse.h"
 
 namespace mooncake {
 namespace pxn {
-
-// A destination as this process sees it: the buffer that holds it, the
-// NICs that serve the buffer's location, and the remote key for the first
-// of them.
-struct Target {
-    uint32_t hca_count = 0;
-    std::string hca;
-    uint64_t base = 0;
-    uint64_t length = 0;
-    uint64_t rkey = 0;
-    // hca's index in the segment's HCA list: its device and key index.
-    size_t device = 0;
-};
 
 // The NICs that serve each location of the segments targets were looked up
 // in, kept per descriptor, and the segments' names. It reads descriptors
@@ -59,7 +47,7 @@ class SegmentCache {
    private:
     struct View {
         std::shared_ptr<SegmentDesc> desc;
-        std::unordered_map<std::string, std::vector<std::string>> hcas;
+        LocationHcas hcas;
     };
 
     // mu_ held.

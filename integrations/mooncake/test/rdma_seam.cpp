@@ -1,15 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// The link seam: what the transport and MultiTransport call in Mooncake's
-// own .cpp files, implemented for tests. RdmaTransport posts one slice per
-// request to an emulated NIC, which copies the bytes into the target's
-// memory on its own thread and completes the slice as a completion queue
-// would.
+// The link seam: Mooncake's rdma_transport.cpp (and the context, endpoint
+// and worker pool behind it) implemented for tests. RdmaTransport posts one
+// slice per request to an emulated NIC, which copies the bytes into the
+// target's memory on its own thread and completes the slice as a completion
+// queue would. The test program links it with mooncake_stubs.cpp in place
+// of the rest of Mooncake; a test build of Mooncake's Python module links it
+// with the rest of Mooncake's own engine.
+#include <sys/uio.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <cstdlib>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <new>
@@ -44,6 +51,35 @@ int memcpyCopy(void *dst, const void *src, size_t n) {
     return 0;
 }
 
+// SEAM_PEERS names a folder where each process's RdmaTransport writes its
+// pid under its segment name; the NIC writes into a target no test mapped
+// in the process that named itself so, as a NIC writes into a remote
+// process's registered memory.
+std::string peersDir() {
+    const char *d = std::getenv("SEAM_PEERS");
+    return d ? d : "";
+}
+
+pid_t peerPid(const std::string &segment) {
+    std::string dir = peersDir();
+    if (dir.empty() || segment.empty() || segment.find('/') != std::string::npos)
+        return 0;
+    std::ifstream in(dir + "/" + segment);
+    long pid = 0;
+    if (!(in >> pid) || pid <= 0) return 0;
+    return static_cast<pid_t>(pid);
+}
+
+bool remoteCopy(pid_t pid, int opcode, void *local, uint64_t remote,
+                size_t n) {
+    iovec l{local, n};
+    iovec r{reinterpret_cast<void *>(remote), n};
+    ssize_t done = opcode == Transport::TransferRequest::WRITE
+                       ? process_vm_writev(pid, &l, 1, &r, 1, 0)
+                       : process_vm_readv(pid, &l, 1, &r, 1, 0);
+    return done == static_cast<ssize_t>(n);
+}
+
 class Fabric {
    public:
     ~Fabric() {
@@ -60,13 +96,18 @@ class Fabric {
         std::lock_guard<std::mutex> g(mu_);
         if (!worker_.joinable()) worker_ = std::thread([this] { run(); });
         posts_.push_back(p);
-        queue_.push_back(s);
+        queue_.push_back({s, p.target});
         cv_.notify_all();
     }
 
+    struct Queued {
+        Slice *slice;
+        std::string target;
+    };
+
     std::mutex mu_;
     std::condition_variable cv_;
-    std::deque<Slice *> queue_;
+    std::deque<Queued> queue_;
     bool holding_ = false;
     size_t budget_ = 0;
     bool stop_ = false;
@@ -87,7 +128,8 @@ class Fabric {
                 return stop_ || (!queue_.empty() && (!holding_ || budget_ > 0));
             });
             if (stop_) return;
-            Slice *s = queue_.front();
+            Slice *s = queue_.front().slice;
+            std::string target = std::move(queue_.front().target);
             queue_.pop_front();
             if (holding_) budget_--;
             bool ok = failing_.count(s->target_id) == 0;
@@ -105,11 +147,15 @@ class Fabric {
             }
             CopyFn copy = copy_;
             l.unlock();
+            pid_t peer = remote == nullptr ? peerPid(target) : 0;
             if (ok && remote != nullptr) {
                 int rc = s->opcode == Transport::TransferRequest::WRITE
                              ? copy(remote, s->source_addr, s->length)
                              : copy(s->source_addr, remote, s->length);
                 ok = rc == 0;
+            } else if (ok && peer > 0) {
+                ok = remoteCopy(peer, s->opcode, s->source_addr,
+                                s->rdma.dest_addr, s->length);
             } else {
                 ok = false;
             }
@@ -164,7 +210,7 @@ size_t slicesOfTasks(size_t skip, size_t n) {
     std::set<const Transport::TransferTask *> seen;
     size_t k = skip;
     for (; k < q.size(); k++) {
-        if (seen.insert(q[k]->task).second && seen.size() > n) break;
+        if (seen.insert(q[k].slice->task).second && seen.size() > n) break;
     }
     return k - skip;
 }
@@ -189,7 +235,7 @@ size_t held() {
     Quiet q;
     std::lock_guard<std::mutex> g(fabric().mu_);
     std::set<const Transport::TransferTask *> tasks;
-    for (auto *s : fabric().queue_) tasks.insert(s->task);
+    for (const auto &q : fabric().queue_) tasks.insert(q.slice->task);
     return tasks.size();
 }
 
@@ -221,6 +267,8 @@ Quiet::~Quiet() { quiet_depth--; }
 
 void noteSegmentLookup() { n_segment_lookups++; }
 
+void noteAllocateBatch() { n_allocate_batch++; }
+
 void noteAllocation() {
     if (quiet_depth == 0) n_allocations.fetch_add(1, std::memory_order_relaxed);
 }
@@ -240,141 +288,16 @@ void postSlice(Slice *s, const Post &p) { fabric().post(s, p); }
 
 }  // namespace seam
 
+// The NIC's hold for a process that has no other way to reach it (a
+// Python process running a test build of Mooncake's module, through
+// ctypes).
+extern "C" {
+void pxn_seam_hold() { seam::hold(); }
+void pxn_seam_release(size_t n) { seam::release(n); }
+size_t pxn_seam_held() { return seam::held(); }
+}
+
 namespace mooncake {
-
-// config.cpp
-
-GlobalConfig &globalConfig() {
-    static GlobalConfig config;
-    return config;
-}
-
-// status.cpp
-
-Status::Status(Code code, std::string_view message) : code_(code) {
-    if (code == Code::kOk) return;
-    char *m = new char[message.size() + 1];
-    std::memcpy(m, message.data(), message.size());
-    m[message.size()] = '\0';
-    message_ = m;
-}
-
-const char *Status::CopyMessage(const char *msg) {
-    size_t n = std::strlen(msg);
-    char *m = new char[n + 1];
-    std::memcpy(m, msg, n + 1);
-    return m;
-}
-
-std::string Status::ToString() const {
-    if (ok()) return "OK";
-    return "code " + std::to_string(static_cast<int>(code_)) + ": " +
-           std::string(message());
-}
-
-// topology.cpp: parse takes {"location": [[preferred...], [available...]]};
-// the HCA list is every HCA named, in order of first appearance.
-
-Topology::Topology() : use_round_robin_(false) {}
-
-Topology::~Topology() {}
-
-bool Topology::empty() const { return matrix_.empty(); }
-
-int Topology::parse(const std::string &topology_json) {
-    Json::Value root;
-    Json::Reader reader;
-    if (!reader.parse(topology_json, root) || !root.isObject()) return -1;
-    matrix_.clear();
-    hca_list_.clear();
-    auto note = [&](const std::string &hca) {
-        if (std::find(hca_list_.begin(), hca_list_.end(), hca) ==
-            hca_list_.end())
-            hca_list_.push_back(hca);
-    };
-    for (const auto &loc : root.getMemberNames()) {
-        TopologyEntry e;
-        e.name = loc;
-        const auto &v = root[loc];
-        for (const auto &h : v[0]) {
-            e.preferred_hca.push_back(h.asString());
-            note(h.asString());
-        }
-        for (const auto &h : v[1]) {
-            e.avail_hca.push_back(h.asString());
-            note(h.asString());
-        }
-        matrix_[loc] = e;
-    }
-    return 0;
-}
-
-// transfer_metadata.cpp: a local cache only; nothing is fetched.
-
-TransferMetadata::TransferMetadata(const std::string &) : next_segment_id_(1) {}
-
-TransferMetadata::~TransferMetadata() {}
-
-std::shared_ptr<TransferMetadata::SegmentDesc>
-TransferMetadata::getSegmentDescByID(SegmentID segment_id, bool) {
-    seam::noteSegmentLookup();
-    RWSpinlock::ReadGuard g(segment_lock_);
-    auto it = segment_id_to_desc_map_.find(segment_id);
-    return it == segment_id_to_desc_map_.end() ? nullptr : it->second;
-}
-
-std::shared_ptr<TransferMetadata::SegmentDesc>
-TransferMetadata::getSegmentDescByName(const std::string &segment_name, bool) {
-    RWSpinlock::ReadGuard g(segment_lock_);
-    auto it = segment_name_to_id_map_.find(segment_name);
-    if (it == segment_name_to_id_map_.end()) return nullptr;
-    auto d = segment_id_to_desc_map_.find(it->second);
-    return d == segment_id_to_desc_map_.end() ? nullptr : d->second;
-}
-
-TransferMetadata::SegmentID TransferMetadata::getSegmentID(
-    const std::string &segment_name) {
-    RWSpinlock::ReadGuard g(segment_lock_);
-    auto it = segment_name_to_id_map_.find(segment_name);
-    return it == segment_name_to_id_map_.end() ? static_cast<SegmentID>(-1)
-                                               : it->second;
-}
-
-int TransferMetadata::addLocalSegment(SegmentID segment_id,
-                                      const std::string &segment_name,
-                                      std::shared_ptr<SegmentDesc> &&desc) {
-    RWSpinlock::WriteGuard g(segment_lock_);
-    segment_id_to_desc_map_[segment_id] = std::move(desc);
-    segment_name_to_id_map_[segment_name] = segment_id;
-    return 0;
-}
-
-int TransferMetadata::addLocalMemoryBuffer(const BufferDesc &buffer_desc,
-                                           bool) {
-    RWSpinlock::WriteGuard g(segment_lock_);
-    auto &cur = segment_id_to_desc_map_[LOCAL_SEGMENT_ID];
-    auto next = std::make_shared<SegmentDesc>(*cur);
-    next->buffers.push_back(buffer_desc);
-    cur = next;
-    return 0;
-}
-
-int TransferMetadata::removeLocalMemoryBuffer(void *addr, bool) {
-    RWSpinlock::WriteGuard g(segment_lock_);
-    auto &cur = segment_id_to_desc_map_[LOCAL_SEGMENT_ID];
-    auto next = std::make_shared<SegmentDesc>(*cur);
-    auto &bs = next->buffers;
-    auto n = bs.size();
-    bs.erase(std::remove_if(bs.begin(), bs.end(),
-                            [&](const BufferDesc &b) {
-                                return b.addr ==
-                                       reinterpret_cast<uint64_t>(addr);
-                            }),
-             bs.end());
-    if (bs.size() == n) return ERR_ADDRESS_NOT_REGISTERED;
-    cur = next;
-    return 0;
-}
 
 // rdma_transport.cpp
 
@@ -393,8 +316,28 @@ int RdmaTransport::install(std::string &local_server_name,
     desc->name = local_server_name;
     desc->protocol = "rdma";
     desc->topology = *topo;
+    for (const auto &hca : topo->getHcaList()) {
+        TransferMetadata::DeviceDesc d;
+        d.name = hca;
+        d.lid = 0;
+        d.gid = "00:00:00:00:00:00:00:00:00:00:00:00:00:00:00:00";
+        desc->devices.push_back(d);
+    }
     metadata_->addLocalSegment(LOCAL_SEGMENT_ID, local_server_name,
                                std::move(desc));
+    // No peer connects a queue pair through the seam; the daemon serves
+    // the segment's descriptor to peers that ask for it (P2P handshake).
+    int rc = metadata_->startHandshakeDaemon(
+        [](const HandShakeDesc &, HandShakeDesc &) { return 0; },
+        metadata_->localRpcMeta().rpc_port, metadata_->localRpcMeta().sockfd);
+    if (rc == 0) rc = metadata_->updateLocalSegmentDesc();
+    if (rc) return rc;
+    std::string dir = seam::peersDir();
+    if (!dir.empty()) {
+        std::ofstream out(dir + "/" + local_server_name);
+        out << getpid() << "\n";
+        if (!out) return ERR_INVALID_ARGUMENT;
+    }
     return 0;
 }
 
@@ -412,7 +355,13 @@ int RdmaTransport::registerLocalMemoryInternal(void *addr, size_t length,
                                                bool update_metadata, bool) {
     static std::atomic<uint32_t> next_key{0x100};
     BufferDesc b;
-    b.name = name == kWildcardLocation ? "cpu:0" : name;
+    b.name = name;
+    if (name == kWildcardLocation) {
+        // Mooncake asks the memory where it lies (cuda:N for GPU memory);
+        // SEAM_WILDCARD_LOCATION says it for the host memory tests use.
+        const char *loc = std::getenv("SEAM_WILDCARD_LOCATION");
+        b.name = loc && *loc ? loc : "cpu:0";
+    }
     b.addr = reinterpret_cast<uint64_t>(addr);
     b.length = length;
     for (size_t i = 0; i < local_topology_->getHcaList().size(); i++) {
@@ -563,7 +512,7 @@ Status RdmaTransport::submitTransferTask(
                     s, seam::Post{&task, static_cast<int>(r.opcode),
                                   reinterpret_cast<uint64_t>(src), len,
                                   r.target_id, r.target_offset + off, lkey,
-                                  rkey, false, std::string()});
+                                  rkey, false, std::string(), target->name});
             }
         }
         for (auto &[s, post] : ready) {
@@ -592,13 +541,35 @@ int RdmaTransport::submitPreparedSlices(int device_id,
         }
         s->status = Slice::POSTED;
         s->ts = getCurrentTimeInNano();
+        // A NIC path is the segment's name, '@', the NIC's.
+        const auto &path = s->peer_nic_path;
         seam::postSlice(
             s, seam::Post{s->task, static_cast<int>(s->opcode),
                           reinterpret_cast<uint64_t>(s->source_addr), s->length,
                           s->target_id, s->rdma.dest_addr, s->rdma.source_lkey,
-                          s->rdma.dest_rkey, true, s->peer_nic_path});
+                          s->rdma.dest_rkey, true, path,
+                          path.substr(0, path.rfind('@'))});
     }
     return 0;
+}
+
+// What Mooncake's RdmaContext and WorkerPool call back into. No context
+// exists under the seam (a module build links Mooncake's only because
+// show_links.cpp names it), so nothing calls these.
+int RdmaTransport::refreshLocalDeviceDesc(const std::string &, uint16_t,
+                                          const std::string &) {
+    return ERR_DEVICE_NOT_FOUND;
+}
+
+int RdmaTransport::selectDevice(SegmentDesc *, uint64_t, size_t,
+                                std::string_view, int &, int &, int) {
+    return ERR_ADDRESS_NOT_REGISTERED;
+}
+
+int RdmaTransport::selectDeviceByLocalHca(SegmentDesc *, uint64_t, size_t,
+                                          std::string_view, int &, int &,
+                                          int) {
+    return ERR_ADDRESS_NOT_REGISTERED;
 }
 
 Status RdmaTransport::getTransferStatus(BatchID batch_id, size_t task_id,
@@ -630,46 +601,3 @@ Status RdmaTransport::getTransferStatus(BatchID batch_id,
 }
 
 }  // namespace mooncake
-
-// The test program's heap allocations, counted (seam::counts); the aligned
-// forms are left to the runtime, which pairs them among themselves.
-void *operator new(size_t n) {
-    seam::noteAllocation();
-    if (void *p = std::malloc(n ? n : 1)) return p;
-    throw std::bad_alloc();
-}
-
-void *operator new[](size_t n) { return operator new(n); }
-
-void *operator new(size_t n, const std::nothrow_t &) noexcept {
-    seam::noteAllocation();
-    return std::malloc(n ? n : 1);
-}
-
-void *operator new[](size_t n, const std::nothrow_t &) noexcept {
-    return operator new(n, std::nothrow);
-}
-
-void operator delete(void *p) noexcept { std::free(p); }
-
-void operator delete[](void *p) noexcept { std::free(p); }
-
-void operator delete(void *p, size_t) noexcept { std::free(p); }
-
-void operator delete[](void *p, size_t) noexcept { std::free(p); }
-
-void operator delete(void *p, const std::nothrow_t &) noexcept { std::free(p); }
-
-void operator delete[](void *p, const std::nothrow_t &) noexcept { std::free(p); }
-
-// Transport::allocateBatchID, wrapped at link time (-Wl,--wrap), counted.
-extern "C" mooncake::Transport::BatchID
-__real__ZN8mooncake9Transport15allocateBatchIDEm(mooncake::Transport *self,
-                                                 size_t batch_size);
-
-extern "C" mooncake::Transport::BatchID
-__wrap__ZN8mooncake9Transport15allocateBatchIDEm(mooncake::Transport *self,
-                                                 size_t batch_size) {
-    seam::n_allocate_batch++;
-    return __real__ZN8mooncake9Transport15allocateBatchIDEm(self, batch_size);
-}

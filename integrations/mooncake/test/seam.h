@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // The link seam's controls: a test implementation of what Mooncake's
-// rdma_transport.cpp, transfer_metadata.cpp, topology.cpp, config.cpp and
-// status.cpp provide, with an emulated NIC that records every post and
+// rdma_transport.cpp provides (rdma_seam.cpp) and, for the test program, of
+// transfer_metadata.cpp, topology.cpp, config.cpp and status.cpp
+// (mooncake_stubs.cpp), with an emulated NIC that records every post and
 // completes it by copying the bytes into the target's memory.
 #ifndef PXN_MOONCAKE_TEST_SEAM_H
 #define PXN_MOONCAKE_TEST_SEAM_H
@@ -31,6 +32,8 @@ struct Post {
     // Posted through submitPreparedSlices, to this peer NIC path.
     bool prepared;
     std::string peer_nic_path;
+    // The target segment's name.
+    std::string target;
 
     bool sameWork(const Post &o) const {
         return opcode == o.opcode && source == o.source &&
@@ -93,6 +96,11 @@ struct Quiet {
     Quiet(const Quiet &) = delete;
     Quiet &operator=(const Quiet &) = delete;
 };
+
+// Between the seam's files: what the stand-ins count.
+void noteSegmentLookup();
+void noteAllocation();
+void noteAllocateBatch();
 
 }  // namespace seam
 
