@@ -45,6 +45,11 @@
 # MOONCAKE_CMAKE_ARGS: extra CMake options for the module's build alone (e.g.
 # -DUSE_CUDA=ON on a machine with the CUDA toolkit), built in a folder of
 # their own (the engine's objects compiled again with them).
+# MOONCAKE_PATCH: the patch applied instead of the project's (the commit
+# series' check builds each commit's tree: hack/mooncake-series.sh); the
+# cache folder is keyed by its hash too.
+# PXN_CHECKS: PXN's check programs built beside Mooncake's tests (default
+# pxn_layout_test; empty for a tree that does not define it yet).
 # PXN_TOOLS_DIR: the cache (default .tools in the repository).
 # JOBS: parallel compile jobs (default: the number of CPUs). ccache is used
 # when it is installed (its cache in the same folder).
@@ -52,7 +57,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${PXN_TOOLS_DIR:-$root/.tools}
-patch_file=$root/integrations/mooncake/patches/mooncake.patch
+patch_file=${MOONCAKE_PATCH:-$root/integrations/mooncake/patches/mooncake.patch}
 # The commit the patch is made and tested against (docs/integration-mooncake.md).
 TESTED_COMMIT=3b5a594133958449a1feaf1c9e0fc1b553e34a28
 reference=${MOONCAKE_REFERENCE:-$root/../shared/reference/mooncake-src/mooncake}
@@ -249,7 +254,9 @@ build_config() {
   local dir=$1 cfg=$2 b=$1/$2 start=$SECONDS launcher=() args=()
   engine_args "$dir" "$cfg"
   configure "$b" "$b.log" "$root/integrations/mooncake/cmake" "${args[@]}"
-  cmake --build "$b" -j"${JOBS:-$(nproc)}" --target transfer_engine pxn_layout_test "${MOONCAKE_TESTS[@]}" \
+  local -a checks
+  read -r -a checks <<<"${PXN_CHECKS-pxn_layout_test}"
+  cmake --build "$b" -j"${JOBS:-$(nproc)}" --target transfer_engine "${checks[@]}" "${MOONCAKE_TESTS[@]}" \
     >>"$b.log" 2>&1 || { grep -B2 -A12 -m3 'error' "$b.log" >&2 || tail -40 "$b.log" >&2; die "building $cfg failed ($b.log)"; }
   touch "$b/mooncake-transfer-engine/.built"
   log "$cfg built in $((SECONDS - start)) s: $b"
