@@ -100,6 +100,14 @@ mooncake:
 	@if $(MOONCAKE_SH) hack/mooncake.sh source >/dev/null; then $(MOONCAKE_SH) hack/mooncake.sh build; \
 	else echo "mooncake: the engine is not built"; fi
 
+# The patch as the upstream commit series (integrations/mooncake/patches/
+# series), in _output/mooncake-series, each commit built and tested
+# (hack/mooncake-series.sh check; long: one engine build per commit, ccache
+# shared). make test checks only the series' last tree against the patch.
+.PHONY: mooncake-series
+mooncake-series:
+	@$(MOONCAKE_SH) hack/mooncake-series.sh check
+
 # The transport beside a Mooncake checkout, against the link seam its NIC
 # tests use: _output/mooncake/libpxn_mooncake.a and libpxn.so, and the
 # factory part of the patch compiled on a copy of multi_transport.cpp.
@@ -124,6 +132,20 @@ mooncake-wheel: libpxn
 mooncake-image: mooncake-wheel
 	@[ -n "$(BASE)" ] || { echo "mooncake-image: set BASE to a one-image OCI archive of the serving image"; exit 2; }
 	@$(MOONCAKE_SH) hack/mooncake-wheel.sh image $(abspath $(BASE)) $(CURDIR)/_output/mooncake-image.tar
+
+# A folder to build the module with USE_CUDA=ON on a machine without
+# Mooncake's packages or network: _output/mooncake-cuda-kit
+# (hack/mooncake-cuda-kit.sh; there, run its kit-build.sh).
+.PHONY: mooncake-cuda-kit
+mooncake-cuda-kit: libpxn
+	@LIBPXN=$(CURDIR)/$(BIN)/libpxn.so $(MOONCAKE_SH) hack/mooncake-cuda-kit.sh
+
+# P15: Mooncake's batch_transfer_sync_write of 256 blocks of 4 KiB, PXN on
+# against off, through the default wheel's module linked against the link
+# seam (hack/mooncake-p15.sh); prints the table with the date and commit.
+.PHONY: bench-mooncake
+bench-mooncake: mooncake-wheel
+	@$(MOONCAKE_SH) hack/mooncake-p15.sh
 
 mooncake-test: mooncake mooncake-wheel
 	MOONCAKE_SRC=$(abspath $(MOONCAKE_SRC)) $(MOONCAKE_SH) $(GO) test -count=1 -v ./integrations/mooncake/
