@@ -34,7 +34,7 @@
 set -euo pipefail
 
 # group_needs GROUP: lines "PACKAGE TEST", TEST a command name or an absolute
-# path that the package provides.
+# path that the package provides (a glob where the path names a version).
 group_needs() {
   case $1 in
     build)
@@ -77,6 +77,8 @@ group_needs() {
       echo "python3-installer /usr/lib/python3/dist-packages/installer/__init__.py"
       echo "python3-pytest /usr/lib/python3/dist-packages/pytest/__init__.py"
       echo "clang clang++"
+      # libFuzzer and the sanitizers' runtimes: clang only recommends them.
+      echo "libclang-rt-dev /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a"
       ;;
     *) echo "host-packages: unknown group $1 (want build, cluster, cross or mooncake)" >&2; exit 2 ;;
   esac
@@ -84,7 +86,7 @@ group_needs() {
 
 present() {
   case $1 in
-    /*) [ -e "$1" ] ;;
+    /*) compgen -G "$1" >/dev/null ;;
     *) command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ] ;;
   esac
 }
