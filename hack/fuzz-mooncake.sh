@@ -44,6 +44,7 @@ case ${1:-} in
       echo "fuzz-mooncake: $clangxx cannot link with libFuzzer: $(head -c 400 "$probe/err")" >&2
       exit 3
     fi
+    mkdir -p "$2"
     make -s -C "$dir" OUT="$(cd "$2" && pwd)" CLANGXX="$clangxx"
     ;;
   run)
