@@ -302,13 +302,7 @@ func (c *containerd) stop(t *testing.T, exited chan error) {
 // found in the wheel's site folder loads with the libasio.so beside it.
 // Where no container can run here the test skips and says why.
 func TestMooncakeImageRuns(t *testing.T) {
-	root := repoRoot(t)
-	tree := mooncakeTree(t, root)
-	ctx := context.Background()
-	whl, err := wheelScript(ctx, root, tree, "path", "default")
-	if err != nil {
-		testtools.Missing(t, "no default wheel (make mooncake-wheel builds it): %v", err)
-	}
+	root, tree, whl := defaultWheel(t)
 	python := needPython(t)
 	c := startContainerd(t, root)
 

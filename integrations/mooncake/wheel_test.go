@@ -294,13 +294,7 @@ func runPytest(t *testing.T, python string, paths, env []string) {
 // first, and one layer holding the wheel's files in the site-packages folder
 // of the wheel's Python, byte for byte, and libpxn.so in /usr/local/lib.
 func TestMooncakeImage(t *testing.T) {
-	root := repoRoot(t)
-	tree := mooncakeTree(t, root)
-	ctx := context.Background()
-	whl, err := wheelScript(ctx, root, tree, "path", "default")
-	if err != nil {
-		testtools.Missing(t, "no default wheel (make mooncake-wheel builds it): %v", err)
-	}
+	root, tree, whl := defaultWheel(t)
 	dir := t.TempDir()
 	base := filepath.Join(dir, "base.tar")
 	cmd := exec.Command("go", "run", "./hack/image", "-pause", "-format", "oci", "-o", base, "-name", "base:1")
@@ -421,4 +415,18 @@ func mustRead(t *testing.T, p string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// defaultWheel is the repository, the Mooncake tree and the default
+// configuration's wheel built from it; the test stops as missing a tool
+// when the wheel is not built.
+func defaultWheel(t *testing.T) (root, tree, whl string) {
+	t.Helper()
+	root = repoRoot(t)
+	tree = mooncakeTree(t, root)
+	whl, err := wheelScript(context.Background(), root, tree, "path", "default")
+	if err != nil {
+		testtools.Missing(t, "no default wheel (make mooncake-wheel builds it): %v", err)
+	}
+	return root, tree, whl
 }
