@@ -168,6 +168,15 @@ class Cluster:
             return s if s["published"] and done >= moved else None
         return eventually(f"{p.name}'s counters to account for {moved} bytes", probe)
 
+    def forwarded(self, p, n):
+        """p's counters once its pump has published at least n bytes
+        forwarded for its peers: a relay publishes at its own heartbeat, so
+        its count can trail the senders' by one."""
+        def probe():
+            s = self.stats(p)
+            return s if s["published"] and s["forwarded_bytes"] >= n else None
+        return eventually(f"{p.name}'s counters to show {n} bytes forwarded", probe)
+
 
 def fallback(s):
     return sum(s["fallback_bytes"].values())
@@ -240,7 +249,7 @@ def test_sglang_sequence_relayed(peers, tmp_path, record_property):
         assert rc == 0, f"rank {i}: batch_transfer_sync_write returned {rc}\n{ranks[i].stderr()[-4000:]}"
     sent = {0: size + 2 * (size // 2), 2: size // 2}
     stats = {i: c.settled(ranks[i], sent[i]) for i in (0, 2)}
-    relay_before = c.stats(ranks[1])
+    relay_before = c.forwarded(ranks[1], sent[0] + sent[2])
 
     rc = ranks[1].call("write", session=session, src=srcs[1] + 3 * size, dst=kv[3], size=size)["rc"]
     assert rc == 0, f"rank 1's same-rail transfer_sync_write returned {rc}\n{ranks[1].stderr()[-4000:]}"
@@ -345,7 +354,7 @@ def test_vllm_sequence_relayed(peers, tmp_path, record_property):
             checked += block_len
     assert s["relayed_bytes"] == moved, f"rank 0 relayed {s['relayed_bytes']} of {moved} bytes"
     assert fallback(s) == 0 and s["failed_pieces"] == 0, f"fallback {s['fallback_bytes']}, failed Pieces {s['failed_pieces']}"
-    assert c.stats(ranks[1])["forwarded_bytes"] == moved
+    assert c.forwarded(ranks[1], moved)["forwarded_bytes"] == moved
     record_property("relayed_bytes", moved)
     record_property("fallback_bytes", 0)
     record_property("bytes_checked", checked)
