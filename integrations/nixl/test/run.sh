@@ -42,7 +42,7 @@ bin=$(realpath "$4")
 [ -f "$bin/libpxn.so" ] || die "no libpxn.so in $bin (make libpxn)"
 [ -x "$bin/pxn-agent" ] || die "no pxn-agent in $bin (make build)"
 command -v jq >/dev/null 2>&1 || die "jq not found: the counters are read with it"
-out=${5:-$(mktemp -d /tmp/pxn-nixl.XXXXXX)}
+out=${5:-$(mktemp -d -t pxn-nixl.XXXXXX)}
 rm -rf "$out"
 mkdir -p "$out/peers" "$out/registry"
 out=$(realpath "$out")
