@@ -41,7 +41,7 @@ bin=$(realpath "$4")
 [ -f "$plugins/libplugin_Mooncake.so" ] || die "no libplugin_Mooncake.so in $plugins (hack/nixl.sh build)"
 [ -f "$bin/libpxn.so" ] || die "no libpxn.so in $bin (make libpxn)"
 [ -x "$bin/pxn-agent" ] || die "no pxn-agent in $bin (make build)"
-command -v jq >/dev/null 2>&1 || die "jq not found: the counters are read with it"
+command -v python3 >/dev/null 2>&1 || die "python3 not found: the counters are read with it"
 out=${5:-$(mktemp -d -t pxn-nixl.XXXXXX)}
 rm -rf "$out"
 mkdir -p "$out/peers" "$out/registry"
@@ -108,15 +108,18 @@ done
 
 # The counters: sums over the group's ranks.
 written=$(sed -n 's/^target: checked [0-9]* bytes (\([0-9]*\) written.*/\1/p' "$out/target.log")
-if [ -s "$out/inspect.json" ] && jq -e 'length > 0' "$out/inspect.json" >/dev/null 2>&1; then
-  read -r ranks relayed forwarded direct fallback pieces < <(jq -r '
-    [.[].ranks[]] as $r |
-    [($r | length),
-     ([$r[].stats.relayed_bytes] | add),
-     ([$r[].stats.forwarded_bytes] | add),
-     ([$r[].stats.direct_bytes] | add),
-     ([$r[].stats.fallback_bytes[]] | add),
-     ([$r[].stats.relayed_pieces] | add)] | @tsv' "$out/inspect.json")
+if [ -s "$out/inspect.json" ] && counters=$(python3 - "$out/inspect.json" <<'EOF'
+import json, sys
+ranks = [r for g in json.load(open(sys.argv[1])) for r in g.get("ranks") or []]
+if not ranks:
+    sys.exit(1)
+s = [r["stats"] for r in ranks]
+print(len(ranks), sum(x["relayed_bytes"] for x in s), sum(x["forwarded_bytes"] for x in s),
+      sum(x["direct_bytes"] for x in s), sum(sum(x["fallback_bytes"].values()) for x in s),
+      sum(x["relayed_pieces"] for x in s))
+EOF
+); then
+  read -r ranks relayed forwarded direct fallback pieces <<<"$counters"
   echo "nixl-test: counters (pxn-agent inspect, $ranks ranks): relayed_bytes=$relayed" \
     "relayed_pieces=$pieces forwarded_bytes=$forwarded direct_bytes=$direct fallback_bytes=$fallback"
   [ -n "$written" ] || { echo "nixl-test: the target reported no check" >&2; fail=1; }
