@@ -312,8 +312,10 @@ build_module() {
 # build_shared DIR CONFIG: libtransfer_engine.so and the libasio.so it links,
 # configured as CONFIG's engine build with shared libraries and without
 # Mooncake's unit tests, in DIR/shared-CONFIG; the prefix DIR/shared-CONFIG-
-# prefix gets copies of the two libraries (RUNPATH $ORIGIN finds libasio.so)
-# and Mooncake's C API header.
+# prefix gets copies of the two libraries and Mooncake's C API header. The
+# copied libtransfer_engine.so keeps the RUNPATH of its build folder: a
+# program that loads it from the prefix puts the prefix's lib/ on its
+# library path (docs/integration-nixl.md).
 build_shared() {
   local dir=$1 cfg=$2 b=$1/shared-$2 p=$1/shared-$2-prefix start=$SECONDS launcher=() args=()
   engine_args "$dir" "$cfg"
