@@ -150,6 +150,27 @@ bench-mooncake: mooncake-wheel
 mooncake-test: mooncake mooncake-wheel
 	MOONCAKE_SRC=$(abspath $(MOONCAKE_SRC)) $(MOONCAKE_SH) $(GO) test -count=1 -v ./integrations/mooncake/
 
+# NIXL 1.4's Mooncake backend through PXN (docs/integration-nixl.md), not part
+# of make test: Mooncake's shared library with PXN's transport
+# (hack/mooncake.sh shared NIXL_MOONCAKE_CONFIG), abseil and NIXL built
+# against it (hack/nixl.sh, cached in PXN_TOOLS_DIR; sources from
+# ../shared/reference/nixl-src or NIXL_REFERENCE), the library relinked with
+# the link seam, integrations/nixl/test/nixl_pxn.cpp, then four processes
+# writing through a relay (integrations/nixl/test/run.sh), in _output/nixl.
+.PHONY: nixl-test
+NIXL_MOONCAKE_CONFIG ?= default
+NIXL_OUT := _output/nixl
+nixl-test: libpxn
+	@CGO_ENABLED=1 hack/gobuild.sh -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/pxn-agent
+	@set -euo pipefail; mkdir -p $(NIXL_OUT); \
+	mc=$$($(MOONCAKE_SH) hack/mooncake.sh shared $(NIXL_MOONCAKE_CONFIG)); \
+	$(MOONCAKE_SH) hack/nixl.sh build "$$mc" >/dev/null; \
+	envs=$$($(MOONCAKE_SH) hack/nixl.sh env "$$mc"); eval "$$envs"; \
+	$(MOONCAKE_SH) hack/nixl.sh seam "$$mc" $(NIXL_OUT)/seam >/dev/null; \
+	g++ -O2 $$NIXL_CFLAGS integrations/nixl/test/nixl_pxn.cpp -o $(NIXL_OUT)/nixl_pxn $$NIXL_LIBS; \
+	LD_LIBRARY_PATH=$$NIXL_LIBPATH integrations/nixl/test/run.sh $(NIXL_OUT)/nixl_pxn $(NIXL_OUT)/seam \
+		"$$NIXL_PLUGIN_DIR" $(BIN) $(NIXL_OUT)/run
+
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 

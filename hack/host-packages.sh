@@ -26,6 +26,10 @@
 #            setuptools, installer) and pytest: Mooncake's Python module
 #            packed as a wheel and its tests (hack/mooncake-wheel.sh); clang with
 #            libFuzzer: the transport's fuzz targets (hack/fuzz-mooncake.sh)
+#   nixl     meson, ninja and the headers NIXL 1.4 builds against (asio,
+#            pybind11, liburing, gmock): NIXL with its Mooncake backend
+#            (hack/nixl.sh, make nixl-test), with the mooncake group; never
+#            libabsl-dev (NIXL's meson finds it and refuses its version)
 #
 # Exit codes: 0 nothing missing (or ensure could not install and said why), 1 an
 # install failed, 2 usage, 3 (check) something is missing and this machine
@@ -80,7 +84,15 @@ group_needs() {
       # libFuzzer and the sanitizers' runtimes: clang only recommends them.
       echo "libclang-rt-dev /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a"
       ;;
-    *) echo "host-packages: unknown group $1 (want build, cluster, cross or mooncake)" >&2; exit 2 ;;
+    nixl)
+      echo "meson meson"
+      echo "ninja-build ninja"
+      echo "libasio-dev /usr/include/asio.hpp"
+      echo "pybind11-dev /usr/include/pybind11/pybind11.h"
+      echo "liburing-dev /usr/include/liburing.h"
+      echo "libgmock-dev /usr/include/gmock/gmock.h"
+      ;;
+    *) echo "host-packages: unknown group $1 (want build, cluster, cross, mooncake or nixl)" >&2; exit 2 ;;
   esac
 }
 

@@ -24,6 +24,21 @@
 #   hack/mooncake.sh module-dir CONFIG   print CONFIG's module build folder (it
 #                                        holds .module-built once a build
 #                                        succeeded; MOONCAKE_CMAKE_ARGS: below)
+#   hack/mooncake.sh shared [CONFIG]     build Mooncake's shared library
+#                                        libtransfer_engine.so (target
+#                                        transfer_engine, BUILD_SHARED_LIBS=ON,
+#                                        no unit tests) with the transport for
+#                                        CONFIG (default: default) in
+#                                        shared-CONFIG of the key folder, and
+#                                        print the prefix it lays out beside
+#                                        it: lib/libtransfer_engine.so,
+#                                        lib/libasio.so and
+#                                        include/transfer_engine_c.h (what
+#                                        NIXL's Mooncake backend links:
+#                                        hack/nixl.sh)
+#   hack/mooncake.sh shared-prefix CONFIG
+#                                        print that prefix (it holds .built
+#                                        once a build succeeded)
 #   hack/mooncake.sh commit              print the Mooncake commit of the tree
 #
 # Configurations: default (Mooncake's defaults: WITH_METRICS on) and event
@@ -294,6 +309,33 @@ build_module() {
   log "module $cfg built in $((SECONDS - start)) s: $b"
 }
 
+# build_shared DIR CONFIG: libtransfer_engine.so and the libasio.so it links,
+# configured as CONFIG's engine build with shared libraries and without
+# Mooncake's unit tests, in DIR/shared-CONFIG; the prefix DIR/shared-CONFIG-
+# prefix gets copies of the two libraries and Mooncake's C API header. The
+# copied libtransfer_engine.so keeps the RUNPATH of its build folder: a
+# program that loads it from the prefix puts the prefix's lib/ on its
+# library path (docs/integration-nixl.md).
+build_shared() {
+  local dir=$1 cfg=$2 b=$1/shared-$2 p=$1/shared-$2-prefix start=$SECONDS launcher=() args=()
+  engine_args "$dir" "$cfg"
+  args=("${args[@]/-DBUILD_UNIT_TESTS=ON/-DBUILD_UNIT_TESTS=OFF}" -DBUILD_SHARED_LIBS=ON)
+  configure "$b" "$b.log" "$root/integrations/mooncake/cmake" "${args[@]}"
+  cmake --build "$b" -j"${JOBS:-$(nproc)}" --target transfer_engine >>"$b.log" 2>&1 ||
+    { grep -B2 -A12 -m3 'error' "$b.log" >&2 || tail -40 "$b.log" >&2; die "building the shared library ($cfg) failed ($b.log)"; }
+  local f
+  for f in "$b/mooncake-transfer-engine/src/libtransfer_engine.so" "$b/mooncake-common/libasio.so" \
+    "$dir/src/mooncake-transfer-engine/include/transfer_engine_c.h"; do
+    [ -f "$f" ] || die "the shared build ($cfg) made no $f"
+  done
+  rm -rf "$p"
+  mkdir -p "$p/lib" "$p/include"
+  cp "$b/mooncake-transfer-engine/src/libtransfer_engine.so" "$b/mooncake-common/libasio.so" "$p/lib/"
+  cp "$dir/src/mooncake-transfer-engine/include/transfer_engine_c.h" "$p/include/"
+  touch "$p/.built"
+  log "shared $cfg built in $((SECONDS - start)) s: $p"
+}
+
 cmd=${1:-build}
 [ $# -gt 0 ] && shift
 case $cmd in
@@ -339,6 +381,27 @@ case $cmd in
     config_flags "$1" >/dev/null
     echo "$(key_dir)/$(module_name "$1")"
     ;;
+  shared)
+    [ $# -le 1 ] || die "usage: $0 shared [CONFIG]"
+    cfg=${1:-default}
+    config_flags "$cfg" >/dev/null
+    use_src 1
+    check_src
+    for tool in cmake patch g++; do
+      command -v "$tool" >/dev/null 2>&1 || die "$tool not found (hack/host-packages.sh install mooncake)"
+    done
+    dir=$(key_dir)
+    mkdir -p "$dir"
+    (flock 9 && prepare "$dir") 9>"$dir/.lock"
+    (flock 9 && build_shared "$dir" "$cfg") 9>"$dir/shared-$cfg.lock"
+    echo "$dir/shared-$cfg-prefix"
+    ;;
+  shared-prefix)
+    [ $# -eq 1 ] || die "usage: $0 shared-prefix CONFIG"
+    use_src 0
+    config_flags "$1" >/dev/null
+    echo "$(key_dir)/shared-$1-prefix"
+    ;;
   commit)
     use_src 0
     commit
@@ -357,5 +420,5 @@ case $cmd in
     ;;
   tests) printf '%s\n' "${MOONCAKE_TESTS[@]}" ;;
   configs) printf '%s\n' "${CONFIGS[@]}" ;;
-  *) die "usage: $0 build [CONFIG...] | dir CONFIG | module [CONFIG...] | module-dir CONFIG | commit | source | tree | tests | configs" ;;
+  *) die "usage: $0 build [CONFIG...] | dir CONFIG | module [CONFIG...] | module-dir CONFIG | shared [CONFIG] | shared-prefix CONFIG | commit | source | tree | tests | configs" ;;
 esac
