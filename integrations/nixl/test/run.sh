@@ -89,10 +89,35 @@ for _ in $(seq 1200); do
   [ $alive = 1 ] || break
   sleep 0.1
 done
-# The counters are read a few seconds after the last write (read at once,
-# they were seen still at zero).
-sleep "${INSPECT_DELAY_S:-3}"
-"$bin/pxn-agent" inspect --root "$out/registry" -o json >"$out/inspect.json" 2>"$out/inspect.err" || true
+# counters: the group's ranks and their sums from a fresh pxn-agent inspect,
+# "RANKS RELAYED FORWARDED DIRECT FALLBACK PIECES"; fails when it read none.
+counters() {
+  "$bin/pxn-agent" inspect --root "$out/registry" -o json >"$out/inspect.json" 2>"$out/inspect.err" || return 1
+  python3 - "$out/inspect.json" <<'EOF2'
+import json, sys
+ranks = [r for g in json.load(open(sys.argv[1])) for r in g.get("ranks") or []]
+if not ranks:
+    sys.exit(1)
+s = [r["stats"] for r in ranks]
+print(len(ranks), sum(x["relayed_bytes"] for x in s), sum(x["forwarded_bytes"] for x in s),
+      sum(x["direct_bytes"] for x in s), sum(sum(x["fallback_bytes"].values()) for x in s),
+      sum(x["relayed_pieces"] for x in s))
+EOF2
+}
+
+# Each rank publishes its counters at its own heartbeat, so they trail the
+# writes: read them until the relayed and forwarded bytes account for what
+# the initiators wrote, or INSPECT_TIMEOUT_S (default 30) passes.
+written=$(sed -n 's/^target: checked [0-9]* bytes (\([0-9]*\) written.*/\1/p' "$out/target.log")
+got=""
+for _ in $(seq $((${INSPECT_TIMEOUT_S:-30} * 5))); do
+  if c=$(counters); then
+    got=$c
+    read -r _ relayed forwarded _ <<<"$got"
+    [ -n "$written" ] && [ "$relayed" = "$written" ] && [ "$forwarded" = "$written" ] && break
+  fi
+  sleep 0.2
+done
 echo 1 >"$out/all-done"
 echo 1 >"$out/all-done.ready"
 
@@ -106,20 +131,9 @@ for p in "${pids[@]}"; do
   [ $rc = 0 ] || { fail=1; tail -15 "$out/$name.log" | sed 's/^/  | /' >&2; }
 done
 
-# The counters: sums over the group's ranks.
-written=$(sed -n 's/^target: checked [0-9]* bytes (\([0-9]*\) written.*/\1/p' "$out/target.log")
-if [ -s "$out/inspect.json" ] && counters=$(python3 - "$out/inspect.json" <<'EOF'
-import json, sys
-ranks = [r for g in json.load(open(sys.argv[1])) for r in g.get("ranks") or []]
-if not ranks:
-    sys.exit(1)
-s = [r["stats"] for r in ranks]
-print(len(ranks), sum(x["relayed_bytes"] for x in s), sum(x["forwarded_bytes"] for x in s),
-      sum(x["direct_bytes"] for x in s), sum(sum(x["fallback_bytes"].values()) for x in s),
-      sum(x["relayed_pieces"] for x in s))
-EOF
-); then
-  read -r ranks relayed forwarded direct fallback pieces <<<"$counters"
+# The counters: sums over the group's ranks, as last read.
+if [ -n "$got" ]; then
+  read -r ranks relayed forwarded direct fallback pieces <<<"$got"
   echo "nixl-test: counters (pxn-agent inspect, $ranks ranks): relayed_bytes=$relayed" \
     "relayed_pieces=$pieces forwarded_bytes=$forwarded direct_bytes=$direct fallback_bytes=$fallback"
   [ -n "$written" ] || { echo "nixl-test: the target reported no check" >&2; fail=1; }
