@@ -5,6 +5,7 @@ package dra_test
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -147,14 +148,20 @@ func startPlugin(t *testing.T, dirs nodeDirs, client *fake.Clientset, state dra.
 	t.Cleanup(stop)
 
 	regSock := filepath.Join(dirs.registry, dra.DriverName+"-reg.sock")
+	// The socket's file is there from bind (or from the driver stopped
+	// before a restart) before anyone listens on it: wait for a connection.
 	waitFor(t, "registration socket", func() bool {
 		select {
 		case <-done:
 			t.Fatalf("Serve ended: %v", serveErr)
 		default:
 		}
-		_, err := os.Stat(regSock)
-		return err == nil
+		c, err := net.Dial("unix", regSock)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
 	})
 	reg := dial(t, regSock)
 	info, err := registerapi.NewRegistrationClient(reg).GetInfo(ctx, &registerapi.InfoRequest{})
