@@ -68,7 +68,7 @@ e2e: host-packages
 
 TEST_PKGS ?= ./...
 ALLOC_PKGS ?= $(sort $(addprefix ./,$(dir $(shell grep -rlE --include='*_test.go' '^func Test[A-Za-z0-9_]*Alloc' api cmd hack integrations internal pkg test))))
-test: lint host-packages mooncake mooncake-wheel
+test: lint host-packages mooncake mooncake-wheel nixl
 	@mkdir -p _output
 	@$(GO) build -o _output/testreport ./hack/testreport
 	set -o pipefail; export PXN_REQUIRE_TOOLS=1 PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools} $(MOONCAKE_TREE_ENV); \
@@ -81,7 +81,7 @@ test: lint host-packages mooncake mooncake-wheel
 # transport and the arm64 image tests need from the machine
 # (hack/host-packages.sh owns the list).
 host-packages:
-	@hack/host-packages.sh ensure cluster mooncake cross
+	@hack/host-packages.sh ensure cluster mooncake nixl cross
 
 # Mooncake's transfer engine with PXN's transport compiled inside it
 # (integrations/mooncake/patches/mooncake.patch), in every configuration, with
@@ -150,22 +150,29 @@ bench-mooncake: mooncake-wheel
 mooncake-test: mooncake mooncake-wheel
 	MOONCAKE_SRC=$(abspath $(MOONCAKE_SRC)) $(MOONCAKE_SH) $(GO) test -count=1 -v ./integrations/mooncake/
 
-# NIXL 1.4's Mooncake backend through PXN (docs/integration-nixl.md), not part
-# of make test: Mooncake's shared library with PXN's transport
-# (hack/mooncake.sh shared NIXL_MOONCAKE_CONFIG), abseil and NIXL built
-# against it (hack/nixl.sh, cached in PXN_TOOLS_DIR; sources from
-# ../shared/reference/nixl-src or NIXL_REFERENCE), the library relinked with
-# the link seam, integrations/nixl/test/nixl_pxn.cpp, then four processes
-# writing through a relay (integrations/nixl/test/run.sh), in _output/nixl.
-.PHONY: nixl-test
+# NIXL 1.4's Mooncake backend through PXN (docs/integration-nixl.md):
+# Mooncake's shared library with PXN's transport in every configuration
+# (hack/mooncake.sh shared) and abseil and NIXL built against the default one
+# (hack/nixl.sh), cached in PXN_TOOLS_DIR; sources from
+# ../shared/reference/nixl-src or NIXL_REFERENCE. make test runs
+# integrations/nixl's test on them (each configuration's library relinked
+# with the link seam, integrations/nixl/test/nixl_pxn.cpp, four processes
+# writing through a relay: integrations/nixl/test/run.sh); nixl-test runs the
+# same in NIXL_MOONCAKE_CONFIG alone, in _output/nixl, and keeps its logs.
+.PHONY: nixl nixl-test
 NIXL_MOONCAKE_CONFIG ?= default
 NIXL_OUT := _output/nixl
-nixl-test: libpxn
+nixl:
+	@set -euo pipefail; \
+	if ! $(MOONCAKE_SH) hack/mooncake.sh source >/dev/null; then echo "nixl: no Mooncake tree: NIXL is not built"; exit 0; fi; \
+	for cfg in $$($(MOONCAKE_SH) hack/mooncake.sh configs); do $(MOONCAKE_SH) hack/mooncake.sh shared $$cfg >/dev/null; done; \
+	$(MOONCAKE_SH) hack/nixl.sh build "$$($(MOONCAKE_SH) hack/mooncake.sh shared-prefix default)" >/dev/null
+
+nixl-test: libpxn nixl
 	@CGO_ENABLED=1 hack/gobuild.sh -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/pxn-agent
 	@set -euo pipefail; mkdir -p $(NIXL_OUT); \
-	mc=$$($(MOONCAKE_SH) hack/mooncake.sh shared $(NIXL_MOONCAKE_CONFIG)); \
-	$(MOONCAKE_SH) hack/nixl.sh build "$$mc" >/dev/null; \
-	envs=$$($(MOONCAKE_SH) hack/nixl.sh env "$$mc"); eval "$$envs"; \
+	mc=$$($(MOONCAKE_SH) hack/mooncake.sh shared-prefix $(NIXL_MOONCAKE_CONFIG)); \
+	envs=$$($(MOONCAKE_SH) hack/nixl.sh env "$$($(MOONCAKE_SH) hack/mooncake.sh shared-prefix default)"); eval "$$envs"; \
 	$(MOONCAKE_SH) hack/nixl.sh seam "$$mc" $(NIXL_OUT)/seam >/dev/null; \
 	g++ -O2 $$NIXL_CFLAGS integrations/nixl/test/nixl_pxn.cpp -o $(NIXL_OUT)/nixl_pxn $$NIXL_LIBS; \
 	LD_LIBRARY_PATH=$$NIXL_LIBPATH integrations/nixl/test/run.sh $(NIXL_OUT)/nixl_pxn $(NIXL_OUT)/seam \
