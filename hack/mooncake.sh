@@ -336,18 +336,24 @@ build_shared() {
   log "shared $cfg built in $((SECONDS - start)) s: $p"
 }
 
+# prepared_dir TOOL...: the source (fetched if it must be), each TOOL
+# checked, and the key folder with the patched tree prepared in it, as dir.
+prepared_dir() {
+  use_src 1
+  check_src
+  for tool in "$@"; do
+    command -v "$tool" >/dev/null 2>&1 || die "$tool not found (hack/host-packages.sh install mooncake)"
+  done
+  dir=$(key_dir)
+  mkdir -p "$dir"
+  (flock 9 && prepare "$dir") 9>"$dir/.lock"
+}
+
 cmd=${1:-build}
 [ $# -gt 0 ] && shift
 case $cmd in
   build)
-    use_src 1
-    check_src
-    for tool in cmake patch g++; do
-      command -v "$tool" >/dev/null 2>&1 || die "$tool not found (hack/host-packages.sh install mooncake)"
-    done
-    dir=$(key_dir)
-    mkdir -p "$dir"
-    (flock 9 && prepare "$dir") 9>"$dir/.lock"
+    prepared_dir cmake patch g++
     [ $# -gt 0 ] || set -- "${CONFIGS[@]}"
     for cfg in "$@"; do
       config_flags "$cfg" >/dev/null
@@ -361,14 +367,7 @@ case $cmd in
     echo "$(key_dir)/$1/mooncake-transfer-engine"
     ;;
   module)
-    use_src 1
-    check_src
-    for tool in cmake patch g++ "$python"; do
-      command -v "$tool" >/dev/null 2>&1 || die "$tool not found (hack/host-packages.sh install mooncake)"
-    done
-    dir=$(key_dir)
-    mkdir -p "$dir"
-    (flock 9 && prepare "$dir") 9>"$dir/.lock"
+    prepared_dir cmake patch g++ "$python"
     [ $# -gt 0 ] || set -- "${CONFIGS[@]}"
     for cfg in "$@"; do
       config_flags "$cfg" >/dev/null
@@ -385,14 +384,7 @@ case $cmd in
     [ $# -le 1 ] || die "usage: $0 shared [CONFIG]"
     cfg=${1:-default}
     config_flags "$cfg" >/dev/null
-    use_src 1
-    check_src
-    for tool in cmake patch g++; do
-      command -v "$tool" >/dev/null 2>&1 || die "$tool not found (hack/host-packages.sh install mooncake)"
-    done
-    dir=$(key_dir)
-    mkdir -p "$dir"
-    (flock 9 && prepare "$dir") 9>"$dir/.lock"
+    prepared_dir cmake patch g++
     (flock 9 && build_shared "$dir" "$cfg") 9>"$dir/shared-$cfg.lock"
     echo "$dir/shared-$cfg-prefix"
     ;;
