@@ -82,7 +82,7 @@ check() {
 }
 
 cmd=${1:-}
-out=${2:-$root/_output/mooncake-series}
+out=$(realpath -m "${2:-$root/_output/mooncake-series}")
 case $cmd in
   generate)
     generate "$out"
