@@ -19,7 +19,8 @@
 # fails or the kit is interrupted. Without nvidia-cuda-mps-control it says
 # so and runs every step without MPS. OUT/steps.txt has one line a step:
 # its exit status (124: out of time), its time and whether MPS was on.
-# GPU_KIT_ONLY, a list of step names, runs those steps alone.
+# GPU_KIT_ONLY, a list of step names, runs those steps alone;
+# GPU_KIT_GATHER_PTX, a PTX file, is the gather kernel of the after steps.
 #
 # Steps, most wanted first (each one's limit in seconds; the kit as a whole
 # stops starting steps once GPU_KIT_BUDGET seconds, 560 by default, are
@@ -48,6 +49,8 @@
 #   before-p14 (60)   the baseline's pxn-bench, which has no p14 suite, on
 #                     P14's KV 1→1 at every size, one run each (the kit's
 #                     own baseline-p14 command), if built
+#   after-p14kv (60)  this build on the same P14 1→1 rows as before-p14
+#                     (for calls that alternate the two)
 #   after-p9 (170)    --suite p9: kv-medium and kv-large, 1→1, 7→1 and
 #                     all-to-all (each scenario's rows written as it ends)
 #   pidns (35)        2 ranks each in PID and mount namespaces of its own,
@@ -55,6 +58,10 @@
 #   gpu (40)          pkg/gpu's tests
 #   libpxn (45)       the C ABI's GPU tests (gpu_ranks.c, compiled there)
 #   nic (25)          the emulated NIC alone (internal/sim/gpunic benchmarks)
+#   firsthop (150)    hack/cuda-probe/firsthop.cu, compiled there with nvcc:
+#                     the ways to start a first hop (a launch a slot, a
+#                     graph, a resident kernel) with 1 and 8 processes, and
+#                     a resident kernel's idle cost (docs/cuda.md)
 set -euo pipefail
 
 # The P14 1→1 KV requests that the baseline runs: internal/bench's
@@ -64,15 +71,17 @@ p14_shapes="80x128x2KiB 80x64x4KiB 80x32x8KiB 80x16x16KiB 80x4x64KiB"
 p14_requests=16
 p14_inflight=4
 
-# kit_baseline_p14 runs the baseline's pxn-bench on each P14 1→1 shape,
-# one JSON file a shape in OUT; a run that fails does not stop the next.
-kit_baseline_p14() {
-  local out=$1 s
+# kit_p14_kv BENCH OUT NAME [ARGS...] runs BENCH (a pxn-bench) on each P14
+# 1→1 shape, one JSON file a shape in OUT (NAME-p14-SHAPE.json), ARGS added
+# to each run; a run that fails does not stop the next.
+kit_p14_kv() {
+  local bench=$1 out=$2 name=$3 s
+  shift 3
   cd "$(dirname "$0")"
   for s in $p14_shapes; do
-    echo "gpu-kit: baseline, P14 1→1 $s"
-    ./pxn-bench.before run --device cuda --ranks 2 --pattern kv --kv-shape "$s" --kv-requests "$p14_requests" \
-      --kv-inflight "$p14_inflight" --rate 50 --json "$out/before-p14-$s.json" || echo "gpu-kit: $s exited $?"
+    echo "gpu-kit: $name, P14 1→1 $s"
+    "./$bench" run --device cuda --ranks 2 --pattern kv --kv-shape "$s" --kv-requests "$p14_requests" \
+      --kv-inflight "$p14_inflight" --rate 50 "$@" --json "$out/$name-p14-$s.json" || echo "gpu-kit: $s exited $?"
   done
 }
 
@@ -182,6 +191,10 @@ kit_run() {
   trap mps_stop EXIT
   trap on_signal INT TERM
   started=$(date +%s)
+  # GPU_KIT_GATHER_PTX: the after steps load the gather kernel from this
+  # PTX file instead of the one built in (a kernel regenerated there).
+  local ptx=()
+  [ -z "${GPU_KIT_GATHER_PTX:-}" ] || ptx=(--gather-ptx "$(realpath "$GPU_KIT_GATHER_PTX")")
   # step NAME LIMIT CMD...: runs CMD (in STEP_DIR, if set) with its output
   # in OUT/NAME.txt, within LIMIT seconds and what is left of the budget.
   # It runs in the background and is waited for, so that a signal to the
@@ -217,22 +230,25 @@ kit_run() {
   CUDA_MPS_PIPE_DIRECTORY=$no_mps_pipes step nomps-p3 40 ./pxn-bench run --device cuda --suite p3 --json "$out/nomps-p3.json"
 
   mps_start "$out"
-  step after-p13 110 ./pxn-bench run --device cuda --suite p1,p3 --json "$out/after-p13.json"
+  step after-p13 110 ./pxn-bench run --device cuda --suite p1,p3 ${ptx[@]+"${ptx[@]}"} --json "$out/after-p13.json"
   if [ -x pxn-bench.before ]; then
     step before-p13 90 ./pxn-bench.before run --device cuda --suite p1,p3 --json "$out/before-p13.json"
   fi
-  step after-p10 50 ./pxn-bench run --device cuda --suite p10 --json "$out/after-p10.json"
+  step after-p10 50 ./pxn-bench run --device cuda --suite p10 ${ptx[@]+"${ptx[@]}"} --json "$out/after-p10.json"
   step noparts-p10 50 ./pxn-bench run --device cuda --suite p10 --slot-parts 1 --json "$out/noparts-p10.json"
   step noinline-p10 50 ./pxn-bench run --device cuda --suite p10 --no-inline-plan --json "$out/noinline-p10.json"
   step spin-p10 50 ./pxn-bench run --device cuda --suite p10 --poll-spin 2ms --json "$out/spin-p10.json"
   if [ -x pxn-bench.before ]; then
     step before-p10 30 ./pxn-bench.before run --device cuda --suite p10 --json "$out/before-p10.json"
   fi
-  step after-p14 "${GPU_KIT_P14_LIMIT:-120}" ./pxn-bench run --device cuda --suite p14 --json "$out/after-p14.json"
+  step after-p14 "${GPU_KIT_P14_LIMIT:-120}" ./pxn-bench run --device cuda --suite p14 ${ptx[@]+"${ptx[@]}"} --json "$out/after-p14.json"
   if [ -x pxn-bench.before ]; then
     step before-p14 60 "$kit/gpu-kit.sh" baseline-p14 "$out"
+    # The same rows with this build, right after, for a call that
+    # alternates the two (GPU_KIT_ONLY="before-p14 after-p14kv", repeated).
+    step after-p14kv 60 "$kit/gpu-kit.sh" after-p14kv "$out" ${ptx[@]+"${ptx[@]}"}
   fi
-  step after-p9 170 ./pxn-bench run --device cuda --suite p9 --json "$out/after-p9.json"
+  step after-p9 170 ./pxn-bench run --device cuda --suite p9 ${ptx[@]+"${ptx[@]}"} --json "$out/after-p9.json"
   local help
   help=$(./pxn-bench run --help 2>&1 || true)
   if grep -q -- '--pidns' <<<"$help"; then
@@ -245,11 +261,17 @@ kit_run() {
   step gpu 40 ./gpu.test -test.v
   STEP_DIR=$repo/cmd/libpxn PXN_LIBPXN_DIR=$kit/lib step libpxn 45 "$kit/libpxn.test" -test.v -test.run 'TestGPURanksThroughCABI|TestFirstHopChoice|TestABIRules'
   PXN_REQUIRE_GPU=1 step nic 25 ./gpunic.test -test.run '^$' -test.bench . -test.benchtime 200ms
+  if command -v nvcc >/dev/null 2>&1; then
+    step firsthop 150 bash -c 'nvcc -O3 -std=c++17 -arch=sm_90 -o "$1/firsthop" "$2/hack/cuda-probe/firsthop.cu" -lcuda && "$1/firsthop" 1 8' _ "$out" "$repo"
+  else
+    echo "firsthop skipped: no nvcc here" | tee -a "$out/steps.txt"
+  fi
 }
 
 case ${1:-} in
   build) shift; kit_build "$@" ;;
   run) [ $# -eq 2 ] || { echo "usage: gpu-kit.sh run OUT" >&2; exit 2; }; kit_run "$2" ;;
-  baseline-p14) [ $# -eq 2 ] || { echo "usage: gpu-kit.sh baseline-p14 OUT" >&2; exit 2; }; kit_baseline_p14 "$2" ;;
+  baseline-p14) [ $# -eq 2 ] || { echo "usage: gpu-kit.sh baseline-p14 OUT" >&2; exit 2; }; kit_p14_kv pxn-bench.before "$2" before ;;
+  after-p14kv) [ $# -ge 2 ] || { echo "usage: gpu-kit.sh after-p14kv OUT [PXN-BENCH ARGS]" >&2; exit 2; }; out=$2; shift 2; kit_p14_kv pxn-bench "$out" after "$@" ;;
   *) sed -n '3,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -358,6 +358,25 @@ func TestShimOnFakeDriver(t *testing.T) {
 					t.Fatalf("part word %d = %d, want %d", k, v, want)
 				}
 			}
+			// With arrival counters the kernel rings the doorbell itself
+			// and no stream write follows: a driver whose stream memory
+			// operations fail still rings it.
+			t.Setenv("PXN_FAKECUDA_NO_MEMOPS", "1")
+			if err := op.Enqueue(&Piece{Ctx: g.ctx, Stream: stream, Mode: CopyGather, Entries: nonEmpty, Doorbell: bell, Seq: seq + 1, Gather: pg}); err != nil {
+				t.Fatalf("Enqueue with stream writes failing: %v", err)
+			}
+			b := make([]byte, 8)
+			if err := d.MemcpyDtoH(b, bell); err != nil {
+				t.Fatal(err)
+			}
+			if v := binary.LittleEndian.Uint64(b); v != seq+1 {
+				t.Fatalf("doorbell = %d after the kernel, want %d", v, seq+1)
+			}
+			var pe *PieceError
+			if err := op.Enqueue(&Piece{Ctx: g.ctx, Stream: stream, Mode: CopyPerEntry, Entries: nonEmpty, Doorbell: bell, Seq: seq + 2}); !errors.As(err, &pe) || !strings.HasPrefix(pe.Step, "cuStreamWriteValue64") {
+				t.Fatalf("a copy-engine Piece with stream writes failing: %v, want a PieceError at the doorbell's stream write", err)
+			}
+			os.Unsetenv("PXN_FAKECUDA_NO_MEMOPS")
 			// Cuts that grow and end with the Piece but fall inside an
 			// entry pass the shim; the kernel's contract refuses them.
 			for _, bad := range [][]uint64{{total - 1, total}, {cuts[1], cuts[0], total}, {cuts[0], cuts[1]}, {0, total}} {
@@ -409,7 +428,7 @@ func TestShimOnFakeDriver(t *testing.T) {
 			t.Errorf("12.8 batch copy from NULL: %v", err)
 		}
 		zero := g.alloc(t, 8)
-		if err := d.LaunchKernel(gatherFn, Dim3{1, 1, 1}, Dim3{32, 1, 1}, 0, stream, uint64(planDev), uint64(zero), 0, uint64(zero), 1, 0, 0, 0); err != nil {
+		if err := d.LaunchKernel(gatherFn, Dim3{1, 1, 1}, Dim3{32, 1, 1}, 0, stream, uint64(planDev), uint64(zero), 0, uint64(zero), 1, 0, 0, 0, 0); err != nil {
 			t.Errorf("gather of 0 entries: %v", err)
 		}
 		if err := d.LaunchKernel(gatherFn, Dim3{1, 1, 1}, Dim3{32, 1, 1}, 0, stream, make([]uint64, MaxKernelArgs+1)...); err == nil {

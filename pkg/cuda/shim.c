@@ -547,7 +547,11 @@ size_t pxn_plan_bytes(size_t n) { return n * sizeof(pxn_copy_entry) + (n + 1) * 
 _Static_assert(offsetof(pxn_inline_plan, cuts) == 32, "pxn_inline_plan.cuts");
 _Static_assert(offsetof(pxn_inline_plan, entries) == 96, "pxn_inline_plan.entries");
 _Static_assert(offsetof(pxn_inline_plan, prefix) == 96 + 24 * PXN_INLINE_ENTRIES, "pxn_inline_plan.prefix");
-_Static_assert(sizeof(pxn_inline_plan) == 96 + 32 * PXN_INLINE_ENTRIES + 8, "sizeof pxn_inline_plan");
+_Static_assert(offsetof(pxn_inline_plan, bell) == 96 + 32 * PXN_INLINE_ENTRIES + 8, "pxn_inline_plan.bell");
+_Static_assert(sizeof(pxn_inline_plan) == 96 + 32 * PXN_INLINE_ENTRIES + 16, "sizeof pxn_inline_plan");
+
+/* kernel_bell_of: the doorbell a gather kernel rings itself, or 0. */
+static CUdeviceptr kernel_bell_of(const pxn_piece_op *op) { return op->doorbell != 0 && op->arrived != 0 ? op->doorbell : 0; }
 
 /*
  * set_parts writes the Piece's part cuts (total bytes in all) into cuts and
@@ -568,6 +572,15 @@ static unsigned int set_parts(const pxn_piece_op *op, uint64_t total, uint64_t *
 		cuts[p] = op->cuts[p];
 	}
 	return op->nparts;
+}
+
+/* launch_inline launches the inline gather kernel with ip as its parameter. */
+static CUresult launch_inline(pxn_cu_table *t, const pxn_piece_op *op, pxn_inline_plan *ip) {
+	void *params[1] = {ip};
+	PXN_CALL(cuLaunchKernel,
+		(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
+			unsigned int, CUstream, void **, void **),
+		(CUfunction)op->gather_inline, op->grid, 1, 1, op->block, 1, 1, 0, (CUstream)op->stream, params, NULL);
 }
 
 /*
@@ -601,12 +614,11 @@ static CUresult enqueue_gather_inline(pxn_cu_table *t, pxn_piece_op *op, const p
 	ip->words = parts > 1 ? op->part_words : 0;
 	ip->seq = op->seq;
 	ip->arrived = op->arrived;
+	ip->bell = kernel_bell_of(op);
 	op->stage = PXN_STAGE_LAUNCH;
-	void *params[1] = {ip};
-	PXN_CALL(cuLaunchKernel,
-		(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
-			unsigned int, CUstream, void **, void **),
-		(CUfunction)op->gather_inline, op->grid, 1, 1, op->block, 1, 1, 0, (CUstream)op->stream, params, NULL);
+	CUresult r = launch_inline(t, op, ip);
+	op->kernel_bell = r == 0 && ip->bell != 0;
+	return r;
 }
 
 /*
@@ -660,11 +672,12 @@ static CUresult enqueue_gather(pxn_cu_table *t, pxn_piece_op *op, const pxn_copy
 	op->stage = PXN_STAGE_LAUNCH;
 	CUdeviceptr prefix_dev = op->plan_dev + k * sizeof(pxn_copy_entry);
 	CUdeviceptr cuts_dev = prefix_dev + (k + 1) * sizeof(uint64_t);
-	uint64_t args[8] = {op->plan_dev, prefix_dev, k, cuts_dev, parts, op->arrived, parts > 1 ? op->part_words : 0, op->seq};
-	r = pxn_cuLaunchKernel(t, op->gather_fn, op->grid, 1, 1, op->block, 1, 1, 0, op->stream, args, 8);
+	uint64_t args[9] = {op->plan_dev, prefix_dev, k, cuts_dev, parts, op->arrived, parts > 1 ? op->part_words : 0, op->seq, kernel_bell_of(op)};
+	r = pxn_cuLaunchKernel(t, op->gather_fn, op->grid, 1, 1, op->block, 1, 1, 0, op->stream, args, 9);
 	if (r != 0) {
 		return r;
 	}
+	op->kernel_bell = args[8] != 0;
 	op->stage = PXN_STAGE_PLAN;
 	return pxn_cuEventRecord(t, op->plan_busy, op->stream);
 }
@@ -674,6 +687,7 @@ CUresult pxn_enqueue_piece(pxn_cu_table *t, pxn_piece_op *op, const pxn_copy_ent
 	CUresult r;
 	op->stage = PXN_STAGE_CONTEXT;
 	op->fail_idx = (size_t)-1;
+	op->kernel_bell = 0;
 	r = ctx_enter(t, op->ctx, &prev);
 	if (r != 0) {
 		return r;
@@ -716,7 +730,7 @@ CUresult pxn_enqueue_piece(pxn_cu_table *t, pxn_piece_op *op, const pxn_copy_ent
 	if (r != 0) {
 		goto out;
 	}
-	if (op->doorbell != 0) {
+	if (op->doorbell != 0 && !op->kernel_bell) {
 		op->stage = PXN_STAGE_DOORBELL;
 		/* Flags 0: the write follows a memory barrier over the copies. */
 		r = pxn_cuStreamWriteValue64(t, op->stream, op->doorbell, op->seq, 0);

@@ -273,6 +273,7 @@ typedef struct {
 	uint64_t cuts[PXN_GATHER_MAX_PARTS];
 	pxn_copy_entry entries[PXN_INLINE_ENTRIES];
 	uint64_t prefix[PXN_INLINE_ENTRIES + 1];
+	CUdeviceptr bell;
 } pxn_inline_plan;
 
 typedef struct {
@@ -323,6 +324,15 @@ typedef struct {
 	 */
 	pxn_handle gather_inline;
 	CUdeviceptr arrived;
+	/*
+	 * Either gather kernel rings the doorbell itself when the op has one
+	 * and arrival counters (the last part's counter, then a store of seq
+	 * behind a system-scope fence), and no stream write follows the launch:
+	 * under MPS a stream memory operation after each kernel costs more
+	 * than the kernel's own signal (docs/cuda.md, "Starting the first
+	 * hop"). kernel_bell is set by pxn_enqueue_piece when it did so.
+	 */
+	int kernel_bell;
 	/*
 	 * A Piece copied in parts (nparts > 1): cuts[p] is the byte where part
 	 * p ends (cuts[nparts-1] the Piece's length), and the kernel stores seq

@@ -56,6 +56,18 @@ func TestInlinePlanMatchesThePTX(t *testing.T) {
 	if n, _ := strconv.Atoi(string(m[1])); n != cuda.InlinePlanBytes {
 		t.Fatalf("%s takes %d bytes, the shim builds %d", kernel.GatherInlineEntry, n, cuda.InlinePlanBytes)
 	}
+	// The shim launches the uploaded-plan kernel with nine arguments, the
+	// doorbell last.
+	params := regexp.MustCompile(kernel.GatherEntry + `_param_(\d+)`).FindAllSubmatch(kernel.GatherPTX(), -1)
+	last := -1
+	for _, p := range params {
+		if n, _ := strconv.Atoi(string(p[1])); n > last {
+			last = n
+		}
+	}
+	if last != 8 {
+		t.Fatalf("%s takes %d parameters, the shim passes 9", kernel.GatherEntry, last+1)
+	}
 	if cuda.InlineEntries > staging.MaxPlans || cuda.MaxParts != staging.MaxParts {
 		t.Fatalf("inline entries %d, parts %d: want at most %d and %d", cuda.InlineEntries, cuda.MaxParts, staging.MaxPlans, staging.MaxParts)
 	}

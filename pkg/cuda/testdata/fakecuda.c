@@ -5,11 +5,14 @@
  * without a GPU (and under the sanitizers there): device memory is host
  * memory, every call has completed when it returns, and the kernels it runs
  * are the gather kernel's contract: pxn_gather(plan, prefix, u32 n, cuts,
- * u32 parts, arrived, words, seq) and pxn_gather_inline(the same in one
- * parameter), each part copied and then, but for the last, signalled.
+ * u32 parts, arrived, words, seq, bell) and pxn_gather_inline(the same in
+ * one parameter), each part copied and then signalled: every part but the
+ * last in its word, the last in bell when it is not 0.
  * Entry points come from cuGetProcAddress_v2 by name and CUDA version, as
  * from a real driver. PXN_FAKECUDA_VERSION sets the driver version
  * (default 13000); PXN_FAKECUDA_INIT makes cuInit return that result.
+ * PXN_FAKECUDA_NO_MEMOPS=1 makes cuStreamWriteValue64 fail, as on a
+ * driver without stream memory operations.
  * PXN_FAKECUDA_VMM=1 hands out the virtual memory calls (cuMemCreate and
  * the rest, POSIX descriptors only), which a driver without them lacks:
  * an allocation is a memfd, a reservation PROT_NONE address space, and a
@@ -41,6 +44,7 @@ enum {
 	INVALID_HANDLE = 400,
 	NOT_FOUND = 500,
 	LAUNCH_FAILED = 719,
+	NOT_SUPPORTED = 801,
 };
 
 #define NDEV 2
@@ -398,6 +402,9 @@ static CUresult cuStreamWriteValue64(void *s, CUdeviceptr addr, uint64_t v, unsi
 	(void)flags;
 	if (!stream_ok(s))
 		return INVALID_HANDLE;
+	const char *no = getenv("PXN_FAKECUDA_NO_MEMOPS");
+	if (no != NULL && strcmp(no, "1") == 0)
+		return NOT_SUPPORTED;
 	if (addr == 0 || addr % 8 != 0)
 		return INVALID_VALUE;
 	__atomic_store_n((uint64_t *)(uintptr_t)addr, v, __ATOMIC_RELEASE);
@@ -527,6 +534,7 @@ typedef struct {
 	uint64_t cuts[8];
 	entry entries[512];
 	uint64_t prefix[513];
+	uint64_t bell;
 } inline_plan;
 
 /*
@@ -534,9 +542,9 @@ typedef struct {
  * seq stored at words[p] after part p but the last (words 0: none).
  */
 static CUresult gather(const entry *plan, const uint64_t *prefix, uint32_t n, const uint64_t *cuts, uint32_t parts, uint64_t words,
-		       uint64_t seq)
+		       uint64_t seq, uint64_t bell)
 {
-	if (parts == 0 || parts > 8 || (parts > 1 && words != 0 && (words & 7) != 0))
+	if (parts == 0 || parts > 8 || (parts > 1 && words != 0 && (words & 7) != 0) || (bell & 7) != 0)
 		return LAUNCH_FAILED;
 	uint64_t total = 0;
 	uint32_t p = 0;
@@ -555,7 +563,11 @@ static CUresult gather(const entry *plan, const uint64_t *prefix, uint32_t n, co
 		if (r != OK)
 			return LAUNCH_FAILED;
 	}
-	return prefix[n] == total && p + 1 == parts && cuts[parts - 1] == total ? OK : LAUNCH_FAILED;
+	if (prefix[n] != total || p + 1 != parts || cuts[parts - 1] != total)
+		return LAUNCH_FAILED;
+	if (bell != 0)
+		__atomic_store_n((uint64_t *)(uintptr_t)bell, seq, __ATOMIC_RELEASE);
+	return OK;
 }
 
 static CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
@@ -570,7 +582,7 @@ static CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, u
 		const inline_plan *ip = (const inline_plan *)params[0];
 		if (ip->n > 512)
 			return LAUNCH_FAILED;
-		return gather(ip->entries, ip->prefix, ip->n, ip->cuts, ip->parts, ip->words, ip->seq);
+		return gather(ip->entries, ip->prefix, ip->n, ip->cuts, ip->parts, ip->words, ip->seq, ip->bell);
 	}
 	const entry *plan = *(const entry *const *)params[0];
 	const uint64_t *prefix = *(const uint64_t *const *)params[1];
@@ -579,7 +591,8 @@ static CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, u
 	uint32_t parts = *(const uint32_t *)params[4];
 	uint64_t words = *(const uint64_t *)params[6];
 	uint64_t seq = *(const uint64_t *)params[7];
-	return gather(plan, prefix, n, cuts, parts, words, seq);
+	uint64_t bell = *(const uint64_t *)params[8];
+	return gather(plan, prefix, n, cuts, parts, words, seq, bell);
 }
 
 /* Virtual memory management (PXN_FAKECUDA_VMM=1). */

@@ -19,19 +19,14 @@ struct pxn_entry {
 // entry loads cost more than the copy.
 #define PXN_MIN_SPAN 512ULL
 
-// copy_span copies n bytes from s to d with the 32 lanes of a warp: 16-byte
-// vectors when s and d share their alignment modulo 16 (bytes before the
-// first and after the last whole vector are copied one by one), bytes
-// otherwise.
-static __device__ __forceinline__ void copy_span(unsigned long long s, unsigned long long d, unsigned long long n, unsigned int lane)
+// copy_vec copies n bytes from s to d with the 32 lanes of a warp in
+// W-byte vectors of type T, U of them in flight per lane, when s and d share
+// their alignment modulo W: the bytes before d's first W-aligned address and
+// after the last whole vector are copied one by one.
+template <typename T, unsigned int W, int U>
+static __device__ __forceinline__ void copy_vec(unsigned long long s, unsigned long long d, unsigned long long n, unsigned int lane)
 {
-	if (((s ^ d) & 15ULL) != 0) {
-		for (unsigned long long i = lane; i < n; i += 32) {
-			((unsigned char *)d)[i] = ((const unsigned char *)s)[i];
-		}
-		return;
-	}
-	unsigned long long head = (16ULL - (d & 15ULL)) & 15ULL;
+	unsigned long long head = (W - (d & (W - 1ULL))) & (W - 1ULL);
 	if (head > n) {
 		head = n;
 	}
@@ -41,27 +36,48 @@ static __device__ __forceinline__ void copy_span(unsigned long long s, unsigned 
 	s += head;
 	d += head;
 	n -= head;
-	const uint4 *s4 = (const uint4 *)s;
-	uint4 *d4 = (uint4 *)d;
-	const unsigned long long nv = n >> 4;
+	const T *sv = (const T *)s;
+	T *dv = (T *)d;
+	const unsigned long long nv = n / W;
 	unsigned long long i = lane;
-	for (; i + 32ULL * (PXN_UNROLL - 1) < nv; i += 32ULL * PXN_UNROLL) {
-		uint4 v[PXN_UNROLL];
+	for (; i + 32ULL * (U - 1) < nv; i += 32ULL * U) {
+		T v[U];
 #pragma unroll
-		for (int u = 0; u < PXN_UNROLL; u++) {
-			v[u] = __ldg(s4 + i + 32ULL * u);
+		for (int u = 0; u < U; u++) {
+			v[u] = __ldg(sv + i + 32ULL * u);
 		}
 #pragma unroll
-		for (int u = 0; u < PXN_UNROLL; u++) {
-			d4[i + 32ULL * u] = v[u];
+		for (int u = 0; u < U; u++) {
+			dv[i + 32ULL * u] = v[u];
 		}
 	}
 	for (; i < nv; i += 32) {
-		d4[i] = __ldg(s4 + i);
+		dv[i] = __ldg(sv + i);
 	}
-	const unsigned long long tail = n & 15ULL;
+	const unsigned long long tail = n - nv * W;
 	if (lane < tail) {
-		((unsigned char *)d)[(nv << 4) + lane] = ((const unsigned char *)s)[(nv << 4) + lane];
+		((unsigned char *)d)[nv * W + lane] = ((const unsigned char *)s)[nv * W + lane];
+	}
+}
+
+// copy_span copies n bytes from s to d with the 32 lanes of a warp, in the
+// widest vectors that s and d's alignments allow: 16 bytes when they agree
+// modulo 16, 8 or 4 when they agree modulo 8 or 4 (a block of a size that
+// is not a multiple of 16 puts every other destination there), bytes
+// otherwise. Each lane keeps 64 bytes in flight whatever the width.
+static __device__ __forceinline__ void copy_span(unsigned long long s, unsigned long long d, unsigned long long n, unsigned int lane)
+{
+	const unsigned long long skew = (s ^ d) & 15ULL;
+	if (skew == 0) {
+		copy_vec<uint4, 16, PXN_UNROLL>(s, d, n, lane);
+	} else if ((skew & 7ULL) == 0) {
+		copy_vec<uint2, 8, 2 * PXN_UNROLL>(s, d, n, lane);
+	} else if ((skew & 3ULL) == 0) {
+		copy_vec<unsigned int, 4, 4 * PXN_UNROLL>(s, d, n, lane);
+	} else {
+		for (unsigned long long i = lane; i < n; i += 32) {
+			((unsigned char *)d)[i] = ((const unsigned char *)s)[i];
+		}
 	}
 }
 
@@ -133,17 +149,19 @@ static __device__ __forceinline__ void copy_bytes(const pxn_entry *__restrict__ 
 // prefix[n]), and every warp copies its span of part p before it starts on
 // part p+1, so part 0 is in the slot long before the last part.
 //
-// When words is not null, the end of every part but the last is signalled:
-// each warp, once its span of part p is written, counts itself in
-// arrived[p] behind a system-scope fence; the warp that completes the count
-// fences again, stores seq into words[p] (the part words of the slot's
-// ready line, in the relay's control block) and sets arrived[p] back to 0
-// for the slot's next Piece, which runs only after this one ended. A reader
-// that sees seq there may read part p's bytes from anywhere in the system.
-// The last part is signalled by the stream's doorbell after the kernel,
-// which covers the whole Piece.
+// The end of a part is signalled by a store of seq into its word: words[p]
+// for every part but the last (the part words of the slot's ready line, in
+// the relay's control block), when words is not null, and bell (the slot's
+// doorbell) for the last, when bell is not null. Each warp, once its span
+// of part p is written, counts itself in arrived[p] behind a system-scope
+// fence; the warp that completes the count sets arrived[p] back to 0 for
+// the slot's next Piece, fences again and stores seq. A reader that sees
+// seq there may read the part's bytes (with the doorbell: the whole
+// Piece's) from anywhere in the system. Without bell the stream's doorbell
+// after the kernel covers the last part.
 static __device__ __forceinline__ void gather_parts(const pxn_entry *__restrict__ plan, const unsigned long long *__restrict__ prefix, unsigned int n,
-	const unsigned long long *__restrict__ cuts, unsigned int parts, unsigned int *arrived, unsigned long long *words, unsigned long long seq)
+	const unsigned long long *__restrict__ cuts, unsigned int parts, unsigned int *arrived, unsigned long long *words, unsigned long long seq,
+	unsigned long long *bell)
 {
 	const unsigned int lane = threadIdx.x & 31u;
 	const unsigned long long warp = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -153,16 +171,17 @@ static __device__ __forceinline__ void gather_parts(const pxn_entry *__restrict_
 		const unsigned long long hi_byte = cuts[p];
 		copy_bytes(plan, prefix, n, lo_byte, hi_byte, warp, warps, lane);
 		lo_byte = hi_byte;
-		if (words == 0 || p + 1 == parts) {
+		unsigned long long *word = p + 1 == parts ? bell : (words == 0 ? 0 : &words[p]);
+		if (word == 0) {
 			continue;
 		}
 		__syncwarp();
 		if (lane == 0) {
 			__threadfence_system();
 			if (atomicAdd(&arrived[p], 1u) == (unsigned int)warps - 1u) {
-				__threadfence_system();
-				*(volatile unsigned long long *)&words[p] = seq;
 				arrived[p] = 0;
+				__threadfence_system();
+				*(volatile unsigned long long *)word = seq;
 			}
 		}
 	}
@@ -170,9 +189,10 @@ static __device__ __forceinline__ void gather_parts(const pxn_entry *__restrict_
 
 // pxn_gather is gather_parts over a plan uploaded to device memory.
 extern "C" __global__ void __launch_bounds__(1024) pxn_gather(const pxn_entry *__restrict__ plan, const unsigned long long *__restrict__ prefix, unsigned int n,
-	const unsigned long long *__restrict__ cuts, unsigned int parts, unsigned int *arrived, unsigned long long *words, unsigned long long seq)
+	const unsigned long long *__restrict__ cuts, unsigned int parts, unsigned int *arrived, unsigned long long *words, unsigned long long seq,
+	unsigned long long *bell)
 {
-	gather_parts(plan, prefix, n, cuts, parts, arrived, words, seq);
+	gather_parts(plan, prefix, n, cuts, parts, arrived, words, seq, bell);
 }
 
 // The most entries a plan passed as the kernel's parameter holds: the
@@ -191,10 +211,11 @@ struct pxn_inline_plan {
 	unsigned long long cuts[8];
 	pxn_entry entries[PXN_INLINE_ENTRIES];
 	unsigned long long prefix[PXN_INLINE_ENTRIES + 1];
+	unsigned long long *bell;
 };
 
 // pxn_gather_inline is gather_parts over the plan in its parameter.
 extern "C" __global__ void __launch_bounds__(1024) pxn_gather_inline(const __grid_constant__ pxn_inline_plan p)
 {
-	gather_parts(p.entries, p.prefix, p.n, p.cuts, p.parts, p.arrived, p.words, p.seq);
+	gather_parts(p.entries, p.prefix, p.n, p.cuts, p.parts, p.arrived, p.words, p.seq, p.bell);
 }
