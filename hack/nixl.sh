@@ -166,7 +166,7 @@ print_env() {
 # emulated NIC in place of Mooncake's RdmaTransport, from the shared build
 # folder beside the prefix (KEY/shared-CONFIG).
 seam() {
-  local p=$1 out=$2 b here=$root/integrations/mooncake/test cmd line
+  local p=$1 out=$2 b here=$root/integrations/mooncake/test line
   b=${p%-prefix}
   local te=$b/mooncake-transfer-engine/src
   for f in "$b/compile_commands.json" "$te/CMakeFiles/transfer_engine.dir/link.txt"; do
@@ -174,22 +174,7 @@ seam() {
   done
   mkdir -p "$out"
   out=$(cd "$out" && pwd)
-  cmd=$(python3 - "$b/compile_commands.json" "$here/rdma_seam.cpp" "$out/rdma_seam.o" <<'EOF'
-import json, shlex, sys
-db, src, obj = sys.argv[1:]
-for e in json.load(open(db)):
-    if e["file"].endswith("/src/transport/rdma_transport/rdma_transport.cpp"):
-        args = shlex.split(e["command"])
-        args[args.index("-o") + 1] = obj
-        args[args.index("-c") + 1] = src
-        print(shlex.join(args))
-        break
-else:
-    sys.exit("compile_commands.json has no rdma_transport.cpp")
-EOF
-  ) || die "no compile command for rdma_transport.cpp in $b/compile_commands.json"
-  (cd "$(python3 -c 'import json,sys; print([e["directory"] for e in json.load(open(sys.argv[1])) if e["file"].endswith("/rdma_transport/rdma_transport.cpp")][0])' "$b/compile_commands.json")" &&
-    eval "$cmd -I$here") || die "compiling the seam failed"
+  "$here/seam-object.sh" "$b" "$out/rdma_seam.o"
   line=$(sed -e "s| transport/rdma_transport/CMakeFiles/rdma_transport.dir/rdma_transport.cpp.o | $out/rdma_seam.o |" \
     -e "s| -o libtransfer_engine.so | -o $out/libtransfer_engine.so -Wl,-rpath,'\$ORIGIN' |" \
     "$te/CMakeFiles/transfer_engine.dir/link.txt")

@@ -21,7 +21,6 @@ build=$(cd "$1" && pwd) || die "no build folder $1"
 mkdir -p "$2"
 out=$(cd "$2" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
-python=${PYTHON:-/usr/bin/python3}
 
 [ -f "$build/.module-built" ] || die "$build holds no built module (hack/mooncake.sh module CONFIG)"
 link=$build/mooncake-integration/CMakeFiles/engine.dir/link.txt
@@ -30,23 +29,7 @@ for f in "$build/compile_commands.json" "$link" "$archive"; do
   [ -f "$f" ] || die "$build has no $f"
 done
 
-# The compile command of rdma_transport.cpp, with the seam in its place.
-cmd=$("$python" - "$build/compile_commands.json" "$here/rdma_seam.cpp" "$out/rdma_seam.o" <<'EOF'
-import json, shlex, sys
-db, src, obj = sys.argv[1:]
-for e in json.load(open(db)):
-    if e["file"].endswith("/src/transport/rdma_transport/rdma_transport.cpp"):
-        args = shlex.split(e["command"])
-        i = args.index("-o")
-        args[i + 1] = obj
-        args[args.index("-c") + 1] = src
-        print(shlex.join(args))
-        break
-else:
-    sys.exit("compile_commands.json has no rdma_transport.cpp")
-EOF
-)
-eval "$cmd -I$here"
+"$here/seam-object.sh" "$build" "$out/rdma_seam.o"
 
 # The engine's library without Mooncake's RdmaTransport.
 cp "$archive" "$out/libtransfer_engine.a"
