@@ -58,7 +58,7 @@ func TestInlinePlanMatchesThePTX(t *testing.T) {
 	}
 	// The shim launches the uploaded-plan kernel with nine arguments, the
 	// doorbell last.
-	params := regexp.MustCompile(kernel.GatherEntry + `_param_(\d+)`).FindAllSubmatch(kernel.GatherPTX(), -1)
+	params := regexp.MustCompile(kernel.GatherEntry+`_param_(\d+)`).FindAllSubmatch(kernel.GatherPTX(), -1)
 	last := -1
 	for _, p := range params {
 		if n, _ := strconv.Atoi(string(p[1])); n > last {
