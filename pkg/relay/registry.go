@@ -49,12 +49,29 @@ type Link interface {
 	Staging() uintptr
 	// Health reads the relay's liveness from its control block.
 	Health(now time.Time) Health
-	// Wake is the relay's wake word: the sender wakes the relay's pump
-	// through it after publishing a ticket.
-	Wake() *staging.WakeWord
+	// Wake wakes the relay's pump, through the lane's eventfd, after the
+	// sender published a ticket.
+	Wake() Waker
 	// Close releases the claim. It never waits on another process: a
 	// release that needs a busy lock is finished later by the registry.
 	Close() error
+}
+
+// Waker wakes a pump; it reports whether it made a system call (the pump
+// had announced its sleep).
+type Waker interface {
+	Wake() bool
+}
+
+// Waiter is a pump's sleep and its process's wake of it, with the rule of
+// staging.WakeWord: Announce, check for work once more, then Sleep (or
+// Retract when work was found); a waker makes its work visible, then
+// calls Wake. *staging.WakeWord and *staging.EventWaiter are Waiters.
+type Waiter interface {
+	Waker
+	Announce() uint32
+	Retract()
+	Sleep(seen uint32, timeout time.Duration) (woken bool)
 }
 
 // ArenaSharer is a Link that says how the relay's arena was mapped:
@@ -73,10 +90,10 @@ type Registry interface {
 	Inbound(i int) *staging.RelayLane
 	// ArenaBase is the local address of this rank's own staging arena.
 	ArenaBase() uintptr
-	// Wake is this rank's wake word, in its control block: the pump
-	// sleeps on it; the engine's callers and the senders of other ranks
-	// wake it.
-	Wake() *staging.WakeWord
+	// Wake is what the pump sleeps on: the engine's callers wake it
+	// through it, the senders of other ranks through their lanes'
+	// eventfds. Nil: the engine keeps a wake word of its own.
+	Wake() Waiter
 	Heartbeat(now time.Time)
 	// Peers lists the other ranks of the group. The slice stays valid
 	// until the next call of Peers, which may reuse it. It fails with an

@@ -62,12 +62,7 @@ func (r *Rank) AppendPeers(ctx context.Context, dst []PeerInfo) ([]PeerInfo, err
 // over from CloseNoWait run only when the registry lock is free at once,
 // and are otherwise left for a later call; the list itself needs no lock.
 func (r *Rank) TryAppendPeers(dst []PeerInfo) ([]PeerInfo, error) {
-	if err := r.expirePending(false, false); err != nil {
-		r.opts.Logger.Error(err, "pxn lane release of an abandoned attach failed", "registry", r.d.path)
-	}
-	if err := r.flushReleases(context.Background(), false); err != nil {
-		r.opts.Logger.Error(err, "pxn lane release of a closed link failed", "registry", r.d.path)
-	}
+	r.expirePending(false)
 	return r.appendPeers(context.Background(), dst, false)
 }
 

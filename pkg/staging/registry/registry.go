@@ -133,22 +133,32 @@ type Rank struct {
 	opts  Options
 	d     *registryDir
 	arena staging.Arena
-	// ctl points into the shared mapping ctlMem; the header's State and
-	// Heartbeat and every lane word are read by other processes.
+	// ctl points into the shared mapping ctlMem; other processes read it
+	// by pread: the header's State and Heartbeat, and the lane summaries.
 	ctlMem []byte
 	ctl    *staging.ControlBlock
 	// liveFd is the control file, open from its creation until it is
 	// removed, holding the rank's liveness lock (folder.HoldLiveness).
 	liveFd int
-	// inbound are the relay endpoints of ctl's lanes; their user (the
-	// pump) owns them.
+	// inbound are the relay endpoints of this rank's lanes; their user
+	// (the pump) owns them, and claims are offered to them.
 	inbound [staging.LaneCount]*staging.RelayLane
+	// waiter is the pump's sleep over its own eventfd and its lanes'.
+	waiter *staging.EventWaiter
+	// laneMu guards claims, the record of who holds each inbound lane,
+	// and the owner words of the lane summaries; only this process
+	// writes them.
+	laneMu sync.Mutex
+	claims [staging.LaneCount]*inboundClaim
+	// laneArena hands out the lanes' staging memory with their claims;
+	// nil when peers map the arena by its handle.
+	laneArena staging.LaneFDArena
 	// undo holds the teardown of each completed init step, in order.
 	// Register and Close run it backwards from one goroutine.
 	undo        []func() error
 	quarantined bool
 	lastBeat    atomic.Int64
-	// server hands out descriptors of the arena; nil when it does not.
+	// server decides claims of this rank's lanes.
 	server *arenaServer
 
 	mu      sync.Mutex
@@ -161,11 +171,8 @@ type Rank struct {
 	// the way it should be: that peer is not attached to again.
 	shareSaid    map[string]bool
 	importFailed map[string]error
-	// pending are attaches waiting for a peer's descriptor.
+	// pending are attaches waiting for a peer's answer.
 	pending map[staging.Identity]*pendingAttach
-	// unreleased are closed links whose lane release found the lock busy:
-	// their control mapping stays until a later call releases the lane.
-	unreleased []*PeerLink
 
 	// scanMu serializes Peers calls and guards what they keep in scan.
 	scanMu sync.Mutex
@@ -204,8 +211,9 @@ func (r *Rank) Inbound(i int) *staging.RelayLane { return r.inbound[i] }
 // Header is this rank's header inside Control.
 func (r *Rank) Header() *staging.Header { return &r.ctl.Header }
 
-// Wake is this rank's wake word, in its control file's header.
-func (r *Rank) Wake() *staging.WakeWord { return &r.ctl.Header.Wake }
+// Wake is the pump's sleep and this process's wake of it: its own
+// eventfd and its lanes' (staging.EventWaiter).
+func (r *Rank) Wake() *staging.EventWaiter { return r.waiter }
 
 // Arena is this rank's staging arena, freed by Close.
 func (r *Rank) Arena() staging.Arena { return r.arena }
@@ -218,12 +226,23 @@ func (r *Rank) Heartbeat(now int64) bool {
 		return false
 	}
 	r.beat(now)
+	r.copyLaneProgress()
 	return true
 }
 
 func (r *Rank) beat(now int64) {
 	r.lastBeat.Store(now)
 	r.ctl.Header.StoreHeartbeat(uint64(now))
+}
+
+// copyLaneProgress copies the progress words of the claims the pump
+// follows into the lane summaries, for inspect. Only the pump calls it.
+func (r *Rank) copyLaneProgress() {
+	for i, l := range r.inbound {
+		if w := l.Words(); w != nil && l.Current() {
+			r.ctl.Lanes[i].CopyProgress(w.Sender, w.Relay)
+		}
+	}
 }
 
 // Off returns why PXN is off for this process (an unsafe registry, more
