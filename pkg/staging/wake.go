@@ -12,6 +12,32 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// A WakeWord has one waiter, a pump, and any number of wakers in the
+// waiter's process: its callers (Submit and everything else that queues
+// work for the pump). Seq is the futex word; Sleeping says the waiter may
+// be in, or on its way into, FUTEX_WAIT. It is process-local memory, no
+// part of the shared ABI: senders of other ranks wake a relay through its
+// lanes' eventfds (EventWaiter, LaneWaker).
+//
+// Ordering rule (Go's atomics are sequentially consistent):
+//
+//   - the waiter stores Sleeping=1 (Announce), loads Seq, checks every
+//     source of work once more, then waits while Seq still holds the value
+//     it loaded (Sleep), and clears Sleeping when it is up again;
+//   - a waker first makes its work visible (any store the waiter's check
+//     reads), then adds 1 to Seq, then loads Sleeping and issues FUTEX_WAKE
+//     only when it is set (Wake).
+//
+// Either the waker's load sees Sleeping=1, and its FUTEX_WAKE, or the Seq
+// that no longer matches, ends the sleep; or that load came first, so the
+// waiter's load of Seq reads the waker's add and its check sees the work.
+// A waker pays a system call only while the waiter sleeps.
+type WakeWord struct {
+	Seq      uint32
+	Sleeping uint32
+	_        [56]byte
+}
+
 const (
 	futexWait = 0
 	futexWake = 1
