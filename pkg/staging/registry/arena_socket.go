@@ -721,6 +721,8 @@ func (c *fdClient) poll(wait time.Duration) (ans fdAnswer, fds []int, done bool,
 	switch magic := binary.LittleEndian.Uint32(c.buf[0:]); {
 	case magic != fdMagic:
 		return ans, nil, true, fmt.Errorf("arena socket %s: answer magic %#x, want %#x", c.name, magic, fdMagic)
+	case ans.Status == fdNoFreeLane:
+		return ans, nil, true, fmt.Errorf("arena socket %s: claim refused: %w", c.name, ErrNoFreeLane)
 	case ans.Status != fdOK:
 		return ans, nil, true, fmt.Errorf("arena socket %s: claim refused: %s", c.name, fdStatusText(ans.Status))
 	case ans.Lane >= staging.LaneCount:

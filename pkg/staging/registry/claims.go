@@ -23,9 +23,13 @@ type inboundClaim struct {
 // goroutine: the asker must be the rank it names (within this rank's PID
 // namespace, the kernel's pid of the connection is its pid; an asker of
 // this namespace cannot name a rank of another), and gets the first free
-// lane, or the first whose holder is stale (ownerStale), with new blocks
-// and a new eventfd. The owner words of the control file are this rank's
-// record of the claim, written under laneMu alone.
+// lane, with new blocks and a new eventfd. A lane is free only once its
+// last lease has ended: the holder closed the connection, or exited,
+// which closes it, or is proven gone (freeDeadLanes). A holder that is
+// stopped, however late its heartbeat, keeps its lane, so whatever it
+// writes when it runs again lands in its own lane. The owner words of the
+// control file are this rank's record of the claim, written under laneMu
+// alone.
 func (r *Rank) claim(cred *unix.Ucred, q fdRequest) (fdAnswer, []int, *inboundClaim) {
 	switch {
 	case q.NS == r.ns && int(cred.Pid) != q.Owner.Pid:
@@ -41,26 +45,17 @@ func (r *Rank) claim(cred *unix.Ucred, q fdRequest) (fdAnswer, []int, *inboundCl
 		return fdAnswer{Status: fdNotReady}, nil, nil
 	}
 	now := staging.MonoNanos()
-	free, reclaimed := -1, ""
+	free := -1
 	for i, c := range r.claims {
 		switch {
 		case c == nil:
-		case c.owner == q.Owner && q.NS == r.ns:
-			// The same process claims again: its earlier lease is over,
-			// whether or not its connection's end has been seen yet.
-			r.endClaim(i, "its holder claims anew")
-		case c.owner == q.Owner:
-			return fdAnswer{Status: fdHeld}, nil, nil
-		case free < 0:
-			if why := r.ownerStale(c.owner, c.ns, now); why != "" {
-				free, reclaimed = i, why
+			if free < 0 {
+				free = i
 			}
-			continue
-		default:
-			continue
-		}
-		if free < 0 {
-			free = i
+		case c.owner == q.Owner:
+			// Until the end of its lease is seen, the rank may still
+			// write its lane: it gets no second one, nor that one anew.
+			return fdAnswer{Status: fdHeld}, nil, nil
 		}
 	}
 	if free < 0 {
@@ -100,10 +95,6 @@ func (r *Rank) claim(cred *unix.Ucred, q fdRequest) (fdAnswer, []int, *inboundCl
 			return fdAnswer{Status: fdExportFailed}, nil, nil
 		}
 		fds = append(fds, fd)
-	}
-	if reclaimed != "" {
-		r.endClaim(free, reclaimed)
-		r.opts.Logger.Info("pxn reclaimed lane of a stale sender", "registry", r.d.path, "lane", free, "reason", reclaimed)
 	}
 	c := &inboundClaim{lane: free, owner: q.Owner, ns: q.NS, epoch: epoch}
 	summary.Claim(q.Owner, q.NS, epoch, now)

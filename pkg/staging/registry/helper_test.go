@@ -197,9 +197,11 @@ func helperRank() int {
 			fmt.Printf("sum %d %016x\n", lane, h.Sum64())
 		case "steal":
 			lane, _ := strconv.Atoi(f[2])
-			fmt.Println("steal", helperSteal(r, links[f[1]], lane, f[3]))
+			fmt.Println("steal", helperSteal(r, links[f[1]], lane))
 		case "holds":
 			fmt.Println("holds", helperHolds(f[1]))
+		case "mapmodes":
+			fmt.Println("mapmodes", helperMapModes(f[1]))
 		case "detach":
 			if err := links[f[1]].Close(); err != nil {
 				fmt.Println("detach-error", oneLine(err))
@@ -264,31 +266,36 @@ func helperAttach(ctx context.Context, r *Rank, name string) (*PeerLink, error) 
 	return r.Attach(ctx, PeerInfo{Name: name, Identity: id})
 }
 
-// helperSteal asks the arena socket of l's relay for lane's memory, as the
-// holder of l's lane may try: with its own sender epoch ("own") or with the
-// lane owner's words copied from the relay's control file ("copy"). It
-// says "refused <error>" or "got <size>".
-func helperSteal(r *Rank, l *PeerLink, lane int, how string) string {
-	q := fdRequest{Lane: uint32(lane), SenderEpoch: r.id.Epoch, LaneEpoch: l.ctl.Lanes[lane].Epoch()}
-	if how == "copy" {
-		owner, _ := l.ctl.Lanes[lane].Owner.Load()
-		q.SenderEpoch = owner.Epoch
+// helperSteal claims a lane of l's relay as a member may try to take one
+// it does not hold: with the owner words of lane, as the relay's control
+// file shows them to anyone who reads it. It says "refused <error>" or
+// "got lane <n>".
+func helperSteal(r *Rank, l *PeerLink, lane int) string {
+	l.viewMu.Lock()
+	err := l.read()
+	owner, _ := l.view.Lanes[lane].Owner.Load()
+	ns := l.view.Lanes[lane].Owner.LoadNS()
+	l.viewMu.Unlock()
+	if err != nil {
+		return "refused " + oneLine(err)
 	}
-	c, err := dialArenaSocket(r.d, folder.SockFileName(l.peer.Identity), q, 0, staging.MonoNanos())
+	c, err := dialArenaSocket(r.d, folder.SockFileName(l.peer.Identity), fdRequest{Owner: owner, NS: ns}, 0, staging.MonoNanos())
 	if err != nil {
 		return "refused " + oneLine(err)
 	}
 	defer c.close()
 	for {
-		fd, size, done, err := c.poll(10 * time.Millisecond)
+		ans, fds, done, err := c.poll(10 * time.Millisecond)
 		if !done && staging.MonoNanos() < c.deadline {
 			continue
 		}
 		if err != nil || !done {
 			return fmt.Sprintf("refused %v", err)
 		}
-		unix.Close(fd)
-		return fmt.Sprintf("got %d", size)
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return fmt.Sprintf("got lane %d", ans.Lane)
 	}
 }
 
@@ -319,6 +326,20 @@ func helperHolds(arena string) string {
 	}
 	sort.Strings(held)
 	return strings.Join(held, " ")
+}
+
+// helperMapModes lists the permissions of this process's mappings of
+// name's memfds, as "<memfd name>:<perms>", sorted.
+func helperMapModes(name string) string {
+	var modes []string
+	maps, _ := os.ReadFile("/proc/self/maps")
+	for _, line := range strings.Split(string(maps), "\n") {
+		if f := strings.Fields(line); len(f) >= 6 && strings.Contains(line, "memfd:"+name) {
+			modes = append(modes, memfdName(line)+":"+f[1])
+		}
+	}
+	sort.Strings(modes)
+	return strings.Join(modes, " ")
 }
 
 // memfdName is the memfd's name in a /proc link or maps line.

@@ -3,13 +3,13 @@
 package registry
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,12 +23,13 @@ import (
 )
 
 // A member holding lane 1 of a relay in another process maps lane 1 and
-// nothing else of the relay's arena: the socket refuses it lane 0, whether
-// it asks as itself or with lane 0's owner words copied from the relay's
-// control file, and names the lane; it holds no descriptor of the arena
-// and one mapping, of lane 1, one lane long. The holder of lane 0 likewise
-// maps lane 0 alone, and what each writes reaches the relay in its own
-// lane only.
+// nothing else of the relay: the socket refuses it a claim made with lane
+// 0's owner words copied from the relay's control file; it holds no
+// descriptor of the relay's memory and one mapping of each of lane 1's
+// staging memory, sender block and relay block (read-only), nothing of
+// lane 0's Descs, doorbells or completions, and the control file it can
+// open holds none of them. The holder of lane 0 likewise maps lane 0's
+// alone, and what each writes reaches the relay in its own lane only.
 func TestLanesMemberMapsItsLaneOnly(t *testing.T) {
 	root := regTestRoot(t)
 	relay := startRegChild(t, childOpts{root: root, group: "g", rail: "rail0"})
@@ -54,15 +55,9 @@ func TestLanesMemberMapsItsLaneOnly(t *testing.T) {
 		t.Fatalf("the member attached as %v, want lane 1 by lane descriptor", f)
 	}
 
-	for _, how := range []string{"own", "copy"} {
-		member.send("steal " + relayName + " 0 " + how)
-		if got := member.expect("steal"); !strings.HasPrefix(got, "refused ") || !strings.Contains(got, "lane 0 refused: the lane is not held by the asker") {
-			t.Errorf("the member asking for lane 0 (%s epochs): %q, want lane 0 refused", how, got)
-		}
-	}
-	member.send("steal " + relayName + " 1 own")
-	if got, want := member.expect("steal"), "got "+strconv.FormatUint(staging.LaneBytes, 10); got != want {
-		t.Errorf("the member asking for its own lane 1: %q, want %q", got, want)
+	member.send("steal " + relayName + " 0")
+	if got := member.expect("steal"); !strings.HasPrefix(got, "refused ") || !strings.Contains(got, "claim refused: the asker is not the rank it names") {
+		t.Errorf("the member claiming with lane 0's owner words: %q, want the claim refused", got)
 	}
 
 	member.send("holds " + arena)
@@ -71,6 +66,34 @@ func TestLanesMemberMapsItsLaneOnly(t *testing.T) {
 	}
 	if got, want := helperHolds(arena), fmt.Sprintf("map:%s.lane0:%d", arena, uint64(staging.LaneBytes)); got != want {
 		t.Errorf("the holder of lane 0 holds %q of the relay's arena, want %q alone", got, want)
+	}
+	blocks := func(lane int) string {
+		return fmt.Sprintf("map:%s.lane%d.relay:%d map:%s.lane%d.sender:%d", relayName, lane, pageRound(staging.RelayBlockSize), relayName, lane, pageRound(staging.SenderBlockSize))
+	}
+	member.send("holds " + relayName)
+	if got, want := member.expect("holds"), blocks(1); got != want {
+		t.Errorf("the member holds %q of the relay's lane words, want %q alone", got, want)
+	}
+	if got, want := helperHolds(relayName), blocks(0); got != want {
+		t.Errorf("the holder of lane 0 holds %q of the relay's lane words, want %q alone", got, want)
+	}
+	member.send("mapmodes " + relayName)
+	if got, want := member.expect("mapmodes"), fmt.Sprintf("%s.lane1.relay:r--s %s.lane1.sender:rw-s", relayName, relayName); got != want {
+		t.Errorf("the member maps its lane's blocks as %q, want %q", got, want)
+	}
+	ctlBytes, err := os.ReadFile(filepath.Join(victim.d.path, relayName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.IndexFunc(ctlBytes[staging.ControlSize:], func(r rune) bool { return r != 0 }) >= 0 {
+		t.Error("the relay's control file holds bytes past its control block")
+	}
+	const session = "the-victims-session"
+	if err := lv.Sender().Commit(lv.Sender().Next(), session, []staging.PlanEntry{{Dst: 1, Len: 1}}, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	if ctlBytes, _ = os.ReadFile(filepath.Join(victim.d.path, relayName)); bytes.Contains(ctlBytes, []byte(session)) {
+		t.Error("the victim's committed Desc is readable in the relay's control file")
 	}
 
 	member.send("fill " + relayName + " 7")
@@ -103,6 +126,11 @@ func TestLanesMemberMapsItsLaneOnly(t *testing.T) {
 // first write of each of its slots (a page fault each), and the release
 // with its unmap. The relay is in this process; its socket is served by
 // its own goroutine, as in a relay's process.
+func pageRound(n uintptr) uintptr {
+	p := uintptr(os.Getpagesize())
+	return (n + p - 1) / p * p
+}
+
 func BenchmarkLeaseHostLane(b *testing.B) {
 	root := regTestRoot(b)
 	quiet := func(o Options) Options {
@@ -231,7 +259,7 @@ func TestLanesSenderRefusesAnImpostorSocket(t *testing.T) {
 			served <- err
 			return
 		}
-		ans := encodeFDAnswer(fdOK, staging.LaneBytes)
+		ans := fdAnswer{Status: fdOK, Rights: 1, LaneEpoch: 1, LaneBytes: staging.LaneBytes}.encode()
 		_, _, err = c.WriteMsgUnix(ans[:], unix.UnixRights(lane), nil)
 		served <- err
 	}()

@@ -78,9 +78,10 @@ type Options struct {
 	Arenas staging.ArenaProvider
 	// Memory, when set, registers the arena with the NIC after allocation.
 	Memory staging.MemoryRegistrar
-	// NoArenaSocket keeps the rank from serving descriptors of its arena
-	// even when the arena can hand them out: peers then map it by its
-	// handle only.
+	// NoArenaSocket keeps the rank from handing out descriptors of its
+	// arena's lanes even when the arena can: peers then map it by its
+	// handle only. The arena socket still serves claims, which is the
+	// only way to a lane.
 	NoArenaSocket bool
 	// Device names the memory the arena lives in, up to 48 bytes (a GPU's
 	// PCI bus id or UUID), for the rank's counters block. Empty: the
