@@ -129,6 +129,10 @@ func NewEventWaiter(lanes *[LaneCount]*RelayLane) (*EventWaiter, error) {
 	return &EventWaiter{fd: fd, lanes: lanes}, nil
 }
 
+// Announced reports whether the waiter's own sleeping flag is set: from
+// its Announce until it runs again.
+func (w *EventWaiter) Announced() bool { return w.sleeping.Load() != 0 }
+
 // Close closes the waiter's own eventfd, after its last use.
 func (w *EventWaiter) Close() error { return unix.Close(w.fd) }
 

@@ -237,10 +237,11 @@ func (r *Rank) beat(now int64) {
 }
 
 // copyLaneProgress copies the progress words of the claims the pump
-// follows into the lane summaries, for inspect. Only the pump calls it.
+// follows into the lane summaries, for inspect: a claim's, held or since
+// released, until the lane's next claim. Only the pump calls it.
 func (r *Rank) copyLaneProgress() {
 	for i, l := range r.inbound {
-		if w := l.Words(); w != nil && l.Current() {
+		if w := l.Words(); w != nil && w.Epoch == r.ctl.Lanes[i].Epoch() {
 			r.ctl.Lanes[i].CopyProgress(w.Sender, w.Relay)
 		}
 	}
