@@ -36,9 +36,9 @@ const (
 	Closing
 )
 
-// Link is a sender's claim of one inbound lane on a relay, with the relay's
-// control block and arena mapped. Everything it points to stays valid until
-// Close.
+// Link is a sender's claim of one inbound lane on a relay, with the
+// claim's blocks and the lane's staging memory mapped. Everything it points
+// to stays valid until Close.
 type Link interface {
 	// Sender is the lane's endpoint: the pump publishes and reaps through
 	// it, and no one else uses it.
@@ -47,7 +47,7 @@ type Link interface {
 	// Staging is the local address of the lane's first slot in the relay's
 	// arena as mapped by this process.
 	Staging() uintptr
-	// Health reads the relay's liveness from its control block.
+	// Health reads the relay's liveness from its control file.
 	Health(now time.Time) Health
 	// Wake wakes the relay's pump, through the lane's eventfd, after the
 	// sender published a ticket.

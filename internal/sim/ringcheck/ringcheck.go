@@ -41,8 +41,9 @@ type Config struct {
 	// RelayDevice and SenderDevice are device ordinals.
 	RelayDevice  int
 	SenderDevice int
-	// ControlPath is the relay's control file; it must not exist. Use a
-	// tmpfs (/dev/shm): pinning file pages elsewhere can fail.
+	// ControlPath is the file of the ring's lane words (its sender and
+	// relay blocks side by side); it must not exist. Use a tmpfs
+	// (/dev/shm): pinning file pages elsewhere can fail.
 	ControlPath string
 	Lane        int
 	Pieces      int
