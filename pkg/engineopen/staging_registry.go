@@ -93,7 +93,7 @@ func (s *StagingRegistry) Attach(p relay.Peer) (relay.Link, error) {
 	for _, info := range s.infos {
 		if info.Pid == p.Pid && info.Epoch == p.Epoch {
 			l, err := s.rank.TryAttach(info)
-			if errors.Is(err, registry.ErrLockBusy) || errors.Is(err, registry.ErrAttachPending) {
+			if errors.Is(err, registry.ErrLockBusy) || errors.Is(err, registry.ErrAttachPending) || errors.Is(err, registry.ErrLaneHeld) {
 				return nil, relay.ErrRegistryBusy
 			}
 			if err != nil {

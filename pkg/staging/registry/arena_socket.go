@@ -191,7 +191,13 @@ func decodeFDAnswer(b []byte) fdAnswer {
 type claimer interface {
 	claim(cred *unix.Ucred, q fdRequest) (fdAnswer, []int, *inboundClaim)
 	release(c *inboundClaim, why string)
+	lapse(c *inboundClaim, why string)
 }
+
+// leaseRelease is the one byte a holder writes on its lease's connection,
+// once it has unmapped the lane, to release it; a connection that ends
+// without it lapses (Rank.lapse).
+const leaseRelease = 'R'
 
 // sockAddr is the address of name in the directory dirfd refers to: its
 // path when short enough, or else the path through /proc/self/fd, which
@@ -492,24 +498,27 @@ func (s *arenaServer) respond(c *net.UnixConn, cred *unix.Ucred, req []byte) {
 	go s.hold(c, lease)
 }
 
-// hold keeps a lease's connection until the holder closes it (its exit
-// does, in any namespace), sends anything, or the server closes; then the
-// claim ends.
+// hold keeps a lease's connection until the holder releases the lane or
+// the connection ends (the holder's exit ends it, in any namespace), or
+// the server closes.
 func (s *arenaServer) hold(c *net.UnixConn, lease *inboundClaim) {
 	defer s.wg.Done()
 	c.SetReadDeadline(time.Time{})
 	var b [1]byte
-	_, err := c.Read(b[:])
-	why := "the holder closed its lease"
-	if err == nil {
-		why = "the holder wrote on its lease"
-	}
+	n, err := c.Read(b[:])
 	s.mu.Lock()
 	if s.leases != nil {
 		delete(s.leases, c)
 	}
 	s.mu.Unlock()
-	s.claims.release(lease, why)
+	switch {
+	case n == 1 && b[0] == leaseRelease:
+		s.claims.release(lease, "released")
+	case n == 1:
+		s.claims.lapse(lease, fmt.Sprintf("the holder wrote %#x on its lease", b[0]))
+	default:
+		s.claims.lapse(lease, fmt.Sprintf("the lease's connection ended: %v", err))
+	}
 	c.Close()
 }
 
@@ -723,6 +732,8 @@ func (c *fdClient) poll(wait time.Duration) (ans fdAnswer, fds []int, done bool,
 		return ans, nil, true, fmt.Errorf("arena socket %s: answer magic %#x, want %#x", c.name, magic, fdMagic)
 	case ans.Status == fdNoFreeLane:
 		return ans, nil, true, fmt.Errorf("arena socket %s: claim refused: %w", c.name, ErrNoFreeLane)
+	case ans.Status == fdHeld:
+		return ans, nil, true, fmt.Errorf("arena socket %s: claim refused: %w", c.name, ErrLaneHeld)
 	case ans.Status != fdOK:
 		return ans, nil, true, fmt.Errorf("arena socket %s: claim refused: %s", c.name, fdStatusText(ans.Status))
 	case ans.Lane >= staging.LaneCount:

@@ -3,6 +3,9 @@
 package registry
 
 import (
+	"fmt"
+	"time"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/pxn-project/pxn/pkg/staging"
@@ -17,6 +20,10 @@ type inboundClaim struct {
 	owner staging.Identity
 	ns    staging.PidNS
 	epoch uint64
+	// lapsed: the lease ended without the holder's release while the
+	// holder still lived (it closed the connection by mistake, or is on
+	// its way out); the lane stays its until it is gone. Under laneMu.
+	lapsed bool
 }
 
 // claim decides a claim that arrived on the arena socket, on the socket's
@@ -24,12 +31,14 @@ type inboundClaim struct {
 // namespace, the kernel's pid of the connection is its pid; an asker of
 // this namespace cannot name a rank of another), and gets the first free
 // lane, with new blocks and a new eventfd. A lane is free only once its
-// last lease has ended: the holder closed the connection, or exited,
-// which closes it, or is proven gone (freeDeadLanes). A holder that is
-// stopped, however late its heartbeat, keeps its lane, so whatever it
-// writes when it runs again lands in its own lane. The owner words of the
-// control file are this rank's record of the claim, written under laneMu
-// alone.
+// last lease has ended: the holder released it (it unmapped the lane, then
+// said so on the connection and closed it), or its connection ended and
+// the holder is gone (holderGone). A holder that is stopped, however late
+// its heartbeat, keeps its lane, and so does one that closed its
+// connection without a release and still lives: whatever it writes when
+// it runs again lands in its own lane, never in another holder's. The
+// owner words of the control file are this rank's record of the claim,
+// written under laneMu alone.
 func (r *Rank) claim(cred *unix.Ucred, q fdRequest) (fdAnswer, []int, *inboundClaim) {
 	switch {
 	case q.NS == r.ns && int(cred.Pid) != q.Owner.Pid:
@@ -41,7 +50,7 @@ func (r *Rank) claim(cred *unix.Ucred, q fdRequest) (fdAnswer, []int, *inboundCl
 	}
 	r.laneMu.Lock()
 	defer r.laneMu.Unlock()
-	if st := r.ctl.Header.LoadState(); st != staging.StateReady {
+	if !r.accepting || r.lanesClosed {
 		return fdAnswer{Status: fdNotReady}, nil, nil
 	}
 	now := staging.MonoNanos()
@@ -49,6 +58,11 @@ func (r *Rank) claim(cred *unix.Ucred, q fdRequest) (fdAnswer, []int, *inboundCl
 	for i, c := range r.claims {
 		switch {
 		case c == nil:
+			if free < 0 {
+				free = i
+			}
+		case c.lapsed && r.holderGone(c) != "":
+			r.endClaim(i, "its holder is gone")
 			if free < 0 {
 				free = i
 			}
@@ -106,7 +120,62 @@ func (r *Rank) claim(cred *unix.Ucred, q fdRequest) (fdAnswer, []int, *inboundCl
 	return fdAnswer{Status: fdOK, Lane: uint32(free), LaneEpoch: epoch, LaneBytes: staging.LaneBytes}, fds, c
 }
 
-// release ends claim c when it is still its lane's: its lease is over.
+// lapse deals with a lease whose connection ended without a release: the
+// claim ends when its holder is gone, and stays, lapsed, while it lives.
+func (r *Rank) lapse(c *inboundClaim, why string) {
+	r.laneMu.Lock()
+	defer r.laneMu.Unlock()
+	if r.claims[c.lane] != c {
+		return
+	}
+	if gone := r.holderGone(c); gone != "" {
+		r.endClaim(c.lane, gone)
+		r.opts.Logger.V(2).Info("pxn lane freed", "registry", r.d.path, "lane", c.lane, "reason", why+"; "+gone)
+		return
+	}
+	c.lapsed = true
+	r.opts.Logger.Info("pxn lane kept for a holder that still lives", "registry", r.d.path, "lane", c.lane, "reason", why)
+	r.watchLapsed(c, 10*time.Millisecond)
+}
+
+// watchLapsed looks again after d, and then less and less often, whether
+// the holder of lapsed claim c is gone, and frees its lane once it is: a
+// holder's exit ends its connection a moment before its pid is gone.
+func (r *Rank) watchLapsed(c *inboundClaim, d time.Duration) {
+	time.AfterFunc(d, func() {
+		r.laneMu.Lock()
+		defer r.laneMu.Unlock()
+		if r.lanesClosed || r.claims[c.lane] != c {
+			return
+		}
+		if gone := r.holderGone(c); gone != "" {
+			r.endClaim(c.lane, gone)
+			r.opts.Logger.V(2).Info("pxn lane freed", "registry", r.d.path, "lane", c.lane, "reason", gone)
+			return
+		}
+		r.watchLapsed(c, min(2*d, time.Second))
+	})
+}
+
+// holderGone says why c's holder is gone, or "" while it may live and
+// still map the lane: in this rank's PID namespace its pid has exited or
+// was reused; in another, its liveness lock is free or its registration
+// is gone.
+func (r *Rank) holderGone(c *inboundClaim) string {
+	if c.ns == r.ns {
+		return folder.GoneReason(c.owner.Pid, c.owner.StartTime)
+	}
+	switch held, found := folder.Liveness(r.d.fd(), c.owner); {
+	case !found:
+		return fmt.Sprintf("sender %v is no longer registered", c.owner)
+	case !held:
+		return fmt.Sprintf("sender %v: its liveness lock is free", c.owner)
+	}
+	return ""
+}
+
+// release ends claim c when it is still its lane's: its holder released
+// it.
 func (r *Rank) release(c *inboundClaim, why string) {
 	r.laneMu.Lock()
 	defer r.laneMu.Unlock()

@@ -49,6 +49,8 @@ func FuzzArenaSocketAnswer(f *testing.F) {
 	f.Add(answerBytes(fdOK, 1, 4, 9), uint8(5), uint8(32))
 	f.Add(answerBytes(fdNotHolder, 0, 0, 0), uint8(1), uint8(16))
 	f.Add(answerBytes(fdHeld+1, 0, 0, 0), uint8(0), uint8(16))
+	f.Add(answerBytes(fdHeld, 0, 0, 0), uint8(0), uint8(16))
+	f.Add(answerBytes(fdNoFreeLane, 0, 0, 0), uint8(0), uint8(16))
 	f.Add(append(answerBytes(fdOK, 1, 4, 7), "trailing"...), uint8(4), uint8(40))
 	f.Add(answerBytes(fdOK, 0, 3, 1)[:31], uint8(3), uint8(8))
 	f.Add([]byte("PXFX0000000000000000000000000000"), uint8(1), uint8(16))
@@ -171,6 +173,10 @@ func wantAnswerError(answer []byte, nfds int) string {
 	switch {
 	case magic != fdMagic:
 		return fmt.Sprintf("answer magic %#x", magic)
+	case a.Status == fdNoFreeLane:
+		return "refused: " + ErrNoFreeLane.Error()
+	case a.Status == fdHeld:
+		return "refused: " + ErrLaneHeld.Error()
 	case a.Status != fdOK:
 		return "refused: " + fdStatusText(a.Status)
 	case a.Lane >= staging.LaneCount:

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -202,6 +203,20 @@ func helperRank() int {
 			fmt.Println("holds", helperHolds(f[1]))
 		case "mapmodes":
 			fmt.Println("mapmodes", helperMapModes(f[1]))
+		case "droplease":
+			// The lease's connection ends without a release, the lane
+			// still mapped: what a holder that closes a stray descriptor
+			// does.
+			l := links[f[1]]
+			unix.Close(l.leaseFd)
+			l.leaseFd = -1
+			fmt.Println("dropped", f[1])
+		case "post":
+			seq, _ := strconv.ParseUint(f[2], 10, 64)
+			fmt.Println("posted", helperPost(links[f[1]], seq))
+		case "words":
+			lane, _ := strconv.Atoi(f[1])
+			fmt.Println("words", helperWords(r, lane))
 		case "detach":
 			if err := links[f[1]].Close(); err != nil {
 				fmt.Println("detach-error", oneLine(err))
@@ -340,6 +355,44 @@ func helperMapModes(name string) string {
 	}
 	sort.Strings(modes)
 	return strings.Join(modes, " ")
+}
+
+// helperPost commits a Desc of seq into the slot of seq in l's sender
+// block and rings its doorbell, by hand, whether or not the relay opened
+// the lane: what a holder that ran on without its lease would write.
+func helperPost(l *PeerLink, seq uint64) string {
+	w := l.blocks.sender()
+	d := &w.Descs[staging.SlotOf(seq)]
+	if err := d.Fill(l.LaneEpoch(), "stale-holder", []staging.PlanEntry{{Dst: 0x1000, Len: 8}}, 8, nil); err != nil {
+		return oneLine(err)
+	}
+	staging.PublishDesc(d, seq)
+	staging.RingDoorbell(&w.Ready[staging.SlotOf(seq)].Seq, seq)
+	return "ok"
+}
+
+// helperWords reports, of each mapping of lane's sender block in this
+// process (the relay's, one per claim it keeps), the commit seq and the
+// doorbell of slot 0: "<mappings> <commit>/<doorbell>...".
+func helperWords(r *Rank, lane int) string {
+	maps, _ := os.ReadFile("/proc/self/maps")
+	name := fmt.Sprintf("memfd:%s.lane%d.sender ", r.Name(), lane)
+	var seen []string
+	for _, line := range strings.Split(string(maps), "\n") {
+		if !strings.Contains(line, name) {
+			continue
+		}
+		lo, _, _ := strings.Cut(line, "-")
+		start, err := strconv.ParseUint(lo, 16, 64)
+		if err != nil {
+			continue
+		}
+		// start is a shared mapping of this process, not Go memory.
+		p := uintptr(start)
+		w := (*staging.LaneSenderBlock)(*(*unsafe.Pointer)(unsafe.Pointer(&p)))
+		seen = append(seen, fmt.Sprintf("%d/%d", staging.LoadCommitSeq(&w.Descs[0]), atomic.LoadUint64(&w.Ready[0].Seq)))
+	}
+	return strconv.Itoa(len(seen)) + " " + strings.Join(seen, " ")
 }
 
 // memfdName is the memfd's name in a /proc link or maps line.

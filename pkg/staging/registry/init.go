@@ -369,6 +369,9 @@ func (r *Rank) publish(ctx context.Context) error {
 			r.ctl.Header.StoreState(staging.StateInit)
 			return &os.LinkError{Op: "renameat2", Old: tmp, New: name, Err: err}
 		}
+		r.laneMu.Lock()
+		r.accepting = true
+		r.laneMu.Unlock()
 		return nil
 	})
 }

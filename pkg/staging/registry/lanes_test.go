@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -292,6 +293,103 @@ func TestLanesSenderRefusesAnImpostorSocket(t *testing.T) {
 	for i := range staging.LaneCount {
 		if owner, held := ctl.Lanes[i].Owner.Load(); held && owner == sender.Identity() {
 			t.Errorf("the sender still holds lane %d of the relay", i)
+		}
+	}
+	relay.finish()
+}
+
+// A holder whose lease's connection ends without a release while it
+// lives (it closed a stray descriptor), and that is then stopped, keeps
+// its lane: the next sender gets another lane, and what the stopped
+// holder writes when it runs again, staging bytes and a Desc with its
+// doorbell, lands in its own lane, never in the next sender's, whose
+// staging memory and words hold its own. Once the holder is gone the
+// lane goes to the next claim, with words of its own: nothing the gone
+// holder wrote is in them.
+func TestLanesStoppedHolderWritesOnlyItsOwnLane(t *testing.T) {
+	root := regTestRoot(t)
+	relay := startRegChild(t, childOpts{root: root, group: "g", rail: "rail0"})
+	relayName := relay.expect("ready")
+	old := startRegChild(t, childOpts{root: root, group: "g", rail: "rail1"})
+	old.expect("ready")
+	old.send("attach " + relayName)
+	if f := strings.Fields(old.expect("attached")); f[1] != "0" {
+		t.Fatalf("the first holder attached as %v, want lane 0", f)
+	}
+	old.send("droplease " + relayName)
+	old.expect("dropped")
+	if err := syscall.Kill(old.pid(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	defer func() {
+		if stopped {
+			syscall.Kill(old.pid(), syscall.SIGCONT)
+		}
+	}()
+
+	next := mustRegister(t, regOptions(root, "g", "rail2"))
+	ln := attachByName(t, next, relayName)
+	if ln.LaneIndex() == 0 {
+		t.Fatal("the next sender got the lane of a holder that lives, stopped")
+	}
+	mine := foreignBytes(ln.StagingBase(), fillBytes)
+	for i := range mine {
+		mine[i] = 0xa5
+	}
+	if err := helperPost(ln, 1); err != "ok" {
+		t.Fatal(err)
+	}
+
+	if err := syscall.Kill(old.pid(), syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stopped = false
+	old.send("fill " + relayName + " 9")
+	old.expect("filled")
+	old.send("post " + relayName + " 1")
+	if got := old.expect("posted"); got != "ok" {
+		t.Fatalf("the resumed holder's post: %s", got)
+	}
+
+	want := make([]byte, fillBytes)
+	for i := range want {
+		want[i] = 0xa5
+	}
+	relay.send(fmt.Sprintf("sum %d", ln.LaneIndex()))
+	if got := strings.Fields(relay.expect("sum")); got[1] != fnvHex(want) {
+		t.Errorf("the next sender's lane %d reads %v, want its own bytes %s", ln.LaneIndex(), got, fnvHex(want))
+	}
+	for i := range want {
+		want[i] = 9 + byte(i)
+	}
+	relay.send("sum 0")
+	if got := strings.Fields(relay.expect("sum")); got[1] != fnvHex(want) {
+		t.Errorf("lane 0 reads %v, want the resumed holder's bytes %s", got, fnvHex(want))
+	}
+	relay.send(fmt.Sprintf("words %d", ln.LaneIndex()))
+	if got := relay.expect("words"); got != "1 1/1" {
+		t.Errorf("the relay's words of the next sender's lane: %q, want its one Desc and doorbell (\"1 1/1\")", got)
+	}
+
+	// Gone, the holder's lane goes to the next claim with new words.
+	old.kill()
+	third := mustRegister(t, regOptions(root, "g", "rail3"))
+	var l3 *PeerLink
+	pollUntil(t, "lane 0 to go to the next claim", func() bool {
+		if l3 != nil {
+			l3.Close()
+		}
+		l3 = attachByName(t, third, relayName)
+		return l3.LaneIndex() == 0
+	})
+	relay.send("words 0")
+	if got := relay.expect("words"); got != "1 0/0" {
+		t.Errorf("the relay's words of lane 0 after the gone holder: %q, want one claim's, new (\"1 0/0\")", got)
+	}
+	for _, l := range []*PeerLink{ln, l3} {
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
 		}
 	}
 	relay.finish()

@@ -135,10 +135,21 @@ func (r *Rank) Leases() []int {
 // control file open between calls and reads the heartbeat word alone, so a
 // call allocates nothing once the lanes' senders are known.
 func (r *Rank) LateSenders(now int64, late *[staging.LaneCount]bool) {
-	for i := range r.ctl.Lanes {
+	// The holders as this rank recorded them, not as its control file,
+	// which any member can write, shows them.
+	var owners [staging.LaneCount]staging.Identity
+	var held [staging.LaneCount]bool
+	r.laneMu.Lock()
+	for i, c := range r.claims {
+		if c != nil {
+			owners[i], held[i] = c.owner, true
+		}
+	}
+	r.laneMu.Unlock()
+	for i := range owners {
 		late[i] = false
 		b := &r.beats[i]
-		owner, ok := r.ctl.Lanes[i].Owner.Load()
+		owner, ok := owners[i], held[i]
 		if !ok {
 			b.drop()
 			continue
@@ -247,6 +258,10 @@ func (l *PeerLink) releaseLane() error {
 		l.blocks = nil
 	}
 	if l.leaseFd >= 0 {
+		// Nothing of the lane is mapped any more: the relay may give it
+		// to the next holder.
+		b := [1]byte{leaseRelease}
+		unix.Write(l.leaseFd, b[:])
 		unix.Close(l.leaseFd)
 		l.leaseFd = -1
 	}

@@ -41,6 +41,10 @@ var (
 	ErrTooManyPeers = errors.New("more valid peers than a relay has lanes")
 	// ErrNoFreeLane: every lane of the peer is held by a live sender.
 	ErrNoFreeLane = errors.New("no free lane on the peer")
+	// ErrLaneHeld: the peer still counts a lane as this rank's: its
+	// earlier lease has not ended, or the peer has not seen it end yet
+	// (the release is on its way). The caller asks again later.
+	ErrLaneHeld = errors.New("this rank still holds a lane of the peer")
 	// ErrPeerGone: the peer revoked READY, restarted or disappeared.
 	ErrPeerGone = errors.New("peer is closing or gone")
 	// ErrLeaseHeld: Close gave up waiting for live senders to release
@@ -151,6 +155,13 @@ type Rank struct {
 	// writes them.
 	laneMu sync.Mutex
 	claims [staging.LaneCount]*inboundClaim
+	// lanesClosed: Close is about to free what the claims use; nothing
+	// ends a claim afterwards.
+	lanesClosed bool
+	// accepting: the rank is READY and takes claims. The header's state
+	// says the same to peers, but the header is in a file any member can
+	// write; claims are decided by this word alone.
+	accepting bool
 	// laneArena hands out the lanes' staging memory with their claims;
 	// nil when peers map the arena by its handle.
 	laneArena staging.LaneFDArena
