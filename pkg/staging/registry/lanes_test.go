@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -122,16 +123,13 @@ func TestLanesMemberMapsItsLaneOnly(t *testing.T) {
 }
 
 // BenchmarkLeaseHostLane is what one lease on a relay's host arena costs
-// the sender: the claim under the registry lock, the arena socket's round
-// trip for the lane's descriptor, the checks and mapping of the lane, the
-// first write of each of its slots (a page fault each), and the release
-// with its unmap. The relay is in this process; its socket is served by
-// its own goroutine, as in a relay's process.
-func pageRound(n uintptr) uintptr {
-	p := uintptr(os.Getpagesize())
-	return (n + p - 1) / p * p
-}
-
+// the sender: the claim over the relay's arena socket (the relay picks the
+// lane and makes its blocks and eventfd), the checks and mappings of the
+// blocks and of the lane, the first write of each of its slots (a page
+// fault each), and the release with its unmaps; then the wait until the
+// relay has seen the release and the lane is free again, which a sender
+// that attaches anew at once waits for. The relay is in this process; its
+// socket is served by its own goroutines, as in a relay's process.
 func BenchmarkLeaseHostLane(b *testing.B) {
 	root := regTestRoot(b)
 	quiet := func(o Options) Options {
@@ -142,7 +140,7 @@ func BenchmarkLeaseHostLane(b *testing.B) {
 	sender := mustRegister(b, quiet(regOptions(root, "g", "rail1")))
 	p := peerByName(b, sender, relay.Name())
 	ctx := context.Background()
-	var attach, write, release time.Duration
+	var attach, write, release, freed time.Duration
 	b.ReportAllocs()
 	for b.Loop() {
 		t0 := time.Now()
@@ -162,12 +160,28 @@ func BenchmarkLeaseHostLane(b *testing.B) {
 		if err := l.Close(); err != nil {
 			b.Fatal(err)
 		}
-		attach, write, release = attach+t1.Sub(t0), write+t2.Sub(t1), release+time.Since(t2)
+		t3 := time.Now()
+		for deadline := t3.Add(childWait); ; {
+			if _, held := relay.ctl.Lanes[l.LaneIndex()].Owner.Load(); !held {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatal("the relay never saw the release")
+			}
+			runtime.Gosched()
+		}
+		attach, write, release, freed = attach+t1.Sub(t0), write+t2.Sub(t1), release+t3.Sub(t2), freed+time.Since(t3)
 	}
 	n := float64(b.N)
 	b.ReportMetric(float64(attach.Nanoseconds())/n, "attach-ns/op")
 	b.ReportMetric(float64(write.Nanoseconds())/n, "first-writes-ns/op")
 	b.ReportMetric(float64(release.Nanoseconds())/n, "close-ns/op")
+	b.ReportMetric(float64(freed.Nanoseconds())/n, "freed-ns/op")
+}
+
+func pageRound(n uintptr) uintptr {
+	p := uintptr(os.Getpagesize())
+	return (n + p - 1) / p * p
 }
 
 // A relay that offers only its whole arena by descriptor (ShareFD, which
@@ -299,7 +313,8 @@ func TestLanesSenderRefusesAnImpostorSocket(t *testing.T) {
 }
 
 // A holder whose lease's connection ends without a release while it
-// lives (it closed a stray descriptor), and that is then stopped, keeps
+// lives (it closed a stray descriptor), and that is then stopped and its
+// registration removed (as by a cleanup that took it for dead), keeps
 // its lane: the next sender gets another lane, and what the stopped
 // holder writes when it runs again, staging bytes and a Desc with its
 // doorbell, lands in its own lane, never in the next sender's, whose
@@ -311,7 +326,7 @@ func TestLanesStoppedHolderWritesOnlyItsOwnLane(t *testing.T) {
 	relay := startRegChild(t, childOpts{root: root, group: "g", rail: "rail0"})
 	relayName := relay.expect("ready")
 	old := startRegChild(t, childOpts{root: root, group: "g", rail: "rail1"})
-	old.expect("ready")
+	oldName := old.expect("ready")
 	old.send("attach " + relayName)
 	if f := strings.Fields(old.expect("attached")); f[1] != "0" {
 		t.Fatalf("the first holder attached as %v, want lane 0", f)
@@ -327,6 +342,9 @@ func TestLanesStoppedHolderWritesOnlyItsOwnLane(t *testing.T) {
 			syscall.Kill(old.pid(), syscall.SIGCONT)
 		}
 	}()
+	if err := os.Remove(filepath.Join(groupDir(root, "g"), oldName)); err != nil {
+		t.Fatal(err)
+	}
 
 	next := mustRegister(t, regOptions(root, "g", "rail2"))
 	ln := attachByName(t, next, relayName)
