@@ -772,13 +772,30 @@ func (c *fdClient) take() int {
 	return fd
 }
 
+// close gives up the claim: whatever the relay granted meanwhile is
+// released, since nothing of it was mapped (a granted claim's connection
+// leaves the client through take before anything is).
 func (c *fdClient) close() {
 	for _, fd := range c.rights {
 		unix.Close(fd)
 	}
 	c.rights = nil
 	if c.fd >= 0 {
+		sendRelease(c.fd)
 		unix.Close(c.fd)
 		c.fd = -1
+	}
+}
+
+// sendRelease writes the release byte on a lease's connection. A relay
+// that already closed its end gets nothing, and raises no SIGPIPE in a
+// host process that has no handler for it.
+func sendRelease(fd int) {
+	b := [1]byte{leaseRelease}
+	for {
+		err := unix.Sendto(fd, b[:], unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT, nil)
+		if !errors.Is(err, unix.EINTR) {
+			return
+		}
 	}
 }

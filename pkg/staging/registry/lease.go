@@ -260,8 +260,7 @@ func (l *PeerLink) releaseLane() error {
 	if l.leaseFd >= 0 {
 		// Nothing of the lane is mapped any more: the relay may give it
 		// to the next holder.
-		b := [1]byte{leaseRelease}
-		unix.Write(l.leaseFd, b[:])
+		sendRelease(l.leaseFd)
 		unix.Close(l.leaseFd)
 		l.leaseFd = -1
 	}
