@@ -102,9 +102,9 @@ type Registry interface {
 	// held elsewhere is left for a later call.
 	Peers() ([]Peer, error)
 	// Attach claims a lane on p. It never waits on another process: a
-	// registry lock held elsewhere, or a relay's answer not in yet, fails
-	// it with an error wrapping ErrRegistryBusy, and the pump tries again
-	// at a later refresh.
+	// relay's answer not in yet, or a relay that has not yet seen this
+	// rank's earlier lease end, fails it with an error wrapping
+	// ErrRegistryBusy, and the pump tries again at a later refresh.
 	Attach(p Peer) (Link, error)
 	// BeginClose tells the group that this rank is closing, before its
 	// pump drains: senders publish no new tickets to it and release their

@@ -52,9 +52,9 @@ var (
 	ErrLeaseHeld = errors.New("inbound lanes are still leased")
 	// ErrRankClosed: the Rank was closed.
 	ErrRankClosed = errors.New("rank is closed")
-	// ErrLockBusy: a no-wait call (TryAppendPeers, TryAttach) found the
-	// registry lock held by someone else and did nothing that needs it;
-	// the caller tries again later.
+	// ErrLockBusy: a no-wait call (TryAppendPeers) found the registry lock
+	// held by someone else and did nothing that needs it; the caller tries
+	// again later.
 	ErrLockBusy = errors.New("registry lock is busy")
 )
 
