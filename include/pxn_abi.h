@@ -12,7 +12,7 @@
 #define PXN_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
 #endif
 
-#define PXN_ABI_VERSION 5
+#define PXN_ABI_VERSION 6
 
 #define PXN_LANE_COUNT 7
 #define PXN_SLOTS_PER_LANE 18
@@ -126,32 +126,53 @@ typedef struct pxn_relay_progress {
 	uint8_t pad0[48];
 } pxn_relay_progress;
 
-typedef struct pxn_lane {
+/*
+ * The relay's sleeping flag as a lane's holder sees it: the relay's pump
+ * stores 1 before it may sleep and 0 once it runs again; the holder writes
+ * the claim's eventfd after a publish only while it loads 1. Every access
+ * is sequentially consistent.
+ */
+typedef struct pxn_relay_wake {
+	uint32_t sleeping;
+	uint8_t pad0[60];
+} pxn_relay_wake;
+
+/*
+ * One claim of a lane, the part its holder writes: a sealed memfd made by
+ * the relay for each claim, handed to the holder alone and mapped
+ * read-write by both. The relay reads it as untrusted.
+ */
+typedef struct pxn_lane_sender_block {
+	pxn_sender_progress sender;
+	pxn_ready_word ready[PXN_SLOTS_PER_LANE];
+	pxn_desc descs[PXN_SLOTS_PER_LANE];
+} pxn_lane_sender_block;
+
+/*
+ * One claim of a lane, the part the relay alone writes: a memfd sealed with
+ * F_SEAL_FUTURE_WRITE, which the holder can map read-only and nothing else.
+ */
+typedef struct pxn_lane_relay_block {
+	pxn_relay_progress relay;
+	pxn_relay_wake wake;
+	pxn_completion completions[PXN_SLOTS_PER_LANE];
+} pxn_lane_relay_block;
+
+/*
+ * A lane as the relay records it in its control file, for inspect: the
+ * owner of the current claim and a copy of its progress words, refreshed
+ * with the heartbeat. Only the relay writes it.
+ */
+typedef struct pxn_lane_summary {
 	pxn_lane_owner owner;
 	pxn_sender_progress sender;
 	pxn_relay_progress relay;
-	pxn_ready_word ready[PXN_SLOTS_PER_LANE];
-	pxn_completion completions[PXN_SLOTS_PER_LANE];
-	pxn_desc descs[PXN_SLOTS_PER_LANE];
-} pxn_lane;
-
-/*
- * A rank's wake word: its pump sleeps on seq (a shared futex, no
- * FUTEX_PRIVATE_FLAG) after storing sleeping = 1, loading seq and checking
- * for work once more. A waker makes its work visible, atomically adds 1 to
- * seq, then issues FUTEX_WAKE only when it loads sleeping != 0. Every
- * access is sequentially consistent.
- */
-typedef struct pxn_wake_word {
-	uint32_t seq;
-	uint32_t sleeping;
-	uint8_t pad0[56];
-} pxn_wake_word;
+} pxn_lane_summary;
 
 /*
  * Written by the owning rank before it is published READY and never changed
- * afterwards, except state and heartbeat (release stores by the owner) and
- * the wake word.
+ * afterwards, except state and heartbeat (release stores by the owner).
+ * The last 64 bytes of pad0 were the wake word of ABI versions 2 to 5.
  */
 typedef struct pxn_header {
 	uint64_t magic;
@@ -174,8 +195,7 @@ typedef struct pxn_header {
 	uint8_t hca[56];
 	uint8_t ipc_handle[64];
 	uint64_t heartbeat;
-	uint8_t pad0[56];
-	pxn_wake_word wake;
+	uint8_t pad0[120];
 	uint64_t pid_ns_dev;
 	uint64_t pid_ns_ino;
 	uint8_t pad1[48];
@@ -222,7 +242,7 @@ typedef struct pxn_rank_stats {
 typedef struct pxn_control_block {
 	pxn_header header;
 	pxn_rank_stats stats;
-	pxn_lane lanes[PXN_LANE_COUNT];
+	pxn_lane_summary lanes[PXN_LANE_COUNT];
 } pxn_control_block;
 
 PXN_STATIC_ASSERT(offsetof(pxn_plan_entry, dst) == 0, "pxn_plan_entry.dst");
@@ -270,18 +290,24 @@ PXN_STATIC_ASSERT(offsetof(pxn_relay_progress, open_epoch) == 8, "pxn_relay_prog
 PXN_STATIC_ASSERT(offsetof(pxn_relay_progress, pad0) == 16, "pxn_relay_progress.pad0");
 PXN_STATIC_ASSERT(sizeof(pxn_relay_progress) == 64, "sizeof pxn_relay_progress");
 
-PXN_STATIC_ASSERT(offsetof(pxn_lane, owner) == 0, "pxn_lane.owner");
-PXN_STATIC_ASSERT(offsetof(pxn_lane, sender) == 64, "pxn_lane.sender");
-PXN_STATIC_ASSERT(offsetof(pxn_lane, relay) == 128, "pxn_lane.relay");
-PXN_STATIC_ASSERT(offsetof(pxn_lane, ready) == 192, "pxn_lane.ready");
-PXN_STATIC_ASSERT(offsetof(pxn_lane, completions) == 1344, "pxn_lane.completions");
-PXN_STATIC_ASSERT(offsetof(pxn_lane, descs) == 2496, "pxn_lane.descs");
-PXN_STATIC_ASSERT(sizeof(pxn_lane) == 1187904, "sizeof pxn_lane");
+PXN_STATIC_ASSERT(offsetof(pxn_relay_wake, sleeping) == 0, "pxn_relay_wake.sleeping");
+PXN_STATIC_ASSERT(offsetof(pxn_relay_wake, pad0) == 4, "pxn_relay_wake.pad0");
+PXN_STATIC_ASSERT(sizeof(pxn_relay_wake) == 64, "sizeof pxn_relay_wake");
 
-PXN_STATIC_ASSERT(offsetof(pxn_wake_word, seq) == 0, "pxn_wake_word.seq");
-PXN_STATIC_ASSERT(offsetof(pxn_wake_word, sleeping) == 4, "pxn_wake_word.sleeping");
-PXN_STATIC_ASSERT(offsetof(pxn_wake_word, pad0) == 8, "pxn_wake_word.pad0");
-PXN_STATIC_ASSERT(sizeof(pxn_wake_word) == 64, "sizeof pxn_wake_word");
+PXN_STATIC_ASSERT(offsetof(pxn_lane_sender_block, sender) == 0, "pxn_lane_sender_block.sender");
+PXN_STATIC_ASSERT(offsetof(pxn_lane_sender_block, ready) == 64, "pxn_lane_sender_block.ready");
+PXN_STATIC_ASSERT(offsetof(pxn_lane_sender_block, descs) == 1216, "pxn_lane_sender_block.descs");
+PXN_STATIC_ASSERT(sizeof(pxn_lane_sender_block) == 1186624, "sizeof pxn_lane_sender_block");
+
+PXN_STATIC_ASSERT(offsetof(pxn_lane_relay_block, relay) == 0, "pxn_lane_relay_block.relay");
+PXN_STATIC_ASSERT(offsetof(pxn_lane_relay_block, wake) == 64, "pxn_lane_relay_block.wake");
+PXN_STATIC_ASSERT(offsetof(pxn_lane_relay_block, completions) == 128, "pxn_lane_relay_block.completions");
+PXN_STATIC_ASSERT(sizeof(pxn_lane_relay_block) == 1280, "sizeof pxn_lane_relay_block");
+
+PXN_STATIC_ASSERT(offsetof(pxn_lane_summary, owner) == 0, "pxn_lane_summary.owner");
+PXN_STATIC_ASSERT(offsetof(pxn_lane_summary, sender) == 64, "pxn_lane_summary.sender");
+PXN_STATIC_ASSERT(offsetof(pxn_lane_summary, relay) == 128, "pxn_lane_summary.relay");
+PXN_STATIC_ASSERT(sizeof(pxn_lane_summary) == 192, "sizeof pxn_lane_summary");
 
 PXN_STATIC_ASSERT(offsetof(pxn_header, magic) == 0, "pxn_header.magic");
 PXN_STATIC_ASSERT(offsetof(pxn_header, abi_version) == 8, "pxn_header.abi_version");
@@ -304,7 +330,6 @@ PXN_STATIC_ASSERT(offsetof(pxn_header, hca) == 136, "pxn_header.hca");
 PXN_STATIC_ASSERT(offsetof(pxn_header, ipc_handle) == 192, "pxn_header.ipc_handle");
 PXN_STATIC_ASSERT(offsetof(pxn_header, heartbeat) == 256, "pxn_header.heartbeat");
 PXN_STATIC_ASSERT(offsetof(pxn_header, pad0) == 264, "pxn_header.pad0");
-PXN_STATIC_ASSERT(offsetof(pxn_header, wake) == 320, "pxn_header.wake");
 PXN_STATIC_ASSERT(offsetof(pxn_header, pid_ns_dev) == 384, "pxn_header.pid_ns_dev");
 PXN_STATIC_ASSERT(offsetof(pxn_header, pid_ns_ino) == 392, "pxn_header.pid_ns_ino");
 PXN_STATIC_ASSERT(offsetof(pxn_header, pad1) == 400, "pxn_header.pad1");
@@ -336,7 +361,7 @@ PXN_STATIC_ASSERT(sizeof(pxn_rank_stats) == 384, "sizeof pxn_rank_stats");
 PXN_STATIC_ASSERT(offsetof(pxn_control_block, header) == 0, "pxn_control_block.header");
 PXN_STATIC_ASSERT(offsetof(pxn_control_block, stats) == 448, "pxn_control_block.stats");
 PXN_STATIC_ASSERT(offsetof(pxn_control_block, lanes) == 832, "pxn_control_block.lanes");
-PXN_STATIC_ASSERT(sizeof(pxn_control_block) == 8316160, "sizeof pxn_control_block");
+PXN_STATIC_ASSERT(sizeof(pxn_control_block) == 2176, "sizeof pxn_control_block");
 
 PXN_STATIC_ASSERT(PXN_ARENA_SIZE == (UINT64_C(1008) << 20), "arena size");
 PXN_STATIC_ASSERT(PXN_SLOT_OF(1) == 0, "seq 1 is slot 0");

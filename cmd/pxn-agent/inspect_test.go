@@ -110,6 +110,14 @@ func TestInspectShowsRanksLanesAndGarbage(t *testing.T) {
 			t.Fatalf("reaped %d (%v), want %d", got, ok, seq)
 		}
 	}
+	// The relay copies its lanes' progress into its control file with its
+	// heartbeat, at most one every 100 ms.
+	for deadline := time.Now().Add(10 * time.Second); !relay.Heartbeat(staging.MonoNanos()); {
+		if time.Now().After(deadline) {
+			t.Fatal("the relay did not beat within 10 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	st := staging.RankStats{ForwardedBytes: 3 << 20, ForwardedPieces: 3, DirectBytes: 512, FailedPieces: 2, CreditWaits: 5, OutboundLanes: 1, PumpCPUNanos: 1_500_000}
 	st.FallbackBytes[staging.FallbackRelayStale], st.FallbackPieces[staging.FallbackRelayStale] = 64<<10, 1
 	st.FallbackBytes[staging.FallbackNoLane], st.FallbackPieces[staging.FallbackNoLane] = 128<<10, 2

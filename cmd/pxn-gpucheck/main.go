@@ -83,7 +83,7 @@ between two. It re-executes itself as the relay process of each run.`,
 	fs := ringCmd.Flags()
 	fs.IntVar(&rc.pieces, "pieces", 2048, "measured Pieces per run")
 	fs.IntVar(&rc.warm, "warmup", 64, "Pieces before measuring")
-	fs.StringVar(&rc.shm, "shm", "/dev/shm", "tmpfs folder for the relay's control block")
+	fs.StringVar(&rc.shm, "shm", "/dev/shm", "tmpfs folder for the ring's lane words")
 	fs.DurationVar(&rc.timeout, "timeout", 60*time.Second, "per run")
 	root.AddCommand(ringCmd)
 	cli.Setup(root, "PXN_GPUCHECK", nil)

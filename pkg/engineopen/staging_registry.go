@@ -40,7 +40,12 @@ func (s *StagingRegistry) Inbound(i int) *staging.RelayLane { return s.rank.Inbo
 
 func (s *StagingRegistry) ArenaBase() uintptr { return s.rank.Arena().Base() }
 
-func (s *StagingRegistry) Wake() *staging.WakeWord { return s.rank.Wake() }
+func (s *StagingRegistry) Wake() relay.Waiter {
+	if w := s.rank.Wake(); w != nil {
+		return w
+	}
+	return nil
+}
 
 func (s *StagingRegistry) Heartbeat(time.Time) { s.rank.Heartbeat(staging.MonoNanos()) }
 
@@ -88,7 +93,7 @@ func (s *StagingRegistry) Attach(p relay.Peer) (relay.Link, error) {
 	for _, info := range s.infos {
 		if info.Pid == p.Pid && info.Epoch == p.Epoch {
 			l, err := s.rank.TryAttach(info)
-			if errors.Is(err, registry.ErrLockBusy) || errors.Is(err, registry.ErrAttachPending) {
+			if errors.Is(err, registry.ErrLockBusy) || errors.Is(err, registry.ErrAttachPending) || errors.Is(err, registry.ErrLaneHeld) {
 				return nil, relay.ErrRegistryBusy
 			}
 			if err != nil {
@@ -112,7 +117,7 @@ func (l stagingLink) Sender() *staging.SenderLane { return l.l.Sender() }
 func (l stagingLink) LaneIndex() int              { return l.l.LaneIndex() }
 func (l stagingLink) Staging() uintptr            { return l.l.StagingBase() }
 func (l stagingLink) Close() error                { return l.l.CloseNoWait() }
-func (l stagingLink) Wake() *staging.WakeWord     { return l.l.Wake() }
+func (l stagingLink) Wake() relay.Waker           { return l.l.Wake() }
 func (l stagingLink) ArenaShare() uint32          { return l.l.ArenaShare() }
 
 func (l stagingLink) Health(time.Time) relay.Health {

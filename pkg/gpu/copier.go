@@ -120,7 +120,7 @@ var DefaultPollPolicy = relay.PollPolicy{Spin: 250 * time.Microsecond, Nap: 50 *
 // The engine must:
 //   - call BindThread once on the pump's locked OS thread before the first
 //     Copy (every call also makes the context current if it is not);
-//   - call RegisterHost for each peer control-block mapping before Copy
+//   - call RegisterHost for each claimed lane's sender block before Copy
 //     rings a doorbell in it, and its unregister function only after the
 //     lane's last doorbell has landed;
 //   - call Poll every pump round: on the CPU-doorbell path it is what rings
@@ -268,9 +268,10 @@ func NewCopier(g *GPU, opts CopierOptions) (*Copier, error) {
 
 // RegisterHost registers [ptr, ptr+n) (widened to whole pages) with
 // cuMemHostRegister(DEVICEMAP|PORTABLE), so that the lane streams can ring
-// doorbells in it. The engine calls it once per peer control-block mapping
-// when it attaches a lane; unregister must wait until no doorbell into the
-// range is pending. On the CPU-doorbell path nothing is registered.
+// doorbells in it. The engine calls it once per lane it attaches, for the
+// lane's sender block (staging.SenderLane.Words), the only memory of the
+// relay's that holds doorbells; unregister must wait until no doorbell
+// into the range is pending. On the CPU-doorbell path nothing is registered.
 func (c *Copier) RegisterHost(ptr uintptr, n uint64) (unregister func() error, err error) {
 	if !c.gpuBell {
 		return func() error { return nil }, nil

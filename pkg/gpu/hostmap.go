@@ -19,7 +19,7 @@ type hostRange struct {
 	dev  cuda.DevicePtr
 }
 
-// hostMap translates registered host addresses (peer control blocks) to
+// hostMap translates registered host addresses (lanes' sender blocks) to
 // device addresses. Readers load an immutable sorted slice; writers copy it
 // under mu.
 type hostMap struct {

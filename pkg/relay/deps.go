@@ -62,7 +62,7 @@ type Copier interface {
 	Release(ev Event)
 	// Copy enqueues, on lane's stream, a wait for ready, the copies, and
 	// then the doorbell: a 64-bit store of seq at doorbell (an address in a
-	// peer's shared control block). It returns without waiting, and reads
+	// claimed lane's sender block). It returns without waiting, and reads
 	// entries only during the call: the pump reuses the slice. An error
 	// means nothing was enqueued after the point of failure and the doorbell
 	// was not submitted.
@@ -179,9 +179,10 @@ type (
 	// ThreadBinder prepares the pump's locked OS thread (a GPU copier makes
 	// its CUDA context current there). Called once before the first round.
 	ThreadBinder interface{ BindThread() error }
-	// HostRegistrar makes a peer's control block writable by the copier's
-	// doorbells. Called when a lane is attached; unregister is called only
-	// once no doorbell into the range can be pending.
+	// HostRegistrar makes a claimed lane's sender block (its ready and
+	// part words) writable by the copier's doorbells. Called when a lane
+	// is attached; unregister is called only once no doorbell into the
+	// range can be pending.
 	HostRegistrar interface {
 		RegisterHost(ptr uintptr, n uint64) (unregister func() error, err error)
 	}
@@ -207,7 +208,7 @@ type (
 )
 
 // PollPolicy is how the pump waits for work in flight that wakes no one (a
-// GPU doorbell, a completion in a peer's control block, a hop
+// GPU doorbell, a completion in a claim's relay block, a hop
 // completion). Spin is how long it polls without sleeping after a round
 // that made progress, or after a wake, while at most one Piece moves
 // through the rank (a transfer bound by latency). Otherwise it sleeps on

@@ -274,7 +274,7 @@ func TestRingFillsAtEighteenAndNineteenthReusesSlotZero(t *testing.T) {
 	if got := lane.State().Published; got != staging.SlotsPerLane {
 		t.Fatalf("published seq %d with a full ring, want %d", got, staging.SlotsPerLane)
 	}
-	if got := lane.State().Ready[0]; got != 1 {
+	if got := atomic.LoadUint64(&lane.Ready[0].Seq); got != 1 {
 		t.Fatalf("slot 0 ready word %d before reuse, want 1", got)
 	}
 	if b.Done() {
@@ -286,7 +286,7 @@ func TestRingFillsAtEighteenAndNineteenthReusesSlotZero(t *testing.T) {
 	if st := statusOf(t, b, 0); st.State != relay.Completed {
 		t.Fatalf("status %+v", st)
 	}
-	if got := lane.State().Ready[0]; got != staging.SlotsPerLane+1 {
+	if got := atomic.LoadUint64(&lane.Ready[0].Seq); got != staging.SlotsPerLane+1 {
 		t.Fatalf("slot 0 ready word %d, want seq 19 to reuse it", got)
 	}
 	if c := p.a.Counters(); c.FallbackPieces != 0 || c.RelayedPieces != pieces {

@@ -517,3 +517,72 @@ func eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// blockMapping finds, in the maps of process pid, the mapping of lane's
+// block of a claim on the relay whose control file is rank ("sender" or
+// "relay"), and returns its start; with perms not empty, only a mapping
+// with those permissions counts. A relay maps each claim's blocks once,
+// and frees a claim's blocks when it follows the next.
+func blockMapping(pid int, rank string, lane int, block, perms string) (uintptr, bool) {
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return 0, false
+	}
+	name := fmt.Sprintf("memfd:%s.lane%d.%s ", rank, lane, block)
+	for _, line := range strings.Split(string(maps), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 6 || !strings.Contains(line, name) || perms != "" && f[1] != perms {
+			continue
+		}
+		lo, _, _ := strings.Cut(f[0], "-")
+		start, err := strconv.ParseUint(lo, 16, 64)
+		if err != nil {
+			return 0, false
+		}
+		return uintptr(start), true
+	}
+	return 0, false
+}
+
+// relayWord reads the 8 bytes at off in the block of lane's claim that
+// the relay process p maps (block "sender" or "relay"), from p's memory.
+func relayWord(p *faultProc, lane int, block string, off uintptr) (uint64, bool) {
+	start, ok := blockMapping(p.pid, p.rank, lane, block, "rw-s")
+	if !ok {
+		return 0, false
+	}
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", p.pid))
+	if err != nil {
+		return 0, false
+	}
+	defer mem.Close()
+	var b [8]byte
+	if _, err := mem.ReadAt(b[:], int64(start+off)); err != nil {
+		return 0, false
+	}
+	return *(*uint64)(unsafe.Pointer(&b[0])), true
+}
+
+// relayReadyWords reads the ready words of lane of the relay process p
+// from its memory, as a debugger would: the test process is p's parent.
+// ok is false while p maps no claim of the lane.
+func relayReadyWords(p *faultProc, lane int) (words [staging.SlotsPerLane]uint64, ok bool) {
+	start, ok := blockMapping(p.pid, p.rank, lane, "sender", "rw-s")
+	if !ok {
+		return words, false
+	}
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", p.pid))
+	if err != nil {
+		return words, false
+	}
+	defer mem.Close()
+	var b [8]byte
+	for s := range words {
+		off := int64(start) + int64(unsafe.Offsetof(staging.LaneSenderBlock{}.Ready)) + int64(s)*int64(unsafe.Sizeof(staging.ReadyWord{}))
+		if _, err := mem.ReadAt(b[:], off); err != nil {
+			return words, false
+		}
+		words[s] = *(*uint64)(unsafe.Pointer(&b[0]))
+	}
+	return words, true
+}

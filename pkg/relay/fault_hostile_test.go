@@ -57,9 +57,12 @@ func (g *faultGroup) hostileRank(index int) *registry.Rank {
 
 // hostileLane is a lane on a relay that the test writes by hand.
 type hostileLane struct {
-	t     *testing.T
-	link  *registry.PeerLink
-	lane  *staging.Lane
+	t    *testing.T
+	link *registry.PeerLink
+	// w and r are the claim's blocks as mapped here: the sender block
+	// read-write, the relay block read-only.
+	w     *staging.LaneSenderBlock
+	r     *staging.LaneRelayBlock
 	epoch uint64
 	next  uint64
 }
@@ -86,11 +89,18 @@ func attachHostile(t *testing.T, g *faultGroup, rank *registry.Rank, relay *faul
 		t.Fatal(err)
 	}
 	// A hostile sender writes the lane's words by hand, through its own
-	// mapping of the relay's control file, not through the endpoint.
-	lane := &g.control(relay, true).Lanes[link.LaneIndex()]
+	// mapping of the claim's sender block, not through the endpoint.
+	ws, ok := blockMapping(os.Getpid(), relay.rank, link.LaneIndex(), "sender", "rw-s")
+	rs, ok2 := blockMapping(os.Getpid(), relay.rank, link.LaneIndex(), "relay", "r--s")
+	if !ok || !ok2 {
+		t.Fatalf("no mapping of lane %d's blocks of %s", link.LaneIndex(), relay.rank)
+	}
+	// ws and rs are shared mappings, not Go memory.
+	w := (*staging.LaneSenderBlock)(*(*unsafe.Pointer)(unsafe.Pointer(&ws)))
+	r := (*staging.LaneRelayBlock)(*(*unsafe.Pointer)(unsafe.Pointer(&rs)))
 	// Like an honest one, it waits for the relay to open its epoch.
 	eventually(t, 20*time.Second, "the lane opened", func() bool { return link.Sender().Opened() })
-	return &hostileLane{t: t, link: link, lane: lane, epoch: link.LaneEpoch(), next: 1}
+	return &hostileLane{t: t, link: link, w: w, r: r, epoch: link.LaneEpoch(), next: 1}
 }
 
 // post writes a valid Desc of one plan entry (n bytes of rank seed's
@@ -105,7 +115,7 @@ func (h *hostileLane) post(session string, dst, n uint64, commit uint64, mutate 
 	// addr is the relay's arena as mapped here, not Go memory.
 	data := unsafe.Slice((*byte)(*(*unsafe.Pointer)(unsafe.Pointer(&addr))), n)
 	faultPattern(data, hostileSeed, seq*n)
-	d := &h.lane.Descs[slot]
+	d := &h.w.Descs[slot]
 	if err := d.Fill(h.epoch, session, []staging.PlanEntry{{Dst: dst, Len: n}}, n, nil); err != nil {
 		h.t.Fatal(err)
 	}
@@ -116,7 +126,7 @@ func (h *hostileLane) post(session string, dst, n uint64, commit uint64, mutate 
 		commit = seq
 	}
 	staging.PublishDesc(d, commit)
-	atomic.StoreUint64(&h.lane.Ready[slot].Seq, seq)
+	atomic.StoreUint64(&h.w.Ready[slot].Seq, seq)
 	return seq
 }
 
@@ -133,20 +143,20 @@ func (h *hostileLane) postParts(session string, dst, n uint64) uint64 {
 	// addr is the relay's arena as mapped here, not Go memory.
 	data := unsafe.Slice((*byte)(*(*unsafe.Pointer)(unsafe.Pointer(&addr))), 2*n)
 	faultPattern(data, hostileSeed, seq*n)
-	d := &h.lane.Descs[slot]
+	d := &h.w.Descs[slot]
 	plans := []staging.PlanEntry{{Dst: dst, Len: n}, {Dst: dst + n, Len: n}}
 	if err := d.Fill(h.epoch, session, plans, 2*n, []uint32{1}); err != nil {
 		h.t.Fatal(err)
 	}
 	staging.PublishDesc(d, seq)
-	atomic.StoreUint64(&h.lane.Ready[slot].Parts[0], seq)
+	atomic.StoreUint64(&h.w.Ready[slot].Parts[0], seq)
 	return seq
 }
 
 // completion waits for seq's completion and returns its status.
 func (h *hostileLane) completion(seq uint64) int32 {
 	h.t.Helper()
-	c := &h.lane.Completions[staging.SlotOf(seq)]
+	c := &h.r.Completions[staging.SlotOf(seq)]
 	eventually(h.t, 20*time.Second, fmt.Sprintf("the completion of seq %d", seq), func() bool { return atomic.LoadUint64(&c.Seq) == seq })
 	return atomic.LoadInt32(&c.Status)
 }
@@ -204,7 +214,7 @@ func TestFaultMalformedDesc(t *testing.T) {
 			if st := h.completion(seq); st != staging.CompletionInvalidDesc {
 				t.Errorf("status %d, want %d (invalid descriptor)", st, staging.CompletionInvalidDesc)
 			}
-			if c := atomic.LoadUint64(&h.lane.Relay.CompletedSeq); c != seq {
+			if c := atomic.LoadUint64(&h.r.Relay.CompletedSeq); c != seq {
 				t.Errorf("completed seq %d, want %d: credit not returned", c, seq)
 			}
 		})
@@ -258,10 +268,19 @@ func TestFaultPartsOfASenderThatLeft(t *testing.T) {
 	if c := r.counters().Counters; c.ForwardedPieces != 0 || c.SecondHopFailures != 0 {
 		t.Fatalf("with a part still to land: %d Pieces forwarded, %d failed; want none", c.ForwardedPieces, c.SecondHopFailures)
 	}
+	lane := h.link.LaneIndex()
 	if err := h.link.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if st := h.completion(seq); st != staging.CompletionSecondHop {
+	// The sender gave its blocks up with its lane: the completion is
+	// read where the relay writes it, in the relay's memory.
+	c := unsafe.Offsetof(staging.LaneRelayBlock{}.Completions) + uintptr(staging.SlotOf(seq))*unsafe.Sizeof(staging.Completion{})
+	eventually(t, 20*time.Second, fmt.Sprintf("the completion of seq %d", seq), func() bool {
+		got, ok := relayWord(r, lane, "relay", c+unsafe.Offsetof(staging.Completion{}.Seq))
+		return ok && got == seq
+	})
+	status, _ := relayWord(r, lane, "relay", c+unsafe.Offsetof(staging.Completion{}.Status))
+	if st := int32(uint32(status)); st != staging.CompletionSecondHop {
 		t.Fatalf("status %d, want %d (second hop)", st, staging.CompletionSecondHop)
 	}
 	if c := r.counters().Counters; c.SecondHopFailures != 1 || c.ForwardedPieces != 0 {
@@ -316,11 +335,11 @@ func TestFaultSenderIgnoringCredit(t *testing.T) {
 	if st := h.completion(over); st != staging.CompletionInvalidDesc {
 		t.Errorf("seq %d: status %d, want invalid descriptor", over, st)
 	}
-	if c := atomic.LoadUint64(&h.lane.Relay.CompletedSeq); c != over {
+	if c := atomic.LoadUint64(&h.r.Relay.CompletedSeq); c != over {
 		t.Errorf("completed seq %d, want %d", c, over)
 	}
 	for seq := first + 1; seq < over; seq++ {
-		c := &h.lane.Completions[staging.SlotOf(seq)]
+		c := &h.r.Completions[staging.SlotOf(seq)]
 		if c.Seq != seq || c.Status != staging.CompletionInvalidDesc {
 			t.Errorf("completion of slot %d: seq %d status %d, want seq %d invalid", staging.SlotOf(seq), c.Seq, c.Status, seq)
 		}
@@ -331,8 +350,9 @@ func TestFaultSenderIgnoringCredit(t *testing.T) {
 }
 
 // scribble writes random words (and zeros and all-ones, what a buggy
-// memset leaves) over the header and the in-use lanes of the control blocks
-// until stop closes, and returns how many words it wrote.
+// memset leaves) over the header and the lane summaries of the control
+// files, all that a member reaches of another rank, until stop closes,
+// and returns how many words it wrote.
 func scribble(ctls []*staging.ControlBlock, seed uint64, stop <-chan struct{}) uint64 {
 	rng := rand.New(rand.NewPCG(seed, 0x5c1b))
 	var n uint64
@@ -353,7 +373,6 @@ func scribble(ctls []*staging.ControlBlock, seed uint64, stop <-chan struct{}) u
 		}
 		ctl := ctls[rng.IntN(len(ctls))]
 		var words []*uint64
-		var status *uint64
 		hdr := &ctl.Header
 		if rng.IntN(16) == 0 {
 			words = []*uint64{&hdr.Magic, (*uint64)(unsafe.Pointer(&hdr.ABIVersion)), (*uint64)(unsafe.Pointer(&hdr.State)),
@@ -363,21 +382,10 @@ func scribble(ctls []*staging.ControlBlock, seed uint64, stop <-chan struct{}) u
 			if atomic.LoadUint64(&lane.Owner.Pid) == 0 && rng.IntN(8) != 0 {
 				continue
 			}
-			s := rng.IntN(staging.SlotsPerLane)
-			d := &lane.Descs[s]
-			status = (*uint64)(unsafe.Pointer(&lane.Completions[s].Status))
 			words = []*uint64{&lane.Owner.Pid, &lane.Owner.LaneEpoch, &lane.Owner.SenderEpoch, &lane.Owner.StartTime,
-				&lane.Relay.CompletedSeq, &lane.Sender.ReapedSeq,
-				&lane.Ready[s].Seq, &lane.Completions[s].Seq, (*uint64)(unsafe.Pointer(&lane.Completions[s].Status)),
-				&d.CommitSeq, &d.Epoch, &d.PieceLen, (*uint64)(unsafe.Pointer(&d.PlanCount))}
+				&lane.Relay.CompletedSeq, &lane.Relay.OpenEpoch, &lane.Sender.ReapedSeq, &lane.Sender.PublishedSeq}
 		}
-		w, v := words[rng.IntN(len(words))], value()
-		if w == status && v == 0 {
-			// A forged success is beyond what anything can detect: the
-			// relay's completion is its word. Garbage is never 0 here.
-			v = 1
-		}
-		atomic.StoreUint64(w, v)
+		atomic.StoreUint64(words[rng.IntN(len(words))], value())
 		n++
 		time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
 	}

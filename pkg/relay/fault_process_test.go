@@ -164,15 +164,7 @@ func TestFaultSenderKilled(t *testing.T) {
 		return l != nil && l.Published == 10
 	})
 	// Every doorbell rung: from here on the Pieces are the relay's.
-	ctl := g.control(r, false)
-	eventually(t, 20*time.Second, "ten doorbells", func() bool {
-		for seq := uint64(1); seq <= 10; seq++ {
-			if ctl.Lanes[lane.Lane].State().Ready[staging.SlotOf(seq)] != seq {
-				return false
-			}
-		}
-		return true
-	})
+	eventually(t, 20*time.Second, "ten doorbells", func() bool { return s1Landed(r, lane.Lane, 10) })
 	s1.kill()
 	r.call(faultReq{Op: "hold", On: false})
 	eventually(t, 20*time.Second, "the dead sender's lane freed and its files removed", func() bool {
@@ -192,8 +184,14 @@ func TestFaultSenderKilled(t *testing.T) {
 	if c := s2.counters().Counters; c.RelayedPieces != 10 {
 		t.Errorf("restarted sender relayed %d pieces, want 10", c.RelayedPieces)
 	}
-	l := g.laneOf(r.pid, s2.pid)
-	if l == nil || l.Lane != lane.Lane || l.LaneEpoch == lane.LaneEpoch || l.Next != 11 || l.Completed != 10 {
+	// The relay copies a lane's progress into its control file with its
+	// heartbeat.
+	var l *inspect.LaneReport
+	eventually(t, 20*time.Second, "the restarted sender's progress in the relay's control file", func() bool {
+		l = g.laneOf(r.pid, s2.pid)
+		return l != nil && l.Next == 11 && l.Completed == 10
+	})
+	if l.Lane != lane.Lane || l.LaneEpoch == lane.LaneEpoch {
 		t.Errorf("restarted sender's lane %+v, want lane %d reclaimed under a new epoch (old %+v)", l, lane.Lane, lane)
 	}
 	s2.close(5 * time.Second)
@@ -244,8 +242,12 @@ func TestFaultRelayRestarted(t *testing.T) {
 	ts = s.wait(20 * time.Second)
 	checkStates(t, ts[25:], map[string]int{"completed": 6})
 	g.verify(0, ts)
-	l := g.laneOf(r2.pid, s.pid)
-	if l == nil || l.LaneEpoch == old.LaneEpoch || l.Next != 7 || l.Completed != 6 {
+	var l *inspect.LaneReport
+	eventually(t, 20*time.Second, "the lane's progress on the new relay", func() bool {
+		l = g.laneOf(r2.pid, s.pid)
+		return l != nil && l.Next == 7 && l.Completed == 6
+	})
+	if l.LaneEpoch == old.LaneEpoch {
 		t.Errorf("lane on the new relay %+v, want seqs 1..6 under an epoch other than %s", l, old.LaneEpoch)
 	}
 	if f := r2.counters().Counters.ForwardedPieces; f != 6 {

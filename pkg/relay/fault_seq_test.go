@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/pxn-project/pxn/pkg/staging/registry/inspect"
 )
 
 // A lane whose epochs end at seq 5 (the sender's laneEnd hook, in place
@@ -45,10 +47,11 @@ func TestFaultSequenceWrap(t *testing.T) {
 			t.Errorf("task after the rollover routed %s", task.Route)
 		}
 	}
-	l := g.laneOf(r.pid, s.pid)
-	if l == nil || l.Next != 4 || l.Published != 3 || l.Completed != 3 || l.Reaped != 3 {
-		t.Errorf("lane after the rollover %+v, want seqs 1..3", l)
-	}
+	var l *inspect.LaneReport
+	eventually(t, 20*time.Second, "the lane after the rollover at seqs 1..3", func() bool {
+		l = g.laneOf(r.pid, s.pid)
+		return l != nil && l.Next == 4 && l.Published == 3 && l.Completed == 3 && l.Reaped == 3
+	})
 	if k := s.counters().Counters; k.RelayedPieces != 8 {
 		t.Errorf("relayed %d pieces in all, want 8", k.RelayedPieces)
 	}

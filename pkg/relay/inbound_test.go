@@ -64,12 +64,8 @@ func TestInboundLanesServedInTurnAcrossTheCap(t *testing.T) {
 			t.Cleanup(func() { _ = e.Close(context.Background()) })
 			var txs []*staging.SenderLane
 			for i := range staging.LaneCount {
-				lane, epoch := rank.lane(i), uint64(0x100+i)
-				lane.Claim(staging.Identity{Pid: 2000 + i, StartTime: 1, Epoch: uint64(i + 1)}, staging.PidNS{}, epoch, 0)
-				tx, err := staging.NewSenderLane(lane, epoch)
-				if err != nil {
-					t.Fatal(err)
-				}
+				tx, _, closeWake := rank.claim(i, staging.Identity{Pid: 2000 + i, StartTime: 1, Epoch: uint64(i + 1)}, uint64(0x100+i))
+				t.Cleanup(closeWake)
 				txs = append(txs, tx)
 			}
 			// The relay opens the claimed lanes in its next round.

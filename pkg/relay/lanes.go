@@ -119,8 +119,8 @@ type senderLane struct {
 	*outLane
 	link Link
 	tx   *staging.SenderLane
-	// relayWake is the relay's wake word, rung after each Publish.
-	relayWake *staging.WakeWord
+	// relayWake wakes the relay, after each Publish.
+	relayWake Waker
 	inflight  [staging.SlotsPerLane]slotPieces
 	broken    bool
 	waitSince time.Time

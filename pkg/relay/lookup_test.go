@@ -52,12 +52,8 @@ func newLookupRig(t *testing.T, lanes int, manual bool, wrap func(relay.Director
 		_ = r.e.Close(ctx)
 	})
 	for i := range lanes {
-		lane, epoch := r.rank.lane(i), uint64(0x100+i)
-		lane.Claim(staging.Identity{Pid: 3000 + i, StartTime: 1, Epoch: uint64(i + 1)}, staging.PidNS{}, epoch, 0)
-		tx, err := staging.NewSenderLane(lane, epoch)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tx, _, closeWake := r.rank.claim(i, staging.Identity{Pid: 3000 + i, StartTime: 1, Epoch: uint64(i + 1)}, uint64(0x100+i))
+		t.Cleanup(closeWake)
 		r.txs = append(r.txs, tx)
 	}
 	// Senders take tickets once the relay has opened their lanes.

@@ -36,9 +36,9 @@ const (
 	Closing
 )
 
-// Link is a sender's claim of one inbound lane on a relay, with the relay's
-// control block and arena mapped. Everything it points to stays valid until
-// Close.
+// Link is a sender's claim of one inbound lane on a relay, with the
+// claim's blocks and the lane's staging memory mapped. Everything it points
+// to stays valid until Close.
 type Link interface {
 	// Sender is the lane's endpoint: the pump publishes and reaps through
 	// it, and no one else uses it.
@@ -47,14 +47,31 @@ type Link interface {
 	// Staging is the local address of the lane's first slot in the relay's
 	// arena as mapped by this process.
 	Staging() uintptr
-	// Health reads the relay's liveness from its control block.
+	// Health reads the relay's liveness from its control file.
 	Health(now time.Time) Health
-	// Wake is the relay's wake word: the sender wakes the relay's pump
-	// through it after publishing a ticket.
-	Wake() *staging.WakeWord
+	// Wake wakes the relay's pump, through the lane's eventfd, after the
+	// sender published a ticket.
+	Wake() Waker
 	// Close releases the claim. It never waits on another process: a
 	// release that needs a busy lock is finished later by the registry.
 	Close() error
+}
+
+// Waker wakes a pump; it reports whether it made a system call (the pump
+// had announced its sleep).
+type Waker interface {
+	Wake() bool
+}
+
+// Waiter is a pump's sleep and its process's wake of it, with the rule of
+// staging.WakeWord: Announce, check for work once more, then Sleep (or
+// Retract when work was found); a waker makes its work visible, then
+// calls Wake. *staging.WakeWord and *staging.EventWaiter are Waiters.
+type Waiter interface {
+	Waker
+	Announce() uint32
+	Retract()
+	Sleep(seen uint32, timeout time.Duration) (woken bool)
 }
 
 // ArenaSharer is a Link that says how the relay's arena was mapped:
@@ -73,10 +90,10 @@ type Registry interface {
 	Inbound(i int) *staging.RelayLane
 	// ArenaBase is the local address of this rank's own staging arena.
 	ArenaBase() uintptr
-	// Wake is this rank's wake word, in its control block: the pump
-	// sleeps on it; the engine's callers and the senders of other ranks
-	// wake it.
-	Wake() *staging.WakeWord
+	// Wake is what the pump sleeps on: the engine's callers wake it
+	// through it, the senders of other ranks through their lanes'
+	// eventfds. Nil: the engine keeps a wake word of its own.
+	Wake() Waiter
 	Heartbeat(now time.Time)
 	// Peers lists the other ranks of the group. The slice stays valid
 	// until the next call of Peers, which may reuse it. It fails with an
@@ -85,9 +102,9 @@ type Registry interface {
 	// held elsewhere is left for a later call.
 	Peers() ([]Peer, error)
 	// Attach claims a lane on p. It never waits on another process: a
-	// registry lock held elsewhere, or a relay's answer not in yet, fails
-	// it with an error wrapping ErrRegistryBusy, and the pump tries again
-	// at a later refresh.
+	// relay's answer not in yet, or a relay that has not yet seen this
+	// rank's earlier lease end, fails it with an error wrapping
+	// ErrRegistryBusy, and the pump tries again at a later refresh.
 	Attach(p Peer) (Link, error)
 	// BeginClose tells the group that this rank is closing, before its
 	// pump drains: senders publish no new tickets to it and release their

@@ -11,8 +11,8 @@ import (
 )
 
 // checkLanes reads the health of the relays behind the outbound lanes
-// from their mapped control blocks: stale ones stop taking tickets, gone
-// ones fail what they had. It makes no system call for a live relay.
+// from their control files (one pread each): stale ones stop taking
+// tickets, gone ones fail what they had.
 func (sn *sender) checkLanes() {
 	s := sn.s
 	if sn.peersOff || sn.noSend {

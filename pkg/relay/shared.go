@@ -11,7 +11,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/pxn-project/pxn/pkg/engineconfig"
-	"github.com/pxn-project/pxn/pkg/staging"
 )
 
 // shared is the part of the engine that callers and the pump both reach.
@@ -53,10 +52,10 @@ type shared struct {
 	fallbacks fallbackQueue
 	invals    invalQueue
 
-	// wakeWord is what the pump sleeps on (the registry's word, in the
-	// control block; a word of its own without a pump). Everything that
-	// queues work for the pump wakes it after the work is queued.
-	wakeWord *staging.WakeWord
+	// wakeWord is what the pump sleeps on (the registry's eventfds; a
+	// word of its own without a registry). Everything that queues work
+	// for the pump wakes it after the work is queued.
+	wakeWord Waiter
 	// pumpTID and pumpDead are the pump's thread id and whether it
 	// stopped after a panic.
 	pumpTID  atomic.Int64

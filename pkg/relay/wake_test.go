@@ -44,26 +44,42 @@ func threadRuns(t *testing.T, tid int) uint64 {
 	return runs
 }
 
-// pumpAsleep reports whether e's pump is in its sleep on its wake word w:
-// its thread blocked in a futex wait on w's Seq, as
-// /proc/self/task/<tid>/syscall shows it. The Sleeping word alone holds
-// from the announce on, through a last round that may still find work and
-// take it without a waker. Where the kernel does not show a thread's system
-// call, the Sleeping word stands in.
-func pumpAsleep(e *relay.Engine, w *staging.WakeWord) bool {
+// pumpAsleep reports whether e's pump is in its sleep on w: its thread
+// blocked in a futex wait on the Seq of a WakeWord, or in ppoll for an
+// EventWaiter, as /proc/self/task/<tid>/syscall shows it. The sleeping
+// flag alone holds from the announce on, through a last round that may
+// still find work and take it without a waker. Where the kernel does not
+// show a thread's system call, the flag stands in.
+func pumpAsleep(e *relay.Engine, w relay.Waiter) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/syscall", e.PumpThreadID()))
 	if err != nil {
-		return atomic.LoadUint32(&w.Sleeping) != 0
+		switch w := w.(type) {
+		case *staging.WakeWord:
+			return atomic.LoadUint32(&w.Sleeping) != 0
+		case *staging.EventWaiter:
+			return w.Announced()
+		}
+		return false
 	}
 	f := strings.Fields(string(b))
 	if len(f) < 2 {
 		return false
 	}
-	if nr, err := strconv.ParseInt(f[0], 10, 64); err != nil || nr != unix.SYS_FUTEX {
+	nr, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil {
 		return false
 	}
-	addr, err := strconv.ParseUint(strings.TrimPrefix(f[1], "0x"), 16, 64)
-	return err == nil && uintptr(addr) == uintptr(unsafe.Pointer(&w.Seq))
+	switch w := w.(type) {
+	case *staging.WakeWord:
+		if nr != unix.SYS_FUTEX {
+			return false
+		}
+		addr, err := strconv.ParseUint(strings.TrimPrefix(f[1], "0x"), 16, 64)
+		return err == nil && uintptr(addr) == uintptr(unsafe.Pointer(&w.Seq))
+	case *staging.EventWaiter:
+		return nr == unix.SYS_PPOLL && w.Announced()
+	}
+	return false
 }
 
 // An idle pump sleeps on its wake word and wakes for its heartbeat only:
@@ -160,9 +176,9 @@ func TestSubmitAfterIdleWakesBothPumps(t *testing.T) {
 	}
 }
 
-// Two processes of a real registry: the relay's pump sleeps on the wake
-// word in its control file, and the sender's Publish, in another process,
-// wakes it through that shared word. Each write goes to pumps in their
+// Two processes of a real registry: the relay's pump sleeps in ppoll over
+// its lanes' eventfds, and the sender's Publish, in another process, wakes
+// it through its lane's eventfd. Each write goes to pumps in their
 // sleep; the heartbeat timeout is long, so that only a waker ends it. The
 // relay starts first: an idle pump lists its peers only when it wakes, and
 // the sender's first listing must find it.

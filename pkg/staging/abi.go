@@ -23,8 +23,13 @@ const (
 	// version 4 a Piece's parts: Desc.Parts and Desc.PartEnds, and the part
 	// words of a slot's ready line (ReadyWord.Parts); version 5 the lane's
 	// open word (RelayProgress.OpenEpoch), without which a sender takes no
-	// ticket, and a rank's liveness lock on its control file.
-	ABIVersion = 5
+	// ticket, and a rank's liveness lock on its control file; version 6
+	// moved each lane's words out of the control file into two memory
+	// objects per claim that the relay hands to the lane's holder alone
+	// (LaneSenderBlock, LaneRelayBlock), left a relay-written summary of
+	// each lane in their place (LaneSummary) and dropped the header's wake
+	// word for an eventfd per lane.
+	ABIVersion = 6
 
 	// LaneCount is the number of inbound lanes of a relay: one per other
 	// local rank, none for itself.
@@ -149,33 +154,6 @@ type ReadyWord struct {
 	Parts [MaxParts - 1]uint64
 }
 
-// A WakeWord has one waiter, the pump of the rank that owns it, and any
-// number of wakers: the rank's own callers (Submit and everything else that
-// queues work for the pump) and the senders of other ranks that publish
-// tickets into its lanes. Seq is the futex word; Sleeping says the waiter
-// may be in, or on its way into, FUTEX_WAIT. The word lives in a MAP_SHARED
-// control file, so the futex is a shared one (no FUTEX_PRIVATE_FLAG); a
-// process-local word works the same way.
-//
-// Ordering rule (Go's atomics are sequentially consistent):
-//
-//   - the waiter stores Sleeping=1 (Announce), loads Seq, checks every
-//     source of work once more, then waits while Seq still holds the value
-//     it loaded (Sleep), and clears Sleeping when it is up again;
-//   - a waker first makes its work visible (any store the waiter's check
-//     reads), then adds 1 to Seq, then loads Sleeping and issues FUTEX_WAKE
-//     only when it is set (Wake).
-//
-// Either the waker's load sees Sleeping=1, and its FUTEX_WAKE, or the Seq
-// that no longer matches, ends the sleep; or that load came first, so the
-// waiter's load of Seq reads the waker's add and its check sees the work.
-// A waker pays a system call only while the waiter sleeps.
-type WakeWord struct {
-	Seq      uint32
-	Sleeping uint32
-	_        [56]byte
-}
-
 // LaneOwner names the sender that holds a lane. It is written only under the
 // registry lock, at claim and release.
 type LaneOwner struct {
@@ -211,19 +189,47 @@ type RelayProgress struct {
 	_         [48]byte
 }
 
-// Lane is one inbound lane of a relay's control file.
-type Lane struct {
-	Owner       LaneOwner
-	Sender      SenderProgress
-	Relay       RelayProgress
-	Ready       [SlotsPerLane]ReadyWord
-	Completions [SlotsPerLane]Completion
-	Descs       [SlotsPerLane]Desc
+// RelayWake is the relay's sleeping flag as one lane's holder sees it: the
+// relay's pump stores 1 before it may sleep and 0 once it runs again, and
+// the holder writes its lane's eventfd after a Publish only while it reads
+// 1 (EventWaiter, LaneWaker).
+type RelayWake struct {
+	Sleeping uint32
+	_        [60]byte
 }
 
-// Header opens a rank's control file. Everything but Heartbeat, State and
-// Wake is written before the rank is published READY and never changes
-// afterwards. Wake is the rank's pump's wake word (see WakeWord).
+// LaneSenderBlock is the part of one claim of a lane that its holder
+// writes: one memory object per claim, made by the relay and handed to
+// the holder alone, mapped read-write by both. The relay reads it as
+// untrusted.
+type LaneSenderBlock struct {
+	Sender SenderProgress
+	Ready  [SlotsPerLane]ReadyWord
+	Descs  [SlotsPerLane]Desc
+}
+
+// LaneRelayBlock is the part of one claim of a lane that the relay alone
+// writes: one memory object per claim, sealed so that its holder can map
+// it read-only and nothing else.
+type LaneRelayBlock struct {
+	Relay       RelayProgress
+	Wake        RelayWake
+	Completions [SlotsPerLane]Completion
+}
+
+// LaneSummary is a lane as the relay records it in its control file: the
+// owner words of the current claim (the relay's record, not a capability)
+// and a copy of the claim's progress words, which the relay refreshes with
+// its heartbeat for inspect. Only the relay writes it.
+type LaneSummary struct {
+	Owner  LaneOwner
+	Sender SenderProgress
+	Relay  RelayProgress
+}
+
+// Header opens a rank's control file. Everything but Heartbeat and State
+// is written before the rank is published READY and never changes
+// afterwards.
 type Header struct {
 	Magic        uint64
 	ABIVersion   uint32
@@ -247,8 +253,8 @@ type Header struct {
 	HCA         [56]byte
 	IPCHandle   [64]byte
 	Heartbeat   uint64
-	_           [56]byte
-	Wake        WakeWord
+	// The last 64 bytes were the wake word of versions 2 to 5.
+	_ [120]byte
 	// PidNSDev and PidNSIno name the PID namespace Pid and StartTime
 	// belong to (PidNS).
 	PidNSDev uint64
@@ -337,15 +343,23 @@ type RankStats struct {
 	_         [88]byte
 }
 
-// ControlBlock is the whole control file of one rank.
+// ControlBlock is the whole control file of one rank. It holds no word of
+// a lane's ring: those are in the lane's blocks (LaneSenderBlock,
+// LaneRelayBlock).
 type ControlBlock struct {
 	Header Header
 	Stats  RankStats
-	Lanes  [LaneCount]Lane
+	Lanes  [LaneCount]LaneSummary
 }
 
 // ControlSize is the size of a control file.
 const ControlSize = unsafe.Sizeof(ControlBlock{})
+
+// SenderBlockSize and RelayBlockSize are the sizes of a lane's blocks.
+const (
+	SenderBlockSize = unsafe.Sizeof(LaneSenderBlock{})
+	RelayBlockSize  = unsafe.Sizeof(LaneRelayBlock{})
+)
 
 // SlotOf returns the slot of sequence number seq (seq ≥ 1). K is not a power
 // of two, so this is a modulo, never a mask.
@@ -381,16 +395,20 @@ var (
 	_ [CacheLine - unsafe.Sizeof(WakeWord{})]struct{}
 	_ [unsafe.Sizeof(Header{}) - 448]struct{}
 	_ [448 - unsafe.Sizeof(Header{})]struct{}
-	_ [unsafe.Offsetof(Header{}.Wake) - 320]struct{}
-	_ [320 - unsafe.Offsetof(Header{}.Wake)]struct{}
+	_ [unsafe.Offsetof(Header{}.PidNSDev) - 384]struct{}
+	_ [384 - unsafe.Offsetof(Header{}.PidNSDev)]struct{}
 	_ [unsafe.Offsetof(Header{}.Heartbeat) - 256]struct{}
 	_ [256 - unsafe.Offsetof(Header{}.Heartbeat)]struct{}
 	_ [-(unsafe.Offsetof(Header{}.IPCHandle) % CacheLine)]struct{}
-	_ [-(unsafe.Sizeof(Lane{}) % CacheLine)]struct{}
+	_ [unsafe.Sizeof(RelayWake{}) - CacheLine]struct{}
+	_ [CacheLine - unsafe.Sizeof(RelayWake{})]struct{}
+	_ [-(unsafe.Sizeof(LaneSummary{}) % CacheLine)]struct{}
+	_ [-(unsafe.Sizeof(LaneSenderBlock{}) % CacheLine)]struct{}
+	_ [-(unsafe.Sizeof(LaneRelayBlock{}) % CacheLine)]struct{}
 	_ [-(unsafe.Offsetof(ControlBlock{}.Lanes) % CacheLine)]struct{}
-	_ [-(unsafe.Offsetof(Lane{}.Ready) % CacheLine)]struct{}
-	_ [-(unsafe.Offsetof(Lane{}.Completions) % CacheLine)]struct{}
-	_ [-(unsafe.Offsetof(Lane{}.Descs) % CacheLine)]struct{}
+	_ [-(unsafe.Offsetof(LaneSenderBlock{}.Ready) % CacheLine)]struct{}
+	_ [-(unsafe.Offsetof(LaneSenderBlock{}.Descs) % CacheLine)]struct{}
+	_ [-(unsafe.Offsetof(LaneRelayBlock{}.Completions) % CacheLine)]struct{}
 	_ [unsafe.Sizeof(RankStats{}) - 384]struct{}
 	_ [384 - unsafe.Sizeof(RankStats{})]struct{}
 	_ [8 - FallbackReasons]struct{}

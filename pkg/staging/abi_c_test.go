@@ -479,14 +479,15 @@ func TestABIDocLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	doc := string(raw)
-	var lane Lane
+	var sb LaneSenderBlock
+	var rb LaneRelayBlock
 	for _, want := range []string{
 		fmt.Sprintf("`pxn_control_block` of %d bytes", ControlSize),
-		fmt.Sprintf("the %d-byte\nheader, the %d-byte counters block, then %d lanes of %d bytes", unsafe.Sizeof(Header{}), unsafe.Sizeof(RankStats{}), LaneCount, unsafe.Sizeof(lane)),
-		fmt.Sprintf("| lane `l` | %d + l × %d |", unsafe.Offsetof(ControlBlock{}.Lanes), unsafe.Sizeof(lane)),
-		fmt.Sprintf("| lane + %d + s × %d |", unsafe.Offsetof(lane.Ready), unsafe.Sizeof(lane.Ready[0])),
-		fmt.Sprintf("| lane + %d + s × %d |", unsafe.Offsetof(lane.Completions), unsafe.Sizeof(lane.Completions[0])),
-		fmt.Sprintf("| lane + %d + s × %d |", unsafe.Offsetof(lane.Descs), unsafe.Sizeof(lane.Descs[0])),
+		fmt.Sprintf("the %d-byte\nheader, the %d-byte counters block, then %d lane summaries of %d bytes", unsafe.Sizeof(Header{}), unsafe.Sizeof(RankStats{}), LaneCount, unsafe.Sizeof(LaneSummary{})),
+		fmt.Sprintf("| summary of lane `l` | control file | %d + l × %d |", unsafe.Offsetof(ControlBlock{}.Lanes), unsafe.Sizeof(LaneSummary{})),
+		fmt.Sprintf("| `ready[s]` | sender block (%d bytes) | %d + s × %d |", unsafe.Sizeof(sb), unsafe.Offsetof(sb.Ready), unsafe.Sizeof(sb.Ready[0])),
+		fmt.Sprintf("| `descs[s]` | sender block | %d + s × %d |", unsafe.Offsetof(sb.Descs), unsafe.Sizeof(sb.Descs[0])),
+		fmt.Sprintf("| `completions[s]` | relay block (%d bytes) | %d + s × %d |", unsafe.Sizeof(rb), unsafe.Offsetof(rb.Completions), unsafe.Sizeof(rb.Completions[0])),
 	} {
 		if !strings.Contains(doc, want) {
 			t.Errorf("docs/abi.md lacks %q", want)

@@ -148,7 +148,8 @@ func TestSlotsTileTheArena(t *testing.T) {
 	}
 }
 
-// sharedTypes are every struct that lives in a control file.
+// sharedTypes are every struct that lives in a control file or a lane's
+// blocks.
 var sharedTypes = []reflect.Type{
 	reflect.TypeFor[PlanEntry](),
 	reflect.TypeFor[Desc](),
@@ -157,8 +158,10 @@ var sharedTypes = []reflect.Type{
 	reflect.TypeFor[LaneOwner](),
 	reflect.TypeFor[SenderProgress](),
 	reflect.TypeFor[RelayProgress](),
-	reflect.TypeFor[Lane](),
-	reflect.TypeFor[WakeWord](),
+	reflect.TypeFor[RelayWake](),
+	reflect.TypeFor[LaneSenderBlock](),
+	reflect.TypeFor[LaneRelayBlock](),
+	reflect.TypeFor[LaneSummary](),
 	reflect.TypeFor[Header](),
 	reflect.TypeFor[RankStats](),
 	reflect.TypeFor[ControlBlock](),
@@ -211,14 +214,16 @@ func TestPolledWordsOwnTheirCacheLine(t *testing.T) {
 		{reflect.TypeFor[Completion](), "Seq", []string{"Status"}},
 		{reflect.TypeFor[RelayProgress](), "CompletedSeq", []string{"OpenEpoch"}},
 		{reflect.TypeFor[Header](), "Heartbeat", nil},
-		{reflect.TypeFor[Header](), "Wake", nil},
 		{reflect.TypeFor[WakeWord](), "Seq", []string{"Sleeping"}},
-		{reflect.TypeFor[Lane](), "Owner", nil},
-		{reflect.TypeFor[Lane](), "Sender", nil},
-		{reflect.TypeFor[Lane](), "Relay", nil},
-		{reflect.TypeFor[Lane](), "Ready", nil},
-		{reflect.TypeFor[Lane](), "Completions", nil},
-		{reflect.TypeFor[Lane](), "Descs", nil},
+		{reflect.TypeFor[LaneSummary](), "Owner", nil},
+		{reflect.TypeFor[LaneSummary](), "Sender", nil},
+		{reflect.TypeFor[LaneSummary](), "Relay", nil},
+		{reflect.TypeFor[LaneSenderBlock](), "Sender", nil},
+		{reflect.TypeFor[LaneSenderBlock](), "Ready", nil},
+		{reflect.TypeFor[LaneSenderBlock](), "Descs", nil},
+		{reflect.TypeFor[LaneRelayBlock](), "Relay", nil},
+		{reflect.TypeFor[LaneRelayBlock](), "Wake", nil},
+		{reflect.TypeFor[LaneRelayBlock](), "Completions", nil},
 		{reflect.TypeFor[ControlBlock](), "Lanes", nil},
 	}
 	for _, tt := range tests {

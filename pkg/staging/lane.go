@@ -4,13 +4,15 @@ package staging
 
 import (
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 )
 
-// The two endpoints of a lane, SenderLane and RelayLane, and the owner words
-// the registry writes under its lock, are the only code that reads or writes
-// a Lane's words. Their ordering rules, stated once:
+// The two endpoints of a lane, SenderLane and RelayLane, are the only code
+// that reads or writes a claim's words (LaneSenderBlock, LaneRelayBlock);
+// the relay alone writes the lane's summary in its control file
+// (LaneSummary). Their ordering rules, stated once:
 //
 //   - Desc: the sender writes every field, then release-stores CommitSeq
 //     (Commit). The relay acquire-loads CommitSeq and trusts nothing else
@@ -34,17 +36,18 @@ import (
 //   - Credit: a sender publishes seq only while seq-reaped ≤ K; the relay
 //     takes seq only while seq-completed ≤ K, so a sender that ignores
 //     credit cannot hand it a slot an earlier seq still uses.
-//   - Owner: Pid is the owner's publication word, cleared first and stored
-//     last at a claim, so a reader that loads a non-zero Pid and then the
-//     rest sees a whole owner and a lane already reset.
+//   - Owner: Pid is the owner's publication word in the summary, cleared
+//     first and stored last at a claim, so a reader that loads a non-zero
+//     Pid and then the rest sees a whole owner.
 //   - Open: a slot is written by a sender only when no second-hop write of
-//     an earlier epoch can still read it. After a claim or a rollover the
-//     relay follows the new epoch at once (an earlier epoch's completions
-//     are dropped), but it opens the ring only once every second-hop write
-//     it took under the lane's earlier epochs is final: it then resets the
-//     ring's words and release-stores the epoch into OpenEpoch (Open). A
-//     sender takes no ticket, so copies nothing into a slot, until it
-//     acquire-loads its own epoch there (Ticket).
+//     an earlier epoch can still read it. After a claim the relay follows
+//     the new claim's words at once (an earlier epoch's completions are
+//     dropped), but it opens the ring only once every second-hop write it
+//     took under the lane's earlier epochs is final: it then
+//     release-stores the epoch into OpenEpoch (Open). A sender takes no
+//     ticket, so copies nothing into a slot, until it acquire-loads its
+//     own epoch there (Ticket).
+//   - Wake: see EventWaiter.
 //
 // Progress words (SenderProgress) are for inspect, and PublishedSeq is the
 // relay's hint that doorbells are on their way (Announced): it decides how
@@ -61,8 +64,6 @@ type LaneState struct {
 	Completed uint64
 	// Open is the epoch whose ring the relay has opened (OpenEpoch).
 	Open uint64
-	// Ready are the slots' ready words.
-	Ready [SlotsPerLane]uint64
 }
 
 // Load reads the owner words; held is false for a free lane. A pid out of
@@ -85,10 +86,11 @@ func (o *LaneOwner) LoadNS() PidNS {
 	return PidNS{Dev: atomic.LoadUint64(&o.PidNSDev), Ino: atomic.LoadUint64(&o.PidNSIno)}
 }
 
-// State reads the lane's owner and progress words.
-func (l *Lane) State() LaneState {
+// State reads the lane's owner and the progress words the relay last
+// copied into the summary.
+func (l *LaneSummary) State() LaneState {
 	owner, held := l.Owner.Load()
-	st := LaneState{
+	return LaneState{
 		Owner:     owner,
 		Held:      held,
 		LaneEpoch: atomic.LoadUint64(&l.Owner.LaneEpoch),
@@ -98,33 +100,26 @@ func (l *Lane) State() LaneState {
 		Completed: atomic.LoadUint64(&l.Relay.CompletedSeq),
 		Open:      atomic.LoadUint64(&l.Relay.OpenEpoch),
 	}
-	for s := range l.Ready {
-		st.Ready[s] = atomic.LoadUint64(&l.Ready[s].Seq)
-	}
-	return st
 }
 
 // Epoch is the lane's current epoch, 0 before its first claim.
-func (l *Lane) Epoch() uint64 { return atomic.LoadUint64(&l.Owner.LaneEpoch) }
+func (l *LaneSummary) Epoch() uint64 { return atomic.LoadUint64(&l.Owner.LaneEpoch) }
 
 // Owned reports whether owner holds the lane under laneEpoch.
-func (l *Lane) Owned(owner Identity, laneEpoch uint64) bool {
+func (l *LaneSummary) Owned(owner Identity, laneEpoch uint64) bool {
 	got, held := l.Owner.Load()
 	return held && got == owner && l.Epoch() == laneEpoch
 }
 
-// Claim hands the lane to owner under laneEpoch (not 0, not the current
-// epoch): ready words, completion seqs and Desc commit seqs are zeroed
-// before the owner is published, since values left by an earlier owner
-// would match seqs 1..K of the new one. The relay zeroes them once more
-// when it opens the ring (RelayLane.Open), after the last write of an
-// earlier epoch could land. The caller holds the registry lock.
-func (l *Lane) Claim(owner Identity, ns PidNS, laneEpoch uint64, now int64) {
+// Claim records owner as the lane's holder under laneEpoch; the progress
+// copy starts over. Only the relay calls it, under its own lock.
+func (l *LaneSummary) Claim(owner Identity, ns PidNS, laneEpoch uint64, now int64) {
 	atomic.StoreUint64(&l.Owner.Pid, 0)
 	atomic.StoreUint64(&l.Sender.NextSeq, 1)
 	atomic.StoreUint64(&l.Sender.PublishedSeq, 0)
 	atomic.StoreUint64(&l.Sender.ReapedSeq, 0)
-	l.resetRing()
+	atomic.StoreUint64(&l.Relay.CompletedSeq, 0)
+	atomic.StoreUint64(&l.Relay.OpenEpoch, 0)
 	atomic.StoreUint64(&l.Owner.StartTime, owner.StartTime)
 	atomic.StoreUint64(&l.Owner.PidNSDev, ns.Dev)
 	atomic.StoreUint64(&l.Owner.PidNSIno, ns.Ino)
@@ -134,32 +129,9 @@ func (l *Lane) Claim(owner Identity, ns PidNS, laneEpoch uint64, now int64) {
 	atomic.StoreUint64(&l.Owner.Pid, uint64(owner.Pid))
 }
 
-// resetRing zeroes the words of the lane's ring that hold seqs: ready and
-// part words, completions, Desc commit seqs and the completed seq.
-func (l *Lane) resetRing() {
-	atomic.StoreUint64(&l.Relay.CompletedSeq, 0)
-	for s := range l.Ready {
-		atomic.StoreUint64(&l.Ready[s].Seq, 0)
-		for p := range l.Ready[s].Parts {
-			atomic.StoreUint64(&l.Ready[s].Parts[p], 0)
-		}
-	}
-	for s := range l.Completions {
-		atomic.StoreUint64(&l.Completions[s].Seq, 0)
-		atomic.StoreInt32(&l.Completions[s].Status, 0)
-	}
-	for s := range l.Descs {
-		atomic.StoreUint64(&l.Descs[s].CommitSeq, 0)
-	}
-}
-
-// Renew gives a held lane a new epoch (a rollover). The caller holds the
-// registry lock.
-func (l *Lane) Renew(laneEpoch uint64) { atomic.StoreUint64(&l.Owner.LaneEpoch, laneEpoch) }
-
-// Free clears the owner. The lane epoch stays: a relay keeps its ring until
-// a new claim resets it. The caller holds the registry lock.
-func (l *Lane) Free() {
+// Free clears the owner. The lane epoch stays. Only the relay calls it,
+// under its own lock.
+func (l *LaneSummary) Free() {
 	atomic.StoreUint64(&l.Owner.Pid, 0)
 	atomic.StoreUint64(&l.Owner.StartTime, 0)
 	atomic.StoreUint64(&l.Owner.PidNSDev, 0)
@@ -168,22 +140,35 @@ func (l *Lane) Free() {
 	atomic.StoreUint64(&l.Owner.ClaimedAt, 0)
 }
 
+// CopyProgress copies a claim's progress words into the summary, for
+// inspect: the sender's as they are (untrusted) and the relay's own.
+func (l *LaneSummary) CopyProgress(w *LaneSenderBlock, r *LaneRelayBlock) {
+	atomic.StoreUint64(&l.Sender.NextSeq, atomic.LoadUint64(&w.Sender.NextSeq))
+	atomic.StoreUint64(&l.Sender.PublishedSeq, atomic.LoadUint64(&w.Sender.PublishedSeq))
+	atomic.StoreUint64(&l.Sender.ReapedSeq, atomic.LoadUint64(&w.Sender.ReapedSeq))
+	atomic.StoreUint64(&l.Relay.CompletedSeq, atomic.LoadUint64(&r.Relay.CompletedSeq))
+	atomic.StoreUint64(&l.Relay.OpenEpoch, atomic.LoadUint64(&r.Relay.OpenEpoch))
+}
+
 // SenderLane is the sender's endpoint of one claimed lane: it allocates
 // seqs under credit, commits Descs, hands out the ready word of a seq for
 // the doorbell, and reaps completions in order. It is owned by one
 // goroutine (the pump).
 type SenderLane struct {
-	lane *Lane
-	seq  LaneSeq
+	w   *LaneSenderBlock
+	r   *LaneRelayBlock
+	seq LaneSeq
 }
 
-// NewSenderLane is the endpoint of lane, claimed under epoch.
-func NewSenderLane(lane *Lane, epoch uint64) (*SenderLane, error) {
+// NewSenderLane is the endpoint of a lane claimed under epoch, whose blocks
+// are mapped at w (read-write) and r (read-only: the endpoint only loads
+// from it).
+func NewSenderLane(w *LaneSenderBlock, r *LaneRelayBlock, epoch uint64) (*SenderLane, error) {
 	seq, err := NewLaneSeq(epoch)
 	if err != nil {
 		return nil, err
 	}
-	return &SenderLane{lane: lane, seq: seq}, nil
+	return &SenderLane{w: w, r: r, seq: seq}, nil
 }
 
 // Epoch is the lane epoch every Desc of this lane carries.
@@ -218,7 +203,7 @@ func (s *SenderLane) Ticket() (uint64, bool) {
 // Opened reports whether the relay has opened this lane's epoch: no
 // second-hop write of an earlier epoch still reads its slots.
 func (s *SenderLane) Opened() bool {
-	return atomic.LoadUint64(&s.lane.Relay.OpenEpoch) == s.seq.Epoch()
+	return atomic.LoadUint64(&s.r.Relay.OpenEpoch) == s.seq.Epoch()
 }
 
 // Commit writes the Desc of ticket seq, in parts that end at partEnds
@@ -228,7 +213,7 @@ func (s *SenderLane) Commit(seq uint64, session string, plans []PlanEntry, piece
 	if seq != s.seq.next {
 		return fmt.Errorf("%w: commit seq %d, ticket %d", ErrSeqOrder, seq, s.seq.next)
 	}
-	d := &s.lane.Descs[SlotOf(seq)]
+	d := &s.w.Descs[SlotOf(seq)]
 	if err := d.Fill(s.seq.epoch, session, plans, pieceLen, partEnds); err != nil {
 		return err
 	}
@@ -239,13 +224,13 @@ func (s *SenderLane) Commit(seq uint64, session string, plans []PlanEntry, piece
 // ReadyWord is the address of seq's ready word, for a doorbell that a
 // device writes (cuStreamWriteValue64) or that RingDoorbell writes. Only
 // seq may be stored there, once, after the copy of its Piece into the slot.
-func (s *SenderLane) ReadyWord(seq uint64) *uint64 { return &s.lane.Ready[SlotOf(seq)].Seq }
+func (s *SenderLane) ReadyWord(seq uint64) *uint64 { return &s.w.Ready[SlotOf(seq)].Seq }
 
 // PartWords are the part words of seq's ready line, for a copy that
 // signals the parts its Desc names: seq may be stored into PartWords[p]
 // once part p is in the slot, for every part but the last.
 func (s *SenderLane) PartWords(seq uint64) *[MaxParts - 1]uint64 {
-	return &s.lane.Ready[SlotOf(seq)].Parts
+	return &s.w.Ready[SlotOf(seq)].Parts
 }
 
 // Landed reports whether every seq in [from, to] has its doorbell in its
@@ -274,8 +259,8 @@ func (s *SenderLane) Publish(seq uint64) error {
 	if err := s.seq.MarkPublished(seq); err != nil {
 		return err
 	}
-	atomic.StoreUint64(&s.lane.Sender.NextSeq, s.seq.next)
-	atomic.StoreUint64(&s.lane.Sender.PublishedSeq, seq)
+	atomic.StoreUint64(&s.w.Sender.NextSeq, s.seq.next)
+	atomic.StoreUint64(&s.w.Sender.PublishedSeq, seq)
 	return nil
 }
 
@@ -286,13 +271,13 @@ func (s *SenderLane) Reap() (seq uint64, status int32, ok bool) {
 		return 0, 0, false
 	}
 	seq = s.seq.reaped + 1
-	c := &s.lane.Completions[SlotOf(seq)]
+	c := &s.r.Completions[SlotOf(seq)]
 	if atomic.LoadUint64(&c.Seq) != seq {
 		return 0, 0, false
 	}
 	status = atomic.LoadInt32(&c.Status)
 	s.seq.reaped = seq
-	atomic.StoreUint64(&s.lane.Sender.ReapedSeq, seq)
+	atomic.StoreUint64(&s.w.Sender.ReapedSeq, seq)
 	return seq, status, true
 }
 
@@ -310,15 +295,15 @@ func (s *SenderLane) Abandon() (uint64, bool) {
 // Drained reports whether every published seq was reaped.
 func (s *SenderLane) Drained() bool { return s.seq.Drained() }
 
-// Rollover restarts a drained lane at seq 1 under newEpoch (see
-// LaneSeq.Rollover); the registry has written newEpoch into the owner.
-func (s *SenderLane) Rollover(newEpoch uint64) error { return s.seq.Rollover(newEpoch) }
-
-// Words is the address range of the lane's shared words in this process,
+// Words is the address range of the lane's sender block in this process,
 // for registering it with a device that writes ready words.
 func (s *SenderLane) Words() (base uintptr, size uint64) {
-	return uintptr(unsafe.Pointer(s.lane)), uint64(unsafe.Sizeof(*s.lane))
+	return uintptr(unsafe.Pointer(s.w)), uint64(unsafe.Sizeof(*s.w))
 }
+
+// RelaySleeping reports whether the relay's pump may be asleep: a sender
+// that has published wakes it through the lane's eventfd (LaneWaker).
+func (s *SenderLane) RelaySleeping() bool { return atomic.LoadUint32(&s.r.Wake.Sleeping) != 0 }
 
 // TicketState is what RelayLane.Poll finds for the next seq.
 type TicketState uint8
@@ -335,12 +320,35 @@ const (
 	TicketReady
 )
 
+// LaneWords are the blocks of one claim of a lane as its relay maps them,
+// and the claim's eventfd, which the lane's holder writes to wake the
+// relay. The relay makes them for each claim (a new holder never sees an
+// earlier holder's words) and offers them to the lane's RelayLane; Free
+// unmaps and closes them, once, when no read of them is left.
+type LaneWords struct {
+	Epoch  uint64
+	Sender *LaneSenderBlock
+	Relay  *LaneRelayBlock
+	WakeFD int
+	Free   func()
+
+	adopted bool
+}
+
 // RelayLane is the relay's endpoint of one of its inbound lanes: it follows
-// the lane's epoch, takes tickets strictly in seq order and publishes
-// completions in order, whatever order the second hops finish in. It is
-// owned by one goroutine (the pump).
+// the lane's claims, takes tickets strictly in seq order and publishes
+// completions in order, whatever order the second hops finish in. Offer
+// and Withdraw come from the goroutine that decides claims; everything
+// else from one goroutine (the pump).
 type RelayLane struct {
-	lane   *Lane
+	// offer is the current claim's words, nil while the lane is free; mu
+	// orders Offer and Withdraw against the pump's adoption (Sync), so
+	// that words the pump never adopted are freed by whoever replaces
+	// them, and adopted ones only by the pump.
+	mu    sync.Mutex
+	offer atomic.Pointer[LaneWords]
+
+	cur    *LaneWords
 	epoch  uint64
 	next   uint64
 	window CompletionWindow
@@ -350,18 +358,67 @@ type RelayLane struct {
 	open bool
 }
 
-// NewRelayLane is the relay's endpoint of lane.
-func NewRelayLane(lane *Lane) *RelayLane { return &RelayLane{lane: lane} }
+// NewRelayLane is the relay's endpoint of a lane, free until Offer.
+func NewRelayLane() *RelayLane { return &RelayLane{} }
 
-// Sync re-reads the lane epoch. A new one restarts the ring at seq 1 with
-// nothing completed, closed until Open; prev is the epoch before (0: none
-// seen yet). An epoch of 0 is a lane never claimed, which has no tickets.
-func (r *RelayLane) Sync() (epoch, prev uint64) {
-	epoch, prev = r.lane.Epoch(), r.epoch
-	if epoch != prev && epoch != 0 {
-		r.epoch, r.next, r.window, r.open = epoch, 1, CompletionWindow{}, false
+// Offer makes w the lane's current claim; the pump adopts it at its next
+// Sync. Words offered before and never adopted are freed here.
+func (r *RelayLane) Offer(w *LaneWords) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if prev := r.offer.Swap(w); prev != nil && !prev.adopted {
+		prev.Free()
 	}
-	return epoch, prev
+}
+
+// Withdraw ends the lane's current claim: the pump's ring stops being
+// Current, and words it never adopted are freed here.
+func (r *RelayLane) Withdraw() {
+	r.Offer(nil)
+}
+
+// Release frees the words the endpoint holds, adopted or offered; the
+// caller is the pump's owner once the pump has stopped.
+func (r *RelayLane) Release() {
+	r.mu.Lock()
+	prev := r.offer.Swap(nil)
+	r.mu.Unlock()
+	if prev != nil && !prev.adopted {
+		prev.Free()
+	}
+	if r.cur != nil {
+		r.cur.Free()
+		r.cur = nil
+	}
+}
+
+// Sync adopts the lane's current claim. A new one restarts the ring at seq
+// 1 with nothing completed, closed until Open; the words of the claim
+// before are freed, since nothing reads them any more (a Piece of an
+// earlier epoch writes no completion, and its parts no longer land). prev
+// is the epoch before (0: none seen yet). A lane never claimed has epoch 0
+// and no tickets; a lane freed keeps its last ring, not Current.
+func (r *RelayLane) Sync() (epoch, prev uint64) {
+	prev = r.epoch
+	o := r.offer.Load()
+	if o == nil || o == r.cur {
+		return r.epoch, prev
+	}
+	r.mu.Lock()
+	o = r.offer.Load()
+	if o != nil {
+		o.adopted = true
+	}
+	r.mu.Unlock()
+	if o == nil || o == r.cur {
+		return r.epoch, prev
+	}
+	if r.cur != nil {
+		r.cur.Free()
+	}
+	r.cur = o
+	r.epoch, r.next, r.window, r.open = o.Epoch, 1, CompletionWindow{}, false
+	return r.epoch, prev
 }
 
 // Opened reports whether the ring of the epoch last synced is open.
@@ -369,18 +426,20 @@ func (r *RelayLane) Opened() bool { return r.open }
 
 // Open opens the ring of the epoch last synced, which the caller calls
 // only once no second-hop write of the lane's earlier epochs can still
-// read a slot: it zeroes the ring's words, which an earlier epoch's
-// late doorbell or completion may have written since the claim reset them,
-// then release-stores the epoch into OpenEpoch, after which the sender
-// may take tickets.
+// read a slot: it release-stores the epoch into OpenEpoch, after which the
+// sender may take tickets. The claim's words are new, so there is nothing
+// of an earlier epoch to reset.
 func (r *RelayLane) Open() {
-	if r.open || r.epoch == 0 {
+	if r.open || r.cur == nil {
 		return
 	}
-	r.lane.resetRing()
-	atomic.StoreUint64(&r.lane.Relay.OpenEpoch, r.epoch)
+	atomic.StoreUint64(&r.cur.Relay.Relay.OpenEpoch, r.epoch)
 	r.open = true
 }
+
+// Words are the claim the pump follows, nil before the first; valid until
+// the next Sync.
+func (r *RelayLane) Words() *LaneWords { return r.cur }
 
 // Epoch is the epoch of the ring the relay follows.
 func (r *RelayLane) Epoch() uint64 { return r.epoch }
@@ -399,11 +458,11 @@ func (r *RelayLane) Poll() (uint64, TicketState) {
 		return seq, TicketNone
 	}
 	slot := SlotOf(seq)
-	rw := &r.lane.Ready[slot]
+	rw := &r.cur.Sender.Ready[slot]
 	if atomic.LoadUint64(&rw.Seq) != seq && atomic.LoadUint64(&rw.Parts[0]) != seq {
 		return seq, TicketNone
 	}
-	if LoadCommitSeq(&r.lane.Descs[slot]) != seq {
+	if LoadCommitSeq(&r.cur.Sender.Descs[slot]) != seq {
 		return seq, TicketRung
 	}
 	return seq, TicketReady
@@ -416,7 +475,7 @@ func (r *RelayLane) Announced() int {
 	if !r.open {
 		return 0
 	}
-	pub := atomic.LoadUint64(&r.lane.Sender.PublishedSeq)
+	pub := atomic.LoadUint64(&r.cur.Sender.Sender.PublishedSeq)
 	if pub < r.next {
 		return 0
 	}
@@ -431,7 +490,7 @@ func (r *RelayLane) Announced() int {
 func (r *RelayLane) AnnouncedBytes(limit uint64) uint64 {
 	var sum uint64
 	for seq, n := r.next, r.Announced(); n > 0 && sum <= limit; seq, n = seq+1, n-1 {
-		d := &r.lane.Descs[SlotOf(seq)]
+		d := &r.cur.Sender.Descs[SlotOf(seq)]
 		b := uint64(SlotSize)
 		if LoadCommitSeq(d) == seq {
 			if l := atomic.LoadUint64(&d.PieceLen); l > 0 && l < SlotSize {
@@ -449,7 +508,10 @@ func (r *RelayLane) AnnouncedBytes(limit uint64) uint64 {
 // hold seq. A lane claimed anew since (another epoch) has reset the words:
 // the caller checks the epoch.
 func (r *RelayLane) PartsLanded(seq uint64, parts int) int {
-	rw := &r.lane.Ready[SlotOf(seq)]
+	if r.cur == nil {
+		return 0
+	}
+	rw := &r.cur.Sender.Ready[SlotOf(seq)]
 	if atomic.LoadUint64(&rw.Seq) == seq {
 		return parts
 	}
@@ -465,8 +527,8 @@ func (r *RelayLane) PartsLanded(seq uint64, parts int) int {
 // that is gone (its lane freed) or a new claim ends it; a Piece whose parts
 // are still landing then never lands whole.
 func (r *RelayLane) Current() bool {
-	_, held := r.lane.Owner.Load()
-	return held && r.epoch != 0 && r.lane.Epoch() == r.epoch
+	o := r.offer.Load()
+	return o != nil && o == r.cur
 }
 
 // Take consumes the next seq: it copies and validates its Desc into out
@@ -475,7 +537,7 @@ func (r *RelayLane) Current() bool {
 func (r *RelayLane) Take(out *ValidDesc) (uint64, error) {
 	seq := r.next
 	r.next++
-	return seq, ValidateDesc(&r.lane.Descs[SlotOf(seq)], DescExpect{Epoch: r.epoch, Seq: seq}, out)
+	return seq, ValidateDesc(&r.cur.Sender.Descs[SlotOf(seq)], DescExpect{Epoch: r.epoch, Seq: seq}, out)
 }
 
 // Complete records that seq of epoch finished with status and publishes
@@ -492,12 +554,12 @@ func (r *RelayLane) Complete(epoch, seq uint64, status int32) error {
 		return err
 	}
 	for s := before + 1; s <= after; s++ {
-		c := &r.lane.Completions[SlotOf(s)]
+		c := &r.cur.Relay.Completions[SlotOf(s)]
 		atomic.StoreInt32(&c.Status, r.status[SlotOf(s)])
 		atomic.StoreUint64(&c.Seq, s)
 	}
 	if after != before {
-		atomic.StoreUint64(&r.lane.Relay.CompletedSeq, after)
+		atomic.StoreUint64(&r.cur.Relay.Relay.CompletedSeq, after)
 	}
 	return nil
 }

@@ -7,15 +7,43 @@ import (
 	"testing"
 )
 
-func newTestLane(t *testing.T, epoch uint64) (*Lane, *SenderLane, *RelayLane) {
+// testLane is one lane as its relay sees it: the current claim's blocks
+// and the summary. A claim makes new blocks, as the relay does.
+type testLane struct {
+	*LaneSenderBlock
+	*LaneRelayBlock
+	summary LaneSummary
+	rx      *RelayLane
+}
+
+func (l *testLane) Claim(owner Identity, ns PidNS, epoch uint64, now int64) {
+	l.LaneSenderBlock, l.LaneRelayBlock = new(LaneSenderBlock), new(LaneRelayBlock)
+	l.summary.Claim(owner, ns, epoch, now)
+	l.rx.Offer(&LaneWords{Epoch: epoch, Sender: l.LaneSenderBlock, Relay: l.LaneRelayBlock, WakeFD: -1, Free: func() {}})
+}
+
+func (l *testLane) Free() {
+	l.summary.Free()
+	l.rx.Withdraw()
+}
+
+func (l *testLane) State() LaneState {
+	l.summary.CopyProgress(l.LaneSenderBlock, l.LaneRelayBlock)
+	return l.summary.State()
+}
+
+func (l *testLane) Owned(owner Identity, epoch uint64) bool { return l.summary.Owned(owner, epoch) }
+func (l *testLane) Epoch() uint64                           { return l.summary.Epoch() }
+
+func newTestLane(t *testing.T, epoch uint64) (*testLane, *SenderLane, *RelayLane) {
 	t.Helper()
-	lane := new(Lane)
+	lane := &testLane{rx: NewRelayLane()}
 	lane.Claim(Identity{Pid: 42, StartTime: 7, Epoch: 9}, PidNS{Dev: 3, Ino: 4}, epoch, 1)
-	tx, err := NewSenderLane(lane, epoch)
+	tx, err := NewSenderLane(lane.LaneSenderBlock, lane.LaneRelayBlock, epoch)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rx := NewRelayLane(lane)
+	rx := lane.rx
 	if got, prev := rx.Sync(); got != epoch || prev != 0 {
 		t.Fatalf("Sync = %#x, %#x; want %#x, 0", got, prev, epoch)
 	}
@@ -102,7 +130,7 @@ func TestLaneEndpointsRoundTrip(t *testing.T) {
 	if seq := send(t, tx); seq != SlotsPerLane+1 {
 		t.Fatalf("ticket after the reap %d, want %d", seq, SlotsPerLane+1)
 	}
-	if st := lane.State(); st.Next != SlotsPerLane+2 || st.Published != SlotsPerLane+1 || st.Reaped != SlotsPerLane || st.Ready[0] != SlotsPerLane+1 {
+	if st := lane.State(); st.Next != SlotsPerLane+2 || st.Published != SlotsPerLane+1 || st.Reaped != SlotsPerLane || lane.Ready[0].Seq != SlotsPerLane+1 {
 		t.Fatalf("progress words %+v", st)
 	}
 }
@@ -110,16 +138,16 @@ func TestLaneEndpointsRoundTrip(t *testing.T) {
 func TestLaneEndpointRules(t *testing.T) {
 	for _, c := range []struct {
 		name string
-		run  func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane)
+		run  func(t *testing.T, lane *testLane, tx *SenderLane, rx *RelayLane)
 	}{
-		{"doorbell before commit is rung, not ready", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
+		{"doorbell before commit is rung, not ready", func(t *testing.T, lane *testLane, tx *SenderLane, rx *RelayLane) {
 			seq, _ := tx.Ticket()
 			tx.ring(seq)
 			if _, st := rx.Poll(); st != TicketRung {
 				t.Fatalf("state %d, want rung", st)
 			}
 		}},
-		{"commit of another seq than the ticket", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
+		{"commit of another seq than the ticket", func(t *testing.T, lane *testLane, tx *SenderLane, rx *RelayLane) {
 			if err := tx.Commit(2, "s", []PlanEntry{{Dst: 1, Len: 1}}, 1, nil); !errors.Is(err, ErrSeqOrder) {
 				t.Fatalf("Commit = %v, want %v", err, ErrSeqOrder)
 			}
@@ -127,7 +155,7 @@ func TestLaneEndpointRules(t *testing.T) {
 				t.Fatalf("Publish = %v, want %v", err, ErrSeqOrder)
 			}
 		}},
-		{"invalid desc is taken and needs a completion", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
+		{"invalid desc is taken and needs a completion", func(t *testing.T, lane *testLane, tx *SenderLane, rx *RelayLane) {
 			seq, _ := tx.Ticket()
 			PublishDesc(&lane.Descs[SlotOf(seq)], seq)
 			tx.ring(seq)
@@ -141,7 +169,7 @@ func TestLaneEndpointRules(t *testing.T) {
 				t.Fatalf("Complete = %v, completed %d", err, lane.State().Completed)
 			}
 		}},
-		{"completion of a left epoch writes nothing", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
+		{"completion of a left epoch writes nothing", func(t *testing.T, lane *testLane, tx *SenderLane, rx *RelayLane) {
 			send(t, tx)
 			var vd ValidDesc
 			take(t, rx, &vd)
@@ -157,12 +185,12 @@ func TestLaneEndpointRules(t *testing.T) {
 				t.Fatalf("old epoch's completion landed: %+v", st)
 			}
 		}},
-		{"completion outside the window", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
+		{"completion outside the window", func(t *testing.T, lane *testLane, tx *SenderLane, rx *RelayLane) {
 			if err := rx.Complete(rx.Epoch(), SlotsPerLane+1, CompletionOK); !errors.Is(err, ErrSeqOrder) {
 				t.Fatalf("Complete = %v, want %v", err, ErrSeqOrder)
 			}
 		}},
-		{"abandon gives up published seqs in order", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
+		{"abandon gives up published seqs in order", func(t *testing.T, lane *testLane, tx *SenderLane, rx *RelayLane) {
 			send(t, tx)
 			send(t, tx)
 			for want := uint64(1); want <= 2; want++ {
@@ -174,7 +202,7 @@ func TestLaneEndpointRules(t *testing.T) {
 				t.Fatal("abandoned more than was published")
 			}
 		}},
-		{"exhausted lane takes no ticket until rolled over", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
+		{"exhausted lane takes no ticket until claimed anew", func(t *testing.T, lane *testLane, tx *SenderLane, rx *RelayLane) {
 			if err := tx.startAt(MaxLaneSeq); err != nil {
 				t.Fatal(err)
 			}
@@ -185,17 +213,16 @@ func TestLaneEndpointRules(t *testing.T) {
 			}
 			var vd ValidDesc
 			take(t, rx, &vd)
-			if err := tx.Rollover(9); !errors.Is(err, ErrLaneNotDrained) {
-				t.Fatalf("Rollover undrained = %v", err)
-			}
 			if err := rx.Complete(rx.Epoch(), MaxLaneSeq, CompletionOK); err != nil {
 				t.Fatal(err)
 			}
 			if _, _, ok := tx.Reap(); !ok {
 				t.Fatal("no reap of the last seq")
 			}
-			lane.Renew(9)
-			if err := tx.Rollover(9); err != nil {
+			// A new claim gives the lane new words and a new epoch.
+			lane.Claim(Identity{Pid: 42, StartTime: 7, Epoch: 9}, PidNS{}, 9, 2)
+			tx, err := NewSenderLane(lane.LaneSenderBlock, lane.LaneRelayBlock, 9)
+			if err != nil {
 				t.Fatal(err)
 			}
 			if epoch, _ := rx.Sync(); epoch != 9 {
@@ -209,19 +236,19 @@ func TestLaneEndpointRules(t *testing.T) {
 				t.Fatalf("first seq of the new epoch %d", seq)
 			}
 		}},
-		{"claim resets a used lane and publishes the owner", func(t *testing.T, lane *Lane, tx *SenderLane, rx *RelayLane) {
+		{"claim gives new words and publishes the owner", func(t *testing.T, lane *testLane, tx *SenderLane, rx *RelayLane) {
 			send(t, tx)
 			owner := Identity{Pid: 77, StartTime: 8, Epoch: 3}
 			lane.Claim(owner, PidNS{}, 11, 5)
 			st := lane.State()
-			if !st.Held || st.Owner != owner || st.LaneEpoch != 11 || st.Next != 1 || st.Published != 0 || st.Ready[0] != 0 || lane.Descs[0].CommitSeq != 0 {
+			if !st.Held || st.Owner != owner || st.LaneEpoch != 11 || st.Published != 0 || lane.Ready[0].Seq != 0 || lane.Descs[0].CommitSeq != 0 {
 				t.Fatalf("after the claim: %+v", st)
 			}
 			if !lane.Owned(owner, 11) || lane.Owned(owner, 12) {
 				t.Fatal("Owned disagrees with the claim")
 			}
 			lane.Free()
-			if _, held := lane.Owner.Load(); held || lane.Epoch() != 11 {
+			if _, held := lane.summary.Owner.Load(); held || lane.Epoch() != 11 {
 				t.Fatal("Free must clear the owner and keep the epoch")
 			}
 		}},
@@ -382,7 +409,7 @@ func TestLaneWrapsAtMaxLaneSeq(t *testing.T) {
 	// The engine gives up the spent claim and claims the lane anew.
 	lane.Free()
 	lane.Claim(Identity{Pid: 42, StartTime: 7, Epoch: 9}, PidNS{Dev: 3, Ino: 4}, 6, 2)
-	tx, err := NewSenderLane(lane, 6)
+	tx, err := NewSenderLane(lane.LaneSenderBlock, lane.LaneRelayBlock, 6)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -477,8 +504,8 @@ func TestLanePartWords(t *testing.T) {
 }
 
 // A new claim's sender takes no ticket until the relay opens the epoch,
-// and the relay's Open clears what a late doorbell and a late completion
-// of the old epoch wrote after the claim reset the lane.
+// and a late doorbell and a late completion of the old epoch land in the
+// old claim's words, which the new claim does not share.
 func TestLaneOpensOnlyWhenTheRelayOpensIt(t *testing.T) {
 	lane, tx, rx := newTestLane(t, 5)
 	send(t, tx)
@@ -486,13 +513,13 @@ func TestLaneOpensOnlyWhenTheRelayOpensIt(t *testing.T) {
 	take(t, rx, &vd)
 
 	lane.Claim(Identity{Pid: 43, StartTime: 8, Epoch: 10}, PidNS{}, 6, 2)
-	tx2, err := NewSenderLane(lane, 6)
+	tx2, err := NewSenderLane(lane.LaneSenderBlock, lane.LaneRelayBlock, 6)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The old sender's doorbell of seq 2 lands late; the old epoch's
 	// seq 1 completes (the relay had not synced yet).
-	RingDoorbell(&lane.Ready[SlotOf(2)].Seq, 2)
+	RingDoorbell(tx.ReadyWord(2), 2)
 	if err := rx.Complete(5, 1, CompletionOK); err != nil {
 		t.Fatal(err)
 	}
@@ -508,12 +535,12 @@ func TestLaneOpensOnlyWhenTheRelayOpensIt(t *testing.T) {
 	if _, ok := tx2.Ticket(); ok {
 		t.Fatal("a ticket before the relay opened the new epoch")
 	}
-	if st := lane.State(); st.Open != 5 {
-		t.Fatalf("open epoch %d before Open, want the old 5", st.Open)
+	if st := lane.State(); st.Open != 0 {
+		t.Fatalf("open epoch %d of the new claim before Open, want 0", st.Open)
 	}
 	rx.Open()
 	st := lane.State()
-	if st.Open != 6 || st.Ready[SlotOf(2)] != 0 || lane.Completions[0].Seq != 0 || st.Completed != 0 {
+	if st.Open != 6 || lane.Ready[SlotOf(2)].Seq != 0 || lane.Completions[0].Seq != 0 || st.Completed != 0 {
 		t.Fatalf("after Open: %+v, completion word %d", st, lane.Completions[0].Seq)
 	}
 	if seq := send(t, tx2); seq != 1 {

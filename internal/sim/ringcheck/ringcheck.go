@@ -41,8 +41,9 @@ type Config struct {
 	// RelayDevice and SenderDevice are device ordinals.
 	RelayDevice  int
 	SenderDevice int
-	// ControlPath is the relay's control file; it must not exist. Use a
-	// tmpfs (/dev/shm): pinning file pages elsewhere can fail.
+	// ControlPath is the file of the ring's lane words (its sender and
+	// relay blocks side by side); it must not exist. Use a tmpfs
+	// (/dev/shm): pinning file pages elsewhere can fail.
 	ControlPath string
 	Lane        int
 	Pieces      int
@@ -145,7 +146,14 @@ func RelayMain() error {
 	return runRelay(cfg, os.Stdout)
 }
 
-func mapControl(path string, create bool) ([]byte, *staging.ControlBlock, error) {
+// ringWords are the words of the ring's one lane, both blocks of a claim
+// side by side in the file the two processes map.
+type ringWords struct {
+	Sender staging.LaneSenderBlock
+	Relay  staging.LaneRelayBlock
+}
+
+func mapControl(path string, create bool) ([]byte, *ringWords, error) {
 	flags := unix.O_RDWR | unix.O_CLOEXEC | unix.O_NOFOLLOW
 	if create {
 		flags |= unix.O_CREAT | unix.O_EXCL
@@ -156,15 +164,15 @@ func mapControl(path string, create bool) ([]byte, *staging.ControlBlock, error)
 	}
 	defer unix.Close(fd)
 	if create {
-		if err := unix.Ftruncate(fd, int64(staging.ControlSize)); err != nil {
+		if err := unix.Ftruncate(fd, int64(unsafe.Sizeof(ringWords{}))); err != nil {
 			return nil, nil, &os.PathError{Op: "ftruncate", Path: path, Err: err}
 		}
 	}
-	mem, err := unix.Mmap(fd, 0, int(staging.ControlSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := unix.Mmap(fd, 0, int(unsafe.Sizeof(ringWords{})), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return nil, nil, &os.PathError{Op: "mmap", Path: path, Err: err}
 	}
-	return mem, (*staging.ControlBlock)(unsafe.Pointer(&mem[0])), nil
+	return mem, (*ringWords)(unsafe.Pointer(&mem[0])), nil
 }
 
 func runRelay(cfg Config, out io.Writer) error {
@@ -203,7 +211,10 @@ func runRelay(cfg Config, out io.Writer) error {
 	if _, err := fmt.Fprintf(out, "handle %s\n", hex.EncodeToString(h[:])); err != nil {
 		return err
 	}
-	rx := staging.NewRelayLane(&ctl.Lanes[cfg.Lane])
+	// The ring has one sender and no registry: the relay offers the
+	// claim to itself, under the ring's epoch.
+	rx := staging.NewRelayLane()
+	rx.Offer(&staging.LaneWords{Epoch: ringEpoch, Sender: &ctl.Sender, Relay: &ctl.Relay, WakeFD: -1, Free: func() {}})
 	var vd staging.ValidDesc
 	chunk := cfg.PieceLen / cfg.Entries
 	got := make([]byte, cfg.PieceLen)
@@ -369,15 +380,11 @@ func NewSender(d *cuda.Driver, cfg Config, handle [staging.ArenaHandleSize]byte,
 	if s.peer, err = gpu.NewArenas(g).Open(nil, handle); err != nil {
 		return nil, err
 	}
-	var ctl *staging.ControlBlock
+	var ctl *ringWords
 	if s.mem, ctl, err = mapControl(cfg.ControlPath, false); err != nil {
 		return nil, err
 	}
-	// The ring has one sender and no registry: the sender claims the lane
-	// itself, under an epoch of its own.
-	lane := &ctl.Lanes[cfg.Lane]
-	lane.Claim(staging.Identity{Pid: os.Getpid(), Epoch: ringEpoch}, staging.PidNS{}, ringEpoch, 0)
-	if s.tx, err = staging.NewSenderLane(lane, ringEpoch); err != nil {
+	if s.tx, err = staging.NewSenderLane(&ctl.Sender, &ctl.Relay, ringEpoch); err != nil {
 		return nil, err
 	}
 	if s.unreg, err = s.copier.RegisterHost(uintptr(unsafe.Pointer(&s.mem[0])), uint64(len(s.mem))); err != nil {

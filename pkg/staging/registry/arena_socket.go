@@ -23,10 +23,14 @@ import (
 	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
 
-// The arena socket: a rank whose arena can hand out its lanes'
-// descriptors (staging.LaneFDArena) listens on sock-<id> in its group
-// directory, and gives the holder of one of its lanes a descriptor of that
-// lane's memory (SCM_RIGHTS), and nothing else.
+// The arena socket: every rank listens on sock-<id> in its group
+// directory, and that is where a sender claims one of its lanes: the
+// rank's socket goroutine picks the lane, records the owner in its own
+// control file and answers with the lane's index and epoch and, by
+// SCM_RIGHTS, the claim's sender block, relay block and eventfd and, when
+// the arena can hand out its lanes (staging.LaneFDArena), a descriptor of
+// that lane's staging memory; nothing else. The connection stays open for
+// the lease: its end is the relay's proof that the holder let go.
 // A unix socket file, not an abstract one: pods of a group share the
 // directory but not a network namespace. See docs/registry.md.
 const (
@@ -55,13 +59,17 @@ const (
 	sockBacklog = 32
 
 	fdMagic = 0x44465850 // "PXFD"
-	// fdVersion asks for the asker's lane alone (staging.ShareLaneFD);
-	// version 1 asked for the whole arena, and is refused.
-	fdVersion = 2
+	// fdVersion 3 is a claim (ABI 6); version 2 asked for the staging
+	// memory of a lane claimed in the control file, and version 1 for the
+	// whole arena; both are refused.
+	fdVersion = 3
 	// fdRequestSize and fdAnswerSize are fixed: a request is read whole
 	// or not at all.
-	fdRequestSize = 32
-	fdAnswerSize  = 16
+	fdRequestSize = 48
+	fdAnswerSize  = 32
+	// fdMaxRights is the most descriptors of an answer: sender block,
+	// relay block, eventfd and the lane's staging memory.
+	fdMaxRights = 4
 	// sockPathMax is the room in sockaddr_un for a path and its NUL.
 	sockPathMax = 107
 )
@@ -74,6 +82,8 @@ const (
 	fdNotReady
 	fdExportFailed
 	fdWrongUID
+	fdNoFreeLane
+	fdHeld
 )
 
 func fdStatusText(s uint32) string {
@@ -83,32 +93,37 @@ func fdStatusText(s uint32) string {
 	case fdMalformed:
 		return "malformed request"
 	case fdNotHolder:
-		return "the lane is not held by the asker"
+		return "the asker is not the rank it names"
 	case fdNotReady:
 		return "the relay is not READY"
 	case fdExportFailed:
 		return "the relay could not export its arena"
 	case fdWrongUID:
 		return "the asker's uid is not the registry's"
+	case fdNoFreeLane:
+		return "no free lane"
+	case fdHeld:
+		return "the asker already holds a lane"
 	}
 	return "status " + strconv.FormatUint(uint64(s), 10)
 }
 
-// fdRequest asks for a descriptor of Lane's memory for the holder of
-// Lane: SenderEpoch and LaneEpoch must be the lane's current owner words.
+// fdRequest claims a lane for the rank it names: its identity and PID
+// namespace, which the relay records as the lane's owner.
 type fdRequest struct {
-	Lane        uint32
-	SenderEpoch uint64
-	LaneEpoch   uint64
+	Owner staging.Identity
+	NS    staging.PidNS
 }
 
 func (q fdRequest) encode() [fdRequestSize]byte {
 	var b [fdRequestSize]byte
 	binary.LittleEndian.PutUint32(b[0:], fdMagic)
 	binary.LittleEndian.PutUint32(b[4:], fdVersion)
-	binary.LittleEndian.PutUint32(b[8:], q.Lane)
-	binary.LittleEndian.PutUint64(b[16:], q.SenderEpoch)
-	binary.LittleEndian.PutUint64(b[24:], q.LaneEpoch)
+	binary.LittleEndian.PutUint64(b[8:], uint64(q.Owner.Pid))
+	binary.LittleEndian.PutUint64(b[16:], q.Owner.StartTime)
+	binary.LittleEndian.PutUint64(b[24:], q.Owner.Epoch)
+	binary.LittleEndian.PutUint64(b[32:], q.NS.Dev)
+	binary.LittleEndian.PutUint64(b[40:], q.NS.Ino)
 	return b
 }
 
@@ -122,29 +137,67 @@ func decodeFDRequest(b []byte) (fdRequest, error) {
 	if v := binary.LittleEndian.Uint32(b[4:]); v != fdVersion {
 		return fdRequest{}, fmt.Errorf("request version %d, want %d", v, fdVersion)
 	}
+	pid := binary.LittleEndian.Uint64(b[8:])
 	q := fdRequest{
-		Lane:        binary.LittleEndian.Uint32(b[8:]),
-		SenderEpoch: binary.LittleEndian.Uint64(b[16:]),
-		LaneEpoch:   binary.LittleEndian.Uint64(b[24:]),
+		Owner: staging.Identity{StartTime: binary.LittleEndian.Uint64(b[16:]), Epoch: binary.LittleEndian.Uint64(b[24:])},
+		NS:    staging.PidNS{Dev: binary.LittleEndian.Uint64(b[32:]), Ino: binary.LittleEndian.Uint64(b[40:])},
 	}
 	switch {
-	case binary.LittleEndian.Uint32(b[12:]) != 0:
-		return q, errors.New("request padding is not zero")
-	case q.Lane >= staging.LaneCount:
-		return q, fmt.Errorf("lane %d out of range 0..%d", q.Lane, staging.LaneCount-1)
-	case q.SenderEpoch == 0 || q.LaneEpoch == 0:
+	case pid == 0 || pid > staging.MaxPid:
+		return q, fmt.Errorf("pid %d out of range 1..%d", pid, staging.MaxPid)
+	case q.Owner.Epoch == 0:
 		return q, errors.New("request epoch 0")
 	}
+	q.Owner.Pid = int(pid)
 	return q, nil
 }
 
-func encodeFDAnswer(status uint32, size uint64) [fdAnswerSize]byte {
+// fdAnswer is the relay's answer to a claim; with fdOK, Rights
+// descriptors come with it: sender block, relay block, eventfd, and the
+// lane's staging memory when Rights is 4.
+type fdAnswer struct {
+	Status    uint32
+	Lane      uint32
+	Rights    uint32
+	LaneEpoch uint64
+	LaneBytes uint64
+}
+
+func (a fdAnswer) encode() [fdAnswerSize]byte {
 	var b [fdAnswerSize]byte
 	binary.LittleEndian.PutUint32(b[0:], fdMagic)
-	binary.LittleEndian.PutUint32(b[4:], status)
-	binary.LittleEndian.PutUint64(b[8:], size)
+	binary.LittleEndian.PutUint32(b[4:], a.Status)
+	binary.LittleEndian.PutUint32(b[8:], a.Lane)
+	binary.LittleEndian.PutUint32(b[12:], a.Rights)
+	binary.LittleEndian.PutUint64(b[16:], a.LaneEpoch)
+	binary.LittleEndian.PutUint64(b[24:], a.LaneBytes)
 	return b
 }
+
+func decodeFDAnswer(b []byte) fdAnswer {
+	return fdAnswer{
+		Status:    binary.LittleEndian.Uint32(b[4:]),
+		Lane:      binary.LittleEndian.Uint32(b[8:]),
+		Rights:    binary.LittleEndian.Uint32(b[12:]),
+		LaneEpoch: binary.LittleEndian.Uint64(b[16:]),
+		LaneBytes: binary.LittleEndian.Uint64(b[24:]),
+	}
+}
+
+// claimer decides claims for an arena socket (the Rank): claim answers a
+// request and, with fdOK, returns the descriptors to send, which the
+// server closes after sending, and the lease, which it keeps until the
+// connection ends and then hands to release.
+type claimer interface {
+	claim(cred *unix.Ucred, q fdRequest) (fdAnswer, []int, *inboundClaim)
+	release(c *inboundClaim, why string)
+	lapse(c *inboundClaim, why string)
+}
+
+// leaseRelease is the one byte a holder writes on its lease's connection,
+// once it has unmapped the lane, to release it; a connection that ends
+// without it lapses (Rank.lapse).
+const leaseRelease = 'R'
 
 // sockAddr is the address of name in the directory dirfd refers to: its
 // path when short enough, or else the path through /proc/self/fd, which
@@ -158,7 +211,7 @@ func sockAddr(dirfd int, dirPath, name string) string {
 
 // ServeStats counts what an arena socket did.
 type ServeStats struct {
-	// Served: descriptors handed out.
+	// Served: claims answered with their descriptors.
 	Served uint64
 	// Refused: connections answered with an error (wrong uid, malformed,
 	// not the lane's holder, not READY, export failed) or dropped for a
@@ -179,19 +232,20 @@ type ServeStats struct {
 // the peer with the most. So no client holds more than sockMaxWaiting
 // descriptors of the server, and none keeps another's answer from coming.
 type arenaServer struct {
-	ln    *net.UnixListener
-	dirfd int
-	name  string
-	uid   int
-	self  staging.PidNS
-	ctl   *staging.ControlBlock
-	lanes staging.LaneFDArena
-	log   klog.Logger
+	ln     *net.UnixListener
+	dirfd  int
+	name   string
+	uid    int
+	claims claimer
+	log    klog.Logger
 
 	// waiting are the connections waiting for their request, oldest
 	// first; each is its goroutine's, which removes it.
 	mu      sync.Mutex
 	waiting []*waitingConn
+	// leases are the connections of claims answered, each held by a
+	// goroutine until it ends.
+	leases map[*net.UnixConn]struct{}
 	// open holds a token for each accepted connection not yet closed.
 	open    chan struct{}
 	done    chan struct{}
@@ -215,8 +269,8 @@ type waitingConn struct {
 // startArenaServer binds sock-<id> in d, 0600 whatever the umask (the
 // socket's own mode is set before bind, and bind creates the file with
 // it), and serves it.
-func startArenaServer(d *registryDir, name string, ctl *staging.ControlBlock, self staging.PidNS, lanes staging.LaneFDArena, log klog.Logger) (*arenaServer, error) {
-	s := &arenaServer{name: name, uid: d.uid, self: self, ctl: ctl, lanes: lanes, log: log, open: make(chan struct{}, sockMaxOpen), done: make(chan struct{})}
+func startArenaServer(d *registryDir, name string, claims claimer, log klog.Logger) (*arenaServer, error) {
+	s := &arenaServer{name: name, uid: d.uid, claims: claims, log: log, leases: map[*net.UnixConn]struct{}{}, open: make(chan struct{}, sockMaxOpen), done: make(chan struct{})}
 	path := filepath.Join(d.path, name)
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 	if err != nil {
@@ -310,7 +364,7 @@ func (s *arenaServer) take(c *net.UnixConn) {
 	}
 	if int(cred.Uid) != s.uid {
 		s.log.V(2).Info("pxn arena socket refused a peer of another uid", "socket", s.name, "uid", cred.Uid)
-		s.reply(c, fdWrongUID, -1)
+		s.reply(c, fdAnswer{Status: fdWrongUID}, nil)
 		s.closeConn(c)
 		return
 	}
@@ -324,7 +378,6 @@ func (s *arenaServer) take(c *net.UnixConn) {
 	w.n = n
 	if n == len(w.buf) {
 		s.respond(c, cred, w.buf[:])
-		s.closeConn(c)
 		return
 	}
 	if err := c.SetReadDeadline(time.Now().Add(sockRequestTimeout)); err != nil {
@@ -388,6 +441,7 @@ func (s *arenaServer) wait(w *waitingConn, cred *unix.Ucred) {
 	switch {
 	case err == nil:
 		s.respond(w.c, cred, w.buf[:])
+		return
 	case !dropped:
 		s.refused.Add(1)
 	}
@@ -400,30 +454,87 @@ func (s *arenaServer) closeConn(c *net.UnixConn) {
 	<-s.open
 }
 
-// respond answers a whole request.
+// respond answers a whole request and closes the connection, or keeps it
+// as the claim's lease.
 func (s *arenaServer) respond(c *net.UnixConn, cred *unix.Ucred, req []byte) {
-	status, fd := s.answer(cred, req)
-	if fd >= 0 {
-		defer unix.Close(fd)
+	var ans fdAnswer
+	var fds []int
+	var lease *inboundClaim
+	q, err := decodeFDRequest(req)
+	if err != nil {
+		s.log.V(2).Info("pxn arena socket refused a request", "socket", s.name, "err", err.Error())
+		ans.Status = fdMalformed
+	} else {
+		ans, fds, lease = s.claims.claim(cred, q)
 	}
-	if s.reply(c, status, fd) {
-		s.served.Add(1)
+	sent := s.reply(c, ans, fds)
+	for _, fd := range fds {
+		unix.Close(fd)
 	}
+	if lease == nil {
+		s.closeConn(c)
+		return
+	}
+	if !sent {
+		s.claims.release(lease, "its answer could not be sent")
+		s.closeConn(c)
+		return
+	}
+	s.served.Add(1)
+	s.mu.Lock()
+	closing := s.leases == nil
+	if !closing {
+		s.leases[c] = struct{}{}
+	}
+	s.mu.Unlock()
+	if closing {
+		s.claims.release(lease, "the relay is closing")
+		s.closeConn(c)
+		return
+	}
+	// A lease is no connection waiting: it gives its token back.
+	<-s.open
+	s.wg.Add(1)
+	go s.hold(c, lease)
 }
 
-// reply sends the answer, with fd when it is not -1, and reports whether
-// a descriptor went out.
-func (s *arenaServer) reply(c *net.UnixConn, status uint32, fd int) bool {
-	ans := encodeFDAnswer(status, staging.LaneBytes)
+// hold keeps a lease's connection until the holder releases the lane or
+// the connection ends (the holder's exit ends it, in any namespace), or
+// the server closes.
+func (s *arenaServer) hold(c *net.UnixConn, lease *inboundClaim) {
+	defer s.wg.Done()
+	c.SetReadDeadline(time.Time{})
+	var b [1]byte
+	n, err := c.Read(b[:])
+	s.mu.Lock()
+	if s.leases != nil {
+		delete(s.leases, c)
+	}
+	s.mu.Unlock()
+	switch {
+	case n == 1 && b[0] == leaseRelease:
+		s.claims.release(lease, "released")
+	case n == 1:
+		s.claims.lapse(lease, fmt.Sprintf("the holder wrote %#x on its lease", b[0]))
+	default:
+		s.claims.lapse(lease, fmt.Sprintf("the lease's connection ended: %v", err))
+	}
+	c.Close()
+}
+
+// reply sends the answer, with fds, and reports whether it went out whole.
+func (s *arenaServer) reply(c *net.UnixConn, ans fdAnswer, fds []int) bool {
+	ans.Rights = uint32(len(fds))
+	b := ans.encode()
 	var oob []byte
-	if fd >= 0 {
-		oob = unix.UnixRights(fd)
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
 	}
 	err := c.SetWriteDeadline(time.Now().Add(sockAnswerTimeout))
 	if err == nil {
-		_, _, err = c.WriteMsgUnix(ans[:], oob, nil)
+		_, _, err = c.WriteMsgUnix(b[:], oob, nil)
 	}
-	if err != nil || status != fdOK {
+	if err != nil || ans.Status != fdOK {
 		s.refused.Add(1)
 		return false
 	}
@@ -464,48 +575,15 @@ func readNow(c *net.UnixConn, b []byte) (int, error) {
 	return n, err
 }
 
-// answer checks the asker and its request; a descriptor comes back only
-// with fdOK.
-func (s *arenaServer) answer(cred *unix.Ucred, req []byte) (uint32, int) {
-	q, err := decodeFDRequest(req)
-	if err != nil {
-		s.log.V(2).Info("pxn arena socket refused a request", "socket", s.name, "err", err.Error())
-		return fdMalformed, -1
-	}
-	if st := s.ctl.Header.LoadState(); st != staging.StateReady {
-		return fdNotReady, -1
-	}
-	lane := &s.ctl.Lanes[q.Lane]
-	owner, held := lane.Owner.Load()
-	switch {
-	case !held, owner.Epoch != q.SenderEpoch, lane.Epoch() != q.LaneEpoch:
-		return fdNotHolder, -1
-	case lane.Owner.LoadNS() == s.self && int(cred.Pid) != owner.Pid:
-		// Only in one namespace does the kernel's pid of the asker mean
-		// the pid the owner recorded.
-		return fdNotHolder, -1
-	case lane.Owner.LoadNS() != s.self && s.inOwnNS(cred):
-		// An asker of the relay's own namespace is no owner of another:
-		// it copied the owner words.
-		return fdNotHolder, -1
-	}
-	fd, err := s.lanes.ExportLaneFD(int(q.Lane))
-	if err != nil {
-		s.log.Error(err, "pxn arena socket could not export the arena", "socket", s.name, "lane", q.Lane)
-		return fdExportFailed, -1
-	}
-	return fdOK, fd
-}
-
 // inOwnNS reports whether the asker is a process of the server's PID
 // namespace; a pid of 0 (the asker is not visible here) or a process gone
 // since says no.
-func (s *arenaServer) inOwnNS(cred *unix.Ucred) bool {
+func inOwnNS(cred *unix.Ucred, self staging.PidNS) bool {
 	if cred.Pid <= 0 {
 		return false
 	}
 	ns, err := staging.ReadPidNS("/proc/" + strconv.Itoa(int(cred.Pid)) + "/ns/pid")
-	return err == nil && ns == s.self
+	return err == nil && ns == self
 }
 
 func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
@@ -533,8 +611,8 @@ func (s *arenaServer) unlink() {
 	}
 }
 
-// close stops accepting, ends the connections waiting for their request,
-// waits for their goroutines and removes the socket file.
+// close stops accepting, ends the connections waiting for their request
+// and the leases, waits for their goroutines and removes the socket file.
 func (s *arenaServer) close() error {
 	var err error
 	s.once.Do(func() {
@@ -544,6 +622,10 @@ func (s *arenaServer) close() error {
 		for _, w := range s.waiting {
 			w.c.SetReadDeadline(time.Now())
 		}
+		for c := range s.leases {
+			c.SetReadDeadline(time.Now())
+		}
+		s.leases = nil
 		s.mu.Unlock()
 		s.wg.Wait()
 		s.unlink()
@@ -552,12 +634,12 @@ func (s *arenaServer) close() error {
 	return err
 }
 
-// fdClient is one request to a relay's arena socket. Nothing in it blocks
-// unless asked to: the pump connects, sends and later polls for the answer.
+// fdClient is one claim on a relay's arena socket. Nothing in it blocks
+// unless asked to: the pump connects, sends and later polls for the
+// answer. Once the claim is answered its connection is the lease (take).
 type fdClient struct {
 	fd       int
 	name     string
-	lane     uint32
 	deadline int64 // MonoNanos
 	buf      [fdAnswerSize]byte
 	n        int
@@ -572,7 +654,7 @@ func dialArenaSocket(d *registryDir, name string, q fdRequest, relayPid int, now
 	if err != nil {
 		return nil, fmt.Errorf("arena socket %s: %w", name, err)
 	}
-	c := &fdClient{fd: fd, name: name, lane: q.Lane, deadline: now + int64(sockClientTimeout)}
+	c := &fdClient{fd: fd, name: name, deadline: now + int64(sockClientTimeout)}
 	err = unix.Connect(fd, &unix.SockaddrUnix{Name: sockAddr(d.fd(), d.path, name)})
 	for errors.Is(err, unix.EINTR) {
 		err = unix.Connect(fd, &unix.SockaddrUnix{Name: sockAddr(d.fd(), d.path, name)})
@@ -607,9 +689,9 @@ func dialArenaSocket(d *registryDir, name string, q fdRequest, relayPid int, now
 }
 
 // poll reads the answer as far as it has come, waiting up to wait for
-// more. done reports an answer read whole (or a failure); then fd is the
-// arena's descriptor, which the caller closes, and size its size.
-func (c *fdClient) poll(wait time.Duration) (fd int, size uint64, done bool, err error) {
+// more. done reports an answer read whole (or a failure); then fds are
+// the answer's descriptors, which the caller closes.
+func (c *fdClient) poll(wait time.Duration) (ans fdAnswer, fds []int, done bool, err error) {
 	if wait > 0 {
 		pfd := []unix.PollFd{{Fd: int32(c.fd), Events: unix.POLLIN}}
 		ms := int(wait / time.Millisecond)
@@ -617,46 +699,53 @@ func (c *fdClient) poll(wait time.Duration) (fd int, size uint64, done bool, err
 			ms = 1
 		}
 		if _, err := unix.Poll(pfd, ms); err != nil && !errors.Is(err, unix.EINTR) {
-			return -1, 0, true, fmt.Errorf("arena socket %s: poll: %w", c.name, err)
+			return ans, nil, true, fmt.Errorf("arena socket %s: poll: %w", c.name, err)
 		}
 	}
 	for c.n < len(c.buf) {
-		oob := make([]byte, unix.CmsgSpace(4))
+		oob := make([]byte, unix.CmsgSpace(4*fdMaxRights))
 		n, oobn, flags, _, err := unix.Recvmsg(c.fd, c.buf[c.n:], oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
 		switch {
 		case errors.Is(err, unix.EINTR):
 			continue
 		case errors.Is(err, unix.EAGAIN):
-			return -1, 0, false, nil
+			return ans, nil, false, nil
 		case err != nil:
-			return -1, 0, true, fmt.Errorf("arena socket %s: receive: %w", c.name, err)
+			return ans, nil, true, fmt.Errorf("arena socket %s: receive: %w", c.name, err)
 		}
 		if oobn > 0 {
 			if err := c.takeRights(oob[:oobn]); err != nil {
-				return -1, 0, true, err
+				return ans, nil, true, err
 			}
 		}
 		if flags&unix.MSG_CTRUNC != 0 {
-			return -1, 0, true, fmt.Errorf("arena socket %s: more descriptors than one", c.name)
+			return ans, nil, true, fmt.Errorf("arena socket %s: more descriptors than %d", c.name, fdMaxRights)
 		}
 		if n == 0 {
-			return -1, 0, true, fmt.Errorf("arena socket %s: closed after %d bytes of the answer (the relay is busy, closing, or refused us)", c.name, c.n)
+			return ans, nil, true, fmt.Errorf("arena socket %s: closed after %d bytes of the answer (the relay is busy, closing, or refused us)", c.name, c.n)
 		}
 		c.n += n
 	}
-	magic, status := binary.LittleEndian.Uint32(c.buf[0:]), binary.LittleEndian.Uint32(c.buf[4:])
-	size = binary.LittleEndian.Uint64(c.buf[8:])
-	switch {
+	ans = decodeFDAnswer(c.buf[:])
+	switch magic := binary.LittleEndian.Uint32(c.buf[0:]); {
 	case magic != fdMagic:
-		return -1, 0, true, fmt.Errorf("arena socket %s: answer magic %#x, want %#x", c.name, magic, fdMagic)
-	case status != fdOK:
-		return -1, 0, true, fmt.Errorf("arena socket %s: lane %d refused: %s", c.name, c.lane, fdStatusText(status))
-	case len(c.rights) != 1:
-		return -1, 0, true, fmt.Errorf("arena socket %s: %d descriptors with the answer, want 1", c.name, len(c.rights))
+		return ans, nil, true, fmt.Errorf("arena socket %s: answer magic %#x, want %#x", c.name, magic, fdMagic)
+	case ans.Status == fdNoFreeLane:
+		return ans, nil, true, fmt.Errorf("arena socket %s: claim refused: %w", c.name, ErrNoFreeLane)
+	case ans.Status == fdHeld:
+		return ans, nil, true, fmt.Errorf("arena socket %s: claim refused: %w", c.name, ErrLaneHeld)
+	case ans.Status != fdOK:
+		return ans, nil, true, fmt.Errorf("arena socket %s: claim refused: %s", c.name, fdStatusText(ans.Status))
+	case ans.Lane >= staging.LaneCount:
+		return ans, nil, true, fmt.Errorf("arena socket %s: lane %d out of range 0..%d", c.name, ans.Lane, staging.LaneCount-1)
+	case ans.LaneEpoch == 0:
+		return ans, nil, true, fmt.Errorf("arena socket %s: lane epoch 0", c.name)
+	case ans.Rights != uint32(len(c.rights)) || len(c.rights) < 3:
+		return ans, nil, true, fmt.Errorf("arena socket %s: %d descriptors with the answer, which names %d; want 3 or 4", c.name, len(c.rights), ans.Rights)
 	}
-	fd = c.rights[0]
+	fds = c.rights
 	c.rights = nil
-	return fd, size, true, nil
+	return ans, fds, true, nil
 }
 
 // takeRights keeps the descriptors of an SCM_RIGHTS message; close closes
@@ -676,13 +765,37 @@ func (c *fdClient) takeRights(oob []byte) error {
 	return nil
 }
 
+// take hands the connection over as the lease of the claim answered.
+func (c *fdClient) take() int {
+	fd := c.fd
+	c.fd = -1
+	return fd
+}
+
+// close gives up the claim: whatever the relay granted meanwhile is
+// released, since nothing of it was mapped (a granted claim's connection
+// leaves the client through take before anything is).
 func (c *fdClient) close() {
 	for _, fd := range c.rights {
 		unix.Close(fd)
 	}
 	c.rights = nil
 	if c.fd >= 0 {
+		sendRelease(c.fd)
 		unix.Close(c.fd)
 		c.fd = -1
+	}
+}
+
+// sendRelease writes the release byte on a lease's connection. A relay
+// that already closed its end gets nothing, and raises no SIGPIPE in a
+// host process that has no handler for it.
+func sendRelease(fd int) {
+	b := [1]byte{leaseRelease}
+	for {
+		err := unix.Sendto(fd, b[:], unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT, nil)
+		if !errors.Is(err, unix.EINTR) {
+			return
+		}
 	}
 }

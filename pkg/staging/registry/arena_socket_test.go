@@ -11,10 +11,9 @@ import (
 	"github.com/pxn-project/pxn/pkg/staging"
 )
 
-// fdRequestBytes is a valid request, bytes changed by set (offset, value
-// as little-endian of its width).
+// fdRequestBytes is a valid claim, bytes changed by set.
 func fdRequestBytes(set func(b []byte)) []byte {
-	b := fdRequest{Lane: 3, SenderEpoch: 0x1122, LaneEpoch: 0x3344}.encode()
+	b := fdRequest{Owner: staging.Identity{Pid: 42, StartTime: 0x55, Epoch: 0x1122}, NS: staging.PidNS{Dev: 3, Ino: 0x3344}}.encode()
 	if set != nil {
 		set(b[:])
 	}
@@ -28,18 +27,16 @@ func TestDecodeFDRequest(t *testing.T) {
 		want string
 	}{
 		{"valid", fdRequestBytes(nil), ""},
-		{"last lane", fdRequestBytes(func(b []byte) { binary.LittleEndian.PutUint32(b[8:], staging.LaneCount-1) }), ""},
-		{"empty", nil, "request of 0 bytes, want 32"},
-		{"short", fdRequestBytes(nil)[:31], "request of 31 bytes, want 32"},
-		{"long", append(fdRequestBytes(nil), 0), "request of 33 bytes, want 32"},
+		{"largest pid", fdRequestBytes(func(b []byte) { binary.LittleEndian.PutUint64(b[8:], staging.MaxPid) }), ""},
+		{"empty", nil, "request of 0 bytes, want 48"},
+		{"short", fdRequestBytes(nil)[:47], "request of 47 bytes, want 48"},
+		{"long", append(fdRequestBytes(nil), 0), "request of 49 bytes, want 48"},
 		{"magic", fdRequestBytes(func(b []byte) { b[0] ^= 1 }), "request magic 0x44465851, want 0x44465850"},
-		{"whole arena", fdRequestBytes(func(b []byte) { binary.LittleEndian.PutUint32(b[4:], 1) }), "request version 1, want 2"},
-		{"version", fdRequestBytes(func(b []byte) { binary.LittleEndian.PutUint32(b[4:], 3) }), "request version 3, want 2"},
-		{"padding", fdRequestBytes(func(b []byte) { b[15] = 1 }), "request padding"},
-		{"lane", fdRequestBytes(func(b []byte) { binary.LittleEndian.PutUint32(b[8:], staging.LaneCount) }), "lane 7 out of range 0..6"},
-		{"lane far out", fdRequestBytes(func(b []byte) { binary.LittleEndian.PutUint32(b[8:], 1<<31) }), "lane 2147483648 out of range"},
-		{"sender epoch 0", fdRequestBytes(func(b []byte) { clear(b[16:24]) }), "request epoch 0"},
-		{"lane epoch 0", fdRequestBytes(func(b []byte) { clear(b[24:32]) }), "request epoch 0"},
+		{"whole arena", fdRequestBytes(func(b []byte) { binary.LittleEndian.PutUint32(b[4:], 1) }), "request version 1, want 3"},
+		{"lane of a claim in the control file", fdRequestBytes(func(b []byte) { binary.LittleEndian.PutUint32(b[4:], 2) }), "request version 2, want 3"},
+		{"pid 0", fdRequestBytes(func(b []byte) { clear(b[8:16]) }), "pid 0 out of range"},
+		{"pid far out", fdRequestBytes(func(b []byte) { binary.LittleEndian.PutUint64(b[8:], staging.MaxPid+1) }), "out of range"},
+		{"sender epoch 0", fdRequestBytes(func(b []byte) { clear(b[24:32]) }), "request epoch 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			q, err := decodeFDRequest(tc.b)
@@ -60,13 +57,13 @@ func TestDecodeFDRequest(t *testing.T) {
 }
 
 // FuzzDecodeFDRequest feeds the arena socket's request decoder what a peer
-// could send: it never panics, accepts only requests of a lane in range
-// with both epochs set, and what it accepts encodes back to the same bytes
-// (no field or padding it lets through unread).
+// could send: it never panics, accepts only claims naming a pid in range
+// and a sender epoch, and what it accepts encodes back to the same bytes
+// (no field it lets through unread).
 func FuzzDecodeFDRequest(f *testing.F) {
 	f.Add(fdRequestBytes(nil))
-	f.Add(fdRequestBytes(func(b []byte) { binary.LittleEndian.PutUint32(b[8:], staging.LaneCount) }))
-	f.Add(fdRequestBytes(func(b []byte) { b[12] = 0xff }))
+	f.Add(fdRequestBytes(func(b []byte) { clear(b[8:16]) }))
+	f.Add(fdRequestBytes(func(b []byte) { b[15] = 0xff }))
 	f.Add(fdRequestBytes(func(b []byte) { clear(b[24:]) }))
 	f.Add(fdRequestBytes(func(b []byte) { binary.LittleEndian.PutUint32(b[4:], 0) }))
 	f.Add(make([]byte, fdRequestSize))
@@ -80,7 +77,7 @@ func FuzzDecodeFDRequest(f *testing.F) {
 			}
 			return
 		}
-		if q.Lane >= staging.LaneCount || q.SenderEpoch == 0 || q.LaneEpoch == 0 {
+		if q.Owner.Pid <= 0 || q.Owner.Pid > staging.MaxPid || q.Owner.Epoch == 0 {
 			t.Fatalf("%x: accepted %+v", b, q)
 		}
 		if back := q.encode(); !bytes.Equal(back[:], b) {

@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"strings"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -17,19 +16,19 @@ import (
 	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
 
-// Attach claims a lane on peer and maps its control file and arena. The
-// peer is re-read and re-validated under the registry lock, the same lock
-// under which a closing relay revokes READY: a relay that began closing is
-// never attached to. A lane whose owner is stale is reclaimed. The link is
-// closed by PeerLink.Close or by the rank's Close.
+// Attach claims a lane on peer over the peer's arena socket and maps the
+// claim's blocks and the lane's staging memory. The peer's header is read
+// by pread, never through a mapping; the relay decides the claim and
+// refuses it once it began closing. The link is closed by PeerLink.Close
+// or by the rank's Close.
 func (r *Rank) Attach(ctx context.Context, peer PeerInfo) (*PeerLink, error) {
 	return r.attach(ctx, peer, true)
 }
 
-// TryAttach is Attach for a caller that must never wait on another process
-// (the pump): when the registry lock is not free at once it claims nothing
-// and returns an error wrapping ErrLockBusy, and the caller tries again
-// later. A claim it must undo is released the same way (see CloseNoWait).
+// TryAttach is Attach for a caller that must never wait on another
+// process (the pump): when the relay's answer is not in at once it
+// returns an error wrapping ErrAttachPending, and the caller tries again
+// later.
 func (r *Rank) TryAttach(peer PeerInfo) (*PeerLink, error) {
 	return r.attach(context.Background(), peer, false)
 }
@@ -54,60 +53,45 @@ func (r *Rank) attach(ctx context.Context, peer PeerInfo, wait bool) (*PeerLink,
 	if failed != nil {
 		return nil, failed
 	}
-	l := &PeerLink{rank: r, peer: peer}
+	l := &PeerLink{rank: r, peer: peer, ctlFd: -1, leaseFd: -1}
+	fd, st, err := folder.OpenPrivate(r.d.fd(), r.d.path, name, unix.O_RDONLY, r.d.uid)
+	if errors.Is(err, fs.ErrNotExist) {
+		err = ErrPeerGone
+	}
+	if err == nil {
+		l.ctlFd = fd
+		if err = folder.CheckControlSize(name, st.Size); err == nil {
+			err = l.read()
+		}
+	}
 	var h staging.Header
-	err := r.d.lockFor(ctx, wait, func() error {
-		mem, err := folder.MapPrivate(r.d.fd(), r.d.path, name, r.d.uid, int(staging.ControlSize), true)
-		if errors.Is(err, fs.ErrNotExist) {
-			return ErrPeerGone
-		}
-		if err != nil {
-			return err
-		}
-		ctl := (*staging.ControlBlock)(unsafe.Pointer(&mem[0]))
-		h, err = r.checkRelay(ctl, peer.Identity)
-		if err == nil && !r.canMap(h.ArenaShares) {
-			err = fmt.Errorf("%w: the relay offers its arena by %s", errNoWayToMap, sharesNames(h.ArenaShares))
-		}
-		var epoch uint64
-		if err == nil {
-			l.lane, epoch, err = r.claimLane(ctl, name)
-		}
-		if err == nil {
-			l.sender, err = staging.NewSenderLane(&ctl.Lanes[l.lane], epoch)
-		}
-		if err != nil {
-			unix.Munmap(mem)
-			return err
-		}
-		l.ctlMem, l.ctl = mem, ctl
-		l.laneEpoch.Store(epoch)
-		return nil
-	})
+	if err == nil {
+		h, err = r.checkRelay(&l.view.Header, peer.Identity)
+	}
+	if err == nil && !r.canMap(h.ArenaShares) {
+		err = fmt.Errorf("%w: the relay offers its arena by %s", errNoWayToMap, sharesNames(h.ArenaShares))
+	}
 	if err != nil {
+		l.closeControl()
 		err = fmt.Errorf("pxn: attach to %s: %w", name, err)
 		if errors.Is(err, errNoWayToMap) {
 			r.importFailure(name, err)
 		}
 		return nil, err
 	}
-	// The claim is the lease: the relay keeps its arena while it stands, so
-	// the arena can be mapped outside the lock. The relay's socket checks
-	// the claim before it hands out a descriptor.
 	p := &pendingAttach{link: l, handle: h.IPCHandle, shares: h.ArenaShares}
-	if r.byLane(h.ArenaShares) {
-		q := fdRequest{Lane: uint32(l.lane), SenderEpoch: r.id.Epoch, LaneEpoch: l.laneEpoch.Load()}
-		// Only in one PID namespace does the socket's pid name the relay.
-		relayPid := 0
-		if folder.HeaderNS(&h) == r.ns {
-			relayPid = peer.Identity.Pid
-		}
-		p.client, p.fdErr = dialArenaSocket(r.d, folder.SockFileName(peer.Identity), q, relayPid, staging.MonoNanos())
-		if p.fdErr == nil {
-			return r.finishPending(ctx, p, wait)
-		}
+	// Only in one PID namespace does the socket's pid name the relay.
+	relayPid := 0
+	if folder.HeaderNS(&h) == r.ns {
+		relayPid = peer.Identity.Pid
 	}
-	return r.mapByHandle(p, wait)
+	q := fdRequest{Owner: r.id, NS: r.ns}
+	p.client, err = dialArenaSocket(r.d, folder.SockFileName(peer.Identity), q, relayPid, staging.MonoNanos())
+	if err != nil {
+		l.closeControl()
+		return nil, fmt.Errorf("pxn: attach to %s: %w", name, err)
+	}
+	return r.finishPending(ctx, p, wait)
 }
 
 // errNoWayToMap: a relay offers its arena in no way this rank maps (a
@@ -142,22 +126,19 @@ func sharesNames(shares uint32) string {
 	return strings.Join(names, ", ")
 }
 
-// ErrAttachPending: TryAttach claimed a lane and asked the relay for a
-// descriptor of its arena, and the answer has not come yet. The caller
-// tries again later; the claim is kept meanwhile, and released if the
-// answer does not come within its deadline.
-var ErrAttachPending = errors.New("waiting for the relay's arena descriptor")
+// ErrAttachPending: TryAttach asked the relay's arena socket for a lane
+// and the answer has not come yet. The caller tries again later; the
+// request is kept meanwhile, and dropped if the answer does not come
+// within its deadline.
+var ErrAttachPending = errors.New("waiting for the relay's answer to a claim")
 
-// pendingAttach is an attach between its claim and its arena mapping.
+// pendingAttach is an attach between its request and its answer.
 type pendingAttach struct {
 	link   *PeerLink
 	handle [staging.ArenaHandleSize]byte
 	shares uint32
-	// client is the request for the lane's descriptor to the relay's
-	// arena socket, nil when the arena is mapped by handle; fdErr is why
-	// the descriptor way failed.
+	// client is the claim on the relay's arena socket.
 	client *fdClient
-	fdErr  error
 }
 
 func (r *Rank) takePending(id staging.Identity) *pendingAttach {
@@ -168,12 +149,13 @@ func (r *Rank) takePending(id staging.Identity) *pendingAttach {
 	return p
 }
 
-// finishPending waits for the relay's descriptor (without wait, only
-// looks) and maps the arena from it, or else by handle.
+// finishPending waits for the relay's answer (without wait, only looks),
+// maps the claim's blocks and the lane's staging memory, from the lane's
+// descriptor or else by handle.
 func (r *Rank) finishPending(ctx context.Context, p *pendingAttach, wait bool) (*PeerLink, error) {
 	name := p.link.peer.Name
-	var fd int
-	var size uint64
+	var ans fdAnswer
+	var fds []int
 	var done bool
 	var err error
 	for {
@@ -182,7 +164,7 @@ func (r *Rank) finishPending(ctx context.Context, p *pendingAttach, wait bool) (
 		if wait {
 			d = min(time.Duration(p.client.deadline-now), 10*time.Millisecond)
 		}
-		fd, size, done, err = p.client.poll(d)
+		ans, fds, done, err = p.client.poll(d)
 		if done {
 			break
 		}
@@ -199,7 +181,8 @@ func (r *Rank) finishPending(ctx context.Context, p *pendingAttach, wait bool) (
 			r.mu.Unlock()
 			if closed {
 				p.client.close()
-				return nil, errors.Join(ErrRankClosed, p.link.releaseLane(false))
+				p.link.closeControl()
+				return nil, ErrRankClosed
 			}
 			return nil, fmt.Errorf("pxn: attach to %s: %w", name, ErrAttachPending)
 		}
@@ -208,49 +191,79 @@ func (r *Rank) finishPending(ctx context.Context, p *pendingAttach, wait bool) (
 			break
 		}
 	}
-	p.client.close()
+	l := p.link
 	if err != nil {
-		p.fdErr = err
-		return r.mapByHandle(p, wait)
+		p.client.close()
+		l.closeControl()
+		return nil, fmt.Errorf("pxn: attach to %s: %w", name, err)
 	}
-	defer unix.Close(fd)
-	if size != staging.LaneBytes {
-		p.fdErr = fmt.Errorf("arena socket %s: lane %d of %d bytes, want %d", p.client.name, p.link.lane, size, uint64(staging.LaneBytes))
-		return r.mapByHandle(p, wait)
+	// From here the connection is the lease: closing it gives the lane
+	// back.
+	l.leaseFd = p.client.take()
+	l.lane = int(ans.Lane)
+	l.laneEpoch.Store(ans.LaneEpoch)
+	closeFDs := func() {
+		for _, fd := range fds {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+		}
 	}
-	pl, err := r.opts.Arenas.(staging.LaneFDArenaProvider).OpenLaneFD(fd, p.link.lane)
-	if err == nil && pl.Lane() != p.link.lane {
-		err = errors.Join(fmt.Errorf("lane %d mapped as lane %d", p.link.lane, pl.Lane()), pl.Close())
+	l.blocks, err = mapHeldBlocks(fds[0], fds[1], fds[2])
+	fds[2] = -1
+	if err == nil {
+		l.sender, err = staging.NewSenderLane(l.blocks.sender(), l.blocks.relay(), ans.LaneEpoch)
+	}
+	if err != nil {
+		closeFDs()
+		err = fmt.Errorf("pxn: attach to %s: lane %d: %w", name, l.lane, err)
+		r.importFailure(name, err)
+		return nil, errors.Join(err, l.releaseLane())
+	}
+	l.waker = staging.NewLaneWaker(l.sender, l.blocks.wakeFD)
+	if len(fds) < 4 || !r.byLane(p.shares) {
+		closeFDs()
+		return r.mapByHandle(p, errors.New("the relay sent no descriptor of the lane's staging memory"))
+	}
+	laneFD := fds[3]
+	fds[3] = -1
+	closeFDs()
+	defer unix.Close(laneFD)
+	if ans.LaneBytes != staging.LaneBytes {
+		return r.mapByHandle(p, fmt.Errorf("arena socket %s: lane %d of %d bytes, want %d", p.client.name, l.lane, ans.LaneBytes, uint64(staging.LaneBytes)))
+	}
+	pl, err := r.opts.Arenas.(staging.LaneFDArenaProvider).OpenLaneFD(laneFD, l.lane)
+	if err == nil && pl.Lane() != l.lane {
+		err = errors.Join(fmt.Errorf("lane %d mapped as lane %d", l.lane, pl.Lane()), pl.Close())
 	}
 	if err != nil {
 		err = fmt.Errorf("pxn: attach to %s: map arena by descriptor: %w", name, err)
 		r.importFailure(name, err)
-		return nil, errors.Join(err, p.link.releaseLane(wait))
+		return nil, errors.Join(err, l.releaseLane())
 	}
-	return r.finishLink(p, pl, staging.ShareLaneFD, wait)
+	return r.finishLink(p, pl, staging.ShareLaneFD, nil)
 }
 
 // mapByHandle maps the arena from the handle in the relay's header, when
-// the relay offers one.
-func (r *Rank) mapByHandle(p *pendingAttach, wait bool) (*PeerLink, error) {
+// the relay offers one; fdErr is why the lane's descriptor was not used.
+func (r *Rank) mapByHandle(p *pendingAttach, fdErr error) (*PeerLink, error) {
 	name := p.link.peer.Name
 	if p.shares&staging.ShareIPCHandle == 0 {
-		err := fmt.Errorf("pxn: attach to %s: no handle, and by descriptor: %w", name, p.fdErr)
-		return nil, errors.Join(err, p.link.releaseLane(wait))
+		err := fmt.Errorf("pxn: attach to %s: no handle, and by descriptor: %w", name, fdErr)
+		return nil, errors.Join(err, p.link.releaseLane())
 	}
 	pa, err := r.opts.Arenas.Open(r.d.dir, p.handle)
 	if err != nil {
 		err = fmt.Errorf("pxn: attach to %s: map arena: %w", name, err)
-		if p.fdErr == nil {
-			// The handle was the way to map this relay's arena, and it
-			// fails: it will fail again.
-			r.importFailure(name, err)
-		} else {
-			err = errors.Join(err, fmt.Errorf("and by descriptor: %w", p.fdErr))
-		}
-		return nil, errors.Join(err, p.link.releaseLane(wait))
+		// The handle was the way to map this relay's arena, and it
+		// fails: it will fail again.
+		r.importFailure(name, err)
+		return nil, errors.Join(err, p.link.releaseLane())
 	}
-	return r.finishLink(p, pa, staging.ShareIPCHandle, wait)
+	if p.shares&staging.ShareLaneFD == 0 || !r.byLane(p.shares) {
+		fdErr = nil
+	}
+	return r.finishLink(p, pa, staging.ShareIPCHandle, fdErr)
 }
 
 // importFailure remembers that the arena of peer name cannot be mapped,
@@ -265,7 +278,7 @@ func (r *Rank) importFailure(name string, err error) {
 }
 
 // finishLink completes an attach whose arena is mapped.
-func (r *Rank) finishLink(p *pendingAttach, pa staging.PeerArena, share uint32, wait bool) (*PeerLink, error) {
+func (r *Rank) finishLink(p *pendingAttach, pa staging.PeerArena, share uint32, fdErr error) (*PeerLink, error) {
 	l := p.link
 	l.arena, l.share = pa, share
 	l.stagingBase = pa.Base()
@@ -281,12 +294,12 @@ func (r *Rank) finishLink(p *pendingAttach, pa staging.PeerArena, share uint32, 
 	r.shareSaid[l.peer.Name] = true
 	r.mu.Unlock()
 	if closed {
-		return nil, errors.Join(ErrRankClosed, l.close(wait))
+		return nil, errors.Join(ErrRankClosed, l.Close())
 	}
 	if say {
 		kv := []any{"registry", r.d.path, "peer", l.peer.Name, "share", folder.ShareName(share)}
-		if p.fdErr != nil {
-			kv = append(kv, "descriptor", p.fdErr.Error())
+		if fdErr != nil {
+			kv = append(kv, "descriptor", fdErr.Error())
 		}
 		r.opts.Logger.Info("pxn mapped a relay's arena", kv...)
 	}
@@ -294,8 +307,8 @@ func (r *Rank) finishLink(p *pendingAttach, pa staging.PeerArena, share uint32, 
 }
 
 // expirePending drops the pending attaches whose answer is overdue, or
-// all of them, releasing their claims; wait says how (see releaseLane).
-func (r *Rank) expirePending(all, wait bool) error {
+// all of them: closing a request's connection withdraws the claim.
+func (r *Rank) expirePending(all bool) {
 	now := staging.MonoNanos()
 	var due []*pendingAttach
 	r.mu.Lock()
@@ -306,18 +319,16 @@ func (r *Rank) expirePending(all, wait bool) error {
 		}
 	}
 	r.mu.Unlock()
-	var errs []error
 	for _, p := range due {
 		p.client.close()
-		errs = append(errs, p.link.releaseLane(wait))
+		p.link.closeControl()
 	}
-	return errors.Join(errs...)
 }
 
-// checkRelay validates a copy of the mapped header of the peer we expect
-// and returns it.
-func (r *Rank) checkRelay(ctl *staging.ControlBlock, want staging.Identity) (staging.Header, error) {
-	h := ctl.Header
+// checkRelay validates a copy of the peer's header, read by pread, and
+// returns it.
+func (r *Rank) checkRelay(hdr *staging.Header, want staging.Identity) (staging.Header, error) {
+	h := *hdr
 	if err := folder.CheckHeader(&h); err != nil {
 		return h, err
 	}
@@ -330,56 +341,11 @@ func (r *Rank) checkRelay(ctl *staging.ControlBlock, want staging.Identity) (sta
 	case h.ArenaKind != r.opts.Arenas.Kind():
 		return h, &MismatchError{Field: "arena kind", Theirs: uint64(h.ArenaKind), Ours: uint64(r.opts.Arenas.Kind())}
 	}
-	if s := ctl.Header.LoadState(); s != staging.StateReady {
+	if s := h.State; s != staging.StateReady {
 		return h, fmt.Errorf("%w: state %s", ErrPeerGone, folder.StateName(s))
 	}
-	if hb := ctl.Header.LoadHeartbeat(); folder.HeartbeatStale(hb, now, r.opts.HeartbeatTimeout) {
+	if folder.HeartbeatStale(h.Heartbeat, now, r.opts.HeartbeatTimeout) {
 		return h, fmt.Errorf("%w: heartbeat older than %v", ErrPeerGone, r.opts.HeartbeatTimeout)
 	}
 	return h, nil
-}
-
-// claimLane takes the first free lane of ctl, or the first whose owner is
-// stale. The caller holds the registry lock.
-func (r *Rank) claimLane(ctl *staging.ControlBlock, name string) (int, uint64, error) {
-	now := staging.MonoNanos()
-	free, reclaimed := -1, ""
-	for i := range ctl.Lanes {
-		owner, held := ctl.Lanes[i].Owner.Load()
-		switch {
-		case !held:
-			if free < 0 {
-				free = i
-			}
-		case owner == r.id:
-			return -1, 0, fmt.Errorf("this rank already holds lane %d", i)
-		case free < 0:
-			if why := r.ownerStale(owner, ctl.Lanes[i].Owner.LoadNS(), now); why != "" {
-				free, reclaimed = i, why
-			}
-		}
-	}
-	if free < 0 {
-		return -1, 0, ErrNoFreeLane
-	}
-	lane := &ctl.Lanes[free]
-	epoch, err := newLaneEpoch(lane)
-	if err != nil {
-		return -1, 0, err
-	}
-	if reclaimed != "" {
-		r.opts.Logger.Info("pxn reclaimed lane of a stale sender", "peer", name, "lane", free, "reason", reclaimed)
-	}
-	lane.Claim(r.id, r.ns, epoch, now)
-	return free, epoch, nil
-}
-
-// newLaneEpoch draws a lane epoch other than the lane's current one.
-func newLaneEpoch(lane *staging.Lane) (uint64, error) {
-	for {
-		epoch, err := folder.RandomEpoch()
-		if err != nil || epoch != lane.Epoch() {
-			return epoch, err
-		}
-	}
 }

@@ -43,9 +43,7 @@ func (r *Rank) Close(ctx context.Context) error {
 	}
 
 	var errs []error
-	if err := r.expirePending(true, true); err != nil {
-		errs = append(errs, err)
-	}
+	r.expirePending(true)
 	for _, l := range links {
 		if err := l.Close(); err != nil {
 			errs = append(errs, err)
@@ -53,9 +51,6 @@ func (r *Rank) Close(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.opts.DrainTimeout)
 	defer cancel()
-	if err := r.flushReleases(ctx, true); err != nil {
-		errs = append(errs, err)
-	}
 	if err := r.revoke(ctx); err != nil {
 		return errors.Join(append(errs, err)...)
 	}
@@ -63,6 +58,9 @@ func (r *Rank) Close(ctx context.Context) error {
 		r.quarantine(err)
 		return errors.Join(append(errs, err)...)
 	}
+	r.laneMu.Lock()
+	r.lanesClosed = true
+	r.laneMu.Unlock()
 	if err := r.unwind(); err != nil {
 		errs = append(errs, err)
 	}
@@ -73,14 +71,25 @@ func (r *Rank) Close(ctx context.Context) error {
 // runs: no sender attaches any more, attached senders publish no new
 // tickets, wait for the ones they published and release their lanes, which
 // Leases then shows.
-func (r *Rank) BeginClose() { r.ctl.Header.StoreState(staging.StateClosing) }
+func (r *Rank) BeginClose() {
+	r.stopClaims()
+	r.ctl.Header.StoreState(staging.StateClosing)
+}
+
+// stopClaims makes the arena socket refuse every claim from here on.
+func (r *Rank) stopClaims() {
+	r.laneMu.Lock()
+	r.accepting = false
+	r.laneMu.Unlock()
+}
 
 // revoke withdraws READY. CLOSING is stored first so attached senders stop
-// at once; the control file goes back to its temporary name under the lock
-// that Attach holds while it checks READY and claims a lane, so a claim is
-// either seen by waitLeases or never made. The file itself stays until the
+// at once and the arena socket grants no claim: a claim checks READY
+// under the lock under which Leases reads the claims, so it is either
+// seen by waitLeases or never made. The file itself stays until the
 // arena is gone, naming the namespace by which others judge the arena.
 func (r *Rank) revoke(ctx context.Context) error {
+	r.stopClaims()
 	r.ctl.Header.StoreState(staging.StateClosing)
 	return r.d.withLock(ctx, func() error {
 		name, tmp := r.Name(), folder.TmpFileName(r.id)

@@ -23,34 +23,40 @@ import (
 )
 
 // answerBytes is an arena socket answer as a relay encodes it.
-func answerBytes(status uint32, size uint64) []byte {
-	b := encodeFDAnswer(status, size)
+func answerBytes(status, lane, rights uint32, epoch uint64) []byte {
+	b := fdAnswer{Status: status, Lane: lane, Rights: rights, LaneEpoch: epoch, LaneBytes: staging.LaneBytes}.encode()
 	return b[:]
 }
 
 // FuzzArenaSocketAnswer sends a sender's arena socket client what a relay
 // (or anything else bound to the socket's name) could send: any bytes, cut
-// in two writes, the first carrying 0 to 3 descriptors. The client accepts
-// only a whole answer of the right magic and status ok that came with
-// exactly one descriptor, and then hands out that descriptor with the size
-// the answer holds; anything else is an error naming what was wrong. Every
-// descriptor it received is closed once the client is, whatever the answer:
-// the descriptors are the write end of a pipe, which reads EOF only when
-// no copy of that end is left open.
+// in two writes, the first carrying 0 to 5 descriptors. The client accepts
+// only a whole answer of the right magic and status ok, naming a lane in
+// range, an epoch and the 3 or 4 descriptors that came with it, and then
+// hands out those descriptors; anything else is an error naming what was
+// wrong. Every descriptor it received is closed once the client is (or,
+// handed out, by the caller), whatever the answer: the descriptors are the
+// write end of a pipe, which reads EOF only when no copy of that end is
+// left open.
 func FuzzArenaSocketAnswer(f *testing.F) {
-	f.Add(answerBytes(fdOK, staging.ArenaSize), uint8(1), uint8(16))
-	f.Add(answerBytes(fdOK, staging.ArenaSize), uint8(1), uint8(3))
-	f.Add(answerBytes(fdOK, 1), uint8(0), uint8(16))
-	f.Add(answerBytes(fdOK, staging.ArenaSize), uint8(2), uint8(16))
-	f.Add(answerBytes(fdOK, staging.ArenaSize), uint8(3), uint8(16))
-	f.Add(answerBytes(fdNotHolder, 0), uint8(1), uint8(16))
-	f.Add(answerBytes(fdWrongUID+1, 0), uint8(0), uint8(16))
-	f.Add(append(answerBytes(fdOK, 7), "trailing"...), uint8(1), uint8(20))
-	f.Add(answerBytes(fdOK, 0)[:15], uint8(1), uint8(8))
-	f.Add([]byte("PXFX0000000000000000"), uint8(1), uint8(16))
+	f.Add(answerBytes(fdOK, 1, 4, 9), uint8(4), uint8(32))
+	f.Add(answerBytes(fdOK, 1, 3, 9), uint8(3), uint8(32))
+	f.Add(answerBytes(fdOK, 1, 4, 9), uint8(4), uint8(3))
+	f.Add(answerBytes(fdOK, 1, 4, 9), uint8(3), uint8(32))
+	f.Add(answerBytes(fdOK, 1, 2, 9), uint8(2), uint8(32))
+	f.Add(answerBytes(fdOK, 7, 4, 9), uint8(4), uint8(32))
+	f.Add(answerBytes(fdOK, 1, 4, 0), uint8(4), uint8(32))
+	f.Add(answerBytes(fdOK, 1, 4, 9), uint8(5), uint8(32))
+	f.Add(answerBytes(fdNotHolder, 0, 0, 0), uint8(1), uint8(16))
+	f.Add(answerBytes(fdHeld+1, 0, 0, 0), uint8(0), uint8(16))
+	f.Add(answerBytes(fdHeld, 0, 0, 0), uint8(0), uint8(16))
+	f.Add(answerBytes(fdNoFreeLane, 0, 0, 0), uint8(0), uint8(16))
+	f.Add(append(answerBytes(fdOK, 1, 4, 7), "trailing"...), uint8(4), uint8(40))
+	f.Add(answerBytes(fdOK, 0, 3, 1)[:31], uint8(3), uint8(8))
+	f.Add([]byte("PXFX0000000000000000000000000000"), uint8(1), uint8(16))
 	f.Add([]byte{}, uint8(0), uint8(0))
 	f.Fuzz(func(t *testing.T, answer []byte, fds, split uint8) {
-		nfds := int(fds % 4)
+		nfds := int(fds % 6)
 		cut := 0
 		if len(answer) > 0 {
 			cut = 1 + int(split)%len(answer)
@@ -100,38 +106,47 @@ func FuzzArenaSocketAnswer(f *testing.F) {
 		unix.Close(relayEnd)
 		relayEnd = -1
 
-		fd, size, done, err := -1, uint64(0), false, error(nil)
+		var ans fdAnswer
+		var got []int
+		done := false
 		for deadline := time.Now().Add(10 * time.Second); !done; {
 			if time.Now().After(deadline) {
 				t.Fatalf("answer %x with %d descriptors: the client never finished reading a closed socket", answer, nfds)
 			}
-			fd, size, done, err = c.poll(time.Millisecond)
+			ans, got, done, err = c.poll(time.Millisecond)
 		}
 		if want := wantAnswerError(answer, nfds); want != "" {
 			if err == nil {
-				unix.Close(fd)
-				t.Fatalf("answer %x with %d descriptors accepted (descriptor %d, size %d), want an error saying %q", answer, nfds, fd, size, want)
+				for _, fd := range got {
+					unix.Close(fd)
+				}
+				t.Fatalf("answer %x with %d descriptors accepted (%+v, descriptors %v), want an error saying %q", answer, nfds, ans, got, want)
 			}
 			if !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), c.name) {
 				t.Fatalf("answer %x with %d descriptors: error %q, want it to name %s and say %q", answer, nfds, err, c.name, want)
 			}
-			if fd != -1 {
-				t.Fatalf("answer %x: error %v with descriptor %d", answer, err, fd)
+			if got != nil {
+				t.Fatalf("answer %x: error %v with descriptors %v", answer, err, got)
 			}
 		} else {
 			if err != nil {
-				t.Fatalf("answer %x with one descriptor: %v", answer, err)
+				t.Fatalf("answer %x with %d descriptors: %v", answer, nfds, err)
 			}
-			var got unix.Stat_t
-			if err := unix.Fstat(fd, &got); err != nil {
-				t.Fatalf("the descriptor handed out (%d) is not open: %v", fd, err)
+			if len(got) != nfds {
+				t.Fatalf("%d descriptors handed out, %d passed", len(got), nfds)
 			}
-			unix.Close(fd)
-			if got.Dev != passed.Dev || got.Ino != passed.Ino {
-				t.Fatalf("the descriptor handed out is inode %d, not the one passed (%d)", got.Ino, passed.Ino)
+			for _, fd := range got {
+				var st unix.Stat_t
+				if err := unix.Fstat(fd, &st); err != nil {
+					t.Fatalf("a descriptor handed out (%d) is not open: %v", fd, err)
+				}
+				unix.Close(fd)
+				if st.Dev != passed.Dev || st.Ino != passed.Ino {
+					t.Fatalf("a descriptor handed out is inode %d, not the one passed (%d)", st.Ino, passed.Ino)
+				}
 			}
-			if want := binary.LittleEndian.Uint64(answer[8:]); size != want {
-				t.Fatalf("size %d, the answer says %d", size, want)
+			if want := binary.LittleEndian.Uint64(answer[16:]); ans.LaneEpoch != want {
+				t.Fatalf("lane epoch %d, the answer says %d", ans.LaneEpoch, want)
 			}
 		}
 		c.close()
@@ -144,23 +159,32 @@ func FuzzArenaSocketAnswer(f *testing.F) {
 
 // wantAnswerError is what the client must say of an answer that came with
 // nfds descriptors on its first byte, or "" when it must accept it. Its
-// control buffer has room for two descriptors (CMSG_SPACE rounds up):
-// three arrive truncated.
+// control buffer has room for fdMaxRights descriptors: more arrive
+// truncated.
 func wantAnswerError(answer []byte, nfds int) string {
 	switch {
-	case nfds > 2:
-		return "more descriptors than one"
+	case nfds > fdMaxRights:
+		return fmt.Sprintf("more descriptors than %d", fdMaxRights)
 	case len(answer) < fdAnswerSize:
 		return fmt.Sprintf("closed after %d bytes of the answer", len(answer))
 	}
-	magic, status := binary.LittleEndian.Uint32(answer), binary.LittleEndian.Uint32(answer[4:])
+	magic := binary.LittleEndian.Uint32(answer)
+	a := decodeFDAnswer(answer)
 	switch {
 	case magic != fdMagic:
 		return fmt.Sprintf("answer magic %#x", magic)
-	case status != fdOK:
-		return "refused: " + fdStatusText(status)
-	case nfds != 1:
-		return fmt.Sprintf("%d descriptors with the answer, want 1", nfds)
+	case a.Status == fdNoFreeLane:
+		return "refused: " + ErrNoFreeLane.Error()
+	case a.Status == fdHeld:
+		return "refused: " + ErrLaneHeld.Error()
+	case a.Status != fdOK:
+		return "refused: " + fdStatusText(a.Status)
+	case a.Lane >= staging.LaneCount:
+		return fmt.Sprintf("lane %d out of range", a.Lane)
+	case a.LaneEpoch == 0:
+		return "lane epoch 0"
+	case a.Rights != uint32(nfds) || nfds < 3:
+		return fmt.Sprintf("%d descriptors with the answer, which names %d", nfds, a.Rights)
 	}
 	return ""
 }

@@ -170,6 +170,15 @@ func TestRegistryGarbageControlFilesAreRefused(t *testing.T) {
 			return b
 		}
 	}
+	// A control file of version 5: the header of then (the wake word at
+	// 320, where version 6 has padding), then the counters and seven lanes
+	// of 1187904 bytes, all in the file.
+	v5 := func(id staging.Identity) []byte {
+		b := make([]byte, folder.LegacyControlSize)
+		copy(b, valid(id)[:folder.HeaderSize])
+		(*staging.Header)(unsafe.Pointer(&b[0])).ABIVersion = 5
+		return b
+	}
 	tests := []struct {
 		name  string
 		bytes func(id staging.Identity) []byte
@@ -179,11 +188,12 @@ func TestRegistryGarbageControlFilesAreRefused(t *testing.T) {
 		{"truncated header", func(id staging.Identity) []byte { return valid(id)[:100] }, "is 100 bytes"},
 		{"one byte short", func(id staging.Identity) []byte { return valid(id)[:staging.ControlSize-1] }, fmt.Sprintf("is %d bytes", staging.ControlSize-1)},
 		{"zeros", func(staging.Identity) []byte { return make([]byte, staging.ControlSize) }, "magic 0x0 differs from ours 0x31304745524e5850"},
-		{"ABI version 1, before the wake word", mutated(func(h *staging.Header) { h.ABIVersion = 1; h.HeaderSize = 320 }), "ABI version 1 differs from ours 5"},
-		{"ABI version 2, before PID namespaces and counters", mutated(func(h *staging.Header) { h.ABIVersion = 2; h.HeaderSize = 384 }), "ABI version 2 differs from ours 5"},
-		{"ABI version 3, before a Piece's parts", mutated(func(h *staging.Header) { h.ABIVersion = 3 }), "ABI version 3 differs from ours 5"},
-		{"ABI version 4, before the lane's open word", mutated(func(h *staging.Header) { h.ABIVersion = 4 }), "ABI version 4 differs from ours 5"},
-		{"newer ABI version", mutated(func(h *staging.Header) { h.ABIVersion = 6 }), "ABI version 6 differs from ours 5"},
+		{"ABI version 1, before the wake word", mutated(func(h *staging.Header) { h.ABIVersion = 1; h.HeaderSize = 320 }), "ABI version 1 differs from ours 6"},
+		{"ABI version 2, before PID namespaces and counters", mutated(func(h *staging.Header) { h.ABIVersion = 2; h.HeaderSize = 384 }), "ABI version 2 differs from ours 6"},
+		{"ABI version 3, before a Piece's parts", mutated(func(h *staging.Header) { h.ABIVersion = 3 }), "ABI version 3 differs from ours 6"},
+		{"ABI version 4, before the lane's open word", mutated(func(h *staging.Header) { h.ABIVersion = 4 }), "ABI version 4 differs from ours 6"},
+		{"ABI version 5, lane words in the control file", v5, "ABI version 5 differs from ours 6"},
+		{"newer ABI version", mutated(func(h *staging.Header) { h.ABIVersion = 7 }), "ABI version 7 differs from ours 6"},
 		{"header size", mutated(func(h *staging.Header) { h.HeaderSize = 384 }), "header size 384 differs from ours 448"},
 		{"no PID namespace", mutated(func(h *staging.Header) { h.PidNSIno = 0 }), "no PID namespace"},
 		{"no way to map the arena", mutated(func(h *staging.Header) { h.ArenaShares = 0 }), "arena shares 0x0"},

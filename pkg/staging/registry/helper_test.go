@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -197,9 +198,25 @@ func helperRank() int {
 			fmt.Printf("sum %d %016x\n", lane, h.Sum64())
 		case "steal":
 			lane, _ := strconv.Atoi(f[2])
-			fmt.Println("steal", helperSteal(r, links[f[1]], lane, f[3]))
+			fmt.Println("steal", helperSteal(r, links[f[1]], lane))
 		case "holds":
 			fmt.Println("holds", helperHolds(f[1]))
+		case "mapmodes":
+			fmt.Println("mapmodes", helperMapModes(f[1]))
+		case "droplease":
+			// The lease's connection ends without a release, the lane
+			// still mapped: what a holder that closes a stray descriptor
+			// does.
+			l := links[f[1]]
+			unix.Close(l.leaseFd)
+			l.leaseFd = -1
+			fmt.Println("dropped", f[1])
+		case "post":
+			seq, _ := strconv.ParseUint(f[2], 10, 64)
+			fmt.Println("posted", helperPost(links[f[1]], seq))
+		case "words":
+			lane, _ := strconv.Atoi(f[1])
+			fmt.Println("words", helperWords(r, lane))
 		case "detach":
 			if err := links[f[1]].Close(); err != nil {
 				fmt.Println("detach-error", oneLine(err))
@@ -264,31 +281,36 @@ func helperAttach(ctx context.Context, r *Rank, name string) (*PeerLink, error) 
 	return r.Attach(ctx, PeerInfo{Name: name, Identity: id})
 }
 
-// helperSteal asks the arena socket of l's relay for lane's memory, as the
-// holder of l's lane may try: with its own sender epoch ("own") or with the
-// lane owner's words copied from the relay's control file ("copy"). It
-// says "refused <error>" or "got <size>".
-func helperSteal(r *Rank, l *PeerLink, lane int, how string) string {
-	q := fdRequest{Lane: uint32(lane), SenderEpoch: r.id.Epoch, LaneEpoch: l.ctl.Lanes[lane].Epoch()}
-	if how == "copy" {
-		owner, _ := l.ctl.Lanes[lane].Owner.Load()
-		q.SenderEpoch = owner.Epoch
+// helperSteal claims a lane of l's relay as a member may try to take one
+// it does not hold: with the owner words of lane, as the relay's control
+// file shows them to anyone who reads it. It says "refused <error>" or
+// "got lane <n>".
+func helperSteal(r *Rank, l *PeerLink, lane int) string {
+	l.viewMu.Lock()
+	err := l.read()
+	owner, _ := l.view.Lanes[lane].Owner.Load()
+	ns := l.view.Lanes[lane].Owner.LoadNS()
+	l.viewMu.Unlock()
+	if err != nil {
+		return "refused " + oneLine(err)
 	}
-	c, err := dialArenaSocket(r.d, folder.SockFileName(l.peer.Identity), q, 0, staging.MonoNanos())
+	c, err := dialArenaSocket(r.d, folder.SockFileName(l.peer.Identity), fdRequest{Owner: owner, NS: ns}, 0, staging.MonoNanos())
 	if err != nil {
 		return "refused " + oneLine(err)
 	}
 	defer c.close()
 	for {
-		fd, size, done, err := c.poll(10 * time.Millisecond)
+		ans, fds, done, err := c.poll(10 * time.Millisecond)
 		if !done && staging.MonoNanos() < c.deadline {
 			continue
 		}
 		if err != nil || !done {
 			return fmt.Sprintf("refused %v", err)
 		}
-		unix.Close(fd)
-		return fmt.Sprintf("got %d", size)
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return fmt.Sprintf("got lane %d", ans.Lane)
 	}
 }
 
@@ -319,6 +341,58 @@ func helperHolds(arena string) string {
 	}
 	sort.Strings(held)
 	return strings.Join(held, " ")
+}
+
+// helperMapModes lists the permissions of this process's mappings of
+// name's memfds, as "<memfd name>:<perms>", sorted.
+func helperMapModes(name string) string {
+	var modes []string
+	maps, _ := os.ReadFile("/proc/self/maps")
+	for _, line := range strings.Split(string(maps), "\n") {
+		if f := strings.Fields(line); len(f) >= 6 && strings.Contains(line, "memfd:"+name) {
+			modes = append(modes, memfdName(line)+":"+f[1])
+		}
+	}
+	sort.Strings(modes)
+	return strings.Join(modes, " ")
+}
+
+// helperPost commits a Desc of seq into the slot of seq in l's sender
+// block and rings its doorbell, by hand, whether or not the relay opened
+// the lane: what a holder that ran on without its lease would write.
+func helperPost(l *PeerLink, seq uint64) string {
+	w := l.blocks.sender()
+	d := &w.Descs[staging.SlotOf(seq)]
+	if err := d.Fill(l.LaneEpoch(), "stale-holder", []staging.PlanEntry{{Dst: 0x1000, Len: 8}}, 8, nil); err != nil {
+		return oneLine(err)
+	}
+	staging.PublishDesc(d, seq)
+	staging.RingDoorbell(&w.Ready[staging.SlotOf(seq)].Seq, seq)
+	return "ok"
+}
+
+// helperWords reports, of each mapping of lane's sender block in this
+// process (the relay's, one per claim it keeps), the commit seq and the
+// doorbell of slot 0: "<mappings> <commit>/<doorbell>...".
+func helperWords(r *Rank, lane int) string {
+	maps, _ := os.ReadFile("/proc/self/maps")
+	name := fmt.Sprintf("memfd:%s.lane%d.sender ", r.Name(), lane)
+	var seen []string
+	for _, line := range strings.Split(string(maps), "\n") {
+		if !strings.Contains(line, name) {
+			continue
+		}
+		lo, _, _ := strings.Cut(line, "-")
+		start, err := strconv.ParseUint(lo, 16, 64)
+		if err != nil {
+			continue
+		}
+		// start is a shared mapping of this process, not Go memory.
+		p := uintptr(start)
+		w := (*staging.LaneSenderBlock)(*(*unsafe.Pointer)(unsafe.Pointer(&p)))
+		seen = append(seen, fmt.Sprintf("%d/%d", staging.LoadCommitSeq(&w.Descs[0]), atomic.LoadUint64(&w.Ready[0].Seq)))
+	}
+	return strconv.Itoa(len(seen)) + " " + strings.Join(seen, " ")
 }
 
 // memfdName is the memfd's name in a /proc link or maps line.

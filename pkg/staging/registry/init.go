@@ -34,8 +34,7 @@ const (
 	StepRegisterMemory
 	// StepExportHandle puts the arena's export handle into the header.
 	StepExportHandle
-	// StepServeArena opens the arena socket, when the arena can hand out
-	// its lanes' descriptors (staging.LaneFDArena).
+	// StepServeArena opens the arena socket, where senders claim lanes.
 	StepServeArena
 	// StepPublish marks the rank READY and renames the control file to its
 	// published name.
@@ -55,7 +54,7 @@ func (s InitStep) String() string {
 	case StepExportHandle:
 		return "export arena handle"
 	case StepServeArena:
-		return "serve arena descriptors"
+		return "serve lane claims"
 	case StepPublish:
 		return "publish READY"
 	}
@@ -231,6 +230,9 @@ func (r *Rank) createControl() error {
 		return err
 	}
 	mem, err := allocateAndMap(fd, r.d.path, name, int(staging.ControlSize))
+	if err == nil {
+		err = padControl(fd, r.d.path, name)
+	}
 	unix.Close(fd)
 	// The lock is taken on an open file of its own: the mapping holds the
 	// one above until it is unmapped.
@@ -256,8 +258,16 @@ func (r *Rank) createControl() error {
 	r.ctlMem = mem
 	r.ctl = (*staging.ControlBlock)(unsafe.Pointer(&mem[0]))
 	for i := range r.inbound {
-		r.inbound[i] = staging.NewRelayLane(&r.ctl.Lanes[i])
+		r.inbound[i] = staging.NewRelayLane()
 	}
+	waiter, err := staging.NewEventWaiter(&r.inbound)
+	if err != nil {
+		unix.Munmap(mem)
+		unix.Close(live)
+		unix.Unlinkat(r.d.fd(), name, 0)
+		return err
+	}
+	r.waiter = waiter
 	r.ctl.Header = folder.NewHeader(r.id, r.ns, r.opts.UID, r.opts.Rail, r.opts.HCA, r.opts.Arenas.Kind())
 	if err := r.ctl.Stats.SetDevice(r.opts.deviceName()); err != nil {
 		r.opts.Logger.Info("pxn rank names no device in its counters", "registry", r.d.path, "err", err.Error())
@@ -268,8 +278,11 @@ func (r *Rank) createControl() error {
 			// the arena by the namespace it names until the process exits.
 			return nil
 		}
-		err := unix.Munmap(mem)
-		r.ctl, r.ctlMem, r.inbound = nil, nil, [staging.LaneCount]*staging.RelayLane{}
+		for _, l := range r.inbound {
+			l.Release()
+		}
+		err := errors.Join(unix.Munmap(mem), r.waiter.Close())
+		r.ctl, r.ctlMem, r.inbound, r.waiter = nil, nil, [staging.LaneCount]*staging.RelayLane{}, nil
 		// Published, the file was renamed; revoked, renamed back.
 		if uerr := unix.Unlinkat(r.d.fd(), name, 0); uerr != nil && !errors.Is(uerr, unix.ENOENT) {
 			err = errors.Join(err, uerr)
@@ -280,6 +293,17 @@ func (r *Rank) createControl() error {
 		r.liveFd = -1
 		return err
 	})
+	return nil
+}
+
+// padControl makes a new control file as long as one of ABI version 5, a
+// sparse tail past the control block that nothing maps: a rank of that
+// version reads the header and refuses it by its version, rather than by
+// its size.
+func padControl(fd int, dirPath, name string) error {
+	if err := unix.Ftruncate(fd, folder.LegacyControlSize); err != nil {
+		return &os.PathError{Op: "truncate", Path: filepath.Join(dirPath, name), Err: err}
+	}
 	return nil
 }
 
@@ -313,25 +337,23 @@ func (r *Rank) exportHandle() error {
 	return nil
 }
 
-// serveArena opens the arena socket when the arena can hand out its
-// lanes' descriptors, and says so in the header (staging.ShareLaneFD). A
-// socket that cannot be opened leaves the handle as the only way, when
-// there is one.
+// serveArena opens the arena socket, where senders claim lanes; when the
+// arena can hand out its lanes' descriptors the claims carry them, and
+// the header says so (staging.ShareLaneFD). Without the socket no sender
+// can claim a lane of this rank.
 func (r *Rank) serveArena() error {
-	la, ok := r.arena.(staging.LaneFDArena)
-	if !ok || r.opts.NoArenaSocket {
-		return nil
+	if la, ok := r.arena.(staging.LaneFDArena); ok && !r.opts.NoArenaSocket {
+		r.laneArena = la
 	}
-	srv, err := startArenaServer(r.d, folder.SockFileName(r.id), r.ctl, r.ns, la, r.opts.Logger)
+	srv, err := startArenaServer(r.d, folder.SockFileName(r.id), r, r.opts.Logger)
 	if err != nil {
-		if r.ctl.Header.ArenaShares&staging.ShareIPCHandle == 0 {
-			return err
-		}
-		r.opts.Logger.Error(err, "pxn arena socket not served; peers map the arena by its handle", "registry", r.d.path)
-		return nil
+		r.laneArena = nil
+		return err
 	}
 	r.server = srv
-	r.ctl.Header.ArenaShares |= staging.ShareLaneFD
+	if r.laneArena != nil {
+		r.ctl.Header.ArenaShares |= staging.ShareLaneFD
+	}
 	r.pushUndo(srv.close)
 	return nil
 }
@@ -347,6 +369,9 @@ func (r *Rank) publish(ctx context.Context) error {
 			r.ctl.Header.StoreState(staging.StateInit)
 			return &os.LinkError{Op: "renameat2", Old: tmp, New: name, Err: err}
 		}
+		r.laneMu.Lock()
+		r.accepting = true
+		r.laneMu.Unlock()
 		return nil
 	})
 }

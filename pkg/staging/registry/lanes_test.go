@@ -3,14 +3,16 @@
 package registry
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
+	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -23,12 +25,13 @@ import (
 )
 
 // A member holding lane 1 of a relay in another process maps lane 1 and
-// nothing else of the relay's arena: the socket refuses it lane 0, whether
-// it asks as itself or with lane 0's owner words copied from the relay's
-// control file, and names the lane; it holds no descriptor of the arena
-// and one mapping, of lane 1, one lane long. The holder of lane 0 likewise
-// maps lane 0 alone, and what each writes reaches the relay in its own
-// lane only.
+// nothing else of the relay: the socket refuses it a claim made with lane
+// 0's owner words copied from the relay's control file; it holds no
+// descriptor of the relay's memory and one mapping of each of lane 1's
+// staging memory, sender block and relay block (read-only), nothing of
+// lane 0's Descs, doorbells or completions, and the control file it can
+// open holds none of them. The holder of lane 0 likewise maps lane 0's
+// alone, and what each writes reaches the relay in its own lane only.
 func TestLanesMemberMapsItsLaneOnly(t *testing.T) {
 	root := regTestRoot(t)
 	relay := startRegChild(t, childOpts{root: root, group: "g", rail: "rail0"})
@@ -54,15 +57,9 @@ func TestLanesMemberMapsItsLaneOnly(t *testing.T) {
 		t.Fatalf("the member attached as %v, want lane 1 by lane descriptor", f)
 	}
 
-	for _, how := range []string{"own", "copy"} {
-		member.send("steal " + relayName + " 0 " + how)
-		if got := member.expect("steal"); !strings.HasPrefix(got, "refused ") || !strings.Contains(got, "lane 0 refused: the lane is not held by the asker") {
-			t.Errorf("the member asking for lane 0 (%s epochs): %q, want lane 0 refused", how, got)
-		}
-	}
-	member.send("steal " + relayName + " 1 own")
-	if got, want := member.expect("steal"), "got "+strconv.FormatUint(staging.LaneBytes, 10); got != want {
-		t.Errorf("the member asking for its own lane 1: %q, want %q", got, want)
+	member.send("steal " + relayName + " 0")
+	if got := member.expect("steal"); !strings.HasPrefix(got, "refused ") || !strings.Contains(got, "claim refused: the asker is not the rank it names") {
+		t.Errorf("the member claiming with lane 0's owner words: %q, want the claim refused", got)
 	}
 
 	member.send("holds " + arena)
@@ -71,6 +68,34 @@ func TestLanesMemberMapsItsLaneOnly(t *testing.T) {
 	}
 	if got, want := helperHolds(arena), fmt.Sprintf("map:%s.lane0:%d", arena, uint64(staging.LaneBytes)); got != want {
 		t.Errorf("the holder of lane 0 holds %q of the relay's arena, want %q alone", got, want)
+	}
+	blocks := func(lane int) string {
+		return fmt.Sprintf("map:%s.lane%d.relay:%d map:%s.lane%d.sender:%d", relayName, lane, pageRound(staging.RelayBlockSize), relayName, lane, pageRound(staging.SenderBlockSize))
+	}
+	member.send("holds " + relayName)
+	if got, want := member.expect("holds"), blocks(1); got != want {
+		t.Errorf("the member holds %q of the relay's lane words, want %q alone", got, want)
+	}
+	if got, want := helperHolds(relayName), blocks(0); got != want {
+		t.Errorf("the holder of lane 0 holds %q of the relay's lane words, want %q alone", got, want)
+	}
+	member.send("mapmodes " + relayName)
+	if got, want := member.expect("mapmodes"), fmt.Sprintf("%s.lane1.relay:r--s %s.lane1.sender:rw-s", relayName, relayName); got != want {
+		t.Errorf("the member maps its lane's blocks as %q, want %q", got, want)
+	}
+	ctlBytes, err := os.ReadFile(filepath.Join(victim.d.path, relayName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.IndexFunc(ctlBytes[staging.ControlSize:], func(r rune) bool { return r != 0 }) >= 0 {
+		t.Error("the relay's control file holds bytes past its control block")
+	}
+	const session = "the-victims-session"
+	if err := lv.Sender().Commit(lv.Sender().Next(), session, []staging.PlanEntry{{Dst: 1, Len: 1}}, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	if ctlBytes, _ = os.ReadFile(filepath.Join(victim.d.path, relayName)); bytes.Contains(ctlBytes, []byte(session)) {
+		t.Error("the victim's committed Desc is readable in the relay's control file")
 	}
 
 	member.send("fill " + relayName + " 7")
@@ -98,11 +123,13 @@ func TestLanesMemberMapsItsLaneOnly(t *testing.T) {
 }
 
 // BenchmarkLeaseHostLane is what one lease on a relay's host arena costs
-// the sender: the claim under the registry lock, the arena socket's round
-// trip for the lane's descriptor, the checks and mapping of the lane, the
-// first write of each of its slots (a page fault each), and the release
-// with its unmap. The relay is in this process; its socket is served by
-// its own goroutine, as in a relay's process.
+// the sender: the claim over the relay's arena socket (the relay picks the
+// lane and makes its blocks and eventfd), the checks and mappings of the
+// blocks and of the lane, the first write of each of its slots (a page
+// fault each), and the release with its unmaps; then the wait until the
+// relay has seen the release and the lane is free again, which a sender
+// that attaches anew at once waits for. The relay is in this process; its
+// socket is served by its own goroutines, as in a relay's process.
 func BenchmarkLeaseHostLane(b *testing.B) {
 	root := regTestRoot(b)
 	quiet := func(o Options) Options {
@@ -113,7 +140,7 @@ func BenchmarkLeaseHostLane(b *testing.B) {
 	sender := mustRegister(b, quiet(regOptions(root, "g", "rail1")))
 	p := peerByName(b, sender, relay.Name())
 	ctx := context.Background()
-	var attach, write, release time.Duration
+	var attach, write, release, freed time.Duration
 	b.ReportAllocs()
 	for b.Loop() {
 		t0 := time.Now()
@@ -133,12 +160,28 @@ func BenchmarkLeaseHostLane(b *testing.B) {
 		if err := l.Close(); err != nil {
 			b.Fatal(err)
 		}
-		attach, write, release = attach+t1.Sub(t0), write+t2.Sub(t1), release+time.Since(t2)
+		t3 := time.Now()
+		for deadline := t3.Add(childWait); ; {
+			if _, held := relay.ctl.Lanes[l.LaneIndex()].Owner.Load(); !held {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatal("the relay never saw the release")
+			}
+			runtime.Gosched()
+		}
+		attach, write, release, freed = attach+t1.Sub(t0), write+t2.Sub(t1), release+t3.Sub(t2), freed+time.Since(t3)
 	}
 	n := float64(b.N)
 	b.ReportMetric(float64(attach.Nanoseconds())/n, "attach-ns/op")
 	b.ReportMetric(float64(write.Nanoseconds())/n, "first-writes-ns/op")
 	b.ReportMetric(float64(release.Nanoseconds())/n, "close-ns/op")
+	b.ReportMetric(float64(freed.Nanoseconds())/n, "freed-ns/op")
+}
+
+func pageRound(n uintptr) uintptr {
+	p := uintptr(os.Getpagesize())
+	return (n + p - 1) / p * p
 }
 
 // A relay that offers only its whole arena by descriptor (ShareFD, which
@@ -231,7 +274,7 @@ func TestLanesSenderRefusesAnImpostorSocket(t *testing.T) {
 			served <- err
 			return
 		}
-		ans := encodeFDAnswer(fdOK, staging.LaneBytes)
+		ans := fdAnswer{Status: fdOK, Rights: 1, LaneEpoch: 1, LaneBytes: staging.LaneBytes}.encode()
 		_, _, err = c.WriteMsgUnix(ans[:], unix.UnixRights(lane), nil)
 		served <- err
 	}()
@@ -264,6 +307,107 @@ func TestLanesSenderRefusesAnImpostorSocket(t *testing.T) {
 	for i := range staging.LaneCount {
 		if owner, held := ctl.Lanes[i].Owner.Load(); held && owner == sender.Identity() {
 			t.Errorf("the sender still holds lane %d of the relay", i)
+		}
+	}
+	relay.finish()
+}
+
+// A holder whose lease's connection ends without a release while it
+// lives (it closed a stray descriptor), and that is then stopped and its
+// registration removed (as by a cleanup that took it for dead), keeps
+// its lane: the next sender gets another lane, and what the stopped
+// holder writes when it runs again, staging bytes and a Desc with its
+// doorbell, lands in its own lane, never in the next sender's, whose
+// staging memory and words hold its own. Once the holder is gone the
+// lane goes to the next claim, with words of its own: nothing the gone
+// holder wrote is in them.
+func TestLanesStoppedHolderWritesOnlyItsOwnLane(t *testing.T) {
+	root := regTestRoot(t)
+	relay := startRegChild(t, childOpts{root: root, group: "g", rail: "rail0"})
+	relayName := relay.expect("ready")
+	old := startRegChild(t, childOpts{root: root, group: "g", rail: "rail1"})
+	oldName := old.expect("ready")
+	old.send("attach " + relayName)
+	if f := strings.Fields(old.expect("attached")); f[1] != "0" {
+		t.Fatalf("the first holder attached as %v, want lane 0", f)
+	}
+	old.send("droplease " + relayName)
+	old.expect("dropped")
+	if err := syscall.Kill(old.pid(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	defer func() {
+		if stopped {
+			syscall.Kill(old.pid(), syscall.SIGCONT)
+		}
+	}()
+	if err := os.Remove(filepath.Join(groupDir(root, "g"), oldName)); err != nil {
+		t.Fatal(err)
+	}
+
+	next := mustRegister(t, regOptions(root, "g", "rail2"))
+	ln := attachByName(t, next, relayName)
+	if ln.LaneIndex() == 0 {
+		t.Fatal("the next sender got the lane of a holder that lives, stopped")
+	}
+	mine := foreignBytes(ln.StagingBase(), fillBytes)
+	for i := range mine {
+		mine[i] = 0xa5
+	}
+	if err := helperPost(ln, 1); err != "ok" {
+		t.Fatal(err)
+	}
+
+	if err := syscall.Kill(old.pid(), syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stopped = false
+	old.send("fill " + relayName + " 9")
+	old.expect("filled")
+	old.send("post " + relayName + " 1")
+	if got := old.expect("posted"); got != "ok" {
+		t.Fatalf("the resumed holder's post: %s", got)
+	}
+
+	want := make([]byte, fillBytes)
+	for i := range want {
+		want[i] = 0xa5
+	}
+	relay.send(fmt.Sprintf("sum %d", ln.LaneIndex()))
+	if got := strings.Fields(relay.expect("sum")); got[1] != fnvHex(want) {
+		t.Errorf("the next sender's lane %d reads %v, want its own bytes %s", ln.LaneIndex(), got, fnvHex(want))
+	}
+	for i := range want {
+		want[i] = 9 + byte(i)
+	}
+	relay.send("sum 0")
+	if got := strings.Fields(relay.expect("sum")); got[1] != fnvHex(want) {
+		t.Errorf("lane 0 reads %v, want the resumed holder's bytes %s", got, fnvHex(want))
+	}
+	relay.send(fmt.Sprintf("words %d", ln.LaneIndex()))
+	if got := relay.expect("words"); got != "1 1/1" {
+		t.Errorf("the relay's words of the next sender's lane: %q, want its one Desc and doorbell (\"1 1/1\")", got)
+	}
+
+	// Gone, the holder's lane goes to the next claim with new words.
+	old.kill()
+	third := mustRegister(t, regOptions(root, "g", "rail3"))
+	var l3 *PeerLink
+	pollUntil(t, "lane 0 to go to the next claim", func() bool {
+		if l3 != nil {
+			l3.Close()
+		}
+		l3 = attachByName(t, third, relayName)
+		return l3.LaneIndex() == 0
+	})
+	relay.send("words 0")
+	if got := relay.expect("words"); got != "1 0/0" {
+		t.Errorf("the relay's words of lane 0 after the gone holder: %q, want one claim's, new (\"1 0/0\")", got)
+	}
+	for _, l := range []*PeerLink{ln, l3} {
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
 		}
 	}
 	relay.finish()

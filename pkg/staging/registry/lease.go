@@ -3,7 +3,6 @@
 package registry
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -20,19 +19,29 @@ import (
 )
 
 // PeerLink is this rank's lease on a peer (the relay): one claimed inbound
-// lane of the peer, and this process's mappings of the peer's control file
-// and of the lane's staging memory (by ShareLaneFD: that lane alone; by
-// ShareIPCHandle: the whole arena). The mappings live exactly
-// as long as the claim, and while the claim stands the relay keeps its
-// arena allocated.
+// lane of the peer, held by an open connection to the peer's arena
+// socket, with this process's mappings of the claim's blocks (the sender
+// block read-write, the relay block read-only) and of the lane's staging
+// memory (by ShareLaneFD: that lane alone; by ShareIPCHandle: the whole
+// arena). The peer's control file is never mapped: its header and the
+// lane's summary are read by pread. The mappings live exactly as long as
+// the claim, and while the claim stands the relay keeps its arena
+// allocated.
 type PeerLink struct {
 	rank      *Rank
 	peer      PeerInfo
 	lane      int
 	laneEpoch atomic.Uint64
-	ctlMem    []byte
-	ctl       *staging.ControlBlock
-	arena     staging.PeerArena
+	// ctlFd is the peer's control file, open read-only for pread; view is
+	// the last copy read of it (viewMu).
+	ctlFd  int
+	viewMu sync.Mutex
+	view   staging.ControlBlock
+	// leaseFd is the claim's connection to the relay's arena socket.
+	leaseFd int
+	blocks  *heldBlocks
+	waker   *staging.LaneWaker
+	arena   staging.PeerArena
 	// stagingBase is the claimed lane's staging memory in this process:
 	// every address the sender forms into the relay's memory is within
 	// LaneBytes of it.
@@ -49,6 +58,27 @@ type PeerLink struct {
 
 	mu     sync.Mutex
 	closed bool
+}
+
+// read copies the peer's control block by pread into view; a short file
+// (truncated by its owner) is an error, never a fault. The caller holds
+// viewMu or is the link's only user.
+func (l *PeerLink) read() error {
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&l.view)), staging.ControlSize)
+	if err := folder.PreadFull(l.ctlFd, b, 0); err != nil {
+		return fmt.Errorf("%w: %s: %w: %v", ErrPeerGone, l.peer.Name, errControlUnreadable, err)
+	}
+	return nil
+}
+
+// errControlUnreadable: a peer's control file no longer reads whole.
+var errControlUnreadable = errors.New("control file unreadable")
+
+func (l *PeerLink) closeControl() {
+	if l.ctlFd >= 0 {
+		unix.Close(l.ctlFd)
+		l.ctlFd = -1
+	}
 }
 
 // ownerStale says why a lane owner no longer holds its lease, or "" while
@@ -79,14 +109,17 @@ func (r *Rank) ownerStale(owner staging.Identity, ns staging.PidNS, now int64) s
 	return fmt.Sprintf("sender %v: heartbeat %v old and its liveness lock free", owner, time.Duration(now-int64(h.Heartbeat)).Round(time.Millisecond))
 }
 
-// Leases lists the inbound lanes of this rank whose owner holds a live
-// lease. The arena is not freed while the list is not empty.
+// Leases lists the inbound lanes of this rank whose holder holds a live
+// lease. The arena is not freed while the list is not empty. It reads
+// the claims under the lock under which they are made, so that a claim
+// made before the rank began closing is seen here.
 func (r *Rank) Leases() []int {
 	var held []int
 	now := staging.MonoNanos()
-	for i := range r.ctl.Lanes {
-		owner, ok := r.ctl.Lanes[i].Owner.Load()
-		if ok && r.ownerStale(owner, r.ctl.Lanes[i].Owner.LoadNS(), now) == "" {
+	r.laneMu.Lock()
+	defer r.laneMu.Unlock()
+	for i, c := range r.claims {
+		if c != nil && r.ownerStale(c.owner, c.ns, now) == "" {
 			held = append(held, i)
 		}
 	}
@@ -102,10 +135,21 @@ func (r *Rank) Leases() []int {
 // control file open between calls and reads the heartbeat word alone, so a
 // call allocates nothing once the lanes' senders are known.
 func (r *Rank) LateSenders(now int64, late *[staging.LaneCount]bool) {
-	for i := range r.ctl.Lanes {
+	// The holders as this rank recorded them, not as its control file,
+	// which any member can write, shows them.
+	var owners [staging.LaneCount]staging.Identity
+	var held [staging.LaneCount]bool
+	r.laneMu.Lock()
+	for i, c := range r.claims {
+		if c != nil {
+			owners[i], held[i] = c.owner, true
+		}
+	}
+	r.laneMu.Unlock()
+	for i := range owners {
 		late[i] = false
 		b := &r.beats[i]
-		owner, ok := r.ctl.Lanes[i].Owner.Load()
+		owner, ok := owners[i], held[i]
 		if !ok {
 			b.drop()
 			continue
@@ -153,61 +197,36 @@ func (b *senderBeat) drop() {
 	}
 }
 
-// ownsLane reports whether the lane still belongs to this link: same owner,
-// same lane epoch.
+// ownsLane reports whether the lane still belongs to this link in the
+// copy last read: same owner, same lane epoch.
 func (l *PeerLink) ownsLane() bool {
-	return l.ctl.Lanes[l.lane].Owned(l.rank.id, l.laneEpoch.Load())
+	return l.view.Lanes[l.lane].Owned(l.rank.id, l.laneEpoch.Load())
 }
 
-// release frees the lane if this link still owns it.
-func (l *PeerLink) release(ctx context.Context) error {
-	return l.rank.d.withLock(ctx, l.freeLane)
-}
-
-// freeDeadLanes frees every inbound lane of this rank whose sender j proves
-// gone, so the relay shows it free at once rather than when the next
-// sender claims it. Second-hop completions still in flight land in the
-// lane's old ring, which a new claim resets. The caller holds the registry
-// lock.
+// freeDeadLanes frees every inbound lane of this rank whose sender j
+// proves gone, so the relay shows it free at once rather than when its
+// lease's end is seen or the next sender claims it.
 func (r *Rank) freeDeadLanes(j judge) {
 	now := staging.MonoNanos()
-	for i := range r.ctl.Lanes {
-		lane := &r.ctl.Lanes[i]
-		owner, held := lane.Owner.Load()
-		if !held {
+	r.laneMu.Lock()
+	defer r.laneMu.Unlock()
+	for i, c := range r.claims {
+		if c == nil {
 			continue
 		}
-		if why := j.ownerGone(r.d, owner, lane.Owner.LoadNS(), now); why != "" {
-			lane.Free()
+		if why := j.ownerGone(r.d, c.owner, c.ns, now); why != "" {
+			r.endClaim(i, why)
 			r.opts.Logger.Info("pxn freed the lane of a sender that is gone", "registry", r.d.path, "lane", i, "reason", why)
 		}
 	}
 }
 
-// releaseBounded is release with its own bound on the lock wait, for paths
-// that must release whatever their caller's context says.
-func (l *PeerLink) releaseBounded() error {
-	ctx, cancel := context.WithTimeout(context.Background(), l.rank.opts.DrainTimeout)
-	defer cancel()
-	if err := l.release(ctx); err != nil {
-		return fmt.Errorf("pxn: release lane %d of %s: %w", l.lane, l.peer.Name, err)
-	}
-	return nil
-}
-
-// Close unmaps the peer's arena, releases the lane and unmaps the peer's
-// control file, in that order. If the arena cannot be unmapped the lane
-// stays claimed, so the relay keeps its memory until this process is stale.
-// Lane and StagingBase are invalid afterwards.
-func (l *PeerLink) Close() error { return l.close(true) }
-
-// CloseNoWait is Close for a caller that must never wait on another
-// process (the pump): when the registry lock is busy, the lane's release
-// and the control file's unmap are left to the rank's next TryAppendPeers
-// or its Close.
-func (l *PeerLink) CloseNoWait() error { return l.close(false) }
-
-func (l *PeerLink) close(wait bool) error {
+// Close unmaps the peer's arena and the claim's blocks and ends the lease
+// by closing its connection, in that order. If the arena cannot be
+// unmapped the lease stays, so the relay keeps its memory until this
+// process exits. Lane and StagingBase are invalid afterwards. It never
+// waits on another process.
+func (l *PeerLink) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -219,82 +238,34 @@ func (l *PeerLink) close(wait bool) error {
 	delete(r.links, l)
 	r.mu.Unlock()
 	if err := l.arena.Close(); err != nil {
-		err = fmt.Errorf("pxn: unmap arena of %s: %w; lane %d stays claimed", l.peer.Name, err, l.lane)
-		return errors.Join(err, l.unmapControl())
+		l.closeControl()
+		return fmt.Errorf("pxn: unmap arena of %s: %w; lane %d stays claimed", l.peer.Name, err, l.lane)
 	}
-	return l.releaseLane(wait)
+	return l.releaseLane()
 }
 
-// releaseLane frees the lane and unmaps the peer's control file. Without
-// wait, a busy lock queues the link on its rank instead, mapping and claim
-// kept, for flushReleases.
-func (l *PeerLink) releaseLane(wait bool) error {
-	r := l.rank
-	if !wait {
-		err := r.d.tryLock(l.freeLane)
-		if err == ErrLockBusy {
-			r.mu.Lock()
-			r.unreleased = append(r.unreleased, l)
-			r.mu.Unlock()
-			return nil
-		}
-		if err != nil {
-			err = fmt.Errorf("pxn: release lane %d of %s: %w", l.lane, l.peer.Name, err)
-		}
-		return errors.Join(err, l.unmapControl())
-	}
-	return errors.Join(l.releaseBounded(), l.unmapControl())
-}
+// CloseNoWait is Close; it is kept for callers that must never wait on
+// another process (the pump), which Close never does.
+func (l *PeerLink) CloseNoWait() error { return l.Close() }
 
-// freeLane frees the lane if this link still owns it. The caller holds the
-// registry lock.
-func (l *PeerLink) freeLane() error {
-	if l.ownsLane() {
-		l.ctl.Lanes[l.lane].Free()
-	}
-	return nil
-}
-
-func (l *PeerLink) unmapControl() error {
-	err := unix.Munmap(l.ctlMem)
-	l.ctl, l.ctlMem = nil, nil
-	if err != nil {
-		return fmt.Errorf("pxn: unmap control file of %s: %w", l.peer.Name, err)
-	}
-	return nil
-}
-
-// flushReleases releases the lanes that CloseNoWait left claimed, waiting
-// for the lock with wait set and only if it is free at once otherwise. A
-// busy lock keeps them for a later call.
-func (r *Rank) flushReleases(ctx context.Context, wait bool) error {
-	r.mu.Lock()
-	ls := r.unreleased
-	r.unreleased = nil
-	r.mu.Unlock()
-	if len(ls) == 0 {
-		return nil
-	}
-	err := r.d.lockFor(ctx, wait, func() error {
-		for _, l := range ls {
-			l.freeLane()
+// releaseLane unmaps the claim's blocks and ends the lease.
+func (l *PeerLink) releaseLane() error {
+	var err error
+	if l.blocks != nil {
+		if err = l.blocks.close(); err != nil {
+			err = fmt.Errorf("pxn: lane %d of %s: %w", l.lane, l.peer.Name, err)
 		}
-		return nil
-	})
-	if err != nil {
-		r.mu.Lock()
-		r.unreleased = append(ls, r.unreleased...)
-		r.mu.Unlock()
-		if err == ErrLockBusy {
-			return nil
-		}
-		return fmt.Errorf("pxn: release %d lanes of closed links: %w", len(ls), err)
+		l.blocks = nil
 	}
-	var errs []error
-	for _, l := range ls {
-		errs = append(errs, l.unmapControl())
+	if l.leaseFd >= 0 {
+		// Nothing of the lane is mapped any more: the relay may give it
+		// to the next holder.
+		sendRelease(l.leaseFd)
+		unix.Close(l.leaseFd)
+		l.leaseFd = -1
 	}
-	return errors.Join(errs...)
+	l.closeControl()
+	return err
 }
 
 // Peer is the peer as it was listed.
@@ -311,43 +282,12 @@ func (l *PeerLink) LaneIndex() int { return l.lane }
 // LaneEpoch is the lane's epoch under this claim; every Desc carries it.
 func (l *PeerLink) LaneEpoch() uint64 { return l.laneEpoch.Load() }
 
-// Rollover gives the lane a new epoch, under the registry lock, when its
-// seqs ran out (LaneSeq.NeedsRollover). The sender drains the lane first and
-// restarts at seq 1 under the returned epoch; the relay notices the new
-// epoch on its own. Call it from the goroutine that uses the lane.
-func (l *PeerLink) Rollover(ctx context.Context) (uint64, error) {
-	if !l.sender.Drained() {
-		return 0, fmt.Errorf("pxn: roll lane %d of %s over: %w: published %d, reaped %d", l.lane, l.peer.Name, staging.ErrLaneNotDrained, l.sender.Published(), l.sender.Reaped())
-	}
-	var epoch uint64
-	err := l.rank.d.withLock(ctx, func() error {
-		if !l.ownsLane() {
-			return fmt.Errorf("%w: lane %d of %s was reclaimed", ErrPeerGone, l.lane, l.peer.Name)
-		}
-		lane := &l.ctl.Lanes[l.lane]
-		var err error
-		if epoch, err = newLaneEpoch(lane); err != nil {
-			return err
-		}
-		lane.Renew(epoch)
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("pxn: roll lane %d of %s over: %w", l.lane, l.peer.Name, err)
-	}
-	l.laneEpoch.Store(epoch)
-	if err := l.sender.Rollover(epoch); err != nil {
-		return 0, fmt.Errorf("pxn: roll lane %d of %s over: %w", l.lane, l.peer.Name, err)
-	}
-	return epoch, nil
-}
-
 // Sender is the endpoint of the claimed lane, valid until Close.
 func (l *PeerLink) Sender() *staging.SenderLane { return l.sender }
 
-// Wake is the peer's wake word as mapped in this process, valid until
-// Close.
-func (l *PeerLink) Wake() *staging.WakeWord { return &l.ctl.Header.Wake }
+// Wake is the wake of the peer's pump through the claim's eventfd, valid
+// until Close.
+func (l *PeerLink) Wake() *staging.LaneWaker { return l.waker }
 
 // StagingBase is the claimed lane's staging memory as mapped in this
 // process: slot s starts at StagingBase() + s*SlotSize, and the lane ends
@@ -356,13 +296,23 @@ func (l *PeerLink) StagingBase() uintptr { return l.stagingBase }
 
 // Live returns nil while the peer is READY with a fresh heartbeat at now
 // (a MonoNanos reading) and the lane is still this link's; otherwise an
-// ErrPeerGone saying which. It allocates nothing on success.
+// ErrPeerGone saying which. It reads the peer's control file by pread
+// and allocates nothing on success.
 func (l *PeerLink) Live(now int64) error {
-	h := &l.ctl.Header
-	if s := h.LoadState(); s != staging.StateReady {
+	l.viewMu.Lock()
+	defer l.viewMu.Unlock()
+	return l.live(now)
+}
+
+func (l *PeerLink) live(now int64) error {
+	if err := l.read(); err != nil {
+		return err
+	}
+	h := &l.view.Header
+	if s := h.State; s != staging.StateReady {
 		return fmt.Errorf("%w: %s is %s", ErrPeerGone, l.peer.Name, folder.StateName(s))
 	}
-	if hb := h.LoadHeartbeat(); folder.HeartbeatStale(hb, now, l.rank.opts.HeartbeatTimeout) {
+	if folder.HeartbeatStale(h.Heartbeat, now, l.rank.opts.HeartbeatTimeout) {
 		return fmt.Errorf("%w: %s heartbeat older than %v", ErrPeerGone, l.peer.Name, l.rank.opts.HeartbeatTimeout)
 	}
 	if !l.ownsLane() {
@@ -374,8 +324,7 @@ func (l *PeerLink) Live(now int64) error {
 // heartbeatGone judges a relay of another PID namespace by the heartbeat
 // this link sees: gone once it has held one value for longer than the
 // timeout (see judge).
-func (l *PeerLink) heartbeatGone(now int64) string {
-	hb := l.ctl.Header.LoadHeartbeat()
+func (l *PeerLink) heartbeatGone(hb uint64, now int64) string {
 	if hb != l.hbSeen.Load() || l.hbSince.Load() == 0 {
 		l.hbSeen.Store(hb)
 		l.hbSince.Store(now)
@@ -408,11 +357,16 @@ var ErrPeerClosing = errors.New("peer is closing")
 // the heartbeat is late or the relay is closing, and only for a relay of
 // this rank's PID namespace: one of another is never judged by its pid.
 func (l *PeerLink) Health(now int64) error {
-	err := l.Live(now)
+	l.viewMu.Lock()
+	defer l.viewMu.Unlock()
+	err := l.live(now)
 	if err == nil {
 		return nil
 	}
-	state := l.ctl.Header.LoadState()
+	if errors.Is(err, errControlUnreadable) {
+		return err
+	}
+	state := l.view.Header.State
 	if (state != staging.StateReady && state != staging.StateClosing) || !l.ownsLane() {
 		return err
 	}
@@ -420,7 +374,7 @@ func (l *PeerLink) Health(now int64) error {
 		if r := folder.GoneReason(l.peer.Pid, l.peer.StartTime); r != "" {
 			return fmt.Errorf("%w: %s: %s", ErrPeerGone, l.peer.Name, r)
 		}
-	} else if r := l.heartbeatGone(now); r != "" {
+	} else if r := l.heartbeatGone(l.view.Header.Heartbeat, now); r != "" {
 		return fmt.Errorf("%w: %s: %s", ErrPeerGone, l.peer.Name, r)
 	}
 	if state == staging.StateClosing {

@@ -252,10 +252,11 @@ func TestNamespaceForeignAndUnknownEntries(t *testing.T) {
 	}
 }
 
-// The arena socket hands a descriptor only to the holder of a lane, of
-// that lane, and refuses everything else with a reason naming the lane
-// asked for; it never hands out the whole arena.
-func TestNamespaceArenaSocketRefusesAllButTheHolder(t *testing.T) {
+// The arena socket grants a claim only to the rank that asks: a claim
+// naming another process of the relay's namespace, or malformed, is
+// refused, and a claim answered gives a lane nobody holds; nothing in a
+// claim names a lane, so no asker can ask for another's.
+func TestNamespaceArenaSocketClaimsOnlyForTheAsker(t *testing.T) {
 	root := regTestRoot(t)
 	relay := mustRegister(t, regOptions(root, "g", "rail0"))
 	sender := mustRegister(t, regOptions(root, "g", "rail1"))
@@ -272,64 +273,69 @@ func TestNamespaceArenaSocketRefusesAllButTheHolder(t *testing.T) {
 		t.Errorf("the relay reads %q where the sender wrote through its descriptor mapping", got)
 	}
 	sock := folder.SockFileName(relay.Identity())
-	good := fdRequest{Lane: uint32(l.LaneIndex()), SenderEpoch: sender.Identity().Epoch, LaneEpoch: l.LaneEpoch()}
+	other := mustRegister(t, regOptions(root, "g", "rail2"))
+	good := fdRequest{Owner: other.Identity(), NS: other.ns}
 	with := func(f func(q *fdRequest)) fdRequest {
 		q := good
 		f(&q)
 		return q
 	}
-	ask := func(q fdRequest) error {
+	ask := func(q fdRequest) (fdAnswer, error) {
 		c, err := dialArenaSocket(sender.d, sock, q, 0, staging.MonoNanos())
 		if err != nil {
-			return err
+			return fdAnswer{}, err
 		}
 		defer c.close()
 		for {
-			fd, _, done, err := c.poll(100 * time.Millisecond)
+			ans, fds, done, err := c.poll(100 * time.Millisecond)
 			if done {
-				if err == nil {
-					defer closeFD(fd)
+				for _, fd := range fds {
+					closeFD(fd)
 				}
-				return err
+				return ans, err
 			}
 			if staging.MonoNanos() > c.deadline {
-				return fmt.Errorf("no answer")
+				return ans, fmt.Errorf("no answer")
 			}
 		}
 	}
-	if err := ask(good); err != nil {
-		t.Fatalf("the holder's request: %v", err)
+	ans, err := ask(good)
+	if err != nil {
+		t.Fatalf("the asker's own claim: %v", err)
+	}
+	if int(ans.Lane) == l.LaneIndex() || ans.Rights != 4 {
+		t.Errorf("the second claim got lane %d with %d descriptors, want another lane than %d, with 4", ans.Lane, ans.Rights, l.LaneIndex())
 	}
 	for _, tt := range []struct {
 		name string
 		q    fdRequest
 		want string
 	}{
-		{"another sender epoch", with(func(q *fdRequest) { q.SenderEpoch++ }), "not held by the asker"},
-		{"another lane epoch", with(func(q *fdRequest) { q.LaneEpoch++ }), "not held by the asker"},
-		{"a free lane", with(func(q *fdRequest) { q.Lane = (q.Lane + 1) % staging.LaneCount }), "not held by the asker"},
-		{"a lane out of range", with(func(q *fdRequest) { q.Lane = staging.LaneCount }), "malformed"},
-		{"epoch 0", with(func(q *fdRequest) { q.SenderEpoch = 0 }), "malformed"},
+		{"another pid of this namespace", with(func(q *fdRequest) { q.Owner.Pid++ }), "not the rank it names"},
+		{"the holder's words", with(func(q *fdRequest) { q.Owner = sender.Identity(); q.Owner.Pid = os.Getppid() }), "not the rank it names"},
+		{"the relay itself", with(func(q *fdRequest) { q.Owner = relay.Identity() }), "not the rank it names"},
+		{"pid 0", with(func(q *fdRequest) { q.Owner.Pid = 0 }), "malformed"},
+		{"epoch 0", with(func(q *fdRequest) { q.Owner.Epoch = 0 }), "malformed"},
 	} {
-		err := ask(tt.q)
-		if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), fmt.Sprintf("lane %d refused", tt.q.Lane)) {
-			t.Errorf("%s: %v, want lane %d refused: %q", tt.name, err, tt.q.Lane, tt.want)
+		if _, err := ask(tt.q); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want a refusal saying %q", tt.name, err, tt.want)
 		}
 	}
 	// The server counts after it answers: wait for it.
 	pollUntil(t, "the server to count its answers", func() bool { return relay.ServeStats().Refused >= 5 })
 	if got := relay.ServeStats(); got.Served != 2 || got.Refused != 5 || got.Busy != 0 {
-		t.Errorf("serve stats %+v, want 2 served (the attach, the holder's request) and 5 refused", got)
+		t.Errorf("serve stats %+v, want 2 served (the attach, the second claim) and 5 refused", got)
 	}
 	relay.BeginClose()
-	if err := ask(good); err == nil || !strings.Contains(err.Error(), "not READY") {
+	if _, err := ask(good); err == nil || !strings.Contains(err.Error(), "not READY") {
 		t.Errorf("a closing relay answered %v, want refused: not READY", err)
 	}
 }
 
-// Without the socket a by-name arena is mapped by its handle, by a sender
-// that maps by name too; a host arena of the default kind, a memfd, has
-// no other way to be shared and the rank does not register.
+// Without lane descriptors (NoArenaSocket) a by-name arena is mapped by
+// its handle, by a sender that maps by name too; the socket still takes
+// claims. A host arena of the default kind, a memfd, has no other way to
+// be shared and the rank does not register.
 func TestNamespaceArenaByHandleWithoutSocket(t *testing.T) {
 	root := regTestRoot(t)
 	o := regOptions(root, "g", "rail0")
@@ -339,8 +345,8 @@ func TestNamespaceArenaByHandleWithoutSocket(t *testing.T) {
 	}
 	o.Arenas = HostArenas{ByName: true}
 	relay := mustRegister(t, o)
-	if relay.Header().ArenaShares != staging.ShareIPCHandle || fileExists(filepath.Join(relay.Dir(), folder.SockFileName(relay.Identity()))) {
-		t.Fatalf("relay without socket offers %#x, socket file there: %v", relay.Header().ArenaShares, listDir(t, relay.Dir()))
+	if relay.Header().ArenaShares != staging.ShareIPCHandle || !fileExists(filepath.Join(relay.Dir(), folder.SockFileName(relay.Identity()))) {
+		t.Fatalf("relay without lane descriptors offers %#x, directory %v; want the handle alone and the socket for claims", relay.Header().ArenaShares, listDir(t, relay.Dir()))
 	}
 	so := regOptions(root, "g", "rail1")
 	so.Arenas = HostArenas{ByName: true}
@@ -404,32 +410,30 @@ func TestNamespaceRevokedRankKeepsItsControlFile(t *testing.T) {
 	}
 }
 
-// A lane whose owner words name another PID namespace than the relay's
-// (a holder in another pod) is not handed to a process of the relay's own
-// namespace that presents them: such a process can be no owner of another
+// A claim naming a rank of another PID namespace than the relay's (a
+// holder in another pod) is not granted to a process of the relay's own
+// namespace that presents it: such a process can be no rank of another
 // namespace, only a member that copied the words from the control file.
 func TestNamespaceArenaSocketRefusesCopiedForeignOwner(t *testing.T) {
 	root := regTestRoot(t)
 	relay := mustRegister(t, regOptions(root, "g", "rail0"))
-	const lane = 2
 	foreign := staging.Identity{Pid: 4242, StartTime: 1, Epoch: 0x77}
-	relay.ctl.Lanes[lane].Claim(foreign, staging.PidNS{Dev: 9, Ino: 99}, 0x99, staging.MonoNanos())
-	q := fdRequest{Lane: lane, SenderEpoch: foreign.Epoch, LaneEpoch: 0x99}
+	q := fdRequest{Owner: foreign, NS: staging.PidNS{Dev: 9, Ino: 99}}
 	c, err := dialArenaSocket(relay.d, folder.SockFileName(relay.Identity()), q, 0, staging.MonoNanos())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.close()
 	for {
-		fd, _, done, err := c.poll(100 * time.Millisecond)
+		_, fds, done, err := c.poll(100 * time.Millisecond)
 		if !done && staging.MonoNanos() < c.deadline {
 			continue
 		}
-		if err == nil {
+		for _, fd := range fds {
 			closeFD(fd)
 		}
-		if err == nil || !strings.Contains(err.Error(), "lane 2 refused: the lane is not held by the asker") {
-			t.Errorf("a process of the relay's namespace with a foreign owner's words: %v, want lane 2 refused", err)
+		if err == nil || !strings.Contains(err.Error(), "claim refused: the asker is not the rank it names") {
+			t.Errorf("a process of the relay's namespace naming a foreign rank: %v, want the claim refused", err)
 		}
 		return
 	}

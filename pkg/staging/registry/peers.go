@@ -58,16 +58,12 @@ func (r *Rank) AppendPeers(ctx context.Context, dst []PeerInfo) ([]PeerInfo, err
 }
 
 // TryAppendPeers is AppendPeers for a caller that must never wait on
-// another process (the pump): the stale cleanup and the lane releases left
-// over from CloseNoWait run only when the registry lock is free at once,
-// and are otherwise left for a later call; the list itself needs no lock.
+// another process (the pump): the stale cleanup runs only when the
+// registry lock is free at once, and is otherwise left for a later call;
+// the list itself needs no lock. It also gives up the claims whose answer
+// is overdue.
 func (r *Rank) TryAppendPeers(dst []PeerInfo) ([]PeerInfo, error) {
-	if err := r.expirePending(false, false); err != nil {
-		r.opts.Logger.Error(err, "pxn lane release of an abandoned attach failed", "registry", r.d.path)
-	}
-	if err := r.flushReleases(context.Background(), false); err != nil {
-		r.opts.Logger.Error(err, "pxn lane release of a closed link failed", "registry", r.d.path)
-	}
+	r.expirePending(false)
 	return r.appendPeers(context.Background(), dst, false)
 }
 

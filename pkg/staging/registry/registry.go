@@ -41,6 +41,10 @@ var (
 	ErrTooManyPeers = errors.New("more valid peers than a relay has lanes")
 	// ErrNoFreeLane: every lane of the peer is held by a live sender.
 	ErrNoFreeLane = errors.New("no free lane on the peer")
+	// ErrLaneHeld: the peer still counts a lane as this rank's: its
+	// earlier lease has not ended, or the peer has not seen it end yet
+	// (the release is on its way). The caller asks again later.
+	ErrLaneHeld = errors.New("this rank still holds a lane of the peer")
 	// ErrPeerGone: the peer revoked READY, restarted or disappeared.
 	ErrPeerGone = errors.New("peer is closing or gone")
 	// ErrLeaseHeld: Close gave up waiting for live senders to release
@@ -48,9 +52,9 @@ var (
 	ErrLeaseHeld = errors.New("inbound lanes are still leased")
 	// ErrRankClosed: the Rank was closed.
 	ErrRankClosed = errors.New("rank is closed")
-	// ErrLockBusy: a no-wait call (TryAppendPeers, TryAttach) found the
-	// registry lock held by someone else and did nothing that needs it;
-	// the caller tries again later.
+	// ErrLockBusy: a no-wait call (TryAppendPeers) found the registry lock
+	// held by someone else and did nothing that needs it; the caller tries
+	// again later.
 	ErrLockBusy = errors.New("registry lock is busy")
 )
 
@@ -78,9 +82,10 @@ type Options struct {
 	Arenas staging.ArenaProvider
 	// Memory, when set, registers the arena with the NIC after allocation.
 	Memory staging.MemoryRegistrar
-	// NoArenaSocket keeps the rank from serving descriptors of its arena
-	// even when the arena can hand them out: peers then map it by its
-	// handle only.
+	// NoArenaSocket keeps the rank from handing out descriptors of its
+	// arena's lanes even when the arena can: peers then map it by its
+	// handle only. The arena socket still serves claims, which is the
+	// only way to a lane.
 	NoArenaSocket bool
 	// Device names the memory the arena lives in, up to 48 bytes (a GPU's
 	// PCI bus id or UUID), for the rank's counters block. Empty: the
@@ -133,22 +138,39 @@ type Rank struct {
 	opts  Options
 	d     *registryDir
 	arena staging.Arena
-	// ctl points into the shared mapping ctlMem; the header's State and
-	// Heartbeat and every lane word are read by other processes.
+	// ctl points into the shared mapping ctlMem; other processes read it
+	// by pread: the header's State and Heartbeat, and the lane summaries.
 	ctlMem []byte
 	ctl    *staging.ControlBlock
 	// liveFd is the control file, open from its creation until it is
 	// removed, holding the rank's liveness lock (folder.HoldLiveness).
 	liveFd int
-	// inbound are the relay endpoints of ctl's lanes; their user (the
-	// pump) owns them.
+	// inbound are the relay endpoints of this rank's lanes; their user
+	// (the pump) owns them, and claims are offered to them.
 	inbound [staging.LaneCount]*staging.RelayLane
+	// waiter is the pump's sleep over its own eventfd and its lanes'.
+	waiter *staging.EventWaiter
+	// laneMu guards claims, the record of who holds each inbound lane,
+	// and the owner words of the lane summaries; only this process
+	// writes them.
+	laneMu sync.Mutex
+	claims [staging.LaneCount]*inboundClaim
+	// lanesClosed: Close is about to free what the claims use; nothing
+	// ends a claim afterwards.
+	lanesClosed bool
+	// accepting: the rank is READY and takes claims. The header's state
+	// says the same to peers, but the header is in a file any member can
+	// write; claims are decided by this word alone.
+	accepting bool
+	// laneArena hands out the lanes' staging memory with their claims;
+	// nil when peers map the arena by its handle.
+	laneArena staging.LaneFDArena
 	// undo holds the teardown of each completed init step, in order.
 	// Register and Close run it backwards from one goroutine.
 	undo        []func() error
 	quarantined bool
 	lastBeat    atomic.Int64
-	// server hands out descriptors of the arena; nil when it does not.
+	// server decides claims of this rank's lanes.
 	server *arenaServer
 
 	mu      sync.Mutex
@@ -161,11 +183,8 @@ type Rank struct {
 	// the way it should be: that peer is not attached to again.
 	shareSaid    map[string]bool
 	importFailed map[string]error
-	// pending are attaches waiting for a peer's descriptor.
+	// pending are attaches waiting for a peer's answer.
 	pending map[staging.Identity]*pendingAttach
-	// unreleased are closed links whose lane release found the lock busy:
-	// their control mapping stays until a later call releases the lane.
-	unreleased []*PeerLink
 
 	// scanMu serializes Peers calls and guards what they keep in scan.
 	scanMu sync.Mutex
@@ -204,8 +223,9 @@ func (r *Rank) Inbound(i int) *staging.RelayLane { return r.inbound[i] }
 // Header is this rank's header inside Control.
 func (r *Rank) Header() *staging.Header { return &r.ctl.Header }
 
-// Wake is this rank's wake word, in its control file's header.
-func (r *Rank) Wake() *staging.WakeWord { return &r.ctl.Header.Wake }
+// Wake is the pump's sleep and this process's wake of it: its own
+// eventfd and its lanes' (staging.EventWaiter).
+func (r *Rank) Wake() *staging.EventWaiter { return r.waiter }
 
 // Arena is this rank's staging arena, freed by Close.
 func (r *Rank) Arena() staging.Arena { return r.arena }
@@ -218,12 +238,24 @@ func (r *Rank) Heartbeat(now int64) bool {
 		return false
 	}
 	r.beat(now)
+	r.copyLaneProgress()
 	return true
 }
 
 func (r *Rank) beat(now int64) {
 	r.lastBeat.Store(now)
 	r.ctl.Header.StoreHeartbeat(uint64(now))
+}
+
+// copyLaneProgress copies the progress words of the claims the pump
+// follows into the lane summaries, for inspect: a claim's, held or since
+// released, until the lane's next claim. Only the pump calls it.
+func (r *Rank) copyLaneProgress() {
+	for i, l := range r.inbound {
+		if w := l.Words(); w != nil && w.Epoch == r.ctl.Lanes[i].Epoch() {
+			r.ctl.Lanes[i].CopyProgress(w.Sender, w.Relay)
+		}
+	}
 }
 
 // Off returns why PXN is off for this process (an unsafe registry, more

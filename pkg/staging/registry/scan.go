@@ -349,13 +349,11 @@ func (s *peerScan) headerBytes() []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&s.hdr)), folder.HeaderSize)
 }
 
-// sameHeader compares two headers but for the heartbeat and the wake word,
-// the fields that change while a rank runs (besides the state, which is
-// compared).
+// sameHeader compares two headers but for the heartbeat, the field that
+// changes while a rank runs (besides the state, which is compared).
 func sameHeader(a, b *staging.Header) bool {
 	x, y := *a, *b
 	x.Heartbeat, y.Heartbeat = 0, 0
-	x.Wake, y.Wake = staging.WakeWord{}, staging.WakeWord{}
 	return x == y
 }
 

@@ -105,18 +105,6 @@ type EntryReport struct {
 	Note string `json:"note,omitempty"`
 }
 
-// laneHead is the part of a Lane that inspect reads.
-type laneHead struct {
-	Owner  staging.LaneOwner
-	Sender staging.SenderProgress
-	Relay  staging.RelayProgress
-}
-
-var (
-	_ [unsafe.Offsetof(staging.Lane{}.Ready) - unsafe.Sizeof(laneHead{})]struct{}
-	_ [unsafe.Sizeof(laneHead{}) - unsafe.Offsetof(staging.Lane{}.Ready)]struct{}
-)
-
 // arenaEntry is an arena or arena socket of a group, matched to its rank
 // once every control file is read.
 type arenaEntry struct {
@@ -304,8 +292,8 @@ func inspectRank(dirfd int, dirPath, name string, kind folder.EntryKind, id stag
 		rr.Health = fmt.Sprintf("stale: heartbeat older than %v", staleAfter)
 	}
 	for i := 0; i < staging.LaneCount; i++ {
-		var lh laneHead
-		off := int64(unsafe.Offsetof(staging.ControlBlock{}.Lanes) + uintptr(i)*unsafe.Sizeof(staging.Lane{}))
+		var lh staging.LaneSummary
+		off := int64(unsafe.Offsetof(staging.ControlBlock{}.Lanes) + uintptr(i)*unsafe.Sizeof(staging.LaneSummary{}))
 		if err := folder.PreadFull(fd, unsafe.Slice((*byte)(unsafe.Pointer(&lh)), unsafe.Sizeof(lh)), off); err != nil {
 			return RankReport{}, fmt.Errorf("%w: lane %d: %v", folder.ErrCorruptEntry, i, err)
 		}

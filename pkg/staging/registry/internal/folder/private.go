@@ -162,6 +162,11 @@ func ReadHeaderFile(dirfd int, dirPath, name string, uid int) (staging.Header, e
 	return DecodeHeader(buf[:])
 }
 
+// LegacyControlSize is the size of a control file of ABI version 5, which
+// a control file of version 6 keeps (sparse past its block), so that a
+// rank of version 5 reads its header and refuses it by its version.
+const LegacyControlSize = 8316160
+
 // CheckControlSize refuses a control file shorter than a control block.
 func CheckControlSize(name string, size int64) error {
 	if size < int64(staging.ControlSize) {
