@@ -58,7 +58,8 @@
 #   gpu (40)          pkg/gpu's tests
 #   libpxn (45)       the C ABI's GPU tests (gpu_ranks.c, compiled there)
 #   nic (25)          the emulated NIC alone (internal/sim/gpunic benchmarks)
-#   firsthop (150)    hack/cuda-probe/firsthop.cu, compiled there with nvcc:
+#   firsthop (150)    hack/cuda-probe/firsthop.cu, compiled there with nvcc
+#                     (NVCC names another; none found: the step is skipped):
 #                     the ways to start a first hop (a launch a slot, a
 #                     graph, a resident kernel) with 1 and 8 processes, and
 #                     a resident kernel's idle cost (docs/cuda.md)
@@ -261,8 +262,9 @@ kit_run() {
   step gpu 40 ./gpu.test -test.v
   STEP_DIR=$repo/cmd/libpxn PXN_LIBPXN_DIR=$kit/lib step libpxn 45 "$kit/libpxn.test" -test.v -test.run 'TestGPURanksThroughCABI|TestFirstHopChoice|TestABIRules'
   PXN_REQUIRE_GPU=1 step nic 25 ./gpunic.test -test.run '^$' -test.bench . -test.benchtime 200ms
-  if command -v nvcc >/dev/null 2>&1; then
-    step firsthop 150 bash -c 'nvcc -O3 -std=c++17 -arch=sm_90 -o "$1/firsthop" "$2/hack/cuda-probe/firsthop.cu" -lcuda && "$1/firsthop" 1 8' _ "$out" "$repo"
+  local nvcc=${NVCC:-nvcc}
+  if command -v "$nvcc" >/dev/null 2>&1; then
+    step firsthop 150 bash -c '"$3" -O3 -std=c++17 -arch=sm_90 -o "$1/firsthop" "$2/hack/cuda-probe/firsthop.cu" -lcuda && "$1/firsthop" 1 8' _ "$out" "$repo" "$nvcc"
   else
     echo "firsthop skipped: no nvcc here" | tee -a "$out/steps.txt"
   fi

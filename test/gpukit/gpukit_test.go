@@ -112,7 +112,7 @@ func newKit(t *testing.T, daemon, longOut bool) *kit {
 			t.Skipf("skipping: this machine has a real %s, which the kit would start", p)
 		}
 	}
-	k.env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "PXN_REPO="+k.repo, "STUB_LOG="+k.log,
+	k.env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "PXN_REPO="+k.repo, "STUB_LOG="+k.log, "NVCC=pxn-no-nvcc",
 		"CUDA_MPS_PIPE_DIRECTORY=", "CUDA_MPS_LOG_DIRECTORY=", "GPU_KIT_BUDGET=", "GPU_KIT_P14_LIMIT=", "STUB_HANG=", "STUB_PIDNS=")
 	return k
 }
@@ -167,9 +167,13 @@ func TestKitRunsStepsUnderItsOwnDaemon(t *testing.T) {
 	if out, err := k.command("STUB_PIDNS=1").CombinedOutput(); err != nil {
 		t.Fatalf("kit run: %v\n%s", err, out)
 	}
-	_, steps := k.steps(t)
-	want := []string{"nomps-p3", "after-p13", "before-p13", "after-p10", "noparts-p10", "noinline-p10", "spin-p10", "before-p10", "after-p14", "before-p14", "after-p9", "pidns", "gpu", "libpxn", "nic"}
-	// before-p14 runs the baseline once for each of P14's five block sizes.
+	lines, steps := k.steps(t)
+	if !strings.Contains(strings.Join(lines, "\n"), "firsthop skipped: no nvcc here") {
+		t.Errorf("with no nvcc the kit did not skip the firsthop step:\n%s", strings.Join(lines, "\n"))
+	}
+	want := []string{"nomps-p3", "after-p13", "before-p13", "after-p10", "noparts-p10", "noinline-p10", "spin-p10", "before-p10", "after-p14", "before-p14", "after-p14kv", "after-p9", "pidns", "gpu", "libpxn", "nic"}
+	// before-p14 runs the baseline once for each of P14's five block sizes,
+	// and after-p14kv this build on the same five.
 	p14Shapes := []string{"80x128x2KiB", "80x64x4KiB", "80x32x8KiB", "80x16x16KiB", "80x4x64KiB"}
 	for _, name := range want {
 		mps := "on"
@@ -207,7 +211,7 @@ func TestKitRunsStepsUnderItsOwnDaemon(t *testing.T) {
 			}
 		}
 	}
-	if got := strings.Join(order, " "); got != "nomps-p3 start "+strings.Repeat("step ", len(want)-1+len(p14Shapes)-1)+"quit" {
+	if got := strings.Join(order, " "); got != "nomps-p3 start "+strings.Repeat("step ", len(want)-1+2*(len(p14Shapes)-1))+"quit" {
 		t.Errorf("order of events %q", got)
 	}
 	all := strings.Join(calls, "\n")
@@ -216,7 +220,8 @@ func TestKitRunsStepsUnderItsOwnDaemon(t *testing.T) {
 		"gpunic.test -test.run ^$ -test.bench . -test.benchtime 200ms",
 	}
 	for _, s := range p14Shapes {
-		wantCalls = append(wantCalls, "pxn-bench.before run --device cuda --ranks 2 --pattern kv --kv-shape "+s+" --kv-requests 16 --kv-inflight 4 --rate 50 --json "+k.out+"/before-p14-"+s+".json")
+		wantCalls = append(wantCalls, "pxn-bench.before run --device cuda --ranks 2 --pattern kv --kv-shape "+s+" --kv-requests 16 --kv-inflight 4 --rate 50 --json "+k.out+"/before-p14-"+s+".json",
+			"pxn-bench run --device cuda --ranks 2 --pattern kv --kv-shape "+s+" --kv-requests 16 --kv-inflight 4 --rate 50 --json "+k.out+"/after-p14-"+s+".json")
 	}
 	for _, w := range append(wantCalls,
 		"pxn-bench run --device cuda --suite p10 --poll-spin 2ms",
