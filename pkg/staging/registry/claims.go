@@ -112,6 +112,9 @@ func (r *Rank) claim(cred *unix.Ucred, q fdRequest) (fdAnswer, []int, *inboundCl
 	}
 	c := &inboundClaim{lane: free, owner: q.Owner, ns: q.NS, epoch: epoch}
 	summary.Claim(q.Owner, q.NS, epoch, now)
+	// The holder checks its claim in the file's summary: it is there
+	// before the answer is.
+	r.flushControl()
 	r.inbound[free].Offer(b.words)
 	r.claims[free] = c
 	if r.waiter != nil {
@@ -191,5 +194,6 @@ func (r *Rank) release(c *inboundClaim, why string) {
 func (r *Rank) endClaim(i int, _ string) {
 	r.claims[i] = nil
 	r.ctl.Lanes[i].Free()
+	r.flushControl()
 	r.inbound[i].Withdraw()
 }

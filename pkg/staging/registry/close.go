@@ -74,6 +74,7 @@ func (r *Rank) Close(ctx context.Context) error {
 func (r *Rank) BeginClose() {
 	r.stopClaims()
 	r.ctl.Header.StoreState(staging.StateClosing)
+	r.flushControl()
 }
 
 // stopClaims makes the arena socket refuse every claim from here on.
@@ -91,6 +92,7 @@ func (r *Rank) stopClaims() {
 func (r *Rank) revoke(ctx context.Context) error {
 	r.stopClaims()
 	r.ctl.Header.StoreState(staging.StateClosing)
+	r.flushControl()
 	return r.d.withLock(ctx, func() error {
 		name, tmp := r.Name(), folder.TmpFileName(r.id)
 		err := unix.Renameat2(r.d.fd(), name, r.d.fd(), tmp, unix.RENAME_NOREPLACE)

@@ -104,6 +104,8 @@ func register(ctx context.Context, opts Options, h *hooks) (*Rank, error) {
 		importFailed: make(map[string]error),
 		pending:      make(map[staging.Identity]*pendingAttach),
 		hooks:        h,
+		liveFd:       -1,
+		ctlFd:        -1,
 	}
 	r.scan.self = ns
 	r.scan.host = machineScanHost()
@@ -229,13 +231,12 @@ func (r *Rank) createControl() error {
 	if err != nil {
 		return err
 	}
-	mem, err := allocateAndMap(fd, r.d.path, name, int(staging.ControlSize))
+	mem, err := allocateControl(fd, r.d.path, name, int(staging.ControlSize))
 	if err == nil {
 		err = padControl(fd, r.d.path, name)
 	}
-	unix.Close(fd)
-	// The lock is taken on an open file of its own: the mapping holds the
-	// one above until it is unmapped.
+	// The lock is taken on an open file of its own: fd is the one the
+	// rank writes its block through.
 	live := -1
 	if err == nil {
 		live, err = unix.Openat(r.d.fd(), name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
@@ -251,10 +252,12 @@ func (r *Rank) createControl() error {
 		}
 	}
 	if err != nil {
+		unix.Close(fd)
 		unix.Unlinkat(r.d.fd(), name, 0)
 		return err
 	}
 	r.liveFd = live
+	r.ctlFd = fd
 	r.ctlMem = mem
 	r.ctl = (*staging.ControlBlock)(unsafe.Pointer(&mem[0]))
 	for i := range r.inbound {
@@ -263,6 +266,7 @@ func (r *Rank) createControl() error {
 	waiter, err := staging.NewEventWaiter(&r.inbound)
 	if err != nil {
 		unix.Munmap(mem)
+		unix.Close(fd)
 		unix.Close(live)
 		unix.Unlinkat(r.d.fd(), name, 0)
 		return err
@@ -281,8 +285,8 @@ func (r *Rank) createControl() error {
 		for _, l := range r.inbound {
 			l.Release()
 		}
-		err := errors.Join(unix.Munmap(mem), r.waiter.Close())
-		r.ctl, r.ctlMem, r.inbound, r.waiter = nil, nil, [staging.LaneCount]*staging.RelayLane{}, nil
+		err := errors.Join(unix.Munmap(mem), unix.Close(r.ctlFd), r.waiter.Close())
+		r.ctl, r.ctlMem, r.ctlFd, r.inbound, r.waiter = nil, nil, -1, [staging.LaneCount]*staging.RelayLane{}, nil
 		// Published, the file was renamed; revoked, renamed back.
 		if uerr := unix.Unlinkat(r.d.fd(), name, 0); uerr != nil && !errors.Is(uerr, unix.ENOENT) {
 			err = errors.Join(err, uerr)
@@ -307,17 +311,38 @@ func padControl(fd int, dirPath, name string) error {
 	return nil
 }
 
-// allocateAndMap gives the new file name its size bytes of blocks and
-// maps it.
-func allocateAndMap(fd int, dirPath, name string, size int) ([]byte, error) {
+// allocateControl gives the new file name its size bytes of blocks and
+// returns the memory the rank keeps its control block in: memory of its
+// own, not a mapping of the file, which any process of the group's uid can
+// shrink (a named tmpfs file takes no seals). flushControl writes the block
+// into the file.
+func allocateControl(fd int, dirPath, name string, size int) ([]byte, error) {
 	if err := folder.Allocate(fd, dirPath, name, int64(size)); err != nil {
 		return nil, err
 	}
-	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		return nil, &os.PathError{Op: "mmap", Path: filepath.Join(dirPath, name), Err: err}
 	}
 	return mem, nil
+}
+
+// flushControl writes the rank's control block into its file, where peers
+// and inspect read it (by pread): at every beat, state change and counters'
+// publication. A file another process shrank or grew is written whole
+// again; a write that fails (a full tmpfs after such a shrink) is said once
+// and tried again at the next beat, and peers meanwhile read a short file
+// and take this rank for gone.
+func (r *Rank) flushControl() {
+	n, err := unix.Pwrite(r.ctlFd, r.ctlMem, 0)
+	if err == nil && n != len(r.ctlMem) {
+		err = fmt.Errorf("short write: %d of %d bytes", n, len(r.ctlMem))
+	}
+	if err != nil && r.flushFailed.CompareAndSwap(false, true) {
+		r.opts.Logger.Error(err, "pxn could not write its control file; peers take this rank for gone until a write succeeds", "registry", r.d.path, "rank", r.Name())
+	} else if err == nil {
+		r.flushFailed.Store(false)
+	}
 }
 
 func (r *Rank) exportHandle() error {
@@ -362,11 +387,12 @@ func (r *Rank) serveArena() error {
 // its temporary name, and the rename is the only step peers can observe.
 func (r *Rank) publish(ctx context.Context) error {
 	return r.d.withLock(ctx, func() error {
-		r.beat(staging.MonoNanos())
 		r.ctl.Header.StoreState(staging.StateReady)
+		r.beat(staging.MonoNanos())
 		tmp, name := folder.TmpFileName(r.id), r.Name()
 		if err := unix.Renameat2(r.d.fd(), tmp, r.d.fd(), name, unix.RENAME_NOREPLACE); err != nil {
 			r.ctl.Header.StoreState(staging.StateInit)
+			r.flushControl()
 			return &os.LinkError{Op: "renameat2", Old: tmp, New: name, Err: err}
 		}
 		r.laneMu.Lock()

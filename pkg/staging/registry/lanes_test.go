@@ -193,6 +193,7 @@ func TestLanesWholeArenaDescriptorRefused(t *testing.T) {
 	root := regTestRoot(t)
 	relay := mustRegister(t, regOptions(root, "g", "rail0"))
 	relay.ctl.Header.ArenaShares = staging.ShareFD
+	relay.flushControl()
 	epochs := func() (e [staging.LaneCount]uint64) {
 		for i := range e {
 			e[i] = relay.ctl.Lanes[i].Epoch()

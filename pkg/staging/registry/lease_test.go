@@ -370,6 +370,7 @@ func TestLeaseOwnerWithOldHeartbeatHoldsItsLeaseWhileAlive(t *testing.T) {
 		t.Fatalf("leases %v, want [0]", held)
 	}
 	atomic.StoreUint64(&sender.Header().Heartbeat, uint64(staging.MonoNanos()-int64(2*testHeartbeatTimeout)))
+	sender.flushControl()
 	if held := relay.Leases(); !slices.Equal(held, []int{0}) {
 		t.Errorf("leases %v, want [0]: the owner's heartbeat is late but it holds its liveness lock", held)
 	}

@@ -138,10 +138,14 @@ type Rank struct {
 	opts  Options
 	d     *registryDir
 	arena staging.Arena
-	// ctl points into the shared mapping ctlMem; other processes read it
-	// by pread: the header's State and Heartbeat, and the lane summaries.
-	ctlMem []byte
-	ctl    *staging.ControlBlock
+	// ctl points into ctlMem, memory of this process alone; flushControl
+	// writes it through ctlFd into the control file, where other processes
+	// read it by pread: the header's State and Heartbeat, the counters and
+	// the lane summaries.
+	ctlMem      []byte
+	ctl         *staging.ControlBlock
+	ctlFd       int
+	flushFailed atomic.Bool
 	// liveFd is the control file, open from its creation until it is
 	// removed, holding the rank's liveness lock (folder.HoldLiveness).
 	liveFd int
@@ -237,14 +241,16 @@ func (r *Rank) Heartbeat(now int64) bool {
 	if now-r.lastBeat.Load() < int64(heartbeatPeriod) {
 		return false
 	}
-	r.beat(now)
 	r.copyLaneProgress()
+	r.beat(now)
 	return true
 }
 
+// beat stamps the heartbeat and writes the control block into the file.
 func (r *Rank) beat(now int64) {
 	r.lastBeat.Store(now)
 	r.ctl.Header.StoreHeartbeat(uint64(now))
+	r.flushControl()
 }
 
 // copyLaneProgress copies the progress words of the claims the pump

@@ -337,3 +337,41 @@ func helperOpenLane() int {
 	fmt.Println("mapped", st.Size)
 	return 0
 }
+
+// A rank's control file is a named tmpfs file, which takes no seals: any
+// process of the group's uid can shrink it. The rank does not map it, so
+// when another process (truncate(1) here) empties the file the rank goes
+// on beating, publishing its counters and closing without a fault, its
+// next write puts the whole block back, and peers read it again.
+func TestSealControlFileShrunkByAnotherProcess(t *testing.T) {
+	truncate, err := exec.LookPath("truncate")
+	if err != nil {
+		t.Skipf("truncate(1) not found: %v", err)
+	}
+	root := regTestRoot(t)
+	r := mustRegister(t, regOptions(root, "g", "rail0"))
+	path := filepath.Join(r.Dir(), r.Name())
+	if out, err := exec.Command(truncate, "-s", "0", path).CombinedOutput(); err != nil {
+		t.Fatalf("truncate -s 0 %s: %v\n%s", path, err, out)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Size() != 0 {
+		t.Fatalf("the control file after truncate: %v, %v", fi, err)
+	}
+	now := staging.MonoNanos() + int64(heartbeatPeriod)
+	if !r.Heartbeat(now) {
+		t.Fatal("Heartbeat took no beat a period after the last")
+	}
+	r.PublishStats(&staging.RankStats{RelayedBytes: 4096}, now)
+	fi, err := os.Stat(path)
+	if err != nil || fi.Size() < int64(staging.ControlSize) {
+		t.Fatalf("the control file after the next beat: %v, %v; want the whole %d-byte block back", fi, err, staging.ControlSize)
+	}
+	if hb := fileHeartbeat(t, path); hb != now {
+		t.Errorf("heartbeat in the file %d, want the beat's %d", hb, now)
+	}
+	peer := mustRegister(t, regOptions(root, "g", "rail1"))
+	if p := peerByName(t, peer, r.Name()); p.Rail != "rail0" {
+		t.Errorf("a peer reads %+v, want the rank on rail0", p)
+	}
+	r.BeginClose()
+}

@@ -30,9 +30,9 @@ func (o *Options) deviceName() string {
 // PublishStats publishes st's counters into the rank's control file for
 // readers outside the process (the node agent, inspect): UpdatedAt is
 // stamped with now (a MonoNanos reading) and InboundLanes counted here, from
-// the owners of the rank's lanes. It writes only the rank's own mapping and
-// never waits: no lock, no system call. The pump calls it, at most once a
-// heartbeat, never concurrently with or after Close.
+// the owners of the rank's lanes. It takes no lock and makes one system
+// call, the write of the control block into the file. The pump calls it,
+// at most once a heartbeat, never concurrently with or after Close.
 func (r *Rank) PublishStats(st *staging.RankStats, now int64) {
 	st.UpdatedAt = uint64(now)
 	st.InboundLanes = 0
@@ -42,4 +42,5 @@ func (r *Rank) PublishStats(st *staging.RankStats, now int64) {
 		}
 	}
 	r.ctl.Stats.Publish(st)
+	r.flushControl()
 }

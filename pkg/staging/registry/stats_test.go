@@ -110,6 +110,7 @@ func TestStatsOfAHostileBlock(t *testing.T) {
 	root := regTestRoot(t)
 	r := mustRegister(t, regOptions(root, "stats", "rail0"))
 	atomic.StoreUint64(&r.ctl.Stats.Gen, 7)
+	r.flushControl()
 	start := time.Now()
 	rr := inspectedRank(t, root, r)
 	if rr.Stats != nil || !strings.Contains(rr.StatsError, folder.ErrStatsBusy.Error()) {
@@ -124,6 +125,7 @@ func TestStatsOfAHostileBlock(t *testing.T) {
 	}
 	atomic.StoreUint64(&r.ctl.Stats.Gen, 8)
 	r.ctl.Stats.DeviceLen = 200
+	r.flushControl()
 	rr = inspectedRank(t, root, r)
 	if rr.Stats != nil || !strings.Contains(rr.StatsError, "device name length 200") {
 		t.Errorf("corrupt device: stats %+v error %q", rr.Stats, rr.StatsError)
