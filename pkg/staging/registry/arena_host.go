@@ -105,19 +105,11 @@ func newMemfdArena(name string) (*memfdArena, error) {
 // reservation.
 func (a *memfdArena) mapLane(i int) error {
 	name := laneMemfdName(a.name, i)
-	// A node with vm.memfd_noexec=2 refuses a memfd that could be made
-	// executable; a kernel before 6.3 knows no MFD_NOEXEC_SEAL.
-	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_NOEXEC_SEAL)
-	if errors.Is(err, unix.EINVAL) {
-		fd, err = unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	}
+	fd, err := newSealedMemfd(name, staging.LaneBytes, arenaSeals)
 	if err != nil {
-		return fmt.Errorf("memfd_create %s: %w", name, err)
-	}
-	a.fds[i] = fd
-	if err := sizeAndSeal(fd, name, staging.LaneBytes); err != nil {
 		return err
 	}
+	a.fds[i] = fd
 	at := unsafe.Pointer(&a.mem[staging.LaneOffset(i)])
 	if _, err := unix.MmapPtr(fd, 0, at, staging.LaneBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED); err != nil {
 		return fmt.Errorf("mmap memfd %s into its arena: %w", name, err)
@@ -131,20 +123,72 @@ func laneMemfdName(name string, lane int) string {
 	return name + ".lane" + strconv.Itoa(lane)
 }
 
-// sizeAndSeal sizes the memfd fd and seals it before any other process can
-// hold it. Its pages come at first touch from the kernel's own shmem
-// mount, which has no size limit, so no full tmpfs can fail them (a
+// newMemfd makes a memfd of size bytes, 0600 whatever the umask, that
+// can take seals. Its pages come at first touch from the kernel's own
+// shmem mount, which has no size limit, so no full tmpfs can fail them (a
 // shortage of memory is the pod's OOM, not a SIGBUS); a NIC registration
-// of the arena takes them all at once.
-func sizeAndSeal(fd int, name string, size int64) error {
+// of an arena takes them all at once.
+func newMemfd(name string, size int64) (int, error) {
+	// A node with vm.memfd_noexec=2 refuses a memfd that could be made
+	// executable; a kernel before 6.3 knows no MFD_NOEXEC_SEAL.
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_NOEXEC_SEAL)
+	if errors.Is(err, unix.EINVAL) {
+		fd, err = unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	}
+	if err != nil {
+		return -1, fmt.Errorf("memfd_create %s: %w", name, err)
+	}
 	if err := unix.Fchmod(fd, folder.FilePerm); err != nil {
-		return fmt.Errorf("chmod memfd %s: %w", name, err)
+		unix.Close(fd)
+		return -1, fmt.Errorf("chmod memfd %s: %w", name, err)
 	}
 	if err := unix.Ftruncate(fd, size); err != nil {
-		return fmt.Errorf("size memfd %s to %d bytes: %w", name, size, err)
+		unix.Close(fd)
+		return -1, fmt.Errorf("size memfd %s to %d bytes: %w", name, size, err)
 	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, arenaSeals); err != nil {
-		return fmt.Errorf("seal memfd %s %s: %w", name, sealNames(arenaSeals), err)
+	return fd, nil
+}
+
+// newSealedMemfd is newMemfd sealed with seals before any other process
+// can hold it.
+func newSealedMemfd(name string, size int64, seals int) (int, error) {
+	fd, err := newMemfd(name, size)
+	if err != nil {
+		return -1, err
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, seals); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("seal memfd %s %s: %w", name, sealNames(seals), err)
+	}
+	return fd, nil
+}
+
+// checkSealedFD accepts a descriptor from another process only as a
+// regular file of this uid that nobody else may access, carrying at least
+// seals (so a memfd: nothing else takes seals), exactly size bytes long,
+// the size read again under the seals (the one read before them may have
+// changed since). what names the descriptor's use in the errors, unit what
+// size is ("one lane").
+func checkSealedFD(what string, fd int, seals int, size int64, unit string) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("%s: fstat descriptor %d: %w", what, fd, err)
+	}
+	if p := folder.PrivateProblem(&st, os.Geteuid(), unix.S_IFREG); p != "" {
+		return fmt.Errorf("%s: descriptor %d %s", what, fd, p)
+	}
+	got, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return fmt.Errorf("%s: descriptor %d refused: no seals (not a memfd): %w", what, fd, err)
+	}
+	if got&seals != seals {
+		return fmt.Errorf("%s: descriptor %d refused: sealed %s, want %s: without them it may change under its mapping", what, fd, sealNames(got), sealNames(seals))
+	}
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("%s: fstat descriptor %d: %w", what, fd, err)
+	}
+	if st.Size != size {
+		return fmt.Errorf("%s: descriptor %d refused: a file of %d bytes, want %s of %d", what, fd, st.Size, unit, size)
 	}
 	return nil
 }
@@ -193,27 +237,8 @@ func (HostArenas) OpenLaneFD(fd int, lane int) (staging.PeerLane, error) {
 	if lane < 0 || lane >= staging.LaneCount {
 		return nil, fmt.Errorf("host arena: lane %d out of range 0..%d", lane, staging.LaneCount-1)
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("host arena lane %d: fstat descriptor %d: %w", lane, fd, err)
-	}
-	if p := folder.PrivateProblem(&st, os.Geteuid(), unix.S_IFREG); p != "" {
-		return nil, fmt.Errorf("host arena lane %d: descriptor %d %s", lane, fd, p)
-	}
-	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
-	if err != nil {
-		return nil, fmt.Errorf("host arena lane %d: descriptor %d refused: no seals (not a memfd): %w", lane, fd, err)
-	}
-	if seals&arenaSeals != arenaSeals {
-		return nil, fmt.Errorf("host arena lane %d: descriptor %d refused: sealed %s, want %s: an unsealed lane may shrink under its mapping", lane, fd, sealNames(seals), sealNames(arenaSeals))
-	}
-	// The size is read again under the seals: the one read before them
-	// may have changed since.
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("host arena lane %d: fstat descriptor %d: %w", lane, fd, err)
-	}
-	if st.Size != staging.LaneBytes {
-		return nil, fmt.Errorf("host arena lane %d: descriptor %d refused: a file of %d bytes, want one lane of %d", lane, fd, st.Size, uint64(staging.LaneBytes))
+	if err := checkSealedFD(fmt.Sprintf("host arena lane %d", lane), fd, arenaSeals, staging.LaneBytes, "one lane"); err != nil {
+		return nil, err
 	}
 	mem, err := unix.Mmap(fd, 0, staging.LaneBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {

@@ -5,13 +5,11 @@ package registry
 import (
 	"errors"
 	"fmt"
-	"os"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/pxn-project/pxn/pkg/staging"
-	"github.com/pxn-project/pxn/pkg/staging/registry/internal/folder"
 )
 
 // A claim's words live in two memfds and an eventfd that the relay makes
@@ -37,26 +35,6 @@ type laneBlocks struct {
 	relayFD  int
 }
 
-// newMemfd makes a memfd of size bytes, 0600 whatever the umask.
-func newMemfd(name string, size int64) (int, error) {
-	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_NOEXEC_SEAL)
-	if errors.Is(err, unix.EINVAL) {
-		fd, err = unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	}
-	if err != nil {
-		return -1, fmt.Errorf("memfd_create %s: %w", name, err)
-	}
-	if err := unix.Fchmod(fd, folder.FilePerm); err != nil {
-		unix.Close(fd)
-		return -1, fmt.Errorf("chmod memfd %s: %w", name, err)
-	}
-	if err := unix.Ftruncate(fd, size); err != nil {
-		unix.Close(fd)
-		return -1, fmt.Errorf("size memfd %s to %d bytes: %w", name, size, err)
-	}
-	return fd, nil
-}
-
 // newLaneBlocks makes the blocks and the eventfd of a claim of lane under
 // epoch, mapped read-write here and sealed. The relay block starts with
 // its sleeping flag set: the pump clears it once it follows the claim.
@@ -79,11 +57,8 @@ func newLaneBlocks(name string, lane int, epoch uint64) (*laneBlocks, error) {
 	}
 	var err error
 	sname := fmt.Sprintf("%s.lane%d.sender", name, lane)
-	if b.senderFD, err = newMemfd(sname, int64(staging.SenderBlockSize)); err != nil {
+	if b.senderFD, err = newSealedMemfd(sname, int64(staging.SenderBlockSize), senderBlockSeals); err != nil {
 		return fail(err)
-	}
-	if _, err := unix.FcntlInt(uintptr(b.senderFD), unix.F_ADD_SEALS, senderBlockSeals); err != nil {
-		return fail(fmt.Errorf("seal memfd %s %s: %w", sname, sealNames(senderBlockSeals), err))
 	}
 	if smem, err = unix.Mmap(b.senderFD, 0, int(staging.SenderBlockSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
 		return fail(fmt.Errorf("mmap %s: %w", sname, err))
@@ -161,33 +136,6 @@ func (h *heldBlocks) close() error {
 	return errors.Join(errs...)
 }
 
-// checkBlockFD accepts a descriptor from the relay only as a memfd of this
-// uid that nobody else may access, carrying at least seals, exactly size
-// bytes long (read under the seals).
-func checkBlockFD(what string, fd int, seals int, size int64) error {
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return fmt.Errorf("%s: fstat descriptor %d: %w", what, fd, err)
-	}
-	if p := folder.PrivateProblem(&st, os.Geteuid(), unix.S_IFREG); p != "" {
-		return fmt.Errorf("%s: descriptor %d %s", what, fd, p)
-	}
-	got, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
-	if err != nil {
-		return fmt.Errorf("%s: descriptor %d refused: no seals (not a memfd): %w", what, fd, err)
-	}
-	if got&seals != seals {
-		return fmt.Errorf("%s: descriptor %d refused: sealed %s, want %s", what, fd, sealNames(got), sealNames(seals))
-	}
-	if err := unix.Fstat(fd, &st); err != nil {
-		return fmt.Errorf("%s: fstat descriptor %d: %w", what, fd, err)
-	}
-	if st.Size != size {
-		return fmt.Errorf("%s: descriptor %d refused: %d bytes, want %d", what, fd, st.Size, size)
-	}
-	return nil
-}
-
 // mapHeldBlocks maps a claim's blocks from the descriptors of the relay's
 // answer: the sender block read-write, the relay block read-only. It
 // takes wakeFD; the memfds stay the caller's to close.
@@ -196,10 +144,10 @@ func mapHeldBlocks(senderFD, relayFD, wakeFD int) (*heldBlocks, error) {
 	fail := func(err error) (*heldBlocks, error) {
 		return nil, errors.Join(err, h.close())
 	}
-	if err := checkBlockFD("sender block", senderFD, senderBlockSeals, int64(staging.SenderBlockSize)); err != nil {
+	if err := checkSealedFD("sender block", senderFD, senderBlockSeals, int64(staging.SenderBlockSize), "one sender block"); err != nil {
 		return fail(err)
 	}
-	if err := checkBlockFD("relay block", relayFD, relayBlockSeals, int64(staging.RelayBlockSize)); err != nil {
+	if err := checkSealedFD("relay block", relayFD, relayBlockSeals, int64(staging.RelayBlockSize), "one relay block"); err != nil {
 		return fail(err)
 	}
 	var err error

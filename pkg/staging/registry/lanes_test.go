@@ -254,14 +254,11 @@ func TestLanesSenderRefusesAnImpostorSocket(t *testing.T) {
 	if err := os.Chmod(path, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	lane, err := unix.MemfdCreate("impostor-lane", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	lane, err := newSealedMemfd("impostor-lane", staging.LaneBytes, arenaSeals)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unix.Close(lane)
-	if err := sizeAndSeal(lane, "impostor-lane", staging.LaneBytes); err != nil {
-		t.Fatal(err)
-	}
 	served := make(chan error, 1)
 	go func() {
 		c, err := ln.AcceptUnix()
