@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/pxn-project/pxn/internal/sanitize"
+	"github.com/pxn-project/pxn/internal/testtools"
 	"github.com/pxn-project/pxn/pkg/contract"
 	"github.com/pxn-project/pxn/pkg/cuda"
 	"github.com/pxn-project/pxn/pkg/relay"
@@ -107,7 +108,7 @@ func library(t *testing.T) libpxn {
 		}
 		return libpxn{dir: abs}
 	}
-	plainLib.build(t, "plain", append(os.Environ(), "CGO_ENABLED=1", "GOFLAGS="+withoutRace(os.Getenv("GOFLAGS"))))
+	plainLib.build(t, "plain", append(os.Environ(), "CGO_ENABLED=1", "GOFLAGS="+testtools.WithoutRace(os.Getenv("GOFLAGS"))))
 	return libpxn{dir: plainLib.dir}
 }
 
@@ -151,18 +152,6 @@ func (b *libBuild) build(t *testing.T, what string, env []string) {
 	if b.err != nil {
 		t.Fatal(b.err)
 	}
-}
-
-// withoutRace drops -race from GOFLAGS: a race-enabled libpxn.so cannot
-// start inside a host program built without the thread sanitizer.
-func withoutRace(goflags string) string {
-	var keep []string
-	for _, f := range strings.Fields(goflags) {
-		if f != "-race" && f != "-race=true" {
-			keep = append(keep, f)
-		}
-	}
-	return strings.Join(keep, " ")
 }
 
 func repoPath(parts ...string) string {

@@ -58,7 +58,7 @@ func pxnAgent(t *testing.T, root string) string {
 	bin := filepath.Join(t.TempDir(), "pxn-agent")
 	cmd := exec.Command("go", "build", "-o", bin, "./cmd/pxn-agent")
 	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "GOFLAGS="+withoutRace(os.Getenv("GOFLAGS")))
+	cmd.Env = append(os.Environ(), "GOFLAGS="+testtools.WithoutRace(os.Getenv("GOFLAGS")))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/pxn-agent: %v\n%s", err, out)
 	}

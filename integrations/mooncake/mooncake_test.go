@@ -114,16 +114,6 @@ func buildDir(t *testing.T, src string) string {
 	return dir
 }
 
-func withoutRace(goflags string) string {
-	var keep []string
-	for _, f := range strings.Fields(goflags) {
-		if f != "-race" {
-			keep = append(keep, f)
-		}
-	}
-	return strings.Join(keep, " ")
-}
-
 // A testBuild is one build of the test program, made once per test binary:
 // libpxn.so, the transport, the patched multi_transport.cpp, the seam and
 // the program, by the Makefile's test-bin target. A sanitized one compiles
@@ -177,7 +167,7 @@ func (b *testBuild) build(t *testing.T) program {
 	needBuildTools(t)
 	out := buildDir(t, src)
 	vars := []string{"CXXFLAGS=-O1 -g"}
-	env := append(os.Environ(), "CGO_ENABLED=1", "GOFLAGS="+withoutRace(os.Getenv("GOFLAGS")))
+	env := append(os.Environ(), "CGO_ENABLED=1", "GOFLAGS="+testtools.WithoutRace(os.Getenv("GOFLAGS")))
 	if b.event {
 		out += "-event"
 		vars = []string{"CXXFLAGS=-O1 -g -DUSE_EVENT_DRIVEN_COMPLETION"}

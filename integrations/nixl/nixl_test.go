@@ -55,13 +55,7 @@ func goBuild(t *testing.T, root string, args ...string) {
 	t.Helper()
 	cmd := exec.Command("go", append([]string{"build"}, args...)...)
 	cmd.Dir = root
-	var keep []string
-	for _, f := range strings.Fields(os.Getenv("GOFLAGS")) {
-		if f != "-race" {
-			keep = append(keep, f)
-		}
-	}
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=1", "GOFLAGS="+strings.Join(keep, " "))
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=1", "GOFLAGS="+testtools.WithoutRace(os.Getenv("GOFLAGS")))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build %s: %v\n%s", strings.Join(args, " "), err, out)
 	}

@@ -101,3 +101,17 @@ func MappingSize(t testing.TB, addr uintptr) uint64 {
 	}
 	return 0
 }
+
+// WithoutRace returns goflags (a GOFLAGS value) without -race, for what a
+// test builds to be loaded by processes that are not its own race-enabled
+// binary: a race-enabled libpxn.so cannot start inside a host program
+// built without the thread sanitizer.
+func WithoutRace(goflags string) string {
+	var keep []string
+	for _, f := range strings.Fields(goflags) {
+		if f != "-race" && f != "-race=true" {
+			keep = append(keep, f)
+		}
+	}
+	return strings.Join(keep, " ")
+}
