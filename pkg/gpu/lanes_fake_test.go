@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -148,7 +149,9 @@ func TestLaneArenasOnStandIn(t *testing.T) {
 // arena costs the sender on the stand-in driver: the claim, the arena
 // socket's round trip for the lane's descriptor, its import, reservation,
 // mapping and access, a first write into each slot, and the release with
-// its unmap. The stand-in's calls are system calls on a memfd: the figure
+// its unmap; then the wait until the relay has seen the release and the
+// lane is free again, which a sender that attaches anew at once waits for
+// (as BenchmarkLeaseHostLane). The stand-in's calls are system calls on a memfd: the figure
 // on a GPU, where import and map are driver work, is
 // BenchmarkLeaseGPULane's, which needs a GPU.
 func BenchmarkLeaseGPULaneStandIn(b *testing.B) { benchLease(b, openFakeVMM(b)) }
@@ -181,11 +184,14 @@ func benchLease(b *testing.B, g *gpu.GPU) {
 	}
 	ctx := context.Background()
 	b.ReportAllocs()
+	var attach, write, release, freed time.Duration
 	for b.Loop() {
+		t0 := time.Now()
 		l, err := sender.Attach(ctx, peers[0])
 		if err != nil {
 			b.Fatal(err)
 		}
+		t1 := time.Now()
 		if l.ArenaShare() != staging.ShareLaneFD {
 			b.Fatalf("attached by share %d", l.ArenaShare())
 		}
@@ -194,8 +200,22 @@ func benchLease(b *testing.B, g *gpu.GPU) {
 				b.Fatal(err)
 			}
 		}
+		t2 := time.Now()
 		if err := l.Close(); err != nil {
 			b.Fatal(err)
 		}
+		t3 := time.Now()
+		for deadline := t3.Add(10 * time.Second); len(relay.Leases()) > 0; {
+			if time.Now().After(deadline) {
+				b.Fatal("the relay never saw the release")
+			}
+			runtime.Gosched()
+		}
+		attach, write, release, freed = attach+t1.Sub(t0), write+t2.Sub(t1), release+t3.Sub(t2), freed+time.Since(t3)
 	}
+	n := float64(b.N)
+	b.ReportMetric(float64(attach.Nanoseconds())/n, "attach-ns/op")
+	b.ReportMetric(float64(write.Nanoseconds())/n, "first-writes-ns/op")
+	b.ReportMetric(float64(release.Nanoseconds())/n, "close-ns/op")
+	b.ReportMetric(float64(freed.Nanoseconds())/n, "freed-ns/op")
 }
