@@ -12,6 +12,7 @@ import (
 type Counters struct {
 	relayedBytes  atomic.Uint64
 	relayedPieces atomic.Uint64
+	joinedPieces  atomic.Uint64
 	// fallbackBytes and fallbackPieces count by reason
 	// (staging.FallbackCreditTimeout and the rest).
 	fallbackBytes  [staging.FallbackReasons]atomic.Uint64
@@ -41,6 +42,10 @@ type CounterSnapshot struct {
 	// by it (sender side).
 	RelayedBytes  uint64 `json:"relayed_bytes"`
 	RelayedPieces uint64 `json:"relayed_pieces"`
+	// JoinedPieces were published in a slot behind another Piece, sharing
+	// its Desc, first-hop copy, doorbell and second hop (sender side): the
+	// relay counts such a slot as one forwarded Piece.
+	JoinedPieces uint64 `json:"joined_pieces"`
 	// FallbackBytes and FallbackPieces were meant for a relay but went
 	// direct before their doorbell; the ByReason counts split them by
 	// cause.
@@ -101,6 +106,7 @@ func (c *Counters) snapshot() CounterSnapshot {
 		ConfigRefused:     c.configRefused.Load(),
 		RelayedBytes:      c.relayedBytes.Load(),
 		RelayedPieces:     c.relayedPieces.Load(),
+		JoinedPieces:      c.joinedPieces.Load(),
 		DirectBytes:       c.directBytes.Load(),
 		CreditWaits:       c.creditWaits.Load(),
 		SecondHopFailures: c.secondHopFails.Load(),

@@ -90,9 +90,11 @@ func (ol *outLane) queued() bool {
 
 // slotPieces is what one published slot carries: the Piece published into
 // it first (refs[0], whose times the slot's are) and the Pieces that joined
-// it there (sender.join); empty while the slot holds nothing.
+// it there (sender.join); empty while the slot holds nothing. unproven
+// counts the joined Pieces that hold a ticket's credit (sender.held).
 type slotPieces struct {
-	refs []pieceRef
+	refs     []pieceRef
+	unproven int
 }
 
 // bytes is the slot's bytes.
@@ -110,7 +112,7 @@ func (sp *slotPieces) pieces() uint64 { return uint64(len(sp.refs)) }
 // clear empties the slot and keeps its vector's memory.
 func (sp *slotPieces) clear() {
 	clear(sp.refs)
-	sp.refs = sp.refs[:0]
+	sp.refs, sp.unproven = sp.refs[:0], 0
 }
 
 // senderLane is the sender's own state of one outbound lane: the claim, the

@@ -210,10 +210,12 @@ func TestSlotPartsDoorbellCoversAll(t *testing.T) {
 func TestSlotPartsOnlyOnAnIdleLane(t *testing.T) {
 	const block, n = 16 << 10, 256
 	t.Run("queued behind another", func(t *testing.T) {
-		p, st := stepperPair(t, 2*n*block, nil)
-		reqs := kvRequests(p, 2*n, block)
+		// Two Submits of 5 MiB: too much to join one slot.
+		const m = 320
+		p, st := stepperPair(t, 2*m*block, nil)
+		reqs := kvRequests(p, 2*m, block)
 		var bs []*relay.Batch
-		for _, r := range [][]relay.Request{reqs[:n], reqs[n:]} {
+		for _, r := range [][]relay.Request{reqs[:m], reqs[m:]} {
 			b, err := p.a.Submit(r)
 			if err != nil {
 				t.Fatal(err)
@@ -222,11 +224,11 @@ func TestSlotPartsOnlyOnAnIdleLane(t *testing.T) {
 		}
 		runUntilDone(t, p, bs)
 		// The first had the second queued behind it; the second was
-		// published while the first was in flight, or joined its slot.
+		// published while the first was in flight.
 		if _, ok := st.job(0); ok || st.copies.Load() == 0 {
 			t.Fatalf("a Piece in parts, %d whole; want none in parts", st.copies.Load())
 		}
-		checkReversed(t, p, 2*n, block)
+		checkReversed(t, p, 2*m, block)
 	})
 	t.Run("under two parts", func(t *testing.T) {
 		p, st := stepperPair(t, n*block, nil)

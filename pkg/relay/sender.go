@@ -127,6 +127,13 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 		return false
 	}
 	seq, ok := sl.tx.Ticket()
+	// room is the tickets the lane could still give after this one, less
+	// those the unproven Pieces of its published slots hold (join).
+	room := 0
+	if ok {
+		room = staging.SlotsPerLane - int(seq-sl.tx.Reaped()) - sn.held(sl)
+		ok = room >= 0
+	}
 	if !ok {
 		// No credit. The credit timeout measures a stalled relay, not a
 		// busy one: it runs from the later of the moment the lane's head
@@ -156,7 +163,7 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 	sp.refs = append(sp.refs[:0], pr)
 	sn.planBuf, sn.copyBuf = sn.planBuf[:0], sn.copyBuf[:0]
 	n := sn.stage(pr, base, 0)
-	n = sn.join(sl, sp, base, n)
+	n = sn.join(sl, sp, base, n, room)
 	parts := sn.cutParts(sl, n)
 	if err := sl.tx.Commit(seq, g.key.session, sn.planBuf, n, parts); err != nil {
 		sn.fallbackSlot(sp, staging.FallbackOther)
@@ -192,6 +199,7 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 		sl.drainTo(&s.fallbacks, staging.FallbackLaneBroken)
 		return true
 	}
+	s.counters.joinedPieces.Add(uint64(len(sp.refs) - 1))
 	sp.refs[0].times = s.sentTimes.add(PieceTimes{Lane: sl.link.LaneIndex(), Seq: seq, Bytes: n, Submit: g.submitted, Copy: copyAt})
 	sl.relayWake.Wake()
 	return true
@@ -232,21 +240,25 @@ func (sn *sender) stage(pr pieceRef, base uintptr, at uint64) uint64 {
 
 // join stages, behind the slot's lead Piece (n bytes so far), the Pieces
 // queued next on the lane while each is a whole group of one Piece for the
-// lead's target session, queued before the lane's last completion, whose
-// source is ready, and the slot has room for its bytes and its plan
-// entries; it returns the slot's bytes. A stream of small Submits that the
-// pump fell behind on thus moves in full slots, a ticket, a copy, a
-// doorbell and a second hop for many of them, instead of one each.
+// lead's target session, whose source is ready, and the slot has room for
+// its bytes and its plan entries; it returns the slot's bytes. A stream of
+// small Submits thus moves in slots of many, a ticket, a copy, a doorbell
+// and a second hop for many of them, instead of one each.
 //
-// Only a relay that completed a Piece since a Piece was queued gets it
-// joined: Pieces queued for a relay that has stopped completing wait for
-// credit in slots of their own, and after the credit timeout go direct,
-// instead of riding in a slot that only the ticket timeout ends. Only the
-// pump pops the queue, so the front it looked at is the one it pops;
-// Submit only appends behind it. A Piece whose source is not known to be
-// ready stays queued for a slot of its own, whose copy waits for its
+// A Piece queued before the lane's last completion joins freely: its relay
+// has completed a Piece since. One queued after it (unproven) joins only in
+// place of a ticket of its own that the lane would give it now: room, the
+// tickets left after the slot's, counts them down, and the slot holds each
+// such Piece's credit until it is reaped (held). A relay that stops
+// completing thus never has more Pieces riding on it than tickets it could
+// have been given; the rest wait for credit, and after the credit timeout
+// go direct, instead of riding in a slot that only the ticket timeout ends.
+//
+// Only the pump pops the queue, so the front it looked at is the one it
+// pops; Submit only appends behind it. A Piece whose source is not known to
+// be ready stays queued for a slot of its own, whose copy waits for its
 // event: the copy of a slot waits for the lead's event only.
-func (sn *sender) join(sl *senderLane, sp *slotPieces, base uintptr, n uint64) uint64 {
+func (sn *sender) join(sl *senderLane, sp *slotPieces, base uintptr, n uint64, room int) uint64 {
 	if !sn.s.joining() {
 		return n
 	}
@@ -254,8 +266,12 @@ func (sn *sender) join(sl *senderLane, sp *slotPieces, base uintptr, n uint64) u
 	for {
 		nx := sl.front()
 		g := nx.g
-		if g == nil || nx.i != 0 || len(g.plan.Pieces) != 1 || g.key.session != session || g.reaps == reaps ||
+		if g == nil || nx.i != 0 || len(g.plan.Pieces) != 1 || g.key.session != session ||
 			n+g.pieceLen(0) > staging.SlotSize || len(sn.planBuf)+g.pieceEntries(0) > staging.MaxPlans {
+			return n
+		}
+		unproven := g.reaps == reaps
+		if unproven && room == 0 {
 			return n
 		}
 		if g.ready != 0 {
@@ -266,7 +282,21 @@ func (sn *sender) join(sl *senderLane, sp *slotPieces, base uintptr, n uint64) u
 		sl.pop()
 		n = sn.stage(nx, base, n)
 		sp.refs = append(sp.refs, nx)
+		if unproven {
+			room--
+			sp.unproven++
+		}
 	}
+}
+
+// held is the credit the unproven Pieces joined into sl's published slots
+// hold: a ticket each, until their slot is reaped.
+func (sn *sender) held(sl *senderLane) int {
+	n := 0
+	for seq := sl.tx.Reaped() + 1; seq <= sl.tx.Published(); seq++ {
+		n += sl.inflight[staging.SlotOf(seq)].unproven
+	}
+	return n
 }
 
 // finishSlot finishes every Piece of a published slot with err (nil:
