@@ -62,15 +62,45 @@ type MemoryRegistrar interface {
 
 // LaneFDArena is an Arena made of one memory object per lane, laid out
 // contiguously in its owner's address space (so Base, LaneOffset and
-// SlotOffset, and one NIC registration of the whole arena, hold as for
-// any arena), each of which it can hand out as a file descriptor on its
-// own. The registry passes the holder of lane i the descriptor of lane i
-// alone, over the rank's arena socket, and sets ShareLaneFD in its
-// header: no member maps another's staging memory.
+// SlotOffset hold as for any arena), each of which it can hand out as a
+// file descriptor on its own. The registry passes the holder of lane i
+// the descriptor of lane i alone, over the rank's arena socket, and sets
+// ShareLaneFD in its header: no member maps another's staging memory.
 type LaneFDArena interface {
 	// ExportLaneFD returns a new close-on-exec descriptor of lane's
 	// memory, LaneBytes long. The caller owns it and closes it once sent.
 	ExportLaneFD(lane int) (int, error)
+}
+
+// LaneRenewer is a LaneFDArena that can give a lane a new memory object,
+// so that a lane's later holder stages into memory that no earlier
+// holder's descriptor or mapping reaches. The registry makes the new
+// memory when it grants a lane that was granted before, hands the new
+// holder its descriptor, and installs it in the arena once no second-hop
+// write still reads the lane.
+type LaneRenewer interface {
+	LaneFDArena
+	// NewLaneMemory makes a memory object of LaneBytes for lane, outside
+	// the arena's view until Install.
+	NewLaneMemory(lane int) (LaneMemory, error)
+}
+
+// LaneMemory is a new memory object for one lane of a LaneRenewer.
+type LaneMemory interface {
+	// ExportFD returns a new close-on-exec descriptor of the memory; the
+	// caller owns it.
+	ExportFD() (int, error)
+	// Install maps the memory at its lane's place in the arena, where
+	// Base+LaneOffset(lane) now reaches it, and lets the lane's memory
+	// before it go (what an earlier holder still maps lives on for that
+	// holder alone). The caller guarantees that nothing reads or writes
+	// the lane's range meanwhile and that no NIC registration covers it.
+	// After a failure the lane's range may hold no memory at all: the
+	// lane must not be used again. Install runs at most once; the arena
+	// owns the memory from its start.
+	Install() error
+	// Discard frees memory never installed; after Install it does nothing.
+	Discard() error
 }
 
 // PeerLane is one lane of another rank's arena mapped into this process:
