@@ -51,10 +51,17 @@ type ArenaProvider interface {
 	Open(dir *os.File, handle [ArenaHandleSize]byte) (PeerArena, error)
 }
 
-// MemoryRegistrar registers an arena with the local NIC (an RDMA memory
-// region). A Register that fails may have left part of the memory registered
-// with no way to prove otherwise, so the registry then quarantines the
-// arena: it is never freed, and stays allocated until the process exits.
+// MemoryRegistrar registers an arena with the local NIC (RDMA memory
+// regions), one lane at a time: the registry calls Register(base, size)
+// with each lane's range (LaneOffset, LaneBytes) when the arena is made,
+// and Deregister with the same range before the lane's memory goes: when
+// the arena is freed, or when the lane is given new memory
+// (LaneRenewer), which the registry registers again at the same range.
+// A lane is deregistered for its renewal only once no second-hop write
+// that read it can still be held by the NIC. A Register or Deregister
+// that fails may have left part of the memory registered with no way to
+// prove otherwise, so the registry then quarantines the arena: it is
+// never freed, and stays allocated until the process exits.
 type MemoryRegistrar interface {
 	Register(base uintptr, size uint64) error
 	Deregister(base uintptr, size uint64) error

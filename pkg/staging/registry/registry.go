@@ -169,10 +169,13 @@ type Rank struct {
 	// laneArena hands out the lanes' staging memory with their claims;
 	// nil when peers map the arena by its handle.
 	laneArena staging.LaneFDArena
+	// registered marks the lanes registered with Options.Memory, under
+	// laneMu.
+	registered [staging.LaneCount]bool
 	// undo holds the teardown of each completed init step, in order.
 	// Register and Close run it backwards from one goroutine.
 	undo        []func() error
-	quarantined bool
+	quarantined atomic.Bool
 	lastBeat    atomic.Int64
 	// server decides claims of this rank's lanes.
 	server *arenaServer
