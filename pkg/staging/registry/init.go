@@ -209,8 +209,8 @@ func (r *Rank) quarantine(why error) {
 func (r *Rank) laneBase(i int) uintptr { return r.arena.Base() + uintptr(staging.LaneOffset(i)) }
 
 // registerMemory registers each lane of the arena on its own, so that a
-// lane can be registered again alone. A failure quarantines the arena; the
-// lanes registered before it are deregistered.
+// lane given new memory is registered again alone (renewLane). A failure
+// quarantines the arena; the lanes registered before it are deregistered.
 func (r *Rank) registerMemory() error {
 	m := r.opts.Memory
 	if m == nil {
@@ -401,10 +401,11 @@ func (r *Rank) exportHandle() error {
 func (r *Rank) serveArena() error {
 	if la, ok := r.arena.(staging.LaneFDArena); ok && !r.opts.NoArenaSocket {
 		r.laneArena = la
+		r.renewer, _ = la.(staging.LaneRenewer)
 	}
 	srv, err := startArenaServer(r.d, folder.SockFileName(r.id), r, r.opts.Logger)
 	if err != nil {
-		r.laneArena = nil
+		r.laneArena, r.renewer = nil, nil
 		return err
 	}
 	r.server = srv
