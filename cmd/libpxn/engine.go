@@ -22,6 +22,8 @@ type engine struct {
 
 	eng   *relay.Engine
 	first *firstHop
+	// arena is the staging arena's registration with the host's NIC.
+	arena *cArena
 	// abi is the ABI the host was built against.
 	abi hostABI
 	// maxBatches bounds batches; reserved counts submits between their
@@ -84,6 +86,7 @@ func (e *engine) putRequests(v []relay.Request) {
 // engineSetup is what openEngine hands to newEngine.
 type engineSetup struct {
 	first      *firstHop
+	arena      *cArena
 	table      *tableDirectory
 	release    func()
 	abi        hostABI
@@ -91,7 +94,7 @@ type engineSetup struct {
 }
 
 func newEngine(eng *relay.Engine, s engineSetup) *engine {
-	return &engine{eng: eng, first: s.first, table: s.table, release: s.release, abi: s.abi,
+	return &engine{eng: eng, first: s.first, arena: s.arena, table: s.table, release: s.release, abi: s.abi,
 		maxBatches: s.maxBatches, batches: make(map[uint64]*relay.Batch)}
 }
 
@@ -258,6 +261,9 @@ func (e *engine) close(timeout time.Duration) error {
 		// Without a pump only Progress completes direct work.
 		e.eng.Progress()
 		time.Sleep(closeDrainStep)
+	}
+	if e.arena != nil {
+		e.arena.closing.Store(true)
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	err := e.eng.Close(ctx)

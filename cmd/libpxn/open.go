@@ -110,6 +110,6 @@ func openEngine(a openArgs, lookup func(string) (string, bool)) (*engine, error)
 			log.Info("pxn first hop: closing the unused copier failed", "err", err.Error())
 		}
 	}
-	return newEngine(eng, engineSetup{first: first, table: table, release: release,
+	return newEngine(eng, engineSetup{first: first, arena: arena, table: table, release: release,
 		abi: a.abi, maxBatches: a.maxBatches}), nil
 }

@@ -60,9 +60,13 @@ struct shm_transport {
 
 #if PXN_API_VERSION >= 3
 	int refuse_arena;
-	uint8_t *arena;
-	uint64_t arena_len;
-	uint64_t arena_key;
+	/* The engine registers its arena one lane at a time: a range each. */
+	struct {
+		uint8_t *addr;
+		uint64_t len;
+		uint64_t key;
+	} arena[SHM_TRANSPORT_ARENA_RANGES];
+	uint64_t arena_keys;
 	shm_transport_stats stats;
 #endif
 };
@@ -184,8 +188,12 @@ static int queue_ops(shm_transport *t, const pxn_transport_op *ops, size_t count
 		if (op->flags & PXN_OP_RELAYED) {
 			t->stats.relayed_ops++;
 			const uint8_t *src = op->src;
-			if (t->arena == NULL || src < t->arena || (uint64_t)(src - t->arena) + op->len > t->arena_len ||
-			    !(op->flags & PXN_OP_LOCAL_KEY) || op->local_key != t->arena_key)
+			int in = 0;
+			for (int r = 0; r < SHM_TRANSPORT_ARENA_RANGES && !in; r++)
+				in = t->arena[r].addr != NULL && src >= t->arena[r].addr &&
+				     (uint64_t)(src - t->arena[r].addr) + op->len <= t->arena[r].len &&
+				     (op->flags & PXN_OP_LOCAL_KEY) && op->local_key == t->arena[r].key;
+			if (!in)
 				t->stats.bad_keys++;
 		}
 		if (op->flags & PXN_OP_ROUTED) {
@@ -348,16 +356,23 @@ int shm_transport_register_arena(void *user, void *addr, uint64_t len, int kind,
 {
 	shm_transport *t = user;
 	pthread_mutex_lock(&t->mu);
-	int rc = PXN_OK;
-	if (t->refuse_arena || t->arena != NULL || addr == NULL || len == 0 ||
-	    (kind != PXN_MEM_HOST && kind != PXN_MEM_DEVICE)) {
-		rc = PXN_EIO;
-	} else {
-		t->arena = addr;
-		t->arena_len = len;
-		t->arena_key = UINT64_C(0xa7e4a000) + len % 997;
-		*local_key = t->arena_key;
+	int rc = PXN_EIO;
+	int free = -1;
+	for (int r = 0; r < SHM_TRANSPORT_ARENA_RANGES; r++) {
+		if (t->arena[r].addr == addr)
+			free = -2;
+		else if (t->arena[r].addr == NULL && free == -1)
+			free = r;
+	}
+	if (!t->refuse_arena && free >= 0 && addr != NULL && len != 0 &&
+	    (kind == PXN_MEM_HOST || kind == PXN_MEM_DEVICE)) {
+		t->arena[free].addr = addr;
+		t->arena[free].len = len;
+		/* A new key for each registration, as a NIC gives. */
+		t->arena[free].key = UINT64_C(0xa7e4a000) + ++t->arena_keys;
+		*local_key = t->arena[free].key;
 		t->stats.arena_registrations++;
+		rc = PXN_OK;
 	}
 	pthread_mutex_unlock(&t->mu);
 	return rc;
@@ -367,14 +382,17 @@ int shm_transport_deregister_arena(void *user, void *addr, uint64_t len, uint64_
 {
 	shm_transport *t = user;
 	pthread_mutex_lock(&t->mu);
-	int rc = PXN_OK;
-	if (addr != t->arena || len != t->arena_len || local_key != t->arena_key) {
-		rc = PXN_EINVAL;
-		t->stats.bad_keys++;
-	} else {
-		t->arena = NULL;
-		t->stats.arena_deregistrations++;
+	int rc = PXN_EINVAL;
+	for (int r = 0; r < SHM_TRANSPORT_ARENA_RANGES; r++) {
+		if (t->arena[r].addr == addr && t->arena[r].len == len && t->arena[r].key == local_key) {
+			t->arena[r].addr = NULL;
+			t->stats.arena_deregistrations++;
+			rc = PXN_OK;
+			break;
+		}
 	}
+	if (rc != PXN_OK)
+		t->stats.bad_keys++;
 	pthread_mutex_unlock(&t->mu);
 	return rc;
 }

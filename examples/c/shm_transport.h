@@ -70,6 +70,10 @@ uint64_t shm_transport_remote_key(shm_transport *t, int k);
 /* Replaces target k's route handle, as a reconnect would. */
 void shm_transport_renew_route(shm_transport *t, int k);
 
+/* The most ranges of the staging arena registered at once: the engine
+ * registers its arena one lane at a time. */
+#define SHM_TRANSPORT_ARENA_RANGES 7
+
 /* The arena callbacks for pxn_options; user is the shm_transport. */
 int shm_transport_register_arena(void *user, void *addr, uint64_t len, int kind, uint64_t *local_key);
 int shm_transport_deregister_arena(void *user, void *addr, uint64_t len, uint64_t local_key);

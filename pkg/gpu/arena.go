@@ -96,7 +96,7 @@ type Arenas struct {
 var (
 	_ staging.ArenaProvider       = (*Arenas)(nil)
 	_ staging.LaneFDArenaProvider = (*Arenas)(nil)
-	_ staging.LaneFDArena         = (*fdArena)(nil)
+	_ staging.LaneRenewer         = (*fdArena)(nil)
 	_ staging.PeerLane            = (*fdPeerArena)(nil)
 )
 
@@ -215,7 +215,7 @@ func (a *Arenas) allocateFD() (staging.Arena, error) {
 	}
 	rdma, err := d.DeviceAttribute(cuda.AttrGPUDirectRDMAWithVMMSupported, dev)
 	prop := cuda.AllocationProp{Device: dev, GPUDirectRDMA: err == nil && rdma != 0}
-	ar := &fdArena{g: a.g}
+	ar := &fdArena{g: a.g, prop: prop}
 	err = a.g.Do(func() error {
 		gran, err := d.MemGetAllocationGranularity(prop, false)
 		if err != nil {
@@ -228,7 +228,7 @@ func (a *Arenas) allocateFD() (staging.Arena, error) {
 			return err
 		}
 		for i := range ar.handles {
-			if err := ar.mapLane(i, prop); err != nil {
+			if err := ar.mapLane(i); err != nil {
 				return errors.Join(err, ar.free())
 			}
 		}
@@ -425,16 +425,19 @@ func (a *ipcArena) Close() error {
 }
 
 // fdArena is one cuMemCreate allocation a lane, mapped side by side from
-// base.
+// base. A lane's allocation is replaced by Install of a NewLaneMemory.
 type fdArena struct {
 	g    *GPU
 	base cuda.DevicePtr
-	// handles[i] is lane i's allocation; created of them exist, and the
-	// first mapped are mapped and readable and writable.
-	handles         [staging.LaneCount]cuda.MemHandle
-	created, mapped int
-	// closeOnce's lock also keeps ExportLaneFD from exporting a closed
-	// arena.
+	prop cuda.AllocationProp
+	// handles[i] is lane i's allocation when created[i]; mapped[i] says
+	// it is mapped at the lane's place, readable and writable. Under
+	// closeOnce's lock once the arena is made.
+	handles [staging.LaneCount]cuda.MemHandle
+	created [staging.LaneCount]bool
+	mapped  [staging.LaneCount]bool
+	// closeOnce's lock also keeps ExportLaneFD from exporting, and
+	// Install from mapping into, a closed arena.
 	closeOnce
 }
 
@@ -444,22 +447,125 @@ func (a *fdArena) Size() uint64  { return staging.ArenaSize }
 
 // mapLane creates lane i's allocation and maps it at its place; the
 // context must be current.
-func (a *fdArena) mapLane(i int, prop cuda.AllocationProp) error {
-	d := a.g.d
-	h, err := d.MemCreate(staging.LaneBytes, prop)
+func (a *fdArena) mapLane(i int) error {
+	h, err := a.g.d.MemCreate(staging.LaneBytes, a.prop)
 	if err != nil {
 		return fmt.Errorf("lane %d: %w", i, err)
 	}
-	a.handles[i], a.created = h, i+1
+	a.handles[i], a.created[i] = h, true
+	return a.mapAt(i)
+}
+
+// mapAt maps lane i's allocation at its place and makes it readable and
+// writable from the device; the context must be current.
+func (a *fdArena) mapAt(i int) error {
+	d := a.g.d
 	at := a.base + cuda.DevicePtr(staging.LaneOffset(i))
-	if err := d.MemMap(at, staging.LaneBytes, 0, h); err != nil {
+	if err := d.MemMap(at, staging.LaneBytes, 0, a.handles[i]); err != nil {
 		return fmt.Errorf("lane %d: %w", i, err)
 	}
-	a.mapped = i + 1
+	a.mapped[i] = true
 	if err := d.MemSetAccess(at, staging.LaneBytes, a.g.dev); err != nil {
 		return fmt.Errorf("lane %d: %w", i, err)
 	}
 	return nil
+}
+
+// NewLaneMemory creates a new allocation for lane, of the arena's
+// properties, not mapped anywhere until Install.
+func (a *fdArena) NewLaneMemory(lane int) (staging.LaneMemory, error) {
+	if lane < 0 || lane >= staging.LaneCount {
+		return nil, fmt.Errorf("gpu arena %#x: lane %d out of range 0..%d", uint64(a.base), lane, staging.LaneCount-1)
+	}
+	var h cuda.MemHandle
+	err := a.g.Do(func() error {
+		var err error
+		h, err = a.g.d.MemCreate(staging.LaneBytes, a.prop)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gpu arena %#x lane %d: new allocation: %w", uint64(a.base), lane, err)
+	}
+	return &fdLane{a: a, lane: lane, handle: h, own: true}, nil
+}
+
+// fdLane is a new allocation for one lane of an fdArena; own says the
+// handle is still its own, not yet the arena's nor released.
+type fdLane struct {
+	a      *fdArena
+	lane   int
+	mu     sync.Mutex
+	handle cuda.MemHandle
+	own    bool
+}
+
+func (m *fdLane) ExportFD() (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.own {
+		return -1, fmt.Errorf("gpu arena %#x lane %d: the new allocation is the arena's or released", uint64(m.a.base), m.lane)
+	}
+	fd := -1
+	err := m.a.g.Do(func() error {
+		var err error
+		fd, err = m.a.g.d.MemExportFD(m.handle)
+		return err
+	})
+	if err != nil {
+		return -1, fmt.Errorf("gpu arena %#x lane %d: %w", uint64(m.a.base), m.lane, err)
+	}
+	unix.CloseOnExec(fd)
+	return fd, nil
+}
+
+// Install unmaps the lane's allocation before it, releases that one (an
+// earlier holder's import keeps its memory alive for that holder alone),
+// and maps the new one at the lane's place, readable and writable.
+func (m *fdLane) Install() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	a := m.a
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case !m.own:
+		return fmt.Errorf("gpu arena %#x lane %d: the new allocation was installed or released", uint64(a.base), m.lane)
+	case a.closed:
+		return fmt.Errorf("gpu arena %#x: closed", uint64(a.base))
+	}
+	i := m.lane
+	err := a.g.Do(func() error {
+		d := a.g.d
+		if a.mapped[i] {
+			if err := d.MemUnmap(a.base+cuda.DevicePtr(staging.LaneOffset(i)), staging.LaneBytes); err != nil {
+				return errors.Join(fmt.Errorf("lane %d: %w", i, err), d.MemRelease(m.handle))
+			}
+			a.mapped[i] = false
+		}
+		if a.created[i] {
+			a.created[i] = false
+			if err := d.MemRelease(a.handles[i]); err != nil {
+				return errors.Join(fmt.Errorf("lane %d: %w", i, err), d.MemRelease(m.handle))
+			}
+		}
+		a.handles[i], a.created[i] = m.handle, true
+		return a.mapAt(i)
+	})
+	m.own = false
+	if err != nil {
+		return fmt.Errorf("gpu arena %#x: new memory: %w", uint64(a.base), err)
+	}
+	return nil
+}
+
+func (m *fdLane) Discard() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.own {
+		return nil
+	}
+	m.own = false
+	return m.a.g.Do(func() error { return m.a.g.d.MemRelease(m.handle) })
 }
 
 // Export fails with staging.ErrNoHandle: peers get a lane's descriptor
@@ -504,13 +610,18 @@ func (a *fdArena) Close() error { return a.close(a.g, "gpu arena", a.base, a.fre
 func (a *fdArena) free() error {
 	d := a.g.d
 	var errs []error
-	for i := range a.mapped {
-		errs = append(errs, d.MemUnmap(a.base+cuda.DevicePtr(staging.LaneOffset(i)), staging.LaneBytes))
+	for i := range staging.LaneCount {
+		if a.mapped[i] {
+			errs = append(errs, d.MemUnmap(a.base+cuda.DevicePtr(staging.LaneOffset(i)), staging.LaneBytes))
+			a.mapped[i] = false
+		}
 	}
-	for i := range a.created {
-		errs = append(errs, d.MemRelease(a.handles[i]))
+	for i := range staging.LaneCount {
+		if a.created[i] {
+			errs = append(errs, d.MemRelease(a.handles[i]))
+			a.created[i] = false
+		}
 	}
-	a.mapped, a.created = 0, 0
 	errs = append(errs, d.MemAddressFree(a.base, staging.ArenaSize))
 	return errors.Join(errs...)
 }

@@ -325,8 +325,9 @@ func (rl *relayer) checkSenders() {
 
 // sync follows inbound lane i to its current epoch and opens the epoch's
 // ring once no Piece taken under an earlier one still has writes in the
-// second hop (staging.RelayLane.Open); it returns false while no sender
-// has ever claimed the lane.
+// second hop (staging.RelayLane.Open, which first puts a claim's new
+// staging memory in place: nothing reads the lane's slots then); it
+// returns false while no sender has ever claimed the lane.
 func (rl *relayer) sync(i int) bool {
 	il := &rl.in[i]
 	epoch, prev := il.rx.Sync()
@@ -338,7 +339,9 @@ func (rl *relayer) sync(i int) bool {
 		rl.notReady(i)
 	}
 	if !il.rx.Opened() && il.unsettled == 0 {
-		il.rx.Open()
+		if err := il.rx.Open(); err != nil {
+			rl.s.log.Error(err, "inbound lane not opened: its new staging memory could not be put in place; the claim ends", "lane", i)
+		}
 	}
 	return true
 }

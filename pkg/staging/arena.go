@@ -51,10 +51,17 @@ type ArenaProvider interface {
 	Open(dir *os.File, handle [ArenaHandleSize]byte) (PeerArena, error)
 }
 
-// MemoryRegistrar registers an arena with the local NIC (an RDMA memory
-// region). A Register that fails may have left part of the memory registered
-// with no way to prove otherwise, so the registry then quarantines the
-// arena: it is never freed, and stays allocated until the process exits.
+// MemoryRegistrar registers an arena with the local NIC (RDMA memory
+// regions), one lane at a time: the registry calls Register(base, size)
+// with each lane's range (LaneOffset, LaneBytes) when the arena is made,
+// and Deregister with the same range before the lane's memory goes: when
+// the arena is freed, or when the lane is given new memory
+// (LaneRenewer), which the registry registers again at the same range.
+// A lane is deregistered for its renewal only once no second-hop write
+// that read it can still be held by the NIC. A Register or Deregister
+// that fails may have left part of the memory registered with no way to
+// prove otherwise, so the registry then quarantines the arena: it is
+// never freed, and stays allocated until the process exits.
 type MemoryRegistrar interface {
 	Register(base uintptr, size uint64) error
 	Deregister(base uintptr, size uint64) error
@@ -62,15 +69,45 @@ type MemoryRegistrar interface {
 
 // LaneFDArena is an Arena made of one memory object per lane, laid out
 // contiguously in its owner's address space (so Base, LaneOffset and
-// SlotOffset, and one NIC registration of the whole arena, hold as for
-// any arena), each of which it can hand out as a file descriptor on its
-// own. The registry passes the holder of lane i the descriptor of lane i
-// alone, over the rank's arena socket, and sets ShareLaneFD in its
-// header: no member maps another's staging memory.
+// SlotOffset hold as for any arena), each of which it can hand out as a
+// file descriptor on its own. The registry passes the holder of lane i
+// the descriptor of lane i alone, over the rank's arena socket, and sets
+// ShareLaneFD in its header: no member maps another's staging memory.
 type LaneFDArena interface {
 	// ExportLaneFD returns a new close-on-exec descriptor of lane's
 	// memory, LaneBytes long. The caller owns it and closes it once sent.
 	ExportLaneFD(lane int) (int, error)
+}
+
+// LaneRenewer is a LaneFDArena that can give a lane a new memory object,
+// so that a lane's later holder stages into memory that no earlier
+// holder's descriptor or mapping reaches. The registry makes the new
+// memory when it grants a lane that was granted before, hands the new
+// holder its descriptor, and installs it in the arena once no second-hop
+// write still reads the lane.
+type LaneRenewer interface {
+	LaneFDArena
+	// NewLaneMemory makes a memory object of LaneBytes for lane, outside
+	// the arena's view until Install.
+	NewLaneMemory(lane int) (LaneMemory, error)
+}
+
+// LaneMemory is a new memory object for one lane of a LaneRenewer.
+type LaneMemory interface {
+	// ExportFD returns a new close-on-exec descriptor of the memory; the
+	// caller owns it.
+	ExportFD() (int, error)
+	// Install maps the memory at its lane's place in the arena, where
+	// Base+LaneOffset(lane) now reaches it, and lets the lane's memory
+	// before it go (what an earlier holder still maps lives on for that
+	// holder alone). The caller guarantees that nothing reads or writes
+	// the lane's range meanwhile and that no NIC registration covers it.
+	// After a failure the lane's range may hold no memory at all: the
+	// lane must not be used again. Install runs at most once; the arena
+	// owns the memory from its start.
+	Install() error
+	// Discard frees memory never installed; after Install it does nothing.
+	Discard() error
 }
 
 // PeerLane is one lane of another rank's arena mapped into this process:

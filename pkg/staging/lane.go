@@ -331,8 +331,13 @@ type LaneWords struct {
 	Relay  *LaneRelayBlock
 	WakeFD int
 	Free   func()
+	// Install, when set, puts the claim's staging memory in place of the
+	// lane's earlier holder's (LaneRenewer); Open calls it once, before
+	// it opens the ring, and a ring whose Install failed never opens.
+	Install func() error
 
 	adopted bool
+	refused bool
 }
 
 // RelayLane is the relay's endpoint of one of its inbound lanes: it follows
@@ -426,15 +431,25 @@ func (r *RelayLane) Opened() bool { return r.open }
 
 // Open opens the ring of the epoch last synced, which the caller calls
 // only once no second-hop write of the lane's earlier epochs can still
-// read a slot: it release-stores the epoch into OpenEpoch, after which the
-// sender may take tickets. The claim's words are new, so there is nothing
-// of an earlier epoch to reset.
-func (r *RelayLane) Open() {
-	if r.open || r.cur == nil {
-		return
+// read a slot: it installs the claim's staging memory where the claim
+// brought new memory (LaneWords.Install), then release-stores the epoch
+// into OpenEpoch, after which the sender may take tickets. The claim's
+// words are new, so there is nothing of an earlier epoch to reset. An
+// Install that fails is returned once, and that ring stays closed.
+func (r *RelayLane) Open() error {
+	if r.open || r.cur == nil || r.cur.refused {
+		return nil
+	}
+	if install := r.cur.Install; install != nil {
+		r.cur.Install = nil
+		if err := install(); err != nil {
+			r.cur.refused = true
+			return fmt.Errorf("lane epoch %#x: %w", r.epoch, err)
+		}
 	}
 	atomic.StoreUint64(&r.cur.Relay.Relay.OpenEpoch, r.epoch)
 	r.open = true
+	return nil
 }
 
 // Words are the claim the pump follows, nil before the first; valid until

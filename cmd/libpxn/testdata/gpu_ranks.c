@@ -89,6 +89,8 @@ typedef unsigned long long CUmemGenericAllocationHandle;
 #define CU_MEM_ALLOCATION_TYPE_PINNED 1
 #define CU_MEM_LOCATION_TYPE_DEVICE 1
 #define CU_MEM_ACCESS_FLAGS_PROT_READWRITE 3
+/* The ranges the engine registers its arena as: one a lane. */
+#define ARENA_RANGES 7
 
 static struct {
 	CUresult (*Init)(unsigned);
@@ -423,9 +425,13 @@ typedef struct nic {
 	int64_t wire_ns;
 	CUdeviceptr mapped[NRANKS];
 	uint64_t target_len;
-	uint8_t *arena;
-	uint64_t arena_len;
-	uint64_t arena_key;
+	/* The engine registers its arena one lane at a time: a range each. */
+	struct {
+		uint8_t *addr;
+		uint64_t len, key;
+	} arena[ARENA_RANGES];
+	int arena_ranges;
+	uint64_t arena_keys;
 	int arena_kind;
 	uint64_t relayed_ops, routed_ops, bad_ops;
 	CUdeviceptr dsts[4096], srcs[4096];
@@ -486,8 +492,12 @@ static int nic_submit(void *user, const pxn_transport_op *ops, size_t count)
 		if (op->flags & PXN_OP_RELAYED) {
 			n->relayed_ops++;
 			const uint8_t *s = op->src;
-			if (n->arena == NULL || s < n->arena || (uint64_t)(s - n->arena) + op->len > n->arena_len ||
-			    !(op->flags & PXN_OP_LOCAL_KEY) || op->local_key != n->arena_key)
+			int in = 0;
+			for (int a = 0; a < ARENA_RANGES && !in; a++)
+				in = n->arena[a].addr != NULL && s >= n->arena[a].addr &&
+				     (uint64_t)(s - n->arena[a].addr) + op->len <= n->arena[a].len &&
+				     (op->flags & PXN_OP_LOCAL_KEY) && op->local_key == n->arena[a].key;
+			if (!in)
 				n->bad_ops++;
 		}
 		if (op->flags & PXN_OP_ROUTED) {
@@ -576,23 +586,31 @@ static int resolve(void *user, const char *session, uint64_t dst, pxn_target_inf
 static int register_arena(void *user, void *addr, uint64_t len, int kind, uint64_t *key)
 {
 	nic *n = user;
-	if (n->arena != NULL)
-		return PXN_EIO;
-	n->arena = addr;
-	n->arena_len = len;
-	n->arena_kind = kind;
-	n->arena_key = UINT64_C(0x1eaf0000) + (uint64_t)n->rank;
-	*key = n->arena_key;
-	return PXN_OK;
+	for (int a = 0; a < ARENA_RANGES; a++) {
+		if (n->arena[a].addr != NULL)
+			continue;
+		n->arena[a].addr = addr;
+		n->arena[a].len = len;
+		n->arena[a].key = UINT64_C(0x1eaf0000) + ((uint64_t)n->rank << 12) + ++n->arena_keys;
+		n->arena_kind = kind;
+		n->arena_ranges++;
+		*key = n->arena[a].key;
+		return PXN_OK;
+	}
+	return PXN_EIO;
 }
 
 static int deregister_arena(void *user, void *addr, uint64_t len, uint64_t key)
 {
 	nic *n = user;
-	if (addr != n->arena || len != n->arena_len || key != n->arena_key)
-		return PXN_EINVAL;
-	n->arena = NULL;
-	return PXN_OK;
+	for (int a = 0; a < ARENA_RANGES; a++) {
+		if (n->arena[a].addr == addr && n->arena[a].len == len && n->arena[a].key == key) {
+			n->arena[a].addr = NULL;
+			n->arena_ranges--;
+			return PXN_OK;
+		}
+	}
+	return PXN_EINVAL;
 }
 
 static void die_pxn(const char *what, int rc)
@@ -787,8 +805,9 @@ static void run_rank(int r, int ordinal, double rate)
 	if (cn.copier != PXN_COPIER_CUDA || !cn.pxn_active)
 		FAILF("PXN_COPIER_DEFAULT chose copier %llu, PXN active %u; want the CUDA copier, active",
 		      (unsigned long long)cn.copier, cn.pxn_active);
-	if (n.arena == NULL || n.arena_kind != PXN_MEM_DEVICE)
-		FAILF("the arena was not registered as device memory (kind %d)", n.arena_kind);
+	if (n.arena_ranges != ARENA_RANGES || n.arena_kind != PXN_MEM_DEVICE)
+		FAILF("the arena was registered as %d ranges of kind %d, want one a lane (%d) of device memory", n.arena_ranges,
+		      n.arena_kind, ARENA_RANGES);
 	if ((rc = pxn_register_memory(e, (void *)(uintptr_t)src, span + 4096, PXN_MEM_DEVICE)) != PXN_OK)
 		die_pxn("pxn_register_memory(cuMemAlloc)", rc);
 	if ((rc = pxn_register_memory(e, (void *)(uintptr_t)vmm, vmm_len, PXN_MEM_DEVICE)) != PXN_OK)
@@ -849,8 +868,8 @@ static void run_rank(int r, int ordinal, double rate)
 	pthread_mutex_unlock(&nic_mu);
 	if ((rc = pxn_close(e, 30000)) != PXN_OK)
 		die_pxn("pxn_close", rc);
-	if (n.arena != NULL)
-		FAILF("pxn_close did not deregister the arena");
+	if (n.arena_ranges != 0)
+		FAILF("pxn_close left %d ranges of the arena registered", n.arena_ranges);
 	barrier("closed");
 }
 

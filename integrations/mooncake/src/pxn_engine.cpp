@@ -212,7 +212,7 @@ int PxnRdmaTransport::Engine::registerArenaCb(void *user, void *addr,
     pxn::BufferDesc b;
     if (e->segments.localBuffer(addr, b) && e->local_hca_index < b.lkey.size()) {
         *local_key = b.lkey[e->local_hca_index];
-        e->pieces.setArena(reinterpret_cast<uintptr_t>(addr), len, *local_key);
+        e->pieces.addArena(reinterpret_cast<uintptr_t>(addr), len, *local_key);
         return PXN_OK;
     }
     LOG(WARNING) << "PXN: the staging arena " << addr
@@ -225,6 +225,7 @@ int PxnRdmaTransport::Engine::registerArenaCb(void *user, void *addr,
 int PxnRdmaTransport::Engine::deregisterArenaCb(void *user, void *addr,
                                                 uint64_t, uint64_t) {
     auto *e = static_cast<Engine *>(user);
+    e->pieces.dropArena(reinterpret_cast<uintptr_t>(addr));
     if (e->owner.RdmaTransport::unregisterLocalMemory(addr, false) != 0)
         return PXN_EIO;
     return PXN_OK;

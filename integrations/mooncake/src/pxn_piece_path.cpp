@@ -43,11 +43,25 @@ PiecePath::~PiecePath() {
                         "allocated";
 }
 
-void PiecePath::setArena(uintptr_t base, uint64_t len, uint64_t lkey) {
+void PiecePath::addArena(uintptr_t base, uint64_t len, uint64_t lkey) {
     std::lock_guard<std::mutex> g(mu_);
-    arena_base_ = base;
-    arena_len_ = len;
-    arena_lkey_ = lkey;
+    arena_.push_back(ArenaRange{base, len, lkey});
+}
+
+void PiecePath::dropArena(uintptr_t base) {
+    std::lock_guard<std::mutex> g(mu_);
+    arena_.erase(std::remove_if(arena_.begin(), arena_.end(),
+                                [base](const ArenaRange &r) {
+                                    return r.base == base;
+                                }),
+                 arena_.end());
+}
+
+const uint64_t *PiecePath::arenaKey(uintptr_t src, uint64_t len) const {
+    for (const auto &r : arena_)
+        if (src >= r.base && src - r.base <= r.len && len <= r.len - (src - r.base))
+            return &r.lkey;
+    return nullptr;
 }
 
 int PiecePath::routeFor(const Slot &p, const pxn_transport_op &op,
@@ -178,8 +192,7 @@ int PiecePath::submit(const pxn_transport_op *ops, size_t count,
             rc = PXN_EINVAL;
             why = "an empty op";
         } else if (!(op.flags & PXN_OP_LOCAL_KEY) &&
-                   (src < arena_base_ || src - arena_base_ > arena_len_ ||
-                    op.len > arena_len_ - (src - arena_base_))) {
+                   arenaKey(src, op.len) == nullptr) {
             rc = PXN_EINVAL;
             why = "an op from outside the staging arena without a key";
         }
@@ -214,8 +227,10 @@ int PiecePath::submit(const pxn_transport_op *ops, size_t count,
         const auto &op = ops[i];
         const auto &hop = p->hops[i];
         const Route &r = (*hop.list)[hop.index];
-        uint64_t lkey =
-            (op.flags & PXN_OP_LOCAL_KEY) ? op.local_key : arena_lkey_;
+        uint64_t lkey = (op.flags & PXN_OP_LOCAL_KEY)
+                            ? op.local_key
+                            : *arenaKey(reinterpret_cast<uintptr_t>(op.src),
+                                        op.len);
         auto opcode = op.read ? TransferRequest::READ : TransferRequest::WRITE;
         for (uint64_t off = 0; off < op.len; off += slice_max) {
             Slice *s = p->slices[k++];

@@ -37,8 +37,11 @@ class PiecePath {
     // slices and batches, as the NIC may still complete them.
     ~PiecePath();
 
-    // The staging arena as registered: its key on this process's one NIC.
-    void setArena(uintptr_t base, uint64_t len, uint64_t lkey);
+    // The staging arena as registered, one range a lane: each range's key
+    // on this process's one NIC. A lane given new memory is dropped and
+    // added again with its new key.
+    void addArena(uintptr_t base, uint64_t len, uint64_t lkey);
+    void dropArena(uintptr_t base);
 
     // Posts a Piece of count ops under token; a Piece refused is reported
     // through a later poll.
@@ -122,9 +125,15 @@ class PiecePath {
     const size_t device_;
 
     std::mutex mu_;
-    uintptr_t arena_base_ = 0;
-    uint64_t arena_len_ = 0;
-    uint64_t arena_lkey_ = 0;
+    // The key of the arena range [src, src+len) lies in, or null; the
+    // caller holds mu_.
+    const uint64_t *arenaKey(uintptr_t src, uint64_t len) const;
+    struct ArenaRange {
+        uintptr_t base;
+        uint64_t len;
+        uint64_t lkey;
+    };
+    std::vector<ArenaRange> arena_;
     // A route cache per target segment.
     std::unordered_map<SegmentID, std::vector<Route>> routes_;
     std::vector<Slot *> free_slots_;

@@ -1168,24 +1168,30 @@ int runRelay() {
         } else if (cmd == "check") {
             uint64_t seg = 0, rkey = 0, bytes = 0;
             in >> seg >> rkey >> bytes;
-            const seam::Registration *arena = nullptr;
+            // The arena is registered one lane at a time: local-only
+            // registrations, one a lane.
+            std::vector<const seam::Registration *> arena;
             auto regs = seam::registrations();
             for (const auto &g : regs)
-                if (g.live && !g.remote_accessible) arena = &g;
+                if (g.live && !g.remote_accessible) arena.push_back(&g);
             auto posts = seam::posts();
             uint64_t sum = 0;
             std::ostringstream why;
-            if (arena == nullptr) why << "no local-only registration (arena); ";
-            else if (arena->update_metadata) why << "the arena was published; ";
-            for (size_t i = mark; i < posts.size() && arena; i++) {
+            if (arena.empty()) why << "no local-only registration (arena); ";
+            for (const auto *a : arena)
+                if (a->update_metadata) why << "the arena was published; ";
+            for (size_t i = mark; i < posts.size() && !arena.empty(); i++) {
                 const auto &p = posts[i];
                 sum += p.length;
-                if (p.source < arena->addr ||
-                    p.source + p.length > arena->addr + arena->length)
-                    why << "post " << i << " not from the arena; ";
-                if (p.lkey != arena->lkey)
-                    why << "post " << i << " lkey " << p.lkey << " != arena's "
-                        << arena->lkey << "; ";
+                const seam::Registration *lane = nullptr;
+                for (const auto *a : arena)
+                    if (p.source >= a->addr && p.source + p.length <= a->addr + a->length)
+                        lane = a;
+                if (lane == nullptr)
+                    why << "post " << i << " not from one lane of the arena; ";
+                else if (p.lkey != lane->lkey)
+                    why << "post " << i << " lkey " << p.lkey << " != its lane's "
+                        << lane->lkey << "; ";
                 if (p.rkey != rkey || p.target_id != seg)
                     why << "post " << i << " to " << p.target_id << " rkey "
                         << p.rkey << "; ";

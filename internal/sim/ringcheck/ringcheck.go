@@ -226,7 +226,9 @@ func runRelay(cfg Config, out io.Writer) error {
 			epoch, _ = rx.Sync()
 			// The ring's relay reads its slots itself and sends nothing
 			// on: no write of an earlier epoch can still read them.
-			rx.Open()
+			if err := rx.Open(); err != nil {
+				return fmt.Errorf("relay: %w", err)
+			}
 			next, st = rx.Poll()
 			if spins%4096 == 0 && time.Now().After(deadline) {
 				return fmt.Errorf("relay: seq %d: slot %d not ready after %v (epoch %#x, next %d, state %d)", seq, slot, cfg.Timeout, epoch, next, st)

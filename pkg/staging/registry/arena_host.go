@@ -48,7 +48,7 @@ const arenaSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
 var (
 	_ staging.ArenaProvider       = HostArenas{}
 	_ staging.LaneFDArenaProvider = HostArenas{}
-	_ staging.LaneFDArena         = (*memfdArena)(nil)
+	_ staging.LaneRenewer         = (*memfdArena)(nil)
 )
 
 // Kind returns ArenaHost.
@@ -285,7 +285,8 @@ func hostHandleName(h [staging.ArenaHandleSize]byte) (string, error) {
 }
 
 // memfdArena is one sealed memfd a lane, mapped contiguously in mem; the
-// descriptors stay open for ExportLaneFD.
+// descriptors stay open for ExportLaneFD. A lane's memfd is replaced by
+// Install of a NewLaneMemory; mu guards fds and closed.
 type memfdArena struct {
 	fds  [staging.LaneCount]int
 	name string
@@ -319,6 +320,81 @@ func (a *memfdArena) ExportLaneFD(lane int) (int, error) {
 		return -1, fmt.Errorf("host arena %s lane %d: dup: %w", a.name, lane, err)
 	}
 	return fd, nil
+}
+
+// NewLaneMemory makes a new sealed memfd for lane, named as the lane's
+// first one.
+func (a *memfdArena) NewLaneMemory(lane int) (staging.LaneMemory, error) {
+	if lane < 0 || lane >= staging.LaneCount {
+		return nil, fmt.Errorf("host arena %s: lane %d out of range 0..%d", a.name, lane, staging.LaneCount-1)
+	}
+	fd, err := newSealedMemfd(laneMemfdName(a.name, lane), staging.LaneBytes, arenaSeals)
+	if err != nil {
+		return nil, fmt.Errorf("host arena %s: %w", a.name, err)
+	}
+	return &memfdLane{a: a, lane: lane, fd: fd}, nil
+}
+
+// memfdLane is a new memfd for one lane of a memfdArena; fd is its own
+// until Install gives it to the arena, -1 afterwards.
+type memfdLane struct {
+	a    *memfdArena
+	lane int
+	mu   sync.Mutex
+	fd   int
+}
+
+func (m *memfdLane) ExportFD() (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fd < 0 {
+		return -1, fmt.Errorf("host arena %s lane %d: the new memory is the arena's or gone", m.a.name, m.lane)
+	}
+	fd, err := unix.FcntlInt(uintptr(m.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("host arena %s lane %d: dup: %w", m.a.name, m.lane, err)
+	}
+	return fd, nil
+}
+
+// Install maps the memfd over the lane's range of the reservation
+// (MAP_FIXED replaces the mapping of the lane's memfd before it, whose
+// pages an earlier holder's mapping keeps alone) and closes the earlier
+// memfd.
+func (m *memfdLane) Install() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	a := m.a
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case m.fd < 0:
+		return fmt.Errorf("host arena %s lane %d: the new memory was installed or discarded", a.name, m.lane)
+	case a.closed:
+		return fmt.Errorf("host arena %s: closed", a.name)
+	}
+	at := unsafe.Pointer(&a.mem[staging.LaneOffset(m.lane)])
+	_, err := unix.MmapPtr(m.fd, 0, at, staging.LaneBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED)
+	old := a.fds[m.lane]
+	a.fds[m.lane], m.fd = m.fd, -1
+	if old >= 0 {
+		unix.Close(old)
+	}
+	if err != nil {
+		return fmt.Errorf("host arena %s lane %d: mmap its new memfd: %w", a.name, m.lane, err)
+	}
+	return nil
+}
+
+func (m *memfdLane) Discard() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fd < 0 {
+		return nil
+	}
+	err := unix.Close(m.fd)
+	m.fd = -1
+	return err
 }
 
 // Close unmaps the arena and closes the memfds. Peers that still map a

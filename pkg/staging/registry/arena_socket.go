@@ -84,6 +84,7 @@ const (
 	fdWrongUID
 	fdNoFreeLane
 	fdHeld
+	fdLaneRetired
 )
 
 func fdStatusText(s uint32) string {
@@ -104,6 +105,8 @@ func fdStatusText(s uint32) string {
 		return "no free lane"
 	case fdHeld:
 		return "the asker already holds a lane"
+	case fdLaneRetired:
+		return "the relay's free lanes are retired: their new staging memory could not be put in place or registered with the NIC"
 	}
 	return "status " + strconv.FormatUint(uint64(s), 10)
 }

@@ -3,6 +3,7 @@
 package registry
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -54,9 +55,11 @@ func (r *Rank) claim(cred *unix.Ucred, q fdRequest) (fdAnswer, []int, *inboundCl
 		return fdAnswer{Status: fdNotReady}, nil, nil
 	}
 	now := staging.MonoNanos()
-	free := -1
+	free, retired := -1, -1
 	for i, c := range r.claims {
 		switch {
+		case c == nil && r.retired[i] != "":
+			retired = i
 		case c == nil:
 			if free < 0 {
 				free = i
@@ -72,7 +75,11 @@ func (r *Rank) claim(cred *unix.Ucred, q fdRequest) (fdAnswer, []int, *inboundCl
 			return fdAnswer{Status: fdHeld}, nil, nil
 		}
 	}
-	if free < 0 {
+	switch {
+	case free < 0 && retired >= 0:
+		r.opts.Logger.V(2).Info("pxn refused a claim: its free lanes are retired", "registry", r.d.path, "lane", retired, "reason", r.retired[retired])
+		return fdAnswer{Status: fdLaneRetired}, nil, nil
+	case free < 0:
 		return fdAnswer{Status: fdNoFreeLane}, nil, nil
 	}
 	summary := &r.ctl.Lanes[free]
@@ -99,7 +106,7 @@ func (r *Rank) claim(cred *unix.Ucred, q fdRequest) (fdAnswer, []int, *inboundCl
 	fds := []int{b.senderFD, b.relayFD, wake}
 	b.senderFD, b.relayFD = -1, -1
 	if r.laneArena != nil {
-		fd, err := r.laneArena.ExportLaneFD(free)
+		fd, err := r.exportLane(free, b.words)
 		if err != nil {
 			for _, fd := range fds {
 				unix.Close(fd)
@@ -110,6 +117,7 @@ func (r *Rank) claim(cred *unix.Ucred, q fdRequest) (fdAnswer, []int, *inboundCl
 		}
 		fds = append(fds, fd)
 	}
+	r.granted[free] = true
 	c := &inboundClaim{lane: free, owner: q.Owner, ns: q.NS, epoch: epoch}
 	summary.Claim(q.Owner, q.NS, epoch, now)
 	// The holder checks its claim in the file's summary: it is there
@@ -196,4 +204,82 @@ func (r *Rank) endClaim(i int, _ string) {
 	r.ctl.Lanes[i].Free()
 	r.flushControl()
 	r.inbound[i].Withdraw()
+}
+
+// exportLane returns the descriptor of the staging memory the claim of
+// lane, whose words are w, hands its holder. A lane granted before gets
+// new memory when the arena can make it (LaneRenewer): the relay puts it
+// in place of the earlier holder's when the pump opens the claim's ring,
+// once no second-hop write reads the lane (w.Install, renewLane), and
+// frees it with w if that never happens. A lane never granted keeps its
+// first memory. The caller holds laneMu.
+func (r *Rank) exportLane(lane int, w *staging.LaneWords) (int, error) {
+	if !r.granted[lane] || r.renewer == nil {
+		return r.laneArena.ExportLaneFD(lane)
+	}
+	m, err := r.renewer.NewLaneMemory(lane)
+	if err != nil {
+		return -1, err
+	}
+	fd, err := m.ExportFD()
+	if err != nil {
+		return -1, errors.Join(err, m.Discard())
+	}
+	free := w.Free
+	w.Free = func() {
+		m.Discard()
+		free()
+	}
+	epoch := w.Epoch
+	w.Install = func() error { return r.renewLane(lane, epoch, m) }
+	return fd, nil
+}
+
+// renewLane puts m in place of lane's staging memory for the claim of
+// epoch, on the pump's goroutine once nothing reads the lane: the lane's
+// NIC registration is dropped before and made again after. A failure
+// retires the lane (never granted again) and ends the claim; one of the
+// registration quarantines the arena as well (see
+// staging.MemoryRegistrar).
+func (r *Rank) renewLane(lane int, epoch uint64, m staging.LaneMemory) error {
+	mem := r.opts.Memory
+	base := r.laneBase(lane)
+	r.laneMu.Lock()
+	reg := r.registered[lane]
+	r.laneMu.Unlock()
+	if mem != nil && reg {
+		if err := mem.Deregister(base, staging.LaneBytes); err != nil {
+			r.quarantine(err)
+			return r.retire(lane, epoch, fmt.Errorf("deregister lane %d for its new memory: %w (arena quarantined)", lane, err))
+		}
+		r.laneMu.Lock()
+		r.registered[lane] = false
+		r.laneMu.Unlock()
+	}
+	if err := m.Install(); err != nil {
+		return r.retire(lane, epoch, err)
+	}
+	if mem != nil && reg {
+		if err := mem.Register(base, staging.LaneBytes); err != nil {
+			r.quarantine(err)
+			return r.retire(lane, epoch, fmt.Errorf("register lane %d's new memory: %w (arena quarantined)", lane, err))
+		}
+		r.laneMu.Lock()
+		r.registered[lane] = true
+		r.laneMu.Unlock()
+	}
+	return nil
+}
+
+// retire keeps lane from being granted again, for why, and ends its claim
+// of epoch if that still stands; it returns why.
+func (r *Rank) retire(lane int, epoch uint64, why error) error {
+	r.laneMu.Lock()
+	defer r.laneMu.Unlock()
+	r.retired[lane] = why.Error()
+	if c := r.claims[lane]; c != nil && c.epoch == epoch {
+		r.endClaim(lane, why.Error())
+	}
+	r.opts.Logger.Error(why, "pxn lane retired: no sender is given it again", "registry", r.d.path, "lane", lane)
+	return why
 }

@@ -30,7 +30,7 @@ const (
 	// temporary name and fills the header.
 	StepCreateControl
 	StepAllocateArena
-	// StepRegisterMemory hands the arena to Options.Memory.
+	// StepRegisterMemory hands each lane of the arena to Options.Memory.
 	StepRegisterMemory
 	// StepExportHandle puts the arena's export handle into the header.
 	StepExportHandle
@@ -190,7 +190,7 @@ func (r *Rank) allocateArena() error {
 	}
 	r.arena = a
 	r.pushUndo(func() error {
-		if r.quarantined {
+		if r.quarantined.Load() {
 			return nil
 		}
 		return a.Close()
@@ -201,28 +201,60 @@ func (r *Rank) allocateArena() error {
 // quarantine keeps the arena allocated (and its file, for a host arena)
 // until the process exits: a NIC may still hold part of it.
 func (r *Rank) quarantine(why error) {
-	r.quarantined = true
+	r.quarantined.Store(true)
 	r.opts.Logger.Error(why, "pxn arena quarantined until the process exits", "registry", r.d.path, "base", r.arena.Base())
 }
 
+// laneBase is where lane i of the arena starts in this process.
+func (r *Rank) laneBase(i int) uintptr { return r.arena.Base() + uintptr(staging.LaneOffset(i)) }
+
+// registerMemory registers each lane of the arena on its own, so that a
+// lane given new memory is registered again alone (renewLane). A failure
+// quarantines the arena; the lanes registered before it are deregistered.
 func (r *Rank) registerMemory() error {
 	m := r.opts.Memory
 	if m == nil {
 		return nil
 	}
-	base, size := r.arena.Base(), r.arena.Size()
-	if err := m.Register(base, size); err != nil {
-		r.quarantine(err)
-		return fmt.Errorf("%w (arena quarantined)", err)
+	for i := range staging.LaneCount {
+		if err := m.Register(r.laneBase(i), staging.LaneBytes); err != nil {
+			r.quarantine(err)
+			return errors.Join(fmt.Errorf("lane %d: %w (arena quarantined)", i, err), r.deregisterLanes())
+		}
+		r.laneMu.Lock()
+		r.registered[i] = true
+		r.laneMu.Unlock()
 	}
 	r.pushUndo(func() error {
-		if err := m.Deregister(base, size); err != nil {
-			r.quarantine(err)
+		if err := r.deregisterLanes(); err != nil {
 			return fmt.Errorf("deregister arena: %w (arena quarantined)", err)
 		}
 		return nil
 	})
 	return nil
+}
+
+// deregisterLanes deregisters every lane still registered; a failure
+// quarantines the arena. The pump must have stopped.
+func (r *Rank) deregisterLanes() error {
+	var errs []error
+	for i := range staging.LaneCount {
+		r.laneMu.Lock()
+		reg := r.registered[i]
+		r.laneMu.Unlock()
+		if !reg {
+			continue
+		}
+		if err := r.opts.Memory.Deregister(r.laneBase(i), staging.LaneBytes); err != nil {
+			r.quarantine(err)
+			errs = append(errs, fmt.Errorf("lane %d: %w", i, err))
+			continue
+		}
+		r.laneMu.Lock()
+		r.registered[i] = false
+		r.laneMu.Unlock()
+	}
+	return errors.Join(errs...)
 }
 
 func (r *Rank) createControl() error {
@@ -277,7 +309,7 @@ func (r *Rank) createControl() error {
 		r.opts.Logger.Info("pxn rank names no device in its counters", "registry", r.d.path, "err", err.Error())
 	}
 	r.pushUndo(func() error {
-		if r.quarantined {
+		if r.quarantined.Load() {
 			// The control file stays with the arena, so that others judge
 			// the arena by the namespace it names until the process exits.
 			return nil
@@ -369,10 +401,11 @@ func (r *Rank) exportHandle() error {
 func (r *Rank) serveArena() error {
 	if la, ok := r.arena.(staging.LaneFDArena); ok && !r.opts.NoArenaSocket {
 		r.laneArena = la
+		r.renewer, _ = la.(staging.LaneRenewer)
 	}
 	srv, err := startArenaServer(r.d, folder.SockFileName(r.id), r, r.opts.Logger)
 	if err != nil {
-		r.laneArena = nil
+		r.laneArena, r.renewer = nil, nil
 		return err
 	}
 	r.server = srv

@@ -167,12 +167,21 @@ type Rank struct {
 	// write; claims are decided by this word alone.
 	accepting bool
 	// laneArena hands out the lanes' staging memory with their claims;
-	// nil when peers map the arena by its handle.
+	// nil when peers map the arena by its handle. renewer is laneArena
+	// when it can give a lane new memory, else nil.
 	laneArena staging.LaneFDArena
+	renewer   staging.LaneRenewer
+	// granted marks the lanes handed out at least once: a claim of one of
+	// them brings new staging memory (renewer). retired says why a lane
+	// is never granted again, "" for a usable one. registered marks the
+	// lanes registered with Options.Memory. All three under laneMu.
+	granted    [staging.LaneCount]bool
+	retired    [staging.LaneCount]string
+	registered [staging.LaneCount]bool
 	// undo holds the teardown of each completed init step, in order.
 	// Register and Close run it backwards from one goroutine.
 	undo        []func() error
-	quarantined bool
+	quarantined atomic.Bool
 	lastBeat    atomic.Int64
 	// server decides claims of this rank's lanes.
 	server *arenaServer

@@ -416,7 +416,7 @@ func TestRegistryInitFailureRollsBack(t *testing.T) {
 			if got := listDir(t, groupDir(root, "g")); !slices.Equal(got, want) {
 				t.Errorf("after the failure the directory holds %v, want %v", got, want)
 			}
-			if wantReg := step > StepRegisterMemory; reg.registered.Load() != reg.deregistered.Load() || (reg.registered.Load() == 1) != wantReg {
+			if wantReg := step > StepRegisterMemory; reg.registered.Load() != reg.deregistered.Load() || (reg.registered.Load() == staging.LaneCount) != wantReg {
 				t.Errorf("memory registered %d times, deregistered %d times", reg.registered.Load(), reg.deregistered.Load())
 			}
 		})
@@ -431,8 +431,8 @@ type countingRegistrar struct {
 }
 
 func (c *countingRegistrar) Register(base uintptr, size uint64) error {
-	if base == 0 || size != staging.ArenaSize {
-		return fmt.Errorf("register %#x+%d: not an arena", base, size)
+	if base == 0 || size != staging.LaneBytes {
+		return fmt.Errorf("register %#x+%d: not an arena's lane", base, size)
 	}
 	c.registered.Add(1)
 	return nil
@@ -539,8 +539,8 @@ func TestRegistryTeardownOrderAndNothingLeft(t *testing.T) {
 	if err := sender.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if reg.registered.Load() != 1 || reg.deregistered.Load() != 1 {
-		t.Errorf("registered %d, deregistered %d; want 1 and 1", reg.registered.Load(), reg.deregistered.Load())
+	if reg.registered.Load() != staging.LaneCount || reg.deregistered.Load() != staging.LaneCount {
+		t.Errorf("registered %d, deregistered %d; want %d and %d: one a lane", reg.registered.Load(), reg.deregistered.Load(), staging.LaneCount, staging.LaneCount)
 	}
 	if got := listDir(t, dir); !slices.Equal(got, []string{folder.LockFileName}) {
 		t.Errorf("after teardown the directory holds %v, want only %s", got, folder.LockFileName)
