@@ -430,10 +430,6 @@ func transferKVEngine(eng *relay.Engine, reqs [][]relay.Request, total uint64, i
 	return res, nil
 }
 
-// kvHopChunk is how many ops the direct path hands the hop in one Submit,
-// as the engine does.
-const kvHopChunk = 32
-
 // transferKVBare sends the same requests through the hop alone, as a host
 // transport without PXN would: a request's writes are posted in order as
 // the send queue has room, up to inflight requests at once, and a request
@@ -448,7 +444,7 @@ func transferKVBare(hop relay.Hop, reqs [][]relay.Request, total uint64, infligh
 	// byReq finds a completion's request without hashing: at 2 KiB a
 	// write completes every 41 ns of the wire.
 	byReq := make([]*active, len(reqs))
-	var ops [kvHopChunk]relay.WriteOp
+	var ops [hopChunk]relay.WriteOp
 	var comp [256]relay.HopCompletion
 	for next := 0; next < len(reqs) || len(act) > 0; {
 		for len(act) < inflight && next < len(reqs) {
@@ -461,7 +457,7 @@ func transferKVBare(hop relay.Hop, reqs [][]relay.Request, total uint64, infligh
 		for _, a := range act {
 			q := reqs[a.i]
 			for !busy && a.posted < len(q) {
-				n := min(kvHopChunk, len(q)-a.posted)
+				n := min(hopChunk, len(q)-a.posted)
 				for j := range n {
 					r := &q[a.posted+j]
 					ops[j] = relay.WriteOp{Src: r.Src, Len: r.Len, Target: r.Target, Dst: r.Dst, Token: uint64(a.i)<<32 | uint64(a.posted+j)}
