@@ -85,6 +85,35 @@ func TestSuite(t *testing.T) {
 	}
 }
 
+// TestSuiteP8: same-rail requests of 4 KiB, 64 KiB and 8 MiB, NIC
+// uncapped, through the engine against the hop alone, each rank on its
+// own rail's target.
+func TestSuiteP8(t *testing.T) {
+	want, err := parseSuite("p8")
+	if err != nil || !want["p8"] || len(want) != 1 {
+		t.Fatalf("p8 = %v, %v", want, err)
+	}
+	var blocks []uint64
+	for _, r := range suiteRuns(want, 2) {
+		if r.id != "P8" || r.pattern != "same-rail" || r.rate != 0 || !r.bare || !r.warm || !slices.Equal(r.gpus, []int{0, 1}) {
+			t.Fatalf("%+v", r)
+		}
+		l, err := newLayout(r.pattern, r.ranks, r.bytes, r.block)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tr := range l.Transfers {
+			if tr.Target != tr.Rank {
+				t.Errorf("rank %d writes to target %d, want its own rail's", tr.Rank, tr.Target)
+			}
+		}
+		blocks = append(blocks, r.block)
+	}
+	if !slices.Equal(blocks, []uint64{4 << 10, 64 << 10, 8 << 20}) {
+		t.Fatalf("blocks %v, want 4 KiB, 64 KiB and 8 MiB", blocks)
+	}
+}
+
 // TestSuiteP14: every P14 block size, KV requests 1→1, 7→1 and all-to-all
 // over eight ranks and streams of one-block requests the same three ways,
 // all at R = 50 GB/s against direct; each traffic through every size
