@@ -68,7 +68,7 @@ set -euo pipefail
 # The P14 1→1 KV requests that the baseline runs: internal/bench's
 # p14Shape of every block size, p14Requests and p14Inflight (a test there
 # keeps them equal), so both columns move the same traffic.
-p14_shapes="80x128x2KiB 80x64x4KiB 80x32x8KiB 80x16x16KiB 80x4x64KiB"
+p14_shapes="80x256x1KiB 80x128x2KiB 80x64x4KiB 80x32x8KiB 80x16x16KiB 80x14x18KiB 80x4x64KiB"
 p14_requests=16
 p14_inflight=4
 

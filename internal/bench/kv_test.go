@@ -3,6 +3,7 @@
 package bench
 
 import (
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -44,6 +45,27 @@ func TestKVLayoutVerify(t *testing.T) {
 	}{
 		{name: "fan-in, intact", ranks: 3, opts: KVOptions{Shape: "3x4x64", Traffic: "fan-in", Requests: 2, Inflight: 1}, wantReqs: []int{0, 2, 2}},
 		{name: "all-to-all, intact", ranks: 3, opts: KVOptions{Shape: "2x2x4KiB", Traffic: "all-to-all", Requests: 2, Inflight: 3}, wantReqs: []int{4, 4, 4}},
+		{name: "blocks of several sizes, all-to-all, intact", ranks: 3, opts: KVOptions{Shape: "5x3x64,256,24", Traffic: "all-to-all", Requests: 2, Inflight: 3}, wantReqs: []int{4, 4, 4}},
+		{name: "blocks of several sizes: the last byte of a block", ranks: 2, opts: KVOptions{Shape: "5x3x64,256,24", Traffic: "fan-in", Requests: 2, Inflight: 1},
+			damage: func(p *kvPlan, pools [][]byte) {
+				q := p.byRank[1][1]
+				pools[0][p.blockOffset(p.dstPages[0], 4, 1, q.dst[2])+255] ^= 1
+			}, wantErr: "rank 1's block (layer 4, V, page"},
+		{name: "blocks of several sizes: the last byte of a page no request took", ranks: 2, opts: KVOptions{Shape: "5x3x64,256,24", Traffic: "fan-in", Requests: 2, Inflight: 1},
+			damage: func(p *kvPlan, pools [][]byte) {
+				used := map[uint32]bool{}
+				for _, q := range p.byRank[1] {
+					for _, d := range q.dst {
+						used[d] = true
+					}
+				}
+				for pg := uint32(0); ; pg++ {
+					if !used[pg] {
+						pools[0][p.blockOffset(p.dstPages[0], 2, 0, pg)+23] = 9
+						return
+					}
+				}
+			}, wantErr: "page"},
 		{name: "a byte of a block", ranks: 2, opts: KVOptions{Shape: "3x4x64", Traffic: "fan-in", Requests: 2, Inflight: 1},
 			damage: func(p *kvPlan, pools [][]byte) {
 				q := p.byRank[1][1]
@@ -143,6 +165,9 @@ func TestParseKVShape(t *testing.T) {
 		{in: "kv-medium", want: kvShape{Name: "kv-medium", Layers: 80, Pages: 64, Block: 16 << 10}},
 		{in: "kv-medium-128k", want: kvShape{Name: "kv-medium-128k", Layers: 80, Pages: 64, Block: 128 << 10}},
 		{in: "8x2x4KiB", want: kvShape{Name: "8x2x4KiB", Layers: 8, Pages: 2, Block: 4 << 10}},
+		{in: "8x2x2KiB,18KiB,4KiB", want: kvShape{Name: "8x2x2KiB,18KiB,4KiB", Layers: 8, Pages: 2, Block: 18 << 10, Mix: []uint64{2 << 10, 18 << 10, 4 << 10}}},
+		{in: "8x2x2KiB,12", wantErr: "block of 12 bytes, want a multiple of 8"},
+		{in: "8x2x2KiB,", wantErr: "LAYERSxPAGESxBLOCK"},
 		{in: "kv-huge", wantErr: `--kv-shape "kv-huge": want one of kv-small`},
 		{in: "8x0x4KiB", wantErr: "LAYERSxPAGESxBLOCK"},
 		{in: "8x2x12", wantErr: "block of 12 bytes, want a multiple of 8"},
@@ -156,7 +181,7 @@ func TestParseKVShape(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || got != c.want {
+		if err != nil || !reflect.DeepEqual(got, c.want) {
 			t.Errorf("%q: %+v, %v", c.in, got, err)
 		}
 	}

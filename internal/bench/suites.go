@@ -47,10 +47,14 @@ func parseSuite(s string) (map[string]bool, error) {
 		switch p = strings.ToLower(strings.TrimSpace(p)); p {
 		case "all":
 			want["p1"], want["p2"], want["p3"] = true, true, true
-		case "p1", "p2", "p3", "p8", "p9", "p10", "p14":
+		case "p1", "p2", "p3", "p8", "p9", "p10", "p14-1to1", "p14-7to1", "p14-a2a":
 			want[p] = true
+		case "p14":
+			for _, part := range p14Parts {
+				want[part] = true
+			}
 		default:
-			return nil, fmt.Errorf("--suite %q: want all (p1, p2, p3) or a list of p1, p2, p3, p8, p9, p10, p14", s)
+			return nil, fmt.Errorf("--suite %q: want all (p1, p2, p3) or a list of p1, p2, p3, p8, p9, p10, p14 (or one of its parts: %s)", s, strings.Join(p14Parts, ", "))
 		}
 	}
 	return want, nil
