@@ -265,7 +265,7 @@ func TestRowsJudgeTheDirectPhase(t *testing.T) {
 			t.Errorf("direct %.0f: baseline %.2f, bound %.0f, direct of bound %.4f, ratio %.3f; want %.0f, 400, %.4f, %.3f",
 				c.direct, main.BaselineGBps, main.BoundGBps, main.DirectOfBound, main.Ratio, c.wantBase, c.wantShare, 200/c.wantBase)
 		}
-		if got := strings.Contains(main.Note, "the ratio measures the NIC emulation"); got != c.short {
+		if got := strings.Contains(main.Note, "the ratio measures the direct stand-in"); got != c.short {
 			t.Errorf("direct %.0f: note %q, want the emulation named: %v", c.direct, main.Note, c.short)
 		}
 	}

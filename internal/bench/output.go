@@ -46,8 +46,9 @@ type Row struct {
 	// BoundGBps is, for a row of traffic through NICs at a wire rate with
 	// a direct phase, what one NIC per rank at that rate gives the traffic
 	// (wireBound); DirectOfBound is the direct phase's rate over it. Below
-	// 0.95 the NIC emulation did not keep up with the writes, and the
-	// row's ratio measures it, not the engine.
+	// 0.95 the direct stand-in (the emulated NIC as the baseline posts to
+	// it) did not keep up with the writes, and the row's ratio measures
+	// it, not the engine.
 	BoundGBps     float64 `json:"bound_gbps,omitempty"`
 	DirectOfBound float64 `json:"direct_of_bound,omitempty"`
 }

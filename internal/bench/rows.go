@@ -94,7 +94,7 @@ func (dev *device) summarize(s scenario, l *layout, pxn, bare *phaseResult) []Ro
 		main.Ratio = gbps / main.BaselineGBps
 	}
 	if main.DirectOfBound > 0 && main.DirectOfBound < emulationShort {
-		main.Note = strings.TrimPrefix(main.Note+fmt.Sprintf("; direct reached %.3f of what its NICs give at R (%.4g GB/s), below %.2f: the ratio measures the NIC emulation, not the engine",
+		main.Note = strings.TrimPrefix(main.Note+fmt.Sprintf("; direct reached %.3f of what its NICs give at R (%.4g GB/s), below %.2f: the ratio measures the direct stand-in (the NIC emulation as the baseline posts to it), not the engine",
 			main.DirectOfBound, main.BoundGBps, emulationShort), "; ")
 	}
 	if fallback > 0 {
