@@ -40,19 +40,25 @@
 #   spin-p10 (50)     the same with --poll-spin 2ms: pumps that never nap
 #                     while a request moves
 #   before-p10 (30)   --suite p10 with the baseline's pxn-bench
-#   after-p14 (120)   --suite p14: KV requests of 2, 4, 8, 16 and 64 KiB
-#                     blocks and streams of one-block requests, 1→1, 7→1
-#                     and all-to-all, at R = 50 against direct (each
-#                     traffic through every size first, 1→1 first;
-#                     GPU_KIT_P14_LIMIT replaces the limit, for a call
-#                     of its own with GPU_KIT_ONLY)
-#   before-p14 (60)   the baseline's pxn-bench, which has no p14 suite, on
+#   after-p14 (120)   --suite p14-1to1: P14 1→1, KV requests of 1, 2, 4,
+#                     8, 16, 18 and 64 KiB blocks, one request of several
+#                     block sizes, and streams of one-block requests, at
+#                     R = 50 against direct (GPU_KIT_P14_LIMIT replaces
+#                     the limit, for a call of its own with GPU_KIT_ONLY)
+#   before-p14 (90)   the baseline's pxn-bench, which has no p14 suite, on
 #                     P14's KV 1→1 at every size, one run each (the kit's
 #                     own baseline-p14 command), if built
-#   after-p14kv (60)  this build on the same P14 1→1 rows as before-p14
+#   after-p14kv (90)  this build on the same P14 1→1 rows as before-p14
 #                     (for calls that alternate the two)
+#   after-p8 (60)     --suite p8: same-rail 4 KiB, 64 KiB and 8 MiB
+#                     requests through the engine against the uncapped
+#                     NIC alone
 #   after-p9 (170)    --suite p9: kv-medium and kv-large, 1→1, 7→1 and
 #                     all-to-all (each scenario's rows written as it ends)
+#   after-p14-7to1 (160)  --suite p14-7to1: P14 7→1 at every size, KV
+#                     requests then streams
+#   after-p14-a2a (170)   --suite p14-a2a: P14 all-to-all over 8 ranks at
+#                     every size, KV requests then streams
 #   pidns (35)        2 ranks each in PID and mount namespaces of its own,
 #                     only where pxn-bench run --help lists --pidns (root)
 #   gpu (40)          pkg/gpu's tests
@@ -68,7 +74,7 @@ set -euo pipefail
 # The P14 1→1 KV requests that the baseline runs: internal/bench's
 # p14Shape of every block size, p14Requests and p14Inflight (a test there
 # keeps them equal), so both columns move the same traffic.
-p14_shapes="80x128x2KiB 80x64x4KiB 80x32x8KiB 80x16x16KiB 80x4x64KiB"
+p14_shapes="80x256x1KiB 80x128x2KiB 80x64x4KiB 80x32x8KiB 80x16x16KiB 80x14x18KiB 80x4x64KiB"
 p14_requests=16
 p14_inflight=4
 
@@ -242,14 +248,21 @@ kit_run() {
   if [ -x pxn-bench.before ]; then
     step before-p10 30 ./pxn-bench.before run --device cuda --suite p10 --json "$out/before-p10.json"
   fi
-  step after-p14 "${GPU_KIT_P14_LIMIT:-120}" ./pxn-bench run --device cuda --suite p14 ${ptx[@]+"${ptx[@]}"} --json "$out/after-p14.json"
+  step after-p14 "${GPU_KIT_P14_LIMIT:-120}" ./pxn-bench run --device cuda --suite p14-1to1 ${ptx[@]+"${ptx[@]}"} --json "$out/after-p14.json"
   if [ -x pxn-bench.before ]; then
-    step before-p14 60 "$kit/gpu-kit.sh" baseline-p14 "$out"
+    step before-p14 90 "$kit/gpu-kit.sh" baseline-p14 "$out"
     # The same rows with this build, right after, for a call that
     # alternates the two (GPU_KIT_ONLY="before-p14 after-p14kv", repeated).
-    step after-p14kv 60 "$kit/gpu-kit.sh" after-p14kv "$out" ${ptx[@]+"${ptx[@]}"}
+    step after-p14kv 90 "$kit/gpu-kit.sh" after-p14kv "$out" ${ptx[@]+"${ptx[@]}"}
   fi
+  step after-p8 60 ./pxn-bench run --device cuda --suite p8 ${ptx[@]+"${ptx[@]}"} --json "$out/after-p8.json"
   step after-p9 170 ./pxn-bench run --device cuda --suite p9 ${ptx[@]+"${ptx[@]}"} --json "$out/after-p9.json"
+  # P14's other traffic, each a step of its own: the suite's 30 scenarios
+  # of 2–64 KiB took 224 s on one H100 under MPS (106a924): 1→1 38 s of
+  # them, 7→1 86 s and all-to-all 100 s; seven sizes and the request of
+  # several sizes make that about 60, 125 and 140 s.
+  step after-p14-7to1 160 ./pxn-bench run --device cuda --suite p14-7to1 ${ptx[@]+"${ptx[@]}"} --json "$out/after-p14-7to1.json"
+  step after-p14-a2a 170 ./pxn-bench run --device cuda --suite p14-a2a ${ptx[@]+"${ptx[@]}"} --json "$out/after-p14-a2a.json"
   local help
   help=$(./pxn-bench run --help 2>&1 || true)
   if grep -q -- '--pidns' <<<"$help"; then

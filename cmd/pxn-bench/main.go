@@ -155,7 +155,7 @@ func runFlags(fs *pflag.FlagSet) func() int {
 	fs.StringVar(&railMapFlag, "rail-map", "",
 		"a node's rail map (JSON object of HCA to rail, as "+contract.EnvRailMap+"): rank k then uses the first HCA of the map's k-th rail, so the ranks' HCA and rail names are the node's. "+
 			"Default: $"+contract.EnvRailMap+" (in a pod holding pxn.io/relay, the node's map), else mlx5_k on railk")
-	fs.StringVar(&o.CUDA.Suite, "suite", "", "cuda: run the performance scenarios instead of one pattern: all (p1, p2, p3), or a comma list of p1 (with P4, P5, P6), p2, p3, p9 (KV-shaped throughput), p10 (kv-small completion time)")
+	fs.StringVar(&o.CUDA.Suite, "suite", "", "cuda: run the performance scenarios instead of one pattern: all (p1, p2, p3), or a comma list of p1 (with P4, P5, P6), p2, p3, p8 (same-rail through the engine against the NIC alone), p9 (KV-shaped throughput), p10 (kv-small completion time), p14 (small KV blocks and one-block requests; or one of its parts by traffic: p14-1to1, p14-7to1, p14-a2a)")
 	fs.StringVar(&o.CUDA.GPUs, "gpus", "", "cuda: GPU of each rank, comma-separated (default: rank r on GPU r % number of GPUs)")
 	fs.Float64Var(&o.CUDA.Rate, "rate", 0, "cuda: the emulated NIC's rate cap in GB/s (0: the copy engine's own rate)")
 	fs.BoolVar(&o.CUDA.Raw, "raw", false, "cuda: also time a raw copy-engine copy of the same traffic")

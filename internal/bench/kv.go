@@ -17,18 +17,50 @@ import (
 )
 
 // kvShape is one request's KV cache: Layers × 2 (K and V) × Pages blocks
-// of Block bytes.
+// of Block bytes, or, with Mix, blocks of Mix[l % len(Mix)] bytes in layer
+// l (Block is then the largest of them): a request of several block
+// sizes, as a model whose layers keep KV of different sizes sends.
 type kvShape struct {
-	Name   string `json:"name"`
-	Layers int    `json:"layers"`
-	Pages  int    `json:"pages"`
-	Block  uint64 `json:"block"`
+	Name   string   `json:"name"`
+	Layers int      `json:"layers"`
+	Pages  int      `json:"pages"`
+	Block  uint64   `json:"block"`
+	Mix    []uint64 `json:"mix,omitempty"`
 }
 
-func (s kvShape) blocks() int   { return s.Layers * 2 * s.Pages }
-func (s kvShape) bytes() uint64 { return uint64(s.blocks()) * s.Block }
+func (s kvShape) blocks() int { return s.Layers * 2 * s.Pages }
+
+// blockOf is the size of layer l's blocks.
+func (s kvShape) blockOf(l int) uint64 {
+	if len(s.Mix) == 0 {
+		return s.Block
+	}
+	return s.Mix[l%len(s.Mix)]
+}
+
+// layerBytes is one page of every layer, K or V: what a pool page costs
+// in each half of the pool's regions.
+func (s kvShape) layerBytes() uint64 {
+	if len(s.Mix) == 0 {
+		return uint64(s.Layers) * s.Block
+	}
+	var n uint64
+	for l := range s.Layers {
+		n += s.blockOf(l)
+	}
+	return n
+}
+
+func (s kvShape) bytes() uint64 { return 2 * uint64(s.Pages) * s.layerBytes() }
 
 func (s kvShape) String() string {
+	if len(s.Mix) > 0 {
+		sizes := make([]string, len(s.Mix))
+		for i, b := range s.Mix {
+			sizes[i] = sizeString(b)
+		}
+		return fmt.Sprintf("%s (%d layers × 2 × %d pages, blocks of %s by layer in turn)", s.Name, s.Layers, s.Pages, strings.Join(sizes, ", "))
+	}
 	return fmt.Sprintf("%s (%d layers × 2 × %d pages of %s)", s.Name, s.Layers, s.Pages, sizeString(s.Block))
 }
 
@@ -51,8 +83,9 @@ func KVShapeNames() string {
 	return strings.Join(n, ", ")
 }
 
-// parseKVShape reads a named shape or LxPxB (layers, pages, block size:
-// "8x2x4KiB").
+// parseKVShape reads a named shape, or LxPxB (layers, pages, block size:
+// "8x2x4KiB"), B a comma list for a request of several block sizes, layer
+// l's the l-th in turn ("8x2x2KiB,16KiB").
 func parseKVShape(s string) (kvShape, error) {
 	for _, k := range kvShapes {
 		if s == k.Name {
@@ -60,23 +93,34 @@ func parseKVShape(s string) (kvShape, error) {
 		}
 	}
 	f := strings.Split(s, "x")
-	bad := fmt.Errorf("--kv-shape %q: want one of %s, or LAYERSxPAGESxBLOCK (8x2x4KiB)", s, KVShapeNames())
+	bad := fmt.Errorf("--kv-shape %q: want one of %s, or LAYERSxPAGESxBLOCK (8x2x4KiB; BLOCK a comma list, one size a layer in turn: 8x2x2KiB,16KiB)", s, KVShapeNames())
 	if len(f) != 3 {
 		return kvShape{}, bad
 	}
 	l, err1 := strconv.Atoi(f[0])
 	p, err2 := strconv.Atoi(f[1])
-	b, err3 := ParseSize(f[2])
-	if err1 != nil || err2 != nil || err3 != nil || l <= 0 || p <= 0 || b == 0 {
+	if err1 != nil || err2 != nil || l <= 0 || p <= 0 {
 		return kvShape{}, bad
 	}
-	if b%8 != 0 {
-		return kvShape{}, fmt.Errorf("--kv-shape %q: block of %d bytes, want a multiple of 8", s, b)
+	shape := kvShape{Name: s, Layers: l, Pages: p}
+	for _, v := range strings.Split(f[2], ",") {
+		b, err := ParseSize(strings.TrimSpace(v))
+		if err != nil || b == 0 {
+			return kvShape{}, bad
+		}
+		if b%8 != 0 {
+			return kvShape{}, fmt.Errorf("--kv-shape %q: block of %d bytes, want a multiple of 8", s, b)
+		}
+		shape.Mix = append(shape.Mix, b)
+		shape.Block = max(shape.Block, b)
+	}
+	if len(shape.Mix) == 1 {
+		shape.Mix = nil
 	}
 	if l*2*p > 1<<20 {
 		return kvShape{}, fmt.Errorf("--kv-shape %q: %d blocks a request, at most %d", s, l*2*p, 1<<20)
 	}
-	return kvShape{Name: s, Layers: l, Pages: p, Block: b}, nil
+	return shape, nil
 }
 
 // KVOptions are run's flags for KV-shaped traffic.
@@ -117,6 +161,9 @@ type kvPlan struct {
 	byRank   [][]kvRequest
 	srcPages []int
 	dstPages []int
+	// regions[j] is where region j (layer j/2, K or V) of a pool of one
+	// page begins; a pool of n pages has them n times as large.
+	regions []uint64
 }
 
 // kvPool is a pool's pages for need pages of requests: a quarter more, so
@@ -129,10 +176,10 @@ func kvPool(need int) int {
 }
 
 func (p *kvPlan) blockOffset(pool int, layer, h int, page uint32) uint64 {
-	return (uint64(2*layer+h)*uint64(pool) + uint64(page)) * p.shape.Block
+	return p.regions[2*layer+h]*uint64(pool) + uint64(page)*p.shape.blockOf(layer)
 }
 
-func (p *kvPlan) poolBytes(pool int) uint64 { return uint64(2*p.shape.Layers*pool) * p.shape.Block }
+func (p *kvPlan) poolBytes(pool int) uint64 { return p.regions[2*p.shape.Layers] * uint64(pool) }
 
 // kvTargets are the targets rank r sends to.
 func kvTargets(traffic string, ranks, r int) []int {
@@ -159,7 +206,11 @@ func kvTargets(traffic string, ranks, r int) []int {
 }
 
 func newKVPlan(ranks int, kv *kvLayout) *kvPlan {
-	p := &kvPlan{shape: kv.Shape, byRank: make([][]kvRequest, ranks), srcPages: make([]int, ranks), dstPages: make([]int, ranks)}
+	p := &kvPlan{shape: kv.Shape, byRank: make([][]kvRequest, ranks), srcPages: make([]int, ranks), dstPages: make([]int, ranks),
+		regions: make([]uint64, 2*kv.Shape.Layers+1)}
+	for j := range 2 * kv.Shape.Layers {
+		p.regions[j+1] = p.regions[j] + kv.Shape.blockOf(j/2)
+	}
 	pages := kv.Shape.Pages
 	for r := 0; r < ranks; r++ {
 		for j := 0; j < kv.Requests; j++ {
@@ -255,7 +306,7 @@ func (l *layout) kvRequests(r int, base uintptr) ([][]relay.Request, uint64) {
 		for layer := 0; layer < s.Layers; layer++ {
 			for h := 0; h < 2; h++ {
 				for pg := range q.src {
-					reqs = append(reqs, relay.Request{Op: relay.Write, Len: s.Block, Target: sessionName(q.target),
+					reqs = append(reqs, relay.Request{Op: relay.Write, Len: s.blockOf(layer), Target: sessionName(q.target),
 						Src: base + uintptr(p.blockOffset(p.srcPages[r], layer, h, q.src[pg])),
 						Dst: targetBase + p.blockOffset(p.dstPages[q.target], layer, h, q.dst[pg])})
 				}
@@ -300,17 +351,18 @@ func verifyKV(l *layout, k int, buf []byte) error {
 	}
 	want := make([]byte, s.Block)
 	zero := make([]byte, s.Block)
-	check := func(i int, want []byte) error {
+	check := func(i int, buf0 []byte) error {
 		if i < len(reqs) {
 			q := reqs[i]
 			srcPool := p.srcPages[q.rank]
 			for layer := 0; layer < s.Layers; layer++ {
+				want := buf0[:s.blockOf(layer)]
 				for h := 0; h < 2; h++ {
 					for pg := range q.dst {
 						so := p.blockOffset(srcPool, layer, h, q.src[pg])
 						do := p.blockOffset(pool, layer, h, q.dst[pg])
 						fillPattern(want, rankSeed(q.rank), so)
-						if got := buf[do : do+s.Block]; !bytes.Equal(got, want) {
+						if got := buf[do : do+uint64(len(want))]; !bytes.Equal(got, want) {
 							return fmt.Errorf("target %s, rank %d's block (layer %d, %s, page %d → %d) at offset %d: %w",
 								sessionName(k), q.rank, layer, "KV"[h:h+1], q.src[pg], q.dst[pg], do, checkPattern(got, rankSeed(q.rank), so))
 						}
@@ -325,7 +377,7 @@ func verifyKV(l *layout, k int, buf []byte) error {
 		}
 		for b := 0; b < 2*s.Layers; b++ {
 			do := p.blockOffset(pool, b/2, b%2, pg)
-			if !bytes.Equal(buf[do:do+s.Block], zero) {
+			if n := s.blockOf(b / 2); !bytes.Equal(buf[do:do+n], zero[:n]) {
 				return fmt.Errorf("target %s: page %d of layer %d %s, which no request took, was written (offset %d)",
 					sessionName(k), pg, b/2, "KV"[b%2:b%2+1], do)
 			}
@@ -430,10 +482,6 @@ func transferKVEngine(eng *relay.Engine, reqs [][]relay.Request, total uint64, i
 	return res, nil
 }
 
-// kvHopChunk is how many ops the direct path hands the hop in one Submit,
-// as the engine does.
-const kvHopChunk = 32
-
 // transferKVBare sends the same requests through the hop alone, as a host
 // transport without PXN would: a request's writes are posted in order as
 // the send queue has room, up to inflight requests at once, and a request
@@ -448,7 +496,7 @@ func transferKVBare(hop relay.Hop, reqs [][]relay.Request, total uint64, infligh
 	// byReq finds a completion's request without hashing: at 2 KiB a
 	// write completes every 41 ns of the wire.
 	byReq := make([]*active, len(reqs))
-	var ops [kvHopChunk]relay.WriteOp
+	var ops [hopChunk]relay.WriteOp
 	var comp [256]relay.HopCompletion
 	for next := 0; next < len(reqs) || len(act) > 0; {
 		for len(act) < inflight && next < len(reqs) {
@@ -461,7 +509,7 @@ func transferKVBare(hop relay.Hop, reqs [][]relay.Request, total uint64, infligh
 		for _, a := range act {
 			q := reqs[a.i]
 			for !busy && a.posted < len(q) {
-				n := min(kvHopChunk, len(q)-a.posted)
+				n := min(hopChunk, len(q)-a.posted)
 				for j := range n {
 					r := &q[a.posted+j]
 					ops[j] = relay.WriteOp{Src: r.Src, Len: r.Len, Target: r.Target, Dst: r.Dst, Token: uint64(a.i)<<32 | uint64(a.posted+j)}

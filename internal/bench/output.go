@@ -42,6 +42,15 @@ type Row struct {
 	// phase (phaseProblems): empty but not nil when nothing was, nil on rows
 	// that judge nothing.
 	Problems []string `json:"problems"`
+
+	// BoundGBps is, for a row of traffic through NICs at a wire rate with
+	// a direct phase, what one NIC per rank at that rate gives the traffic
+	// (wireBound); DirectOfBound is the direct phase's rate over it. Below
+	// 0.95 the direct stand-in (the emulated NIC as the baseline posts to
+	// it) did not keep up with the writes, and the row's ratio measures
+	// it, not the engine.
+	BoundGBps     float64 `json:"bound_gbps,omitempty"`
+	DirectOfBound float64 `json:"direct_of_bound,omitempty"`
 }
 
 // printRows prints rows as a table; rows of the CUDA path get an MPS

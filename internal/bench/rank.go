@@ -334,7 +334,7 @@ func runRank(o RankOptions) (err error) {
 				if o.Mode == "engine" && eng != nil {
 					return transferEngine(eng, mine, base, dev.spin(), o.PerSubmit)
 				}
-				return transferBare(dev.hop(), mine, base)
+				return transferBare(dev.hop(), mine, base, dev.spin(), o.PerSubmit)
 			})
 			if err != nil {
 				return err

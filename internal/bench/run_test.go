@@ -85,18 +85,49 @@ func TestSuite(t *testing.T) {
 	}
 }
 
+// TestSuiteP8: same-rail requests of 4 KiB, 64 KiB and 8 MiB, NIC
+// uncapped, through the engine against the hop alone, each rank on its
+// own rail's target.
+func TestSuiteP8(t *testing.T) {
+	want, err := parseSuite("p8")
+	if err != nil || !want["p8"] || len(want) != 1 {
+		t.Fatalf("p8 = %v, %v", want, err)
+	}
+	var blocks []uint64
+	for _, r := range suiteRuns(want, 2) {
+		if r.id != "P8" || r.pattern != "same-rail" || r.rate != 0 || !r.bare || !r.warm || !slices.Equal(r.gpus, []int{0, 1}) {
+			t.Fatalf("%+v", r)
+		}
+		l, err := newLayout(r.pattern, r.ranks, r.bytes, r.block)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tr := range l.Transfers {
+			if tr.Target != tr.Rank {
+				t.Errorf("rank %d writes to target %d, want its own rail's", tr.Rank, tr.Target)
+			}
+		}
+		blocks = append(blocks, r.block)
+	}
+	if !slices.Equal(blocks, []uint64{4 << 10, 64 << 10, 8 << 20}) {
+		t.Fatalf("blocks %v, want 4 KiB, 64 KiB and 8 MiB", blocks)
+	}
+}
+
 // TestSuiteP14: every P14 block size, KV requests 1→1, 7→1 and all-to-all
 // over eight ranks and streams of one-block requests the same three ways,
-// all at R = 50 GB/s against direct; each traffic through every size
-// before the next, 1→1 of both kinds first.
+// all at R = 50 GB/s against direct; 1→1 also the request of several
+// sizes; each traffic through every size before the next, 1→1 of both
+// kinds first. Each part by traffic is a suite of its own, and p14 is the
+// three.
 func TestSuiteP14(t *testing.T) {
 	want, err := parseSuite("p14")
-	if err != nil || !want["p14"] || len(want) != 1 {
+	if err != nil || len(want) != 3 || !want["p14-1to1"] || !want["p14-7to1"] || !want["p14-a2a"] {
 		t.Fatalf("p14 = %v, %v", want, err)
 	}
 	runs := suiteRuns(want, 1)
-	if len(runs) != 6*len(p14Blocks) {
-		t.Fatalf("%d scenarios, want %d", len(runs), 6*len(p14Blocks))
+	if len(runs) != 6*len(p14Blocks)+1 {
+		t.Fatalf("%d scenarios, want %d", len(runs), 6*len(p14Blocks)+1)
 	}
 	type key struct {
 		kind, traffic string
@@ -104,6 +135,7 @@ func TestSuiteP14(t *testing.T) {
 	}
 	var order []key
 	blocks := map[key][]uint64{}
+	var mixed int
 	for _, r := range runs {
 		if r.rate != 50 || !r.bare || !r.warm || len(r.gpus) != r.ranks {
 			t.Fatalf("%s: %+v", r.id, r)
@@ -115,10 +147,17 @@ func TestSuiteP14(t *testing.T) {
 			if l, err = newKVLayout(r.ranks, *r.kv); err != nil {
 				t.Fatalf("%s %s: %v", r.id, r.kv.Shape, err)
 			}
-			if got := l.KV.Shape.bytes(); got != 40<<20 {
-				t.Errorf("%s: a request of %d bytes, want 40 MiB", r.kv.Shape, got)
+			if got := l.KV.Shape.bytes(); got < 39<<20 || got > 42<<20 {
+				t.Errorf("%s: a request of %d bytes, want about 40 MiB", r.kv.Shape, got)
 			}
-			blocks[k] = append(blocks[k], l.KV.Shape.Block)
+			if len(l.KV.Shape.Mix) > 0 {
+				mixed++
+				if k != (key{"kv", "fan-in", 2}) || !slices.Equal(l.KV.Shape.Mix, []uint64{2 << 10, 4 << 10, p14Odd, 64 << 10}) {
+					t.Errorf("%s: the request of several sizes as %v, blocks %v", r.kv.Shape, k, l.KV.Shape.Mix)
+				}
+			} else {
+				blocks[k] = append(blocks[k], l.KV.Shape.Block)
+			}
 		} else {
 			if r.id != "P14 stream" {
 				t.Errorf("%+v: not a P14 stream", r)
@@ -141,9 +180,32 @@ func TestSuiteP14(t *testing.T) {
 	if !slices.Equal(order, wantOrder) {
 		t.Fatalf("traffic in the order %v, want %v", order, wantOrder)
 	}
+	if mixed != 1 {
+		t.Errorf("%d requests of several sizes, want one", mixed)
+	}
+	wantBlocks := []uint64{1 << 10, 2 << 10, 4 << 10, 8 << 10, 16 << 10, 18 << 10, 64 << 10}
 	for k, b := range blocks {
-		if !slices.Equal(b, []uint64{2 << 10, 4 << 10, 8 << 10, 16 << 10, 64 << 10}) {
-			t.Errorf("%v: blocks %v, want 2, 4, 8, 16 and 64 KiB", k, b)
+		if !slices.Equal(b, wantBlocks) {
+			t.Errorf("%v: blocks %v, want %v", k, b, wantBlocks)
+		}
+	}
+	for i, part := range p14Parts {
+		one, err := parseSuite(part)
+		if err != nil || len(one) != 1 {
+			t.Fatalf("%s = %v, %v", part, one, err)
+		}
+		var traffic []key
+		for _, r := range suiteRuns(one, 1) {
+			k := key{"stream", r.pattern, r.ranks}
+			if r.kv != nil {
+				k = key{"kv", r.kv.Traffic, r.ranks}
+			}
+			if !slices.Contains(traffic, k) {
+				traffic = append(traffic, k)
+			}
+		}
+		if w := [][]key{wantOrder[:2], {wantOrder[2], wantOrder[4]}, {wantOrder[3], wantOrder[5]}}[i]; !slices.Equal(traffic, w) {
+			t.Errorf("%s: traffic %v, want %v", part, traffic, w)
 		}
 	}
 }

@@ -47,10 +47,14 @@ func parseSuite(s string) (map[string]bool, error) {
 		switch p = strings.ToLower(strings.TrimSpace(p)); p {
 		case "all":
 			want["p1"], want["p2"], want["p3"] = true, true, true
-		case "p1", "p2", "p3", "p9", "p10", "p14":
+		case "p1", "p2", "p3", "p8", "p9", "p10", "p14-1to1", "p14-7to1", "p14-a2a":
 			want[p] = true
+		case "p14":
+			for _, part := range p14Parts {
+				want[part] = true
+			}
 		default:
-			return nil, fmt.Errorf("--suite %q: want all (p1, p2, p3) or a list of p1, p2, p3, p9, p10, p14", s)
+			return nil, fmt.Errorf("--suite %q: want all (p1, p2, p3) or a list of p1, p2, p3, p8, p9, p10, p14 (or one of its parts: %s)", s, strings.Join(p14Parts, ", "))
 		}
 	}
 	return want, nil
@@ -94,7 +98,29 @@ func suiteRuns(want map[string]bool, ngpu int) []scenario {
 				note: fmt.Sprintf("the seven senders share GPU %d", other)},
 		)
 	}
+	if want["p8"] {
+		runs = append(runs, p8Runs(ngpu)...)
+	}
 	return append(runs, kvSuiteRuns(want, ngpu)...)
+}
+
+// p8Blocks are P8's request sizes.
+var p8Blocks = []uint64{4 << 10, 64 << 10, 8 << 20}
+
+// p8Runs are P8's scenarios: each of two ranks writes 1 GiB to the target
+// on its own rail in requests of every P8 size, four times back to back,
+// through the engine (every write direct) and through the emulated NIC
+// alone, which posts as the engine does (transferBare). The NIC is
+// uncapped: at a wire rate both would wait on the wire, and the ratio
+// would hide what the engine costs.
+func p8Runs(ngpu int) []scenario {
+	var runs []scenario
+	for _, b := range p8Blocks {
+		runs = append(runs, scenario{id: "P8", pattern: "same-rail", ranks: 2, bytes: 1 << 30, block: b, gpus: []int{0, otherGPU(ngpu)},
+			bare: true, warm: true, reps: 4,
+			note: "NIC uncapped; the baseline posts as the engine does (16 requests a call, at most 32 writes a hop Submit, one write a request)"})
+	}
+	return runs
 }
 
 // rankGPUs is --gpus, or rank r on GPU r % ngpu.

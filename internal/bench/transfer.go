@@ -16,6 +16,18 @@ const spinBatch = 16
 // an RDMA transport would slice a large write itself.
 const maxRequest = 32 << 20
 
+// submitBatch is how many of n requests a caller hands over in one call:
+// perSubmit when set, else spinBatch on a spinning device, else all.
+func submitBatch(n int, spin bool, perSubmit int) int {
+	switch {
+	case perSubmit > 0:
+		return min(n, perSubmit)
+	case spin:
+		return min(n, spinBatch)
+	}
+	return n
+}
+
 func requests(mine []transfer, base uintptr) ([]relay.Request, uint64) {
 	var reqs []relay.Request
 	var total uint64
@@ -37,13 +49,7 @@ func requests(mine []transfer, base uintptr) ([]relay.Request, uint64) {
 // run).
 func transferEngine(eng *relay.Engine, mine []transfer, base uintptr, spin bool, perSubmit int) (*rankResult, error) {
 	reqs, total := requests(mine, base)
-	batch := len(reqs)
-	if spin {
-		batch = min(batch, spinBatch)
-	}
-	if perSubmit > 0 {
-		batch = min(len(reqs), perSubmit)
-	}
+	batch := submitBatch(len(reqs), spin, perSubmit)
 	res := &rankResult{Bytes: total, Requests: len(reqs)}
 	cost := startCost(eng)
 	start := time.Now()
@@ -102,26 +108,61 @@ func diffCounters(a, b relay.CounterSnapshot) relay.CounterSnapshot {
 	return d
 }
 
+// hopChunk is how many ops the engine hands its hop in one Submit (the
+// relay package's drainOps); the direct paths below post in the same
+// chunks.
+const hopChunk = 32
+
 // transferBare moves the same requests through the hop alone: the baseline
-// a host gets without the engine.
-func transferBare(hop relay.Hop, mine []transfer, base uintptr) (*rankResult, error) {
+// a host gets without the engine, posted as the engine posts direct
+// writes. Every call of submitBatch requests is handed over at once, as
+// transferEngine's Submits are; a call's writes go to the hop in Submits
+// of at most hopChunk while the hop has room, and what it refuses waits,
+// in order, for the next round, as the engine's backlog does. Each write
+// is one op whatever its length (the engine does not cut a direct write),
+// and an idle round pauses as the engine's caller does. Posting one write
+// a Submit instead made the emulated NIC start one GPU operation an 8 MiB
+// write and measured that, not the hop.
+func transferBare(hop relay.Hop, mine []transfer, base uintptr, spin bool, perSubmit int) (*rankResult, error) {
 	reqs, total := requests(mine, base)
+	batch := max(submitBatch(len(reqs), spin, perSubmit), 1)
+	ops := make([]relay.WriteOp, len(reqs))
+	for i, r := range reqs {
+		ops[i] = relay.WriteOp{Src: r.Src, Len: r.Len, Target: r.Target, Dst: r.Dst, Token: uint64(i)}
+	}
 	proc0, _ := cpuTime(0)
 	start := time.Now()
 	res := &rankResult{Bytes: total, Requests: len(reqs)}
-	var done [64]relay.HopCompletion
-	next, finished := 0, 0
-	for finished < len(reqs) {
-		for next < len(reqs) {
-			r := reqs[next]
-			err := hop.Submit([]relay.WriteOp{{Src: r.Src, Len: r.Len, Target: r.Target, Dst: r.Dst, Token: uint64(next)}})
+	var done [256]relay.HopCompletion
+	// posted ops went to the hop; handed ops are the caller's calls so
+	// far (all of them at once, as transferEngine submits).
+	posted, finished := 0, 0
+	drain := func(end int) error {
+		for posted < end {
+			n := min(hopChunk, end-posted)
+			err := hop.Submit(ops[posted : posted+n])
 			if errors.Is(err, relay.ErrHopBusy) {
-				break
+				return nil
 			}
 			if err != nil {
+				return err
+			}
+			posted += n
+		}
+		return nil
+	}
+	// A call drains its own writes while nothing waits before them, in
+	// chunks that end at the call's end, as the engine's Submit does.
+	for handed := 0; handed < len(ops); handed = min(handed+batch, len(ops)) {
+		if posted == handed {
+			if err := drain(min(handed+batch, len(ops))); err != nil {
 				return nil, err
 			}
-			next++
+		}
+	}
+	for finished < len(reqs) {
+		if err := drain(len(ops)); err != nil {
+			return nil, err
 		}
 		n := hop.Poll(done[:])
 		for _, c := range done[:n] {
@@ -131,7 +172,7 @@ func transferBare(hop relay.Hop, mine []transfer, base uintptr) (*rankResult, er
 			}
 		}
 		if n == 0 {
-			pause(false)
+			pause(spin)
 		}
 	}
 	end := time.Now()

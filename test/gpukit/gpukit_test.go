@@ -171,10 +171,11 @@ func TestKitRunsStepsUnderItsOwnDaemon(t *testing.T) {
 	if !strings.Contains(strings.Join(lines, "\n"), "firsthop skipped: no nvcc here") {
 		t.Errorf("with no nvcc the kit did not skip the firsthop step:\n%s", strings.Join(lines, "\n"))
 	}
-	want := []string{"nomps-p3", "after-p13", "before-p13", "after-p10", "noparts-p10", "noinline-p10", "spin-p10", "before-p10", "after-p14", "before-p14", "after-p14kv", "after-p9", "pidns", "gpu", "libpxn", "nic"}
-	// before-p14 runs the baseline once for each of P14's five block sizes,
-	// and after-p14kv this build on the same five.
-	p14Shapes := []string{"80x128x2KiB", "80x64x4KiB", "80x32x8KiB", "80x16x16KiB", "80x4x64KiB"}
+	want := []string{"nomps-p3", "after-p13", "before-p13", "after-p10", "noparts-p10", "noinline-p10", "spin-p10", "before-p10", "after-p14", "before-p14", "after-p14kv",
+		"after-p8", "after-p9", "after-p14-7to1", "after-p14-a2a", "pidns", "gpu", "libpxn", "nic"}
+	// before-p14 runs the baseline once for each of P14's seven block
+	// sizes, and after-p14kv this build on the same seven.
+	p14Shapes := []string{"80x256x1KiB", "80x128x2KiB", "80x64x4KiB", "80x32x8KiB", "80x16x16KiB", "80x14x18KiB", "80x4x64KiB"}
 	for _, name := range want {
 		mps := "on"
 		if name == "nomps-p3" {
@@ -216,7 +217,10 @@ func TestKitRunsStepsUnderItsOwnDaemon(t *testing.T) {
 	}
 	all := strings.Join(calls, "\n")
 	wantCalls := []string{
-		"pxn-bench run --device cuda --suite p14 --json " + k.out + "/after-p14.json",
+		"pxn-bench run --device cuda --suite p14-1to1 --json " + k.out + "/after-p14.json",
+		"pxn-bench run --device cuda --suite p8 --json " + k.out + "/after-p8.json",
+		"pxn-bench run --device cuda --suite p14-7to1 --json " + k.out + "/after-p14-7to1.json",
+		"pxn-bench run --device cuda --suite p14-a2a --json " + k.out + "/after-p14-a2a.json",
 		"gpunic.test -test.run ^$ -test.bench . -test.benchtime 200ms",
 	}
 	for _, s := range p14Shapes {
