@@ -20,6 +20,11 @@
  * PXN relies on (a mapping starts at offset 0 of its allocation and never
  * runs past its end; sizes and addresses are whole granules; a mapping is
  * inaccessible until cuMemSetAccess; only this driver's exports import).
+ * PXN_FAKECUDA_CALLS names a file of call counts, which cuInit maps
+ * (shared) and fills with one record an entry point, in the order of the
+ * entry table: the name it is handed out by (56 bytes, NUL-padded) and a
+ * 64-bit count of the calls since, so that a test counts the driver calls
+ * of a code path. Each cuInit with the variable set starts a new file.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -103,6 +108,41 @@ static CUresult free_object(void *h, unsigned magic)
 	return OK;
 }
 
+/* Call counts (PXN_FAKECUDA_CALLS): a record per entry of the table. */
+typedef struct {
+	char name[56];
+	uint64_t count;
+} call_record;
+
+static call_record *call_counts;
+static size_t ncall_counts;
+
+static int entry_of(void *fn);
+
+/*
+ * count_call counts one call of fn into the mapped file, if any; slot
+ * caches fn's index in the entry table (-2 until looked up).
+ */
+static void count_call(void *fn, int *slot)
+{
+	call_record *c = __atomic_load_n(&call_counts, __ATOMIC_ACQUIRE);
+	if (c == NULL)
+		return;
+	int i = __atomic_load_n(slot, __ATOMIC_RELAXED);
+	if (i == -2) {
+		i = entry_of(fn);
+		__atomic_store_n(slot, i, __ATOMIC_RELAXED);
+	}
+	if (i >= 0 && (size_t)i < __atomic_load_n(&ncall_counts, __ATOMIC_RELAXED))
+		__atomic_add_fetch(&c[i].count, 1, __ATOMIC_RELAXED);
+}
+
+#define CALLED(fn)                              \
+	do {                                    \
+		static int slot_ = -2;          \
+		count_call((void *)(fn), &slot_); \
+	} while (0)
+
 static int stream_ok(void *s)
 {
 	return s == NULL || s == (void *)0x1 || s == (void *)0x2 || is(s, MAGIC_STREAM);
@@ -125,6 +165,7 @@ static const char *const names[][2] = {
 
 static CUresult cuGetErrorName(CUresult r, const char **s)
 {
+	CALLED(cuGetErrorName);
 	if (r == 100) {
 		*s = "CUDA_ERROR_NO_DEVICE";
 		return OK;
@@ -137,6 +178,7 @@ static CUresult cuGetErrorName(CUresult r, const char **s)
 
 static CUresult cuGetErrorString(CUresult r, const char **s)
 {
+	CALLED(cuGetErrorString);
 	if (r == 100) {
 		*s = "no CUDA-capable device is detected";
 		return OK;
@@ -149,12 +191,14 @@ static CUresult cuGetErrorString(CUresult r, const char **s)
 
 static CUresult cuDeviceGetCount(int *n)
 {
+	CALLED(cuDeviceGetCount);
 	*n = NDEV;
 	return OK;
 }
 
 static CUresult cuDeviceGet(int *d, int ordinal)
 {
+	CALLED(cuDeviceGet);
 	if (ordinal < 0 || ordinal >= NDEV)
 		return INVALID_DEVICE;
 	*d = ordinal;
@@ -163,6 +207,7 @@ static CUresult cuDeviceGet(int *d, int ordinal)
 
 static CUresult cuDeviceGetAttribute(int *v, int attr, int d)
 {
+	CALLED(cuDeviceGetAttribute);
 	if (d < 0 || d >= NDEV)
 		return INVALID_DEVICE;
 	*v = attr == 16 ? 132 : attr == 33 ? 0x18 + d : attr == 75 ? 9 : 1;
@@ -171,6 +216,7 @@ static CUresult cuDeviceGetAttribute(int *v, int attr, int d)
 
 static CUresult cuDeviceGetName(char *name, int len, int d)
 {
+	CALLED(cuDeviceGetName);
 	if (d < 0 || d >= NDEV || len <= 0)
 		return INVALID_VALUE;
 	strncpy(name, "Fake GPU", (size_t)len - 1);
@@ -180,6 +226,7 @@ static CUresult cuDeviceGetName(char *name, int len, int d)
 
 static CUresult cuDeviceGetPCIBusId(char *id, int len, int d)
 {
+	CALLED(cuDeviceGetPCIBusId);
 	static const char *const ids[NDEV] = {"0000:18:00.0", "0000:19:00.0"};
 	if (d < 0 || d >= NDEV || len <= 0)
 		return INVALID_VALUE;
@@ -190,12 +237,14 @@ static CUresult cuDeviceGetPCIBusId(char *id, int len, int d)
 
 static CUresult cuDeviceCanAccessPeer(int *can, int d, int peer)
 {
+	CALLED(cuDeviceCanAccessPeer);
 	*can = d != peer;
 	return OK;
 }
 
 static CUresult cuDevicePrimaryCtxRetain(void **c, int d)
 {
+	CALLED(cuDevicePrimaryCtxRetain);
 	if (d < 0 || d >= NDEV)
 		return INVALID_DEVICE;
 	*c = &contexts[d];
@@ -204,11 +253,13 @@ static CUresult cuDevicePrimaryCtxRetain(void **c, int d)
 
 static CUresult cuDevicePrimaryCtxRelease(int d)
 {
+	CALLED(cuDevicePrimaryCtxRelease);
 	return d < 0 || d >= NDEV ? INVALID_DEVICE : OK;
 }
 
 static CUresult cuCtxSetCurrent(void *c)
 {
+	CALLED(cuCtxSetCurrent);
 	if (c != NULL && (c < (void *)&contexts[0] || c > (void *)&contexts[NDEV - 1]))
 		return INVALID_CONTEXT;
 	current = c;
@@ -217,12 +268,14 @@ static CUresult cuCtxSetCurrent(void *c)
 
 static CUresult cuCtxGetCurrent(void **c)
 {
+	CALLED(cuCtxGetCurrent);
 	*c = current;
 	return OK;
 }
 
 static CUresult cuCtxGetDevice(int *d)
 {
+	CALLED(cuCtxGetDevice);
 	if (current == NULL)
 		return INVALID_CONTEXT;
 	*d = (int)(current - contexts);
@@ -231,12 +284,14 @@ static CUresult cuCtxGetDevice(int *d)
 
 static CUresult cuCtxEnablePeerAccess(void *peer, unsigned flags)
 {
+	CALLED(cuCtxEnablePeerAccess);
 	(void)flags;
 	return peer == NULL ? INVALID_CONTEXT : OK;
 }
 
 static CUresult cuMemAlloc(CUdeviceptr *p, size_t n)
 {
+	CALLED(cuMemAlloc);
 	if (current == NULL)
 		return INVALID_CONTEXT;
 	block *b = malloc(sizeof(*b));
@@ -260,6 +315,7 @@ static CUresult cuMemAlloc(CUdeviceptr *p, size_t n)
 
 static CUresult cuMemFree(CUdeviceptr p)
 {
+	CALLED(cuMemFree);
 	pthread_mutex_lock(&mu);
 	for (block **at = &blocks; *at != NULL; at = &(*at)->next) {
 		block *b = *at;
@@ -277,17 +333,20 @@ static CUresult cuMemFree(CUdeviceptr p)
 
 static CUresult cuMemHostRegister(void *p, size_t n, unsigned flags)
 {
+	CALLED(cuMemHostRegister);
 	(void)flags;
 	return p == NULL || n == 0 ? INVALID_VALUE : OK;
 }
 
 static CUresult cuMemHostUnregister(void *p)
 {
+	CALLED(cuMemHostUnregister);
 	return p == NULL ? INVALID_VALUE : OK;
 }
 
 static CUresult cuMemHostGetDevicePointer(CUdeviceptr *d, void *p, unsigned flags)
 {
+	CALLED(cuMemHostGetDevicePointer);
 	(void)flags;
 	*d = (CUdeviceptr)(uintptr_t)p;
 	return OK;
@@ -305,21 +364,25 @@ static CUresult copy(CUdeviceptr dst, CUdeviceptr src, size_t n)
 
 static CUresult cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n)
 {
+	CALLED(cuMemcpyHtoD);
 	return copy(dst, (CUdeviceptr)(uintptr_t)src, n);
 }
 
 static CUresult cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n)
 {
+	CALLED(cuMemcpyDtoH);
 	return copy((CUdeviceptr)(uintptr_t)dst, src, n);
 }
 
 static CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, void *s)
 {
+	CALLED(cuMemcpyHtoDAsync);
 	return stream_ok(s) ? copy(dst, (CUdeviceptr)(uintptr_t)src, n) : INVALID_HANDLE;
 }
 
 static CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned v, size_t n, void *s)
 {
+	CALLED(cuMemsetD32Async);
 	if (!stream_ok(s))
 		return INVALID_HANDLE;
 	uint32_t *p = (uint32_t *)(uintptr_t)dst;
@@ -330,11 +393,13 @@ static CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned v, size_t n, void *s)
 
 static CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, void *s)
 {
+	CALLED(cuMemcpyAsync);
 	return stream_ok(s) ? copy(dst, src, n) : INVALID_HANDLE;
 }
 
 static CUresult cuMemcpyPeerAsync(CUdeviceptr dst, void *dctx, CUdeviceptr src, void *sctx, size_t n, void *s)
 {
+	CALLED(cuMemcpyPeerAsync);
 	if (dctx == NULL || sctx == NULL)
 		return INVALID_CONTEXT;
 	return stream_ok(s) ? copy(dst, src, n) : INVALID_HANDLE;
@@ -365,17 +430,20 @@ static CUresult batch(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_
 static CUresult cuMemcpyBatchAsync_v13000(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
 					  attributes *attrs, size_t *idxs, size_t nattrs, void *s)
 {
+	CALLED(cuMemcpyBatchAsync_v13000);
 	return batch(dsts, srcs, sizes, count, attrs, idxs, nattrs, NULL, s);
 }
 
 static CUresult cuMemcpyBatchAsync_v12080(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
 					  attributes *attrs, size_t *idxs, size_t nattrs, size_t *fail, void *s)
 {
+	CALLED(cuMemcpyBatchAsync_v12080);
 	return batch(dsts, srcs, sizes, count, attrs, idxs, nattrs, fail, s);
 }
 
 static CUresult cuStreamCreate(void **s, unsigned flags)
 {
+	CALLED(cuStreamCreate);
 	(void)flags;
 	*s = new_object(MAGIC_STREAM, NULL);
 	return *s == NULL ? OUT_OF_MEMORY : OK;
@@ -383,22 +451,26 @@ static CUresult cuStreamCreate(void **s, unsigned flags)
 
 static CUresult cuStreamDestroy(void *s)
 {
+	CALLED(cuStreamDestroy);
 	return free_object(s, MAGIC_STREAM);
 }
 
 static CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags)
 {
+	CALLED(cuStreamWaitEvent);
 	(void)flags;
 	return stream_ok(s) && is(e, MAGIC_EVENT) ? OK : INVALID_HANDLE;
 }
 
 static CUresult cuStreamSynchronize(void *s)
 {
+	CALLED(cuStreamSynchronize);
 	return stream_ok(s) ? OK : INVALID_HANDLE;
 }
 
 static CUresult cuStreamWriteValue64(void *s, CUdeviceptr addr, uint64_t v, unsigned flags)
 {
+	CALLED(cuStreamWriteValue64);
 	(void)flags;
 	if (!stream_ok(s))
 		return INVALID_HANDLE;
@@ -413,6 +485,7 @@ static CUresult cuStreamWriteValue64(void *s, CUdeviceptr addr, uint64_t v, unsi
 
 static CUresult cuEventCreate(void **e, unsigned flags)
 {
+	CALLED(cuEventCreate);
 	(void)flags;
 	*e = new_object(MAGIC_EVENT, NULL);
 	return *e == NULL ? OUT_OF_MEMORY : OK;
@@ -420,27 +493,32 @@ static CUresult cuEventCreate(void **e, unsigned flags)
 
 static CUresult cuEventRecord(void *e, void *s)
 {
+	CALLED(cuEventRecord);
 	return is(e, MAGIC_EVENT) && stream_ok(s) ? OK : INVALID_HANDLE;
 }
 
 static CUresult cuEventQuery(void *e)
 {
+	CALLED(cuEventQuery);
 	return is(e, MAGIC_EVENT) ? OK : INVALID_HANDLE;
 }
 
 static CUresult cuEventSynchronize(void *e)
 {
+	CALLED(cuEventSynchronize);
 	return is(e, MAGIC_EVENT) ? OK : INVALID_HANDLE;
 }
 
 static CUresult cuEventDestroy(void *e)
 {
+	CALLED(cuEventDestroy);
 	return free_object(e, MAGIC_EVENT);
 }
 
 /* A handle names the allocation's base; this driver opens its own. */
 static CUresult cuIpcGetMemHandle(char h[64], CUdeviceptr p)
 {
+	CALLED(cuIpcGetMemHandle);
 	pthread_mutex_lock(&mu);
 	block *b = find((uintptr_t)p, 1);
 	pthread_mutex_unlock(&mu);
@@ -458,6 +536,7 @@ typedef struct {
 
 static CUresult cuIpcOpenMemHandle(CUdeviceptr *p, ipc_handle h, unsigned flags)
 {
+	CALLED(cuIpcOpenMemHandle);
 	(void)flags;
 	if (memcmp(h.reserved, "fakeipc", 8) != 0)
 		return INVALID_VALUE;
@@ -467,11 +546,13 @@ static CUresult cuIpcOpenMemHandle(CUdeviceptr *p, ipc_handle h, unsigned flags)
 
 static CUresult cuIpcCloseMemHandle(CUdeviceptr p)
 {
+	CALLED(cuIpcCloseMemHandle);
 	return p == 0 ? INVALID_VALUE : OK;
 }
 
 static CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
 {
+	CALLED(cuPointerGetAttribute);
 	pthread_mutex_lock(&mu);
 	block *b = find((uintptr_t)p, 1);
 	block found = b != NULL ? *b : (block){0};
@@ -497,6 +578,7 @@ static CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
 
 static CUresult cuModuleLoadData(void **m, const void *image)
 {
+	CALLED(cuModuleLoadData);
 	if (image == NULL || ((const char *)image)[0] == 0)
 		return INVALID_VALUE;
 	*m = new_object(MAGIC_MODULE, NULL);
@@ -505,6 +587,7 @@ static CUresult cuModuleLoadData(void **m, const void *image)
 
 static CUresult cuModuleGetFunction(void **f, void *m, const char *name)
 {
+	CALLED(cuModuleGetFunction);
 	if (!is(m, MAGIC_MODULE))
 		return INVALID_HANDLE;
 	/* A function lives as long as the library: nothing frees one. */
@@ -520,6 +603,7 @@ static CUresult cuModuleGetFunction(void **f, void *m, const char *name)
 
 static CUresult cuModuleUnload(void *m)
 {
+	CALLED(cuModuleUnload);
 	return free_object(m, MAGIC_MODULE);
 }
 
@@ -573,6 +657,7 @@ static CUresult gather(const entry *plan, const uint64_t *prefix, uint32_t n, co
 static CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
 			       unsigned shmem, void *s, void **params, void **extra)
 {
+	CALLED(cuLaunchKernel);
 	(void)shmem;
 	if (!is(f, MAGIC_FUNCTION) || !stream_ok(s))
 		return INVALID_HANDLE;
@@ -660,6 +745,7 @@ static allocation *allocation_of(unsigned long long h)
 
 static CUresult cuMemGetAllocationGranularity(size_t *g, const allocation_prop *prop, int option)
 {
+	CALLED(cuMemGetAllocationGranularity);
 	if (g == NULL || !prop_ok(prop) || (option != 0 && option != 1))
 		return INVALID_VALUE;
 	*g = GRANULARITY;
@@ -681,6 +767,7 @@ static CUresult new_allocation(unsigned long long *h, int fd, size_t size, int d
 
 static CUresult cuMemCreate(unsigned long long *h, size_t size, const allocation_prop *prop, unsigned long long flags)
 {
+	CALLED(cuMemCreate);
 	char name[32];
 	if (h == NULL || !prop_ok(prop) || flags != 0 || size == 0 || size % GRANULARITY != 0)
 		return INVALID_VALUE;
@@ -701,6 +788,7 @@ static CUresult cuMemCreate(unsigned long long *h, size_t size, const allocation
 /* The memory lives on while a mapping of it does, as with the real driver. */
 static CUresult cuMemRelease(unsigned long long h)
 {
+	CALLED(cuMemRelease);
 	allocation *a = allocation_of(h);
 	if (a == NULL)
 		return INVALID_VALUE;
@@ -712,6 +800,7 @@ static CUresult cuMemRelease(unsigned long long h)
 
 static CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags)
 {
+	CALLED(cuMemAddressReserve);
 	if (p == NULL || size == 0 || size % GRANULARITY != 0 || addr != 0 || flags != 0 || (align & (align - 1)) != 0)
 		return INVALID_VALUE;
 	size_t a = align > GRANULARITY ? align : GRANULARITY;
@@ -740,6 +829,7 @@ static CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, C
 
 static CUresult cuMemAddressFree(CUdeviceptr p, size_t size)
 {
+	CALLED(cuMemAddressFree);
 	pthread_mutex_lock(&mu);
 	for (reservation **at = &reservations; *at != NULL; at = &(*at)->next) {
 		reservation *r = *at;
@@ -775,6 +865,7 @@ static int overlaps(uintptr_t p, size_t n)
 
 static CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, unsigned long long h, unsigned long long flags)
 {
+	CALLED(cuMemMap);
 	allocation *a = allocation_of(h);
 	if (a == NULL)
 		return INVALID_HANDLE;
@@ -807,6 +898,7 @@ static CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, unsigned lon
 
 static CUresult cuMemUnmap(CUdeviceptr p, size_t size)
 {
+	CALLED(cuMemUnmap);
 	pthread_mutex_lock(&mu);
 	for (block **at = &blocks; *at != NULL; at = &(*at)->next) {
 		block *b = *at;
@@ -825,6 +917,7 @@ static CUresult cuMemUnmap(CUdeviceptr p, size_t size)
 /* Every byte of the range must be mapped. */
 static CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const access_desc *desc, size_t count)
 {
+	CALLED(cuMemSetAccess);
 	if (size == 0 || desc == NULL || count == 0)
 		return INVALID_VALUE;
 	for (size_t i = 0; i < count; i++)
@@ -849,6 +942,7 @@ static CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const access_desc *de
 /* A POSIX descriptor, not close-on-exec, as the real driver's may be. */
 static CUresult cuMemExportToShareableHandle(void *shareable, unsigned long long h, int type, unsigned long long flags)
 {
+	CALLED(cuMemExportToShareableHandle);
 	allocation *a = allocation_of(h);
 	if (a == NULL)
 		return INVALID_HANDLE;
@@ -865,6 +959,7 @@ static CUresult cuMemExportToShareableHandle(void *shareable, unsigned long long
  * or another memfd among them, is refused. */
 static CUresult cuMemImportFromShareableHandle(unsigned long long *h, void *os_handle, int type)
 {
+	CALLED(cuMemImportFromShareableHandle);
 	char path[64], target[128];
 	int fd = (int)(intptr_t)os_handle, device;
 	struct stat st;
@@ -890,6 +985,7 @@ static CUresult cuMemImportFromShareableHandle(unsigned long long *h, void *os_h
 
 static CUresult cuMemGetAllocationPropertiesFromHandle(allocation_prop *prop, unsigned long long h)
 {
+	CALLED(cuMemGetAllocationPropertiesFromHandle);
 	allocation *a = allocation_of(h);
 	if (a == NULL)
 		return INVALID_HANDLE;
@@ -905,6 +1001,7 @@ static CUresult cuMemGetAllocationPropertiesFromHandle(allocation_prop *prop, un
 
 static CUresult cuMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 {
+	CALLED(cuMemGetInfo);
 	*free_bytes = (size_t)1 << 36;
 	*total_bytes = (size_t)1 << 37;
 	return OK;
@@ -922,11 +1019,14 @@ CUresult cuDriverGetVersion(int *v)
 	return OK;
 }
 
+static void map_call_counts(void);
+
 CUresult cuInit(unsigned flags)
 {
 	const char *r = getenv("PXN_FAKECUDA_INIT");
 	if (flags != 0)
 		return INVALID_VALUE;
+	map_call_counts();
 	return r != NULL ? atoi(r) : OK;
 }
 
@@ -998,6 +1098,46 @@ static const struct {
 	VMM_ENTRY(cuMemImportFromShareableHandle, 10020),
 	VMM_ENTRY(cuMemGetAllocationPropertiesFromHandle, 10020),
 };
+
+#define NENTRIES (sizeof(entries) / sizeof(entries[0]))
+
+static int entry_of(void *fn)
+{
+	for (size_t i = 0; i < NENTRIES; i++)
+		if (entries[i].fn == fn)
+			return (int)i;
+	return -1;
+}
+
+/*
+ * map_call_counts maps the file PXN_FAKECUDA_CALLS names, sized and named
+ * here, and counts into it from now on. A mapping it replaces stays
+ * mapped: a call in flight may still count into it.
+ */
+static void map_call_counts(void)
+{
+	const char *path = getenv("PXN_FAKECUDA_CALLS");
+	if (path == NULL || *path == 0)
+		return;
+	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return;
+	size_t size = NENTRIES * sizeof(call_record);
+	void *m = MAP_FAILED;
+	if (ftruncate(fd, (off_t)size) == 0)
+		m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (m == MAP_FAILED)
+		return;
+	call_record *c = m;
+	for (size_t i = 0; i < NENTRIES; i++) {
+		memset(c[i].name, 0, sizeof(c[i].name));
+		strncpy(c[i].name, entries[i].name, sizeof(c[i].name) - 1);
+		c[i].count = 0;
+	}
+	__atomic_store_n(&ncall_counts, NENTRIES, __ATOMIC_RELAXED);
+	__atomic_store_n(&call_counts, c, __ATOMIC_RELEASE);
+}
 
 /*
  * The newest form of name no newer than version and the driver: what a
