@@ -29,6 +29,8 @@ type Counters struct {
 	routeDrops     atomic.Uint64
 	pumpSleeps     atomic.Uint64
 	pumpWakes      atomic.Uint64
+	wakeCalls      atomic.Uint64
+	relayWakeCalls atomic.Uint64
 	contended      atomic.Uint64
 	outOfTurn      atomic.Uint64
 	arenaByFD      atomic.Uint64
@@ -78,6 +80,13 @@ type CounterSnapshot struct {
 	// those a waker ended (the others ran to their timeout).
 	PumpSleeps uint64 `json:"pump_sleeps"`
 	PumpWakes  uint64 `json:"pump_wakes"`
+	// WakeCalls counts the system calls (a futex wake or an eventfd
+	// write) this process's callers made to wake its pump: a wake costs
+	// one only while the pump has announced its sleep and no other waker
+	// has ended it yet. RelayWakeCalls counts the eventfd writes of this
+	// rank's sender to wake its relays' pumps, the same way.
+	WakeCalls      uint64 `json:"wake_calls"`
+	RelayWakeCalls uint64 `json:"relay_wake_calls"`
 	// InboundContended counts the Pieces this relay took from a lane while
 	// another inbound lane also had a ticket ready. InboundOutOfTurn counts
 	// those taken from a lane that had already been served since another
@@ -119,6 +128,8 @@ func (c *Counters) snapshot() CounterSnapshot {
 		RouteDrops:        c.routeDrops.Load(),
 		PumpSleeps:        c.pumpSleeps.Load(),
 		PumpWakes:         c.pumpWakes.Load(),
+		WakeCalls:         c.wakeCalls.Load(),
+		RelayWakeCalls:    c.relayWakeCalls.Load(),
 		InboundContended:  c.contended.Load(),
 		InboundOutOfTurn:  c.outOfTurn.Load(),
 		ArenasByFD:        c.arenaByFD.Load(),

@@ -201,7 +201,9 @@ func (sn *sender) publish(sl *senderLane, now time.Time) bool {
 	}
 	s.counters.joinedPieces.Add(uint64(len(sp.refs) - 1))
 	sp.refs[0].times = s.sentTimes.add(PieceTimes{Lane: sl.link.LaneIndex(), Seq: seq, Bytes: n, Submit: g.submitted, Copy: copyAt})
-	sl.relayWake.Wake()
+	if sl.relayWake.Wake() {
+		s.counters.relayWakeCalls.Add(1)
+	}
 	return true
 }
 

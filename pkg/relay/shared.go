@@ -62,7 +62,11 @@ type shared struct {
 	pumpDead atomic.Bool
 }
 
-func (s *shared) wake() { s.wakeWord.Wake() }
+func (s *shared) wake() {
+	if s.wakeWord.Wake() {
+		s.counters.wakeCalls.Add(1)
+	}
+}
 
 // pieceDone counts Piece work of g as over; the last releases the
 // source-ready event and returns g to the pool.
