@@ -205,3 +205,52 @@ func TestWakeAcrossProcesses(t *testing.T) {
 	}
 	g.verify(0, s.tasks())
 }
+
+// A burst of Submits while the pump sleeps costs one system call: the
+// first Submit's wake takes the pump's flag, the rest find it clear. The
+// test plays the pump (its rounds run by hand): it announces its sleep,
+// the caller submits, and the sleep ends at once. A second burst while the
+// pump runs (nothing announced) costs none.
+func TestSubmitBurstWakesThePumpOnce(t *testing.T) {
+	const burst, n = 16, 4 << 10
+	p := newPair(t, pairOpts{tgtSize: burst * n, srcSize: burst * n, manual: true})
+	for !p.a.HasRelay("rail1") {
+		p.a.RunRound()
+		p.b.RunRound()
+	}
+	w := p.rankA.Wake()
+	for _, asleep := range []bool{true, false} {
+		if asleep {
+			w.Announce()
+		}
+		before := p.a.Counters().WakeCalls
+		batches := make([]*relay.Batch, 0, burst)
+		for i := range burst {
+			b, err := p.a.Submit([]relay.Request{{Op: relay.Write, Src: p.src(i * n), Len: n, Target: sessRail1, Dst: tgtBase + uint64(i*n)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			batches = append(batches, b)
+		}
+		want := uint64(0)
+		if asleep {
+			want = 1
+			if !w.Sleep(0, 10*time.Second) {
+				t.Fatal("the pump's sleep was not ended by the burst")
+			}
+		}
+		if got := p.a.Counters().WakeCalls - before; got != want {
+			t.Errorf("pump asleep %v: %d Submits made %d wake calls, want %d", asleep, burst, got, want)
+		}
+		for _, b := range batches {
+			for !b.Done() {
+				p.a.RunRound()
+				p.b.RunRound()
+			}
+			if st := statusOf(t, b, 0); st.State != relay.Completed || b.Route(0) != relay.RoutePXN {
+				t.Fatalf("status %+v route %v, want completed through PXN", st, b.Route(0))
+			}
+			_ = b.Release()
+		}
+	}
+}

@@ -107,7 +107,9 @@ func SetTimerSlack(d time.Duration) error {
 // checks every source of work once more, then sleeps in ppoll; a waker
 // makes its work visible, then loads the flag and writes the eventfd only
 // when it is set. An eventfd's count stays until it is read, so a write
-// that comes before the ppoll ends it at once. Words of a claim the pump
+// that comes before the ppoll ends it at once; and so a waker of the
+// pump's process takes the pump's own flag as it writes (Wake), and a
+// burst of wakes during one sleep costs one system call. Words of a claim the pump
 // has not adopted yet start with Sleeping set, and the relay writes its
 // own eventfd after each claim, so a new holder's first wake is never
 // lost. Announce, Retract and Sleep are the pump's alone.
@@ -130,7 +132,7 @@ func NewEventWaiter(lanes *[LaneCount]*RelayLane) (*EventWaiter, error) {
 }
 
 // Announced reports whether the waiter's own sleeping flag is set: from
-// its Announce until it runs again.
+// its Announce until it runs again or a waker of its process takes it.
 func (w *EventWaiter) Announced() bool { return w.sleeping.Load() != 0 }
 
 // Close closes the waiter's own eventfd, after its last use.
@@ -190,9 +192,14 @@ func (w *EventWaiter) Sleep(_ uint32, timeout time.Duration) (woken bool) {
 }
 
 // Wake tells the pump there is work, from its own process; it reports
-// whether it wrote the eventfd (the pump had announced).
+// whether it wrote the eventfd. Only the first waker after an Announce
+// writes: it clears the pump's own flag as it takes it, so the wakers
+// after it, until the pump announces again, make no system call. The
+// count it wrote stays in the eventfd until the pump's Sleep reads it, so
+// that sleep ends (or does not begin), and the round after it finds their
+// work, made visible before they found the flag clear.
 func (w *EventWaiter) Wake() bool {
-	if w.sleeping.Load() == 0 {
+	if !w.sleeping.CompareAndSwap(1, 0) {
 		return false
 	}
 	writeEvent(w.fd)

@@ -187,3 +187,35 @@ func (b *lockedBuffer) String() string {
 	defer b.mu.Unlock()
 	return string(b.buf)
 }
+
+// A burst of wakes from the pump's process while it sleeps costs one
+// eventfd write: the first waker takes the pump's flag, the others find it
+// clear. The write ends the sleep however late it begins, and the next
+// Announce is woken again.
+func TestEventWaiterBurstWritesOnce(t *testing.T) {
+	var lanes [LaneCount]*RelayLane
+	w, err := NewEventWaiter(&lanes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	const burst = 16
+	for round := range 3 {
+		if w.Wake() {
+			t.Fatalf("round %d: a wake before Announce wrote the eventfd", round)
+		}
+		w.Announce()
+		writes := 0
+		for range burst {
+			if w.Wake() {
+				writes++
+			}
+		}
+		if writes != 1 {
+			t.Fatalf("round %d: %d wakes during one sleep made %d writes, want 1", round, burst, writes)
+		}
+		if !w.Sleep(0, 10*time.Second) {
+			t.Fatalf("round %d: Sleep after the burst was not woken", round)
+		}
+	}
+}
