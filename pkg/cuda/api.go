@@ -391,10 +391,8 @@ func (d *Driver) Classify(ctx Context, p DevicePtr, n uint64) MemoryType {
 // ClassifyRange is Classify and, for MemoryDevice, the allocation
 // [start, start+size) holding p..p+n.
 func (d *Driver) ClassifyRange(ctx Context, p DevicePtr, n uint64) (MemoryType, DevicePtr, uint64) {
-	var start C.CUdeviceptr
-	var size C.uint64_t
-	if C.pxn_classify_range(d.t, C.pxn_handle(ctx), C.CUdeviceptr(p), C.uint64_t(n), &start, &size) == 2 {
-		return MemoryDevice, DevicePtr(start), uint64(size)
+	if c := C.pxn_classify_range(d.t, C.pxn_handle(ctx), C.CUdeviceptr(p), C.uint64_t(n)); c.kind == 2 {
+		return MemoryDevice, DevicePtr(c.start), uint64(c.size)
 	}
 	return MemoryHost, 0, 0
 }

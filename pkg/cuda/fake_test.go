@@ -164,23 +164,36 @@ func TestShimOnFakeDriver(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// ClassifyRange reads the three attributes in one
+	// cuPointerGetAttributes, or one cuPointerGetAttribute each on a
+	// driver without it; the answers are the same.
 	t.Run("classify", func(t *testing.T) {
 		mid := src + 4096
-		for _, tc := range []struct {
-			p    DevicePtr
-			n    uint64
-			want MemoryType
-		}{
-			{mid, 100, MemoryDevice},
-			{src, size, MemoryDevice},
-			{src + size - 1, 2, MemoryHost},
-			{0, 1, MemoryHost},
-			{DevicePtr(uintptr(0x10)), 1, MemoryHost},
-		} {
-			kind, start, n := d.ClassifyRange(g.ctx, tc.p, tc.n)
-			if kind != tc.want || (kind == MemoryDevice && (start != src || n != size)) {
-				t.Errorf("ClassifyRange(%#x, %d) = %v [%#x, +%d), want %v", uint64(tc.p), tc.n, kind, uint64(start), n, tc.want)
+		old := d.withoutEntryPoint("cuPointerGetAttributes")
+		defer old.Close()
+		for _, drv := range []struct {
+			name string
+			d    *Driver
+		}{{"cuPointerGetAttributes", d}, {"cuPointerGetAttribute", old}} {
+			for _, tc := range []struct {
+				p    DevicePtr
+				n    uint64
+				want MemoryType
+			}{
+				{mid, 100, MemoryDevice},
+				{src, size, MemoryDevice},
+				{src + size - 1, 2, MemoryHost},
+				{0, 1, MemoryHost},
+				{DevicePtr(uintptr(0x10)), 1, MemoryHost},
+			} {
+				kind, start, n := drv.d.ClassifyRange(g.ctx, tc.p, tc.n)
+				if kind != tc.want || (kind == MemoryDevice && (start != src || n != size)) || (kind != MemoryDevice && (start != 0 || n != 0)) {
+					t.Errorf("through %s: ClassifyRange(%#x, %d) = %v [%#x, +%d), want %v", drv.name, uint64(tc.p), tc.n, kind, uint64(start), n, tc.want)
+				}
 			}
+		}
+		if allocs := testing.AllocsPerRun(100, func() { d.ClassifyRange(g.ctx, mid, 100) }); allocs != 0 {
+			t.Errorf("ClassifyRange allocates %v times a call", allocs)
 		}
 		if ord, err := d.PointerDeviceOrdinal(mid); err != nil || ord != 0 {
 			t.Errorf("PointerDeviceOrdinal = %d, %v", ord, err)

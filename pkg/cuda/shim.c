@@ -88,6 +88,7 @@ static const struct {
 	[PXN_cuMemExportToShareableHandle] = {"cuMemExportToShareableHandle", 10020, 0},
 	[PXN_cuMemImportFromShareableHandle] = {"cuMemImportFromShareableHandle", 10020, 0},
 	[PXN_cuMemGetAllocationPropertiesFromHandle] = {"cuMemGetAllocationPropertiesFromHandle", 10020, 0},
+	[PXN_cuPointerGetAttributes] = {"cuPointerGetAttributes", 7000, 0},
 };
 
 const char *pxn_cu_symbol_name(int i) { return (i >= 0 && i < PXN_CU_NSYM) ? pxn_cu_symbols[i].name : NULL; }
@@ -326,6 +327,9 @@ CUresult pxn_cuIpcCloseMemHandle(pxn_cu_table *t, CUdeviceptr p) {
 }
 CUresult pxn_cuPointerGetAttribute(pxn_cu_table *t, void *data, int attr, CUdeviceptr p) {
 	PXN_CALL(cuPointerGetAttribute, (void *, int, CUdeviceptr), data, attr, p);
+}
+CUresult pxn_cuPointerGetAttributes(pxn_cu_table *t, unsigned int n, int *attrs, void **data, CUdeviceptr p) {
+	PXN_CALL(cuPointerGetAttributes, (unsigned int, int *, void **, CUdeviceptr), n, attrs, data, p);
 }
 CUresult pxn_cuModuleLoadData(pxn_cu_table *t, pxn_handle *m, const void *image) {
 	PXN_CALL(cuModuleLoadData, (CUmodule *, const void *), (CUmodule *)m, image);
@@ -752,39 +756,54 @@ out:
 }
 
 int pxn_classify(pxn_cu_table *t, pxn_handle ctx, CUdeviceptr p, uint64_t n) {
-	CUdeviceptr start = 0;
-	uint64_t size = 0;
-	return pxn_classify_range(t, ctx, p, n, &start, &size);
+	return pxn_classify_range(t, ctx, p, n).kind;
 }
 
-int pxn_classify_range(pxn_cu_table *t, pxn_handle ctx, CUdeviceptr p, uint64_t n, CUdeviceptr *range_start, uint64_t *range_size) {
+/*
+ * pointer_range reads p's memory type and allocation range: in one
+ * cuPointerGetAttributes where the driver has it (7.0 and later; for a
+ * pointer it does not know it succeeds with every value zero), else in one
+ * cuPointerGetAttribute each. 0 when all three were read.
+ */
+static CUresult pointer_range(pxn_cu_table *t, CUdeviceptr p, unsigned int *type, CUdeviceptr *start, size_t *size) {
+	if (t->fn[PXN_cuPointerGetAttributes] != NULL) {
+		int attrs[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+		void *data[3] = {type, start, size};
+		return pxn_cuPointerGetAttributes(t, 3, attrs, data, p);
+	}
+	CUresult r = pxn_cuPointerGetAttribute(t, type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
+	if (r != 0 || *type != CU_MEMORYTYPE_DEVICE) {
+		return r;
+	}
+	r = pxn_cuPointerGetAttribute(t, start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p);
+	if (r != 0) {
+		return r;
+	}
+	return pxn_cuPointerGetAttribute(t, size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p);
+}
+
+pxn_range_class pxn_classify_range(pxn_cu_table *t, pxn_handle ctx, CUdeviceptr p, uint64_t n) {
+	pxn_range_class c = {1, 0, 0};
 	pxn_handle prev;
-	int kind = 1;
-	*range_start = 0;
-	*range_size = 0;
 	if (p == 0) {
-		return 1;
+		return c;
 	}
 	if (ctx_enter(t, ctx, &prev) != 0) {
-		return 1;
+		return c;
 	}
 	unsigned int type = 0;
 	CUdeviceptr start = 0;
 	size_t size = 0;
-	if (pxn_cuPointerGetAttribute(t, &type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p) != 0 || type != CU_MEMORYTYPE_DEVICE) {
+	if (pointer_range(t, p, &type, &start, &size) != 0 || type != CU_MEMORYTYPE_DEVICE || size == 0) {
 		goto out;
 	}
-	if (pxn_cuPointerGetAttribute(t, &start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p) != 0 ||
-		pxn_cuPointerGetAttribute(t, &size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) != 0) {
+	if (p < start || p - start >= size || (n > 0 && (p + n < p || p + n > start + size))) {
 		goto out;
 	}
-	if (n > 0 && (p + n < p || p + n > start + size)) {
-		goto out;
-	}
-	kind = 2;
-	*range_start = start;
-	*range_size = size;
+	c.kind = 2;
+	c.start = start;
+	c.size = size;
 out:
 	ctx_leave(t, ctx, prev);
-	return kind;
+	return c;
 }

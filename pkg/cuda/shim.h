@@ -130,6 +130,7 @@ enum {
 	PXN_cuMemExportToShareableHandle,
 	PXN_cuMemImportFromShareableHandle,
 	PXN_cuMemGetAllocationPropertiesFromHandle,
+	PXN_cuPointerGetAttributes,
 	PXN_CU_NSYM
 };
 
@@ -196,6 +197,7 @@ CUresult pxn_cuIpcGetMemHandle(pxn_cu_table *t, CUipcMemHandle *h, CUdeviceptr p
 CUresult pxn_cuIpcOpenMemHandle(pxn_cu_table *t, CUdeviceptr *p, const CUipcMemHandle *h, unsigned int flags);
 CUresult pxn_cuIpcCloseMemHandle(pxn_cu_table *t, CUdeviceptr p);
 CUresult pxn_cuPointerGetAttribute(pxn_cu_table *t, void *data, int attr, CUdeviceptr p);
+CUresult pxn_cuPointerGetAttributes(pxn_cu_table *t, unsigned int n, int *attrs, void **data, CUdeviceptr p);
 CUresult pxn_cuModuleLoadData(pxn_cu_table *t, pxn_handle *m, const void *image);
 CUresult pxn_cuModuleGetFunction(pxn_cu_table *t, pxn_handle *f, pxn_handle m, const char *name);
 CUresult pxn_cuModuleUnload(pxn_cu_table *t, pxn_handle m);
@@ -363,8 +365,14 @@ CUresult pxn_enqueue_piece(pxn_cu_table *t, pxn_piece_op *op, const pxn_copy_ent
 
 /* Classifies [p, p+n): 2 when it lies in one device allocation, 1 for host. */
 int pxn_classify(pxn_cu_table *t, pxn_handle ctx, CUdeviceptr p, uint64_t n);
-/* pxn_classify, and for device memory the allocation holding p..p+n
- * (range_start and range_size are 0 otherwise). */
-int pxn_classify_range(pxn_cu_table *t, pxn_handle ctx, CUdeviceptr p, uint64_t n, CUdeviceptr *range_start, uint64_t *range_size);
+/* pxn_classify's answer (kind), and for device memory the allocation
+ * [start, start+size) holding p..p+n (zero otherwise). Returned by value,
+ * so that a Go caller passes no pointer and allocates nothing. */
+typedef struct {
+	int kind;
+	CUdeviceptr start;
+	uint64_t size;
+} pxn_range_class;
+pxn_range_class pxn_classify_range(pxn_cu_table *t, pxn_handle ctx, CUdeviceptr p, uint64_t n);
 
 #endif

@@ -3,6 +3,7 @@
 package relay_test
 
 import (
+	"maps"
 	"os"
 	"runtime"
 	"testing"
@@ -83,3 +84,54 @@ func (gp *gpuPair) devSrc(off int) uintptr { return gp.srcDev + uintptr(off) }
 
 // driverCalls is the driver's call counts now.
 func (gp *gpuPair) driverCalls(tb testing.TB) map[string]uint64 { return gp.calls.Counts(tb) }
+
+// What one Submit asks of the driver on the GPU path, counted by the
+// stand-in driver with the pumps stopped (run by hand after the count):
+// the source's allocation classified once (cuPointerGetAttributes, its
+// context already current: one cuCtxGetCurrent) and one source-ready
+// event recorded (cuEventRecord, with its cuCtxGetCurrent), however many
+// requests and blocks the Submit has; a Submit that stages nothing records
+// no event.
+func TestSubmitDriverCallsOnStandIn(t *testing.T) {
+	const block = 16 << 10
+	gp := newGPUPair(t, pairOpts{tgtSize: 256 * block, srcSize: 256 * block, manual: true})
+	for !gp.a.HasRelay("rail1") {
+		gp.a.RunRound()
+		gp.b.RunRound()
+	}
+	staged := map[string]uint64{"cuCtxGetCurrent": 2, "cuPointerGetAttributes": 1, "cuEventRecord": 1}
+	// In the test's goroutine, whose thread has the context current (a
+	// subtest's would not).
+	for _, tc := range []struct {
+		name  string
+		reqs  []relay.Request
+		route relay.Route
+		want  map[string]uint64
+	}{
+		{"one request", gpuRequests(gp, 1, block, block), relay.RoutePXN, staged},
+		{"16 requests", gpuRequests(gp, 16, block, block), relay.RoutePXN, staged},
+		{"256 requests", gpuRequests(gp, 256, block, block), relay.RoutePXN, staged},
+		{"same rail", []relay.Request{{Op: relay.Write, Src: gp.devSrc(0), Len: block, Target: sessRail0, Dst: tgtBase}}, relay.RouteDirect,
+			map[string]uint64{"cuCtxGetCurrent": 1, "cuPointerGetAttributes": 1}},
+	} {
+		before := gp.driverCalls(t)
+		b, err := gp.a.Submit(tc.reqs)
+		got := fakecuda.Since(before, gp.driverCalls(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !maps.Equal(got, tc.want) {
+			t.Errorf("%s: Submit called the driver %v, want %v", tc.name, got, tc.want)
+		}
+		for !b.Done() {
+			gp.a.RunRound()
+			gp.b.RunRound()
+		}
+		for i := range tc.reqs {
+			if st, _ := b.Status(i); st.State != relay.Completed || b.Route(i) != tc.route {
+				t.Fatalf("%s: request %d: %+v, route %v, want completed by route %v", tc.name, i, st, b.Route(i), tc.route)
+			}
+		}
+		_ = b.Release()
+	}
+}

@@ -576,6 +576,40 @@ static CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
 	return INVALID_VALUE;
 }
 
+/*
+ * As the real driver: a pointer it does not know is no error, every value
+ * is zero instead.
+ */
+static CUresult cuPointerGetAttributes(unsigned n, int *attrs, void **data, CUdeviceptr p)
+{
+	CALLED(cuPointerGetAttributes);
+	if (n == 0 || attrs == NULL || data == NULL)
+		return INVALID_VALUE;
+	pthread_mutex_lock(&mu);
+	block *b = find((uintptr_t)p, 1);
+	block found = b != NULL ? *b : (block){0};
+	pthread_mutex_unlock(&mu);
+	for (unsigned i = 0; i < n; i++) {
+		switch (attrs[i]) {
+		case 2:
+			*(unsigned *)data[i] = b != NULL ? 2 : 0;
+			break;
+		case 9:
+			*(int *)data[i] = found.device;
+			break;
+		case 11:
+			*(CUdeviceptr *)data[i] = (CUdeviceptr)found.base;
+			break;
+		case 12:
+			*(size_t *)data[i] = found.size;
+			break;
+		default:
+			return INVALID_VALUE;
+		}
+	}
+	return OK;
+}
+
 static CUresult cuModuleLoadData(void **m, const void *image)
 {
 	CALLED(cuModuleLoadData);
@@ -1081,6 +1115,7 @@ static const struct {
 	ENTRY(cuIpcOpenMemHandle, 11000),
 	ENTRY(cuIpcCloseMemHandle, 4010),
 	ENTRY(cuPointerGetAttribute, 4000),
+	ENTRY(cuPointerGetAttributes, 7000),
 	ENTRY(cuModuleLoadData, 2000),
 	ENTRY(cuModuleGetFunction, 2000),
 	ENTRY(cuModuleUnload, 2000),
