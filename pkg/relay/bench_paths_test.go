@@ -45,11 +45,22 @@ func (l pathLoad) requests(p *pair) []relay.Request {
 }
 
 // fakeRelay opens every claimed lane of rank and completes every ticket
-// rung on them, with status OK when its Desc is valid.
+// rung on them once its Piece has landed whole, with status OK when its
+// Desc is valid.
 type fakeRelay struct {
 	rank   *memRank
 	vd     staging.ValidDesc
 	opened int
+	// taken is each lane's Piece taken and not yet completed. A relay may
+	// take a Piece once its first part has landed, but completes it only
+	// once every part has: until its doorbell the sender's copier still
+	// writes the slot and the part words.
+	taken [staging.LaneCount]takenPiece
+}
+
+type takenPiece struct {
+	epoch, seq uint64
+	parts      int
 }
 
 func (f *fakeRelay) step() {
@@ -59,8 +70,14 @@ func (f *fakeRelay) step() {
 		if epoch == 0 {
 			continue
 		}
-		// Every Piece this relay took was completed before step returned,
-		// so nothing of an earlier epoch still reads a slot.
+		t := &f.taken[i]
+		if t.epoch != epoch {
+			// The lane was claimed anew: the Piece never lands whole, and
+			// its completion would write nothing.
+			*t = takenPiece{}
+		}
+		// Nothing taken under an earlier epoch is pending, so nothing of
+		// it still reads a slot.
 		if !rx.Opened() {
 			if err := rx.Open(); err != nil {
 				panic(err)
@@ -68,17 +85,26 @@ func (f *fakeRelay) step() {
 			f.opened++
 		}
 		for {
+			if t.seq != 0 {
+				if rx.PartsLanded(t.seq, t.parts) < t.parts {
+					break
+				}
+				if err := rx.Complete(epoch, t.seq, staging.CompletionOK); err != nil {
+					panic(err)
+				}
+				*t = takenPiece{}
+			}
 			if _, st := rx.Poll(); st != staging.TicketReady {
 				break
 			}
 			seq, err := rx.Take(&f.vd)
-			status := int32(staging.CompletionOK)
 			if err != nil {
-				status = staging.CompletionInvalidDesc
+				if err := rx.Complete(epoch, seq, staging.CompletionInvalidDesc); err != nil {
+					panic(err)
+				}
+				continue
 			}
-			if err := rx.Complete(epoch, seq, status); err != nil {
-				panic(err)
-			}
+			*t = takenPiece{epoch: epoch, seq: seq, parts: len(f.vd.PartEnds()) + 1}
 		}
 	}
 }
