@@ -45,9 +45,12 @@ lint: tools
 # install its packages (not root, no apt-get). The allocation tests skip
 # under the race detector (it allocates on its own), so they run a second
 # time without it, in the packages that have one (a Test...Alloc... name).
-# hack/testreport prints go test's usual lines as they come and, at the end,
-# every test that skipped with its message and the counts; the whole -json
-# stream stays in _output/test.json.
+# That second run also runs every benchmark once (-benchtime 1x), so that a
+# benchmark that no longer runs fails here, not when someone takes a
+# figure; its numbers measure nothing. hack/testreport prints go test's
+# usual lines as they come and, at the end, every test and benchmark that
+# skipped with its message and the counts; the whole -json stream stays in
+# _output/test.json.
 # make unit: every package's tests but the end-to-end suite and the Mooncake
 # build's, without the race detector, the cluster or Mooncake; tests that
 # need a tool that is not built skip and say so. make e2e: the end-to-end
@@ -68,13 +71,14 @@ e2e: host-packages
 
 TEST_PKGS ?= ./...
 ALLOC_PKGS ?= $(sort $(addprefix ./,$(dir $(shell grep -rlE --include='*_test.go' '^func Test[A-Za-z0-9_]*Alloc' api cmd hack integrations internal pkg test))))
+BENCH_PKGS ?= $(sort $(addprefix ./,$(dir $(shell grep -rlE --include='*_test.go' '^func Benchmark' api cmd hack integrations internal pkg test))))
 test: lint host-packages mooncake mooncake-wheel nixl
 	@mkdir -p _output
 	@$(GO) build -o _output/testreport ./hack/testreport
 	set -o pipefail; export PXN_REQUIRE_TOOLS=1 PXN_TOOLS_DIR=$${PXN_TOOLS_DIR:-$(CURDIR)/.tools} $(MOONCAKE_TREE_ENV); \
 	export KUBEBUILDER_ASSETS=$$($(TOOLS) assets); \
 	( rc=0; $(GO) test -json $(GOTEST_FLAGS) $(TEST_PKGS) || rc=1; \
-	  $(GO) test -json -count=1 -timeout 30m -run Alloc $(ALLOC_PKGS) || rc=1; exit $$rc ) \
+	  $(GO) test -json -count=1 -timeout 30m -run Alloc -bench . -benchtime 1x $(sort $(ALLOC_PKGS) $(BENCH_PKGS)) || rc=1; exit $$rc ) \
 	| _output/testreport -save _output/test.json
 
 # What the end-to-end suite, make demo, hack/local-cluster.sh, the Mooncake

@@ -6,10 +6,17 @@
 // at the end, every test that skipped with its package and the message it
 // skipped with, and a count of passed, failed and skipped tests. The input
 // may hold several go test runs one after another (make test runs the
-// allocation tests again without the race detector): a test that skipped
-// in one run and passed in a later one is not listed, and a package failed
-// when any of its runs failed. It exits 1 when a test, a package or a
-// build failed, or when the input ended before a package did.
+// allocation tests again without the race detector, and every benchmark
+// once): a test that skipped in one run and passed in a later one is not
+// listed, and a package failed when any of its runs failed. It exits 1
+// when a test, a benchmark, a package or a build failed, or when the input
+// ended before a package did.
+//
+// Benchmarks are counted apart from tests. go test -json gives a
+// benchmark that fails or skips an event that says so, but one that passes
+// none: a benchmark passed when the next benchmark that is not one of its
+// own sub-benchmarks starts, when it printed its result line, or when its
+// package passed.
 //
 //	go test -json ./... | testreport -save _output/test.json
 package main
@@ -48,7 +55,10 @@ type pkgState struct {
 	out   []string
 	tests map[string][]string
 	order []string
-	ended bool
+	// benches are the benchmarks that started and have not ended, each
+	// after its parent.
+	benches []string
+	ended   bool
 }
 
 type report struct {
@@ -59,7 +69,8 @@ type report struct {
 	// ranLater counts skips that a later run of the same test passed.
 	ranLater int
 
-	passed, failed int
+	passed, failed           int
+	benchPassed, benchFailed int
 	// result is each package's outcome over its runs: "ok", "FAIL" (any
 	// run failed) or "?" (no test files).
 	result      map[string]string
@@ -116,7 +127,7 @@ func (r *report) event(ev event) {
 	case "output":
 		if closing(ev.Package, ev.Output) {
 			if strings.HasPrefix(ev.Output, "FAIL") {
-				r.flush(p)
+				r.flush(ev.Package, p)
 			}
 			fmt.Fprint(r.w, ev.Output)
 			return
@@ -124,6 +135,7 @@ func (r *report) event(ev event) {
 		p.out = append(p.out, ev.Output)
 	case "pass":
 		p.ended = true
+		r.benchmarksEnded(p, ev.Package, func(string) bool { return true })
 		if r.result[ev.Package] != "FAIL" {
 			r.result[ev.Package] = "ok"
 		}
@@ -134,14 +146,50 @@ func (r *report) event(ev event) {
 		}
 	case "fail":
 		p.ended = true
-		r.flush(p)
+		r.flush(ev.Package, p)
 		r.result[ev.Package] = "FAIL"
 	}
 }
 
+func isBenchmark(test string) bool { return strings.HasPrefix(test, "Benchmark") }
+
+// benchmarksEnded counts as passed, and forgets the output of, the
+// benchmarks of p that have not ended and for which passed is true.
+func (r *report) benchmarksEnded(p *pkgState, pkg string, passed func(name string) bool) {
+	p.benches = slices.DeleteFunc(p.benches, func(name string) bool {
+		if !passed(name) {
+			return false
+		}
+		delete(p.tests, name)
+		r.benchPassed++
+		r.ranAgain(pkg, name)
+		return true
+	})
+}
+
+// printedResult reports whether lines hold benchmark name's result line
+// (its name, the procs suffix, the iteration count), which the testing
+// package prints once the benchmark has run to its end.
+func printedResult(name string, lines []string) bool {
+	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `(-\d+)?\s+\d+\t`)
+	return re.MatchString(strings.Join(lines, ""))
+}
+
 func (r *report) testEvent(p *pkgState, ev event) {
+	bench := isBenchmark(ev.Test)
 	switch ev.Action {
+	case "run":
+		if bench {
+			r.benchmarksEnded(p, ev.Package, func(name string) bool { return !strings.HasPrefix(ev.Test, name+"/") })
+			p.benches = append(p.benches, ev.Test)
+		}
+		return
 	case "output":
+		// In -json mode a benchmark's name comes alone on a line as it
+		// starts, framing that a plain go test does not print.
+		if bench && ev.Output == ev.Test+"\n" {
+			return
+		}
 		if _, ok := p.tests[ev.Test]; !ok {
 			p.order = append(p.order, ev.Test)
 		}
@@ -153,12 +201,13 @@ func (r *report) testEvent(p *pkgState, ev event) {
 	}
 	lines := p.tests[ev.Test]
 	delete(p.tests, ev.Test)
+	if bench {
+		p.benches = slices.DeleteFunc(p.benches, func(name string) bool { return name == ev.Test })
+	}
 	switch ev.Action {
 	case "pass":
 		r.passed++
-		n := len(r.skips)
-		r.skips = slices.DeleteFunc(r.skips, func(s skip) bool { return s.pkg == ev.Package && s.test == ev.Test })
-		r.ranLater += n - len(r.skips)
+		r.ranAgain(ev.Package, ev.Test)
 	case "skip":
 		why := skipMessage(lines)
 		if !slices.ContainsFunc(r.skips, func(s skip) bool {
@@ -167,7 +216,11 @@ func (r *report) testEvent(p *pkgState, ev event) {
 			r.skips = append(r.skips, skip{pkg: ev.Package, test: ev.Test, why: why})
 		}
 	case "fail":
-		r.failed++
+		if bench {
+			r.benchFailed++
+		} else {
+			r.failed++
+		}
 		// A failed subtest's lines go to its parent, so that they print
 		// together with the parent's own when it ends, in the order they came.
 		if i := strings.LastIndexByte(ev.Test, '/'); i > 0 {
@@ -180,9 +233,19 @@ func (r *report) testEvent(p *pkgState, ev event) {
 	}
 }
 
+// ranAgain forgets the skips of a test that a later run passed.
+func (r *report) ranAgain(pkg, test string) {
+	n := len(r.skips)
+	r.skips = slices.DeleteFunc(r.skips, func(s skip) bool { return s.pkg == pkg && s.test == test })
+	r.ranLater += n - len(r.skips)
+}
+
 // flush prints what a failing package held back: the output of tests that
-// never ended (a panic or a timeout killed them) and its own lines.
-func (r *report) flush(p *pkgState) {
+// never ended (a panic or a timeout killed them) and its own lines. A
+// benchmark that printed its result line ran to its end and passed.
+func (r *report) flush(pkg string, p *pkgState) {
+	r.benchmarksEnded(p, pkg, func(name string) bool { return printedResult(name, p.tests[name]) })
+	p.benches = nil
 	for _, name := range p.order {
 		if lines, ok := p.tests[name]; ok {
 			r.print(lines)
@@ -260,7 +323,7 @@ func (r *report) finish(saved string) bool {
 	for _, name := range r.pkgOrder {
 		p := r.pkgs[name]
 		if !p.ended {
-			r.flush(p)
+			r.flush(name, p)
 			unended = append(unended, name)
 		}
 	}
@@ -303,8 +366,17 @@ func (r *report) finish(saved string) bool {
 			failedPkgs = append(failedPkgs, name)
 		}
 	}
+	benchSkipped := 0
+	for _, s := range r.skips {
+		if isBenchmark(s.test) {
+			benchSkipped++
+		}
+	}
 	fmt.Fprintf(r.w, "tests: %d passed, %d failed, %d skipped; packages: %d ok, %d failed, %d without tests\n",
-		r.passed, r.failed, len(r.skips), count["ok"], count["FAIL"], count["?"])
+		r.passed, r.failed, len(r.skips)-benchSkipped, count["ok"], count["FAIL"], count["?"])
+	if r.benchPassed+r.benchFailed+benchSkipped > 0 {
+		fmt.Fprintf(r.w, "benchmarks: %d passed, %d failed, %d skipped\n", r.benchPassed, r.benchFailed, benchSkipped)
+	}
 	ok := true
 	if len(failedPkgs) > 0 {
 		fmt.Fprintf(r.w, "FAIL: %s\n", strings.Join(failedPkgs, " "))
@@ -314,7 +386,7 @@ func (r *report) finish(saved string) bool {
 		fmt.Fprintf(r.w, "FAIL: the output ended before these packages did: %s\n", strings.Join(unended, " "))
 		ok = false
 	}
-	if r.failed > 0 || r.buildFailed {
+	if r.failed > 0 || r.benchFailed > 0 || r.buildFailed {
 		ok = false
 	}
 	return ok

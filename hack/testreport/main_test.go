@@ -17,8 +17,11 @@ import (
 // does not compile and one without tests. testdata/timeout.json is a package
 // killed by -timeout while a test hung. testdata/race-then-allocs.json is a
 // package run with -race, where its allocation test skips, then again
-// without it, where the test passes. Paths in them are rewritten to /src
-// and /goroot.
+// without it, where the test passes. testdata/bench.json is `go test -json
+// -run '^$' -bench . -benchtime 1x ./...` of a package whose benchmarks
+// pass, skip, and fail in one sub-benchmark of two, one whose benchmarks
+// (one with sub-benchmarks) all pass, and one whose second benchmark
+// panics. Paths in them are rewritten to /src and /goroot.
 
 func runOn(t *testing.T, input []byte) (string, bool) {
 	t.Helper()
@@ -258,4 +261,50 @@ func TestSkipThenPass(t *testing.T) {
 		"tests: 1 passed, 1 failed, 1 skipped; packages: 0 ok, 1 failed, 0 without tests",
 		"FAIL: example.com/tr/allocs",
 	)
+}
+
+func TestBenchmarks(t *testing.T) {
+	out, ok := runOn(t, readFile(t, "bench.json"))
+	if ok {
+		t.Errorf("a run with a failed benchmark and a panic reported success:\n%s", out)
+	}
+	inOrder(t, out,
+		"    b_test.go:28: 0 Pieces relayed: not a relay measurement",
+		"--- FAIL: BenchmarkBroken/bad",
+		"--- FAIL: BenchmarkBroken",
+		"FAIL\texample.com/tr/bench\t0.043s",
+		"ok  \texample.com/tr/benchok\t0.025s",
+		"panic: assignment to entry in nil map",
+		"FAIL\texample.com/tr/benchpanic\t0.015s",
+		"skipped tests: 1 (package, test, the message it skipped with)",
+		"  example.com/tr/bench  BenchmarkNeedsGPU  b_test.go:21: no GPU driver",
+		"tests: 0 passed, 0 failed, 0 skipped; packages: 1 ok, 2 failed, 0 without tests",
+		// Passed: Fast, Sizes and its two, Broken/ok and After (after the
+		// failure, its result line printed), Copy and its two, Last, and
+		// First (before the panic).
+		"benchmarks: 11 passed, 2 failed, 1 skipped",
+		"FAIL: example.com/tr/bench example.com/tr/benchpanic",
+	)
+	// A passing benchmark's result and logs stay in the saved stream, as
+	// a passing test's logs do; so does the line with a benchmark's name
+	// alone that -json adds.
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "ns/op") || strings.Contains(l, "setting up") || strings.HasPrefix(l, "Benchmark") {
+			t.Errorf("line %q printed; it belongs to a passing benchmark or is -json's framing:\n%s", l, out)
+		}
+	}
+
+	out, ok = runOn(t, keepPackages(readFile(t, "bench.json"), "example.com/tr/benchok"))
+	if !ok {
+		t.Errorf("a run of passing benchmarks reported failure:\n%s", out)
+	}
+	inOrder(t, out, "skipped tests: none", "benchmarks: 4 passed, 0 failed, 0 skipped")
+}
+
+// A run without benchmarks prints no benchmark line.
+func TestNoBenchmarkLine(t *testing.T) {
+	out, _ := runOn(t, readFile(t, "run.json"))
+	if strings.Contains(out, "benchmarks:") {
+		t.Errorf("a benchmark count printed for a run without benchmarks:\n%s", out)
+	}
 }

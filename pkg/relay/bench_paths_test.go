@@ -44,11 +44,23 @@ func (l pathLoad) requests(p *pair) []relay.Request {
 	return reqs
 }
 
-// fakeRelay completes every ticket rung on rank's lanes, with status OK
-// when its Desc is valid.
+// fakeRelay opens every claimed lane of rank and completes every ticket
+// rung on them once its Piece has landed whole, with status OK when its
+// Desc is valid.
 type fakeRelay struct {
-	rank *memRank
-	vd   staging.ValidDesc
+	rank   *memRank
+	vd     staging.ValidDesc
+	opened int
+	// taken is each lane's Piece taken and not yet completed. A relay may
+	// take a Piece once its first part has landed, but completes it only
+	// once every part has: until its doorbell the sender's copier still
+	// writes the slot and the part words.
+	taken [staging.LaneCount]takenPiece
+}
+
+type takenPiece struct {
+	epoch, seq uint64
+	parts      int
 }
 
 func (f *fakeRelay) step() {
@@ -58,18 +70,41 @@ func (f *fakeRelay) step() {
 		if epoch == 0 {
 			continue
 		}
+		t := &f.taken[i]
+		if t.epoch != epoch {
+			// The lane was claimed anew: the Piece never lands whole, and
+			// its completion would write nothing.
+			*t = takenPiece{}
+		}
+		// Nothing taken under an earlier epoch is pending, so nothing of
+		// it still reads a slot.
+		if !rx.Opened() {
+			if err := rx.Open(); err != nil {
+				panic(err)
+			}
+			f.opened++
+		}
 		for {
+			if t.seq != 0 {
+				if rx.PartsLanded(t.seq, t.parts) < t.parts {
+					break
+				}
+				if err := rx.Complete(epoch, t.seq, staging.CompletionOK); err != nil {
+					panic(err)
+				}
+				*t = takenPiece{}
+			}
 			if _, st := rx.Poll(); st != staging.TicketReady {
 				break
 			}
 			seq, err := rx.Take(&f.vd)
-			status := int32(staging.CompletionOK)
 			if err != nil {
-				status = staging.CompletionInvalidDesc
+				if err := rx.Complete(epoch, seq, staging.CompletionInvalidDesc); err != nil {
+					panic(err)
+				}
+				continue
 			}
-			if err := rx.Complete(epoch, seq, status); err != nil {
-				panic(err)
-			}
+			*t = takenPiece{epoch: epoch, seq: seq, parts: len(f.vd.PartEnds()) + 1}
 		}
 	}
 }
@@ -98,13 +133,16 @@ func submitAndDrive(tb testing.TB, e *relay.Engine, reqs []relay.Request, other 
 }
 
 // senderPair is engine a alone, its pump driven by the caller, and a fake
-// relay on rank b; it returns once a has a lane on b.
+// relay on rank b; it returns once a has a lane on b that b has opened.
 func senderPair(tb testing.TB, size int) (*pair, *fakeRelay) {
 	p := newPairTB(tb, pairOpts{tgtSize: size, srcSize: size, manual: true, without: "b"})
-	for !p.a.HasRelay("rail1") {
+	fr := &fakeRelay{rank: p.rankB}
+	waitFor(tb, "a lane on rail1 that the relay opened", func() bool {
 		p.a.RunRound()
-	}
-	return p, &fakeRelay{rank: p.rankB}
+		fr.step()
+		return p.a.HasRelay("rail1") && fr.opened > 0
+	})
+	return p, fr
 }
 
 // BenchmarkSenderPath measures Submit, publish and reap of one Piece per
@@ -133,12 +171,18 @@ type fakeSender struct {
 	entries []staging.PlanEntry
 }
 
+// newFakeSender claims a lane of rank b and runs b's rounds until b has
+// opened it.
 func newFakeSender(tb testing.TB, p *pair, l pathLoad) *fakeSender {
 	link, err := p.rankA.Attach(relay.Peer{Pid: p.rankB.pid, Epoch: p.rankB.epoch, Rail: p.rankB.rail, HCA: p.rankB.hca})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	s := &fakeSender{link: link, tx: link.Sender()}
+	waitFor(tb, "the relay opening the lane", func() bool {
+		p.b.RunRound()
+		return s.tx.Opened()
+	})
 	for i := range l.count {
 		s.entries = append(s.entries, staging.PlanEntry{Dst: tgtBase + uint64(i*l.block), Len: uint64(l.block)})
 	}
