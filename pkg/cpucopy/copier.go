@@ -71,6 +71,10 @@ type HostCopier struct {
 	closing chan struct{}
 	lanes   [staging.LaneCount]*hostLane
 	workers sync.WaitGroup
+	// handed and finished count each lane's copies: handed when enqueued,
+	// finished once the lane's worker has made its last write or dropped
+	// it (Drained).
+	handed, finished [staging.LaneCount]atomic.Uint64
 
 	copies    atomic.Uint64
 	bytes     atomic.Uint64
@@ -115,6 +119,7 @@ type readyGate struct {
 var (
 	_ relay.Copier          = (*HostCopier)(nil)
 	_ relay.RangeClassifier = (*HostCopier)(nil)
+	_ relay.CopyDrainer     = (*HostCopier)(nil)
 )
 
 // NewHostCopier returns a copier whose source-ready events are complete at
@@ -376,7 +381,7 @@ func (c *HostCopier) enqueue(lane int, job copyJob, entries []relay.CopyEntry) e
 		if h := c.hooks; h != nil && h.goStarted != nil {
 			h.goStarted()
 		}
-		go c.runLane(l)
+		go c.runLane(l, &c.finished[lane])
 	}
 	var buf []relay.CopyEntry
 	select {
@@ -385,11 +390,13 @@ func (c *HostCopier) enqueue(lane int, job copyJob, entries []relay.CopyEntry) e
 		return fmt.Errorf("%w: lane %d seq %d: %d copies outstanding", ErrLaneFull, lane, seq, LaneQueueDepth)
 	}
 	job.entries = append(buf[:0], entries...)
+	c.handed[lane].Add(1)
 	l.jobs <- job
 	return nil
 }
 
-func (c *HostCopier) runLane(l *hostLane) {
+// runLane is a lane's worker; finished counts the jobs it is done with.
+func (c *HostCopier) runLane(l *hostLane, finished *atomic.Uint64) {
 	defer c.workers.Done()
 	abandon := false
 	for job := range l.jobs {
@@ -403,6 +410,7 @@ func (c *HostCopier) runLane(l *hostLane) {
 			// A stream never runs past a wait that cannot end.
 			c.abandoned.Add(1)
 			l.free <- job.entries
+			finished.Add(1)
 			continue
 		}
 		var n uint64
@@ -426,7 +434,18 @@ func (c *HostCopier) runLane(l *hostLane) {
 		// The atomic store orders the copies before the doorbell for a
 		// reader that loads seq atomically.
 		staging.RingDoorbell(job.doorbell, job.seq)
+		finished.Add(1)
 	}
+}
+
+// Drained reports whether every copy enqueued on lane so far has rung its
+// doorbell or was dropped (relay.CopyDrainer): the lane's worker writes
+// nothing more for them. A lane out of range has nothing enqueued.
+func (c *HostCopier) Drained(lane int) bool {
+	if lane < 0 || lane >= staging.LaneCount {
+		return true
+	}
+	return c.finished[lane].Load() == c.handed[lane].Load()
 }
 
 // await waits until g opens and reports true, or reports whether g is open

@@ -612,3 +612,57 @@ func TestHostCopierGateReuse(t *testing.T) {
 		t.Fatalf("stats %+v, %d held", st, heldEvents(c.HostCopier))
 	}
 }
+
+// A lane has drained only once its worker has made the last write of every
+// copy enqueued on it, part words and doorbell included, or dropped it at
+// Close; its doorbell words say nothing about it.
+func TestHostCopierDrained(t *testing.T) {
+	c := newSimCopier(true)
+	src, dst := mapped(t, 8192), mapped(t, 8192)
+	fill(src, 1)
+	for _, lane := range []int{-1, 0, 1, staging.LaneCount} {
+		if !c.Drained(lane) {
+			t.Fatalf("Drained(%d) before any copy = false", lane)
+		}
+	}
+	ev, err := c.RecordReady(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bell
+	var words [staging.MaxParts - 1]uint64
+	e := []relay.CopyEntry{{Src: addr(src), Dst: addr(dst), Len: 4096}, {Src: addr(src) + 4096, Dst: addr(dst) + 4096, Len: 4096}}
+	if err := c.CopyParts(1, ev, e, []uint32{1}, &b.seq, &words, 7); err != nil {
+		t.Fatal(err)
+	}
+	// A doorbell that someone else stored does not drain the lane.
+	atomic.StoreUint64(&b.seq, 7)
+	atomic.StoreUint64(&words[0], 7)
+	if c.Drained(1) || !c.Drained(0) {
+		t.Fatalf("Drained(1), Drained(0) = %v, %v with a copy held on lane 1; want false, true", c.Drained(1), c.Drained(0))
+	}
+	atomic.StoreUint64(&b.seq, 0)
+	if err := c.ReleaseReady(ev); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "lane 1 drained", func() bool { return c.Drained(1) })
+	if b.load() != 7 || firstDiff(dst, src) >= 0 {
+		t.Fatalf("lane drained before its copy ended: doorbell %d, first differing byte %d", b.load(), firstDiff(dst, src))
+	}
+	ev, err = c.RecordReady(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Copy(1, ev, e, &b.seq, 8); err != nil {
+		t.Fatal(err)
+	}
+	if c.Drained(1) {
+		t.Fatal("Drained(1) with a copy held")
+	}
+	if err := c.Close(); err == nil {
+		t.Fatal("Close dropped no copy")
+	}
+	if !c.Drained(1) || b.load() != 7 {
+		t.Fatalf("after Close: Drained(1) %v, doorbell %d; want true, 7", c.Drained(1), b.load())
+	}
+}

@@ -121,8 +121,9 @@ var DefaultPollPolicy = relay.PollPolicy{Spin: 250 * time.Microsecond, Nap: 50 *
 //   - call BindThread once on the pump's locked OS thread before the first
 //     Copy (every call also makes the context current if it is not);
 //   - call RegisterHost for each claimed lane's sender block before Copy
-//     rings a doorbell in it, and its unregister function only after the
-//     lane's last doorbell has landed;
+//     rings a doorbell in it, and its unregister function only once
+//     Drained reports the copier lane drained (or after Close): a
+//     doorbell in the word, which the relay can write too, is no proof;
 //   - call Poll every pump round: on the CPU-doorbell path it is what rings
 //     the doorbells (on the GPU path it returns at once).
 type Copier struct {
@@ -155,6 +156,12 @@ type lane struct {
 	mu      sync.Mutex
 	next    int
 	streams [StreamsPerLane]laneStream
+	// fences are recorded on the lane's streams by Drained, one a stream,
+	// behind every Piece enqueued before; fenced says they are, and
+	// unfenced that a Piece was enqueued since (GPU-doorbell path).
+	fences   [StreamsPerLane]cuda.Event
+	fenced   bool
+	unfenced bool
 }
 
 type laneStream struct {
@@ -182,6 +189,7 @@ var (
 	_ relay.HostRegistrar = (*Copier)(nil)
 	_ relay.CopyPoller    = (*Copier)(nil)
 	_ relay.PollTuner     = (*Copier)(nil)
+	_ relay.CopyDrainer   = (*Copier)(nil)
 )
 
 // relay.CopyEntry and cuda.BatchEntry share a layout, so Copy passes the
@@ -222,6 +230,9 @@ func NewCopier(g *GPU, opts CopierOptions) (*Copier, error) {
 					return err
 				}
 				if st.op, err = d.NewCopyOp(staging.MaxPlans); err != nil {
+					return err
+				}
+				if c.lanes[i].fences[si], err = d.EventCreate(cuda.EventDisableTiming); err != nil {
 					return err
 				}
 			}
@@ -435,6 +446,10 @@ func (c *Copier) destroy() error {
 	for i := range c.lanes {
 		for si := range c.lanes[i].streams {
 			st := &c.lanes[i].streams[si]
+			if ev := c.lanes[i].fences[si]; ev != 0 {
+				errs = append(errs, d.EventDestroy(ev))
+				c.lanes[i].fences[si] = 0
+			}
 			for k, ev := range st.events {
 				if ev != 0 {
 					errs = append(errs, d.EventDestroy(ev))

@@ -140,6 +140,8 @@ func (c *Copier) copyIn(laneIdx int, ready relay.Event, entries []relay.CopyEntr
 	if !c.gpuBell {
 		p.Done = st.events[tail]
 	}
+	// A failed Enqueue may have enqueued part of the Piece.
+	l.unfenced = true
 	err := st.op.Enqueue(p)
 	p.Entries = nil
 	if err != nil {
@@ -213,4 +215,58 @@ func (c *Copier) pollLane(i int) (int, error) {
 		}
 	}
 	return rung, nil
+}
+
+// Drained reports whether every Piece enqueued on the lane before the call
+// has finished on the GPU, its doorbell and part words written
+// (relay.CopyDrainer). On the CPU-doorbell path that is when Poll has rung
+// every doorbell of the lane. On the GPU path the GPU writes them itself:
+// a call after new Pieces records an event behind them on each of the
+// lane's streams and reports false, and later calls query those events.
+// The answer comes from the copier's own streams, never from the words in
+// the relay's memory. A failed query reports false: the lane is kept.
+func (c *Copier) Drained(laneIdx int) bool {
+	if laneIdx < 0 || laneIdx >= staging.LaneCount {
+		return true
+	}
+	if !c.closeMu.TryLock() {
+		// Close is waiting for the streams.
+		return false
+	}
+	defer c.closeMu.Unlock()
+	if c.closed.Load() {
+		// Close synchronized every stream before it freed them.
+		return true
+	}
+	l := &c.lanes[laneIdx]
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !c.gpuBell {
+		for si := range l.streams {
+			if l.streams[si].n > 0 {
+				return false
+			}
+		}
+		return true
+	}
+	if l.unfenced {
+		for si := range l.streams {
+			if err := c.g.d.RecordEvent(c.g.ctx, l.fences[si], l.streams[si].s); err != nil {
+				l.fenced = false
+				return false
+			}
+		}
+		l.unfenced, l.fenced = false, true
+		return false
+	}
+	if !l.fenced {
+		// Nothing was ever enqueued on the lane.
+		return true
+	}
+	for si := range l.streams {
+		if done, err := c.g.d.QueryEvent(c.g.ctx, l.fences[si]); err != nil || !done {
+			return false
+		}
+	}
+	return true
 }

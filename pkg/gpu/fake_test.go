@@ -129,8 +129,17 @@ func TestCopierOnFakeDriver(t *testing.T) {
 			}
 		}
 		checkGathered(t, g, src, dst, 16, size)
+		// The lane drains when Poll has rung its last doorbell, whatever
+		// the words read.
+		words[3] = 4
+		if c.Drained(2) || !c.Drained(0) {
+			t.Fatalf("Drained(2), Drained(0) = %v, %v before Poll; want false, true", c.Drained(2), c.Drained(0))
+		}
 		if rung, err := c.Poll(); rung != 4 || err != nil {
 			t.Fatalf("Poll rang %d (%v), want 4", rung, err)
+		}
+		if !c.Drained(2) {
+			t.Fatal("lane 2 not drained after Poll rang its doorbells")
 		}
 		for i, w := range words {
 			if w != uint64(i+1) {
@@ -251,8 +260,19 @@ func TestCopierOnFakeDriver(t *testing.T) {
 		if n := c.Stats().HostRanges; n != 1 {
 			t.Fatalf("%d host ranges registered, want 1", n)
 		}
+		if !c.Drained(3) {
+			t.Fatal("a lane that never copied has not drained")
+		}
 		if err := c.Copy(3, 0, ents, word, 7); err != nil {
 			t.Fatal(err)
+		}
+		// The GPU rings the doorbell itself: the first look after a Piece
+		// fences the lane's streams, and a later one sees the fence pass.
+		if c.Drained(3) {
+			t.Fatal("Drained(3) before a fence behind the Piece")
+		}
+		if !c.Drained(3) {
+			t.Fatal("lane 3 not drained once its fence passed")
 		}
 		if *word != 7 {
 			t.Fatalf("doorbell reads %d after the Piece completed, want 7 (rung by the stream, not Poll)", *word)

@@ -190,6 +190,15 @@ type (
 	// after a copy's event). Called every round; an error means enqueued
 	// copies will never ring their doorbells.
 	CopyPoller interface{ Poll() (int, error) }
+	// CopyDrainer says when a copier lane has drained: every copy
+	// enqueued on lane before the call (Copy, CopyParts) has made its
+	// last write, part words and doorbell included, so nothing the
+	// copier was given for the lane can write memory any more. It answers
+	// from the copier's own state, never from the words it wrote (which
+	// the relay can write too), and must not block. The sender releases a
+	// retired lane's claim and mappings only once its copier lane has
+	// drained; with a copier without it, only after Close.
+	CopyDrainer interface{ Drained(lane int) bool }
 	// PollTuner replaces DefaultPollPolicy for the copier's engine.
 	PollTuner interface{ PollPolicy() PollPolicy }
 	// PartCopier copies a Piece in parts and says when each has landed,

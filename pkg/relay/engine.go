@@ -96,6 +96,7 @@ func open(cfg engineconfig.Config, deps Deps, h *hooks) (*Engine, error) {
 	}
 	e.pieceHop, _ = deps.Hop.(PieceHop)
 	e.partCopier, _ = deps.Copier.(PartCopier)
+	e.drainer, _ = deps.Copier.(CopyDrainer)
 	e.counters.configRefused.Store(uint64(max(deps.ConfigRefused, 0)))
 	e.routes.Store(&routeTable{})
 	if !cfg.Enable || deps.Registry == nil {

@@ -136,15 +136,8 @@ type senderLane struct {
 	// given this rank, and two outbound lanes on one copier lane would
 	// share its streams and its gather plans slot by slot.
 	copierLane int
-	// copiedFrom..copiedTo are the seqs in flight when the lane was
-	// retired: their copies may still be landing in the relay's memory.
-	copiedFrom, copiedTo uint64
 	// keepClaim keeps a retired lane's claim until stop.
 	keepClaim bool
-}
-
-func (sl *senderLane) landed() bool {
-	return sl.tx.Landed(sl.copiedFrom, sl.copiedTo)
 }
 
 func (sl *senderLane) release(log klog.Logger) {

@@ -52,6 +52,9 @@ type memRank struct {
 	peers []relay.Peer
 	// beats counts the pump's Heartbeat calls.
 	beats atomic.Uint64
+	// onRelease, when set, runs after a holder released its claim of one
+	// of r's lanes and unmapped its blocks.
+	onRelease func()
 }
 
 func newMemGroup(t testing.TB) *memGroup { return &memGroup{t: t} }
@@ -290,5 +293,8 @@ func (l *memLink) Close() error {
 	l.relay.free(l.index)
 	l.closeWake()
 	l.relay.claims[l.index].Store(-1)
+	if l.relay.onRelease != nil {
+		l.relay.onRelease()
+	}
 	return nil
 }

@@ -69,7 +69,7 @@ func (sn *sender) checkLanes() {
 		live = append(live, sl)
 	}
 	sn.lanes = live
-	sn.releaseLanded()
+	sn.releaseDrained()
 	if changed {
 		sn.publishRoutes()
 	}
@@ -158,33 +158,39 @@ func (sn *sender) attach(pr Peer) *senderLane {
 }
 
 // retire ends a lane: published Pieces fail with err (nil: the lane was
-// drained), queued ones go direct for why. The claim and mappings are released now
-// when nothing can still be copied into the relay's memory, or after the
-// copier has drained otherwise.
+// drained), queued ones go direct for why. The claim and mappings are
+// released now when the copier has finished every copy it was given for
+// the lane, and otherwise once it has (releaseDrained) or after its Close.
+// A relay's completion proves nothing here: a relay may complete a Piece
+// that the copier is still writing.
 func (sn *sender) retire(sl *senderLane, err error, why fallbackReason) {
 	sl.gone.Store(true)
-	inFlight := sl.tx.InFlight()
-	sl.copiedFrom, sl.copiedTo = sl.tx.Reaped()+1, sl.tx.Published()
 	if err != nil {
 		sn.failPublished(sl, err)
 	}
 	sl.drainTo(&sn.s.fallbacks, why)
-	if inFlight || sl.keepClaim {
+	if sl.keepClaim || !sn.copierDrained(sl) {
 		sn.zombies = append(sn.zombies, sl)
 		return
 	}
 	sl.release(sn.s.log)
 }
 
-// releaseLanded releases the retired lanes whose copies have all landed:
-// every seq abandoned at retire has its doorbell in the ready word, and a
-// doorbell is written only after its copy. A lane kept for a relay that
-// stopped making progress (keepClaim) waits for the copier's drain at stop,
-// so that the relay gets no lane from us again.
-func (sn *sender) releaseLanded() {
+// copierDrained reports whether the copier says that nothing it was given
+// for sl can still write: its copier lane has drained. Without a
+// CopyDrainer nobody can say, and the lane waits for the copier's Close.
+func (sn *sender) copierDrained(sl *senderLane) bool {
+	return sn.s.drainer != nil && sn.s.drainer.Drained(sl.copierLane)
+}
+
+// releaseDrained releases the retired lanes whose copier lane has drained.
+// A lane kept for a relay that stopped making progress (keepClaim) waits
+// for the copier's drain at stop, so that the relay gets no lane from us
+// again.
+func (sn *sender) releaseDrained() {
 	kept := sn.zombies[:0]
 	for _, sl := range sn.zombies {
-		if !sl.keepClaim && sl.landed() {
+		if !sl.keepClaim && sn.copierDrained(sl) {
 			sl.release(sn.s.log)
 			continue
 		}

@@ -28,8 +28,11 @@ type shared struct {
 	copier   Copier
 	// partCopier is copier when it signals a Piece's parts, else nil.
 	partCopier PartCopier
-	localRail  string
-	log        klog.Logger
+	// drainer is copier when it says when its lanes have drained, else
+	// nil.
+	drainer   CopyDrainer
+	localRail string
+	log       klog.Logger
 	// hooks is nil in production.
 	hooks *hooks
 
