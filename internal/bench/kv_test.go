@@ -53,18 +53,8 @@ func TestKVLayoutVerify(t *testing.T) {
 			}, wantErr: "rank 1's block (layer 4, V, page"},
 		{name: "blocks of several sizes: the last byte of a page no request took", ranks: 2, opts: KVOptions{Shape: "5x3x64,256,24", Traffic: "fan-in", Requests: 2, Inflight: 1},
 			damage: func(p *kvPlan, pools [][]byte) {
-				used := map[uint32]bool{}
-				for _, q := range p.byRank[1] {
-					for _, d := range q.dst {
-						used[d] = true
-					}
-				}
-				for pg := uint32(0); ; pg++ {
-					if !used[pg] {
-						pools[0][p.blockOffset(p.dstPages[0], 2, 0, pg)+23] = 9
-						return
-					}
-				}
+				pg := pageNoRequestTook(p, 1)
+				pools[0][p.blockOffset(p.dstPages[0], 2, 0, pg)+23] = 9
 			}, wantErr: "page"},
 		{name: "a byte of a block", ranks: 2, opts: KVOptions{Shape: "3x4x64", Traffic: "fan-in", Requests: 2, Inflight: 1},
 			damage: func(p *kvPlan, pools [][]byte) {
@@ -78,18 +68,8 @@ func TestKVLayoutVerify(t *testing.T) {
 			}, wantErr: "layer 0, K"},
 		{name: "a write into a page no request took", ranks: 2, opts: KVOptions{Shape: "3x4x64", Traffic: "fan-in", Requests: 2, Inflight: 1},
 			damage: func(p *kvPlan, pools [][]byte) {
-				used := map[uint32]bool{}
-				for _, q := range p.byRank[1] {
-					for _, d := range q.dst {
-						used[d] = true
-					}
-				}
-				for pg := uint32(0); ; pg++ {
-					if !used[pg] {
-						pools[0][p.blockOffset(p.dstPages[0], 1, 0, pg)+5] = 9
-						return
-					}
-				}
+				pg := pageNoRequestTook(p, 1)
+				pools[0][p.blockOffset(p.dstPages[0], 1, 0, pg)+5] = 9
 			}, wantErr: "which no request took, was written"},
 	}
 	for _, c := range cases {
@@ -300,4 +280,20 @@ func TestKVAllToAllOrder(t *testing.T) {
 	if got := kvTargets("fan-in", ranks, 2); !slices.Equal(got, []int{0}) {
 		t.Errorf("fan-in rank 2: %v, want [0]", got)
 	}
+}
+
+// pageNoRequestTook is the first destination page that none of rank's
+// requests writes.
+func pageNoRequestTook(p *kvPlan, rank int) uint32 {
+	used := map[uint32]bool{}
+	for _, q := range p.byRank[rank] {
+		for _, d := range q.dst {
+			used[d] = true
+		}
+	}
+	pg := uint32(0)
+	for used[pg] {
+		pg++
+	}
+	return pg
 }
