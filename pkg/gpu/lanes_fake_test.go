@@ -184,15 +184,7 @@ func TestLaneArenaRenewsALaneOnStandIn(t *testing.T) {
 	g := openFakeVMM(t)
 	p := gpu.NewArenasWith(g, gpu.ArenaOptions{Share: gpu.ShareDescriptor, Logger: logr.Discard()})
 	root := t.TempDir()
-	register := func(rail string) *registry.Rank {
-		r, err := registry.Register(context.Background(), registry.Options{Root: root, Group: "gpu", UID: os.Geteuid(), Rail: rail, HCA: "hca-" + rail,
-			Arenas: p, HeartbeatTimeout: time.Minute, Logger: logr.Discard()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { r.Close(context.Background()) })
-		return r
-	}
+	register := func(rail string) *registry.Rank { return registerGPURank(t, root, p, rail) }
 	relay, first, second := register("rail0"), register("rail1"), register("rail2")
 	ctx := context.Background()
 	attach := func(r *registry.Rank) *registry.PeerLink {
@@ -286,15 +278,7 @@ func BenchmarkLeaseGPULane(b *testing.B) {
 func benchLease(b *testing.B, g *gpu.GPU) {
 	p := gpu.NewArenasWith(g, gpu.ArenaOptions{Share: gpu.ShareDescriptor, Logger: logr.Discard()})
 	root := b.TempDir()
-	register := func(rail string) *registry.Rank {
-		r, err := registry.Register(context.Background(), registry.Options{Root: root, Group: "gpu", UID: os.Geteuid(), Rail: rail, HCA: "hca-" + rail,
-			Arenas: p, HeartbeatTimeout: time.Minute, Logger: logr.Discard()})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { r.Close(context.Background()) })
-		return r
-	}
+	register := func(rail string) *registry.Rank { return registerGPURank(b, root, p, rail) }
 	relay, sender := register("rail0"), register("rail1")
 	peers, err := sender.Peers(context.Background())
 	if err != nil || len(peers) != 1 || peers[0].Identity != relay.Identity() {
@@ -346,4 +330,17 @@ func benchLease(b *testing.B, g *gpu.GPU) {
 	}{{attach, "attach-ns/op"}, {renew, "renew-ns/op"}, {write, "first-writes-ns/op"}, {release, "close-ns/op"}, {freed, "freed-ns/op"}} {
 		b.ReportMetric(float64(m.d.Nanoseconds())/n, m.unit)
 	}
+}
+
+// registerGPURank registers a rank of group "gpu" on rail in root, with
+// the GPU arenas p, closed when the test ends.
+func registerGPURank(tb testing.TB, root string, p staging.ArenaProvider, rail string) *registry.Rank {
+	tb.Helper()
+	r, err := registry.Register(context.Background(), registry.Options{Root: root, Group: "gpu", UID: os.Geteuid(), Rail: rail, HCA: "hca-" + rail,
+		Arenas: p, HeartbeatTimeout: time.Minute, Logger: logr.Discard()})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { r.Close(context.Background()) })
+	return r
 }
