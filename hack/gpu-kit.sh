@@ -61,6 +61,8 @@
 #                     every size, KV requests then streams
 #   pidns (35)        2 ranks each in PID and mount namespaces of its own,
 #                     only where pxn-bench run --help lists --pidns (root)
+#   cuda (20)         pkg/cuda's tests (the driver's bindings: pointer
+#                     classification, streams, events, VMM)
 #   gpu (40)          pkg/gpu's tests
 #   libpxn (45)       the C ABI's GPU tests (gpu_ranks.c, compiled there)
 #   nic (25)          the emulated NIC alone (internal/sim/gpunic benchmarks)
@@ -104,6 +106,7 @@ kit_build() {
   go test -c -o "$out/gpunic.test" ./internal/sim/gpunic
   go test -c -o "$out/libpxn.test" ./cmd/libpxn
   go test -c -o "$out/gpu.test" ./pkg/gpu
+  go test -c -o "$out/cuda.test" ./pkg/cuda
   go build -buildmode=c-shared -o "$out/lib/libpxn.so" ./cmd/libpxn
   if [ $# -gt 0 ] && [ -n "$1" ]; then
     local base wt
@@ -272,6 +275,7 @@ kit_run() {
   else
     echo "pidns skipped: this pxn-bench has no --pidns" | tee -a "$out/steps.txt"
   fi
+  step cuda 20 ./cuda.test -test.v
   step gpu 40 ./gpu.test -test.v
   STEP_DIR=$repo/cmd/libpxn PXN_LIBPXN_DIR=$kit/lib step libpxn 45 "$kit/libpxn.test" -test.v -test.run 'TestGPURanksThroughCABI|TestFirstHopChoice|TestABIRules'
   PXN_REQUIRE_GPU=1 step nic 25 ./gpunic.test -test.run '^$' -test.bench . -test.benchtime 200ms

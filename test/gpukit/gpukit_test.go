@@ -96,6 +96,7 @@ func newKit(t *testing.T, daemon, longOut bool) *kit {
 		filepath.Join(k.dir, "pxn-bench"):         benchStub,
 		filepath.Join(k.dir, "pxn-bench.before"):  benchStub,
 		filepath.Join(k.dir, "gpu.test"):          benchStub,
+		filepath.Join(k.dir, "cuda.test"):         benchStub,
 		filepath.Join(k.dir, "libpxn.test"):       benchStub,
 		filepath.Join(k.dir, "gpunic.test"):       benchStub,
 	}
@@ -172,7 +173,7 @@ func TestKitRunsStepsUnderItsOwnDaemon(t *testing.T) {
 		t.Errorf("with no nvcc the kit did not skip the firsthop step:\n%s", strings.Join(lines, "\n"))
 	}
 	want := []string{"nomps-p3", "after-p13", "before-p13", "after-p10", "noparts-p10", "noinline-p10", "spin-p10", "before-p10", "after-p14", "before-p14", "after-p14kv",
-		"after-p8", "after-p9", "after-p14-7to1", "after-p14-a2a", "pidns", "gpu", "libpxn", "nic"}
+		"after-p8", "after-p9", "after-p14-7to1", "after-p14-a2a", "pidns", "cuda", "gpu", "libpxn", "nic"}
 	// before-p14 runs the baseline once for each of P14's seven block
 	// sizes, and after-p14kv this build on the same seven.
 	p14Shapes := []string{"80x256x1KiB", "80x128x2KiB", "80x64x4KiB", "80x32x8KiB", "80x16x16KiB", "80x14x18KiB", "80x4x64KiB"}
