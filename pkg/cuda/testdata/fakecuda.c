@@ -25,6 +25,13 @@
  * entry table: the name it is handed out by (56 bytes, NUL-padded) and a
  * 64-bit count of the calls since, so that a test counts the driver calls
  * of a code path. Each cuInit with the variable set starts a new file.
+ * pxn_fakecuda_stall(stream, 1), called by a test through dlsym, wedges a
+ * stream as a kernel that never ends would: the work enqueued on it from
+ * then on never runs, an event recorded on it never completes, a stream
+ * that waits for such an event is wedged too, and cuStreamSynchronize or
+ * cuEventSynchronize on any of them blocks. pxn_fakecuda_stall(stream, 0)
+ * lets them all complete (the work they dropped stays undone), so that a
+ * test that failed can end.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -48,6 +55,7 @@ enum {
 	INVALID_CONTEXT = 201,
 	INVALID_HANDLE = 400,
 	NOT_FOUND = 500,
+	NOT_READY = 600,
 	LAUNCH_FAILED = 719,
 	NOT_SUPPORTED = 801,
 };
@@ -62,6 +70,8 @@ enum {
 typedef struct {
 	unsigned magic;
 	char name[64];
+	/* stall: the stall a stream or event belongs to, 0 for none. */
+	int stall;
 } object;
 
 typedef struct block {
@@ -146,6 +156,70 @@ static void count_call(void *fn, int *slot)
 static int stream_ok(void *s)
 {
 	return s == NULL || s == (void *)0x1 || s == (void *)0x2 || is(s, MAGIC_STREAM);
+}
+
+/* Stalls (pxn_fakecuda_stall): stall_done[id] once stall id is let go. */
+#define MAX_STALLS 64
+static pthread_mutex_t stall_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t stall_cv = PTHREAD_COND_INITIALIZER;
+static int stall_done[MAX_STALLS + 1];
+static int nstalls;
+
+static int stall_object(void *h)
+{
+	return is(h, MAGIC_STREAM) || is(h, MAGIC_EVENT);
+}
+
+/* stalled returns the stall that h, a stream or an event, is held by, or 0. */
+static int stalled(void *h)
+{
+	if (h == NULL || h == (void *)0x1 || h == (void *)0x2 || !stall_object(h))
+		return 0;
+	pthread_mutex_lock(&stall_mu);
+	int id = ((object *)h)->stall;
+	if (id != 0 && stall_done[id])
+		id = 0;
+	pthread_mutex_unlock(&stall_mu);
+	return id;
+}
+
+static void join_stall(void *h, int id)
+{
+	pthread_mutex_lock(&stall_mu);
+	((object *)h)->stall = id;
+	pthread_mutex_unlock(&stall_mu);
+}
+
+static void wait_stall(void *h)
+{
+	if (h == NULL || h == (void *)0x1 || h == (void *)0x2 || !stall_object(h))
+		return;
+	pthread_mutex_lock(&stall_mu);
+	object *o = h;
+	while (o->stall != 0 && !stall_done[o->stall])
+		pthread_cond_wait(&stall_cv, &stall_mu);
+	pthread_mutex_unlock(&stall_mu);
+}
+
+/* pxn_fakecuda_stall wedges stream s (on 1) or lets its stall go (on 0). */
+int pxn_fakecuda_stall(void *s, int on)
+{
+	if (!is(s, MAGIC_STREAM))
+		return INVALID_HANDLE;
+	pthread_mutex_lock(&stall_mu);
+	object *o = s;
+	CUresult r = OK;
+	if (on) {
+		if (nstalls == MAX_STALLS)
+			r = OUT_OF_MEMORY;
+		else
+			o->stall = ++nstalls;
+	} else if (o->stall != 0) {
+		stall_done[o->stall] = 1;
+		pthread_cond_broadcast(&stall_cv);
+	}
+	pthread_mutex_unlock(&stall_mu);
+	return r;
 }
 
 /* The allocation holding [p, p+n), or NULL; called with mu held. */
@@ -377,6 +451,8 @@ static CUresult cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n)
 static CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, void *s)
 {
 	CALLED(cuMemcpyHtoDAsync);
+	if (stream_ok(s) && stalled(s))
+		return OK;
 	return stream_ok(s) ? copy(dst, (CUdeviceptr)(uintptr_t)src, n) : INVALID_HANDLE;
 }
 
@@ -385,6 +461,8 @@ static CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned v, size_t n, void *s)
 	CALLED(cuMemsetD32Async);
 	if (!stream_ok(s))
 		return INVALID_HANDLE;
+	if (stalled(s))
+		return OK;
 	uint32_t *p = (uint32_t *)(uintptr_t)dst;
 	for (size_t i = 0; i < n; i++)
 		p[i] = v;
@@ -394,6 +472,8 @@ static CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned v, size_t n, void *s)
 static CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, void *s)
 {
 	CALLED(cuMemcpyAsync);
+	if (stream_ok(s) && stalled(s))
+		return OK;
 	return stream_ok(s) ? copy(dst, src, n) : INVALID_HANDLE;
 }
 
@@ -416,6 +496,8 @@ static CUresult batch(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_
 {
 	if (count == 0 || nattrs != 1 || idxs[0] != 0 || attrs[0].srcAccessOrder != 1 || !stream_ok(s))
 		return INVALID_VALUE;
+	if (stalled(s))
+		return OK;
 	for (size_t i = 0; i < count; i++) {
 		CUresult r = copy(dsts[i], srcs[i], sizes[i]);
 		if (r != OK) {
@@ -459,13 +541,21 @@ static CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags)
 {
 	CALLED(cuStreamWaitEvent);
 	(void)flags;
-	return stream_ok(s) && is(e, MAGIC_EVENT) ? OK : INVALID_HANDLE;
+	if (!stream_ok(s) || !is(e, MAGIC_EVENT))
+		return INVALID_HANDLE;
+	int id = stalled(e);
+	if (id != 0 && is(s, MAGIC_STREAM) && !stalled(s))
+		join_stall(s, id);
+	return OK;
 }
 
 static CUresult cuStreamSynchronize(void *s)
 {
 	CALLED(cuStreamSynchronize);
-	return stream_ok(s) ? OK : INVALID_HANDLE;
+	if (!stream_ok(s))
+		return INVALID_HANDLE;
+	wait_stall(s);
+	return OK;
 }
 
 static CUresult cuStreamWriteValue64(void *s, CUdeviceptr addr, uint64_t v, unsigned flags)
@@ -479,6 +569,8 @@ static CUresult cuStreamWriteValue64(void *s, CUdeviceptr addr, uint64_t v, unsi
 		return NOT_SUPPORTED;
 	if (addr == 0 || addr % 8 != 0)
 		return INVALID_VALUE;
+	if (stalled(s))
+		return OK;
 	__atomic_store_n((uint64_t *)(uintptr_t)addr, v, __ATOMIC_RELEASE);
 	return OK;
 }
@@ -494,19 +586,27 @@ static CUresult cuEventCreate(void **e, unsigned flags)
 static CUresult cuEventRecord(void *e, void *s)
 {
 	CALLED(cuEventRecord);
-	return is(e, MAGIC_EVENT) && stream_ok(s) ? OK : INVALID_HANDLE;
+	if (!is(e, MAGIC_EVENT) || !stream_ok(s))
+		return INVALID_HANDLE;
+	join_stall(e, stalled(s));
+	return OK;
 }
 
 static CUresult cuEventQuery(void *e)
 {
 	CALLED(cuEventQuery);
-	return is(e, MAGIC_EVENT) ? OK : INVALID_HANDLE;
+	if (!is(e, MAGIC_EVENT))
+		return INVALID_HANDLE;
+	return stalled(e) ? NOT_READY : OK;
 }
 
 static CUresult cuEventSynchronize(void *e)
 {
 	CALLED(cuEventSynchronize);
-	return is(e, MAGIC_EVENT) ? OK : INVALID_HANDLE;
+	if (!is(e, MAGIC_EVENT))
+		return INVALID_HANDLE;
+	wait_stall(e);
+	return OK;
 }
 
 static CUresult cuEventDestroy(void *e)
@@ -625,7 +725,7 @@ static CUresult cuModuleGetFunction(void **f, void *m, const char *name)
 	if (!is(m, MAGIC_MODULE))
 		return INVALID_HANDLE;
 	/* A function lives as long as the library: nothing frees one. */
-	static object gather = {MAGIC_FUNCTION, "pxn_gather"}, gather_inline = {MAGIC_FUNCTION, "pxn_gather_inline"};
+	static object gather = {MAGIC_FUNCTION, "pxn_gather", 0}, gather_inline = {MAGIC_FUNCTION, "pxn_gather_inline", 0};
 	if (strcmp(name, gather.name) == 0)
 		*f = &gather;
 	else if (strcmp(name, gather_inline.name) == 0)
@@ -697,6 +797,8 @@ static CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, u
 		return INVALID_HANDLE;
 	if (gx == 0 || gy != 1 || gz != 1 || bx == 0 || by != 1 || bz != 1 || params == NULL || extra != NULL)
 		return INVALID_VALUE;
+	if (stalled(s))
+		return OK;
 	if (strcmp(((object *)f)->name, "pxn_gather_inline") == 0) {
 		const inline_plan *ip = (const inline_plan *)params[0];
 		if (ip->n > 512)
