@@ -5,6 +5,7 @@ package gpu
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,7 +25,14 @@ var (
 	// ErrLaneFull is returned by Copy on the CPU-doorbell path when a lane
 	// stream already holds PendingDepth doorbells that Poll has not rung.
 	ErrLaneFull = errors.New("gpu: lane doorbell queue full")
+	// ErrNotDrained is returned by Close when work it gave the GPU did not
+	// finish within CopierOptions.DrainTimeout.
+	ErrNotDrained = errors.New("gpu: copier work did not finish")
 )
+
+// DefaultDrainTimeout is how long Close waits for the GPU to finish the
+// work the copier gave it.
+const DefaultDrainTimeout = 5 * time.Second
 
 // StreamsPerLane is the number of streams each lane alternates its Pieces
 // over: a doorbell's memory barrier serializes one stream, so two keep the
@@ -98,6 +106,9 @@ type CopierOptions struct {
 	// for the pump (relay.PollTuner); zero keeps the default, negative
 	// means none.
 	PollSpin, PollNap time.Duration
+	// DrainTimeout bounds how long Close waits for the GPU to finish what
+	// the copier gave it; zero means DefaultDrainTimeout.
+	DrainTimeout time.Duration
 	// Logger receives the copier's one start-up line; klog by default.
 	Logger klog.Logger
 }
@@ -148,8 +159,16 @@ type Copier struct {
 	// words signalled.
 	partPieces atomic.Uint64
 
-	closeMu sync.Mutex
-	closed  atomic.Bool
+	drainTimeout time.Duration
+	closeMu      sync.Mutex
+	closed       atomic.Bool
+	// wedged lists the lanes whose streams had not finished when Close
+	// gave up on them, and notDrained is the error Close returned then;
+	// both are written by Close, under closeMu. A wedged
+	// copier keeps every stream, registration and plan buffer until the
+	// process exits: the GPU may still write them.
+	wedged     [staging.LaneCount]bool
+	notDrained error
 }
 
 type lane struct {
@@ -207,7 +226,10 @@ var (
 // form and the doorbell path (probing both unless forced), and logs the
 // choice once.
 func NewCopier(g *GPU, opts CopierOptions) (*Copier, error) {
-	c := &Copier{g: g, log: opts.Logger, poll: DefaultPollPolicy}
+	c := &Copier{g: g, log: opts.Logger, poll: DefaultPollPolicy, drainTimeout: opts.DrainTimeout}
+	if c.drainTimeout <= 0 {
+		c.drainTimeout = DefaultDrainTimeout
+	}
 	if c.log.GetSink() == nil {
 		c.log = klog.Background()
 	}
@@ -314,6 +336,9 @@ func (c *Copier) RegisterHost(ptr uintptr, n uint64) (unregister func() error, e
 	}
 	var once sync.Once
 	return func() error {
+		if err := c.keepWedged(); err != nil {
+			return fmt.Errorf("gpu: host range %#x+%d stays registered: %w", start, size, err)
+		}
 		var err error
 		once.Do(func() {
 			if c.hosts.remove(start) {
@@ -409,18 +434,41 @@ func (c *Copier) Stats() CopierStats {
 	}
 }
 
-// Close waits for every enqueued Piece (a stream synchronize per lane
-// stream: this is the one place the copier blocks on the GPU), rings the
-// CPU doorbells that are left, and frees the streams, events and host
-// registrations. A Piece whose source-ready event never completes makes
-// Close wait for it.
+// Close waits, up to the drain timeout, for every enqueued Piece and plan
+// upload (an event recorded behind each lane and upload stream, polled:
+// this is the one place the copier blocks on the GPU), rings the CPU
+// doorbells that are left, and frees the streams, events and host
+// registrations. A stream that does not finish in time (a source-ready
+// event that never completes, a kernel that never ends) may still write
+// everything the copier was given, so Close then frees nothing: it logs
+// once, keeps the streams, the registrations and the plan memory until the
+// process exits, reports its lanes undrained (Drained) and returns an
+// error wrapping ErrNotDrained that names them.
 func (c *Copier) Close() error {
 	c.closeMu.Lock()
 	defer c.closeMu.Unlock()
 	if c.closed.Swap(true) {
-		return nil
+		return c.notDrained
 	}
 	return c.g.Do(func() error {
+		stuck, err := c.awaitStreams()
+		if err != nil || len(stuck) > 0 {
+			names := make([]string, len(stuck))
+			for i, s := range stuck {
+				names[i] = s.String()
+				c.wedged[s.lane] = true
+			}
+			c.notDrained = fmt.Errorf("%w within %v on device %d: %s", ErrNotDrained, c.drainTimeout, c.g.ordinal, strings.Join(names, ", "))
+			if err != nil {
+				c.notDrained = errors.Join(c.notDrained, err)
+				for i := range c.wedged {
+					c.wedged[i] = true
+				}
+			}
+			c.log.Error(c.notDrained, "pxn gpu copier: leaving its streams, host registrations and plan memory in place until the process exits; the GPU may still write them",
+				"device", c.g.ordinal, "streams", names, "hostRanges", len(c.hosts.all()))
+			return c.notDrained
+		}
 		var errs []error
 		for i := range c.lanes {
 			for si := range c.lanes[i].streams {
@@ -437,6 +485,98 @@ func (c *Copier) Close() error {
 		errs = append(errs, c.destroy())
 		return errors.Join(errs...)
 	})
+}
+
+// copierStream names one of the copier's streams in Close's error.
+type copierStream struct {
+	lane   int
+	stream int
+	upload bool
+}
+
+func (s copierStream) String() string {
+	if s.upload {
+		return fmt.Sprintf("lane %d plan upload stream", s.lane)
+	}
+	return fmt.Sprintf("lane %d stream %d", s.lane, s.stream)
+}
+
+// awaitStreams records an event behind the work of every lane and upload
+// stream and polls them until all have completed or the drain timeout
+// passes; it returns the streams that had not finished. An error (an event
+// that could not be made, recorded or queried) leaves nothing proven
+// drained. The context is current and closeMu held.
+func (c *Copier) awaitStreams() ([]copierStream, error) {
+	d := c.g.d
+	type waiting struct {
+		s  copierStream
+		ev cuda.Event
+	}
+	var ws []waiting
+	var made []cuda.Event
+	defer func() {
+		for _, ev := range made {
+			d.EventDestroy(ev)
+		}
+	}()
+	for i := range c.lanes {
+		for si := range c.lanes[i].streams {
+			st, ev := c.lanes[i].streams[si].s, c.lanes[i].fences[si]
+			if st == 0 || ev == 0 {
+				continue
+			}
+			if err := d.EventRecord(ev, st); err != nil {
+				return nil, fmt.Errorf("fence on lane %d stream %d: %w", i, si, err)
+			}
+			ws = append(ws, waiting{copierStream{lane: i, stream: si}, ev})
+		}
+		if up := c.gather.uploads[i]; up != 0 {
+			ev, err := d.EventCreate(cuda.EventDisableTiming)
+			if err != nil {
+				return nil, fmt.Errorf("fence for lane %d plan uploads: %w", i, err)
+			}
+			made = append(made, ev)
+			if err := d.EventRecord(ev, up); err != nil {
+				return nil, fmt.Errorf("fence on lane %d plan upload stream: %w", i, err)
+			}
+			ws = append(ws, waiting{copierStream{lane: i, upload: true}, ev})
+		}
+	}
+	deadline := time.Now().Add(c.drainTimeout)
+	nap := 50 * time.Microsecond
+	for {
+		left := ws[:0]
+		for _, w := range ws {
+			done, err := d.EventQuery(w.ev)
+			if err != nil {
+				return nil, fmt.Errorf("fence on %s: %w", w.s, err)
+			}
+			if !done {
+				left = append(left, w)
+			}
+		}
+		ws = left
+		if len(ws) == 0 {
+			return nil, nil
+		}
+		if !time.Now().Before(deadline) {
+			stuck := make([]copierStream, len(ws))
+			for i, w := range ws {
+				stuck[i] = w.s
+			}
+			return stuck, nil
+		}
+		time.Sleep(min(nap, time.Until(deadline)))
+		nap = min(2*nap, 10*time.Millisecond)
+	}
+}
+
+// keepWedged returns the error of a Close that gave up on the GPU: nothing
+// the copier was given may be released then.
+func (c *Copier) keepWedged() error {
+	c.closeMu.Lock()
+	defer c.closeMu.Unlock()
+	return c.notDrained
 }
 
 // destroy frees what NewCopier made; the context is current.

@@ -235,8 +235,9 @@ func (c *Copier) Drained(laneIdx int) bool {
 	}
 	defer c.closeMu.Unlock()
 	if c.closed.Load() {
-		// Close synchronized every stream before it freed them.
-		return true
+		// Close saw every stream finish before it freed them, or gave up
+		// on the lane's and freed nothing.
+		return !c.wedged[laneIdx]
 	}
 	l := &c.lanes[laneIdx]
 	l.mu.Lock()
