@@ -175,9 +175,18 @@ func (e *Engine) Close(ctx context.Context) error {
 		e.pump.rly.stopResolvers()
 	}
 	// The copier drains before any relay memory is unmapped: a retired
-	// lane may still have copies or doorbells queued into it.
+	// lane may still have copies or doorbells queued into it. A copier
+	// whose Close gave up on a lane that never drained (a wedged GPU
+	// stream) may still write the lanes' mappings: they, the claims and
+	// the registration then stay until the process exits.
 	if e.copier != nil {
-		err = errors.Join(err, e.copier.Close())
+		cerr := e.copier.Close()
+		err = errors.Join(err, cerr)
+		if lane, stuck := undrained(e.copier); cerr != nil && stuck {
+			e.log.Error(cerr, "the first hop did not drain: the engine keeps its lanes' claims and mappings and its registration until the process exits", "lane", lane)
+			e.closed.Store(true)
+			return err
+		}
 	}
 	stopped.release(e.log)
 	if e.reg != nil {
@@ -211,4 +220,19 @@ func (e *Engine) PumpThreadID() int {
 		return 0
 	}
 	return int(e.pumpTID.Load())
+}
+
+// undrained is the first copier lane of c that has not drained, if c can
+// tell.
+func undrained(c Copier) (int, bool) {
+	d, ok := c.(CopyDrainer)
+	if !ok {
+		return 0, false
+	}
+	for lane := range staging.LaneCount {
+		if !d.Drained(lane) {
+			return lane, true
+		}
+	}
+	return 0, false
 }

@@ -61,8 +61,11 @@ type pairOpts struct {
 	// manual opens the engines with their pumps unstarted: the test runs
 	// rounds with RunRound. without leaves one engine ("a" or "b") out,
 	// its rank still registered, for a test that plays its part.
-	manual  bool
-	without string
+	manual bool
+	// gpuDrain, for newGPUPair, bounds the GPU copier's Close
+	// (gpu.CopierOptions.DrainTimeout; 0: its default).
+	gpuDrain time.Duration
+	without  string
 	// separate publishes every Piece in a slot of its own: tests that fill
 	// a ring Piece by Piece.
 	separate bool

@@ -3,10 +3,13 @@
 package relay_test
 
 import (
+	"context"
+	"errors"
 	"maps"
 	"os"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr/funcr"
 
@@ -26,6 +29,8 @@ type gpuPair struct {
 	*pair
 	g     *gpu.GPU
 	calls *fakecuda.Calls
+	// lib is the stand-in driver's library.
+	lib string
 	// srcDev is the source allocation, srcLen bytes.
 	srcDev uintptr
 	srcLen int
@@ -37,7 +42,7 @@ func newGPUPair(tb testing.TB, o pairOpts) *gpuPair {
 	if lib == "" {
 		lib = fakecuda.Build(tb, tb.TempDir(), "-O2")
 	}
-	gp := &gpuPair{calls: fakecuda.CountCalls(tb), srcLen: o.srcSize}
+	gp := &gpuPair{calls: fakecuda.CountCalls(tb), lib: lib, srcLen: o.srcSize}
 	d, err := cuda.LoadLibrary(lib)
 	if err != nil {
 		tb.Fatalf("LoadLibrary(%s): %v", lib, err)
@@ -63,7 +68,7 @@ func newGPUPair(tb testing.TB, o pairOpts) *gpuPair {
 	}
 	tb.Cleanup(func() { _ = d.MemFree(src) })
 	gp.srcDev = uintptr(src)
-	c, err := gpu.NewCopier(gp.g, gpu.CopierOptions{Logger: funcr.New(func(string, string) {}, funcr.Options{})})
+	c, err := gpu.NewCopier(gp.g, gpu.CopierOptions{Logger: funcr.New(func(string, string) {}, funcr.Options{}), DrainTimeout: o.gpuDrain})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -133,5 +138,63 @@ func TestSubmitDriverCallsOnStandIn(t *testing.T) {
 			}
 		}
 		_ = b.Release()
+	}
+}
+
+// A first hop that never finishes (the caller's stream, which its source
+// waits for, is wedged) neither hangs the engine's Close nor lets it
+// unmap what the GPU may still write: Close returns, saying the copier did
+// not drain, and the relay's lane is never released, so the sender keeps
+// its claim and mappings.
+func TestCloseKeepsTheLanesOfAWedgedFirstHop(t *testing.T) {
+	const block = 16 << 10
+	gp := newGPUPair(t, pairOpts{tgtSize: 4 * block, srcSize: 4 * block, manual: true, gpuDrain: 50 * time.Millisecond})
+	for !gp.a.HasRelay("rail1") {
+		gp.a.RunRound()
+		gp.b.RunRound()
+	}
+	st, err := gp.g.Driver().StreamCreate(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Never let go while the test runs: an old Close would go on, after
+	// the driver is gone, where it hangs now.
+	fakecuda.Stall(t, gp.lib, uintptr(st))
+	released := make(chan struct{}, 16)
+	gp.rankB.onRelease = func() { released <- struct{}{} }
+	reqs := gpuRequests(gp, 4, block, block)
+	for i := range reqs {
+		reqs[i].Stream = uintptr(st)
+	}
+	b, err := gp.a.Submit(reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		gp.a.RunRound()
+		gp.b.RunRound()
+	}
+	if b.Done() {
+		t.Fatal("the batch finished behind a wedged stream")
+	}
+	done := make(chan error, 1)
+	go func() { done <- gp.a.Close(context.Background()) }()
+	select {
+	case err = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("engine Close has not returned 10s after it was called with a first hop that cannot finish")
+	}
+	if !errors.Is(err, gpu.ErrNotDrained) {
+		t.Fatalf("Close = %v, want an error saying the copier did not drain", err)
+	}
+	select {
+	case <-released:
+		t.Fatal("the sender released its lane of the relay while its first hop could still write it")
+	default:
+	}
+	for i := range reqs {
+		if s, _ := b.Status(i); s.State == relay.Completed {
+			t.Errorf("request %d completed behind a wedged stream", i)
+		}
 	}
 }
