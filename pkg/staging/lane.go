@@ -233,19 +233,6 @@ func (s *SenderLane) PartWords(seq uint64) *[MaxParts - 1]uint64 {
 	return &s.w.Ready[SlotOf(seq)].Parts
 }
 
-// Landed reports whether every seq in [from, to] has its doorbell in its
-// ready word: each Piece's copy into the relay's slot is done, since a
-// doorbell is written only after its copy. It answers for seqs published
-// before the lane was given up, whose slots the relay may still read.
-func (s *SenderLane) Landed(from, to uint64) bool {
-	for seq := from; seq <= to && seq != 0; seq++ {
-		if atomic.LoadUint64(s.ReadyWord(seq)) != seq {
-			return false
-		}
-	}
-	return true
-}
-
 // RingDoorbell release-stores seq at a ready word handed out by ReadyWord:
 // the CPU doorbell, for a copy whose completion the caller has seen.
 func RingDoorbell(word *uint64, seq uint64) { atomic.StoreUint64(word, seq) }

@@ -314,42 +314,6 @@ func TestRelayLaneAnnouncedBytes(t *testing.T) {
 	}
 }
 
-// TestSenderLaneLanded: a range has landed only once every seq in it has
-// its own doorbell in its ready word.
-func TestSenderLaneLanded(t *testing.T) {
-	_, tx, _ := newTestLane(t, 5)
-	for range 3 {
-		seq, _ := tx.Ticket()
-		if err := tx.Commit(seq, "s", []PlanEntry{{Dst: 0x1000, Len: 64}}, 64, nil); err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Publish(seq); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if tx.Landed(1, 3) {
-		t.Fatal("Landed(1, 3) before any doorbell")
-	}
-	tx.ring(1)
-	tx.ring(3)
-	if !tx.Landed(1, 1) || tx.Landed(1, 3) || !tx.Landed(3, 3) {
-		t.Fatalf("after doorbells 1 and 3: Landed(1,1)=%v Landed(1,3)=%v Landed(3,3)=%v; want true false true",
-			tx.Landed(1, 1), tx.Landed(1, 3), tx.Landed(3, 3))
-	}
-	// A word holding another seq's value is not this seq's doorbell.
-	RingDoorbell(tx.ReadyWord(2), 2+SlotsPerLane)
-	if tx.Landed(2, 2) {
-		t.Fatal("Landed(2, 2) with seq 20 in its word")
-	}
-	tx.ring(2)
-	if !tx.Landed(1, 3) {
-		t.Fatal("Landed(1, 3) false with every doorbell rung")
-	}
-	if !tx.Landed(4, 3) {
-		t.Fatal("an empty range has landed")
-	}
-}
-
 // TestLaneWrapsAtMaxLaneSeq runs a lane the way the engine does at the end
 // of its sequence space: an epoch that starts four seqs below MaxLaneSeq
 // publishes up to MaxLaneSeq, the relay finishes them out of order, the
