@@ -242,31 +242,21 @@ func (r *Rank) exportLane(lane int, w *staging.LaneWords) (int, error) {
 // registration quarantines the arena as well (see
 // staging.MemoryRegistrar).
 func (r *Rank) renewLane(lane int, epoch uint64, m staging.LaneMemory) error {
-	mem := r.opts.Memory
-	base := r.laneBase(lane)
 	r.laneMu.Lock()
-	reg := r.registered[lane]
+	reg := r.opts.Memory != nil && r.registered[lane]
 	r.laneMu.Unlock()
-	if mem != nil && reg {
-		if err := mem.Deregister(base, staging.LaneBytes); err != nil {
-			r.quarantine(err)
+	if reg {
+		if err := r.deregisterLane(lane); err != nil {
 			return r.retire(lane, epoch, fmt.Errorf("deregister lane %d for its new memory: %w (arena quarantined)", lane, err))
 		}
-		r.laneMu.Lock()
-		r.registered[lane] = false
-		r.laneMu.Unlock()
 	}
 	if err := m.Install(); err != nil {
 		return r.retire(lane, epoch, err)
 	}
-	if mem != nil && reg {
-		if err := mem.Register(base, staging.LaneBytes); err != nil {
-			r.quarantine(err)
+	if reg {
+		if err := r.registerLane(lane); err != nil {
 			return r.retire(lane, epoch, fmt.Errorf("register lane %d's new memory: %w (arena quarantined)", lane, err))
 		}
-		r.laneMu.Lock()
-		r.registered[lane] = true
-		r.laneMu.Unlock()
 	}
 	return nil
 }

@@ -217,13 +217,9 @@ func (r *Rank) registerMemory() error {
 		return nil
 	}
 	for i := range staging.LaneCount {
-		if err := m.Register(r.laneBase(i), staging.LaneBytes); err != nil {
-			r.quarantine(err)
+		if err := r.registerLane(i); err != nil {
 			return errors.Join(fmt.Errorf("lane %d: %w (arena quarantined)", i, err), r.deregisterLanes())
 		}
-		r.laneMu.Lock()
-		r.registered[i] = true
-		r.laneMu.Unlock()
 	}
 	r.pushUndo(func() error {
 		if err := r.deregisterLanes(); err != nil {
@@ -245,16 +241,37 @@ func (r *Rank) deregisterLanes() error {
 		if !reg {
 			continue
 		}
-		if err := r.opts.Memory.Deregister(r.laneBase(i), staging.LaneBytes); err != nil {
-			r.quarantine(err)
+		if err := r.deregisterLane(i); err != nil {
 			errs = append(errs, fmt.Errorf("lane %d: %w", i, err))
-			continue
 		}
-		r.laneMu.Lock()
-		r.registered[i] = false
-		r.laneMu.Unlock()
 	}
 	return errors.Join(errs...)
+}
+
+// registerLane registers lane's range of the arena with the NIC and
+// records that it is; a failure quarantines the arena.
+func (r *Rank) registerLane(lane int) error {
+	if err := r.opts.Memory.Register(r.laneBase(lane), staging.LaneBytes); err != nil {
+		r.quarantine(err)
+		return err
+	}
+	r.laneMu.Lock()
+	r.registered[lane] = true
+	r.laneMu.Unlock()
+	return nil
+}
+
+// deregisterLane drops lane's NIC registration and records that it is
+// gone; a failure quarantines the arena.
+func (r *Rank) deregisterLane(lane int) error {
+	if err := r.opts.Memory.Deregister(r.laneBase(lane), staging.LaneBytes); err != nil {
+		r.quarantine(err)
+		return err
+	}
+	r.laneMu.Lock()
+	r.registered[lane] = false
+	r.laneMu.Unlock()
+	return nil
 }
 
 func (r *Rank) createControl() error {
